@@ -1,0 +1,27 @@
+/*
+ * commands.h -- the subcommands of the gpumem command line and what they share.
+ */
+#ifndef GM_COMMANDS_H
+#define GM_COMMANDS_H
+
+#include <stddef.h>
+
+enum { GM_EXIT_OK = 0, GM_EXIT_ERROR = 1, GM_EXIT_USAGE = 2, GM_EXIT_OUT_OF_MEMORY = 3 };
+
+/* Options every device-using command accepts; the configuration string they make. */
+typedef struct gm_device_arguments {
+    const char *backend;
+    const char *capacity;
+    const char *conf;
+} gm_device_arguments;
+
+/* If argv[*index] is a device option, consume it (and its value) and return 1; 0 if it is not one;
+ * -1 after printing an error if its value is missing. */
+int gm_take_device_argument(gm_device_arguments *arguments, int argc, char **argv, int *index);
+/* "conf,backend:X,capacity:Y" into buffer. */
+void gm_device_configuration(const gm_device_arguments *arguments, char *buffer, size_t size);
+
+int gm_command_replay(int argc, char **argv);
+int gm_command_info(int argc, char **argv);
+
+#endif

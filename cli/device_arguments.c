@@ -1,0 +1,37 @@
+/*
+ * device_arguments.c -- the --backend / --capacity / --conf options shared by the subcommands.
+ */
+#include "commands.h"
+
+#include <stdio.h>
+#include <string.h>
+
+int gm_take_device_argument(gm_device_arguments *arguments, int argc, char **argv, int *index)
+{
+    static const char *const names[] = {"--backend", "--capacity", "--conf"};
+    const char *argument = argv[*index];
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if (strcmp(argument, names[i]) != 0)
+            continue;
+        if (*index + 1 >= argc) {
+            fprintf(stderr, "gpumem: %s needs a value\n", argument);
+            return -1;
+        }
+        const char *value = argv[++*index];
+        if (i == 0)
+            arguments->backend = value;
+        else if (i == 1)
+            arguments->capacity = value;
+        else
+            arguments->conf = value;
+        return 1;
+    }
+    return 0;
+}
+
+void gm_device_configuration(const gm_device_arguments *arguments, char *buffer, size_t size)
+{
+    snprintf(buffer, size, "%s%s%s%s%s", arguments->conf ? arguments->conf : "",
+             arguments->backend ? ",backend:" : "", arguments->backend ? arguments->backend : "",
+             arguments->capacity ? ",capacity:" : "", arguments->capacity ? arguments->capacity : "");
+}

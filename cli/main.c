@@ -1,0 +1,57 @@
+/*
+ * main.c -- the gpumem command line.
+ *
+ *   gpumem replay TRACE [--backend sim|host|cuda] [--capacity BYTES] [--conf KEY:VALUE,...] [--json]
+ *   gpumem info [--backend NAME] [--conf ...]
+ *   gpumem config
+ *   gpumem version
+ *
+ * Exit status: 0 success; 1 an error (unreadable file, no device, bad configuration); 2 bad usage
+ * or malformed input; 3 the replay ran but some allocations failed with out of memory.
+ * Configuration comes from GPUMEM_CONF, then --conf, then the explicit flags.
+ */
+#include "gpumem.h"
+
+#include "commands.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static void print_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: gpumem <command> [options]\n"
+            "\n"
+            "commands:\n"
+            "  replay TRACE [--backend sim|host|cuda] [--capacity BYTES] [--conf KEY:VALUE,...] [--json]\n"
+            "                 replay an allocation trace (plain or .gz) and report peak live and\n"
+            "                 reserved bytes, their ratio, CPU time per operation and device calls\n"
+            "  info [--backend NAME] [--conf ...]\n"
+            "                 describe the device: driver, memory, virtual-memory support, granularity\n"
+            "  config         list the GPUMEM_CONF keys\n"
+            "  version        print the version\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        print_usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? GM_EXIT_USAGE : GM_EXIT_OK;
+    }
+    const char *command = argv[1];
+    if (!strcmp(command, "replay"))
+        return gm_command_replay(argc - 2, argv + 2);
+    if (!strcmp(command, "info"))
+        return gm_command_info(argc - 2, argv + 2);
+    if (!strcmp(command, "config")) {
+        fputs(gm_config_help(), stdout);
+        return GM_EXIT_OK;
+    }
+    if (!strcmp(command, "version")) {
+        printf("gpumem %s\n", GPUMEM_VERSION);
+        return GM_EXIT_OK;
+    }
+    fprintf(stderr, "gpumem: unknown command '%s'\n\n", command);
+    print_usage(stderr);
+    return GM_EXIT_USAGE;
+}

@@ -1,0 +1,143 @@
+/*
+ * replay_command.c -- gpumem replay: load a trace, replay it on a fresh allocator, report.
+ */
+#include "gpumem.h"
+
+#include "../src/replay/trace.h"
+#include "commands.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *base_name(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
+}
+
+/* A JSON string literal for `text` (quotes, backslashes and control characters escaped). */
+static void print_json_string(const char *text)
+{
+    putchar('"');
+    for (const unsigned char *c = (const unsigned char *)text; *c; c++) {
+        if (*c == '"' || *c == '\\')
+            printf("\\%c", *c);
+        else if (*c < 0x20)
+            printf("\\u%04x", *c);
+        else
+            putchar(*c);
+    }
+    putchar('"');
+}
+
+static void print_json(const char *trace_path, const gm_device_info *device, const gm_replay_result *result)
+{
+    const gm_stats *stats = &result->stats;
+    int64_t total_calls = 0;
+    for (int kind = 0; kind < GM_CALL_KIND_COUNT; kind++)
+        total_calls += stats->device_calls[kind];
+    printf("{\"trace\": ");
+    print_json_string(base_name(trace_path));
+    printf(", \"backend\": \"%s\", \"engine\": \"%s\", \"ops\": %zu, \"allocs\": %zu, "
+           "\"frees\": %zu, \"ooms\": %zu, \"peak_live_bytes\": %" PRIu64 ", \"peak_reserved_bytes\": %" PRIu64
+           ", \"ratio\": %.6f, \"ns_per_op\": %.1f, \"device_call_ms\": %.3f, \"num_alloc_retries\": %" PRId64
+           ", \"page_maps\": %" PRId64 ", \"page_unmaps\": %" PRId64 ", \"device_calls\": {\"total\": %" PRId64,
+           device->backend, device->engine, result->operations, result->allocations,
+           result->frees, result->failed_allocations, result->peak_live_bytes, result->peak_reserved_bytes,
+           result->ratio, result->ns_per_operation, (double)stats->device_call_ns / 1e6, stats->num_alloc_retries,
+           stats->num_page_maps, stats->num_page_unmaps, total_calls);
+    for (int kind = 0; kind < GM_CALL_KIND_COUNT; kind++)
+        printf(", \"%s\": %" PRId64, gm_device_call_name((gm_device_call)kind), stats->device_calls[kind]);
+    printf("}}\n");
+}
+
+static void print_text(const char *trace_path, const gm_device_info *device, const gm_replay_result *result,
+                       gm_allocator *allocator)
+{
+    const gm_stats *stats = &result->stats;
+    printf("trace           %s (%zu ops: %zu allocations, %zu frees)\n", base_name(trace_path), result->operations,
+           result->allocations, result->frees);
+    printf("device          %s (%s backend), engine %s\n", device->name, device->backend, device->engine);
+    printf("peak live       %.1f MiB\n", (double)result->peak_live_bytes / 1048576.0);
+    printf("peak reserved   %.1f MiB\n", (double)result->peak_reserved_bytes / 1048576.0);
+    printf("ratio           %.4f\n", result->ratio);
+    printf("CPU time        %.1f ns per operation\n", result->ns_per_operation);
+    printf("device calls    ");
+    for (int kind = 0; kind < GM_CALL_KIND_COUNT; kind++)
+        if (stats->device_calls[kind])
+            printf("%s %" PRId64 "  ", gm_device_call_name((gm_device_call)kind), stats->device_calls[kind]);
+    printf("\ndevice time     %.3f ms%s\n", (double)stats->device_call_ns / 1e6,
+           strcmp(device->backend, "sim") ? " (measured)" : " (H200 cost model)");
+    printf("out of memory   %zu allocations failed\n", result->failed_allocations);
+    char table[8192];
+    if (gm_summary(allocator, table, sizeof table, NULL) == GM_OK)
+        printf("\nafter the replay, once everything was freed:\n%s", table);
+}
+
+int gm_command_replay(int argc, char **argv)
+{
+    gm_device_arguments device_arguments = {0};
+    const char *trace_path = NULL;
+    int json = 0;
+    for (int i = 0; i < argc; i++) {
+        int taken = gm_take_device_argument(&device_arguments, argc, argv, &i);
+        if (taken < 0)
+            return GM_EXIT_USAGE;
+        if (taken)
+            continue;
+        if (!strcmp(argv[i], "--json")) {
+            json = 1;
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            fprintf(stderr, "gpumem replay: unknown option '%s'\n", argv[i]);
+            return GM_EXIT_USAGE;
+        } else if (trace_path) {
+            fprintf(stderr, "gpumem replay: one trace at a time ('%s' and '%s')\n", trace_path, argv[i]);
+            return GM_EXIT_USAGE;
+        } else {
+            trace_path = argv[i];
+        }
+    }
+    if (!trace_path) {
+        fprintf(stderr, "usage: gpumem replay TRACE [--backend sim|host|cuda] [--capacity BYTES] [--conf ...] [--json]\n");
+        return GM_EXIT_USAGE;
+    }
+    char configuration[1024];
+    gm_device_configuration(&device_arguments, configuration, sizeof configuration);
+    gm_trace trace;
+    gm_status status = gm_trace_load(trace_path, &trace);
+    if (status != GM_OK) {
+        fprintf(stderr, "gpumem replay: %s\n", gm_last_error());
+        return status == GM_ERROR_PARSE ? GM_EXIT_USAGE : GM_EXIT_ERROR;
+    }
+    gm_allocator *allocator = NULL;
+    status = gm_create_from_environment(configuration, &allocator);
+    if (status != GM_OK) {
+        fprintf(stderr, "gpumem replay: cannot create the allocator: %s: %s\n", gm_strerror(status), gm_last_error());
+        gm_trace_free(&trace);
+        return status == GM_ERROR_BAD_CONFIG ? GM_EXIT_USAGE : GM_EXIT_ERROR;
+    }
+    gm_replay_result result;
+    status = gm_replay(allocator, &trace, &result);
+    gm_device_info device;
+    gm_get_device_info(allocator, &device);
+    int exit_status = GM_EXIT_OK;
+    if (status != GM_OK) {
+        fprintf(stderr, "gpumem replay: %s: %s\n", gm_strerror(status), gm_last_error());
+        exit_status = GM_EXIT_ERROR;
+    } else {
+        if (json)
+            print_json(trace_path, &device, &result);
+        else
+            print_text(trace_path, &device, &result, allocator);
+        if (result.failed_allocations) {
+            fprintf(stderr, "gpumem replay: %zu allocations failed with out of memory; the first:\n%s\n",
+                    result.failed_allocations, result.first_failure);
+            exit_status = GM_EXIT_OUT_OF_MEMORY;
+        }
+    }
+    gm_destroy(allocator, NULL);
+    gm_trace_free(&trace);
+    return exit_status;
+}

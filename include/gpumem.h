@@ -1,0 +1,215 @@
+/*
+ * gpumem.h -- the public interface of libgpumem, a caching allocator for GPU memory.
+ *
+ * An allocator (gm_allocator) manages the memory of one device through one backend:
+ *   "sim"   a simulated device: a capacity, a page granularity, fake addresses, counted
+ *           device calls and simulated streams; nothing is touched, it runs anywhere;
+ *   "host"  real host memory behind the same interface, for data-integrity tests;
+ *   "cuda"  the CUDA driver, loaded at run time.
+ *
+ * The front end has the calls deep-learning users know from PyTorch: malloc on a stream,
+ * free (size and stream are looked up), record_stream, empty_cache, statistics with
+ * torch.cuda.memory_stats() meanings and a memory_summary()-style table.
+ *
+ * Every call is thread-safe. Every call returns a gm_status; gm_strerror() names it and
+ * gm_last_error() gives the detailed message of the last failed call on this thread.
+ * A failed call changes nothing.
+ *
+ * Configuration is one string in PyTorch's "key:value,key:value" style (see docs/design.md
+ * and gm_config_help()); gm_create_from_environment() reads it from GPUMEM_CONF.
+ */
+#ifndef GPUMEM_H
+#define GPUMEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GPUMEM_VERSION "0.1.0"
+
+#if defined(GPUMEM_BUILDING) && defined(__GNUC__)
+#define GM_API __attribute__((visibility("default")))
+#else
+#define GM_API
+#endif
+
+typedef struct gm_allocator gm_allocator;
+
+/* A stream as the backend knows it: a CUstream for "cuda", any number for "sim" and "host".
+ * 0 is the default stream. */
+typedef uintptr_t gm_stream;
+
+typedef enum gm_status {
+    GM_OK = 0,
+    GM_ERROR_INVALID_ARGUMENT = 1, /* a NULL where a value is needed, a bad size, ... */
+    GM_ERROR_OUT_OF_MEMORY = 2,    /* the device has no room, even after releasing the cache */
+    GM_ERROR_INVALID_POINTER = 3,  /* not a live allocation of this allocator (or already freed) */
+    GM_ERROR_BAD_CONFIG = 4,       /* unknown key or bad value in a configuration string */
+    GM_ERROR_NO_DEVICE = 5,        /* backend unavailable: no driver, no GPU, bad device index */
+    GM_ERROR_DEVICE = 6,           /* a device call failed unexpectedly */
+    GM_ERROR_NOT_SUPPORTED = 7,    /* the backend lacks what the call needs */
+    GM_ERROR_IO = 8,               /* a file could not be read or written */
+    GM_ERROR_PARSE = 9,            /* malformed input (trace file, number) */
+    GM_ERROR_CORRUPT = 10,         /* gm_validate found an inconsistency */
+    GM_ERROR_BUFFER_TOO_SMALL = 11 /* the caller's buffer is too small; the needed size is returned */
+} gm_status;
+
+/* The name of a status, e.g. "out of memory". Never NULL. */
+GM_API const char *gm_strerror(gm_status status);
+
+/* The detailed message of the last call on this thread that did not return GM_OK
+ * (for example the OOM report or "unknown key 'foo' in configuration"). Never NULL. */
+GM_API const char *gm_last_error(void);
+
+/* ---------------------------------------------------------------- lifetime */
+
+/* Create an allocator from a configuration string ("backend:sim,capacity:16GiB", NULL or "" for
+ * the defaults). Keys: see gm_config_help(). */
+GM_API gm_status gm_create(const char *config, gm_allocator **allocator_out);
+
+/* Same, with the configuration taken from the environment variable GPUMEM_CONF, then the keys of
+ * `overrides` (may be NULL) applied on top. */
+GM_API gm_status gm_create_from_environment(const char *overrides, gm_allocator **allocator_out);
+
+/* Destroy an allocator and give all its memory back to the device. Live allocations die with it;
+ * gm_destroy reports how many there were through the optional live_allocations_out. */
+GM_API void gm_destroy(gm_allocator *allocator, size_t *live_allocations_out);
+
+/* A text listing every configuration key, its default and meaning. */
+GM_API const char *gm_config_help(void);
+
+/* ---------------------------------------------------------------- front end */
+
+/* Allocate `size` bytes for use on `stream`. A size of 0 gives *pointer_out = NULL and GM_OK.
+ * On GM_ERROR_OUT_OF_MEMORY, gm_last_error() holds a report that explains the failure. */
+GM_API gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void **pointer_out);
+
+/* Free a pointer returned by gm_malloc. NULL is accepted and does nothing. A pointer that is not a
+ * live allocation returns GM_ERROR_INVALID_POINTER and changes nothing. */
+GM_API gm_status gm_free(gm_allocator *allocator, void *pointer);
+
+/* Mark that `pointer` is also used on `stream` (PyTorch's record_stream): when freed, its memory
+ * is not reused until the work queued on `stream` before the free has finished. */
+GM_API gm_status gm_record_stream(gm_allocator *allocator, void *pointer, gm_stream stream);
+
+/* Give every cached, entirely free piece of memory back to the device. */
+GM_API gm_status gm_empty_cache(gm_allocator *allocator);
+
+/* The usable size of a live allocation (its size rounded up to the allocator's granularity). */
+GM_API gm_status gm_allocation_size(gm_allocator *allocator, const void *pointer, size_t *size_out);
+
+/* ---------------------------------------------------------------- statistics */
+
+/* One statistic with PyTorch's four readings. */
+typedef struct gm_stat {
+    int64_t current;
+    int64_t peak;
+    int64_t allocated; /* accumulated increases */
+    int64_t freed;     /* accumulated decreases */
+} gm_stat;
+
+/* Index into each gm_stat array of gm_stats: all pools, the small pool (<= 1 MiB), the large pool. */
+enum { GM_POOL_ALL = 0, GM_POOL_SMALL = 1, GM_POOL_LARGE = 2, GM_POOL_COUNT = 3 };
+
+/* Kinds of device call, counted by the backend layer. */
+typedef enum gm_device_call {
+    GM_CALL_SEGMENT_ALLOCATE = 0, /* cudaMalloc / cuMemAlloc */
+    GM_CALL_SEGMENT_FREE,         /* cudaFree / cuMemFree */
+    GM_CALL_ADDRESS_RESERVE,      /* cuMemAddressReserve */
+    GM_CALL_ADDRESS_FREE,         /* cuMemAddressFree */
+    GM_CALL_PHYSICAL_CREATE,      /* cuMemCreate */
+    GM_CALL_PHYSICAL_RELEASE,     /* cuMemRelease */
+    GM_CALL_MAP,                  /* cuMemMap */
+    GM_CALL_SET_ACCESS,           /* cuMemSetAccess */
+    GM_CALL_UNMAP,                /* cuMemUnmap */
+    GM_CALL_EVENT_RECORD,         /* cuEventRecord */
+    GM_CALL_EVENT_QUERY,          /* cuEventQuery */
+    GM_CALL_EVENT_SYNCHRONIZE,    /* cuEventSynchronize */
+    GM_CALL_KIND_COUNT
+} gm_device_call;
+
+/* The name of a device call kind, e.g. "physical_create". */
+GM_API const char *gm_device_call_name(gm_device_call call);
+
+typedef struct gm_stats {
+    /* Counts (PyTorch: "allocation", "segment", "active", "inactive_split"). */
+    gm_stat allocation[GM_POOL_COUNT];
+    gm_stat segment[GM_POOL_COUNT];
+    gm_stat active[GM_POOL_COUNT];
+    gm_stat inactive_split[GM_POOL_COUNT];
+    /* Bytes (PyTorch: "allocated_bytes", "reserved_bytes", "active_bytes",
+     * "inactive_split_bytes", "requested_bytes"). */
+    gm_stat allocated_bytes[GM_POOL_COUNT];
+    gm_stat reserved_bytes[GM_POOL_COUNT];
+    gm_stat active_bytes[GM_POOL_COUNT];
+    gm_stat inactive_split_bytes[GM_POOL_COUNT];
+    gm_stat requested_bytes[GM_POOL_COUNT];
+    /* Events. */
+    int64_t num_alloc_retries;
+    int64_t num_ooms;
+    int64_t num_sync_all_streams;
+    int64_t num_device_alloc; /* segment allocations or physical page creations */
+    int64_t num_device_free;  /* segment frees or physical page releases */
+    int64_t num_page_maps;    /* pages (of the backend's granularity) mapped */
+    int64_t num_page_unmaps;  /* pages unmapped */
+    /* Device calls made through the backend, by kind, and their total cost: measured time on real
+     * backends, the H200 cost model on "sim". */
+    int64_t device_calls[GM_CALL_KIND_COUNT];
+    int64_t device_call_ns;
+    /* The device. */
+    uint64_t device_total_bytes;
+    uint64_t page_size; /* the backend's mapping granularity */
+} gm_stats;
+
+GM_API gm_status gm_get_stats(gm_allocator *allocator, gm_stats *stats_out);
+
+/* Reset every peak to its current value (torch.cuda.reset_peak_memory_stats). */
+GM_API gm_status gm_reset_peak_stats(gm_allocator *allocator);
+
+/* Reset the accumulated readings ("allocated" and "freed") and the event counters. */
+GM_API gm_status gm_reset_accumulated_stats(gm_allocator *allocator);
+
+/* Render the statistics as a table in the layout of torch.cuda.memory_summary() into `buffer`.
+ * If `buffer_size` is too small, returns GM_ERROR_BUFFER_TOO_SMALL; *needed_out (if not NULL)
+ * always receives the size needed, terminating NUL included. */
+GM_API gm_status gm_summary(gm_allocator *allocator, char *buffer, size_t buffer_size, size_t *needed_out);
+
+/* Walk every block, segment and page, check all invariants and recompute every current statistic
+ * from them. GM_OK if consistent, GM_ERROR_CORRUPT with the first difference in gm_last_error(). */
+GM_API gm_status gm_validate(gm_allocator *allocator);
+
+/* ---------------------------------------------------------------- the device */
+
+typedef struct gm_device_info {
+    char backend[16];           /* "sim", "host", "cuda" */
+    char name[128];             /* e.g. "NVIDIA H200" or "simulated device" */
+    int device;                 /* this allocator's device index */
+    int device_count;           /* devices the backend sees */
+    int driver_version;         /* CUDA driver version (e.g. 13000), 0 elsewhere */
+    uint64_t total_bytes;
+    uint64_t free_bytes;
+    int virtual_memory;         /* 1 if address reservation and page mapping are supported */
+    uint64_t granularity;       /* mapping granularity in bytes */
+    char engine[16];            /* the engine in use: "pages" or "segments" */
+} gm_device_info;
+
+GM_API gm_status gm_get_device_info(gm_allocator *allocator, gm_device_info *info_out);
+
+/* ---------------------------------------------------------------- simulated streams */
+
+/* The "sim" and "host" backends simulate the work queued on streams so that tests can decide when
+ * it finishes. gm_sim_stream_enqueue queues `units` of work on a stream; gm_sim_stream_complete
+ * finishes all of it. Events recorded on a stream complete once the work queued before them has.
+ * Other backends return GM_ERROR_NOT_SUPPORTED. */
+GM_API gm_status gm_sim_stream_enqueue(gm_allocator *allocator, gm_stream stream, uint64_t units);
+GM_API gm_status gm_sim_stream_complete(gm_allocator *allocator, gm_stream stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GPUMEM_H */

@@ -1,0 +1,154 @@
+/*
+ * backend.c -- opening a backend by name, and the counted wrappers around its operations.
+ *
+ * Each wrapper forwards to the backend and adds one to the call's counter. The cost of a call is
+ * either what the backend charges (the sim's H200 cost model) or, on real backends, the measured
+ * wall time of the call. Device calls are never on the allocator's fast path, so timing them with
+ * clock_gettime costs nothing that matters.
+ */
+#include "backend.h"
+
+#include "../core/error.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static int64_t monotonic_ns(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
+}
+
+const char *gm_device_call_name(gm_device_call call)
+{
+    static const char *const names[GM_CALL_KIND_COUNT] = {
+        [GM_CALL_SEGMENT_ALLOCATE] = "segment_allocate", [GM_CALL_SEGMENT_FREE] = "segment_free",
+        [GM_CALL_ADDRESS_RESERVE] = "address_reserve",   [GM_CALL_ADDRESS_FREE] = "address_free",
+        [GM_CALL_PHYSICAL_CREATE] = "physical_create",   [GM_CALL_PHYSICAL_RELEASE] = "physical_release",
+        [GM_CALL_MAP] = "map",                           [GM_CALL_SET_ACCESS] = "set_access",
+        [GM_CALL_UNMAP] = "unmap",                       [GM_CALL_EVENT_RECORD] = "event_record",
+        [GM_CALL_EVENT_QUERY] = "event_query",           [GM_CALL_EVENT_SYNCHRONIZE] = "event_synchronize",
+    };
+    return (unsigned)call < GM_CALL_KIND_COUNT ? names[call] : "unknown";
+}
+
+gm_status gm_backend_open(const gm_options *options, gm_backend **backend_out)
+{
+    static const gm_backend_operations *const known[] = {&gm_sim_backend_operations,
+                                                         &gm_host_backend_operations,
+                                                         &gm_cuda_backend_operations};
+    const gm_backend_operations *operations = NULL;
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (!strcmp(known[i]->name, options->backend))
+            operations = known[i];
+    if (!operations)
+        return gm_fail(GM_ERROR_BAD_CONFIG, "unknown backend '%s' (expected sim, host or cuda)", options->backend);
+    gm_backend *backend = calloc(1, sizeof *backend);
+    if (!backend)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the backend");
+    backend->operations = operations;
+    gm_status status = operations->open(backend, options);
+    if (status != GM_OK) {
+        free(backend);
+        return status;
+    }
+    *backend_out = backend;
+    return GM_OK;
+}
+
+void gm_backend_close(gm_backend *backend)
+{
+    if (!backend)
+        return;
+    backend->operations->close(backend);
+    free(backend);
+}
+
+/* Run `call`, count it as `kind` and add its cost. */
+#define COUNTED_CALL(backend, kind, call)                                                     \
+    do {                                                                                      \
+        int64_t started = (backend)->charges_cost ? 0 : monotonic_ns();                      \
+        (backend)->last_call_cost_ns = 0;                                                     \
+        gm_status status_ = (call);                                                           \
+        (backend)->calls[kind]++;                                                             \
+        (backend)->call_ns += (backend)->charges_cost ? (backend)->last_call_cost_ns          \
+                                                      : monotonic_ns() - started;             \
+        return status_;                                                                       \
+    } while (0)
+
+gm_status gm_backend_segment_allocate(gm_backend *backend, uint64_t size, uintptr_t *address_out)
+{
+    COUNTED_CALL(backend, GM_CALL_SEGMENT_ALLOCATE, backend->operations->segment_allocate(backend, size, address_out));
+}
+
+gm_status gm_backend_segment_free(gm_backend *backend, uintptr_t address, uint64_t size)
+{
+    COUNTED_CALL(backend, GM_CALL_SEGMENT_FREE, backend->operations->segment_free(backend, address, size));
+}
+
+gm_status gm_backend_address_reserve(gm_backend *backend, uint64_t size, uintptr_t *address_out)
+{
+    COUNTED_CALL(backend, GM_CALL_ADDRESS_RESERVE, backend->operations->address_reserve(backend, size, address_out));
+}
+
+gm_status gm_backend_address_free(gm_backend *backend, uintptr_t address, uint64_t size)
+{
+    COUNTED_CALL(backend, GM_CALL_ADDRESS_FREE, backend->operations->address_free(backend, address, size));
+}
+
+gm_status gm_backend_physical_create(gm_backend *backend, uint64_t size, uint64_t *handle_out)
+{
+    COUNTED_CALL(backend, GM_CALL_PHYSICAL_CREATE, backend->operations->physical_create(backend, size, handle_out));
+}
+
+gm_status gm_backend_physical_release(gm_backend *backend, uint64_t handle)
+{
+    COUNTED_CALL(backend, GM_CALL_PHYSICAL_RELEASE, backend->operations->physical_release(backend, handle));
+}
+
+gm_status gm_backend_map(gm_backend *backend, uintptr_t address, uint64_t size, uint64_t handle)
+{
+    COUNTED_CALL(backend, GM_CALL_MAP, backend->operations->map(backend, address, size, handle));
+}
+
+gm_status gm_backend_set_access(gm_backend *backend, uintptr_t address, uint64_t size)
+{
+    COUNTED_CALL(backend, GM_CALL_SET_ACCESS, backend->operations->set_access(backend, address, size));
+}
+
+gm_status gm_backend_unmap(gm_backend *backend, uintptr_t address, uint64_t size)
+{
+    COUNTED_CALL(backend, GM_CALL_UNMAP, backend->operations->unmap(backend, address, size));
+}
+
+gm_status gm_backend_event_create(gm_backend *backend, uint64_t *event_out)
+{
+    return backend->operations->event_create(backend, event_out);
+}
+
+gm_status gm_backend_event_destroy(gm_backend *backend, uint64_t event)
+{
+    return backend->operations->event_destroy(backend, event);
+}
+
+gm_status gm_backend_event_record(gm_backend *backend, uint64_t event, gm_stream stream)
+{
+    COUNTED_CALL(backend, GM_CALL_EVENT_RECORD, backend->operations->event_record(backend, event, stream));
+}
+
+gm_status gm_backend_event_query(gm_backend *backend, uint64_t event, bool *done_out)
+{
+    COUNTED_CALL(backend, GM_CALL_EVENT_QUERY, backend->operations->event_query(backend, event, done_out));
+}
+
+gm_status gm_backend_event_synchronize(gm_backend *backend, uint64_t event)
+{
+    COUNTED_CALL(backend, GM_CALL_EVENT_SYNCHRONIZE, backend->operations->event_synchronize(backend, event));
+}
+
+gm_status gm_backend_memory_info(gm_backend *backend, uint64_t *free_out, uint64_t *total_out)
+{
+    return backend->operations->memory_info(backend, free_out, total_out);
+}

@@ -1,0 +1,96 @@
+/*
+ * backend.h -- the small interface between the allocator and a device.
+ *
+ * A backend offers two ways to get device memory, as CUDA does:
+ *   plain segments   segment_allocate / segment_free               (cudaMalloc / cudaFree)
+ *   virtual memory   address_reserve / address_free                (cuMemAddressReserve / Free)
+ *                    physical_create / physical_release            (cuMemCreate / cuMemRelease)
+ *                    map / set_access / unmap                      (cuMemMap / SetAccess / Unmap)
+ * and events for cross-stream reuse: event_create / record / query / synchronize / destroy.
+ *
+ * The allocator never calls the operations table directly: the gm_backend_* wrappers below count
+ * every call by kind and add its cost (measured time on real backends; the H200 cost model on
+ * "sim", which sets `charges_cost` and reports its own cost per call) to the backend's totals.
+ * Physical handles and events are opaque 64-bit values chosen by the backend.
+ */
+#ifndef GM_BACKEND_H
+#define GM_BACKEND_H
+
+#include "gpumem.h"
+#include "../core/options.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct gm_backend gm_backend;
+
+typedef struct gm_backend_operations {
+    const char *name;
+    gm_status (*open)(gm_backend *backend, const gm_options *options);
+    void (*close)(gm_backend *backend);
+    gm_status (*memory_info)(gm_backend *backend, uint64_t *free_out, uint64_t *total_out);
+
+    gm_status (*segment_allocate)(gm_backend *backend, uint64_t size, uintptr_t *address_out);
+    gm_status (*segment_free)(gm_backend *backend, uintptr_t address, uint64_t size);
+
+    gm_status (*address_reserve)(gm_backend *backend, uint64_t size, uintptr_t *address_out);
+    gm_status (*address_free)(gm_backend *backend, uintptr_t address, uint64_t size);
+    gm_status (*physical_create)(gm_backend *backend, uint64_t size, uint64_t *handle_out);
+    gm_status (*physical_release)(gm_backend *backend, uint64_t handle);
+    gm_status (*map)(gm_backend *backend, uintptr_t address, uint64_t size, uint64_t handle);
+    gm_status (*set_access)(gm_backend *backend, uintptr_t address, uint64_t size);
+    gm_status (*unmap)(gm_backend *backend, uintptr_t address, uint64_t size);
+
+    gm_status (*event_create)(gm_backend *backend, uint64_t *event_out);
+    gm_status (*event_destroy)(gm_backend *backend, uint64_t event);
+    gm_status (*event_record)(gm_backend *backend, uint64_t event, gm_stream stream);
+    gm_status (*event_query)(gm_backend *backend, uint64_t event, bool *done_out);
+    gm_status (*event_synchronize)(gm_backend *backend, uint64_t event);
+
+    /* Fill name, device_count and driver_version (NULL: a generic description). */
+    void (*describe)(gm_backend *backend, gm_device_info *info);
+
+    /* Simulated streams (sim, host); NULL elsewhere. */
+    gm_status (*stream_enqueue)(gm_backend *backend, gm_stream stream, uint64_t units);
+    gm_status (*stream_complete)(gm_backend *backend, gm_stream stream);
+} gm_backend_operations;
+
+struct gm_backend {
+    const gm_backend_operations *operations;
+    void *state;                /* the backend's own */
+    uint64_t total_bytes;       /* device memory */
+    uint64_t page_size;         /* mapping granularity */
+    bool supports_virtual_memory;
+    bool charges_cost;          /* the backend reports modelled cost through last_call_cost_ns */
+    int64_t last_call_cost_ns;  /* set by a cost-charging backend in each call */
+    int64_t calls[GM_CALL_KIND_COUNT];
+    int64_t call_ns;            /* total cost of all calls */
+};
+
+/* Open the backend named by options->backend. On failure *backend_out is untouched and
+ * gm_last_error() says why (GM_ERROR_NO_DEVICE when there is no such device). */
+gm_status gm_backend_open(const gm_options *options, gm_backend **backend_out);
+void gm_backend_close(gm_backend *backend);
+
+extern const gm_backend_operations gm_sim_backend_operations;
+extern const gm_backend_operations gm_host_backend_operations;
+extern const gm_backend_operations gm_cuda_backend_operations;
+
+/* Counted wrappers. */
+gm_status gm_backend_segment_allocate(gm_backend *backend, uint64_t size, uintptr_t *address_out);
+gm_status gm_backend_segment_free(gm_backend *backend, uintptr_t address, uint64_t size);
+gm_status gm_backend_address_reserve(gm_backend *backend, uint64_t size, uintptr_t *address_out);
+gm_status gm_backend_address_free(gm_backend *backend, uintptr_t address, uint64_t size);
+gm_status gm_backend_physical_create(gm_backend *backend, uint64_t size, uint64_t *handle_out);
+gm_status gm_backend_physical_release(gm_backend *backend, uint64_t handle);
+gm_status gm_backend_map(gm_backend *backend, uintptr_t address, uint64_t size, uint64_t handle);
+gm_status gm_backend_set_access(gm_backend *backend, uintptr_t address, uint64_t size);
+gm_status gm_backend_unmap(gm_backend *backend, uintptr_t address, uint64_t size);
+gm_status gm_backend_event_create(gm_backend *backend, uint64_t *event_out);
+gm_status gm_backend_event_destroy(gm_backend *backend, uint64_t event);
+gm_status gm_backend_event_record(gm_backend *backend, uint64_t event, gm_stream stream);
+gm_status gm_backend_event_query(gm_backend *backend, uint64_t event, bool *done_out);
+gm_status gm_backend_event_synchronize(gm_backend *backend, uint64_t event);
+gm_status gm_backend_memory_info(gm_backend *backend, uint64_t *free_out, uint64_t *total_out);
+
+#endif

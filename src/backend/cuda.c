@@ -1,0 +1,463 @@
+/*
+ * cuda.c -- the CUDA backend, on the driver API, loaded at run time from libcuda.so.1.
+ *
+ * Nothing here needs CUDA at build time: the few driver types and entry points used are declared
+ * below (layouts as in cuda.h of CUDA 12/13) and resolved with dlsym. So the library builds and its
+ * CPU tests run where there is no driver, and it never links against, or fights with, the
+ * application's CUDA runtime. Without a driver or a device, opening fails with GM_ERROR_NO_DEVICE
+ * and a message that says which.
+ *
+ * Context: like PyTorch, the backend works in the device's primary context (retained at open);
+ * each call makes it current only if it is not already, and restores the caller's context after.
+ * Memory: plain segments (cuMemAlloc/cuMemFree) and the virtual-memory path (cuMemAddressReserve,
+ * cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease) with the device's minimum
+ * granularity as page size. Events are created without timing, and pooled by the front end.
+ */
+#include "backend.h"
+
+#include "../core/error.h"
+
+#include <dlfcn.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- driver declarations */
+
+typedef int cu_result;
+typedef int cu_device;
+typedef struct cu_context_opaque *cu_context;
+typedef struct cu_stream_opaque *cu_stream;
+typedef struct cu_event_opaque *cu_event;
+typedef unsigned long long cu_device_pointer;
+typedef unsigned long long cu_allocation_handle;
+
+typedef struct cu_location {
+    int type; /* CU_MEM_LOCATION_TYPE_DEVICE = 1 */
+    int id;
+} cu_location;
+
+typedef struct cu_allocation_properties {
+    int type;                  /* CU_MEM_ALLOCATION_TYPE_PINNED = 1 */
+    int requested_handle_types; /* CU_MEM_HANDLE_TYPE_NONE = 0 */
+    cu_location location;
+    void *win32_metadata;
+    struct {
+        unsigned char compression_type;
+        unsigned char gpu_direct_rdma_capable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } flags;
+} cu_allocation_properties;
+
+typedef struct cu_access_descriptor {
+    cu_location location;
+    int flags; /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3 */
+} cu_access_descriptor;
+
+enum {
+    CU_SUCCESS = 0,
+    CU_ERROR_OUT_OF_MEMORY = 2,
+    CU_ERROR_NOT_READY = 600,
+    CU_LOCATION_DEVICE = 1,
+    CU_ALLOCATION_PINNED = 1,
+    CU_ACCESS_READ_WRITE = 3,
+    CU_GRANULARITY_MINIMUM = 0,
+    CU_ATTRIBUTE_VIRTUAL_MEMORY_SUPPORTED = 102,
+    CU_EVENT_DISABLE_TIMING = 2,
+};
+
+/* The driver entry points, resolved once per process. */
+typedef struct cuda_driver {
+    cu_result (*init)(unsigned int);
+    cu_result (*driver_get_version)(int *);
+    cu_result (*device_get_count)(int *);
+    cu_result (*device_get)(cu_device *, int);
+    cu_result (*device_get_name)(char *, int, cu_device);
+    cu_result (*device_get_attribute)(int *, int, cu_device);
+    cu_result (*primary_context_retain)(cu_context *, cu_device);
+    cu_result (*primary_context_release)(cu_device);
+    cu_result (*context_get_current)(cu_context *);
+    cu_result (*context_set_current)(cu_context);
+    cu_result (*memory_get_info)(size_t *, size_t *);
+    cu_result (*memory_allocate)(cu_device_pointer *, size_t);
+    cu_result (*memory_free)(cu_device_pointer);
+    cu_result (*address_reserve)(cu_device_pointer *, size_t, size_t, cu_device_pointer, unsigned long long);
+    cu_result (*address_free)(cu_device_pointer, size_t);
+    cu_result (*create)(cu_allocation_handle *, size_t, const cu_allocation_properties *, unsigned long long);
+    cu_result (*release)(cu_allocation_handle);
+    cu_result (*map)(cu_device_pointer, size_t, size_t, cu_allocation_handle, unsigned long long);
+    cu_result (*set_access)(cu_device_pointer, size_t, const cu_access_descriptor *, size_t);
+    cu_result (*unmap)(cu_device_pointer, size_t);
+    cu_result (*granularity)(size_t *, const cu_allocation_properties *, int);
+    cu_result (*event_create)(cu_event *, unsigned int);
+    cu_result (*event_destroy)(cu_event);
+    cu_result (*event_record)(cu_event, cu_stream);
+    cu_result (*event_query)(cu_event);
+    cu_result (*event_synchronize)(cu_event);
+    cu_result (*get_error_string)(cu_result, const char **);
+} cuda_driver;
+
+static cuda_driver driver;
+static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
+static char driver_failure[512];
+
+static void load_driver(void)
+{
+    void *library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!library) {
+        snprintf(driver_failure, sizeof driver_failure,
+                 "cuda backend: cannot load libcuda.so.1, so there is no NVIDIA driver on this machine (%s)", dlerror());
+        return;
+    }
+    static const struct {
+        const char *symbol;
+        size_t offset;
+    } entries[] = {
+        {"cuInit", offsetof(cuda_driver, init)},
+        {"cuDriverGetVersion", offsetof(cuda_driver, driver_get_version)},
+        {"cuDeviceGetCount", offsetof(cuda_driver, device_get_count)},
+        {"cuDeviceGet", offsetof(cuda_driver, device_get)},
+        {"cuDeviceGetName", offsetof(cuda_driver, device_get_name)},
+        {"cuDeviceGetAttribute", offsetof(cuda_driver, device_get_attribute)},
+        {"cuDevicePrimaryCtxRetain", offsetof(cuda_driver, primary_context_retain)},
+        {"cuDevicePrimaryCtxRelease_v2", offsetof(cuda_driver, primary_context_release)},
+        {"cuCtxGetCurrent", offsetof(cuda_driver, context_get_current)},
+        {"cuCtxSetCurrent", offsetof(cuda_driver, context_set_current)},
+        {"cuMemGetInfo_v2", offsetof(cuda_driver, memory_get_info)},
+        {"cuMemAlloc_v2", offsetof(cuda_driver, memory_allocate)},
+        {"cuMemFree_v2", offsetof(cuda_driver, memory_free)},
+        {"cuMemAddressReserve", offsetof(cuda_driver, address_reserve)},
+        {"cuMemAddressFree", offsetof(cuda_driver, address_free)},
+        {"cuMemCreate", offsetof(cuda_driver, create)},
+        {"cuMemRelease", offsetof(cuda_driver, release)},
+        {"cuMemMap", offsetof(cuda_driver, map)},
+        {"cuMemSetAccess", offsetof(cuda_driver, set_access)},
+        {"cuMemUnmap", offsetof(cuda_driver, unmap)},
+        {"cuMemGetAllocationGranularity", offsetof(cuda_driver, granularity)},
+        {"cuEventCreate", offsetof(cuda_driver, event_create)},
+        {"cuEventDestroy_v2", offsetof(cuda_driver, event_destroy)},
+        {"cuEventRecord", offsetof(cuda_driver, event_record)},
+        {"cuEventQuery", offsetof(cuda_driver, event_query)},
+        {"cuEventSynchronize", offsetof(cuda_driver, event_synchronize)},
+        {"cuGetErrorString", offsetof(cuda_driver, get_error_string)},
+    };
+    cuda_driver loaded;
+    for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++) {
+        void *address = dlsym(library, entries[i].symbol);
+        if (!address) {
+            snprintf(driver_failure, sizeof driver_failure,
+                     "cuda backend: libcuda.so.1 lacks %s; the NVIDIA driver is too old", entries[i].symbol);
+            return;
+        }
+        memcpy((char *)&loaded + entries[i].offset, &address, sizeof address);
+    }
+    cu_result result = loaded.init(0);
+    if (result != CU_SUCCESS) {
+        const char *text = "unknown error";
+        loaded.get_error_string(result, &text);
+        snprintf(driver_failure, sizeof driver_failure, "cuda backend: cuInit failed (%d: %s): no usable GPU",
+                 result, text ? text : "unknown error");
+        return;
+    }
+    driver = loaded;
+}
+
+/* ---------------------------------------------------------------- state and errors */
+
+typedef struct cuda_state {
+    cu_device device;
+    int ordinal;
+    cu_context context;
+} cuda_state;
+
+static cuda_state *state_of(gm_backend *backend)
+{
+    return (cuda_state *)backend->state;
+}
+
+static gm_status driver_error(cu_result result, const char *call)
+{
+    const char *text = NULL;
+    if (driver.get_error_string)
+        driver.get_error_string(result, &text);
+    return gm_fail(result == CU_ERROR_OUT_OF_MEMORY ? GM_ERROR_OUT_OF_MEMORY : GM_ERROR_DEVICE,
+                   "cuda backend: %s failed (%d: %s)", call, result, text ? text : "unknown error");
+}
+
+#define CHECK(call, name)                                                                                          \
+    do {                                                                                                           \
+        cu_result result_ = (call);                                                                                \
+        if (result_ != CU_SUCCESS)                                                                                 \
+            return driver_error(result_, name);                                                                    \
+    } while (0)
+
+/* Make the primary context current for the duration of a call; returns the context to restore. */
+static cu_context enter(cuda_state *state)
+{
+    cu_context current = NULL;
+    driver.context_get_current(&current);
+    if (current != state->context)
+        driver.context_set_current(state->context);
+    return current;
+}
+
+static void leave(cuda_state *state, cu_context previous)
+{
+    if (previous != state->context)
+        driver.context_set_current(previous);
+}
+
+/* Run `body` (which sets `status`) inside the primary context. */
+#define IN_CONTEXT(backend, body)                                                                                  \
+    do {                                                                                                           \
+        cuda_state *state_ = state_of(backend);                                                                    \
+        cu_context previous_ = enter(state_);                                                                      \
+        body;                                                                                                      \
+        leave(state_, previous_);                                                                                  \
+    } while (0)
+
+static cu_allocation_properties device_properties(const cuda_state *state)
+{
+    cu_allocation_properties properties;
+    memset(&properties, 0, sizeof properties);
+    properties.type = CU_ALLOCATION_PINNED;
+    properties.location.type = CU_LOCATION_DEVICE;
+    properties.location.id = state->ordinal;
+    return properties;
+}
+
+/* ---------------------------------------------------------------- open / close / info */
+
+static gm_status open_device(gm_backend *backend, cuda_state *state, int ordinal)
+{
+    int count = 0;
+    CHECK(driver.device_get_count(&count), "cuDeviceGetCount");
+    if (count == 0)
+        return gm_fail(GM_ERROR_NO_DEVICE, "cuda backend: the driver sees no CUDA device");
+    if (ordinal >= count)
+        return gm_fail(GM_ERROR_NO_DEVICE, "cuda backend: device %d does not exist (%d device%s)", ordinal, count,
+                       count == 1 ? "" : "s");
+    state->ordinal = ordinal;
+    CHECK(driver.device_get(&state->device, ordinal), "cuDeviceGet");
+    CHECK(driver.primary_context_retain(&state->context, state->device), "cuDevicePrimaryCtxRetain");
+    int virtual_memory = 0;
+    driver.device_get_attribute(&virtual_memory, CU_ATTRIBUTE_VIRTUAL_MEMORY_SUPPORTED, state->device);
+    backend->supports_virtual_memory = virtual_memory != 0;
+    size_t granularity = 2u << 20;
+    if (virtual_memory) {
+        cu_allocation_properties properties = device_properties(state);
+        if (driver.granularity(&granularity, &properties, CU_GRANULARITY_MINIMUM) != CU_SUCCESS)
+            granularity = 2u << 20;
+    }
+    backend->page_size = granularity;
+    size_t free_bytes = 0, total_bytes = 0;
+    gm_status status = GM_OK;
+    IN_CONTEXT(backend, {
+        cu_result result = driver.memory_get_info(&free_bytes, &total_bytes);
+        if (result != CU_SUCCESS)
+            status = driver_error(result, "cuMemGetInfo");
+    });
+    backend->total_bytes = total_bytes;
+    return status;
+}
+
+static gm_status cuda_open(gm_backend *backend, const gm_options *options)
+{
+    pthread_once(&driver_once, load_driver);
+    if (!driver.init)
+        return gm_fail(GM_ERROR_NO_DEVICE, "%s", driver_failure);
+    cuda_state *state = calloc(1, sizeof *state);
+    if (!state)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the cuda backend");
+    backend->state = state;
+    backend->charges_cost = false;
+    gm_status status = open_device(backend, state, options->device);
+    if (status != GM_OK) {
+        if (state->context)
+            driver.primary_context_release(state->device);
+        free(state);
+        backend->state = NULL;
+    }
+    return status;
+}
+
+static void cuda_close(gm_backend *backend)
+{
+    cuda_state *state = state_of(backend);
+    if (!state)
+        return;
+    driver.primary_context_release(state->device);
+    free(state);
+}
+
+static gm_status cuda_memory_info(gm_backend *backend, uint64_t *free_out, uint64_t *total_out)
+{
+    size_t free_bytes = 0, total_bytes = 0;
+    gm_status status = GM_OK;
+    IN_CONTEXT(backend, {
+        cu_result result = driver.memory_get_info(&free_bytes, &total_bytes);
+        if (result != CU_SUCCESS)
+            status = driver_error(result, "cuMemGetInfo");
+    });
+    *free_out = free_bytes;
+    *total_out = total_bytes;
+    return status;
+}
+
+static void cuda_describe(gm_backend *backend, gm_device_info *info)
+{
+    cuda_state *state = state_of(backend);
+    driver.device_get_name(info->name, (int)sizeof info->name, state->device);
+    driver.device_get_count(&info->device_count);
+    driver.driver_get_version(&info->driver_version);
+}
+
+/* ---------------------------------------------------------------- memory */
+
+/* Each operation: run one driver call in the primary context, turning its result into a status. */
+#define DRIVER_CALL(backend, name, call)                                                                           \
+    do {                                                                                                           \
+        gm_status status_ = GM_OK;                                                                                 \
+        IN_CONTEXT(backend, {                                                                                      \
+            cu_result result_ = (call);                                                                            \
+            if (result_ != CU_SUCCESS)                                                                             \
+                status_ = driver_error(result_, name);                                                             \
+        });                                                                                                        \
+        return status_;                                                                                            \
+    } while (0)
+
+static gm_status cuda_segment_allocate(gm_backend *backend, uint64_t size, uintptr_t *address_out)
+{
+    cu_device_pointer address = 0;
+    gm_status status = GM_OK;
+    IN_CONTEXT(backend, {
+        cu_result result = driver.memory_allocate(&address, size);
+        if (result != CU_SUCCESS)
+            status = driver_error(result, "cuMemAlloc");
+    });
+    *address_out = (uintptr_t)address;
+    return status;
+}
+
+static gm_status cuda_segment_free(gm_backend *backend, uintptr_t address, uint64_t size)
+{
+    (void)size;
+    DRIVER_CALL(backend, "cuMemFree", driver.memory_free((cu_device_pointer)address));
+}
+
+static gm_status cuda_address_reserve(gm_backend *backend, uint64_t size, uintptr_t *address_out)
+{
+    cu_device_pointer address = 0;
+    gm_status status = GM_OK;
+    IN_CONTEXT(backend, {
+        cu_result result = driver.address_reserve(&address, size, backend->page_size, 0, 0);
+        if (result != CU_SUCCESS)
+            status = driver_error(result, "cuMemAddressReserve");
+    });
+    *address_out = (uintptr_t)address;
+    return status;
+}
+
+static gm_status cuda_address_free(gm_backend *backend, uintptr_t address, uint64_t size)
+{
+    DRIVER_CALL(backend, "cuMemAddressFree", driver.address_free((cu_device_pointer)address, size));
+}
+
+static gm_status cuda_physical_create(gm_backend *backend, uint64_t size, uint64_t *handle_out)
+{
+    cu_allocation_properties properties = device_properties(state_of(backend));
+    cu_allocation_handle handle = 0;
+    gm_status status = GM_OK;
+    IN_CONTEXT(backend, {
+        cu_result result = driver.create(&handle, size, &properties, 0);
+        if (result != CU_SUCCESS)
+            status = driver_error(result, "cuMemCreate");
+    });
+    *handle_out = (uint64_t)handle;
+    return status;
+}
+
+static gm_status cuda_physical_release(gm_backend *backend, uint64_t handle)
+{
+    DRIVER_CALL(backend, "cuMemRelease", driver.release((cu_allocation_handle)handle));
+}
+
+static gm_status cuda_map(gm_backend *backend, uintptr_t address, uint64_t size, uint64_t handle)
+{
+    DRIVER_CALL(backend, "cuMemMap", driver.map((cu_device_pointer)address, size, 0, (cu_allocation_handle)handle, 0));
+}
+
+static gm_status cuda_set_access(gm_backend *backend, uintptr_t address, uint64_t size)
+{
+    cu_access_descriptor access = {{CU_LOCATION_DEVICE, state_of(backend)->ordinal}, CU_ACCESS_READ_WRITE};
+    DRIVER_CALL(backend, "cuMemSetAccess", driver.set_access((cu_device_pointer)address, size, &access, 1));
+}
+
+static gm_status cuda_unmap(gm_backend *backend, uintptr_t address, uint64_t size)
+{
+    DRIVER_CALL(backend, "cuMemUnmap", driver.unmap((cu_device_pointer)address, size));
+}
+
+/* ---------------------------------------------------------------- events */
+
+static gm_status cuda_event_create(gm_backend *backend, uint64_t *event_out)
+{
+    cu_event event = NULL;
+    gm_status status = GM_OK;
+    IN_CONTEXT(backend, {
+        cu_result result = driver.event_create(&event, CU_EVENT_DISABLE_TIMING);
+        if (result != CU_SUCCESS)
+            status = driver_error(result, "cuEventCreate");
+    });
+    *event_out = (uint64_t)(uintptr_t)event;
+    return status;
+}
+
+static gm_status cuda_event_destroy(gm_backend *backend, uint64_t event)
+{
+    DRIVER_CALL(backend, "cuEventDestroy", driver.event_destroy((cu_event)(uintptr_t)event));
+}
+
+static gm_status cuda_event_record(gm_backend *backend, uint64_t event, gm_stream stream)
+{
+    DRIVER_CALL(backend, "cuEventRecord", driver.event_record((cu_event)(uintptr_t)event, (cu_stream)stream));
+}
+
+static gm_status cuda_event_query(gm_backend *backend, uint64_t event, bool *done_out)
+{
+    cu_result result = CU_SUCCESS;
+    IN_CONTEXT(backend, { result = driver.event_query((cu_event)(uintptr_t)event); });
+    *done_out = result == CU_SUCCESS;
+    return result == CU_SUCCESS || result == CU_ERROR_NOT_READY ? GM_OK : driver_error(result, "cuEventQuery");
+}
+
+static gm_status cuda_event_synchronize(gm_backend *backend, uint64_t event)
+{
+    DRIVER_CALL(backend, "cuEventSynchronize", driver.event_synchronize((cu_event)(uintptr_t)event));
+}
+
+const gm_backend_operations gm_cuda_backend_operations = {
+    .name = "cuda",
+    .open = cuda_open,
+    .close = cuda_close,
+    .memory_info = cuda_memory_info,
+    .segment_allocate = cuda_segment_allocate,
+    .segment_free = cuda_segment_free,
+    .address_reserve = cuda_address_reserve,
+    .address_free = cuda_address_free,
+    .physical_create = cuda_physical_create,
+    .physical_release = cuda_physical_release,
+    .map = cuda_map,
+    .set_access = cuda_set_access,
+    .unmap = cuda_unmap,
+    .event_create = cuda_event_create,
+    .event_destroy = cuda_event_destroy,
+    .event_record = cuda_event_record,
+    .event_query = cuda_event_query,
+    .event_synchronize = cuda_event_synchronize,
+    .describe = cuda_describe,
+    .stream_enqueue = NULL,
+    .stream_complete = NULL,
+};

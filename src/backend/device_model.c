@@ -1,0 +1,499 @@
+/*
+ * device_model.c -- see device_model.h.
+ *
+ * Books: segments and mappings by start address (hash maps), physical handles by id, reserved
+ * ranges in a short array, each with a bitmap of its mapped pages (to refuse overlapping maps).
+ * Streams and events live in small growable arrays; an event handle is its index + 1.
+ */
+#include "device_model.h"
+
+#include "../core/error.h"
+#include "../core/hash_map.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct reservation {
+    uintptr_t base;
+    uint64_t size;
+    uint64_t *mapped_pages; /* one bit per page */
+} reservation;
+
+typedef struct physical_memory {
+    uint64_t size;
+    uint32_t mappings;
+    bool released;
+} physical_memory;
+
+typedef struct simulated_stream {
+    gm_stream stream;
+    uint64_t enqueued;
+    uint64_t completed;
+} simulated_stream;
+
+typedef struct simulated_event {
+    size_t stream_index;
+    uint64_t target;
+    bool in_use;
+    bool recorded;
+} simulated_event;
+
+struct gm_device_model {
+    gm_backend *backend;
+    uint64_t capacity;
+    uint64_t page_size;
+    uint64_t used;
+    gm_hash_map segments;        /* address -> size */
+    gm_hash_map mapping_sizes;   /* address -> size */
+    gm_hash_map mapping_handles; /* address -> handle */
+    gm_hash_map physical;        /* handle -> physical_memory* */
+    reservation *reservations;
+    size_t reservation_count;
+    simulated_stream *streams;
+    size_t stream_count;
+    simulated_event *events;
+    size_t event_count;
+};
+
+/* ---------------------------------------------------------------- cost model */
+
+/* Median microseconds measured on an H200 with CUDA 13.0 at 2 MiB, 20 MiB, 256 MiB and 1 GiB. */
+static const double measured_sizes_mib[4] = {2, 20, 256, 1024};
+static const double measured_microseconds[GM_CALL_KIND_COUNT][4] = {
+    [GM_CALL_SEGMENT_ALLOCATE] = {45, 46, 80, 171},
+    [GM_CALL_SEGMENT_FREE] = {38, 52, 167, 533},
+    [GM_CALL_PHYSICAL_CREATE] = {12, 12, 17, 98},
+    [GM_CALL_MAP] = {1.1, 1.0, 1.2, 1.8},
+    [GM_CALL_SET_ACCESS] = {27, 27, 58, 98},
+    [GM_CALL_UNMAP] = {18, 18, 27, 38},
+    [GM_CALL_PHYSICAL_RELEASE] = {13, 28, 133, 508},
+};
+
+int64_t gm_device_call_cost_ns(gm_device_call kind, uint64_t size)
+{
+    const double *cost = measured_microseconds[kind];
+    if (cost[0] == 0)
+        return 0; /* not measured: reserve/free of address ranges, events */
+    double mib = (double)size / (1024.0 * 1024.0);
+    if (mib <= measured_sizes_mib[0])
+        return (int64_t)(cost[0] * 1000.0);
+    size_t segment = 0;
+    while (segment < 2 && mib > measured_sizes_mib[segment + 1])
+        segment++;
+    double left = measured_sizes_mib[segment], right = measured_sizes_mib[segment + 1];
+    double microseconds = cost[segment] + (cost[segment + 1] - cost[segment]) * (mib - left) / (right - left);
+    return microseconds > 0 ? (int64_t)(microseconds * 1000.0) : 0;
+}
+
+static void charge(gm_device_model *model, gm_device_call kind, uint64_t size)
+{
+    if (model->backend->charges_cost)
+        model->backend->last_call_cost_ns = gm_device_call_cost_ns(kind, size);
+}
+
+/* ---------------------------------------------------------------- life */
+
+gm_status gm_device_model_create(gm_backend *backend, uint64_t capacity, uint64_t page_size,
+                                 gm_device_model **model_out)
+{
+    gm_device_model *model = calloc(1, sizeof *model);
+    if (!model)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the device model");
+    model->backend = backend;
+    model->capacity = capacity;
+    model->page_size = page_size;
+    if (!gm_hash_map_init(&model->segments, 64) || !gm_hash_map_init(&model->mapping_sizes, 64) ||
+        !gm_hash_map_init(&model->mapping_handles, 64) || !gm_hash_map_init(&model->physical, 64)) {
+        gm_device_model_destroy(model);
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the device model");
+    }
+    *model_out = model;
+    return GM_OK;
+}
+
+void gm_device_model_destroy(gm_device_model *model)
+{
+    if (!model)
+        return;
+    for (size_t i = 0; i < model->physical.capacity; i++)
+        if (model->physical.entries && model->physical.entries[i].key)
+            free((void *)(uintptr_t)model->physical.entries[i].value);
+    for (size_t i = 0; i < model->reservation_count; i++)
+        free(model->reservations[i].mapped_pages);
+    free(model->reservations);
+    free(model->streams);
+    free(model->events);
+    gm_hash_map_free(&model->segments);
+    gm_hash_map_free(&model->mapping_sizes);
+    gm_hash_map_free(&model->mapping_handles);
+    gm_hash_map_free(&model->physical);
+    free(model);
+}
+
+uint64_t gm_device_model_used_bytes(const gm_device_model *model)
+{
+    return model->used;
+}
+
+gm_status gm_device_model_check_room(gm_device_model *model, uint64_t size)
+{
+    if (size > model->capacity - model->used)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "device out of memory: %" PRIu64 " bytes requested, %" PRIu64
+                       " of %" PRIu64 " bytes free", size, model->capacity - model->used, model->capacity);
+    return GM_OK;
+}
+
+/* ---------------------------------------------------------------- segments */
+
+gm_status gm_device_model_segment_allocate(gm_device_model *model, uintptr_t address, uint64_t size)
+{
+    charge(model, GM_CALL_SEGMENT_ALLOCATE, size);
+    gm_status status = gm_device_model_check_room(model, size);
+    if (status != GM_OK)
+        return status;
+    if (!gm_hash_map_put(&model->segments, address, size))
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the device model");
+    model->used += size;
+    return GM_OK;
+}
+
+gm_status gm_device_model_segment_free(gm_device_model *model, uintptr_t address, uint64_t size)
+{
+    charge(model, GM_CALL_SEGMENT_FREE, size);
+    uint64_t recorded = 0;
+    if (!gm_hash_map_get(&model->segments, address, &recorded))
+        return gm_fail(GM_ERROR_DEVICE, "segment free of 0x%" PRIxPTR ", which is not a segment", address);
+    if (recorded != size)
+        return gm_fail(GM_ERROR_DEVICE, "segment free of 0x%" PRIxPTR " with size %" PRIu64 ", allocated with %" PRIu64,
+                       address, size, recorded);
+    gm_hash_map_remove(&model->segments, address, NULL);
+    model->used -= size;
+    return GM_OK;
+}
+
+/* ---------------------------------------------------------------- virtual memory */
+
+static reservation *find_reservation(gm_device_model *model, uintptr_t address, uint64_t size)
+{
+    for (size_t i = 0; i < model->reservation_count; i++) {
+        reservation *range = &model->reservations[i];
+        if (address >= range->base && address - range->base <= range->size && size <= range->size - (address - range->base))
+            return range;
+    }
+    return NULL;
+}
+
+gm_status gm_device_model_address_reserve(gm_device_model *model, uintptr_t address, uint64_t size)
+{
+    charge(model, GM_CALL_ADDRESS_RESERVE, size);
+    if (size == 0 || size % model->page_size || address % model->page_size)
+        return gm_fail(GM_ERROR_DEVICE, "address reservation of %" PRIu64 " bytes is not page-aligned", size);
+    reservation *grown = realloc(model->reservations, (model->reservation_count + 1) * sizeof *grown);
+    if (!grown)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the device model");
+    model->reservations = grown;
+    uint64_t pages = size / model->page_size;
+    uint64_t *bits = calloc((pages + 63) / 64, sizeof *bits);
+    if (!bits)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the device model");
+    grown[model->reservation_count++] = (reservation){address, size, bits};
+    return GM_OK;
+}
+
+static bool any_page_mapped(const reservation *range, uint64_t first, uint64_t count)
+{
+    for (uint64_t page = first; page < first + count; page++)
+        if (range->mapped_pages[page / 64] & (1ull << (page % 64)))
+            return true;
+    return false;
+}
+
+static bool all_pages_mapped(const reservation *range, uint64_t first, uint64_t count)
+{
+    for (uint64_t page = first; page < first + count; page++)
+        if (!(range->mapped_pages[page / 64] & (1ull << (page % 64))))
+            return false;
+    return true;
+}
+
+static void set_pages(reservation *range, uint64_t first, uint64_t count, bool mapped)
+{
+    for (uint64_t page = first; page < first + count; page++) {
+        if (mapped)
+            range->mapped_pages[page / 64] |= 1ull << (page % 64);
+        else
+            range->mapped_pages[page / 64] &= ~(1ull << (page % 64));
+    }
+}
+
+gm_status gm_device_model_address_free(gm_device_model *model, uintptr_t address, uint64_t size)
+{
+    charge(model, GM_CALL_ADDRESS_FREE, size);
+    for (size_t i = 0; i < model->reservation_count; i++) {
+        reservation *range = &model->reservations[i];
+        if (range->base != address)
+            continue;
+        if (range->size != size)
+            return gm_fail(GM_ERROR_DEVICE, "address free with size %" PRIu64 ", reserved with %" PRIu64, size, range->size);
+        if (any_page_mapped(range, 0, size / model->page_size))
+            return gm_fail(GM_ERROR_DEVICE, "address free of 0x%" PRIxPTR " while pages are still mapped", address);
+        free(range->mapped_pages);
+        *range = model->reservations[--model->reservation_count];
+        return GM_OK;
+    }
+    return gm_fail(GM_ERROR_DEVICE, "address free of 0x%" PRIxPTR ", which is not a reserved range", address);
+}
+
+static physical_memory *find_physical(gm_device_model *model, uint64_t handle)
+{
+    uint64_t value = 0;
+    return gm_hash_map_get(&model->physical, handle, &value) ? (physical_memory *)(uintptr_t)value : NULL;
+}
+
+gm_status gm_device_model_physical_create(gm_device_model *model, uint64_t handle, uint64_t size)
+{
+    charge(model, GM_CALL_PHYSICAL_CREATE, size);
+    if (size == 0 || size % model->page_size)
+        return gm_fail(GM_ERROR_DEVICE, "physical allocation of %" PRIu64 " bytes is not a multiple of the page size", size);
+    gm_status status = gm_device_model_check_room(model, size);
+    if (status != GM_OK)
+        return status;
+    physical_memory *memory = calloc(1, sizeof *memory);
+    if (!memory || !gm_hash_map_put(&model->physical, handle, (uint64_t)(uintptr_t)memory)) {
+        free(memory);
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the device model");
+    }
+    memory->size = size;
+    model->used += size;
+    return GM_OK;
+}
+
+static void forget_physical(gm_device_model *model, uint64_t handle, physical_memory *memory)
+{
+    model->used -= memory->size;
+    gm_hash_map_remove(&model->physical, handle, NULL);
+    free(memory);
+}
+
+gm_status gm_device_model_physical_release(gm_device_model *model, uint64_t handle)
+{
+    physical_memory *memory = find_physical(model, handle);
+    charge(model, GM_CALL_PHYSICAL_RELEASE, memory ? memory->size : 0);
+    if (!memory || memory->released)
+        return gm_fail(GM_ERROR_DEVICE, "release of physical handle %" PRIu64 ", which is not live", handle);
+    memory->released = true;
+    if (memory->mappings == 0)
+        forget_physical(model, handle, memory);
+    return GM_OK;
+}
+
+gm_status gm_device_model_physical_size(gm_device_model *model, uint64_t handle, uint64_t *size_out)
+{
+    physical_memory *memory = find_physical(model, handle);
+    if (!memory || memory->released)
+        return gm_fail(GM_ERROR_DEVICE, "physical handle %" PRIu64 " is not live", handle);
+    *size_out = memory->size;
+    return GM_OK;
+}
+
+gm_status gm_device_model_map(gm_device_model *model, uintptr_t address, uint64_t size, uint64_t handle)
+{
+    charge(model, GM_CALL_MAP, size);
+    physical_memory *memory = find_physical(model, handle);
+    if (!memory || memory->released)
+        return gm_fail(GM_ERROR_DEVICE, "map of physical handle %" PRIu64 ", which is not live", handle);
+    if (size != memory->size)
+        return gm_fail(GM_ERROR_DEVICE, "map of %" PRIu64 " bytes of a %" PRIu64 "-byte physical allocation "
+                       "(a handle is mapped whole)", size, memory->size);
+    reservation *range = find_reservation(model, address, size);
+    if (!range || address % model->page_size)
+        return gm_fail(GM_ERROR_DEVICE, "map at 0x%" PRIxPTR " outside any reserved range or unaligned", address);
+    uint64_t first = (address - range->base) / model->page_size, count = size / model->page_size;
+    if (any_page_mapped(range, first, count))
+        return gm_fail(GM_ERROR_DEVICE, "map at 0x%" PRIxPTR " overlaps an existing mapping", address);
+    if (!gm_hash_map_put(&model->mapping_sizes, address, size) || !gm_hash_map_put(&model->mapping_handles, address, handle))
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the device model");
+    set_pages(range, first, count, true);
+    memory->mappings++;
+    return GM_OK;
+}
+
+gm_status gm_device_model_set_access(gm_device_model *model, uintptr_t address, uint64_t size)
+{
+    charge(model, GM_CALL_SET_ACCESS, size);
+    reservation *range = find_reservation(model, address, size);
+    if (!range || address % model->page_size || size % model->page_size ||
+        !all_pages_mapped(range, (address - range->base) / model->page_size, size / model->page_size))
+        return gm_fail(GM_ERROR_DEVICE, "set access on 0x%" PRIxPTR "+%" PRIu64 ", which is not entirely mapped",
+                       address, size);
+    return GM_OK;
+}
+
+gm_status gm_device_model_unmap(gm_device_model *model, uintptr_t address, uint64_t size)
+{
+    charge(model, GM_CALL_UNMAP, size);
+    uint64_t mapped_size = 0, handle = 0;
+    if (!gm_hash_map_get(&model->mapping_sizes, address, &mapped_size) || mapped_size != size)
+        return gm_fail(GM_ERROR_DEVICE, "unmap of 0x%" PRIxPTR "+%" PRIu64 ", which is not one mapping", address, size);
+    gm_hash_map_remove(&model->mapping_sizes, address, NULL);
+    gm_hash_map_remove(&model->mapping_handles, address, &handle);
+    reservation *range = find_reservation(model, address, size);
+    set_pages(range, (address - range->base) / model->page_size, size / model->page_size, false);
+    physical_memory *memory = find_physical(model, handle);
+    if (memory && --memory->mappings == 0 && memory->released)
+        forget_physical(model, handle, memory);
+    return GM_OK;
+}
+
+/* ---------------------------------------------------------------- streams and events */
+
+static simulated_stream *find_stream(gm_device_model *model, gm_stream stream, bool create)
+{
+    for (size_t i = 0; i < model->stream_count; i++)
+        if (model->streams[i].stream == stream)
+            return &model->streams[i];
+    if (!create)
+        return NULL;
+    simulated_stream *grown = realloc(model->streams, (model->stream_count + 1) * sizeof *grown);
+    if (!grown)
+        return NULL;
+    model->streams = grown;
+    grown[model->stream_count] = (simulated_stream){stream, 0, 0};
+    return &grown[model->stream_count++];
+}
+
+static simulated_event *find_event(gm_device_model *model, uint64_t event)
+{
+    if (event == 0 || event > model->event_count || !model->events[event - 1].in_use)
+        return NULL;
+    return &model->events[event - 1];
+}
+
+gm_status gm_device_model_event_create(gm_device_model *model, uint64_t *event_out)
+{
+    for (size_t i = 0; i < model->event_count; i++) {
+        if (!model->events[i].in_use) {
+            model->events[i] = (simulated_event){0, 0, true, false};
+            *event_out = i + 1;
+            return GM_OK;
+        }
+    }
+    simulated_event *grown = realloc(model->events, (model->event_count + 1) * sizeof *grown);
+    if (!grown)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for an event");
+    model->events = grown;
+    grown[model->event_count++] = (simulated_event){0, 0, true, false};
+    *event_out = model->event_count;
+    return GM_OK;
+}
+
+gm_status gm_device_model_event_destroy(gm_device_model *model, uint64_t event)
+{
+    simulated_event *found = find_event(model, event);
+    if (!found)
+        return gm_fail(GM_ERROR_DEVICE, "destroy of event %" PRIu64 ", which does not exist", event);
+    found->in_use = false;
+    return GM_OK;
+}
+
+gm_status gm_device_model_event_record(gm_device_model *model, uint64_t event, gm_stream stream)
+{
+    simulated_event *found = find_event(model, event);
+    simulated_stream *queue = find_stream(model, stream, true);
+    if (!found || !queue)
+        return gm_fail(GM_ERROR_DEVICE, "record of event %" PRIu64 ", which does not exist", event);
+    found->stream_index = (size_t)(queue - model->streams);
+    found->target = queue->enqueued;
+    found->recorded = true;
+    return GM_OK;
+}
+
+gm_status gm_device_model_event_query(gm_device_model *model, uint64_t event, bool *done_out)
+{
+    simulated_event *found = find_event(model, event);
+    if (!found)
+        return gm_fail(GM_ERROR_DEVICE, "query of event %" PRIu64 ", which does not exist", event);
+    *done_out = !found->recorded || model->streams[found->stream_index].completed >= found->target;
+    return GM_OK;
+}
+
+gm_status gm_device_model_event_synchronize(gm_device_model *model, uint64_t event)
+{
+    simulated_event *found = find_event(model, event);
+    if (!found)
+        return gm_fail(GM_ERROR_DEVICE, "synchronize on event %" PRIu64 ", which does not exist", event);
+    if (found->recorded) {
+        simulated_stream *queue = &model->streams[found->stream_index];
+        if (queue->completed < found->target)
+            queue->completed = found->target; /* waiting lets the queued work finish */
+    }
+    return GM_OK;
+}
+
+gm_status gm_device_model_stream_enqueue(gm_device_model *model, gm_stream stream, uint64_t units)
+{
+    simulated_stream *queue = find_stream(model, stream, true);
+    if (!queue)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a stream");
+    queue->enqueued += units;
+    return GM_OK;
+}
+
+gm_status gm_device_model_stream_complete(gm_device_model *model, gm_stream stream)
+{
+    simulated_stream *queue = find_stream(model, stream, true);
+    if (!queue)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a stream");
+    queue->completed = queue->enqueued;
+    return GM_OK;
+}
+
+/* ---------------------------------------------------------------- model-only backend operations */
+
+static gm_device_model *model_of(gm_backend *backend)
+{
+    return *(gm_device_model **)backend->state;
+}
+
+gm_status gm_model_memory_info(gm_backend *backend, uint64_t *free_out, uint64_t *total_out)
+{
+    *total_out = backend->total_bytes;
+    *free_out = backend->total_bytes - gm_device_model_used_bytes(model_of(backend));
+    return GM_OK;
+}
+
+gm_status gm_model_event_create(gm_backend *backend, uint64_t *event_out)
+{
+    return gm_device_model_event_create(model_of(backend), event_out);
+}
+
+gm_status gm_model_event_destroy(gm_backend *backend, uint64_t event)
+{
+    return gm_device_model_event_destroy(model_of(backend), event);
+}
+
+gm_status gm_model_event_record(gm_backend *backend, uint64_t event, gm_stream stream)
+{
+    return gm_device_model_event_record(model_of(backend), event, stream);
+}
+
+gm_status gm_model_event_query(gm_backend *backend, uint64_t event, bool *done_out)
+{
+    return gm_device_model_event_query(model_of(backend), event, done_out);
+}
+
+gm_status gm_model_event_synchronize(gm_backend *backend, uint64_t event)
+{
+    return gm_device_model_event_synchronize(model_of(backend), event);
+}
+
+gm_status gm_model_stream_enqueue(gm_backend *backend, gm_stream stream, uint64_t units)
+{
+    return gm_device_model_stream_enqueue(model_of(backend), stream, units);
+}
+
+gm_status gm_model_stream_complete(gm_backend *backend, gm_stream stream)
+{
+    return gm_device_model_stream_complete(model_of(backend), stream);
+}

@@ -1,0 +1,66 @@
+/*
+ * device_model.h -- the rules of a device, shared by the "sim" and "host" backends.
+ *
+ * The model keeps the books a driver keeps and refuses what a driver refuses: physical memory is
+ * limited to a capacity; a segment is freed once, at its own address and size; a mapping must lie
+ * in a reserved range, be page-aligned, not overlap another mapping, and be unmapped as it was
+ * mapped; physical memory released while still mapped lives until its last mapping goes, as with
+ * cuMemRelease. Each refusal is GM_ERROR_DEVICE with a message, so engine bugs surface in tests.
+ *
+ * It also simulates streams: each stream counts units of work queued and completed; an event
+ * recorded on a stream is done once the work queued before it has completed.
+ *
+ * And it prices device calls with the costs measured on an H200 (CUDA 13.0, median microseconds,
+ * linear in size between the measured sizes and beyond them).
+ */
+#ifndef GM_DEVICE_MODEL_H
+#define GM_DEVICE_MODEL_H
+
+#include "backend.h"
+
+typedef struct gm_device_model gm_device_model;
+
+/* `backend` receives the cost of each call in last_call_cost_ns when backend->charges_cost. */
+gm_status gm_device_model_create(gm_backend *backend, uint64_t capacity, uint64_t page_size,
+                                 gm_device_model **model_out);
+void gm_device_model_destroy(gm_device_model *model);
+
+uint64_t gm_device_model_used_bytes(const gm_device_model *model);
+
+gm_status gm_device_model_segment_allocate(gm_device_model *model, uintptr_t address, uint64_t size);
+gm_status gm_device_model_segment_free(gm_device_model *model, uintptr_t address, uint64_t size);
+/* Whether `size` more bytes of physical memory would fit. */
+gm_status gm_device_model_check_room(gm_device_model *model, uint64_t size);
+gm_status gm_device_model_address_reserve(gm_device_model *model, uintptr_t address, uint64_t size);
+gm_status gm_device_model_address_free(gm_device_model *model, uintptr_t address, uint64_t size);
+gm_status gm_device_model_physical_create(gm_device_model *model, uint64_t handle, uint64_t size);
+gm_status gm_device_model_physical_release(gm_device_model *model, uint64_t handle);
+/* The size of a live physical handle, for map checks. */
+gm_status gm_device_model_physical_size(gm_device_model *model, uint64_t handle, uint64_t *size_out);
+gm_status gm_device_model_map(gm_device_model *model, uintptr_t address, uint64_t size, uint64_t handle);
+gm_status gm_device_model_set_access(gm_device_model *model, uintptr_t address, uint64_t size);
+gm_status gm_device_model_unmap(gm_device_model *model, uintptr_t address, uint64_t size);
+
+gm_status gm_device_model_event_create(gm_device_model *model, uint64_t *event_out);
+gm_status gm_device_model_event_destroy(gm_device_model *model, uint64_t event);
+gm_status gm_device_model_event_record(gm_device_model *model, uint64_t event, gm_stream stream);
+gm_status gm_device_model_event_query(gm_device_model *model, uint64_t event, bool *done_out);
+gm_status gm_device_model_event_synchronize(gm_device_model *model, uint64_t event);
+gm_status gm_device_model_stream_enqueue(gm_device_model *model, gm_stream stream, uint64_t units);
+gm_status gm_device_model_stream_complete(gm_device_model *model, gm_stream stream);
+
+/* Backend operations that only consult the model, for any backend whose state begins with a
+ * gm_device_model pointer (sim and host share them). */
+gm_status gm_model_memory_info(gm_backend *backend, uint64_t *free_out, uint64_t *total_out);
+gm_status gm_model_event_create(gm_backend *backend, uint64_t *event_out);
+gm_status gm_model_event_destroy(gm_backend *backend, uint64_t event);
+gm_status gm_model_event_record(gm_backend *backend, uint64_t event, gm_stream stream);
+gm_status gm_model_event_query(gm_backend *backend, uint64_t event, bool *done_out);
+gm_status gm_model_event_synchronize(gm_backend *backend, uint64_t event);
+gm_status gm_model_stream_enqueue(gm_backend *backend, gm_stream stream, uint64_t units);
+gm_status gm_model_stream_complete(gm_backend *backend, gm_stream stream);
+
+/* The modelled cost of one call of `kind` on `size` bytes, in nanoseconds. */
+int64_t gm_device_call_cost_ns(gm_device_call kind, uint64_t size);
+
+#endif

@@ -1,0 +1,226 @@
+/*
+ * host.c -- real host memory behind the device interface, for data-integrity tests.
+ *
+ * Segments are anonymous mappings. The virtual-memory path is real too: an address reservation is
+ * an inaccessible (PROT_NONE) mapping; a physical allocation is a memfd of that size; mapping
+ * places the memfd at a fixed address inside the reservation and set_access makes it readable and
+ * writable; unmapping puts the inaccessible reservation back. So data really lives in physical
+ * handles and moves with them when the engine remaps pages, and any use of unmapped memory
+ * faults. The device model (device_model.c) enforces the capacity and the mapping rules before
+ * anything is touched, and simulates streams and events. Default capacity: 1 GiB.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "backend.h"
+#include "device_model.h"
+
+#include "../core/error.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#define HOST_DEFAULT_CAPACITY (1ull << 30)
+
+typedef struct host_state {
+    gm_device_model *model;
+    uint64_t page_size;
+} host_state;
+
+static host_state *state_of(gm_backend *backend)
+{
+    return (host_state *)backend->state;
+}
+
+static gm_status system_failure(const char *what)
+{
+    return gm_fail(GM_ERROR_DEVICE, "host backend: %s failed: %s", what, strerror(errno));
+}
+
+static void raise_file_limit(void)
+{
+    struct rlimit limit;
+    if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+        limit.rlim_cur = limit.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &limit);
+    }
+}
+
+static gm_status host_open(gm_backend *backend, const gm_options *options)
+{
+    host_state *state = calloc(1, sizeof *state);
+    if (!state)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the host backend");
+    uint64_t capacity = options->capacity ? options->capacity : HOST_DEFAULT_CAPACITY;
+    state->page_size = options->page_size;
+    backend->state = state;
+    backend->total_bytes = capacity;
+    backend->page_size = options->page_size;
+    backend->supports_virtual_memory = true;
+    backend->charges_cost = false;
+    raise_file_limit(); /* each physical allocation holds a file descriptor */
+    gm_status status = gm_device_model_create(backend, capacity, options->page_size, &state->model);
+    if (status != GM_OK) {
+        free(state);
+        backend->state = NULL;
+    }
+    return status;
+}
+
+static void host_close(gm_backend *backend)
+{
+    host_state *state = state_of(backend);
+    if (!state)
+        return;
+    gm_device_model_destroy(state->model);
+    free(state);
+}
+
+static gm_status host_segment_allocate(gm_backend *backend, uint64_t size, uintptr_t *address_out)
+{
+    host_state *state = state_of(backend);
+    gm_status status = gm_device_model_check_room(state->model, size);
+    if (status != GM_OK)
+        return status;
+    void *memory = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (memory == MAP_FAILED)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "host backend: mmap of %" PRIu64 " bytes failed: %s", size, strerror(errno));
+    status = gm_device_model_segment_allocate(state->model, (uintptr_t)memory, size);
+    if (status != GM_OK) {
+        munmap(memory, size);
+        return status;
+    }
+    *address_out = (uintptr_t)memory;
+    return GM_OK;
+}
+
+static gm_status host_segment_free(gm_backend *backend, uintptr_t address, uint64_t size)
+{
+    gm_status status = gm_device_model_segment_free(state_of(backend)->model, address, size);
+    if (status == GM_OK && munmap((void *)address, size) != 0)
+        return system_failure("munmap");
+    return status;
+}
+
+static gm_status host_address_reserve(gm_backend *backend, uint64_t size, uintptr_t *address_out)
+{
+    host_state *state = state_of(backend);
+    uint64_t alignment = state->page_size;
+    if (size == 0 || size % alignment)
+        return gm_fail(GM_ERROR_DEVICE, "host backend: reservation of %" PRIu64 " bytes is not page-aligned", size);
+    char *memory = mmap(NULL, size + alignment, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (memory == MAP_FAILED)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "host backend: reserving %" PRIu64 " bytes of addresses failed: %s",
+                       size, strerror(errno));
+    uintptr_t aligned = ((uintptr_t)memory + alignment - 1) / alignment * alignment;
+    size_t head = aligned - (uintptr_t)memory, tail = alignment - head;
+    if (head)
+        munmap(memory, head);
+    if (tail)
+        munmap((char *)aligned + size, tail);
+    gm_status status = gm_device_model_address_reserve(state->model, aligned, size);
+    if (status != GM_OK) {
+        munmap((void *)aligned, size);
+        return status;
+    }
+    *address_out = aligned;
+    return GM_OK;
+}
+
+static gm_status host_address_free(gm_backend *backend, uintptr_t address, uint64_t size)
+{
+    gm_status status = gm_device_model_address_free(state_of(backend)->model, address, size);
+    if (status == GM_OK && munmap((void *)address, size) != 0)
+        return system_failure("munmap");
+    return status;
+}
+
+static gm_status host_physical_create(gm_backend *backend, uint64_t size, uint64_t *handle_out)
+{
+    host_state *state = state_of(backend);
+    gm_status status = gm_device_model_check_room(state->model, size);
+    if (status != GM_OK)
+        return status;
+    int descriptor = memfd_create("gpumem-physical", MFD_CLOEXEC);
+    if (descriptor < 0)
+        return system_failure("memfd_create");
+    if (ftruncate(descriptor, (off_t)size) != 0) {
+        close(descriptor);
+        return system_failure("ftruncate");
+    }
+    uint64_t handle = (uint64_t)descriptor + 1;
+    status = gm_device_model_physical_create(state->model, handle, size);
+    if (status != GM_OK) {
+        close(descriptor);
+        return status;
+    }
+    *handle_out = handle;
+    return GM_OK;
+}
+
+static gm_status host_physical_release(gm_backend *backend, uint64_t handle)
+{
+    gm_status status = gm_device_model_physical_release(state_of(backend)->model, handle);
+    if (status == GM_OK)
+        close((int)(handle - 1)); /* a mapping keeps the memory alive until it is unmapped */
+    return status;
+}
+
+static gm_status host_map(gm_backend *backend, uintptr_t address, uint64_t size, uint64_t handle)
+{
+    gm_status status = gm_device_model_map(state_of(backend)->model, address, size, handle);
+    if (status != GM_OK)
+        return status;
+    void *placed = mmap((void *)address, size, PROT_NONE, MAP_SHARED | MAP_FIXED, (int)(handle - 1), 0);
+    if (placed == MAP_FAILED) {
+        gm_status failure = system_failure("mmap of a physical allocation");
+        gm_device_model_unmap(state_of(backend)->model, address, size);
+        return failure;
+    }
+    return GM_OK;
+}
+
+static gm_status host_set_access(gm_backend *backend, uintptr_t address, uint64_t size)
+{
+    gm_status status = gm_device_model_set_access(state_of(backend)->model, address, size);
+    if (status == GM_OK && mprotect((void *)address, size, PROT_READ | PROT_WRITE) != 0)
+        return system_failure("mprotect");
+    return status;
+}
+
+static gm_status host_unmap(gm_backend *backend, uintptr_t address, uint64_t size)
+{
+    gm_status status = gm_device_model_unmap(state_of(backend)->model, address, size);
+    if (status != GM_OK)
+        return status;
+    void *placed = mmap((void *)address, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    return placed == MAP_FAILED ? system_failure("mmap restoring a reservation") : GM_OK;
+}
+
+const gm_backend_operations gm_host_backend_operations = {
+    .name = "host",
+    .open = host_open,
+    .close = host_close,
+    .memory_info = gm_model_memory_info,
+    .segment_allocate = host_segment_allocate,
+    .segment_free = host_segment_free,
+    .address_reserve = host_address_reserve,
+    .address_free = host_address_free,
+    .physical_create = host_physical_create,
+    .physical_release = host_physical_release,
+    .map = host_map,
+    .set_access = host_set_access,
+    .unmap = host_unmap,
+    .event_create = gm_model_event_create,
+    .event_destroy = gm_model_event_destroy,
+    .event_record = gm_model_event_record,
+    .event_query = gm_model_event_query,
+    .event_synchronize = gm_model_event_synchronize,
+    .stream_enqueue = gm_model_stream_enqueue,
+    .stream_complete = gm_model_stream_complete,
+};

@@ -1,0 +1,162 @@
+/*
+ * sim.c -- the simulated device.
+ *
+ * Nothing is touched: addresses are fake, handed out by a bump pointer from 0x200000000000 and
+ * never reused, so no two ranges ever overlap. The device model (device_model.c) keeps the books,
+ * enforces the capacity and the rules of mapping, simulates streams and events, and charges each
+ * call the cost it has on an H200. Default capacity is an H200's 143771 MiB.
+ */
+#include "backend.h"
+#include "device_model.h"
+
+#include "../core/error.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+
+#define SIM_ADDRESS_BASE 0x200000000000ull
+#define SIM_ADDRESS_LIMIT 0x7f0000000000ull
+#define SIM_DEFAULT_CAPACITY (143771ull << 20)
+
+typedef struct sim_state {
+    gm_device_model *model;
+    uintptr_t next_address;
+    uint64_t page_size;
+} sim_state;
+
+static sim_state *state_of(gm_backend *backend)
+{
+    return (sim_state *)backend->state;
+}
+
+static gm_status sim_open(gm_backend *backend, const gm_options *options)
+{
+    sim_state *state = calloc(1, sizeof *state);
+    if (!state)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the sim backend");
+    uint64_t capacity = options->capacity ? options->capacity : SIM_DEFAULT_CAPACITY;
+    state->page_size = options->page_size;
+    state->next_address = SIM_ADDRESS_BASE;
+    backend->state = state;
+    backend->total_bytes = capacity;
+    backend->page_size = options->page_size;
+    backend->supports_virtual_memory = true;
+    backend->charges_cost = options->cost_model;
+    gm_status status = gm_device_model_create(backend, capacity, options->page_size, &state->model);
+    if (status != GM_OK) {
+        free(state);
+        backend->state = NULL;
+    }
+    return status;
+}
+
+static void sim_close(gm_backend *backend)
+{
+    sim_state *state = state_of(backend);
+    if (!state)
+        return;
+    gm_device_model_destroy(state->model);
+    free(state);
+}
+
+/* Fresh, never-used fake addresses, page-aligned. */
+static gm_status take_addresses(sim_state *state, uint64_t size, uintptr_t *address_out)
+{
+    uint64_t rounded = (size + state->page_size - 1) / state->page_size * state->page_size;
+    if (rounded < size || rounded > SIM_ADDRESS_LIMIT - state->next_address)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "sim: fake address space exhausted");
+    *address_out = state->next_address;
+    state->next_address += rounded;
+    return GM_OK;
+}
+
+static gm_status sim_segment_allocate(gm_backend *backend, uint64_t size, uintptr_t *address_out)
+{
+    sim_state *state = state_of(backend);
+    uintptr_t address = 0;
+    gm_status status = gm_device_model_check_room(state->model, size);
+    if (status == GM_OK)
+        status = take_addresses(state, size, &address);
+    if (status == GM_OK)
+        status = gm_device_model_segment_allocate(state->model, address, size);
+    else
+        backend->last_call_cost_ns = gm_device_call_cost_ns(GM_CALL_SEGMENT_ALLOCATE, size);
+    if (status == GM_OK)
+        *address_out = address;
+    return status;
+}
+
+static gm_status sim_segment_free(gm_backend *backend, uintptr_t address, uint64_t size)
+{
+    return gm_device_model_segment_free(state_of(backend)->model, address, size);
+}
+
+static gm_status sim_address_reserve(gm_backend *backend, uint64_t size, uintptr_t *address_out)
+{
+    sim_state *state = state_of(backend);
+    uintptr_t address = 0;
+    gm_status status = take_addresses(state, size, &address);
+    if (status == GM_OK)
+        status = gm_device_model_address_reserve(state->model, address, size);
+    if (status == GM_OK)
+        *address_out = address;
+    return status;
+}
+
+static gm_status sim_address_free(gm_backend *backend, uintptr_t address, uint64_t size)
+{
+    return gm_device_model_address_free(state_of(backend)->model, address, size);
+}
+
+static gm_status sim_physical_create(gm_backend *backend, uint64_t size, uint64_t *handle_out)
+{
+    static _Atomic uint64_t next_handle = 1;
+    uint64_t handle = next_handle++;
+    gm_status status = gm_device_model_physical_create(state_of(backend)->model, handle, size);
+    if (status == GM_OK)
+        *handle_out = handle;
+    return status;
+}
+
+static gm_status sim_physical_release(gm_backend *backend, uint64_t handle)
+{
+    return gm_device_model_physical_release(state_of(backend)->model, handle);
+}
+
+static gm_status sim_map(gm_backend *backend, uintptr_t address, uint64_t size, uint64_t handle)
+{
+    return gm_device_model_map(state_of(backend)->model, address, size, handle);
+}
+
+static gm_status sim_set_access(gm_backend *backend, uintptr_t address, uint64_t size)
+{
+    return gm_device_model_set_access(state_of(backend)->model, address, size);
+}
+
+static gm_status sim_unmap(gm_backend *backend, uintptr_t address, uint64_t size)
+{
+    return gm_device_model_unmap(state_of(backend)->model, address, size);
+}
+
+const gm_backend_operations gm_sim_backend_operations = {
+    .name = "sim",
+    .open = sim_open,
+    .close = sim_close,
+    .memory_info = gm_model_memory_info,
+    .segment_allocate = sim_segment_allocate,
+    .segment_free = sim_segment_free,
+    .address_reserve = sim_address_reserve,
+    .address_free = sim_address_free,
+    .physical_create = sim_physical_create,
+    .physical_release = sim_physical_release,
+    .map = sim_map,
+    .set_access = sim_set_access,
+    .unmap = sim_unmap,
+    .event_create = gm_model_event_create,
+    .event_destroy = gm_model_event_destroy,
+    .event_record = gm_model_event_record,
+    .event_query = gm_model_event_query,
+    .event_synchronize = gm_model_event_synchronize,
+    .stream_enqueue = gm_model_stream_enqueue,
+    .stream_complete = gm_model_stream_complete,
+};

@@ -1,0 +1,601 @@
+/*
+ * allocator.c -- the front end: the public calls, their locking, and what every engine shares.
+ *
+ * A request flows: gm_malloc validates and rounds the size (to 512 bytes, as PyTorch), picks the
+ * pool (small up to options.small_size) and the stream's heap, completes any frees whose stream
+ * events are done, and asks the engine for a block. If the engine finds no room it retries twice:
+ * after waiting for the pending cross-stream frees, then after releasing all cached memory
+ * (counted in num_alloc_retries); if it still fails the call returns GM_ERROR_OUT_OF_MEMORY with a
+ * report that explains why (oom_report.c). The block's address goes into the live map, which is
+ * how gm_free finds size, stream and pool without the caller passing them.
+ *
+ * gm_free of a block used on other streams (gm_record_stream) records one event per such stream
+ * and parks the block in the pending list; it becomes free memory when all its events complete.
+ *
+ * One mutex guards everything; no call does I/O, and the steady state allocates no host memory.
+ */
+#include "internal.h"
+
+#include "error.h"
+#include "../report/oom_report.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GM_MAX_REQUEST (1ull << 60)
+
+/* ---------------------------------------------------------------- creation */
+
+static gm_status create_with_options(const gm_options *options, gm_allocator **allocator_out)
+{
+    gm_allocator *allocator = calloc(1, sizeof *allocator);
+    if (!allocator)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the allocator");
+    allocator->options = *options;
+    gm_status status = gm_backend_open(options, &allocator->backend);
+    if (status != GM_OK) {
+        free(allocator);
+        return status;
+    }
+    gm_backend *backend = allocator->backend;
+    allocator->exclusive_device = backend->operations->stream_enqueue != NULL;
+    allocator->memory_limit = backend->total_bytes;
+    if (options->memory_limit && options->memory_limit < allocator->memory_limit)
+        allocator->memory_limit = options->memory_limit;
+    allocator->engine = options->engine == GM_ENGINE_PAGES ? &gm_page_engine : &gm_segment_engine;
+    if (allocator->engine == &gm_page_engine && !backend->supports_virtual_memory)
+        allocator->engine = &gm_segment_engine;
+    allocator->stats.device_total_bytes = backend->total_bytes;
+    allocator->stats.page_size = backend->page_size;
+    if (!gm_hash_map_init(&allocator->live_blocks, 1024)) {
+        gm_backend_close(backend);
+        free(allocator);
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the allocator");
+    }
+    pthread_mutex_init(&allocator->lock, NULL);
+    status = allocator->engine->create(allocator);
+    if (status != GM_OK) {
+        gm_destroy(allocator, NULL);
+        return status;
+    }
+    *allocator_out = allocator;
+    return GM_OK;
+}
+
+gm_status gm_create(const char *config, gm_allocator **allocator_out)
+{
+    if (!allocator_out)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_create: allocator_out is NULL");
+    gm_options options;
+    gm_options_default(&options);
+    gm_status status = gm_options_parse(&options, config);
+    if (status != GM_OK)
+        return status;
+    return create_with_options(&options, allocator_out);
+}
+
+gm_status gm_create_from_environment(const char *overrides, gm_allocator **allocator_out)
+{
+    if (!allocator_out)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_create_from_environment: allocator_out is NULL");
+    gm_options options;
+    gm_options_default(&options);
+    gm_status status = gm_options_parse(&options, getenv("GPUMEM_CONF"));
+    if (status != GM_OK) {
+        char reason[1024];
+        snprintf(reason, sizeof reason, "%s", gm_last_error());
+        return gm_fail(status, "GPUMEM_CONF: %s", reason);
+    }
+    status = gm_options_parse(&options, overrides);
+    if (status != GM_OK)
+        return status;
+    return create_with_options(&options, allocator_out);
+}
+
+/* ---------------------------------------------------------------- heaps and events */
+
+static gm_heap *heap_for_stream(gm_allocator *allocator, gm_stream stream)
+{
+    if (allocator->last_heap && allocator->last_heap->stream == stream)
+        return allocator->last_heap;
+    for (size_t i = 0; i < allocator->heap_count; i++) {
+        if (allocator->heaps[i]->stream == stream) {
+            allocator->last_heap = allocator->heaps[i];
+            return allocator->last_heap;
+        }
+    }
+    gm_heap **heaps = realloc(allocator->heaps, (allocator->heap_count + 1) * sizeof *heaps);
+    if (!heaps)
+        return NULL;
+    allocator->heaps = heaps;
+    gm_heap *heap = calloc(1, sizeof *heap);
+    if (!heap)
+        return NULL;
+    heap->stream = stream;
+    heaps[allocator->heap_count++] = heap;
+    allocator->last_heap = heap;
+    return heap;
+}
+
+static gm_status take_event(gm_allocator *allocator, uint64_t *event_out)
+{
+    if (allocator->spare_event_count) {
+        *event_out = allocator->spare_events[--allocator->spare_event_count];
+        return GM_OK;
+    }
+    return gm_backend_event_create(allocator->backend, event_out);
+}
+
+static void return_event(gm_allocator *allocator, uint64_t event)
+{
+    if (allocator->spare_event_count == allocator->spare_event_capacity) {
+        size_t capacity = allocator->spare_event_capacity ? allocator->spare_event_capacity * 2 : 16;
+        uint64_t *grown = realloc(allocator->spare_events, capacity * sizeof *grown);
+        if (!grown) {
+            gm_backend_event_destroy(allocator->backend, event);
+            return;
+        }
+        allocator->spare_events = grown;
+        allocator->spare_event_capacity = capacity;
+    }
+    allocator->spare_events[allocator->spare_event_count++] = event;
+}
+
+/* ---------------------------------------------------------------- freeing */
+
+/* A block that is neither allocated nor awaited any more: its memory goes back to the engine. */
+static void retire_block(gm_allocator *allocator, gm_block *block)
+{
+    gm_stat_change(allocator->stats.active, block->pool, -1);
+    gm_stat_change(allocator->stats.active_bytes, block->pool, -(int64_t)block->size);
+    free(block->recorded_streams);
+    block->recorded_streams = NULL;
+    block->recorded_count = 0;
+    allocator->engine->free_block(allocator, block);
+}
+
+/* Complete pending frees whose events are done; with `wait`, wait for all of them first. */
+static void process_pending_frees(gm_allocator *allocator, bool wait)
+{
+    gm_pending_free **link = &allocator->pending_head;
+    gm_pending_free *previous = NULL;
+    while (*link) {
+        gm_pending_free *pending = *link;
+        bool done = false;
+        if (wait)
+            done = gm_backend_event_synchronize(allocator->backend, pending->event) == GM_OK;
+        else if (gm_backend_event_query(allocator->backend, pending->event, &done) != GM_OK)
+            done = false;
+        if (!done) {
+            previous = pending;
+            link = &pending->next;
+            continue;
+        }
+        *link = pending->next;
+        if (allocator->pending_tail == pending)
+            allocator->pending_tail = previous;
+        return_event(allocator, pending->event);
+        gm_block *block = pending->block;
+        pending->next = allocator->spare_pending;
+        allocator->spare_pending = pending;
+        if (--block->pending_events == 0)
+            retire_block(allocator, block);
+    }
+}
+
+/* Park `block` until the work queued on `stream` so far has finished. */
+static gm_status defer_free(gm_allocator *allocator, gm_block *block, gm_stream stream)
+{
+    gm_pending_free *pending = allocator->spare_pending;
+    if (pending)
+        allocator->spare_pending = pending->next;
+    else if (!(pending = malloc(sizeof *pending)))
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory to defer a free");
+    gm_status status = take_event(allocator, &pending->event);
+    if (status == GM_OK)
+        status = gm_backend_event_record(allocator->backend, pending->event, stream);
+    if (status != GM_OK) {
+        pending->next = allocator->spare_pending;
+        allocator->spare_pending = pending;
+        return status;
+    }
+    pending->block = block;
+    pending->next = NULL;
+    if (allocator->pending_tail)
+        allocator->pending_tail->next = pending;
+    else
+        allocator->pending_head = pending;
+    allocator->pending_tail = pending;
+    block->pending_events++;
+    return GM_OK;
+}
+
+/* ---------------------------------------------------------------- malloc */
+
+static gm_status allocate_with_retries(gm_allocator *allocator, gm_heap *heap, int pool, uint64_t size,
+                                       gm_block **block_out)
+{
+    const gm_engine_operations *engine = allocator->engine;
+    gm_status status = engine->allocate(allocator, heap, pool, size, block_out);
+    if (status != GM_ERROR_OUT_OF_MEMORY)
+        return status;
+    gm_oom_attempts attempts = {0};
+    if (allocator->pending_head) {
+        attempts.waited_for_streams = true;
+        allocator->stats.num_sync_all_streams++;
+        process_pending_frees(allocator, true);
+        status = engine->allocate(allocator, heap, pool, size, block_out);
+        if (status != GM_ERROR_OUT_OF_MEMORY)
+            return status;
+    }
+    int64_t reserved_before = allocator->stats.reserved_bytes[GM_POOL_ALL].current;
+    engine->release_cached(allocator);
+    attempts.released_bytes = (uint64_t)(reserved_before - allocator->stats.reserved_bytes[GM_POOL_ALL].current);
+    attempts.retried = true;
+    allocator->stats.num_alloc_retries++;
+    status = engine->allocate(allocator, heap, pool, size, block_out);
+    if (status == GM_ERROR_OUT_OF_MEMORY) {
+        allocator->stats.num_ooms++;
+        gm_write_oom_report(allocator, heap, size, &attempts);
+    }
+    return status;
+}
+
+static void count_allocation(gm_allocator *allocator, gm_block *block, int64_t sign)
+{
+    int pool = block->pool;
+    gm_stat_change(allocator->stats.allocation, pool, sign);
+    gm_stat_change(allocator->stats.allocated_bytes, pool, sign * (int64_t)block->size);
+    gm_stat_change(allocator->stats.requested_bytes, pool, sign * (int64_t)block->requested);
+}
+
+gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void **pointer_out)
+{
+    if (!allocator || !pointer_out)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_malloc: %s is NULL", allocator ? "pointer_out" : "allocator");
+    *pointer_out = NULL;
+    if (size == 0)
+        return GM_OK;
+    if (size > GM_MAX_REQUEST)
+        size = GM_MAX_REQUEST; /* cannot fit anywhere: reported as out of memory below */
+    uint64_t rounded = gm_round_up(size, 512);
+    int pool = rounded <= allocator->options.small_size ? GM_POOL_SMALL : GM_POOL_LARGE;
+
+    pthread_mutex_lock(&allocator->lock);
+    if (allocator->pending_head)
+        process_pending_frees(allocator, false);
+    gm_heap *heap = heap_for_stream(allocator, stream);
+    gm_block *block = NULL;
+    gm_status status = heap ? allocate_with_retries(allocator, heap, pool, rounded, &block)
+                            : gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a stream heap");
+    if (status == GM_OK && !gm_hash_map_put(&allocator->live_blocks, block->address, (uint64_t)(uintptr_t)block)) {
+        allocator->engine->free_block(allocator, block);
+        status = gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory to record the allocation");
+    }
+    if (status == GM_OK) {
+        block->requested = size;
+        count_allocation(allocator, block, 1);
+        gm_stat_change(allocator->stats.active, pool, 1);
+        gm_stat_change(allocator->stats.active_bytes, pool, (int64_t)block->size);
+        *pointer_out = (void *)block->address;
+    }
+    pthread_mutex_unlock(&allocator->lock);
+    return status;
+}
+
+/* ---------------------------------------------------------------- free and record_stream */
+
+static gm_block *find_live_block(gm_allocator *allocator, const void *pointer)
+{
+    uint64_t value = 0;
+    if (!gm_hash_map_get(&allocator->live_blocks, (uint64_t)(uintptr_t)pointer, &value))
+        return NULL;
+    return (gm_block *)(uintptr_t)value;
+}
+
+static gm_status not_live(const char *call, const void *pointer)
+{
+    return gm_fail(GM_ERROR_INVALID_POINTER, "%s: %p is not a live allocation of this allocator (never returned "
+                   "by gm_malloc, or already freed)", call, pointer);
+}
+
+gm_status gm_free(gm_allocator *allocator, void *pointer)
+{
+    if (!allocator)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_free: allocator is NULL");
+    if (!pointer)
+        return GM_OK;
+    pthread_mutex_lock(&allocator->lock);
+    gm_block *block = find_live_block(allocator, pointer);
+    if (!block) {
+        pthread_mutex_unlock(&allocator->lock);
+        return not_live("gm_free", pointer);
+    }
+    gm_hash_map_remove(&allocator->live_blocks, (uint64_t)(uintptr_t)pointer, NULL);
+    count_allocation(allocator, block, -1);
+    block->state = GM_BLOCK_PENDING;
+    gm_status deferred = GM_OK;
+    for (uint32_t i = 0; i < block->recorded_count && deferred == GM_OK; i++)
+        deferred = defer_free(allocator, block, block->recorded_streams[i]);
+    if (deferred != GM_OK && block->pending_events) {
+        /* An event could not be had: wait for every pending free (this block's too) rather than
+         * risk reuse while a stream still runs. */
+        allocator->stats.num_sync_all_streams++;
+        process_pending_frees(allocator, true);
+    } else if (block->pending_events == 0) {
+        retire_block(allocator, block);
+    }
+    pthread_mutex_unlock(&allocator->lock);
+    return GM_OK;
+}
+
+gm_status gm_record_stream(gm_allocator *allocator, void *pointer, gm_stream stream)
+{
+    if (!allocator || !pointer)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_record_stream: %s is NULL", allocator ? "pointer" : "allocator");
+    gm_status status = GM_OK;
+    pthread_mutex_lock(&allocator->lock);
+    gm_block *block = find_live_block(allocator, pointer);
+    if (!block) {
+        status = not_live("gm_record_stream", pointer);
+    } else if (stream != block->heap->stream) {
+        bool known = false;
+        for (uint32_t i = 0; i < block->recorded_count; i++)
+            known = known || block->recorded_streams[i] == stream;
+        if (!known) {
+            gm_stream *grown = realloc(block->recorded_streams, (block->recorded_count + 1) * sizeof *grown);
+            if (!grown) {
+                status = gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory to record a stream");
+            } else {
+                block->recorded_streams = grown;
+                grown[block->recorded_count++] = stream;
+            }
+        }
+    }
+    pthread_mutex_unlock(&allocator->lock);
+    return status;
+}
+
+gm_status gm_allocation_size(gm_allocator *allocator, const void *pointer, size_t *size_out)
+{
+    if (!allocator || !pointer || !size_out)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_allocation_size: an argument is NULL");
+    pthread_mutex_lock(&allocator->lock);
+    gm_block *block = find_live_block(allocator, pointer);
+    if (block)
+        *size_out = block->size;
+    pthread_mutex_unlock(&allocator->lock);
+    return block ? GM_OK : not_live("gm_allocation_size", pointer);
+}
+
+gm_status gm_empty_cache(gm_allocator *allocator)
+{
+    if (!allocator)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_empty_cache: allocator is NULL");
+    pthread_mutex_lock(&allocator->lock);
+    if (allocator->pending_head)
+        process_pending_frees(allocator, false);
+    allocator->engine->release_cached(allocator);
+    pthread_mutex_unlock(&allocator->lock);
+    return GM_OK;
+}
+
+/* ---------------------------------------------------------------- statistics */
+
+gm_status gm_get_stats(gm_allocator *allocator, gm_stats *stats_out)
+{
+    if (!allocator || !stats_out)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_stats: an argument is NULL");
+    pthread_mutex_lock(&allocator->lock);
+    *stats_out = allocator->stats;
+    memcpy(stats_out->device_calls, allocator->backend->calls, sizeof stats_out->device_calls);
+    stats_out->device_call_ns = allocator->backend->call_ns;
+    pthread_mutex_unlock(&allocator->lock);
+    return GM_OK;
+}
+
+/* Every gm_stat array of a gm_stats, for resetting them all alike. */
+static gm_stat *stat_arrays(gm_stats *stats, size_t index)
+{
+    gm_stat *arrays[] = {stats->allocation,      stats->segment,        stats->active,
+                         stats->inactive_split,  stats->allocated_bytes, stats->reserved_bytes,
+                         stats->active_bytes,    stats->inactive_split_bytes, stats->requested_bytes};
+    return index < sizeof arrays / sizeof arrays[0] ? arrays[index] : NULL;
+}
+
+gm_status gm_reset_peak_stats(gm_allocator *allocator)
+{
+    if (!allocator)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_reset_peak_stats: allocator is NULL");
+    pthread_mutex_lock(&allocator->lock);
+    gm_stat *array;
+    for (size_t i = 0; (array = stat_arrays(&allocator->stats, i)); i++)
+        for (int pool = 0; pool < GM_POOL_COUNT; pool++)
+            array[pool].peak = array[pool].current;
+    pthread_mutex_unlock(&allocator->lock);
+    return GM_OK;
+}
+
+gm_status gm_reset_accumulated_stats(gm_allocator *allocator)
+{
+    if (!allocator)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_reset_accumulated_stats: allocator is NULL");
+    pthread_mutex_lock(&allocator->lock);
+    gm_stats *stats = &allocator->stats;
+    gm_stat *array;
+    for (size_t i = 0; (array = stat_arrays(stats, i)); i++)
+        for (int pool = 0; pool < GM_POOL_COUNT; pool++)
+            array[pool].allocated = array[pool].freed = 0;
+    stats->num_alloc_retries = stats->num_ooms = stats->num_sync_all_streams = 0;
+    stats->num_device_alloc = stats->num_device_free = 0;
+    stats->num_page_maps = stats->num_page_unmaps = 0;
+    memset(allocator->backend->calls, 0, sizeof allocator->backend->calls);
+    allocator->backend->call_ns = 0;
+    pthread_mutex_unlock(&allocator->lock);
+    return GM_OK;
+}
+
+/* ---------------------------------------------------------------- validation */
+
+static gm_status compare_current(const char *name, const gm_stat recorded[GM_POOL_COUNT],
+                                 const gm_stat recomputed[GM_POOL_COUNT])
+{
+    static const char *const pool_names[GM_POOL_COUNT] = {"all", "small_pool", "large_pool"};
+    for (int pool = 0; pool < GM_POOL_COUNT; pool++)
+        if (recorded[pool].current != recomputed[pool].current)
+            return gm_fail(GM_ERROR_CORRUPT, "%s.%s.current is %" PRId64 " but the heap holds %" PRId64, name,
+                           pool_names[pool], recorded[pool].current, recomputed[pool].current);
+    return GM_OK;
+}
+
+static gm_status validate_locked(gm_allocator *allocator)
+{
+    gm_stats recomputed;
+    memset(&recomputed, 0, sizeof recomputed);
+    for (size_t i = 0; i < allocator->live_blocks.capacity; i++) {
+        if (!allocator->live_blocks.entries[i].key)
+            continue;
+        gm_block *block = (gm_block *)(uintptr_t)allocator->live_blocks.entries[i].value;
+        if (block->state != GM_BLOCK_ALLOCATED || block->address != allocator->live_blocks.entries[i].key)
+            return gm_fail(GM_ERROR_CORRUPT, "live map entry 0x%" PRIx64 " is not an allocated block",
+                           allocator->live_blocks.entries[i].key);
+        gm_stat_change(recomputed.allocation, block->pool, 1);
+        gm_stat_change(recomputed.allocated_bytes, block->pool, (int64_t)block->size);
+        gm_stat_change(recomputed.requested_bytes, block->pool, (int64_t)block->requested);
+        gm_stat_change(recomputed.active, block->pool, 1);
+        gm_stat_change(recomputed.active_bytes, block->pool, (int64_t)block->size);
+    }
+    for (gm_pending_free *pending = allocator->pending_head; pending; pending = pending->next) {
+        gm_block *block = pending->block;
+        bool first_for_block = true; /* a block with several events counts once */
+        for (gm_pending_free *earlier = allocator->pending_head; earlier != pending; earlier = earlier->next)
+            first_for_block = first_for_block && earlier->block != block;
+        if (block->state != GM_BLOCK_PENDING)
+            return gm_fail(GM_ERROR_CORRUPT, "pending free of block 0x%" PRIxPTR " in state %d", block->address, block->state);
+        if (first_for_block) {
+            gm_stat_change(recomputed.active, block->pool, 1);
+            gm_stat_change(recomputed.active_bytes, block->pool, (int64_t)block->size);
+        }
+    }
+    gm_status status = allocator->engine->validate(allocator, &recomputed);
+    const gm_stats *recorded = &allocator->stats;
+    if (status == GM_OK) status = compare_current("allocation", recorded->allocation, recomputed.allocation);
+    if (status == GM_OK) status = compare_current("allocated_bytes", recorded->allocated_bytes, recomputed.allocated_bytes);
+    if (status == GM_OK) status = compare_current("requested_bytes", recorded->requested_bytes, recomputed.requested_bytes);
+    if (status == GM_OK) status = compare_current("active", recorded->active, recomputed.active);
+    if (status == GM_OK) status = compare_current("active_bytes", recorded->active_bytes, recomputed.active_bytes);
+    if (status == GM_OK) status = compare_current("reserved_bytes", recorded->reserved_bytes, recomputed.reserved_bytes);
+    if (status == GM_OK) status = compare_current("segment", recorded->segment, recomputed.segment);
+    if (status == GM_OK) status = compare_current("inactive_split", recorded->inactive_split, recomputed.inactive_split);
+    if (status == GM_OK)
+        status = compare_current("inactive_split_bytes", recorded->inactive_split_bytes, recomputed.inactive_split_bytes);
+    if (status == GM_OK && allocator->exclusive_device) {
+        uint64_t free_bytes = 0, total_bytes = 0;
+        gm_backend_memory_info(allocator->backend, &free_bytes, &total_bytes);
+        if (total_bytes - free_bytes != (uint64_t)recorded->reserved_bytes[GM_POOL_ALL].current)
+            status = gm_fail(GM_ERROR_CORRUPT, "the device holds %" PRIu64 " bytes but reserved_bytes is %" PRId64,
+                             total_bytes - free_bytes, recorded->reserved_bytes[GM_POOL_ALL].current);
+    }
+    return status;
+}
+
+gm_status gm_validate(gm_allocator *allocator)
+{
+    if (!allocator)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_validate: allocator is NULL");
+    pthread_mutex_lock(&allocator->lock);
+    gm_status status = validate_locked(allocator);
+    pthread_mutex_unlock(&allocator->lock);
+    return status;
+}
+
+/* ---------------------------------------------------------------- the device */
+
+gm_status gm_get_device_info(gm_allocator *allocator, gm_device_info *info_out)
+{
+    if (!allocator || !info_out)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_device_info: an argument is NULL");
+    memset(info_out, 0, sizeof *info_out);
+    pthread_mutex_lock(&allocator->lock);
+    gm_backend *backend = allocator->backend;
+    snprintf(info_out->backend, sizeof info_out->backend, "%s", backend->operations->name);
+    snprintf(info_out->name, sizeof info_out->name, "%s device", backend->operations->name);
+    snprintf(info_out->engine, sizeof info_out->engine, "%s", allocator->engine->name);
+    info_out->device = allocator->options.device;
+    info_out->device_count = 1;
+    info_out->virtual_memory = backend->supports_virtual_memory;
+    info_out->granularity = backend->page_size;
+    if (backend->operations->describe)
+        backend->operations->describe(backend, info_out);
+    gm_status status = gm_backend_memory_info(backend, &info_out->free_bytes, &info_out->total_bytes);
+    pthread_mutex_unlock(&allocator->lock);
+    return status;
+}
+
+/* ---------------------------------------------------------------- simulated streams */
+
+gm_status gm_sim_stream_enqueue(gm_allocator *allocator, gm_stream stream, uint64_t units)
+{
+    if (!allocator)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_sim_stream_enqueue: allocator is NULL");
+    if (!allocator->backend->operations->stream_enqueue)
+        return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend has real streams", allocator->backend->operations->name);
+    pthread_mutex_lock(&allocator->lock);
+    gm_status status = allocator->backend->operations->stream_enqueue(allocator->backend, stream, units);
+    pthread_mutex_unlock(&allocator->lock);
+    return status;
+}
+
+gm_status gm_sim_stream_complete(gm_allocator *allocator, gm_stream stream)
+{
+    if (!allocator)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_sim_stream_complete: allocator is NULL");
+    if (!allocator->backend->operations->stream_complete)
+        return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend has real streams", allocator->backend->operations->name);
+    pthread_mutex_lock(&allocator->lock);
+    gm_status status = allocator->backend->operations->stream_complete(allocator->backend, stream);
+    pthread_mutex_unlock(&allocator->lock);
+    return status;
+}
+
+/* ---------------------------------------------------------------- destruction */
+
+void gm_destroy(gm_allocator *allocator, size_t *live_allocations_out)
+{
+    if (live_allocations_out)
+        *live_allocations_out = 0;
+    if (!allocator)
+        return;
+    pthread_mutex_lock(&allocator->lock);
+    if (live_allocations_out)
+        *live_allocations_out = allocator->live_blocks.count;
+    for (size_t i = 0; i < allocator->live_blocks.capacity; i++) {
+        if (!allocator->live_blocks.entries[i].key)
+            continue;
+        gm_block *block = (gm_block *)(uintptr_t)allocator->live_blocks.entries[i].value;
+        count_allocation(allocator, block, -1);
+        retire_block(allocator, block);
+    }
+    process_pending_frees(allocator, true);
+    if (allocator->engine)
+        allocator->engine->destroy(allocator);
+    while (allocator->spare_event_count)
+        gm_backend_event_destroy(allocator->backend, allocator->spare_events[--allocator->spare_event_count]);
+    gm_backend_close(allocator->backend);
+    for (size_t i = 0; i < allocator->heap_count; i++)
+        free(allocator->heaps[i]);
+    free(allocator->heaps);
+    free(allocator->spare_events);
+    while (allocator->spare_pending) {
+        gm_pending_free *next = allocator->spare_pending->next;
+        free(allocator->spare_pending);
+        allocator->spare_pending = next;
+    }
+    gm_hash_map_free(&allocator->live_blocks);
+    gm_block_pool_free_all(&allocator->block_pool);
+    pthread_mutex_unlock(&allocator->lock);
+    pthread_mutex_destroy(&allocator->lock);
+    free(allocator);
+}

@@ -1,0 +1,119 @@
+/*
+ * block.c -- block metadata and the operations every engine shares: splitting, coalescing and
+ * (un)indexing free blocks with their inactive-split accounting.
+ *
+ * Block structs come from a pool that grows by chunks of 1024 and recycles through a free list,
+ * so the steady state allocates nothing. Inactive-split statistics follow PyTorch: a free block
+ * that has an address neighbour counts as one inactive split block of its size; the count is kept
+ * by indexing and unindexing alone, so a free block's neighbours may only change while it is out
+ * of the index.
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define BLOCKS_PER_CHUNK 1024
+
+gm_block *gm_block_new(gm_block_pool *pool)
+{
+    if (!pool->free_list) {
+        void **chunks = realloc(pool->chunks, (pool->chunk_count + 1) * sizeof *chunks);
+        if (!chunks)
+            return NULL;
+        pool->chunks = chunks;
+        gm_block *chunk = calloc(BLOCKS_PER_CHUNK, sizeof *chunk);
+        if (!chunk)
+            return NULL;
+        chunks[pool->chunk_count++] = chunk;
+        for (size_t i = 0; i < BLOCKS_PER_CHUNK; i++) {
+            chunk[i].free_next = pool->free_list;
+            pool->free_list = &chunk[i];
+        }
+    }
+    gm_block *block = pool->free_list;
+    pool->free_list = block->free_next;
+    memset(block, 0, sizeof *block);
+    return block;
+}
+
+void gm_block_delete(gm_block_pool *pool, gm_block *block)
+{
+    free(block->recorded_streams);
+    block->recorded_streams = NULL;
+    block->free_next = pool->free_list;
+    pool->free_list = block;
+}
+
+void gm_block_pool_free_all(gm_block_pool *pool)
+{
+    for (size_t i = 0; i < pool->chunk_count; i++)
+        free(pool->chunks[i]);
+    free(pool->chunks);
+    memset(pool, 0, sizeof *pool);
+}
+
+void gm_index_free_block(gm_allocator *allocator, gm_block *block)
+{
+    gm_size_index_insert(gm_heap_index(block->heap, block->pool), block);
+    block->indexed = 1;
+    if (gm_block_is_split(block)) {
+        gm_stat_change(allocator->stats.inactive_split, block->pool, 1);
+        gm_stat_change(allocator->stats.inactive_split_bytes, block->pool, (int64_t)block->size);
+    }
+}
+
+void gm_unindex_free_block(gm_allocator *allocator, gm_block *block)
+{
+    gm_size_index_remove(gm_heap_index(block->heap, block->pool), block);
+    block->indexed = 0;
+    if (gm_block_is_split(block)) {
+        gm_stat_change(allocator->stats.inactive_split, block->pool, -1);
+        gm_stat_change(allocator->stats.inactive_split_bytes, block->pool, -(int64_t)block->size);
+    }
+}
+
+gm_block *gm_split_block(gm_allocator *allocator, gm_block *block, uint64_t size)
+{
+    if (block->size == size)
+        return NULL;
+    gm_block *rest = gm_block_new(&allocator->block_pool);
+    if (!rest)
+        return NULL; /* no metadata: the block stays whole, which is still correct */
+    rest->address = block->address + size;
+    rest->size = block->size - size;
+    rest->region = block->region;
+    rest->heap = block->heap;
+    rest->pool = block->pool;
+    rest->state = block->state;
+    rest->previous = block;
+    rest->next = block->next;
+    if (block->next)
+        block->next->previous = rest;
+    block->next = rest;
+    block->size = size;
+    return rest;
+}
+
+void gm_absorb_next(gm_allocator *allocator, gm_block *block)
+{
+    gm_block *next = block->next;
+    block->size += next->size;
+    block->next = next->next;
+    if (next->next)
+        next->next->previous = block;
+    gm_block_delete(&allocator->block_pool, next);
+}
+
+bool gm_may_reserve(const gm_allocator *allocator, uint64_t size)
+{
+    uint64_t reserved = (uint64_t)allocator->stats.reserved_bytes[GM_POOL_ALL].current;
+    return size <= allocator->memory_limit && reserved <= allocator->memory_limit - size;
+}
+
+void gm_count_reserved(gm_allocator *allocator, int pool, int64_t bytes, int64_t segments)
+{
+    gm_stat_change(allocator->stats.reserved_bytes, pool, bytes);
+    if (segments)
+        gm_stat_change(allocator->stats.segment, pool, segments);
+}

@@ -1,0 +1,132 @@
+/*
+ * hash_map.c -- see hash_map.h. Keys are mixed with a 64-bit multiplicative hash (Fibonacci
+ * hashing), which spreads aligned addresses (whose low bits are all zero) over the table.
+ */
+#include "hash_map.h"
+
+#include <stdlib.h>
+
+static inline size_t slot_for(const gm_hash_map *map, uint64_t key)
+{
+    uint64_t mixed = (key ^ (key >> 29)) * 0x9E3779B97F4A7C15ull;
+    return (size_t)(mixed >> 20) & (map->capacity - 1);
+}
+
+bool gm_hash_map_init(gm_hash_map *map, size_t initial_capacity)
+{
+    size_t capacity = 16;
+    while (capacity < initial_capacity * 2)
+        capacity *= 2;
+    map->entries = calloc(capacity, sizeof(gm_hash_entry));
+    map->capacity = map->entries ? capacity : 0;
+    map->count = 0;
+    return map->entries != NULL;
+}
+
+void gm_hash_map_free(gm_hash_map *map)
+{
+    free(map->entries);
+    map->entries = NULL;
+    map->capacity = 0;
+    map->count = 0;
+}
+
+static void insert_fresh(gm_hash_map *map, uint64_t key, uint64_t value)
+{
+    size_t slot = slot_for(map, key);
+    while (map->entries[slot].key != 0)
+        slot = (slot + 1) & (map->capacity - 1);
+    map->entries[slot].key = key;
+    map->entries[slot].value = value;
+    map->count++;
+}
+
+static bool grow_to(gm_hash_map *map, size_t capacity)
+{
+    gm_hash_entry *old = map->entries;
+    size_t old_capacity = map->capacity;
+    gm_hash_entry *fresh = calloc(capacity, sizeof(gm_hash_entry));
+    if (!fresh)
+        return false;
+    map->entries = fresh;
+    map->capacity = capacity;
+    map->count = 0;
+    for (size_t i = 0; i < old_capacity; i++)
+        if (old[i].key != 0)
+            insert_fresh(map, old[i].key, old[i].value);
+    free(old);
+    return true;
+}
+
+bool gm_hash_map_reserve(gm_hash_map *map, size_t count)
+{
+    size_t capacity = map->capacity ? map->capacity : 16;
+    while (capacity < count * 2)
+        capacity *= 2;
+    return capacity == map->capacity ? true : grow_to(map, capacity);
+}
+
+bool gm_hash_map_put(gm_hash_map *map, uint64_t key, uint64_t value)
+{
+    if ((map->count + 1) * 2 > map->capacity && !grow_to(map, map->capacity ? map->capacity * 2 : 16))
+        return false;
+    size_t slot = slot_for(map, key);
+    while (map->entries[slot].key != 0) {
+        if (map->entries[slot].key == key) {
+            map->entries[slot].value = value;
+            return true;
+        }
+        slot = (slot + 1) & (map->capacity - 1);
+    }
+    map->entries[slot].key = key;
+    map->entries[slot].value = value;
+    map->count++;
+    return true;
+}
+
+bool gm_hash_map_get(const gm_hash_map *map, uint64_t key, uint64_t *value_out)
+{
+    if (map->capacity == 0 || key == 0)
+        return false;
+    size_t slot = slot_for(map, key);
+    while (map->entries[slot].key != 0) {
+        if (map->entries[slot].key == key) {
+            *value_out = map->entries[slot].value;
+            return true;
+        }
+        slot = (slot + 1) & (map->capacity - 1);
+    }
+    return false;
+}
+
+bool gm_hash_map_remove(gm_hash_map *map, uint64_t key, uint64_t *value_out)
+{
+    if (map->capacity == 0 || key == 0)
+        return false;
+    size_t mask = map->capacity - 1;
+    size_t slot = slot_for(map, key);
+    while (map->entries[slot].key != key) {
+        if (map->entries[slot].key == 0)
+            return false;
+        slot = (slot + 1) & mask;
+    }
+    if (value_out)
+        *value_out = map->entries[slot].value;
+    /* Backward-shift deletion: move later entries of the probe run into the hole when their home
+     * slot does not lie cyclically between the hole and their current slot. */
+    size_t hole = slot;
+    size_t probe = (slot + 1) & mask;
+    while (map->entries[probe].key != 0) {
+        size_t home = slot_for(map, map->entries[probe].key);
+        bool home_between = hole <= probe ? (home > hole && home <= probe) : (home > hole || home <= probe);
+        if (!home_between) {
+            map->entries[hole] = map->entries[probe];
+            hole = probe;
+        }
+        probe = (probe + 1) & mask;
+    }
+    map->entries[hole].key = 0;
+    map->entries[hole].value = 0;
+    map->count--;
+    return true;
+}

@@ -1,0 +1,40 @@
+/*
+ * hash_map.h -- an open-addressing hash map from 64-bit keys to 64-bit values.
+ *
+ * Linear probing, power-of-two capacity, load factor at most 1/2, deletion by backward shift
+ * (no tombstones), so a lookup touches one or two cache lines. Key 0 marks an empty slot, so
+ * key 0 cannot be stored: callers store addresses or ids + 1. Growth is the only allocation and
+ * happens when the map doubles; gm_hash_map_reserve lets a caller grow it ahead of a hot path.
+ */
+#ifndef GM_HASH_MAP_H
+#define GM_HASH_MAP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct gm_hash_entry {
+    uint64_t key;
+    uint64_t value;
+} gm_hash_entry;
+
+typedef struct gm_hash_map {
+    gm_hash_entry *entries;
+    size_t capacity; /* a power of two */
+    size_t count;
+} gm_hash_map;
+
+bool gm_hash_map_init(gm_hash_map *map, size_t initial_capacity);
+void gm_hash_map_free(gm_hash_map *map);
+/* Insert or replace. False only if memory for growth could not be had. */
+bool gm_hash_map_put(gm_hash_map *map, uint64_t key, uint64_t value);
+/* The value for key into *value_out; false if absent. */
+bool gm_hash_map_get(const gm_hash_map *map, uint64_t key, uint64_t *value_out);
+/* Remove key, giving its value; false if absent. */
+bool gm_hash_map_remove(gm_hash_map *map, uint64_t key, uint64_t *value_out);
+/* Make room for `count` entries without further growth. */
+bool gm_hash_map_reserve(gm_hash_map *map, size_t count);
+
+/* Iterate: for (size_t i = 0; i < map->capacity; i++) if (map->entries[i].key) ... */
+
+#endif

@@ -1,0 +1,276 @@
+/*
+ * options.c -- the one place where configuration strings are parsed.
+ *
+ * A configuration is "key:value,key:value" (PyTorch's PYTORCH_CUDA_ALLOC_CONF style). Each key
+ * is described once in the table below: its name, its kind (text choice, size, count, fraction,
+ * boolean), where it lands in gm_options and its help line; parsing, help text and formatting are
+ * all driven by that table. Keys are parsed into a copy, which replaces the caller's options only
+ * when the whole string was valid.
+ */
+#include "options.h"
+
+#include "error.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum option_kind { KIND_CHOICE, KIND_SIZE, KIND_INTEGER, KIND_BOOLEAN } option_kind;
+
+typedef struct option_descriptor {
+    const char *key;
+    option_kind kind;
+    size_t offset;
+    const char *choices; /* KIND_CHOICE: "|"-separated values; stored as an index or a string */
+    const char *help;
+} option_descriptor;
+
+#define FIELD(name) offsetof(gm_options, name)
+
+static const option_descriptor descriptors[] = {
+    {"backend", KIND_CHOICE, FIELD(backend), "sim|host|cuda",
+     "where memory comes from: a simulated device, host memory, or the CUDA driver (default sim)"},
+    {"device", KIND_INTEGER, FIELD(device), NULL, "device index (default 0)"},
+    {"engine", KIND_CHOICE, FIELD(engine), "pages|segments",
+     "allocation engine: page-mapped virtual ranges, or PyTorch-style segments (default pages)"},
+    {"capacity", KIND_SIZE, FIELD(capacity), NULL,
+     "sim/host: device memory size (default 143771MiB for sim, as an H200; 1GiB for host)"},
+    {"page_size", KIND_SIZE, FIELD(page_size), NULL,
+     "sim/host: mapping granularity, a power of two >= 4KiB (default 2MiB)"},
+    {"memory_limit", KIND_SIZE, FIELD(memory_limit), NULL,
+     "never reserve more than this many bytes (default 0: the whole device)"},
+    {"small_size", KIND_SIZE, FIELD(small_size), NULL,
+     "requests up to this size are served from the small pool (default 1MiB)"},
+    {"small_segment_size", KIND_SIZE, FIELD(small_segment_size), NULL,
+     "segments engine: segment size of the small pool (default 2MiB)"},
+    {"large_segment_size", KIND_SIZE, FIELD(large_segment_size), NULL,
+     "segments engine: segment size for large requests below min_large_alloc (default 20MiB)"},
+    {"min_large_alloc", KIND_SIZE, FIELD(min_large_alloc), NULL,
+     "segments engine: requests from this size get a segment of their own size (default 10MiB)"},
+    {"release_before_growth", KIND_BOOLEAN, FIELD(release_before_growth), NULL,
+     "segments engine: free cached segments before reserving beyond the previous peak (default true)"},
+    {"cost_model", KIND_BOOLEAN, FIELD(cost_model), NULL,
+     "sim: charge every device call its cost measured on an H200 (default true)"},
+};
+
+#define DESCRIPTOR_COUNT (sizeof descriptors / sizeof descriptors[0])
+
+void gm_options_default(gm_options *options)
+{
+    memset(options, 0, sizeof *options);
+    strcpy(options->backend, "sim");
+    options->engine = GM_ENGINE_PAGES;
+    options->page_size = 2ull << 20;
+    options->small_size = 1ull << 20;
+    options->small_segment_size = 2ull << 20;
+    options->large_segment_size = 20ull << 20;
+    options->min_large_alloc = 10ull << 20;
+    options->release_before_growth = true;
+    options->cost_model = true;
+}
+
+gm_status gm_parse_size(const char *text, uint64_t *bytes_out)
+{
+    static const struct {
+        const char *suffix;
+        unsigned shift;
+    } suffixes[] = {{"", 0},  {"b", 0},   {"k", 10},  {"kb", 10}, {"kib", 10}, {"m", 20},
+                    {"mb", 20}, {"mib", 20}, {"g", 30},  {"gb", 30}, {"gib", 30}, {"t", 40},
+                    {"tb", 40}, {"tib", 40}};
+    if (!text || !isdigit((unsigned char)text[0]))
+        return gm_fail(GM_ERROR_PARSE, "'%s' is not a size (expected a number with an optional "
+                       "suffix such as 512, 64KiB, 2MiB, 16GiB)", text ? text : "(null)");
+    errno = 0;
+    char *end = NULL;
+    unsigned long long number = strtoull(text, &end, 10);
+    if (errno == ERANGE)
+        return gm_fail(GM_ERROR_PARSE, "size '%s' is too large", text);
+    char suffix[8] = {0};
+    size_t length = strlen(end);
+    if (length >= sizeof suffix)
+        return gm_fail(GM_ERROR_PARSE, "size '%s' has an unknown suffix '%s'", text, end);
+    for (size_t i = 0; i < length && i < sizeof suffix - 1; i++)
+        suffix[i] = (char)tolower((unsigned char)end[i]);
+    for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++) {
+        if (strcmp(suffix, suffixes[i].suffix) != 0)
+            continue;
+        unsigned shift = suffixes[i].shift;
+        if (shift && number > (UINT64_MAX >> shift))
+            return gm_fail(GM_ERROR_PARSE, "size '%s' is too large", text);
+        *bytes_out = (uint64_t)number << shift;
+        return GM_OK;
+    }
+    return gm_fail(GM_ERROR_PARSE, "size '%s' has an unknown suffix '%s' (use B, KiB, MiB, GiB or TiB)",
+                   text, end);
+}
+
+static gm_status parse_boolean(const char *text, bool *value_out)
+{
+    if (!strcmp(text, "true") || !strcmp(text, "True") || !strcmp(text, "1")) {
+        *value_out = true;
+        return GM_OK;
+    }
+    if (!strcmp(text, "false") || !strcmp(text, "False") || !strcmp(text, "0")) {
+        *value_out = false;
+        return GM_OK;
+    }
+    return gm_fail(GM_ERROR_PARSE, "'%s' is not a boolean (use true or false)", text);
+}
+
+/* The index of `value` among the "|"-separated `choices`, or -1. */
+static int choice_index(const char *choices, const char *value)
+{
+    size_t value_length = strlen(value);
+    int index = 0;
+    for (const char *start = choices;; index++) {
+        const char *bar = strchr(start, '|');
+        size_t length = bar ? (size_t)(bar - start) : strlen(start);
+        if (length == value_length && strncmp(start, value, length) == 0)
+            return index;
+        if (!bar)
+            return -1;
+        start = bar + 1;
+    }
+}
+
+static gm_status apply_value(gm_options *options, const option_descriptor *descriptor, const char *value)
+{
+    char *field = (char *)options + descriptor->offset;
+    gm_status status = GM_OK;
+    switch (descriptor->kind) {
+    case KIND_CHOICE: {
+        int index = choice_index(descriptor->choices, value);
+        if (index < 0)
+            return gm_fail(GM_ERROR_BAD_CONFIG, "bad value '%s' for key '%s' (expected one of %s)", value,
+                           descriptor->key, descriptor->choices);
+        if (descriptor->offset == FIELD(backend))
+            snprintf(options->backend, sizeof options->backend, "%.15s", value);
+        else
+            *(gm_engine_kind *)field = (gm_engine_kind)index;
+        return GM_OK;
+    }
+    case KIND_SIZE:
+        status = gm_parse_size(value, (uint64_t *)field);
+        break;
+    case KIND_INTEGER: {
+        char *end = NULL;
+        errno = 0;
+        long number = strtol(value, &end, 10);
+        if (errno || end == value || *end || number < 0 || number > 1 << 20)
+            status = gm_fail(GM_ERROR_PARSE, "'%s' is not a non-negative integer", value);
+        else
+            *(int *)field = (int)number;
+        break;
+    }
+    case KIND_BOOLEAN:
+        status = parse_boolean(value, (bool *)field);
+        break;
+    }
+    if (status != GM_OK) {
+        char reason[512];
+        snprintf(reason, sizeof reason, "%s", gm_last_error());
+        return gm_fail(GM_ERROR_BAD_CONFIG, "bad value for key '%s': %s", descriptor->key, reason);
+    }
+    return GM_OK;
+}
+
+static gm_status check_consistency(const gm_options *options)
+{
+    if (options->page_size < 4096 || (options->page_size & (options->page_size - 1)))
+        return gm_fail(GM_ERROR_BAD_CONFIG, "bad value for key 'page_size': %" PRIu64
+                       " is not a power of two of at least 4KiB", options->page_size);
+    if (options->small_size < 512 || options->small_size >= options->small_segment_size)
+        return gm_fail(GM_ERROR_BAD_CONFIG, "key 'small_size' must be at least 512 and below "
+                       "'small_segment_size'");
+    if (options->large_segment_size < options->small_segment_size ||
+        options->min_large_alloc > options->large_segment_size)
+        return gm_fail(GM_ERROR_BAD_CONFIG, "keys must satisfy small_segment_size <= large_segment_size "
+                       "and min_large_alloc <= large_segment_size");
+    return GM_OK;
+}
+
+static gm_status apply_pair(gm_options *options, const char *pair)
+{
+    const char *colon = strchr(pair, ':');
+    if (!colon)
+        return gm_fail(GM_ERROR_BAD_CONFIG, "'%s' is not a key:value pair", pair);
+    char key[64];
+    size_t key_length = (size_t)(colon - pair);
+    if (key_length == 0 || key_length >= sizeof key)
+        return gm_fail(GM_ERROR_BAD_CONFIG, "'%s' has no valid key", pair);
+    memcpy(key, pair, key_length);
+    key[key_length] = '\0';
+    const char *value = colon + 1;
+    if (!*value)
+        return gm_fail(GM_ERROR_BAD_CONFIG, "key '%s' has no value", key);
+    for (size_t i = 0; i < DESCRIPTOR_COUNT; i++)
+        if (!strcmp(descriptors[i].key, key))
+            return apply_value(options, &descriptors[i], value);
+    return gm_fail(GM_ERROR_BAD_CONFIG, "unknown key '%s' (known keys: backend, device, engine, capacity, "
+                   "page_size, memory_limit, small_size, small_segment_size, large_segment_size, "
+                   "min_large_alloc, release_before_growth, cost_model)", key);
+}
+
+gm_status gm_options_parse(gm_options *options, const char *text)
+{
+    if (!text)
+        return GM_OK;
+    gm_options parsed = *options;
+    char pair[256];
+    const char *cursor = text;
+    while (*cursor) {
+        const char *comma = strchr(cursor, ',');
+        size_t length = comma ? (size_t)(comma - cursor) : strlen(cursor);
+        while (length && isspace((unsigned char)*cursor)) {
+            cursor++;
+            length--;
+        }
+        while (length && isspace((unsigned char)cursor[length - 1]))
+            length--;
+        if (length >= sizeof pair)
+            return gm_fail(GM_ERROR_BAD_CONFIG, "configuration entry too long near '%.40s'", cursor);
+        if (length > 0) {
+            memcpy(pair, cursor, length);
+            pair[length] = '\0';
+            gm_status status = apply_pair(&parsed, pair);
+            if (status != GM_OK)
+                return status;
+        }
+        if (!comma)
+            break;
+        cursor = comma + 1;
+    }
+    gm_status status = check_consistency(&parsed);
+    if (status != GM_OK)
+        return status;
+    *options = parsed;
+    return GM_OK;
+}
+
+const char *gm_config_help(void)
+{
+    static char help[4096];
+    if (help[0])
+        return help;
+    size_t used = (size_t)snprintf(help, sizeof help, "GPUMEM_CONF keys (key:value,key:value):\n");
+    for (size_t i = 0; i < DESCRIPTOR_COUNT && used < sizeof help; i++)
+        used += (size_t)snprintf(help + used, sizeof help - used, "  %-22s %s\n", descriptors[i].key,
+                                 descriptors[i].help);
+    return help;
+}
+
+void gm_options_format(const gm_options *options, char *buffer, size_t size)
+{
+    snprintf(buffer, size,
+             "backend:%s,device:%d,engine:%s,capacity:%" PRIu64 ",page_size:%" PRIu64 ",memory_limit:%" PRIu64
+             ",small_size:%" PRIu64 ",small_segment_size:%" PRIu64 ",large_segment_size:%" PRIu64
+             ",min_large_alloc:%" PRIu64 ",release_before_growth:%s,cost_model:%s",
+             options->backend, options->device, options->engine == GM_ENGINE_PAGES ? "pages" : "segments",
+             options->capacity, options->page_size, options->memory_limit, options->small_size,
+             options->small_segment_size, options->large_segment_size, options->min_large_alloc,
+             options->release_before_growth ? "true" : "false", options->cost_model ? "true" : "false");
+}

@@ -1,0 +1,46 @@
+/*
+ * options.h -- every tunable of gpumem in one struct, parsed from one string.
+ *
+ * The string has PyTorch's PYTORCH_CUDA_ALLOC_CONF form, "key:value,key:value". gm_options_parse
+ * is the only place that knows the keys; an unknown key or a bad value is an error that names
+ * both. Sizes take binary suffixes (B, K/KB/KiB, M/MB/MiB, G/GB/GiB, T/TB/TiB: all powers of 1024).
+ */
+#ifndef GM_OPTIONS_H
+#define GM_OPTIONS_H
+
+#include "gpumem.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef enum gm_engine_kind { GM_ENGINE_PAGES = 0, GM_ENGINE_SEGMENTS = 1 } gm_engine_kind;
+
+typedef struct gm_options {
+    char backend[16];            /* "sim", "host" or "cuda" */
+    int device;                  /* device index */
+    gm_engine_kind engine;       /* "pages" (default) or "segments" */
+    uint64_t capacity;           /* sim/host: device memory in bytes */
+    uint64_t page_size;          /* sim/host: mapping granularity */
+    uint64_t memory_limit;       /* cap on reserved bytes, 0 = the device's memory */
+    uint64_t small_size;         /* requests up to this size use the small pool */
+    uint64_t small_segment_size; /* segments engine: segment size of the small pool */
+    uint64_t large_segment_size; /* segments engine: segment size for requests below min_large_alloc */
+    uint64_t min_large_alloc;    /* segments engine: from here on a segment is sized to the request */
+    bool release_before_growth;  /* segments engine: free cached segments before reserving beyond the peak */
+    bool cost_model;             /* sim: charge each device call its measured H200 cost */
+} gm_options;
+
+/* The defaults. */
+void gm_options_default(gm_options *options);
+
+/* Apply the keys of `text` (may be NULL or empty) on top of *options. On error returns
+ * GM_ERROR_BAD_CONFIG, sets gm_last_error() and leaves *options unchanged. */
+gm_status gm_options_parse(gm_options *options, const char *text);
+
+/* Parse a size such as "512", "2MiB", "16GB" into bytes. */
+gm_status gm_parse_size(const char *text, uint64_t *bytes_out);
+
+/* Write the options back as a configuration string. */
+void gm_options_format(const gm_options *options, char *buffer, size_t size);
+
+#endif

@@ -1,0 +1,57 @@
+/*
+ * trace.h -- allocation traces: loading and replaying them.
+ *
+ * Format (plain text or gzip, one event a line, '#' lines are comments):
+ *     a,<id>,<bytes>,<stream>    allocate <bytes> on <stream>
+ *     f,<id>,<bytes>,<stream>    free the allocation named <id>
+ * Loading checks every line and maps ids to dense slots, so replay does no lookups of its own.
+ */
+#ifndef GM_TRACE_H
+#define GM_TRACE_H
+
+#include "gpumem.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum { GM_TRACE_ALLOCATE = 0, GM_TRACE_FREE = 1 };
+
+typedef struct gm_trace_operation {
+    uint64_t size;
+    uint32_t slot;         /* dense index of the allocation, reused once it is freed */
+    uint16_t stream_index; /* index into gm_trace.streams */
+    uint8_t kind;          /* GM_TRACE_ALLOCATE or GM_TRACE_FREE */
+} gm_trace_operation;
+
+typedef struct gm_trace {
+    gm_trace_operation *operations;
+    size_t count;
+    size_t allocation_count;
+    size_t slot_count;        /* most allocations live at once */
+    gm_stream *streams;
+    size_t stream_count;
+    uint64_t peak_live_bytes; /* the trace's true peak of requested live bytes */
+} gm_trace;
+
+/* Load a trace. A malformed line gives GM_ERROR_PARSE with "FILE:LINE: reason" in gm_last_error();
+ * an unreadable file gives GM_ERROR_IO. */
+gm_status gm_trace_load(const char *path, gm_trace *trace_out);
+void gm_trace_free(gm_trace *trace);
+
+typedef struct gm_replay_result {
+    size_t operations;
+    size_t allocations;
+    size_t frees;
+    size_t failed_allocations;  /* out of memory */
+    uint64_t peak_live_bytes;   /* measured over the allocations that succeeded */
+    uint64_t peak_reserved_bytes;
+    double ratio;               /* peak reserved / peak live */
+    double ns_per_operation;    /* CPU time of the replay loop per operation */
+    gm_stats stats;             /* at the end of the replay, before the remaining frees */
+    char first_failure[1024];   /* the report of the first failed allocation */
+} gm_replay_result;
+
+/* Replay every operation through the allocator, then free what is still live. */
+gm_status gm_replay(gm_allocator *allocator, const gm_trace *trace, gm_replay_result *result_out);
+
+#endif
