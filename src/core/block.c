@@ -117,3 +117,11 @@ void gm_count_reserved(gm_allocator *allocator, int pool, int64_t bytes, int64_t
     if (segments)
         gm_stat_change(allocator->stats.segment, pool, segments);
 }
+
+void gm_move_reserved(gm_allocator *allocator, int from_pool, int to_pool, uint64_t bytes)
+{
+    gm_stat_add(&allocator->stats.reserved_bytes[from_pool], -(int64_t)bytes);
+    gm_stat_add(&allocator->stats.reserved_bytes[to_pool], (int64_t)bytes);
+    gm_stat_add(&allocator->stats.segment[from_pool], -1);
+    gm_stat_add(&allocator->stats.segment[to_pool], 1);
+}

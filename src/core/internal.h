@@ -170,20 +170,23 @@ static inline uint64_t gm_round_up(uint64_t value, uint64_t multiple)
     return (value + multiple - 1) / multiple * multiple;
 }
 
-/* Add `amount` (may be negative) to a statistic of `pool` and of all pools. */
+/* Add `amount` (may be negative) to one reading of a statistic. */
+static inline void gm_stat_add(gm_stat *stat, int64_t amount)
+{
+    stat->current += amount;
+    if (amount > 0)
+        stat->allocated += amount;
+    else
+        stat->freed -= amount;
+    if (stat->current > stat->peak)
+        stat->peak = stat->current;
+}
+
+/* Add `amount` to a statistic of `pool` and of all pools. */
 static inline void gm_stat_change(gm_stat stat[GM_POOL_COUNT], int pool, int64_t amount)
 {
-    gm_stat *targets[2] = {&stat[GM_POOL_ALL], &stat[pool]};
-    for (int i = 0; i < 2; i++) {
-        gm_stat *target = targets[i];
-        target->current += amount;
-        if (amount > 0)
-            target->allocated += amount;
-        else
-            target->freed -= amount;
-        if (target->current > target->peak)
-            target->peak = target->current;
-    }
+    gm_stat_add(&stat[GM_POOL_ALL], amount);
+    gm_stat_add(&stat[pool], amount);
 }
 
 static inline bool gm_block_is_split(const gm_block *block)
@@ -204,6 +207,8 @@ void gm_absorb_next(gm_allocator *allocator, gm_block *block);
 bool gm_may_reserve(const gm_allocator *allocator, uint64_t size);
 /* Record reserved memory coming (positive) or going (negative) in a pool, as `segments` segments. */
 void gm_count_reserved(gm_allocator *allocator, int pool, int64_t bytes, int64_t segments);
+/* Move reserved memory (one segment of `bytes`) from one pool to the other; the total is unchanged. */
+void gm_move_reserved(gm_allocator *allocator, int from_pool, int to_pool, uint64_t bytes);
 /* The heap's size index for a pool. */
 static inline gm_size_index *gm_heap_index(gm_heap *heap, int pool)
 {

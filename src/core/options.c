@@ -13,6 +13,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <pthread.h>
 #include <inttypes.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -251,16 +252,21 @@ gm_status gm_options_parse(gm_options *options, const char *text)
     return GM_OK;
 }
 
+static char help_text[4096];
+static pthread_once_t help_once = PTHREAD_ONCE_INIT;
+
+static void write_help(void)
+{
+    size_t used = (size_t)snprintf(help_text, sizeof help_text, "GPUMEM_CONF keys (key:value,key:value):\n");
+    for (size_t i = 0; i < DESCRIPTOR_COUNT && used < sizeof help_text; i++)
+        used += (size_t)snprintf(help_text + used, sizeof help_text - used, "  %-22s %s\n", descriptors[i].key,
+                                 descriptors[i].help);
+}
+
 const char *gm_config_help(void)
 {
-    static char help[4096];
-    if (help[0])
-        return help;
-    size_t used = (size_t)snprintf(help, sizeof help, "GPUMEM_CONF keys (key:value,key:value):\n");
-    for (size_t i = 0; i < DESCRIPTOR_COUNT && used < sizeof help; i++)
-        used += (size_t)snprintf(help + used, sizeof help - used, "  %-22s %s\n", descriptors[i].key,
-                                 descriptors[i].help);
-    return help;
+    pthread_once(&help_once, write_help);
+    return help_text;
 }
 
 void gm_options_format(const gm_options *options, char *buffer, size_t size)

@@ -443,6 +443,8 @@ static uint64_t map_idle_chunks(gm_allocator *allocator, gm_region *target, uint
             *status_out = status;
             return mapped;
         }
+        if (candidate->region->pool != target->pool)
+            gm_move_reserved(allocator, candidate->region->pool, target->pool, chunk->size);
         candidate->chunk = NULL;
         mapped += chunk->size;
     }

@@ -1,7 +1,7 @@
 /*
  * oom_report.c -- explain an out-of-memory failure, in the spirit of PyTorch's message but with a
- * diagnosis: which of four causes it is (a memory limit, memory held outside gpumem, fragmentation,
- * or live allocations that simply fill the device) and what to do about it.
+ * diagnosis: which of five causes it is (a request larger than the device, a memory limit, memory
+ * held outside gpumem, fragmentation, or live allocations that simply fill the device) and what to do about it.
  *
  * Runs when memory is short, so it allocates nothing: it writes into the thread's error buffer.
  */
@@ -55,7 +55,10 @@ void gm_write_oom_report(gm_allocator *allocator, gm_heap *heap, uint64_t size, 
         gm_error_append("  (the release gave back %s)\n", released);
 
     gm_format_bytes(limit, sizeof limit, allocator->memory_limit);
-    if (allocator->memory_limit < total_bytes && reserved_bytes + size > allocator->memory_limit)
+    if (size > total_bytes)
+        gm_error_append("Diagnosis: the request alone is larger than the whole device (%s). Split the work: a "
+                        "smaller batch, shorter sequences, or the tensor in pieces.", total);
+    else if (allocator->memory_limit < total_bytes && reserved_bytes + size > allocator->memory_limit)
         gm_error_append("Diagnosis: the memory limit of %s (memory_limit in GPUMEM_CONF, or the process's memory "
                         "fraction) is reached. Raise the limit or free tensors.", limit);
     else if (used_outside >= size)

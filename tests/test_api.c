@@ -1,0 +1,351 @@
+/*
+ * test_api.c -- every public call, on both engines, and every error path: NULL arguments, pointers
+ * the allocator never returned, interior pointers, double frees, requests too large for the
+ * device, a buffer too small for the summary. A failing call must return its code, say why in
+ * gm_last_error(), and change nothing.
+ */
+#include "test.h"
+
+static const char *const engines[] = {"engine:pages,capacity:1GiB", "engine:segments,capacity:1GiB"};
+
+static gm_allocator *make(const char *config)
+{
+    gm_allocator *allocator = NULL;
+    CHECK_OK(gm_create(config, &allocator));
+    REQUIRE(allocator != NULL);
+    return allocator;
+}
+
+static void create_and_destroy(void)
+{
+    CHECK_STATUS(gm_create(NULL, NULL), GM_ERROR_INVALID_ARGUMENT);
+    gm_allocator *allocator = NULL;
+    CHECK_STATUS(gm_create("engine:nonsense", &allocator), GM_ERROR_BAD_CONFIG);
+    CHECK(allocator == NULL);
+    CHECK_STATUS(gm_create("backend:tpu", &allocator), GM_ERROR_BAD_CONFIG);
+    CHECK_OK(gm_create(NULL, &allocator));
+    gm_destroy(allocator, NULL);
+    gm_destroy(NULL, NULL); /* accepted */
+    size_t live = 99;
+    gm_destroy(NULL, &live);
+    CHECK_EQ_INT(live, 0);
+    CHECK_STATUS(gm_create_from_environment(NULL, NULL), GM_ERROR_INVALID_ARGUMENT);
+}
+
+static void cuda_backend_without_gpu_is_a_clear_error(void)
+{
+    gm_allocator *allocator = NULL;
+    gm_status status = gm_create("backend:cuda", &allocator);
+    if (status == GM_OK) { /* a machine with a GPU: the backend must then describe it */
+        gm_device_info info;
+        CHECK_OK(gm_get_device_info(allocator, &info));
+        CHECK(!strcmp(info.backend, "cuda"));
+        CHECK(info.total_bytes > 0);
+        gm_destroy(allocator, NULL);
+        return;
+    }
+    CHECK_EQ_INT(status, GM_ERROR_NO_DEVICE);
+    CHECK_MESSAGE("cuda backend");
+    CHECK(allocator == NULL);
+}
+
+static void malloc_and_free_basics(void)
+{
+    for (size_t e = 0; e < 2; e++) {
+        gm_allocator *allocator = make(engines[e]);
+        void *pointer = (void *)1;
+        CHECK_OK(gm_malloc(allocator, 0, 0, &pointer));
+        CHECK(pointer == NULL);
+        CHECK_STATUS(gm_malloc(NULL, 16, 0, &pointer), GM_ERROR_INVALID_ARGUMENT);
+        CHECK_STATUS(gm_malloc(allocator, 16, 0, NULL), GM_ERROR_INVALID_ARGUMENT);
+        void *small = NULL, *large = NULL;
+        CHECK_OK(gm_malloc(allocator, 1, 0, &small));
+        CHECK_OK(gm_malloc(allocator, 5u << 20, 0, &large));
+        CHECK(small && large && small != large);
+        CHECK((uintptr_t)small % 512 == 0 && (uintptr_t)large % 512 == 0);
+        size_t size = 0;
+        CHECK_OK(gm_allocation_size(allocator, small, &size));
+        CHECK_EQ_INT(size, 512);
+        CHECK_OK(gm_allocation_size(allocator, large, &size));
+        CHECK_EQ_INT(size, 5u << 20);
+        CHECK_STATUS(gm_allocation_size(allocator, NULL, &size), GM_ERROR_INVALID_ARGUMENT);
+        CHECK_STATUS(gm_allocation_size(allocator, (char *)small + 512, &size), GM_ERROR_INVALID_POINTER);
+
+        gm_stats stats;
+        CHECK_OK(gm_get_stats(allocator, &stats));
+        CHECK_EQ_INT(stats.allocation[GM_POOL_SMALL].current, 1);
+        CHECK_EQ_INT(stats.allocation[GM_POOL_LARGE].current, 1);
+        CHECK_EQ_INT(stats.requested_bytes[GM_POOL_ALL].current, 1 + (5 << 20));
+        CHECK_EQ_INT(stats.allocated_bytes[GM_POOL_ALL].current, 512 + (5 << 20));
+
+        CHECK_OK(gm_free(allocator, small));
+        CHECK_OK(gm_free(allocator, NULL));
+        CHECK_STATUS(gm_free(NULL, large), GM_ERROR_INVALID_ARGUMENT);
+        CHECK_OK(gm_free(allocator, large));
+        CHECK_OK(gm_validate(allocator));
+        gm_destroy(allocator, NULL);
+    }
+}
+
+static void invalid_pointers_change_nothing(void)
+{
+    for (size_t e = 0; e < 2; e++) {
+        gm_allocator *allocator = make(engines[e]);
+        void *pointer = NULL;
+        CHECK_OK(gm_malloc(allocator, 4096, 0, &pointer));
+        gm_stats before, after;
+        CHECK_OK(gm_get_stats(allocator, &before));
+        int on_stack = 0;
+        CHECK_STATUS(gm_free(allocator, &on_stack), GM_ERROR_INVALID_POINTER);
+        CHECK_MESSAGE("not a live allocation");
+        CHECK_STATUS(gm_free(allocator, (char *)pointer + 512), GM_ERROR_INVALID_POINTER);
+        CHECK_STATUS(gm_record_stream(allocator, &on_stack, 1), GM_ERROR_INVALID_POINTER);
+        CHECK_OK(gm_get_stats(allocator, &after));
+        CHECK(!memcmp(&before, &after, sizeof before));
+        CHECK_OK(gm_free(allocator, pointer));
+        /* A double free is refused and changes nothing. */
+        CHECK_OK(gm_get_stats(allocator, &before));
+        CHECK_STATUS(gm_free(allocator, pointer), GM_ERROR_INVALID_POINTER);
+        CHECK_MESSAGE("already freed");
+        CHECK_OK(gm_get_stats(allocator, &after));
+        CHECK(!memcmp(&before, &after, sizeof before));
+        CHECK_OK(gm_validate(allocator));
+        gm_destroy(allocator, NULL);
+    }
+}
+
+static void out_of_memory_explains_and_recovers(void)
+{
+    for (size_t e = 0; e < 2; e++) {
+        gm_allocator *allocator = make(engines[e]);
+        void *pointer = NULL;
+        CHECK_STATUS(gm_malloc(allocator, 2ull << 30, 0, &pointer), GM_ERROR_OUT_OF_MEMORY);
+        CHECK(pointer == NULL);
+        CHECK_MESSAGE("Tried to allocate 2.00 GiB");
+        CHECK_MESSAGE("Diagnosis: the request alone is larger than the whole device");
+        CHECK_STATUS(gm_malloc(allocator, SIZE_MAX, 0, &pointer), GM_ERROR_OUT_OF_MEMORY);
+        /* Fill the device, fail, free one block, succeed again. */
+        void *blocks[64];
+        size_t count = 0;
+        while (count < 64 && gm_malloc(allocator, 100u << 20, 0, &blocks[count]) == GM_OK)
+            count++;
+        CHECK(count >= 9 && count < 11);
+        CHECK_MESSAGE("Diagnosis: the live allocations fill the device");
+        gm_stats stats;
+        CHECK_OK(gm_get_stats(allocator, &stats));
+        CHECK_EQ_INT(stats.num_ooms, 3);
+        CHECK(stats.num_alloc_retries >= 3);
+        CHECK_OK(gm_free(allocator, blocks[--count]));
+        CHECK_OK(gm_malloc(allocator, 100u << 20, 0, &blocks[count++]));
+        for (size_t i = 0; i < count; i++)
+            CHECK_OK(gm_free(allocator, blocks[i]));
+        CHECK_OK(gm_validate(allocator));
+        gm_destroy(allocator, NULL);
+    }
+}
+
+static void fragmentation_is_diagnosed(void)
+{
+    /* Segments: alternate blocks of a filled device freed leave plenty free, none of it in one piece. */
+    gm_allocator *allocator = make("engine:segments,capacity:200MiB,release_before_growth:false");
+    void *blocks[100];
+    size_t count = 0;
+    while (count < 100 && gm_malloc(allocator, 4u << 20, 0, &blocks[count]) == GM_OK)
+        count++;
+    CHECK_EQ_INT(count, 50);
+    for (size_t i = 0; i < count; i += 2)
+        CHECK_OK(gm_free(allocator, blocks[i]));
+    void *big = NULL;
+    CHECK_STATUS(gm_malloc(allocator, 30u << 20, 0, &big), GM_ERROR_OUT_OF_MEMORY);
+    CHECK_MESSAGE("Diagnosis: fragmentation");
+    gm_destroy(allocator, NULL);
+    /* The pages engine gathers the same free pages into one range and succeeds. */
+    allocator = make("engine:pages,capacity:200MiB");
+    count = 0;
+    while (count < 100 && gm_malloc(allocator, 4u << 20, 0, &blocks[count]) == GM_OK)
+        count++;
+    CHECK_EQ_INT(count, 50);
+    for (size_t i = 0; i < count; i += 2)
+        CHECK_OK(gm_free(allocator, blocks[i]));
+    CHECK_OK(gm_malloc(allocator, 30u << 20, 0, &big));
+    CHECK_OK(gm_validate(allocator));
+    gm_destroy(allocator, NULL);
+}
+
+static void memory_limit_is_diagnosed(void)
+{
+    gm_allocator *allocator = make("capacity:1GiB,memory_limit:64MiB");
+    void *pointer = NULL;
+    CHECK_STATUS(gm_malloc(allocator, 100u << 20, 0, &pointer), GM_ERROR_OUT_OF_MEMORY);
+    CHECK_MESSAGE("memory limit");
+    CHECK_OK(gm_malloc(allocator, 60u << 20, 0, &pointer));
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    CHECK(stats.reserved_bytes[GM_POOL_ALL].current <= 64 << 20);
+    gm_destroy(allocator, NULL);
+}
+
+static void empty_cache_returns_memory(void)
+{
+    for (size_t e = 0; e < 2; e++) {
+        gm_allocator *allocator = make(engines[e]);
+        void *a = NULL, *b = NULL, *c = NULL;
+        CHECK_OK(gm_malloc(allocator, 30u << 20, 0, &a));
+        CHECK_OK(gm_malloc(allocator, 1000, 0, &b));
+        CHECK_OK(gm_malloc(allocator, 30u << 20, 7, &c));
+        CHECK_OK(gm_free(allocator, a));
+        CHECK_OK(gm_free(allocator, b));
+        gm_stats stats;
+        CHECK_OK(gm_get_stats(allocator, &stats));
+        CHECK(stats.reserved_bytes[GM_POOL_ALL].current >= 60 << 20);
+        CHECK_OK(gm_empty_cache(allocator));
+        CHECK_OK(gm_get_stats(allocator, &stats));
+        CHECK_EQ_INT(stats.reserved_bytes[GM_POOL_ALL].current, 30 << 20); /* what c still holds */
+        CHECK(stats.num_device_free >= 2);
+        gm_device_info info;
+        CHECK_OK(gm_get_device_info(allocator, &info));
+        CHECK_EQ_INT(info.total_bytes - info.free_bytes, 30 << 20);
+        CHECK_OK(gm_free(allocator, c));
+        CHECK_OK(gm_empty_cache(allocator));
+        CHECK_OK(gm_get_device_info(allocator, &info));
+        CHECK_EQ_INT(info.free_bytes, info.total_bytes);
+        CHECK_STATUS(gm_empty_cache(NULL), GM_ERROR_INVALID_ARGUMENT);
+        gm_destroy(allocator, NULL);
+    }
+}
+
+static void peaks_and_accumulated_stats_reset(void)
+{
+    gm_allocator *allocator = make("capacity:1GiB");
+    void *a = NULL;
+    CHECK_OK(gm_malloc(allocator, 8u << 20, 0, &a));
+    CHECK_OK(gm_free(allocator, a));
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    CHECK_EQ_INT(stats.allocated_bytes[GM_POOL_ALL].peak, 8 << 20);
+    CHECK_EQ_INT(stats.allocated_bytes[GM_POOL_ALL].allocated, 8 << 20);
+    CHECK_EQ_INT(stats.allocated_bytes[GM_POOL_ALL].freed, 8 << 20);
+    CHECK_OK(gm_reset_peak_stats(allocator));
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    CHECK_EQ_INT(stats.allocated_bytes[GM_POOL_ALL].peak, 0);
+    CHECK_EQ_INT(stats.reserved_bytes[GM_POOL_ALL].peak, stats.reserved_bytes[GM_POOL_ALL].current);
+    CHECK_OK(gm_reset_accumulated_stats(allocator));
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    CHECK_EQ_INT(stats.allocated_bytes[GM_POOL_ALL].allocated, 0);
+    CHECK_EQ_INT(stats.num_device_alloc, 0);
+    CHECK_EQ_INT(stats.device_calls[GM_CALL_PHYSICAL_CREATE], 0);
+    CHECK_STATUS(gm_get_stats(allocator, NULL), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_STATUS(gm_reset_peak_stats(NULL), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_STATUS(gm_reset_accumulated_stats(NULL), GM_ERROR_INVALID_ARGUMENT);
+    gm_destroy(allocator, NULL);
+}
+
+static void device_calls_are_counted_and_priced(void)
+{
+    gm_allocator *allocator = make("engine:pages,capacity:1GiB");
+    void *a = NULL;
+    CHECK_OK(gm_malloc(allocator, 20u << 20, 0, &a));
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    CHECK_EQ_INT(stats.device_calls[GM_CALL_PHYSICAL_CREATE], 1);
+    CHECK_EQ_INT(stats.device_calls[GM_CALL_MAP], 1);
+    CHECK_EQ_INT(stats.device_calls[GM_CALL_SET_ACCESS], 1);
+    CHECK_EQ_INT(stats.num_page_maps, 10);
+    /* cuMemCreate 12 us + cuMemMap 1.0 us + cuMemSetAccess 27 us at 20 MiB on the H200 */
+    CHECK_EQ_INT(stats.device_call_ns, 12000 + 1000 + 27000);
+    CHECK(!strcmp(gm_device_call_name(GM_CALL_UNMAP), "unmap"));
+    CHECK(!strcmp(gm_device_call_name((gm_device_call)99), "unknown"));
+    gm_destroy(allocator, NULL);
+    allocator = make("engine:pages,capacity:1GiB,cost_model:false");
+    CHECK_OK(gm_malloc(allocator, 20u << 20, 0, &a));
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    CHECK(stats.device_call_ns < 40000); /* measured: the simulated calls take nanoseconds */
+    gm_destroy(allocator, NULL);
+}
+
+static void summary_has_pytorch_layout(void)
+{
+    gm_allocator *allocator = make("capacity:1GiB");
+    void *a = NULL;
+    CHECK_OK(gm_malloc(allocator, 3u << 20, 0, &a));
+    size_t needed = 0;
+    CHECK_STATUS(gm_summary(allocator, NULL, 0, &needed), GM_ERROR_BUFFER_TOO_SMALL);
+    CHECK(needed > 1000);
+    char small[16];
+    CHECK_STATUS(gm_summary(allocator, small, sizeof small, &needed), GM_ERROR_BUFFER_TOO_SMALL);
+    CHECK(strlen(small) < sizeof small);
+    char *table = malloc(needed);
+    CHECK_OK(gm_summary(allocator, table, needed, NULL));
+    CHECK(strlen(table) + 1 == needed);
+    static const char *const rows[] = {"| Allocated memory      |", "| Active memory         |",
+                                       "| Requested memory      |", "| GPU reserved memory   |",
+                                       "| Non-releasable memory |", "| Allocations           |",
+                                       "| Active allocs         |", "| GPU reserved segments |",
+                                       "| Non-releasable allocs |", "|        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  |",
+                                       "      from large pool", "      from small pool", "OOMs: 0",
+                                       "gpumem memory summary, sim device ID 0",
+                                       "| Allocated memory      |   3072 KiB |   3072 KiB |   3072 KiB |      0 B   |"};
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+        if (!strstr(table, rows[i])) {
+            fprintf(stderr, "summary lacks '%s':\n%s", rows[i], table);
+            test_failures++;
+        }
+    /* every line is 77 characters wide, as PyTorch's */
+    for (char *line = table; *line;) {
+        char *end = strchr(line, '\n');
+        CHECK(end && end - line == 77);
+        line = end ? end + 1 : line + strlen(line);
+    }
+    free(table);
+    CHECK_STATUS(gm_summary(NULL, NULL, 0, NULL), GM_ERROR_INVALID_ARGUMENT);
+    gm_destroy(allocator, NULL);
+}
+
+static void status_names_and_messages(void)
+{
+    for (int status = GM_OK; status <= GM_ERROR_BUFFER_TOO_SMALL; status++)
+        CHECK(strcmp(gm_strerror((gm_status)status), "unknown status") != 0);
+    CHECK(!strcmp(gm_strerror((gm_status)1234), "unknown status"));
+    CHECK(gm_last_error() != NULL);
+    CHECK_STATUS(gm_validate(NULL), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_STATUS(gm_get_device_info(NULL, NULL), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_STATUS(gm_record_stream(NULL, NULL, 0), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_STATUS(gm_sim_stream_enqueue(NULL, 0, 1), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_STATUS(gm_sim_stream_complete(NULL, 0), GM_ERROR_INVALID_ARGUMENT);
+}
+
+static void destroy_reports_live_allocations(void)
+{
+    for (size_t e = 0; e < 2; e++) {
+        gm_allocator *allocator = make(engines[e]);
+        void *a = NULL, *b = NULL;
+        CHECK_OK(gm_malloc(allocator, 100, 0, &a));
+        CHECK_OK(gm_malloc(allocator, 50u << 20, 3, &b));
+        CHECK_OK(gm_record_stream(allocator, b, 9));
+        size_t live = 0;
+        gm_destroy(allocator, &live);
+        CHECK_EQ_INT(live, 2);
+    }
+}
+
+static void device_info_describes_the_backend(void)
+{
+    gm_allocator *allocator = make("backend:sim,capacity:3GiB,page_size:64KiB,engine:segments");
+    gm_device_info info;
+    CHECK_OK(gm_get_device_info(allocator, &info));
+    CHECK(!strcmp(info.backend, "sim"));
+    CHECK(!strcmp(info.engine, "segments"));
+    CHECK_EQ_INT(info.total_bytes, 3ull << 30);
+    CHECK_EQ_INT(info.free_bytes, 3ull << 30);
+    CHECK_EQ_INT(info.granularity, 64 << 10);
+    CHECK_EQ_INT(info.virtual_memory, 1);
+    gm_destroy(allocator, NULL);
+}
+
+RUN_TESTS(TEST_CASE(create_and_destroy), TEST_CASE(cuda_backend_without_gpu_is_a_clear_error),
+          TEST_CASE(malloc_and_free_basics), TEST_CASE(invalid_pointers_change_nothing),
+          TEST_CASE(out_of_memory_explains_and_recovers), TEST_CASE(fragmentation_is_diagnosed),
+          TEST_CASE(memory_limit_is_diagnosed), TEST_CASE(empty_cache_returns_memory),
+          TEST_CASE(peaks_and_accumulated_stats_reset), TEST_CASE(device_calls_are_counted_and_priced),
+          TEST_CASE(summary_has_pytorch_layout), TEST_CASE(status_names_and_messages),
+          TEST_CASE(destroy_reports_live_allocations), TEST_CASE(device_info_describes_the_backend))

@@ -1,0 +1,173 @@
+/*
+ * test_backend.c -- the backends under the allocator: the device model refuses what a driver
+ * refuses (over capacity, double frees, overlapping or partial mappings, access to unmapped
+ * memory), simulated streams and events behave, the H200 cost model prices calls as measured, and
+ * the host backend's physical memory really keeps its data when it is mapped somewhere else.
+ */
+#include "test.h"
+
+#include "backend/backend.h"
+#include "backend/device_model.h"
+
+#define MiB (1ull << 20)
+
+static gm_backend *open_backend(const char *config)
+{
+    gm_options options;
+    gm_options_default(&options);
+    REQUIRE(gm_options_parse(&options, config) == GM_OK);
+    gm_backend *backend = NULL;
+    CHECK_OK(gm_backend_open(&options, &backend));
+    REQUIRE(backend);
+    return backend;
+}
+
+static void segments_respect_capacity_and_are_freed_once(void)
+{
+    const char *configs[] = {"backend:sim,capacity:64MiB", "backend:host,capacity:64MiB"};
+    for (int c = 0; c < 2; c++) {
+        gm_backend *backend = open_backend(configs[c]);
+        uintptr_t a = 0, b = 0;
+        CHECK_OK(gm_backend_segment_allocate(backend, 40 * MiB, &a));
+        CHECK_STATUS(gm_backend_segment_allocate(backend, 40 * MiB, &b), GM_ERROR_OUT_OF_MEMORY);
+        CHECK_MESSAGE("device out of memory");
+        uint64_t free_bytes = 0, total = 0;
+        CHECK_OK(gm_backend_memory_info(backend, &free_bytes, &total));
+        CHECK_EQ_INT(total - free_bytes, 40 * MiB);
+        CHECK_STATUS(gm_backend_segment_free(backend, a, 20 * MiB), GM_ERROR_DEVICE);
+        CHECK_OK(gm_backend_segment_free(backend, a, 40 * MiB));
+        CHECK_STATUS(gm_backend_segment_free(backend, a, 40 * MiB), GM_ERROR_DEVICE);
+        CHECK_MESSAGE("not a segment");
+        CHECK_EQ_INT(backend->calls[GM_CALL_SEGMENT_ALLOCATE], 2);
+        CHECK_EQ_INT(backend->calls[GM_CALL_SEGMENT_FREE], 3);
+        gm_backend_close(backend);
+    }
+}
+
+static void mapping_rules_are_enforced(void)
+{
+    gm_backend *backend = open_backend("backend:sim,capacity:64MiB");
+    uintptr_t range = 0;
+    uint64_t handle = 0, other = 0;
+    CHECK_STATUS(gm_backend_address_reserve(backend, 3 * MiB, &range), GM_ERROR_DEVICE); /* not page-aligned */
+    CHECK_OK(gm_backend_address_reserve(backend, 16 * MiB, &range));
+    CHECK_STATUS(gm_backend_physical_create(backend, 3 * MiB, &handle), GM_ERROR_DEVICE);
+    CHECK_STATUS(gm_backend_physical_create(backend, 128 * MiB, &handle), GM_ERROR_OUT_OF_MEMORY);
+    CHECK_OK(gm_backend_physical_create(backend, 4 * MiB, &handle));
+    CHECK_OK(gm_backend_physical_create(backend, 4 * MiB, &other));
+    CHECK_STATUS(gm_backend_map(backend, range, 2 * MiB, handle), GM_ERROR_DEVICE); /* a handle maps whole */
+    CHECK_STATUS(gm_backend_map(backend, range + 14 * MiB, 4 * MiB, handle), GM_ERROR_DEVICE); /* past the range */
+    CHECK_STATUS(gm_backend_map(backend, range + MiB, 4 * MiB, handle), GM_ERROR_DEVICE);  /* unaligned */
+    CHECK_OK(gm_backend_map(backend, range, 4 * MiB, handle));
+    CHECK_STATUS(gm_backend_map(backend, range + 2 * MiB, 4 * MiB, other), GM_ERROR_DEVICE);
+    CHECK_MESSAGE("overlaps");
+    CHECK_STATUS(gm_backend_set_access(backend, range, 8 * MiB), GM_ERROR_DEVICE); /* half unmapped */
+    CHECK_OK(gm_backend_map(backend, range + 4 * MiB, 4 * MiB, other));
+    CHECK_OK(gm_backend_set_access(backend, range, 8 * MiB)); /* one call over two mappings */
+    CHECK_STATUS(gm_backend_unmap(backend, range, 8 * MiB), GM_ERROR_DEVICE); /* not one mapping */
+    CHECK_STATUS(gm_backend_address_free(backend, range, 16 * MiB), GM_ERROR_DEVICE); /* still mapped */
+    /* Released while mapped: the memory lives until the mapping goes. */
+    CHECK_OK(gm_backend_physical_release(backend, handle));
+    CHECK_STATUS(gm_backend_physical_release(backend, handle), GM_ERROR_DEVICE);
+    uint64_t free_bytes = 0, total = 0;
+    CHECK_OK(gm_backend_memory_info(backend, &free_bytes, &total));
+    CHECK_EQ_INT(total - free_bytes, 8 * MiB);
+    CHECK_OK(gm_backend_unmap(backend, range, 4 * MiB));
+    CHECK_OK(gm_backend_memory_info(backend, &free_bytes, &total));
+    CHECK_EQ_INT(total - free_bytes, 4 * MiB);
+    CHECK_STATUS(gm_backend_unmap(backend, range, 4 * MiB), GM_ERROR_DEVICE);
+    CHECK_OK(gm_backend_unmap(backend, range + 4 * MiB, 4 * MiB));
+    CHECK_OK(gm_backend_physical_release(backend, other));
+    CHECK_OK(gm_backend_address_free(backend, range, 16 * MiB));
+    CHECK_STATUS(gm_backend_address_free(backend, range, 16 * MiB), GM_ERROR_DEVICE);
+    CHECK_OK(gm_backend_memory_info(backend, &free_bytes, &total));
+    CHECK_EQ_INT(free_bytes, total);
+    gm_backend_close(backend);
+}
+
+static void simulated_events_follow_stream_work(void)
+{
+    gm_backend *backend = open_backend("backend:sim");
+    uint64_t event = 0;
+    bool done = false;
+    CHECK_OK(gm_backend_event_create(backend, &event));
+    CHECK_OK(gm_backend_event_query(backend, event, &done));
+    CHECK(done); /* never recorded */
+    CHECK_OK(backend->operations->stream_enqueue(backend, 4, 2));
+    CHECK_OK(gm_backend_event_record(backend, event, 4));
+    CHECK_OK(gm_backend_event_query(backend, event, &done));
+    CHECK(!done);
+    CHECK_OK(backend->operations->stream_enqueue(backend, 4, 1)); /* after the event: irrelevant */
+    CHECK_OK(gm_backend_event_synchronize(backend, event));
+    CHECK_OK(gm_backend_event_query(backend, event, &done));
+    CHECK(done);
+    CHECK_OK(gm_backend_event_destroy(backend, event));
+    CHECK_STATUS(gm_backend_event_query(backend, event, &done), GM_ERROR_DEVICE);
+    CHECK_STATUS(gm_backend_event_record(backend, 999, 0), GM_ERROR_DEVICE);
+    CHECK_STATUS(gm_backend_event_destroy(backend, event), GM_ERROR_DEVICE);
+    gm_backend_close(backend);
+}
+
+static void cost_model_matches_the_h200_table(void)
+{
+    CHECK_EQ_INT(gm_device_call_cost_ns(GM_CALL_SEGMENT_ALLOCATE, 2 * MiB), 45000);
+    CHECK_EQ_INT(gm_device_call_cost_ns(GM_CALL_SEGMENT_ALLOCATE, 512 * 1024), 45000); /* below: flat */
+    CHECK_EQ_INT(gm_device_call_cost_ns(GM_CALL_SEGMENT_FREE, 256 * MiB), 167000);
+    CHECK_EQ_INT(gm_device_call_cost_ns(GM_CALL_PHYSICAL_CREATE, 1024 * MiB), 98000);
+    CHECK_EQ_INT(gm_device_call_cost_ns(GM_CALL_MAP, 20 * MiB), 1000);
+    CHECK_EQ_INT(gm_device_call_cost_ns(GM_CALL_SET_ACCESS, 11 * MiB), 27000);
+    CHECK_EQ_INT(gm_device_call_cost_ns(GM_CALL_UNMAP, 640 * MiB), 32500);                /* halfway 27..38 */
+    CHECK_EQ_INT(gm_device_call_cost_ns(GM_CALL_PHYSICAL_RELEASE, 11 * MiB), 20500);      /* halfway 13..28 */
+    CHECK_EQ_INT(gm_device_call_cost_ns(GM_CALL_SEGMENT_FREE, 1792 * MiB), 533000 + 366000); /* extrapolated */
+    CHECK_EQ_INT(gm_device_call_cost_ns(GM_CALL_EVENT_RECORD, 0), 0);
+    gm_backend *backend = open_backend("backend:sim,capacity:1GiB");
+    uintptr_t address = 0;
+    CHECK_OK(gm_backend_segment_allocate(backend, 20 * MiB, &address));
+    CHECK_OK(gm_backend_segment_free(backend, address, 20 * MiB));
+    CHECK_EQ_INT(backend->call_ns, 46000 + 52000);
+    gm_backend_close(backend);
+}
+
+static void host_physical_memory_keeps_its_data_when_remapped(void)
+{
+    gm_backend *backend = open_backend("backend:host,capacity:64MiB");
+    uintptr_t range = 0;
+    uint64_t handle = 0;
+    CHECK_OK(gm_backend_address_reserve(backend, 16 * MiB, &range));
+    CHECK((range & (2 * MiB - 1)) == 0);
+    CHECK_OK(gm_backend_physical_create(backend, 2 * MiB, &handle));
+    CHECK_OK(gm_backend_map(backend, range, 2 * MiB, handle));
+    CHECK_OK(gm_backend_set_access(backend, range, 2 * MiB));
+    memset((void *)range, 0x5a, 2 * MiB);
+    CHECK_OK(gm_backend_unmap(backend, range, 2 * MiB));
+    CHECK_OK(gm_backend_map(backend, range + 10 * MiB, 2 * MiB, handle));
+    CHECK_OK(gm_backend_set_access(backend, range + 10 * MiB, 2 * MiB));
+    const unsigned char *moved = (const unsigned char *)(range + 10 * MiB);
+    CHECK(moved[0] == 0x5a && moved[2 * MiB - 1] == 0x5a);
+    CHECK_OK(gm_backend_unmap(backend, range + 10 * MiB, 2 * MiB));
+    CHECK_OK(gm_backend_physical_release(backend, handle));
+    CHECK_OK(gm_backend_address_free(backend, range, 16 * MiB));
+    gm_backend_close(backend);
+}
+
+static void cuda_backend_reports_why_it_cannot_open(void)
+{
+    gm_options options;
+    gm_options_default(&options);
+    CHECK_OK(gm_options_parse(&options, "backend:cuda"));
+    gm_backend *backend = NULL;
+    gm_status status = gm_backend_open(&options, &backend);
+    if (status == GM_OK) { /* a GPU machine */
+        CHECK(backend->total_bytes > 0 && backend->page_size > 0);
+        gm_backend_close(backend);
+        return;
+    }
+    CHECK_EQ_INT(status, GM_ERROR_NO_DEVICE);
+    CHECK_MESSAGE("cuda backend:");
+    CHECK(backend == NULL);
+}
+
+RUN_TESTS(TEST_CASE(segments_respect_capacity_and_are_freed_once), TEST_CASE(mapping_rules_are_enforced),
+          TEST_CASE(simulated_events_follow_stream_work), TEST_CASE(cost_model_matches_the_h200_table),
+          TEST_CASE(host_physical_memory_keeps_its_data_when_remapped),
+          TEST_CASE(cuda_backend_reports_why_it_cannot_open))

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# test_cli.sh -- the gpumem command line: results, exit statuses and messages for good and bad input.
+# Usage: test_cli.sh PATH/TO/gpumem DATA_DIRECTORY
+set -u
+gpumem=$1
+data=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+
+# expect STATUS PATTERN -- COMMAND...: the command exits with STATUS and its output (stdout and
+# stderr together) matches the extended regular expression PATTERN.
+expect() {
+    local status=$1 pattern=$2
+    shift 3
+    "$@" >"$work/out" 2>&1
+    local got=$?
+    if [ "$got" -ne "$status" ] || ! grep -Eq -- "$pattern" "$work/out"; then
+        echo "FAIL: $* -> exit $got (wanted $status), output:"
+        sed 's/^/    /' "$work/out" | head -20
+        echo "    (wanted /$pattern/)"
+        failures=$((failures + 1))
+    else
+        echo "ok   $*"
+    fi
+}
+
+printf '# op,id,size,stream\na,0,3145728,0\na,1,1000,0\nf,0,3145728,0\na,2,100,1\n' >"$work/small.csv"
+printf 'a,0,100,0\nq,1,5,0\n' >"$work/bad.csv"
+printf 'a,0,100,0\nf,9,100,0\n' >"$work/unknown_free.csv"
+printf 'a,0,2147483648,0\nf,0,2147483648,0\na,1,1024,0\n' >"$work/huge.csv"
+
+expect 2 "usage: gpumem" -- "$gpumem"
+expect 0 "replay TRACE" -- "$gpumem" help
+expect 2 "unknown command 'fly'" -- "$gpumem" fly
+expect 0 "gpumem [0-9]+\.[0-9]+" -- "$gpumem" version
+expect 0 "memory_limit" -- "$gpumem" config
+expect 2 "usage: gpumem replay" -- "$gpumem" replay
+expect 2 "unknown option '--fast'" -- "$gpumem" replay "$work/small.csv" --fast
+expect 2 "one trace at a time" -- "$gpumem" replay "$work/small.csv" "$work/small.csv"
+expect 2 "--capacity needs a value" -- "$gpumem" replay "$work/small.csv" --capacity
+expect 1 "cannot open" -- "$gpumem" replay "$work/missing.csv.gz"
+expect 2 "bad.csv:2: unknown operation 'q'" -- "$gpumem" replay "$work/bad.csv"
+expect 2 "unknown_free.csv:2: free of id 9, which is not live" -- "$gpumem" replay "$work/unknown_free.csv"
+expect 2 "unknown key 'colour'" -- "$gpumem" replay "$work/small.csv" --conf colour:red
+expect 2 "bad value for key 'capacity'" -- "$gpumem" replay "$work/small.csv" --capacity lots
+expect 2 "GPUMEM_CONF: bad value 'turbo'" -- env GPUMEM_CONF=engine:turbo "$gpumem" replay "$work/small.csv"
+expect 0 '"peak_live_bytes": 3146728, ' -- "$gpumem" replay "$work/small.csv" --json
+expect 0 '"trace": "small.csv", "backend": "sim", "engine": "pages", "ops": 4, ' -- "$gpumem" replay "$work/small.csv" --json
+expect 0 '"ratio": [0-9.]+, "ns_per_op": [0-9.]+, "device_call_ms": [0-9.]+' -- "$gpumem" replay "$work/small.csv" --json
+expect 0 '"device_calls": \{"total": [0-9]+, "segment_allocate": 0' -- "$gpumem" replay "$work/small.csv" --json
+expect 0 '"engine": "segments"' -- env GPUMEM_CONF=engine:segments "$gpumem" replay "$work/small.csv" --json
+expect 0 '"engine": "pages"' -- env GPUMEM_CONF=engine:segments "$gpumem" replay "$work/small.csv" --json --conf engine:pages
+expect 0 "GPU reserved memory" -- "$gpumem" replay "$work/small.csv"
+expect 0 '"backend": "host"' -- "$gpumem" replay "$work/small.csv" --backend host --json
+expect 3 '"ooms": 1, ' -- "$gpumem" replay "$work/huge.csv" --capacity 1GiB --json
+expect 3 'Tried to allocate 2.00 GiB' -- "$gpumem" replay "$work/huge.csv" --capacity 1GiB --json
+expect 3 'Diagnosis: the request alone is larger than the whole device' -- "$gpumem" replay "$work/huge.csv" --capacity 1GiB
+expect 0 "backend +sim" -- "$gpumem" info
+expect 0 "memory +1024.0 MiB total" -- "$gpumem" info --backend host --capacity 1GiB
+expect 2 "unknown argument 'now'" -- "$gpumem" info now
+expect 0 '"peak_live_bytes": 11785936912, ' -- "$gpumem" replay "$data/traces/resnet50.csv.gz" --json
+
+# The cuda backend: without a GPU a clear error and a non-zero exit; with one, a working device.
+if "$gpumem" info --backend cuda >/dev/null 2>&1; then
+    expect 0 "backend +cuda" -- "$gpumem" info --backend cuda
+    expect 0 '"backend": "cuda"' -- "$gpumem" replay "$work/small.csv" --backend cuda --json
+else
+    expect 1 "no device: cuda backend: .*(libcuda.so.1|no usable GPU|no CUDA device)" -- "$gpumem" info --backend cuda
+    expect 1 "cannot create the allocator: no device: cuda backend" -- "$gpumem" replay "$work/small.csv" --backend cuda
+fi
+
+if [ "$failures" -ne 0 ]; then
+    echo "$failures check(s) failed"
+    exit 1
+fi

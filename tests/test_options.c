@@ -1,0 +1,151 @@
+/*
+ * test_options.c -- the configuration string: every key, sizes with suffixes, and a clear error
+ * for every unknown key or bad value, which leaves the options unchanged.
+ */
+#include "test.h"
+
+#include "core/options.h"
+
+static void defaults_are_documented_values(void)
+{
+    gm_options options;
+    gm_options_default(&options);
+    CHECK(!strcmp(options.backend, "sim"));
+    CHECK_EQ_INT(options.engine, GM_ENGINE_PAGES);
+    CHECK_EQ_INT(options.page_size, 2 << 20);
+    CHECK_EQ_INT(options.small_size, 1 << 20);
+    CHECK_EQ_INT(options.large_segment_size, 20 << 20);
+    CHECK(options.release_before_growth);
+    CHECK(options.cost_model);
+}
+
+static void every_key_is_parsed(void)
+{
+    gm_options options;
+    gm_options_default(&options);
+    CHECK_OK(gm_options_parse(&options, "backend:host,device:3,engine:segments,capacity:16GiB,page_size:64KiB,"
+                                        "memory_limit:1g,small_size:512KiB,small_segment_size:4MiB,"
+                                        "large_segment_size:32MiB,min_large_alloc:16MiB,"
+                                        "release_before_growth:false,cost_model:False"));
+    CHECK(!strcmp(options.backend, "host"));
+    CHECK_EQ_INT(options.device, 3);
+    CHECK_EQ_INT(options.engine, GM_ENGINE_SEGMENTS);
+    CHECK_EQ_INT(options.capacity, 16ull << 30);
+    CHECK_EQ_INT(options.page_size, 64 << 10);
+    CHECK_EQ_INT(options.memory_limit, 1ull << 30);
+    CHECK_EQ_INT(options.small_size, 512 << 10);
+    CHECK_EQ_INT(options.small_segment_size, 4 << 20);
+    CHECK_EQ_INT(options.large_segment_size, 32 << 20);
+    CHECK_EQ_INT(options.min_large_alloc, 16 << 20);
+    CHECK(!options.release_before_growth);
+    CHECK(!options.cost_model);
+    char text[1024];
+    gm_options_format(&options, text, sizeof text);
+    gm_options again;
+    gm_options_default(&again);
+    CHECK_OK(gm_options_parse(&again, text));
+    CHECK(!memcmp(&again, &options, sizeof options));
+}
+
+static void sizes_take_suffixes(void)
+{
+    static const struct {
+        const char *text;
+        uint64_t bytes;
+    } cases[] = {{"0", 0},         {"512", 512},      {"4k", 4096},       {"4KB", 4096},
+                 {"4KiB", 4096},   {"2MiB", 2 << 20}, {"3mb", 3 << 20},   {"1GiB", 1ull << 30},
+                 {"5G", 5ull << 30}, {"2TiB", 2ull << 40}, {"7B", 7}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        uint64_t bytes = 1;
+        CHECK_OK(gm_parse_size(cases[i].text, &bytes));
+        CHECK_EQ_INT(bytes, cases[i].bytes);
+    }
+    uint64_t bytes = 0;
+    CHECK_STATUS(gm_parse_size("", &bytes), GM_ERROR_PARSE);
+    CHECK_STATUS(gm_parse_size("MiB", &bytes), GM_ERROR_PARSE);
+    CHECK_STATUS(gm_parse_size("-5", &bytes), GM_ERROR_PARSE);
+    CHECK_STATUS(gm_parse_size("12XB", &bytes), GM_ERROR_PARSE);
+    CHECK_MESSAGE("unknown suffix");
+    CHECK_STATUS(gm_parse_size("99999999999999999999", &bytes), GM_ERROR_PARSE);
+    CHECK_MESSAGE("too large");
+    CHECK_STATUS(gm_parse_size("20000000TiB", &bytes), GM_ERROR_PARSE);
+    CHECK_STATUS(gm_parse_size(NULL, &bytes), GM_ERROR_PARSE);
+}
+
+static void bad_strings_are_refused_with_clear_errors(void)
+{
+    static const struct {
+        const char *text;
+        const char *message;
+    } cases[] = {
+        {"colour:blue", "unknown key 'colour'"},
+        {"engine:fast", "bad value 'fast' for key 'engine'"},
+        {"backend:opencl", "bad value 'opencl' for key 'backend'"},
+        {"capacity:lots", "bad value for key 'capacity'"},
+        {"device:-1", "bad value for key 'device'"},
+        {"device:x", "bad value for key 'device'"},
+        {"cost_model:maybe", "bad value for key 'cost_model'"},
+        {"capacity", "not a key:value pair"},
+        {"capacity:", "has no value"},
+        {":5", "no valid key"},
+        {"page_size:3000", "power of two"},
+        {"page_size:1KiB", "power of two"},
+        {"small_size:4MiB", "small_size"},
+        {"min_large_alloc:64MiB", "min_large_alloc"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        gm_options options, before;
+        gm_options_default(&options);
+        before = options;
+        gm_status status = gm_options_parse(&options, cases[i].text);
+        if (status != GM_ERROR_BAD_CONFIG) {
+            fprintf(stderr, "'%s' gave %s\n", cases[i].text, gm_strerror(status));
+            test_failures++;
+        }
+        CHECK_MESSAGE(cases[i].message);
+        CHECK(!memcmp(&options, &before, sizeof options));
+    }
+}
+
+static void whitespace_and_empty_entries_are_tolerated(void)
+{
+    gm_options options;
+    gm_options_default(&options);
+    CHECK_OK(gm_options_parse(&options, " engine:segments , ,capacity:1GiB,"));
+    CHECK_EQ_INT(options.engine, GM_ENGINE_SEGMENTS);
+    CHECK_EQ_INT(options.capacity, 1ull << 30);
+    CHECK_OK(gm_options_parse(&options, ""));
+    CHECK_OK(gm_options_parse(&options, NULL));
+}
+
+static void environment_variable_is_read(void)
+{
+    setenv("GPUMEM_CONF", "engine:segments,capacity:1GiB", 1);
+    gm_allocator *allocator = NULL;
+    CHECK_OK(gm_create_from_environment("capacity:2GiB", &allocator));
+    gm_device_info info;
+    CHECK_OK(gm_get_device_info(allocator, &info));
+    CHECK(!strcmp(info.engine, "segments"));
+    CHECK_EQ_INT(info.total_bytes, 2ull << 30); /* the override wins */
+    gm_destroy(allocator, NULL);
+    setenv("GPUMEM_CONF", "engine:warp", 1);
+    allocator = NULL;
+    CHECK_STATUS(gm_create_from_environment(NULL, &allocator), GM_ERROR_BAD_CONFIG);
+    CHECK_MESSAGE("GPUMEM_CONF: bad value 'warp'");
+    CHECK(allocator == NULL);
+    unsetenv("GPUMEM_CONF");
+}
+
+static void help_lists_every_key(void)
+{
+    const char *help = gm_config_help();
+    static const char *const keys[] = {"backend", "device", "engine", "capacity", "page_size", "memory_limit",
+                                       "small_size", "small_segment_size", "large_segment_size",
+                                       "min_large_alloc", "release_before_growth", "cost_model"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        CHECK(strstr(help, keys[i]) != NULL);
+}
+
+RUN_TESTS(TEST_CASE(defaults_are_documented_values), TEST_CASE(every_key_is_parsed), TEST_CASE(sizes_take_suffixes),
+          TEST_CASE(bad_strings_are_refused_with_clear_errors), TEST_CASE(whitespace_and_empty_entries_are_tolerated),
+          TEST_CASE(environment_variable_is_read), TEST_CASE(help_lists_every_key))

@@ -1,0 +1,112 @@
+/*
+ * test_replay.c -- the bundled real traces, replayed through both engines with the heap validated
+ * along the way; the replay's peak of live bytes must equal the trace's own.
+ *
+ * The traces (data/traces, copied from PyTorch runs on an H200) and their true peaks of live bytes
+ * (summed request sizes, as listed in shared/traces/README.md to 0.1 MiB):
+ *   resnet50 11785936912, gpt2 27026727624, bert_varlen 19865570828, llm_generate 2327239448.
+ */
+#include "test.h"
+
+#include "replay/trace.h"
+
+typedef struct known_trace {
+    const char *file;
+    uint64_t peak_live_bytes;
+} known_trace;
+
+static const known_trace traces[] = {
+    {"resnet50.csv.gz", 11785936912ull},
+    {"gpt2.csv.gz", 27026727624ull},
+    {"bert_varlen.csv.gz", 19865570828ull},
+    {"llm_generate.csv.gz", 2327239448ull},
+};
+
+static void trace_path(char *buffer, size_t size, const char *file)
+{
+    const char *data = getenv("GPUMEM_DATA");
+    snprintf(buffer, size, "%s/traces/%s", data ? data : "data", file);
+}
+
+/* Replay with gm_validate every `every` operations, plus the regular measured replay. */
+static void replay_and_validate(const char *config, const known_trace *known, size_t every)
+{
+    char path[1024];
+    trace_path(path, sizeof path, known->file);
+    gm_trace trace;
+    CHECK_OK(gm_trace_load(path, &trace));
+    REQUIRE(trace.count > 0);
+    CHECK_EQ_INT(trace.peak_live_bytes, known->peak_live_bytes);
+
+    gm_allocator *allocator = NULL;
+    CHECK_OK(gm_create(config, &allocator));
+    REQUIRE(allocator);
+    void **pointers = calloc(trace.slot_count, sizeof *pointers);
+    REQUIRE(pointers);
+    for (size_t i = 0; i < trace.count; i++) {
+        const gm_trace_operation *operation = &trace.operations[i];
+        if (operation->kind == GM_TRACE_ALLOCATE) {
+            CHECK_OK(gm_malloc(allocator, operation->size, trace.streams[operation->stream_index],
+                               &pointers[operation->slot]));
+        } else {
+            CHECK_OK(gm_free(allocator, pointers[operation->slot]));
+            pointers[operation->slot] = NULL;
+        }
+        if (i % every == 0 && gm_validate(allocator) != GM_OK) {
+            fprintf(stderr, "[%s %s] operation %zu: %s\n", config, known->file, i, gm_last_error());
+            test_failures++;
+            break;
+        }
+    }
+    CHECK_OK(gm_validate(allocator));
+    for (size_t slot = 0; slot < trace.slot_count; slot++)
+        CHECK_OK(gm_free(allocator, pointers[slot]));
+    free(pointers);
+    CHECK_OK(gm_empty_cache(allocator));
+    CHECK_OK(gm_validate(allocator));
+    gm_destroy(allocator, NULL);
+
+    CHECK_OK(gm_create(config, &allocator));
+    gm_replay_result result;
+    CHECK_OK(gm_replay(allocator, &trace, &result));
+    CHECK_EQ_INT(result.peak_live_bytes, known->peak_live_bytes);
+    CHECK_EQ_INT(result.failed_allocations, 0);
+    CHECK(result.peak_reserved_bytes >= result.peak_live_bytes);
+    CHECK_EQ_INT(result.operations, trace.count);
+    gm_destroy(allocator, NULL);
+    gm_trace_free(&trace);
+}
+
+static void traces_replay_on_pages(void)
+{
+    for (size_t i = 0; i < sizeof traces / sizeof traces[0]; i++)
+        replay_and_validate("engine:pages", &traces[i], i == 3 ? 50000 : 500);
+}
+
+static void traces_replay_on_segments(void)
+{
+    for (size_t i = 0; i < sizeof traces / sizeof traces[0]; i++)
+        replay_and_validate("engine:segments", &traces[i], i == 3 ? 50000 : 500);
+}
+
+static void traces_replay_with_small_capacity_report_oom(void)
+{
+    char path[1024];
+    trace_path(path, sizeof path, "resnet50.csv.gz");
+    gm_trace trace;
+    CHECK_OK(gm_trace_load(path, &trace));
+    gm_allocator *allocator = NULL;
+    CHECK_OK(gm_create("capacity:8GiB", &allocator));
+    gm_replay_result result;
+    CHECK_OK(gm_replay(allocator, &trace, &result));
+    CHECK(result.failed_allocations > 0);
+    CHECK(result.peak_live_bytes < trace.peak_live_bytes);
+    CHECK(strstr(result.first_failure, "out of memory") != NULL);
+    CHECK(result.stats.num_ooms == (int64_t)result.failed_allocations);
+    CHECK_OK(gm_validate(allocator));
+    gm_destroy(allocator, NULL);
+    gm_trace_free(&trace);
+}
+
+RUN_TESTS(TEST_CASE(traces_replay_on_pages), TEST_CASE(traces_replay_on_segments),
+          TEST_CASE(traces_replay_with_small_capacity_report_oom))

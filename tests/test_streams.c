@@ -1,0 +1,156 @@
+/*
+ * test_streams.c -- per-stream reuse and record_stream, with PyTorch's meaning: a block freed after
+ * being used on another stream is not handed out again until the work queued there before the free
+ * has finished. The sim backend's simulated streams decide when work finishes.
+ */
+#include "test.h"
+
+static const char *const engines[] = {"engine:pages,capacity:1GiB", "engine:segments,capacity:1GiB"};
+
+static void freed_block_is_reused_on_its_stream(void)
+{
+    for (size_t e = 0; e < 2; e++) {
+        gm_allocator *allocator = NULL;
+        CHECK_OK(gm_create(engines[e], &allocator));
+        void *first = NULL, *second = NULL;
+        CHECK_OK(gm_malloc(allocator, 4u << 20, 1, &first));
+        CHECK_OK(gm_free(allocator, first));
+        CHECK_OK(gm_malloc(allocator, 4u << 20, 1, &second));
+        CHECK(first == second); /* same stream: reused at once, stream order keeps it safe */
+        CHECK_OK(gm_free(allocator, second));
+        gm_destroy(allocator, NULL);
+    }
+}
+
+static void streams_do_not_share_cached_blocks(void)
+{
+    for (size_t e = 0; e < 2; e++) {
+        gm_allocator *allocator = NULL;
+        CHECK_OK(gm_create(engines[e], &allocator));
+        void *on_one = NULL, *on_two = NULL;
+        CHECK_OK(gm_malloc(allocator, 4u << 20, 1, &on_one));
+        CHECK_OK(gm_free(allocator, on_one));
+        CHECK_OK(gm_malloc(allocator, 4u << 20, 2, &on_two));
+        CHECK(on_one != on_two);
+        CHECK_OK(gm_free(allocator, on_two));
+        CHECK_OK(gm_validate(allocator));
+        gm_destroy(allocator, NULL);
+    }
+}
+
+static void recorded_stream_delays_reuse_until_its_work_finishes(void)
+{
+    for (size_t e = 0; e < 2; e++) {
+        gm_allocator *allocator = NULL;
+        CHECK_OK(gm_create(engines[e], &allocator));
+        void *block = NULL, *other = NULL;
+        CHECK_OK(gm_malloc(allocator, 4u << 20, 1, &block));
+        CHECK_OK(gm_record_stream(allocator, block, 2));
+        CHECK_OK(gm_record_stream(allocator, block, 2)); /* twice is once */
+        CHECK_OK(gm_record_stream(allocator, block, 1)); /* its own stream: nothing to wait for */
+        CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1)); /* a long kernel on stream 2 uses it */
+        CHECK_OK(gm_free(allocator, block));
+        gm_stats stats;
+        CHECK_OK(gm_get_stats(allocator, &stats));
+        CHECK_EQ_INT(stats.allocated_bytes[GM_POOL_ALL].current, 0);
+        CHECK_EQ_INT(stats.active_bytes[GM_POOL_ALL].current, 4 << 20); /* still active: pending */
+        CHECK_EQ_INT(stats.device_calls[GM_CALL_EVENT_RECORD], 1);
+        CHECK_OK(gm_validate(allocator));
+        CHECK_OK(gm_malloc(allocator, 4u << 20, 1, &other));
+        CHECK(other != block); /* not reused while stream 2 runs */
+        CHECK_OK(gm_free(allocator, other));
+        CHECK_OK(gm_sim_stream_complete(allocator, 2));
+        CHECK_OK(gm_malloc(allocator, 4u << 20, 1, &other));
+        CHECK_OK(gm_get_stats(allocator, &stats));
+        CHECK_EQ_INT(stats.active_bytes[GM_POOL_ALL].current, 4 << 20);
+        CHECK_OK(gm_validate(allocator));
+        CHECK_OK(gm_free(allocator, other));
+        gm_destroy(allocator, NULL);
+    }
+}
+
+static void work_queued_after_the_free_does_not_delay_reuse(void)
+{
+    gm_allocator *allocator = NULL;
+    CHECK_OK(gm_create("capacity:1GiB", &allocator));
+    void *block = NULL, *again = NULL;
+    CHECK_OK(gm_malloc(allocator, 1000, 1, &block));
+    CHECK_OK(gm_record_stream(allocator, block, 2));
+    CHECK_OK(gm_free(allocator, block));       /* nothing queued on stream 2 before the free */
+    CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 5)); /* queued after: irrelevant */
+    CHECK_OK(gm_malloc(allocator, 1000, 1, &again));
+    CHECK(again == block);
+    CHECK_OK(gm_free(allocator, again));
+    gm_destroy(allocator, NULL);
+}
+
+static void several_recorded_streams_all_must_finish(void)
+{
+    gm_allocator *allocator = NULL;
+    CHECK_OK(gm_create("capacity:1GiB", &allocator));
+    void *block = NULL, *other = NULL;
+    CHECK_OK(gm_malloc(allocator, 2048, 1, &block));
+    CHECK_OK(gm_record_stream(allocator, block, 2));
+    CHECK_OK(gm_record_stream(allocator, block, 3));
+    CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1));
+    CHECK_OK(gm_sim_stream_enqueue(allocator, 3, 1));
+    CHECK_OK(gm_free(allocator, block));
+    CHECK_OK(gm_sim_stream_complete(allocator, 2));
+    CHECK_OK(gm_malloc(allocator, 2048, 1, &other));
+    CHECK(other != block);
+    CHECK_OK(gm_free(allocator, other));
+    CHECK_OK(gm_sim_stream_complete(allocator, 3));
+    CHECK_OK(gm_malloc(allocator, 2048, 1, &other));
+    CHECK(other == block);
+    CHECK_OK(gm_free(allocator, other));
+    CHECK_OK(gm_validate(allocator));
+    gm_destroy(allocator, NULL);
+}
+
+static void out_of_memory_waits_for_pending_frees(void)
+{
+    for (size_t e = 0; e < 2; e++) {
+        gm_allocator *allocator = NULL;
+        CHECK_OK(gm_create(e == 0 ? "engine:pages,capacity:64MiB" : "engine:segments,capacity:64MiB", &allocator));
+        void *block = NULL, *again = NULL;
+        CHECK_OK(gm_malloc(allocator, 60u << 20, 1, &block));
+        CHECK_OK(gm_record_stream(allocator, block, 2));
+        CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1));
+        CHECK_OK(gm_free(allocator, block));
+        /* The only memory is pending on stream 2; a request waits for it rather than failing. */
+        CHECK_OK(gm_malloc(allocator, 60u << 20, 1, &again));
+        gm_stats stats;
+        CHECK_OK(gm_get_stats(allocator, &stats));
+        CHECK_EQ_INT(stats.num_sync_all_streams, 1);
+        CHECK_EQ_INT(stats.num_ooms, 0);
+        CHECK_OK(gm_free(allocator, again));
+        CHECK_OK(gm_validate(allocator));
+        gm_destroy(allocator, NULL);
+    }
+}
+
+static void empty_cache_keeps_pending_blocks(void)
+{
+    gm_allocator *allocator = NULL;
+    CHECK_OK(gm_create("capacity:1GiB", &allocator));
+    void *block = NULL;
+    CHECK_OK(gm_malloc(allocator, 30u << 20, 1, &block));
+    CHECK_OK(gm_record_stream(allocator, block, 2));
+    CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1));
+    CHECK_OK(gm_free(allocator, block));
+    CHECK_OK(gm_empty_cache(allocator));
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    CHECK_EQ_INT(stats.reserved_bytes[GM_POOL_ALL].current, 30 << 20); /* in use on stream 2 */
+    CHECK_OK(gm_sim_stream_complete(allocator, 2));
+    CHECK_OK(gm_empty_cache(allocator));
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    CHECK_EQ_INT(stats.reserved_bytes[GM_POOL_ALL].current, 0);
+    gm_destroy(allocator, NULL);
+}
+
+RUN_TESTS(TEST_CASE(freed_block_is_reused_on_its_stream), TEST_CASE(streams_do_not_share_cached_blocks),
+          TEST_CASE(recorded_stream_delays_reuse_until_its_work_finishes),
+          TEST_CASE(work_queued_after_the_free_does_not_delay_reuse),
+          TEST_CASE(several_recorded_streams_all_must_finish), TEST_CASE(out_of_memory_waits_for_pending_frees),
+          TEST_CASE(empty_cache_keeps_pending_blocks))
