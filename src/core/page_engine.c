@@ -489,7 +489,8 @@ static gm_status back_pages(gm_allocator *allocator, placement *where, uint64_t 
     gm_status status = GM_OK;
     if (reserved->current + (int64_t)need > reserved->peak || !gm_may_reserve(allocator, need)) {
         size_t idle_count = find_idle_chunks(allocator, where->hole->previous, where->hole->next);
-        qsort(engine->idle, idle_count, sizeof *engine->idle, larger_chunk_first);
+        if (idle_count > 1)
+            qsort(engine->idle, idle_count, sizeof *engine->idle, larger_chunk_first);
         mapped = map_idle_chunks(allocator, region, where->map_start, need, room, idle_count, &status);
     }
     if (status == GM_OK && mapped < need) {
