@@ -450,6 +450,32 @@ static gm_status compare_current(const char *name, const gm_stat recorded[GM_POO
     return GM_OK;
 }
 
+/* Every block in a size index is free, marked indexed, of that heap and pool; the counts agree. */
+static gm_status validate_indexes(gm_allocator *allocator)
+{
+    for (size_t h = 0; h < allocator->heap_count; h++) {
+        gm_heap *heap = allocator->heaps[h];
+        for (int pool = GM_POOL_SMALL; pool <= GM_POOL_LARGE; pool++) {
+            const gm_size_index *index = gm_heap_index(heap, pool);
+            uint64_t count = 0, bytes = 0;
+            for (unsigned first = 0; first < GM_INDEX_FIRST_COUNT; first++)
+                for (unsigned second = 0; second < GM_INDEX_SECOND_COUNT; second++)
+                    for (const gm_block *block = index->lists[first][second]; block; block = block->free_next) {
+                        if (block->state != GM_BLOCK_FREE || !block->indexed || block->heap != heap ||
+                            block->pool != pool)
+                            return gm_fail(GM_ERROR_CORRUPT, "size index holds block 0x%" PRIxPTR " in state %d",
+                                           block->address, block->state);
+                        count++;
+                        bytes += block->size;
+                    }
+            if (count != index->block_count || bytes != index->bytes)
+                return gm_fail(GM_ERROR_CORRUPT, "size index counts %" PRIu64 " blocks but holds %" PRIu64,
+                               index->block_count, count);
+        }
+    }
+    return GM_OK;
+}
+
 static gm_status validate_locked(gm_allocator *allocator)
 {
     gm_stats recomputed;
@@ -479,7 +505,9 @@ static gm_status validate_locked(gm_allocator *allocator)
             gm_stat_change(recomputed.active_bytes, block->pool, (int64_t)block->size);
         }
     }
-    gm_status status = allocator->engine->validate(allocator, &recomputed);
+    gm_status status = validate_indexes(allocator);
+    if (status == GM_OK)
+        status = allocator->engine->validate(allocator, &recomputed);
     const gm_stats *recorded = &allocator->stats;
     if (status == GM_OK) status = compare_current("allocation", recorded->allocation, recomputed.allocation);
     if (status == GM_OK) status = compare_current("allocated_bytes", recorded->allocated_bytes, recomputed.allocated_bytes);

@@ -53,7 +53,7 @@ struct gm_block {
     uint32_t pending_events;     /* events still to complete before a pending block is free */
     uint8_t state;               /* gm_block_state */
     uint8_t pool;                /* GM_POOL_SMALL or GM_POOL_LARGE */
-    uint8_t indexed;             /* in a size index (the engine decides which blocks are) */
+    uint8_t indexed;             /* in a size index */
 };
 
 /* ---------------------------------------------------------------- size index (TLSF) */

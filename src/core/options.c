@@ -56,6 +56,9 @@ static const option_descriptor descriptors[] = {
      "segments engine: free cached segments before reserving beyond the previous peak (default true)"},
     {"cost_model", KIND_BOOLEAN, FIELD(cost_model), NULL,
      "sim: charge every device call its cost measured on an H200 (default true)"},
+    {"device_credit_ns", KIND_INTEGER, FIELD(device_credit_ns), NULL,
+     "pages engine: device-call time each allocation earns; new memory is made of page-sized chunks "
+     "while the credit covers them (default 500)"},
 };
 
 #define DESCRIPTOR_COUNT (sizeof descriptors / sizeof descriptors[0])
@@ -72,6 +75,7 @@ void gm_options_default(gm_options *options)
     options->min_large_alloc = 10ull << 20;
     options->release_before_growth = true;
     options->cost_model = true;
+    options->device_credit_ns = 500;
 }
 
 gm_status gm_parse_size(const char *text, uint64_t *bytes_out)
@@ -213,7 +217,7 @@ static gm_status apply_pair(gm_options *options, const char *pair)
             return apply_value(options, &descriptors[i], value);
     return gm_fail(GM_ERROR_BAD_CONFIG, "unknown key '%s' (known keys: backend, device, engine, capacity, "
                    "page_size, memory_limit, small_size, small_segment_size, large_segment_size, "
-                   "min_large_alloc, release_before_growth, cost_model)", key);
+                   "min_large_alloc, release_before_growth, cost_model, device_credit_ns)", key);
 }
 
 gm_status gm_options_parse(gm_options *options, const char *text)
@@ -274,9 +278,10 @@ void gm_options_format(const gm_options *options, char *buffer, size_t size)
     snprintf(buffer, size,
              "backend:%s,device:%d,engine:%s,capacity:%" PRIu64 ",page_size:%" PRIu64 ",memory_limit:%" PRIu64
              ",small_size:%" PRIu64 ",small_segment_size:%" PRIu64 ",large_segment_size:%" PRIu64
-             ",min_large_alloc:%" PRIu64 ",release_before_growth:%s,cost_model:%s",
+             ",min_large_alloc:%" PRIu64 ",release_before_growth:%s,cost_model:%s,device_credit_ns:%d",
              options->backend, options->device, options->engine == GM_ENGINE_PAGES ? "pages" : "segments",
              options->capacity, options->page_size, options->memory_limit, options->small_size,
              options->small_segment_size, options->large_segment_size, options->min_large_alloc,
-             options->release_before_growth ? "true" : "false", options->cost_model ? "true" : "false");
+             options->release_before_growth ? "true" : "false", options->cost_model ? "true" : "false",
+             options->device_credit_ns);
 }

@@ -28,6 +28,7 @@ typedef struct gm_options {
     uint64_t min_large_alloc;    /* segments engine: from here on a segment is sized to the request */
     bool release_before_growth;  /* segments engine: free cached segments before reserving beyond the peak */
     bool cost_model;             /* sim: charge each device call its measured H200 cost */
+    int device_credit_ns;        /* pages engine: device-call time each allocation earns */
 } gm_options;
 
 /* The defaults. */

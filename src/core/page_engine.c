@@ -1,25 +1,31 @@
 /*
  * page_engine.c -- the "pages" engine: blocks in large virtual ranges, physical memory mapped on
- * demand, and free physical chunks moved to wherever they are needed.
+ * demand, and idle physical memory moved to wherever it is needed.
  *
- * Each heap (stream) has, per pool, a region: a virtual address range reserved once and far larger
- * than the device, so addresses never run short. Blocks tile the region in four states: allocated,
+ * Each heap (stream) has, per pool, a region: a virtual address range reserved once, twice the size
+ * of the device, so addresses never run short. Blocks tile the region in four states: allocated,
  * pending, free (mapped, in the size index) and unmapped (addresses only). Physical memory comes in
- * chunks (one cuMemCreate each, a whole number of pages), each mapped at exactly one place; the
- * page table of the region says which chunk backs each page.
+ * chunks (one cuMemCreate each, a whole number of pages), each mapped at exactly one place; the page
+ * table of the region says which chunk backs each page.
  *
  * A request is served, in order of cost:
- *   1. from a free mapped block (TLSF good fit; no device call);
- *   2. by mapping pages next to free space: the placement that needs the fewest new pages, either
- *      extending a free block that borders unmapped addresses (as expandable segments grow) or in
- *      fresh addresses;
- *   3. the pages come from idle chunks (chunks that lie wholly inside free blocks, anywhere),
- *      unmapped there and mapped here -- this is the stitching of GMLake: free memory that is in
- *      the wrong place or in pieces too small is gathered into one contiguous range -- when making
- *      new memory would raise reserved memory above its previous peak; otherwise from one new chunk
- *      of exactly the pages needed (one create, one map, one set-access).
- * So reserved memory only grows past its peak when the idle chunks cannot cover a request, and the
- * device calls (each costing tens of microseconds) happen only on growth, never on the fast path.
+ *   1. from a free mapped block: TLSF good fit, no device call;
+ *   2. otherwise in a window of free addresses: a run of free and unmapped blocks (free addresses
+ *      are free whether mapped or not) where the request needs the fewest new pages -- extending a
+ *      free block that borders unmapped addresses, as expandable segments grow, bridging two free
+ *      blocks over a hole, or fresh addresses;
+ *   3. the new pages come from idle chunks -- chunks lying wholly inside free blocks, anywhere --
+ *      unmapped where they lie and mapped here, when new memory would raise reserved memory above
+ *      its peak: this is the stitching of GMLake, free memory in the wrong place or in pieces too
+ *      small gathered into one contiguous range. Only what the idle chunks cannot cover is made new.
+ *
+ * Chunk size trades device calls against flexibility: a big chunk costs one cuMemCreate for many
+ * pages but stays pinned while any byte of it is live; page-sized chunks can each move the moment
+ * they are free. Every allocation earns the engine a little device-call credit (option
+ * device_credit_ns); new memory is made of page-sized chunks while the credit covers their cost and
+ * of one chunk otherwise. A training loop that grows its memory once gets it in few large chunks;
+ * a long-running workload with shifting sizes gets fine-grained chunks as it goes; device-call time
+ * stays a small share of the work either way.
  *
  * Before unmapping a chunk the engine waits for the work queued on the chunk's stream (an event),
  * as PyTorch does for expandable segments: unmapping memory that a queued kernel still uses would
@@ -33,6 +39,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The H200's cost of one page-sized chunk (cuMemCreate + cuMemMap at 2 MiB), to decide whether the
+ * credit affords page-sized chunks. */
+#define PAGE_CHUNK_COST_NS 13100
+/* Credit never accumulates beyond this, so a burst after a long calm stays bounded. */
+#define CREDIT_LIMIT_NS 200000000
+
 typedef struct page_chunk {
     uintptr_t address; /* where it is mapped */
     uint64_t size;
@@ -42,13 +54,12 @@ typedef struct page_chunk {
 } page_chunk;
 
 typedef struct page_region {
-    page_chunk **pages;     /* page index -> chunk mapped there, or NULL */
+    page_chunk **pages; /* page index -> chunk mapped there, or NULL */
     uint64_t page_count;
     page_chunk *chunks;
-    gm_block *unmapped;     /* unmapped blocks, linked through free_next / free_previous */
+    gm_block *unmapped; /* unmapped blocks, linked through free_next / free_previous */
 } page_region;
 
-/* An idle chunk found in a free block. */
 typedef struct idle_chunk {
     page_chunk *chunk;
     gm_region *region;
@@ -57,7 +68,10 @@ typedef struct idle_chunk {
 typedef struct page_engine {
     uint64_t page_size;
     uint64_t region_size;
-    idle_chunk *idle;       /* scratch list for the growth path */
+    int64_t credit_ns;
+    int64_t credit_per_allocation;
+    uint64_t quiesce_generation; /* heaps already waited for in this growth carry this number */
+    idle_chunk *idle;            /* scratch list for the growth path */
     size_t idle_capacity;
 } page_engine;
 
@@ -76,7 +90,17 @@ static uint64_t page_index(const gm_region *region, uintptr_t address, uint64_t 
     return (address - region->base) / page_size;
 }
 
-/* ---------------------------------------------------------------- unmapped-block list */
+static uintptr_t page_floor(uintptr_t address, uint64_t page_size)
+{
+    return address / page_size * page_size;
+}
+
+static uintptr_t page_ceiling(uintptr_t address, uint64_t page_size)
+{
+    return (address + page_size - 1) / page_size * page_size;
+}
+
+/* ---------------------------------------------------------------- block states */
 
 static void unmapped_insert(gm_region *region, gm_block *block)
 {
@@ -101,7 +125,7 @@ static void unmapped_remove(gm_region *region, gm_block *block)
     block->free_previous = block->free_next = NULL;
 }
 
-/* Take `block` out of whatever structure holds it (size index or unmapped list). */
+/* Take a free or unmapped block out of the structure that holds it. */
 static void detach(gm_allocator *allocator, gm_block *block)
 {
     if (block->state == GM_BLOCK_FREE)
@@ -110,8 +134,17 @@ static void detach(gm_allocator *allocator, gm_block *block)
         unmapped_remove(block->region, block);
 }
 
-/* Merge `block` (detached) with neighbours of the same state (free or unmapped), which are detached
- * and absorbed; returns the merged block, still detached. */
+/* Put a detached free or unmapped block where it belongs. */
+static void attach(gm_allocator *allocator, gm_block *block)
+{
+    if (block->state == GM_BLOCK_FREE)
+        gm_index_free_block(allocator, block);
+    else
+        unmapped_insert(block->region, block);
+}
+
+/* Merge the detached `block` with neighbours of its own state (free or unmapped), which are
+ * detached and absorbed; the merged block is returned, still detached. */
 static gm_block *merge_alike(gm_allocator *allocator, gm_block *block)
 {
     if (block->previous && block->previous->state == block->state) {
@@ -125,15 +158,6 @@ static gm_block *merge_alike(gm_allocator *allocator, gm_block *block)
         gm_absorb_next(allocator, block);
     }
     return block;
-}
-
-/* Put a detached free or unmapped block where it belongs. */
-static void attach(gm_allocator *allocator, gm_block *block)
-{
-    if (block->state == GM_BLOCK_FREE)
-        gm_index_free_block(allocator, block);
-    else
-        unmapped_insert(block->region, block);
 }
 
 /* Carve [start, end) out of the detached block `block` (which contains it): the pieces before and
@@ -164,16 +188,15 @@ static gm_block *carve(gm_allocator *allocator, gm_block *block, uintptr_t start
 static gm_status new_region(gm_allocator *allocator, gm_heap *heap, int pool, gm_region **region_out)
 {
     page_engine *engine = engine_of(allocator);
+    uint64_t page_count = engine->region_size / engine->page_size;
     gm_region *region = calloc(1, sizeof *region);
     page_region *data = calloc(1, sizeof *data);
-    gm_block *block = gm_block_new(&allocator->block_pool);
-    uint64_t page_count = engine->region_size / engine->page_size;
     page_chunk **pages = calloc(page_count, sizeof *pages);
+    gm_block *block = gm_block_new(&allocator->block_pool);
     uintptr_t base = 0;
-    gm_status status = region && data && block && pages ? GM_OK
-                                                        : gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a region");
-    if (status == GM_OK)
-        status = gm_backend_address_reserve(allocator->backend, engine->region_size, &base);
+    gm_status status = region && data && pages && block
+                           ? gm_backend_address_reserve(allocator->backend, engine->region_size, &base)
+                           : gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a region");
     if (status != GM_OK) {
         free(region);
         free(data);
@@ -182,8 +205,7 @@ static gm_status new_region(gm_allocator *allocator, gm_heap *heap, int pool, gm
             gm_block_delete(&allocator->block_pool, block);
         return status;
     }
-    data->pages = pages;
-    data->page_count = page_count;
+    *data = (page_region){.pages = pages, .page_count = page_count};
     *region = (gm_region){.base = base, .size = engine->region_size, .heap = heap, .next = heap->regions,
                           .first_block = block, .pool = (uint8_t)pool, .engine_data = data};
     if (heap->regions)
@@ -251,207 +273,6 @@ static gm_status unmap_chunk(gm_allocator *allocator, gm_region *region, page_ch
     return GM_OK;
 }
 
-/* Wait until the work queued so far on `heap`'s stream has finished. */
-static gm_status quiesce(gm_allocator *allocator, gm_heap *heap)
-{
-    uint64_t event = 0;
-    gm_status status = gm_backend_event_create(allocator->backend, &event);
-    if (status != GM_OK)
-        return status;
-    status = gm_backend_event_record(allocator->backend, event, heap->stream);
-    if (status == GM_OK)
-        status = gm_backend_event_synchronize(allocator->backend, event);
-    gm_backend_event_destroy(allocator->backend, event);
-    return status;
-}
-
-/* The free block of `region` that contains [address, address + size), or NULL. */
-static gm_block *free_block_containing(gm_allocator *allocator, gm_region *region, uintptr_t address, uint64_t size)
-{
-    gm_size_index *index = gm_heap_index(region->heap, region->pool);
-    for (unsigned first = 0; first < GM_INDEX_FIRST_COUNT; first++) {
-        if (!(index->first_bitmap & (1ull << first)))
-            continue;
-        for (unsigned second = 0; second < GM_INDEX_SECOND_COUNT; second++)
-            for (gm_block *block = index->lists[first][second]; block; block = block->free_next)
-                if (block->region == region && block->address <= address &&
-                    address + size <= block->address + block->size)
-                    return block;
-    }
-    (void)allocator;
-    return NULL;
-}
-
-/* Unmap an idle chunk from the free block around it; its addresses become unmapped. The chunk
- * keeps its handle and is unlinked from the region. */
-static gm_status evict_chunk(gm_allocator *allocator, gm_region *region, page_chunk *chunk)
-{
-    gm_block *around = free_block_containing(allocator, region, chunk->address, chunk->size);
-    if (!around)
-        return gm_fail(GM_ERROR_CORRUPT, "idle chunk 0x%" PRIxPTR " is not inside a free block", chunk->address);
-    gm_status status = unmap_chunk(allocator, region, chunk);
-    if (status != GM_OK)
-        return status;
-    gm_unindex_free_block(allocator, around);
-    gm_block *hole = carve(allocator, around, chunk->address, chunk->address + chunk->size, GM_BLOCK_UNMAPPED);
-    if (!hole) { /* no metadata: keep the addresses as they were; the pages are simply gone */
-        gm_index_free_block(allocator, around);
-        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for block metadata");
-    }
-    hole = merge_alike(allocator, hole);
-    attach(allocator, hole);
-    return GM_OK;
-}
-
-static gm_status release_chunk(gm_allocator *allocator, gm_region *region, page_chunk *chunk)
-{
-    gm_status status = gm_backend_physical_release(allocator->backend, chunk->handle);
-    gm_count_reserved(allocator, region->pool, -(int64_t)chunk->size, -1);
-    allocator->stats.num_device_free++;
-    free(chunk);
-    return status;
-}
-
-/* ---------------------------------------------------------------- finding idle chunks */
-
-static bool remember_idle(page_engine *engine, size_t *count, page_chunk *chunk, gm_region *region)
-{
-    if (*count == engine->idle_capacity) {
-        size_t capacity = engine->idle_capacity ? engine->idle_capacity * 2 : 64;
-        idle_chunk *grown = realloc(engine->idle, capacity * sizeof *grown);
-        if (!grown)
-            return false;
-        engine->idle = grown;
-        engine->idle_capacity = capacity;
-    }
-    engine->idle[(*count)++] = (idle_chunk){chunk, region};
-    return true;
-}
-
-/* Collect into engine->idle every chunk that lies wholly inside a free block, in every heap and
- * pool, except inside the free blocks `keep_left` and `keep_right` (the neighbours a growth plan
- * counts on). One pass over the free blocks, following the page table from chunk to chunk. */
-static size_t find_idle_chunks(gm_allocator *allocator, const gm_block *keep_left, const gm_block *keep_right)
-{
-    page_engine *engine = engine_of(allocator);
-    uint64_t page_size = engine->page_size;
-    size_t count = 0;
-    for (size_t h = 0; h < allocator->heap_count; h++) {
-        for (int pool = GM_POOL_SMALL; pool <= GM_POOL_LARGE; pool++) {
-            gm_size_index *index = gm_heap_index(allocator->heaps[h], pool);
-            uint64_t firsts = index->first_bitmap;
-            while (firsts) {
-                unsigned first = (unsigned)__builtin_ctzll(firsts);
-                firsts &= firsts - 1;
-                for (unsigned second = 0; second < GM_INDEX_SECOND_COUNT; second++) {
-                    for (gm_block *block = index->lists[first][second]; block; block = block->free_next) {
-                        if (block->size < page_size || block == keep_left || block == keep_right)
-                            continue;
-                        gm_region *region = block->region;
-                        page_chunk **pages = data_of(region)->pages;
-                        uintptr_t end = block->address + block->size;
-                        uintptr_t cursor = region->base + gm_round_up(block->address - region->base, page_size);
-                        while (cursor + page_size <= end) {
-                            page_chunk *chunk = pages[page_index(region, cursor, page_size)];
-                            if (chunk->address >= block->address && chunk->address + chunk->size <= end &&
-                                !remember_idle(engine, &count, chunk, region))
-                                return count;
-                            cursor = chunk->address + chunk->size;
-                        }
-                    }
-                }
-            }
-        }
-    }
-    return count;
-}
-
-static int larger_chunk_first(const void *left, const void *right)
-{
-    uint64_t a = ((const idle_chunk *)left)->chunk->size, b = ((const idle_chunk *)right)->chunk->size;
-    return a < b ? 1 : a > b ? -1 : 0;
-}
-
-/* ---------------------------------------------------------------- growth */
-
-/* Where to map: pages [map_start, map_start + pages * page_size) inside the unmapped block `hole`. */
-typedef struct placement {
-    gm_block *hole;
-    uintptr_t map_start;
-    uint64_t pages;
-} placement;
-
-/* The placement for `size` bytes around `hole` that needs the fewest pages. */
-static placement place_in_hole(gm_block *hole, uint64_t size, uint64_t page_size)
-{
-    placement best = {NULL, 0, UINT64_MAX};
-    gm_block *left = hole->previous && hole->previous->state == GM_BLOCK_FREE ? hole->previous : NULL;
-    gm_block *right = hole->next && hole->next->state == GM_BLOCK_FREE ? hole->next : NULL;
-    uint64_t left_size = left ? left->size : 0, right_size = right ? right->size : 0;
-    uint64_t hole_pages = hole->size / page_size;
-    /* Grow the left free block (or start at the hole) upwards. */
-    uint64_t need = size > left_size ? size - left_size : 0;
-    uint64_t pages = (need + page_size - 1) / page_size;
-    if (pages <= hole_pages)
-        best = (placement){hole, hole->address, pages};
-    else if (right && hole_pages * page_size + left_size + right_size >= size)
-        best = (placement){hole, hole->address, hole_pages};
-    /* Grow the right free block downwards. */
-    if (right) {
-        need = size > right_size ? size - right_size : 0;
-        pages = (need + page_size - 1) / page_size;
-        if (pages < best.pages && pages <= hole_pages)
-            best = (placement){hole, hole->address + hole->size - pages * page_size, pages};
-    }
-    return best;
-}
-
-static placement choose_placement(gm_heap *heap, int pool, uint64_t size, uint64_t page_size)
-{
-    placement best = {NULL, 0, UINT64_MAX};
-    for (gm_region *region = heap->regions; region; region = region->next) {
-        if (region->pool != pool)
-            continue;
-        for (gm_block *hole = data_of(region)->unmapped; hole; hole = hole->free_next) {
-            placement candidate = place_in_hole(hole, size, page_size);
-            if (candidate.pages < best.pages ||
-                (candidate.pages == best.pages && candidate.hole && candidate.map_start < best.map_start))
-                best = candidate;
-        }
-    }
-    return best;
-}
-
-/* Map idle chunks back to back from `address` for up to `room` bytes, until `need` bytes are
- * covered. Returns the bytes mapped. */
-static uint64_t map_idle_chunks(gm_allocator *allocator, gm_region *target, uintptr_t address, uint64_t need,
-                                uint64_t room, size_t idle_count, gm_status *status_out)
-{
-    page_engine *engine = engine_of(allocator);
-    uint64_t mapped = 0;
-    for (size_t i = 0; i < idle_count && mapped < need; i++) {
-        idle_chunk *candidate = &engine->idle[i];
-        page_chunk *chunk = candidate->chunk;
-        if (!chunk || chunk->size > room - mapped)
-            continue;
-        gm_status status = quiesce(allocator, candidate->region->heap);
-        if (status == GM_OK)
-            status = evict_chunk(allocator, candidate->region, chunk);
-        if (status == GM_OK)
-            status = map_chunk(allocator, target, chunk, address + mapped);
-        if (status != GM_OK) {
-            *status_out = status;
-            return mapped;
-        }
-        if (candidate->region->pool != target->pool)
-            gm_move_reserved(allocator, candidate->region->pool, target->pool, chunk->size);
-        candidate->chunk = NULL;
-        mapped += chunk->size;
-    }
-    *status_out = GM_OK;
-    return mapped;
-}
-
 static gm_status create_chunk(gm_allocator *allocator, gm_region *region, uintptr_t address, uint64_t size)
 {
     if (!gm_may_reserve(allocator, size))
@@ -475,72 +296,391 @@ static gm_status create_chunk(gm_allocator *allocator, gm_region *region, uintpt
     return GM_OK;
 }
 
-/* Back [start, start + pages) of the unmapped block `hole` with physical memory: idle chunks when new
- * memory would raise reserved memory past its peak, else one new chunk. Returns the bytes mapped
- * (which may exceed the request when idle chunks were larger), made accessible. */
-static gm_status back_pages(gm_allocator *allocator, placement *where, uint64_t *mapped_out)
+static void release_chunk(gm_allocator *allocator, gm_region *region, page_chunk *chunk)
+{
+    gm_backend_physical_release(allocator->backend, chunk->handle);
+    gm_count_reserved(allocator, region->pool, -(int64_t)chunk->size, -1);
+    allocator->stats.num_device_free++;
+    free(chunk);
+}
+
+/* Wait until the work queued so far on `heap`'s stream has finished (once per growth and heap). */
+static gm_status quiesce(gm_allocator *allocator, gm_heap *heap)
 {
     page_engine *engine = engine_of(allocator);
-    gm_region *region = where->hole->region;
-    uint64_t need = where->pages * engine->page_size;
-    uint64_t room = where->hole->address + where->hole->size - where->map_start;
-    const gm_stat *reserved = &allocator->stats.reserved_bytes[GM_POOL_ALL];
-    uint64_t mapped = 0;
-    gm_status status = GM_OK;
-    if (reserved->current + (int64_t)need > reserved->peak || !gm_may_reserve(allocator, need)) {
-        size_t idle_count = find_idle_chunks(allocator, where->hole->previous, where->hole->next);
-        if (idle_count > 1)
-            qsort(engine->idle, idle_count, sizeof *engine->idle, larger_chunk_first);
-        mapped = map_idle_chunks(allocator, region, where->map_start, need, room, idle_count, &status);
-    }
-    if (status == GM_OK && mapped < need) {
-        status = create_chunk(allocator, region, where->map_start + mapped, need - mapped);
-        if (status == GM_OK)
-            mapped = need;
-    }
-    if (mapped) {
-        gm_status access = gm_backend_set_access(allocator->backend, where->map_start, mapped);
-        status = status == GM_OK ? access : status;
-    }
-    *mapped_out = mapped;
+    if ((uintptr_t)heap->engine_data == engine->quiesce_generation)
+        return GM_OK;
+    uint64_t event = 0;
+    gm_status status = gm_backend_event_create(allocator->backend, &event);
+    if (status != GM_OK)
+        return status;
+    status = gm_backend_event_record(allocator->backend, event, heap->stream);
+    if (status == GM_OK)
+        status = gm_backend_event_synchronize(allocator->backend, event);
+    gm_backend_event_destroy(allocator->backend, event);
+    if (status == GM_OK)
+        heap->engine_data = (void *)(uintptr_t)engine->quiesce_generation;
     return status;
 }
 
-/* Turn the mapped part [start, start + mapped) of the unmapped block `hole` into free space merged
- * with its free neighbours; returns the merged free block, detached. */
-static gm_block *open_mapped(gm_allocator *allocator, gm_block *hole, uintptr_t start, uint64_t mapped)
+/* The free block of `region` that contains [address, address + size), or NULL. */
+static gm_block *free_block_containing(gm_region *region, uintptr_t address, uint64_t size)
 {
-    unmapped_remove(hole->region, hole);
-    hole->state = GM_BLOCK_UNMAPPED;
-    gm_block *opened = carve(allocator, hole, start, start + mapped, GM_BLOCK_FREE);
-    if (!opened)
-        return NULL;
-    return merge_alike(allocator, opened);
+    gm_size_index *index = gm_heap_index(region->heap, region->pool);
+    for (uint64_t firsts = index->first_bitmap; firsts; firsts &= firsts - 1) {
+        unsigned first = (unsigned)__builtin_ctzll(firsts);
+        for (unsigned second = 0; second < GM_INDEX_SECOND_COUNT; second++)
+            for (gm_block *block = index->lists[first][second]; block; block = block->free_next)
+                if (block->region == region && block->address <= address &&
+                    address + size <= block->address + block->size)
+                    return block;
+    }
+    return NULL;
 }
 
+/* Unmap an idle chunk from the free block around it; its addresses become unmapped. The chunk keeps
+ * its handle and leaves the region. */
+static gm_status evict_chunk(gm_allocator *allocator, gm_region *region, page_chunk *chunk)
+{
+    gm_block *around = free_block_containing(region, chunk->address, chunk->size);
+    if (!around)
+        return gm_fail(GM_ERROR_CORRUPT, "idle chunk 0x%" PRIxPTR " is not inside a free block", chunk->address);
+    gm_status status = quiesce(allocator, region->heap);
+    if (status == GM_OK)
+        status = unmap_chunk(allocator, region, chunk);
+    if (status != GM_OK)
+        return status;
+    gm_unindex_free_block(allocator, around);
+    gm_block *hole = carve(allocator, around, chunk->address, chunk->address + chunk->size, GM_BLOCK_UNMAPPED);
+    if (!hole) { /* no metadata for the split: give the chunk its place back */
+        gm_index_free_block(allocator, around);
+        map_chunk(allocator, region, chunk, chunk->address);
+        gm_backend_set_access(allocator->backend, chunk->address, chunk->size);
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for block metadata");
+    }
+    attach(allocator, merge_alike(allocator, hole));
+    return GM_OK;
+}
+
+/* ---------------------------------------------------------------- finding idle chunks */
+
+static bool remember_idle(page_engine *engine, size_t *count, page_chunk *chunk, gm_region *region)
+{
+    if (*count == engine->idle_capacity) {
+        size_t capacity = engine->idle_capacity ? engine->idle_capacity * 2 : 64;
+        idle_chunk *grown = realloc(engine->idle, capacity * sizeof *grown);
+        if (!grown)
+            return false;
+        engine->idle = grown;
+        engine->idle_capacity = capacity;
+    }
+    engine->idle[(*count)++] = (idle_chunk){chunk, region};
+    return true;
+}
+
+/* Collect into engine->idle every chunk that lies wholly inside a free block, in every heap and
+ * pool, except in [keep_start, keep_end) of `keep_region` (the run a growth is using). One pass
+ * over the free blocks, following the page table from chunk to chunk. */
+static size_t find_idle_chunks(gm_allocator *allocator, const gm_region *keep_region, uintptr_t keep_start,
+                               uintptr_t keep_end)
+{
+    page_engine *engine = engine_of(allocator);
+    uint64_t page_size = engine->page_size;
+    size_t count = 0;
+    for (size_t h = 0; h < allocator->heap_count; h++) {
+        for (int pool = GM_POOL_SMALL; pool <= GM_POOL_LARGE; pool++) {
+            gm_size_index *index = gm_heap_index(allocator->heaps[h], pool);
+            for (uint64_t firsts = index->first_bitmap; firsts; firsts &= firsts - 1) {
+                unsigned first = (unsigned)__builtin_ctzll(firsts);
+                for (unsigned second = 0; second < GM_INDEX_SECOND_COUNT; second++) {
+                    for (gm_block *block = index->lists[first][second]; block; block = block->free_next) {
+                        gm_region *region = block->region;
+                        if (block->size < page_size ||
+                            (region == keep_region && block->address >= keep_start && block->address < keep_end))
+                            continue;
+                        page_chunk **pages = data_of(region)->pages;
+                        uintptr_t end = block->address + block->size;
+                        for (uintptr_t cursor = page_ceiling(block->address, page_size); cursor + page_size <= end;) {
+                            page_chunk *chunk = pages[page_index(region, cursor, page_size)];
+                            if (chunk->address >= block->address && chunk->address + chunk->size <= end &&
+                                !remember_idle(engine, &count, chunk, region))
+                                return count;
+                            cursor = chunk->address + chunk->size;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    return count;
+}
+
+static int smaller_chunk_first(const void *left, const void *right)
+{
+    uint64_t a = ((const idle_chunk *)left)->chunk->size, b = ((const idle_chunk *)right)->chunk->size;
+    return a < b ? -1 : a > b ? 1 : 0;
+}
+
+/* The next idle chunk to move for `remaining` bytes with at most `room` bytes of space: the smallest
+ * that covers what remains, else the largest that does not. The list is sorted by size; taken
+ * entries are NULL. -1 if none fits the room. */
+static ptrdiff_t pick_idle_chunk(const idle_chunk *idle, size_t count, uint64_t remaining, uint64_t room)
+{
+    ptrdiff_t largest_below = -1;
+    for (size_t i = 0; i < count; i++) {
+        const page_chunk *chunk = idle[i].chunk;
+        if (!chunk || chunk->size > room)
+            continue;
+        if (chunk->size >= remaining)
+            return (ptrdiff_t)i;
+        largest_below = (ptrdiff_t)i;
+    }
+    return largest_below;
+}
+
+/* ---------------------------------------------------------------- placement */
+
+/* Free address space is free whether mapped or not: a run is a maximal sequence of free and
+ * unmapped blocks. A window is where a request could go inside a run; its cost is the number of
+ * unmapped pages it needs backed. */
+typedef struct window {
+    gm_region *region;
+    uintptr_t run_start;
+    uintptr_t run_end;
+    uintptr_t start;
+    uint64_t pages;
+} window;
+
+static bool is_vacant(const gm_block *block)
+{
+    return block->state == GM_BLOCK_FREE || block->state == GM_BLOCK_UNMAPPED;
+}
+
+/* The part of the unmapped block `block` that [start, end) needs backed, as [from, to). */
+static bool part_to_back(const gm_block *block, uintptr_t start, uintptr_t end, uint64_t page_size, uintptr_t *from,
+                         uintptr_t *to)
+{
+    if (block->state != GM_BLOCK_UNMAPPED || block->address >= end || block->address + block->size <= start)
+        return false;
+    uintptr_t low = page_floor(start, page_size), high = page_ceiling(end, page_size);
+    *from = block->address > low ? block->address : low;
+    *to = block->address + block->size < high ? block->address + block->size : high;
+    return *to > *from;
+}
+
+static uint64_t pages_to_back(const gm_block *first, uintptr_t start, uintptr_t end, uint64_t page_size)
+{
+    uint64_t pages = 0;
+    uintptr_t from = 0, to = 0;
+    for (const gm_block *block = first; block && block->address < end; block = block->next)
+        if (part_to_back(block, start, end, page_size, &from, &to))
+            pages += (to - from) / page_size;
+    return pages;
+}
+
+/* Fewer pages first; then the smaller run (a better fit); then the lower address. */
+static void consider_window(window *best, const window *candidate)
+{
+    uint64_t run = candidate->run_end - candidate->run_start, best_run = best->run_end - best->run_start;
+    if (!best->region || candidate->pages < best->pages ||
+        (candidate->pages == best->pages &&
+         (run < best_run || (run == best_run && candidate->start < best->start))))
+        *best = *candidate;
+}
+
+/* Every window of `size` bytes in the run [first, last] that starts at a block of it, and the one
+ * that ends at the run's end. */
+static void consider_run(gm_region *region, gm_block *first, gm_block *last, uint64_t size, uint64_t page_size,
+                         window *best)
+{
+    uintptr_t run_end = last->address + last->size;
+    if (run_end - first->address < size)
+        return;
+    window candidate = {region, first->address, run_end, 0, 0};
+    for (gm_block *block = first; block->address + size <= run_end; block = block->next) {
+        candidate.start = block->address;
+        candidate.pages = pages_to_back(first, candidate.start, candidate.start + size, page_size);
+        consider_window(best, &candidate);
+        if (block == last)
+            break;
+    }
+    candidate.start = run_end - size;
+    candidate.pages = pages_to_back(first, candidate.start, run_end, page_size);
+    consider_window(best, &candidate);
+}
+
+/* The window for `size` bytes needing the fewest new pages, over every run of the heap's pool. */
+static window choose_window(gm_heap *heap, int pool, uint64_t size, uint64_t page_size)
+{
+    window best = {0};
+    for (gm_region *region = heap->regions; region; region = region->next) {
+        if (region->pool != pool)
+            continue;
+        for (gm_block *hole = data_of(region)->unmapped; hole; hole = hole->free_next) {
+            /* Each run is visited once, from its lowest unmapped block. */
+            gm_block *first = hole, *last = hole;
+            bool lowest = true;
+            while (first->previous && is_vacant(first->previous)) {
+                first = first->previous;
+                lowest = lowest && first->state != GM_BLOCK_UNMAPPED;
+            }
+            if (!lowest)
+                continue;
+            while (last->next && is_vacant(last->next))
+                last = last->next;
+            consider_run(region, first, last, size, page_size, &best);
+        }
+    }
+    return best;
+}
+
+/* ---------------------------------------------------------------- backing pages */
+
+/* Move idle chunks to `address` of `target`, back to back, at most `room` bytes, until `need` bytes
+ * are covered; chunks inside [keep_start, keep_end) of `target` stay. Returns the bytes mapped. */
+static uint64_t move_idle_chunks(gm_allocator *allocator, const window *where, uintptr_t address, uint64_t need,
+                                 uint64_t room, gm_status *status_out)
+{
+    page_engine *engine = engine_of(allocator);
+    gm_region *target = where->region;
+    *status_out = GM_OK;
+    size_t count = find_idle_chunks(allocator, target, where->run_start, where->run_end);
+    if (count > 1)
+        qsort(engine->idle, count, sizeof *engine->idle, smaller_chunk_first);
+    /* Memory moved into the small pool stays there (small blocks pin it): move only what is needed. */
+    uint64_t limit = target->pool == GM_POOL_SMALL || room < need ? need : room;
+    uint64_t mapped = 0;
+    ptrdiff_t pick;
+    while (mapped < need && (pick = pick_idle_chunk(engine->idle, count, need - mapped, limit - mapped)) >= 0) {
+        idle_chunk *candidate = &engine->idle[pick];
+        page_chunk *chunk = candidate->chunk;
+        gm_status status = evict_chunk(allocator, candidate->region, chunk);
+        if (status == GM_OK)
+            status = map_chunk(allocator, target, chunk, address + mapped);
+        if (status != GM_OK) {
+            *status_out = status;
+            return mapped;
+        }
+        if (candidate->region->pool != target->pool)
+            gm_move_reserved(allocator, candidate->region->pool, target->pool, chunk->size);
+        candidate->chunk = NULL;
+        mapped += chunk->size;
+    }
+    return mapped;
+}
+
+/* New memory for [address, address + need): page-sized chunks while the credit covers them (and
+ * always in the small pool), else one chunk. *created_out: the bytes made, also on failure. */
+static gm_status create_memory(gm_allocator *allocator, gm_region *region, uintptr_t address, uint64_t need,
+                               uint64_t *created_out)
+{
+    page_engine *engine = engine_of(allocator);
+    int64_t page_chunks_cost = (int64_t)(need / engine->page_size) * PAGE_CHUNK_COST_NS;
+    bool fine = region->pool == GM_POOL_SMALL || engine->credit_ns >= page_chunks_cost;
+    uint64_t piece = fine ? engine->page_size : need;
+    gm_status status = GM_OK;
+    for (*created_out = 0; *created_out < need && status == GM_OK;) {
+        status = create_chunk(allocator, region, address + *created_out, piece);
+        if (status == GM_OK)
+            *created_out += piece;
+    }
+    return status;
+}
+
+/* The unmapped block of `region` that contains `address`. */
+static gm_block *unmapped_at(gm_region *region, uintptr_t address)
+{
+    for (gm_block *hole = data_of(region)->unmapped; hole; hole = hole->free_next)
+        if (hole->address <= address && address < hole->address + hole->size)
+            return hole;
+    return NULL;
+}
+
+/* Back [from, to), inside an unmapped block, with physical memory: idle chunks first when new memory
+ * would raise reserved memory past its peak (or the device is full), then new memory. The mapped
+ * part is made accessible and turned into free space merged with its neighbours: *opened_out, the
+ * merged free block, detached (NULL if nothing could be mapped). */
+static gm_status back_part(gm_allocator *allocator, const window *where, uintptr_t from, uintptr_t to,
+                           gm_block **opened_out)
+{
+    page_engine *engine = engine_of(allocator);
+    gm_region *region = where->region;
+    gm_block *hole = unmapped_at(region, from);
+    uint64_t need = to - from, room = hole->address + hole->size - from;
+    const gm_stat *reserved = &allocator->stats.reserved_bytes[GM_POOL_ALL];
+    int64_t spent_before = allocator->backend->call_ns;
+    uint64_t mapped = 0, created = 0;
+    gm_status status = GM_OK;
+    if (reserved->current + (int64_t)need > reserved->peak || !gm_may_reserve(allocator, need))
+        mapped = move_idle_chunks(allocator, where, from, need, room, &status);
+    if (status == GM_OK && mapped < need) {
+        status = create_memory(allocator, region, from + mapped, need - mapped, &created);
+        mapped += created;
+        if (status == GM_ERROR_OUT_OF_MEMORY) { /* the device is full: any idle memory will do */
+            uint64_t moved = move_idle_chunks(allocator, where, from + mapped, need - mapped, need - mapped, &status);
+            mapped += moved;
+            if (status == GM_OK && mapped < need)
+                status = gm_fail(GM_ERROR_OUT_OF_MEMORY, "the device has no room for %" PRIu64 " more bytes",
+                                 need - mapped);
+        }
+    }
+    engine->credit_ns -= allocator->backend->call_ns - spent_before;
+    *opened_out = NULL;
+    if (mapped == 0)
+        return status;
+    gm_status access = gm_backend_set_access(allocator->backend, from, mapped);
+    status = status == GM_OK ? access : status;
+    hole = unmapped_at(region, from); /* evictions may have merged unmapped blocks */
+    unmapped_remove(region, hole);
+    gm_block *opened = carve(allocator, hole, from, from + mapped, GM_BLOCK_FREE);
+    if (!opened) {
+        unmapped_insert(region, hole);
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for block metadata");
+    }
+    *opened_out = merge_alike(allocator, opened);
+    return status;
+}
+
+/* Map the window for `size` bytes; *block_out is the free block (detached) that starts at or before
+ * the window and covers it. */
 static gm_status grow(gm_allocator *allocator, gm_heap *heap, int pool, uint64_t size, gm_block **block_out)
 {
     page_engine *engine = engine_of(allocator);
-    placement where = choose_placement(heap, pool, size, engine->page_size);
-    if (!where.hole) {
+    uint64_t page_size = engine->page_size;
+    window where = choose_window(heap, pool, size, page_size);
+    if (!where.region) {
         gm_region *region = NULL;
         gm_status status = new_region(allocator, heap, pool, &region);
         if (status != GM_OK)
             return status;
-        where = place_in_hole(region->first_block, size, engine->page_size);
-        if (!where.hole)
-            return gm_fail(GM_ERROR_OUT_OF_MEMORY, "request of %" PRIu64 " bytes exceeds a region", size);
+        if (region->size < size)
+            return gm_fail(GM_ERROR_OUT_OF_MEMORY, "a request of %" PRIu64 " bytes exceeds the address range", size);
+        where = (window){region, region->base, region->base + region->size, region->base, 0};
     }
-    uint64_t mapped = 0;
-    gm_status status = back_pages(allocator, &where, &mapped);
-    if (mapped == 0)
-        return status;
-    gm_block *opened = open_mapped(allocator, where.hole, where.map_start, mapped);
-    if (!opened)
-        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for block metadata");
-    if (status != GM_OK || opened->size < size) {
-        gm_index_free_block(allocator, opened);
-        return status != GM_OK ? status : gm_fail(GM_ERROR_OUT_OF_MEMORY, "growth fell short");
+    engine->quiesce_generation++;
+    uintptr_t end = where.start + size;
+    gm_block *opened = NULL;
+    for (uintptr_t cursor = page_floor(where.start, page_size); cursor < end;) {
+        gm_block *hole = unmapped_at(where.region, cursor);
+        uintptr_t from = 0, to = 0;
+        if (!hole || !part_to_back(hole, cursor, end, page_size, &from, &to)) {
+            cursor += page_size; /* a mapped page: nothing to back */
+            continue;
+        }
+        if (opened) /* the previous part: indexed; the next part merges it back */
+            gm_index_free_block(allocator, opened);
+        gm_status status = back_part(allocator, &where, from, to, &opened);
+        if (status != GM_OK) {
+            if (opened)
+                gm_index_free_block(allocator, opened);
+            return status;
+        }
+        cursor = to;
+    }
+    if (!opened || opened->address > where.start || opened->address + opened->size < end) {
+        if (opened)
+            gm_index_free_block(allocator, opened);
+        return gm_fail(GM_ERROR_CORRUPT, "growth did not open the window it chose");
     }
     *block_out = opened;
     return GM_OK;
@@ -550,6 +690,9 @@ static gm_status grow(gm_allocator *allocator, gm_heap *heap, int pool, uint64_t
 
 static gm_status pages_allocate(gm_allocator *allocator, gm_heap *heap, int pool, uint64_t size, gm_block **block_out)
 {
+    page_engine *engine = engine_of(allocator);
+    if (engine->credit_ns < CREDIT_LIMIT_NS)
+        engine->credit_ns += engine->credit_per_allocation;
     gm_block *block = gm_size_index_find(gm_heap_index(heap, pool), size);
     if (block) {
         gm_unindex_free_block(allocator, block);
@@ -569,20 +712,18 @@ static gm_status pages_allocate(gm_allocator *allocator, gm_heap *heap, int pool
 static void pages_free_block(gm_allocator *allocator, gm_block *block)
 {
     block->state = GM_BLOCK_FREE;
-    block = merge_alike(allocator, block);
-    gm_index_free_block(allocator, block);
+    gm_index_free_block(allocator, merge_alike(allocator, block));
 }
 
 static void pages_release_cached(gm_allocator *allocator)
 {
-    size_t idle_count = find_idle_chunks(allocator, NULL, NULL);
     page_engine *engine = engine_of(allocator);
-    for (size_t i = 0; i < idle_count; i++) {
+    size_t count = find_idle_chunks(allocator, NULL, 0, 0);
+    engine->quiesce_generation++;
+    for (size_t i = 0; i < count; i++) {
         idle_chunk *candidate = &engine->idle[i];
-        if (quiesce(allocator, candidate->region->heap) != GM_OK ||
-            evict_chunk(allocator, candidate->region, candidate->chunk) != GM_OK)
-            continue;
-        release_chunk(allocator, candidate->region, candidate->chunk);
+        if (evict_chunk(allocator, candidate->region, candidate->chunk) == GM_OK)
+            release_chunk(allocator, candidate->region, candidate->chunk);
     }
 }
 
@@ -596,8 +737,7 @@ static gm_status validate_region(gm_allocator *allocator, gm_region *region, gm_
         if (block->address != expected || block->previous != previous || block->region != region)
             return gm_fail(GM_ERROR_CORRUPT, "region 0x%" PRIxPTR ": block 0x%" PRIxPTR " out of place", region->base,
                            block->address);
-        if ((block->state == GM_BLOCK_FREE || block->state == GM_BLOCK_UNMAPPED) && previous &&
-            previous->state == block->state)
+        if (is_vacant(block) && previous && previous->state == block->state)
             return gm_fail(GM_ERROR_CORRUPT, "two adjacent blocks of state %d at 0x%" PRIxPTR, block->state,
                            block->address);
         uint64_t first = page_index(region, block->address, engine->page_size);
@@ -648,8 +788,9 @@ static gm_status pages_create(gm_allocator *allocator)
     if (!engine)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the pages engine");
     engine->page_size = allocator->backend->page_size;
-    /* Twice the usable memory: room for holes left by moved chunks, never more than needed. */
+    /* Twice the usable memory: room for holes left by moved chunks. */
     engine->region_size = gm_round_up(allocator->memory_limit, engine->page_size) * 2;
+    engine->credit_per_allocation = allocator->options.device_credit_ns;
     allocator->engine_state = engine;
     return GM_OK;
 }
@@ -671,6 +812,8 @@ static void pages_destroy(gm_allocator *allocator)
             gm_backend_address_free(allocator->backend, region->base, region->size);
             for (gm_block *block = region->first_block; block;) {
                 gm_block *next = block->next;
+                if (block->indexed)
+                    gm_unindex_free_block(allocator, block);
                 gm_block_delete(&allocator->block_pool, block);
                 block = next;
             }
