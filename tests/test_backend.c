@@ -67,8 +67,8 @@ static void mapping_rules_are_enforced(void)
     CHECK_STATUS(gm_backend_unmap(backend, range, 8 * MiB), GM_ERROR_DEVICE); /* not one mapping */
     CHECK_STATUS(gm_backend_address_free(backend, range, 16 * MiB), GM_ERROR_DEVICE); /* still mapped */
     /* Released while mapped: the memory lives until the mapping goes. */
-    CHECK_OK(gm_backend_physical_release(backend, handle));
-    CHECK_STATUS(gm_backend_physical_release(backend, handle), GM_ERROR_DEVICE);
+    CHECK_OK(gm_backend_physical_release(backend, handle, 4 * MiB));
+    CHECK_STATUS(gm_backend_physical_release(backend, handle, 4 * MiB), GM_ERROR_DEVICE);
     uint64_t free_bytes = 0, total = 0;
     CHECK_OK(gm_backend_memory_info(backend, &free_bytes, &total));
     CHECK_EQ_INT(total - free_bytes, 8 * MiB);
@@ -77,7 +77,7 @@ static void mapping_rules_are_enforced(void)
     CHECK_EQ_INT(total - free_bytes, 4 * MiB);
     CHECK_STATUS(gm_backend_unmap(backend, range, 4 * MiB), GM_ERROR_DEVICE);
     CHECK_OK(gm_backend_unmap(backend, range + 4 * MiB, 4 * MiB));
-    CHECK_OK(gm_backend_physical_release(backend, other));
+    CHECK_OK(gm_backend_physical_release(backend, other, 4 * MiB));
     CHECK_OK(gm_backend_address_free(backend, range, 16 * MiB));
     CHECK_STATUS(gm_backend_address_free(backend, range, 16 * MiB), GM_ERROR_DEVICE);
     CHECK_OK(gm_backend_memory_info(backend, &free_bytes, &total));
@@ -145,7 +145,7 @@ static void host_physical_memory_keeps_its_data_when_remapped(void)
     const unsigned char *moved = (const unsigned char *)(range + 10 * MiB);
     CHECK(moved[0] == 0x5a && moved[2 * MiB - 1] == 0x5a);
     CHECK_OK(gm_backend_unmap(backend, range + 10 * MiB, 2 * MiB));
-    CHECK_OK(gm_backend_physical_release(backend, handle));
+    CHECK_OK(gm_backend_physical_release(backend, handle, 2 * MiB));
     CHECK_OK(gm_backend_address_free(backend, range, 16 * MiB));
     gm_backend_close(backend);
 }

@@ -9,8 +9,9 @@
  * and events for cross-stream reuse: event_create / record / query / synchronize / destroy.
  *
  * The allocator never calls the operations table directly: the gm_backend_* wrappers below count
- * every call by kind and add its cost (measured time on real backends; the H200 cost model on
- * "sim", which sets `charges_cost` and reports its own cost per call) to the backend's totals.
+ * every call by kind and add its cost to the backend's totals: the cost the H200 model gives it
+ * (measured on an H200 with CUDA 13.0, linear in size) always, and as `call_ns` the measured time on
+ * real backends or the modelled cost on "sim" (which sets `charges_cost`).
  * Physical handles and events are opaque 64-bit values chosen by the backend.
  */
 #ifndef GM_BACKEND_H
@@ -61,10 +62,10 @@ struct gm_backend {
     uint64_t total_bytes;       /* device memory */
     uint64_t page_size;         /* mapping granularity */
     bool supports_virtual_memory;
-    bool charges_cost;          /* the backend reports modelled cost through last_call_cost_ns */
-    int64_t last_call_cost_ns;  /* set by a cost-charging backend in each call */
+    bool charges_cost;          /* calls cost what the H200 model says (sim), not their wall time */
     int64_t calls[GM_CALL_KIND_COUNT];
-    int64_t call_ns;            /* total cost of all calls */
+    int64_t call_ns;            /* total cost of all calls: modelled if charges_cost, else measured */
+    int64_t modelled_ns;        /* total cost of all calls by the H200 model, on every backend */
 };
 
 /* Open the backend named by options->backend. On failure *backend_out is untouched and
@@ -72,9 +73,16 @@ struct gm_backend {
 gm_status gm_backend_open(const gm_options *options, gm_backend **backend_out);
 void gm_backend_close(gm_backend *backend);
 
+/* An entry point of the CUDA driver (loaded and initialized once), or NULL where there is none.
+ * For the GPU tests, which drive the device beside the allocator. */
+void *gm_cuda_driver_symbol(const char *name);
+
 extern const gm_backend_operations gm_sim_backend_operations;
 extern const gm_backend_operations gm_host_backend_operations;
 extern const gm_backend_operations gm_cuda_backend_operations;
+
+/* The modelled cost of one call of `kind` on `size` bytes, in nanoseconds (H200, CUDA 13.0). */
+int64_t gm_device_call_cost_ns(gm_device_call kind, uint64_t size);
 
 /* Counted wrappers. */
 gm_status gm_backend_segment_allocate(gm_backend *backend, uint64_t size, uintptr_t *address_out);
@@ -82,7 +90,7 @@ gm_status gm_backend_segment_free(gm_backend *backend, uintptr_t address, uint64
 gm_status gm_backend_address_reserve(gm_backend *backend, uint64_t size, uintptr_t *address_out);
 gm_status gm_backend_address_free(gm_backend *backend, uintptr_t address, uint64_t size);
 gm_status gm_backend_physical_create(gm_backend *backend, uint64_t size, uint64_t *handle_out);
-gm_status gm_backend_physical_release(gm_backend *backend, uint64_t handle);
+gm_status gm_backend_physical_release(gm_backend *backend, uint64_t handle, uint64_t size);
 gm_status gm_backend_map(gm_backend *backend, uintptr_t address, uint64_t size, uint64_t handle);
 gm_status gm_backend_set_access(gm_backend *backend, uintptr_t address, uint64_t size);
 gm_status gm_backend_unmap(gm_backend *backend, uintptr_t address, uint64_t size);

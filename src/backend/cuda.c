@@ -102,10 +102,11 @@ typedef struct cuda_driver {
 static cuda_driver driver;
 static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
 static char driver_failure[512];
+static void *driver_library;
 
 static void load_driver(void)
 {
-    void *library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    void *library = driver_library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!library) {
         snprintf(driver_failure, sizeof driver_failure,
                  "cuda backend: cannot load libcuda.so.1, so there is no NVIDIA driver on this machine (%s)", dlerror());
@@ -162,6 +163,12 @@ static void load_driver(void)
         return;
     }
     driver = loaded;
+}
+
+void *gm_cuda_driver_symbol(const char *name)
+{
+    pthread_once(&driver_once, load_driver);
+    return driver.init ? dlsym(driver_library, name) : NULL;
 }
 
 /* ---------------------------------------------------------------- state and errors */

@@ -56,42 +56,6 @@ struct gm_device_model {
     size_t event_count;
 };
 
-/* ---------------------------------------------------------------- cost model */
-
-/* Median microseconds measured on an H200 with CUDA 13.0 at 2 MiB, 20 MiB, 256 MiB and 1 GiB. */
-static const double measured_sizes_mib[4] = {2, 20, 256, 1024};
-static const double measured_microseconds[GM_CALL_KIND_COUNT][4] = {
-    [GM_CALL_SEGMENT_ALLOCATE] = {45, 46, 80, 171},
-    [GM_CALL_SEGMENT_FREE] = {38, 52, 167, 533},
-    [GM_CALL_PHYSICAL_CREATE] = {12, 12, 17, 98},
-    [GM_CALL_MAP] = {1.1, 1.0, 1.2, 1.8},
-    [GM_CALL_SET_ACCESS] = {27, 27, 58, 98},
-    [GM_CALL_UNMAP] = {18, 18, 27, 38},
-    [GM_CALL_PHYSICAL_RELEASE] = {13, 28, 133, 508},
-};
-
-int64_t gm_device_call_cost_ns(gm_device_call kind, uint64_t size)
-{
-    const double *cost = measured_microseconds[kind];
-    if (cost[0] == 0)
-        return 0; /* not measured: reserve/free of address ranges, events */
-    double mib = (double)size / (1024.0 * 1024.0);
-    if (mib <= measured_sizes_mib[0])
-        return (int64_t)(cost[0] * 1000.0);
-    size_t segment = 0;
-    while (segment < 2 && mib > measured_sizes_mib[segment + 1])
-        segment++;
-    double left = measured_sizes_mib[segment], right = measured_sizes_mib[segment + 1];
-    double microseconds = cost[segment] + (cost[segment + 1] - cost[segment]) * (mib - left) / (right - left);
-    return microseconds > 0 ? (int64_t)(microseconds * 1000.0) : 0;
-}
-
-static void charge(gm_device_model *model, gm_device_call kind, uint64_t size)
-{
-    if (model->backend->charges_cost)
-        model->backend->last_call_cost_ns = gm_device_call_cost_ns(kind, size);
-}
-
 /* ---------------------------------------------------------------- life */
 
 gm_status gm_device_model_create(gm_backend *backend, uint64_t capacity, uint64_t page_size,
@@ -148,7 +112,6 @@ gm_status gm_device_model_check_room(gm_device_model *model, uint64_t size)
 
 gm_status gm_device_model_segment_allocate(gm_device_model *model, uintptr_t address, uint64_t size)
 {
-    charge(model, GM_CALL_SEGMENT_ALLOCATE, size);
     gm_status status = gm_device_model_check_room(model, size);
     if (status != GM_OK)
         return status;
@@ -160,7 +123,6 @@ gm_status gm_device_model_segment_allocate(gm_device_model *model, uintptr_t add
 
 gm_status gm_device_model_segment_free(gm_device_model *model, uintptr_t address, uint64_t size)
 {
-    charge(model, GM_CALL_SEGMENT_FREE, size);
     uint64_t recorded = 0;
     if (!gm_hash_map_get(&model->segments, address, &recorded))
         return gm_fail(GM_ERROR_DEVICE, "segment free of 0x%" PRIxPTR ", which is not a segment", address);
@@ -186,7 +148,6 @@ static reservation *find_reservation(gm_device_model *model, uintptr_t address, 
 
 gm_status gm_device_model_address_reserve(gm_device_model *model, uintptr_t address, uint64_t size)
 {
-    charge(model, GM_CALL_ADDRESS_RESERVE, size);
     if (size == 0 || size % model->page_size || address % model->page_size)
         return gm_fail(GM_ERROR_DEVICE, "address reservation of %" PRIu64 " bytes is not page-aligned", size);
     reservation *grown = realloc(model->reservations, (model->reservation_count + 1) * sizeof *grown);
@@ -229,7 +190,6 @@ static void set_pages(reservation *range, uint64_t first, uint64_t count, bool m
 
 gm_status gm_device_model_address_free(gm_device_model *model, uintptr_t address, uint64_t size)
 {
-    charge(model, GM_CALL_ADDRESS_FREE, size);
     for (size_t i = 0; i < model->reservation_count; i++) {
         reservation *range = &model->reservations[i];
         if (range->base != address)
@@ -253,7 +213,6 @@ static physical_memory *find_physical(gm_device_model *model, uint64_t handle)
 
 gm_status gm_device_model_physical_create(gm_device_model *model, uint64_t handle, uint64_t size)
 {
-    charge(model, GM_CALL_PHYSICAL_CREATE, size);
     if (size == 0 || size % model->page_size)
         return gm_fail(GM_ERROR_DEVICE, "physical allocation of %" PRIu64 " bytes is not a multiple of the page size", size);
     gm_status status = gm_device_model_check_room(model, size);
@@ -279,7 +238,6 @@ static void forget_physical(gm_device_model *model, uint64_t handle, physical_me
 gm_status gm_device_model_physical_release(gm_device_model *model, uint64_t handle)
 {
     physical_memory *memory = find_physical(model, handle);
-    charge(model, GM_CALL_PHYSICAL_RELEASE, memory ? memory->size : 0);
     if (!memory || memory->released)
         return gm_fail(GM_ERROR_DEVICE, "release of physical handle %" PRIu64 ", which is not live", handle);
     memory->released = true;
@@ -299,7 +257,6 @@ gm_status gm_device_model_physical_size(gm_device_model *model, uint64_t handle,
 
 gm_status gm_device_model_map(gm_device_model *model, uintptr_t address, uint64_t size, uint64_t handle)
 {
-    charge(model, GM_CALL_MAP, size);
     physical_memory *memory = find_physical(model, handle);
     if (!memory || memory->released)
         return gm_fail(GM_ERROR_DEVICE, "map of physical handle %" PRIu64 ", which is not live", handle);
@@ -321,7 +278,6 @@ gm_status gm_device_model_map(gm_device_model *model, uintptr_t address, uint64_
 
 gm_status gm_device_model_set_access(gm_device_model *model, uintptr_t address, uint64_t size)
 {
-    charge(model, GM_CALL_SET_ACCESS, size);
     reservation *range = find_reservation(model, address, size);
     if (!range || address % model->page_size || size % model->page_size ||
         !all_pages_mapped(range, (address - range->base) / model->page_size, size / model->page_size))
@@ -332,7 +288,6 @@ gm_status gm_device_model_set_access(gm_device_model *model, uintptr_t address, 
 
 gm_status gm_device_model_unmap(gm_device_model *model, uintptr_t address, uint64_t size)
 {
-    charge(model, GM_CALL_UNMAP, size);
     uint64_t mapped_size = 0, handle = 0;
     if (!gm_hash_map_get(&model->mapping_sizes, address, &mapped_size) || mapped_size != size)
         return gm_fail(GM_ERROR_DEVICE, "unmap of 0x%" PRIxPTR "+%" PRIu64 ", which is not one mapping", address, size);

@@ -9,9 +9,6 @@
  *
  * It also simulates streams: each stream counts units of work queued and completed; an event
  * recorded on a stream is done once the work queued before it has completed.
- *
- * And it prices device calls with the costs measured on an H200 (CUDA 13.0, median microseconds,
- * linear in size between the measured sizes and beyond them).
  */
 #ifndef GM_DEVICE_MODEL_H
 #define GM_DEVICE_MODEL_H
@@ -20,7 +17,6 @@
 
 typedef struct gm_device_model gm_device_model;
 
-/* `backend` receives the cost of each call in last_call_cost_ns when backend->charges_cost. */
 gm_status gm_device_model_create(gm_backend *backend, uint64_t capacity, uint64_t page_size,
                                  gm_device_model **model_out);
 void gm_device_model_destroy(gm_device_model *model);
@@ -59,8 +55,5 @@ gm_status gm_model_event_query(gm_backend *backend, uint64_t event, bool *done_o
 gm_status gm_model_event_synchronize(gm_backend *backend, uint64_t event);
 gm_status gm_model_stream_enqueue(gm_backend *backend, gm_stream stream, uint64_t units);
 gm_status gm_model_stream_complete(gm_backend *backend, gm_stream stream);
-
-/* The modelled cost of one call of `kind` on `size` bytes, in nanoseconds. */
-int64_t gm_device_call_cost_ns(gm_device_call kind, uint64_t size);
 
 #endif

@@ -79,8 +79,6 @@ static gm_status sim_segment_allocate(gm_backend *backend, uint64_t size, uintpt
         status = take_addresses(state, size, &address);
     if (status == GM_OK)
         status = gm_device_model_segment_allocate(state->model, address, size);
-    else
-        backend->last_call_cost_ns = gm_device_call_cost_ns(GM_CALL_SEGMENT_ALLOCATE, size);
     if (status == GM_OK)
         *address_out = address;
     return status;

@@ -285,7 +285,7 @@ static gm_status create_chunk(gm_allocator *allocator, gm_region *region, uintpt
     if (status == GM_OK) {
         status = map_chunk(allocator, region, chunk, address);
         if (status != GM_OK)
-            gm_backend_physical_release(allocator->backend, chunk->handle);
+            gm_backend_physical_release(allocator->backend, chunk->handle, chunk->size);
     }
     if (status != GM_OK) {
         free(chunk);
@@ -298,7 +298,7 @@ static gm_status create_chunk(gm_allocator *allocator, gm_region *region, uintpt
 
 static void release_chunk(gm_allocator *allocator, gm_region *region, page_chunk *chunk)
 {
-    gm_backend_physical_release(allocator->backend, chunk->handle);
+    gm_backend_physical_release(allocator->backend, chunk->handle, chunk->size);
     gm_count_reserved(allocator, region->pool, -(int64_t)chunk->size, -1);
     allocator->stats.num_device_free++;
     free(chunk);
@@ -608,7 +608,7 @@ static gm_status back_part(gm_allocator *allocator, const window *where, uintptr
     gm_block *hole = unmapped_at(region, from);
     uint64_t need = to - from, room = hole->address + hole->size - from;
     const gm_stat *reserved = &allocator->stats.reserved_bytes[GM_POOL_ALL];
-    int64_t spent_before = allocator->backend->call_ns;
+    int64_t spent_before = allocator->backend->modelled_ns;
     uint64_t mapped = 0, created = 0;
     gm_status status = GM_OK;
     if (reserved->current + (int64_t)need > reserved->peak || !gm_may_reserve(allocator, need))
@@ -624,7 +624,7 @@ static gm_status back_part(gm_allocator *allocator, const window *where, uintptr
                                  need - mapped);
         }
     }
-    engine->credit_ns -= allocator->backend->call_ns - spent_before;
+    engine->credit_ns -= allocator->backend->modelled_ns - spent_before;
     *opened_out = NULL;
     if (mapped == 0)
         return status;

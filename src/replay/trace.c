@@ -1,5 +1,8 @@
 /*
- * trace.c -- reading allocation traces (plain or gzip, through zlib) into a dense array.
+ * trace.c -- reading allocation traces (plain or gzip) into a dense array.
+ *
+ * gzip is read through zlib where the build found it, else through a `gzip -dc` pipe (zlib reads
+ * plain files too; without it, plain files are read directly).
  *
  * Each line is checked: the operation letter, four fields, numbers that parse, an allocation id
  * that is not already live, a free of an id that is. Ids become slots (reused after a free) so
@@ -15,7 +18,10 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#ifdef GPUMEM_HAVE_ZLIB
 #include <zlib.h>
+#endif
 
 typedef struct loader {
     const char *path;
@@ -182,10 +188,89 @@ static gm_status parse_line(loader *state, char *line)
     return GM_OK;
 }
 
-static gm_status read_lines(loader *state, gzFile file)
+/* A line source: zlib, or a plain stream (a file, or a `gzip -dc` pipe). */
+typedef struct line_source {
+#ifdef GPUMEM_HAVE_ZLIB
+    gzFile compressed;
+#endif
+    FILE *plain;
+    bool piped;
+} line_source;
+
+#ifndef GPUMEM_HAVE_ZLIB
+static bool is_gzip_name(const char *path)
+{
+    size_t length = strlen(path);
+    return length > 3 && strcmp(path + length - 3, ".gz") == 0;
+}
+#endif
+
+static gm_status open_source(const char *path, line_source *source)
+{
+    memset(source, 0, sizeof *source);
+    struct stat status;
+    if (stat(path, &status) != 0)
+        return gm_fail(GM_ERROR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (S_ISDIR(status.st_mode))
+        return gm_fail(GM_ERROR_IO, "%s: cannot open: it is a directory", path);
+#ifdef GPUMEM_HAVE_ZLIB
+    source->compressed = gzopen(path, "rb");
+    if (!source->compressed)
+        return gm_fail(GM_ERROR_IO, "%s: cannot open: %s", path, errno ? strerror(errno) : "out of memory");
+    return GM_OK;
+#else
+    if (is_gzip_name(path)) {
+        char command[4200];
+        if (strchr(path, '\'') || strlen(path) > 4000)
+            return gm_fail(GM_ERROR_IO, "%s: cannot open: unusual file name", path);
+        snprintf(command, sizeof command, "gzip -dc -- '%s'", path);
+        source->plain = popen(command, "r");
+        source->piped = true;
+    } else {
+        source->plain = fopen(path, "r");
+    }
+    if (!source->plain)
+        return gm_fail(GM_ERROR_IO, "%s: cannot open: %s", path, strerror(errno));
+    return GM_OK;
+#endif
+}
+
+static char *read_line(line_source *source, char *buffer, int size)
+{
+#ifdef GPUMEM_HAVE_ZLIB
+    if (source->compressed)
+        return gzgets(source->compressed, buffer, size);
+#endif
+    return fgets(buffer, size, source->plain);
+}
+
+/* Close the source; GM_OK if everything was read cleanly. */
+static gm_status close_source(const char *path, line_source *source, unsigned long line)
+{
+    gm_status status = GM_OK;
+#ifdef GPUMEM_HAVE_ZLIB
+    if (source->compressed) {
+        int error_number = 0;
+        const char *message = gzerror(source->compressed, &error_number);
+        if (error_number != Z_OK && error_number != Z_STREAM_END)
+            status = gm_fail(GM_ERROR_IO, "%s:%lu: cannot read: %s", path, line + 1,
+                             error_number == Z_ERRNO ? strerror(errno) : message);
+        gzclose(source->compressed);
+        return status;
+    }
+#endif
+    if (ferror(source->plain))
+        status = gm_fail(GM_ERROR_IO, "%s:%lu: cannot read: %s", path, line + 1, strerror(errno));
+    int closed = source->piped ? pclose(source->plain) : fclose(source->plain);
+    if (status == GM_OK && source->piped && closed != 0)
+        status = gm_fail(GM_ERROR_IO, "%s:%lu: cannot read: gzip -dc failed (exit status %d)", path, line + 1, closed);
+    return status;
+}
+
+static gm_status read_lines(loader *state, line_source *source)
 {
     char line[512];
-    while (gzgets(file, line, sizeof line)) {
+    while (read_line(source, line, sizeof line)) {
         state->line++;
         size_t length = strlen(line);
         if (length == sizeof line - 1 && line[length - 1] != '\n')
@@ -198,11 +283,6 @@ static gm_status read_lines(loader *state, gzFile file)
         if (status != GM_OK)
             return status;
     }
-    int error_number = 0;
-    const char *message = gzerror(file, &error_number);
-    if (error_number != Z_OK && error_number != Z_STREAM_END)
-        return gm_fail(GM_ERROR_IO, "%s:%lu: cannot read: %s", state->path, state->line + 1,
-                       error_number == Z_ERRNO ? strerror(errno) : message);
     return GM_OK;
 }
 
@@ -211,13 +291,16 @@ gm_status gm_trace_load(const char *path, gm_trace *trace_out)
     if (!path || !trace_out)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_trace_load: an argument is NULL");
     memset(trace_out, 0, sizeof *trace_out);
-    gzFile file = gzopen(path, "rb");
-    if (!file)
-        return gm_fail(GM_ERROR_IO, "%s: cannot open: %s", path, errno ? strerror(errno) : "out of memory");
+    line_source source;
+    gm_status status = open_source(path, &source);
+    if (status != GM_OK)
+        return status;
     loader state = {.path = path, .trace = trace_out};
-    gm_status status = gm_hash_map_init(&state.live_ids, 4096) ? read_lines(&state, file)
-                                                                : gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory");
-    gzclose(file);
+    status = gm_hash_map_init(&state.live_ids, 4096) ? read_lines(&state, &source)
+                                                     : gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory");
+    gm_status closed = close_source(path, &source, state.line);
+    if (status == GM_OK)
+        status = closed;
     gm_hash_map_free(&state.live_ids);
     free(state.free_slots);
     free(state.slot_sizes);

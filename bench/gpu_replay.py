@@ -1,0 +1,227 @@
+"""Replay allocation traces on the GPU through every allocator, side by side, and print a table.
+
+    python3 bench/gpu_replay.py [--traces data/traces] [--library build/libgpumem.so] [--out results.jsonl]
+
+Allocators: gpumem (its cuda backend, default configuration), PyTorch's caching allocator
+(torch-native), PyTorch with expandable segments (torch-expandable) and cudaMallocAsync on the
+default pool with an unlimited release threshold (cuda-async). Each allocator runs in a fresh process
+(PYTORCH_CUDA_ALLOC_CONF only takes effect before CUDA starts); in it every trace is replayed twice,
+cold (the first pass, which creates the device memory) and warm (the second, which reuses it).
+The replay loop is C++ (a small torch extension compiled on first use, like ../shared/anchors/replay.py):
+it calls c10::cuda::CUDACachingAllocator::raw_alloc/raw_delete, cudaMallocAsync/cudaFreeAsync, or
+gm_malloc/gm_free, and times the whole pass including a final device synchronize.
+
+Columns: ns per operation cold and warm; peak reserved bytes as the allocator reports them and as the
+device's own free-memory reading shows them (used memory at the end of the cold pass, before the
+leftovers are freed: none of these allocators gives memory back on its own); ratio = peak reserved /
+peak live.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+ALLOCATORS = {
+    "gpumem": {},
+    "torch-native": {},
+    "torch-expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+    "cuda-async": {},
+}
+
+SOURCE = r"""
+#include <torch/extension.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <cuda_runtime.h>
+#include <chrono>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+#include "gpumem.h"
+
+static double now_ns() {
+  return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+struct Replayer {
+  int mode;  // 0 torch caching allocator, 1 cudaMallocAsync, 2 gpumem
+  gm_allocator *gpumem = nullptr;
+  cudaMemPool_t pool{};
+};
+
+static Replayer replayer;
+
+void start(int64_t mode) {
+  replayer.mode = (int)mode;
+  if (mode == 1) {
+    cudaDeviceGetDefaultMemPool(&replayer.pool, 0);
+    uint64_t threshold = UINT64_MAX, zero = 0;
+    cudaMemPoolSetAttribute(replayer.pool, cudaMemPoolAttrReleaseThreshold, &threshold);
+    cudaMemPoolSetAttribute(replayer.pool, cudaMemPoolAttrReservedMemHigh, &zero);
+  } else if (mode == 2) {
+    if (gm_create_from_environment("backend:cuda", &replayer.gpumem) != GM_OK)
+      throw std::runtime_error(std::string("gpumem: ") + gm_last_error());
+  }
+}
+
+static void *allocate(int64_t size) {
+  void *pointer = nullptr;
+  if (replayer.mode == 0) return c10::cuda::CUDACachingAllocator::raw_alloc(size);
+  if (replayer.mode == 1) return cudaMallocAsync(&pointer, size, 0) == cudaSuccess ? pointer : nullptr;
+  return gm_malloc(replayer.gpumem, size, 0, &pointer) == GM_OK ? pointer : nullptr;
+}
+
+static void release(void *pointer) {
+  if (replayer.mode == 0) c10::cuda::CUDACachingAllocator::raw_delete(pointer);
+  else if (replayer.mode == 1) cudaFreeAsync(pointer, 0);
+  else gm_free(replayer.gpumem, pointer);
+}
+
+// ops: int64 [n, 3] = (0 allocate / 1 free, slot, size). Returns ns/op, peak live, failures,
+// device-used bytes at the end of the pass (before leftovers are freed).
+std::vector<double> pass(torch::Tensor ops, int64_t slots) {
+  auto a = ops.accessor<int64_t, 2>();
+  std::vector<void *> slot(slots, nullptr);
+  std::vector<int64_t> sizes(slots, 0);
+  int64_t live = 0, peak = 0, failures = 0;
+  cudaDeviceSynchronize();
+  double t0 = now_ns();
+  for (int64_t i = 0; i < ops.size(0); i++) {
+    int64_t kind = a[i][0], id = a[i][1], size = a[i][2];
+    if (kind == 0) {
+      void *p = allocate(size);
+      if (!p && size) { failures++; continue; }
+      slot[id] = p; sizes[id] = size; live += size; if (live > peak) peak = live;
+    } else if (slot[id]) {
+      release(slot[id]); slot[id] = nullptr; live -= sizes[id];
+    }
+  }
+  cudaDeviceSynchronize();
+  double t1 = now_ns();
+  size_t free_bytes = 0, total = 0;
+  cudaMemGetInfo(&free_bytes, &total);
+  for (int64_t i = 0; i < slots; i++) if (slot[i]) release(slot[i]);
+  cudaDeviceSynchronize();
+  return {(t1 - t0) / ops.size(0), (double)peak, (double)failures, (double)(total - free_bytes)};
+}
+
+// Peak reserved bytes as the allocator reports them (torch reads its own stats in Python).
+double reserved_peak() {
+  if (replayer.mode == 1) {
+    uint64_t value = 0;
+    cudaMemPoolGetAttribute(replayer.pool, cudaMemPoolAttrReservedMemHigh, &value);
+    return (double)value;
+  }
+  if (replayer.mode == 2) {
+    gm_stats stats;
+    gm_get_stats(replayer.gpumem, &stats);
+    return (double)stats.reserved_bytes[GM_POOL_ALL].peak;
+  }
+  return 0;
+}
+
+void reset_peak() {
+  if (replayer.mode == 1) { uint64_t zero = 0; cudaMemPoolSetAttribute(replayer.pool, cudaMemPoolAttrReservedMemHigh, &zero); }
+  if (replayer.mode == 2) gm_reset_peak_stats(replayer.gpumem);
+}
+
+void finish() {
+  if (replayer.mode == 2) { gm_destroy(replayer.gpumem, nullptr); replayer.gpumem = nullptr; }
+  if (replayer.mode == 1) cudaMemPoolTrimTo(replayer.pool, 0);
+  if (replayer.mode == 0) c10::cuda::CUDACachingAllocator::emptyCache();
+  cudaDeviceSynchronize();
+}
+"""
+
+
+def load_ops(path):
+    import gzip
+    import numpy as np
+    import torch
+    opener = gzip.open if path.endswith(".gz") else open
+    ids, rows = {}, []
+    with opener(path, "rt") as f:
+        for line in f:
+            if line[0] == "#":
+                continue
+            op, i, size, _ = line.split(",")
+            rows.append((0 if op == "a" else 1, int(i), int(size)))
+    ops = torch.tensor(np.array(rows, dtype=np.int64))
+    return ops, int(ops[:, 1].max()) + 1
+
+
+def worker(allocator, traces, library):
+    import torch
+    from torch.utils.cpp_extension import load_inline
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ext = load_inline("gpumem_gpu_replay", cpp_sources=SOURCE, functions=["start", "pass", "reserved_peak",
+                                                                          "reset_peak", "finish"],
+                      with_cuda=True, extra_cflags=["-O2", f"-I{root}/include"],
+                      extra_ldflags=[f"-L{os.path.dirname(library)}", "-lgpumem",
+                                     f"-Wl,-rpath,{os.path.dirname(os.path.abspath(library))}"],
+                      verbose=False)
+    torch.cuda.init()
+    torch.empty(1, device="cuda")
+    mode = {"torch-native": 0, "torch-expandable": 0, "cuda-async": 1, "gpumem": 2}[allocator]
+    for path in traces:
+        ops, slots = load_ops(path)
+        torch.cuda.synchronize()
+        ext.start(mode)
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_stats().get("reserved_bytes.all.current", 0)
+        cold = ext.pass_(ops, slots) if hasattr(ext, "pass_") else getattr(ext, "pass")(ops, slots)
+        peak = ext.reserved_peak() if mode else torch.cuda.memory_stats()["reserved_bytes.all.peak"] - base
+        warm = getattr(ext, "pass")(ops, slots)
+        ext.finish()
+        result = {"allocator": allocator, "trace": os.path.basename(path).split(".")[0], "ops": int(ops.shape[0]),
+                  "cold_ns_per_op": cold[0], "warm_ns_per_op": warm[0], "peak_live_bytes": cold[1],
+                  "failures": cold[2] + warm[2], "peak_reserved_bytes": peak,
+                  "device_used_bytes": cold[3], "ratio": peak / cold[1] if cold[1] else None,
+                  "device_ratio": cold[3] / cold[1] if cold[1] else None}
+        print(json.dumps(result), flush=True)
+
+
+def table(results):
+    traces = sorted({r["trace"] for r in results})
+    lines = ["| trace | allocator | cold ns/op | warm ns/op | peak reserved MiB | device-read MiB | ratio | device ratio |",
+             "|---|---|---|---|---|---|---|---|"]
+    for trace in traces:
+        for name in ALLOCATORS:
+            for r in results:
+                if r["trace"] == trace and r["allocator"] == name:
+                    lines.append(f"| {trace} | {name} | {r['cold_ns_per_op']:.0f} | {r['warm_ns_per_op']:.0f} | "
+                                 f"{r['peak_reserved_bytes'] / 2**20:.0f} | {r['device_used_bytes'] / 2**20:.0f} | "
+                                 f"{r['ratio']:.4f} | {r['device_ratio']:.4f} |")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--traces", default="data/traces")
+    parser.add_argument("--library", default="build/libgpumem.so")
+    parser.add_argument("--out")
+    parser.add_argument("--worker")
+    parser.add_argument("files", nargs="*")
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args.worker, args.files, args.library)
+    traces = sorted(os.path.join(args.traces, f) for f in os.listdir(args.traces) if ".csv" in f)
+    results = []
+    for name, environment in ALLOCATORS.items():
+        env = dict(os.environ, **environment)
+        run = subprocess.run([sys.executable, __file__, "--worker", name, "--library", args.library] + traces,
+                             env=env, capture_output=True, text=True)
+        if run.returncode != 0:
+            print(f"{name} failed:\n{run.stderr[-3000:]}", file=sys.stderr)
+            continue
+        results += [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    if args.out:
+        with open(args.out, "w") as f:
+            for r in results:
+                f.write(json.dumps(r) + "\n")
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()

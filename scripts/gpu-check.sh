@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# scripts/gpu-check.sh -- everything that needs the GPU machine, in one run: build, CPU tests,
+# `gpumem info`, the GPU tests, the GPU tests under compute-sanitizer memcheck, trace replay on the
+# cuda backend, and the side-by-side GPU benchmark (bench/gpu_replay.py). Logs and results go to
+# $OUT (the device tool's output folder) or ./gpu-results.
+# Usage: scripts/gpu-check.sh [build|tests|memcheck|bench|all]...   (default: all)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu-results}
+mkdir -p "$out"
+build=build-gpu
+steps=${*:-all}
+has() { [[ " $steps " == *" $1 "* || " $steps " == *" all "* ]]; }
+failed=0
+
+if has build || has tests || has memcheck || has bench; then
+    { cmake -S . -B $build -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake --build $build -j"$(nproc)"; } >"$out/build.log" 2>&1 \
+        || { echo "build failed"; tail -30 "$out/build.log"; exit 1; }
+    echo "built"
+fi
+if has tests; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
+    $build/gpumem info --backend cuda | tee "$out/info.txt" || failed=1
+    ctest --test-dir $build -E test_gpu --output-on-failure >"$out/ctest.log" 2>&1 || { failed=1; echo "CPU tests failed"; }
+    tail -3 "$out/ctest.log"
+    GPUMEM_DATA=data $build/tests/test_gpu 2>&1 | tee "$out/test_gpu.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
+    for trace in data/traces/*.csv.gz; do $build/gpumem replay "$trace" --backend cuda --json; done | tee "$out/replay_cuda.jsonl"
+fi
+if has memcheck; then
+    GPUMEM_DATA=data GPUMEM_GPU_TEST_QUICK=1 compute-sanitizer --tool memcheck --error-exitcode 99 \
+        $build/tests/test_gpu >"$out/memcheck.log" 2>&1
+    status=$?
+    echo "compute-sanitizer memcheck exit status $status"; tail -4 "$out/memcheck.log"
+    [ "$status" -eq 0 ] || failed=1
+fi
+if has bench; then
+    python3 bench/gpu_replay.py --library $build/libgpumem.so --traces data/traces --out "$out/gpu_replay.jsonl" \
+        2>"$out/bench.err" | tee "$out/gpu_replay.md"
+    tail -5 "$out/bench.err"
+fi
+exit $failed
