@@ -80,7 +80,7 @@ static void release(void *pointer) {
 
 // ops: int64 [n, 3] = (0 allocate / 1 free, slot, size). Returns ns/op, peak live, failures,
 // device-used bytes at the end of the pass (before leftovers are freed).
-std::vector<double> pass(torch::Tensor ops, int64_t slots) {
+std::vector<double> replay_pass(torch::Tensor ops, int64_t slots) {
   auto a = ops.accessor<int64_t, 2>();
   std::vector<void *> slot(slots, nullptr);
   std::vector<int64_t> sizes(slots, 0);
@@ -155,7 +155,7 @@ def worker(allocator, traces, library):
     import torch
     from torch.utils.cpp_extension import load_inline
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    ext = load_inline("gpumem_gpu_replay", cpp_sources=SOURCE, functions=["start", "pass", "reserved_peak",
+    ext = load_inline("gpumem_gpu_replay", cpp_sources=SOURCE, functions=["start", "replay_pass", "reserved_peak",
                                                                           "reset_peak", "finish"],
                       with_cuda=True, extra_cflags=["-O2", f"-I{root}/include"],
                       extra_ldflags=[f"-L{os.path.dirname(library)}", "-lgpumem",
@@ -170,9 +170,9 @@ def worker(allocator, traces, library):
         ext.start(mode)
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_stats().get("reserved_bytes.all.current", 0)
-        cold = ext.pass_(ops, slots) if hasattr(ext, "pass_") else getattr(ext, "pass")(ops, slots)
+        cold = ext.replay_pass(ops, slots)
         peak = ext.reserved_peak() if mode else torch.cuda.memory_stats()["reserved_bytes.all.peak"] - base
-        warm = getattr(ext, "pass")(ops, slots)
+        warm = ext.replay_pass(ops, slots)
         ext.finish()
         result = {"allocator": allocator, "trace": os.path.basename(path).split(".")[0], "ops": int(ops.shape[0]),
                   "cold_ns_per_op": cold[0], "warm_ns_per_op": warm[0], "peak_live_bytes": cold[1],
