@@ -158,7 +158,7 @@ def worker(allocator, traces, library):
     ext = load_inline("gpumem_gpu_replay", cpp_sources=SOURCE, functions=["start", "replay_pass", "reserved_peak",
                                                                           "reset_peak", "finish"],
                       with_cuda=True, extra_cflags=["-O2", f"-I{root}/include"],
-                      extra_ldflags=[f"-L{os.path.dirname(library)}", "-lgpumem",
+                      extra_ldflags=[f"-L{os.path.dirname(os.path.abspath(library))}", "-lgpumem",
                                      f"-Wl,-rpath,{os.path.dirname(os.path.abspath(library))}"],
                       verbose=False)
     torch.cuda.init()

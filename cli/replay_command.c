@@ -50,6 +50,10 @@ static void print_json(const char *trace_path, const gm_device_info *device, con
            stats->num_page_maps, stats->num_page_unmaps, total_calls);
     for (int kind = 0; kind < GM_CALL_KIND_COUNT; kind++)
         printf(", \"%s\": %" PRId64, gm_device_call_name((gm_device_call)kind), stats->device_calls[kind]);
+    printf("}, \"device_call_ms_by_kind\": {");
+    for (int kind = 0; kind < GM_CALL_KIND_COUNT; kind++)
+        printf("%s\"%s\": %.3f", kind ? ", " : "", gm_device_call_name((gm_device_call)kind),
+               (double)stats->device_call_ns_by_kind[kind] / 1e6);
     printf("}}\n");
 }
 

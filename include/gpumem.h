@@ -160,6 +160,7 @@ typedef struct gm_stats {
      * backends, the H200 cost model on "sim". */
     int64_t device_calls[GM_CALL_KIND_COUNT];
     int64_t device_call_ns;
+    int64_t device_call_ns_by_kind[GM_CALL_KIND_COUNT];
     /* The device. */
     uint64_t device_total_bytes;
     uint64_t page_size; /* the backend's mapping granularity */

@@ -105,9 +105,11 @@ int64_t gm_device_call_cost_ns(gm_device_call kind, uint64_t size)
         int64_t started = (backend)->charges_cost ? 0 : monotonic_ns();                                   \
         gm_status status_ = (call);                                                                        \
         int64_t modelled_ = gm_device_call_cost_ns(kind, size);                                           \
+        int64_t cost_ = (backend)->charges_cost ? modelled_ : monotonic_ns() - started;                   \
         (backend)->calls[kind]++;                                                                          \
         (backend)->modelled_ns += modelled_;                                                               \
-        (backend)->call_ns += (backend)->charges_cost ? modelled_ : monotonic_ns() - started;             \
+        (backend)->call_ns += cost_;                                                                       \
+        (backend)->call_ns_by_kind[kind] += cost_;                                                         \
         return status_;                                                                                    \
     } while (0)
 

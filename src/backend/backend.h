@@ -65,6 +65,7 @@ struct gm_backend {
     bool charges_cost;          /* calls cost what the H200 model says (sim), not their wall time */
     int64_t calls[GM_CALL_KIND_COUNT];
     int64_t call_ns;            /* total cost of all calls: modelled if charges_cost, else measured */
+    int64_t call_ns_by_kind[GM_CALL_KIND_COUNT];
     int64_t modelled_ns;        /* total cost of all calls by the H200 model, on every backend */
 };
 

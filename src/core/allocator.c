@@ -230,9 +230,9 @@ static gm_status allocate_with_retries(gm_allocator *allocator, gm_heap *heap, i
         if (status != GM_ERROR_OUT_OF_MEMORY)
             return status;
     }
-    int64_t reserved_before = allocator->stats.reserved_bytes[GM_POOL_ALL].current;
+    int64_t reserved_before = gm_stat_total(allocator->stats.reserved_bytes);
     engine->release_cached(allocator);
-    attempts.released_bytes = (uint64_t)(reserved_before - allocator->stats.reserved_bytes[GM_POOL_ALL].current);
+    attempts.released_bytes = (uint64_t)(reserved_before - gm_stat_total(allocator->stats.reserved_bytes));
     attempts.retried = true;
     allocator->stats.num_alloc_retries++;
     status = engine->allocate(allocator, heap, pool, size, block_out);
@@ -390,19 +390,13 @@ gm_status gm_get_stats(gm_allocator *allocator, gm_stats *stats_out)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_stats: an argument is NULL");
     pthread_mutex_lock(&allocator->lock);
     *stats_out = allocator->stats;
+    gm_stats_complete(stats_out);
     memcpy(stats_out->device_calls, allocator->backend->calls, sizeof stats_out->device_calls);
     stats_out->device_call_ns = allocator->backend->call_ns;
+    memcpy(stats_out->device_call_ns_by_kind, allocator->backend->call_ns_by_kind,
+           sizeof stats_out->device_call_ns_by_kind);
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
-}
-
-/* Every gm_stat array of a gm_stats, for resetting them all alike. */
-static gm_stat *stat_arrays(gm_stats *stats, size_t index)
-{
-    gm_stat *arrays[] = {stats->allocation,      stats->segment,        stats->active,
-                         stats->inactive_split,  stats->allocated_bytes, stats->reserved_bytes,
-                         stats->active_bytes,    stats->inactive_split_bytes, stats->requested_bytes};
-    return index < sizeof arrays / sizeof arrays[0] ? arrays[index] : NULL;
 }
 
 gm_status gm_reset_peak_stats(gm_allocator *allocator)
@@ -411,9 +405,11 @@ gm_status gm_reset_peak_stats(gm_allocator *allocator)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_reset_peak_stats: allocator is NULL");
     pthread_mutex_lock(&allocator->lock);
     gm_stat *array;
-    for (size_t i = 0; (array = stat_arrays(&allocator->stats, i)); i++)
-        for (int pool = 0; pool < GM_POOL_COUNT; pool++)
-            array[pool].peak = array[pool].current;
+    for (size_t i = 0; (array = gm_stats_array(&allocator->stats, i)); i++) {
+        array[GM_POOL_SMALL].peak = array[GM_POOL_SMALL].current;
+        array[GM_POOL_LARGE].peak = array[GM_POOL_LARGE].current;
+        array[GM_POOL_ALL].peak = gm_stat_total(array);
+    }
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
 }
@@ -425,13 +421,14 @@ gm_status gm_reset_accumulated_stats(gm_allocator *allocator)
     pthread_mutex_lock(&allocator->lock);
     gm_stats *stats = &allocator->stats;
     gm_stat *array;
-    for (size_t i = 0; (array = stat_arrays(stats, i)); i++)
+    for (size_t i = 0; (array = gm_stats_array(stats, i)); i++)
         for (int pool = 0; pool < GM_POOL_COUNT; pool++)
             array[pool].allocated = array[pool].freed = 0;
     stats->num_alloc_retries = stats->num_ooms = stats->num_sync_all_streams = 0;
     stats->num_device_alloc = stats->num_device_free = 0;
     stats->num_page_maps = stats->num_page_unmaps = 0;
     memset(allocator->backend->calls, 0, sizeof allocator->backend->calls);
+    memset(allocator->backend->call_ns_by_kind, 0, sizeof allocator->backend->call_ns_by_kind);
     allocator->backend->call_ns = 0;
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
@@ -508,7 +505,10 @@ static gm_status validate_locked(gm_allocator *allocator)
     gm_status status = validate_indexes(allocator);
     if (status == GM_OK)
         status = allocator->engine->validate(allocator, &recomputed);
-    const gm_stats *recorded = &allocator->stats;
+    gm_stats_complete(&recomputed);
+    gm_stats recorded_copy = allocator->stats;
+    gm_stats_complete(&recorded_copy);
+    const gm_stats *recorded = &recorded_copy;
     if (status == GM_OK) status = compare_current("allocation", recorded->allocation, recomputed.allocation);
     if (status == GM_OK) status = compare_current("allocated_bytes", recorded->allocated_bytes, recomputed.allocated_bytes);
     if (status == GM_OK) status = compare_current("requested_bytes", recorded->requested_bytes, recomputed.requested_bytes);

@@ -107,7 +107,7 @@ void gm_absorb_next(gm_allocator *allocator, gm_block *block)
 
 bool gm_may_reserve(const gm_allocator *allocator, uint64_t size)
 {
-    uint64_t reserved = (uint64_t)allocator->stats.reserved_bytes[GM_POOL_ALL].current;
+    uint64_t reserved = (uint64_t)gm_stat_total(allocator->stats.reserved_bytes);
     return size <= allocator->memory_limit && reserved <= allocator->memory_limit - size;
 }
 
@@ -116,6 +116,24 @@ void gm_count_reserved(gm_allocator *allocator, int pool, int64_t bytes, int64_t
     gm_stat_change(allocator->stats.reserved_bytes, pool, bytes);
     if (segments)
         gm_stat_change(allocator->stats.segment, pool, segments);
+}
+
+gm_stat *gm_stats_array(gm_stats *stats, size_t index)
+{
+    gm_stat *arrays[] = {stats->allocation,     stats->segment,         stats->active,
+                         stats->inactive_split, stats->allocated_bytes, stats->reserved_bytes,
+                         stats->active_bytes,   stats->inactive_split_bytes, stats->requested_bytes};
+    return index < sizeof arrays / sizeof arrays[0] ? arrays[index] : NULL;
+}
+
+void gm_stats_complete(gm_stats *stats)
+{
+    gm_stat *array;
+    for (size_t i = 0; (array = gm_stats_array(stats, i)); i++) {
+        array[GM_POOL_ALL].current = gm_stat_total(array);
+        array[GM_POOL_ALL].allocated = array[GM_POOL_SMALL].allocated + array[GM_POOL_LARGE].allocated;
+        array[GM_POOL_ALL].freed = array[GM_POOL_SMALL].freed + array[GM_POOL_LARGE].freed;
+    }
 }
 
 void gm_move_reserved(gm_allocator *allocator, int from_pool, int to_pool, uint64_t bytes)

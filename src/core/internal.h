@@ -182,12 +182,35 @@ static inline void gm_stat_add(gm_stat *stat, int64_t amount)
         stat->peak = stat->current;
 }
 
-/* Add `amount` to a statistic of `pool` and of all pools. */
+/* The all-pools current reading of a statistic. */
+static inline int64_t gm_stat_total(const gm_stat stat[GM_POOL_COUNT])
+{
+    return stat[GM_POOL_SMALL].current + stat[GM_POOL_LARGE].current;
+}
+
+/* Add `amount` to a statistic of `pool`. Only the pools' readings are kept on this hot path, and the
+ * all-pools peak: the all-pools current, allocated and freed readings are sums, filled in when the
+ * statistics are read (gm_stats_complete). */
 static inline void gm_stat_change(gm_stat stat[GM_POOL_COUNT], int pool, int64_t amount)
 {
-    gm_stat_add(&stat[GM_POOL_ALL], amount);
-    gm_stat_add(&stat[pool], amount);
+    gm_stat *target = &stat[pool];
+    target->current += amount;
+    if (amount < 0) {
+        target->freed -= amount;
+        return;
+    }
+    target->allocated += amount;
+    if (target->current > target->peak)
+        target->peak = target->current;
+    int64_t total = gm_stat_total(stat);
+    if (total > stat[GM_POOL_ALL].peak)
+        stat[GM_POOL_ALL].peak = total;
 }
+
+/* Every gm_stat array of a gm_stats, by index; NULL past the last. */
+gm_stat *gm_stats_array(gm_stats *stats, size_t index);
+/* Fill in the all-pools current, allocated and freed readings of every statistic. */
+void gm_stats_complete(gm_stats *stats);
 
 static inline bool gm_block_is_split(const gm_block *block)
 {

@@ -58,7 +58,7 @@ static const option_descriptor descriptors[] = {
      "sim: charge every device call its cost measured on an H200 (default true)"},
     {"device_credit_ns", KIND_INTEGER, FIELD(device_credit_ns), NULL,
      "pages engine: device-call time each allocation earns; new memory is made of page-sized chunks "
-     "while the credit covers them (default 500)"},
+     "while the credit covers them (default 250)"},
 };
 
 #define DESCRIPTOR_COUNT (sizeof descriptors / sizeof descriptors[0])
@@ -75,7 +75,7 @@ void gm_options_default(gm_options *options)
     options->min_large_alloc = 10ull << 20;
     options->release_before_growth = true;
     options->cost_model = true;
-    options->device_credit_ns = 500;
+    options->device_credit_ns = 250;
 }
 
 gm_status gm_parse_size(const char *text, uint64_t *bytes_out)

@@ -22,10 +22,11 @@
  * Chunk size trades device calls against flexibility: a big chunk costs one cuMemCreate for many
  * pages but stays pinned while any byte of it is live; page-sized chunks can each move the moment
  * they are free. Every allocation earns the engine a little device-call credit (option
- * device_credit_ns); new memory is made of page-sized chunks while the credit covers their cost and
- * of one chunk otherwise. A training loop that grows its memory once gets it in few large chunks;
- * a long-running workload with shifting sizes gets fine-grained chunks as it goes; device-call time
- * stays a small share of the work either way.
+ * device_credit_ns); a growth of a few pages is made of page-sized chunks while the credit covers
+ * their cost, anything else of one chunk. A training loop that grows its memory once gets it in few
+ * large chunks; a long-running workload whose tensors keep changing size (generation with a growing
+ * KV cache) gets fine-grained chunks as it goes; device-call time stays a small share of the work
+ * either way.
  *
  * Before unmapping a chunk the engine waits for the work queued on the chunk's stream (an event),
  * as PyTorch does for expandable segments: unmapping memory that a queued kernel still uses would
@@ -42,6 +43,10 @@
 /* The H200's cost of one page-sized chunk (cuMemCreate + cuMemMap at 2 MiB), to decide whether the
  * credit affords page-sized chunks. */
 #define PAGE_CHUNK_COST_NS 13100
+/* Growths up to this many pages (the size of a tensor that a workload replaces over and over, such
+ * as a KV cache) may be made of page-sized chunks; larger ones (activations, logits) are one chunk,
+ * whose single create and map cost the same as one page's. */
+#define FINE_GROWTH_PAGES 16
 /* Credit never accumulates beyond this, so a burst after a long calm stays bounded. */
 #define CREDIT_LIMIT_NS 200000000
 
@@ -569,14 +574,16 @@ static uint64_t move_idle_chunks(gm_allocator *allocator, const window *where, u
     return mapped;
 }
 
-/* New memory for [address, address + need): page-sized chunks while the credit covers them (and
- * always in the small pool), else one chunk. *created_out: the bytes made, also on failure. */
+/* New memory for [address, address + need): page-sized chunks for a growth of a few pages while the
+ * credit covers them (and always in the small pool), else one chunk. *created_out: the bytes made,
+ * also on failure. */
 static gm_status create_memory(gm_allocator *allocator, gm_region *region, uintptr_t address, uint64_t need,
                                uint64_t *created_out)
 {
     page_engine *engine = engine_of(allocator);
-    int64_t page_chunks_cost = (int64_t)(need / engine->page_size) * PAGE_CHUNK_COST_NS;
-    bool fine = region->pool == GM_POOL_SMALL || engine->credit_ns >= page_chunks_cost;
+    uint64_t pages = need / engine->page_size;
+    bool fine = region->pool == GM_POOL_SMALL ||
+                (pages <= FINE_GROWTH_PAGES && engine->credit_ns >= (int64_t)pages * PAGE_CHUNK_COST_NS);
     uint64_t piece = fine ? engine->page_size : need;
     gm_status status = GM_OK;
     for (*created_out = 0; *created_out < need && status == GM_OK;) {
@@ -607,11 +614,11 @@ static gm_status back_part(gm_allocator *allocator, const window *where, uintptr
     gm_region *region = where->region;
     gm_block *hole = unmapped_at(region, from);
     uint64_t need = to - from, room = hole->address + hole->size - from;
-    const gm_stat *reserved = &allocator->stats.reserved_bytes[GM_POOL_ALL];
+    const gm_stat *reserved = allocator->stats.reserved_bytes;
     int64_t spent_before = allocator->backend->modelled_ns;
     uint64_t mapped = 0, created = 0;
     gm_status status = GM_OK;
-    if (reserved->current + (int64_t)need > reserved->peak || !gm_may_reserve(allocator, need))
+    if (gm_stat_total(reserved) + (int64_t)need > reserved[GM_POOL_ALL].peak || !gm_may_reserve(allocator, need))
         mapped = move_idle_chunks(allocator, where, from, need, room, &status);
     if (status == GM_OK && mapped < need) {
         status = create_memory(allocator, region, from + mapped, need - mapped, &created);

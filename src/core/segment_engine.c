@@ -108,8 +108,9 @@ static gm_status segments_allocate(gm_allocator *allocator, gm_heap *heap, int p
         gm_unindex_free_block(allocator, block);
     } else {
         uint64_t segment_size = segment_size_for(&allocator->options, pool, size);
-        const gm_stat *reserved = &allocator->stats.reserved_bytes[GM_POOL_ALL];
-        if (allocator->options.release_before_growth && reserved->current + (int64_t)segment_size > reserved->peak)
+        const gm_stat *reserved = allocator->stats.reserved_bytes;
+        if (allocator->options.release_before_growth &&
+            gm_stat_total(reserved) + (int64_t)segment_size > reserved[GM_POOL_ALL].peak)
             segments_release_cached(allocator);
         gm_status status = new_segment(allocator, heap, pool, segment_size, &block);
         if (status != GM_OK)

@@ -20,7 +20,9 @@ static uint64_t largest_free_block(const gm_heap *heap, int pool)
 
 void gm_write_oom_report(gm_allocator *allocator, gm_heap *heap, uint64_t size, const gm_oom_attempts *attempts)
 {
-    const gm_stats *stats = &allocator->stats;
+    gm_stats completed = allocator->stats;
+    gm_stats_complete(&completed);
+    const gm_stats *stats = &completed;
     char requested[32], total[32], free_text[32], reserved[32], allocated[32], cached[32], largest[32], pending[32],
         limit[32], outside[32], released[32];
     uint64_t free_bytes = 0, total_bytes = 0;
