@@ -13,8 +13,8 @@ gm_malloc/gm_free, and times the whole pass including a final device synchronize
 
 Columns: ns per operation cold and warm; peak reserved bytes as the allocator reports them and as the
 device's own free-memory reading shows them (used memory at the end of the cold pass, before the
-leftovers are freed: none of these allocators gives memory back on its own); ratio = peak reserved /
-peak live.
+leftovers are freed, less what was in use before the allocator started: none of these allocators
+gives memory back on its own); ratio = peak reserved / peak live.
 """
 import argparse
 import json
@@ -121,6 +121,23 @@ double reserved_peak() {
   return 0;
 }
 
+// gpumem only: device-call time by kind, in ms, since start().
+std::vector<double> device_ms_by_kind() {
+  std::vector<double> times;
+  if (replayer.mode != 2) return times;
+  gm_stats stats;
+  gm_get_stats(replayer.gpumem, &stats);
+  for (int kind = 0; kind < GM_CALL_KIND_COUNT; kind++) times.push_back(stats.device_call_ns_by_kind[kind] / 1e6);
+  return times;
+}
+
+// Bytes in use on the device now (context, other allocators, this one).
+double device_used() {
+  size_t free_bytes = 0, total = 0;
+  cudaMemGetInfo(&free_bytes, &total);
+  return (double)(total - free_bytes);
+}
+
 void reset_peak() {
   if (replayer.mode == 1) { uint64_t zero = 0; cudaMemPoolSetAttribute(replayer.pool, cudaMemPoolAttrReservedMemHigh, &zero); }
   if (replayer.mode == 2) gm_reset_peak_stats(replayer.gpumem);
@@ -156,7 +173,8 @@ def worker(allocator, traces, library):
     from torch.utils.cpp_extension import load_inline
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ext = load_inline("gpumem_gpu_replay", cpp_sources=SOURCE, functions=["start", "replay_pass", "reserved_peak",
-                                                                          "reset_peak", "finish"],
+                                                                          "reset_peak", "finish", "device_ms_by_kind",
+                                                                          "device_used"],
                       with_cuda=True, extra_cflags=["-O2", f"-I{root}/include"],
                       extra_ldflags=[f"-L{os.path.dirname(os.path.abspath(library))}", "-lgpumem",
                                      f"-Wl,-rpath,{os.path.dirname(os.path.abspath(library))}"],
@@ -164,21 +182,27 @@ def worker(allocator, traces, library):
     torch.cuda.init()
     torch.empty(1, device="cuda")
     mode = {"torch-native": 0, "torch-expandable": 0, "cuda-async": 1, "gpumem": 2}[allocator]
+    kinds = ["segment_allocate", "segment_free", "address_reserve", "address_free", "physical_create",
+             "physical_release", "map", "set_access", "unmap", "event_record", "event_query", "event_synchronize"]
     for path in traces:
         ops, slots = load_ops(path)
         torch.cuda.synchronize()
+        baseline = ext.device_used()
         ext.start(mode)
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_stats().get("reserved_bytes.all.current", 0)
         cold = ext.replay_pass(ops, slots)
         peak = ext.reserved_peak() if mode else torch.cuda.memory_stats()["reserved_bytes.all.peak"] - base
+        cold_device_ms = dict(zip(kinds, ext.device_ms_by_kind()))
         warm = ext.replay_pass(ops, slots)
         ext.finish()
         result = {"allocator": allocator, "trace": os.path.basename(path).split(".")[0], "ops": int(ops.shape[0]),
                   "cold_ns_per_op": cold[0], "warm_ns_per_op": warm[0], "peak_live_bytes": cold[1],
                   "failures": cold[2] + warm[2], "peak_reserved_bytes": peak,
-                  "device_used_bytes": cold[3], "ratio": peak / cold[1] if cold[1] else None,
-                  "device_ratio": cold[3] / cold[1] if cold[1] else None}
+                  "device_used_bytes": cold[3] - baseline, "ratio": peak / cold[1] if cold[1] else None,
+                  "device_ratio": (cold[3] - baseline) / cold[1] if cold[1] else None}
+        if cold_device_ms:
+            result["gpumem_cold_device_ms"] = {k: round(v, 3) for k, v in cold_device_ms.items() if v}
         print(json.dumps(result), flush=True)
 
 
