@@ -2,12 +2,15 @@
 # scripts/gpu-check.sh -- everything that needs the GPU machine, in one run: build, CPU tests,
 # `gpumem info`, the GPU tests, the GPU tests under compute-sanitizer memcheck, trace replay on the
 # cuda backend, and the side-by-side GPU benchmark (bench/gpu_replay.py). Logs and results go to
-# $OUT (the device tool's output folder) or ./gpu-results.
+# $OUT (the device tool's output folder) or ./gpu-results, as gpu-results.tgz and gpu_replay.md.
 # Usage: scripts/gpu-check.sh [build|tests|memcheck|bench|all]...   (default: all)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-gpu-results}
+results=${OUT:-gpu-results}
+out="$results/logs"
 mkdir -p "$out"
+# Everything is bundled into gpu-results.tgz at the end (the device tool returns at most 8 files).
+trap 'tar czf "$results/gpu-results.tgz" -C "$results" logs 2>/dev/null; cp "$out/gpu_replay.md" "$results/" 2>/dev/null' EXIT
 build=build-gpu
 steps=${*:-all}
 has() { [[ " $steps " == *" $1 "* || " $steps " == *" all "* ]]; }
