@@ -99,6 +99,15 @@ GM_API gm_status gm_record_stream(gm_allocator *allocator, void *pointer, gm_str
 /* Give every cached, entirely free piece of memory back to the device. */
 GM_API gm_status gm_empty_cache(gm_allocator *allocator);
 
+/* Never reserve more than `bytes` of device memory from now on (0: the whole device); what is already
+ * reserved beyond it is given back as it becomes free (torch.cuda.set_per_process_memory_fraction). */
+GM_API gm_status gm_set_memory_limit(gm_allocator *allocator, uint64_t bytes);
+GM_API gm_status gm_get_memory_limit(gm_allocator *allocator, uint64_t *bytes_out);
+
+/* Cached memory: bytes free in reserved memory, and the largest free block that can be handed out
+ * without a device call (for libraries that size workspaces by it, like cuDNN). */
+GM_API gm_status gm_cache_info(gm_allocator *allocator, uint64_t *free_bytes_out, uint64_t *largest_block_out);
+
 /* The usable size of a live allocation (its size rounded up to the allocator's granularity). */
 GM_API gm_status gm_allocation_size(gm_allocator *allocator, const void *pointer, size_t *size_out);
 

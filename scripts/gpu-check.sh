@@ -3,7 +3,9 @@
 # `gpumem info`, the GPU tests, the GPU tests under compute-sanitizer memcheck, trace replay on the
 # cuda backend, and the side-by-side GPU benchmark (bench/gpu_replay.py). Logs and results go to
 # $OUT (the device tool's output folder) or ./gpu-results, as gpu-results.tgz and gpu_replay.md.
-# Usage: scripts/gpu-check.sh [build|tests|memcheck|bench|all]...   (default: all)
+# Usage: scripts/gpu-check.sh [build|tests|memcheck|bench|python|workloads|all]...   (default: all)
+#   python     the PyTorch/CuPy integration tests (tests/gpu/test_torch.py, pytest)
+#   workloads  bench/torch_workloads.py: real models under every allocator (not part of "all": long)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 results=${OUT:-gpu-results}
@@ -16,7 +18,7 @@ steps=${*:-all}
 has() { [[ " $steps " == *" $1 "* || " $steps " == *" all "* ]]; }
 failed=0
 
-if has build || has tests || has memcheck || has bench; then
+if has build || has tests || has memcheck || has bench || has python || [[ " $steps " == *" workloads "* ]]; then
     { cmake -S . -B $build -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake --build $build -j"$(nproc)"; } >"$out/build.log" 2>&1 \
         || { echo "build failed"; tail -30 "$out/build.log"; exit 1; }
     echo "built"
@@ -41,5 +43,14 @@ if has bench; then
     python3 bench/gpu_replay.py --library $build/libgpumem.so --traces data/traces --out "$out/gpu_replay.jsonl" \
         2>"$out/bench.err" | tee "$out/gpu_replay.md"
     tail -5 "$out/bench.err"
+fi
+if has python; then
+    PYTHONPATH=python GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 -m pytest -q -x tests/gpu/test_torch.py \
+        2>&1 | tee "$out/test_torch.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
+fi
+if [[ " $steps " == *" workloads "* ]]; then
+    GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 bench/torch_workloads.py --out "$out/torch_workloads.jsonl" \
+        ${WORKLOADS_ARGS:-} 2>&1 | tee "$out/torch_workloads.md"
 fi
 exit $failed

@@ -342,7 +342,39 @@ static void device_info_describes_the_backend(void)
     gm_destroy(allocator, NULL);
 }
 
-RUN_TESTS(TEST_CASE(create_and_destroy), TEST_CASE(cuda_backend_without_gpu_is_a_clear_error),
+static void memory_limit_changes_at_run_time(void)
+{
+    for (size_t e = 0; e < 2; e++) {
+        gm_allocator *allocator = make(engines[e]);
+        uint64_t limit = 0;
+        CHECK_OK(gm_get_memory_limit(allocator, &limit));
+        CHECK_EQ_INT(limit, 1ull << 30);
+        void *a = NULL, *b = NULL;
+        CHECK_OK(gm_malloc(allocator, 300u << 20, 0, &a));
+        CHECK_OK(gm_free(allocator, a));
+        CHECK_OK(gm_set_memory_limit(allocator, 200u << 20)); /* cached memory beyond it is given back */
+        gm_stats stats;
+        CHECK_OK(gm_get_stats(allocator, &stats));
+        CHECK(stats.reserved_bytes[GM_POOL_ALL].current <= 200 << 20);
+        CHECK_STATUS(gm_malloc(allocator, 300u << 20, 0, &b), GM_ERROR_OUT_OF_MEMORY);
+        CHECK_MESSAGE("memory limit");
+        CHECK_OK(gm_malloc(allocator, 150u << 20, 0, &b));
+        uint64_t free_bytes = 0, largest = 0;
+        CHECK_OK(gm_free(allocator, b));
+        CHECK_OK(gm_cache_info(allocator, &free_bytes, &largest));
+        CHECK(free_bytes >= 150u << 20 && largest >= 150u << 20 && largest <= free_bytes);
+        CHECK_OK(gm_set_memory_limit(allocator, 0)); /* back to the whole device */
+        CHECK_OK(gm_get_memory_limit(allocator, &limit));
+        CHECK_EQ_INT(limit, 1ull << 30);
+        CHECK_STATUS(gm_set_memory_limit(NULL, 0), GM_ERROR_INVALID_ARGUMENT);
+        CHECK_STATUS(gm_get_memory_limit(allocator, NULL), GM_ERROR_INVALID_ARGUMENT);
+        CHECK_STATUS(gm_cache_info(allocator, NULL, &largest), GM_ERROR_INVALID_ARGUMENT);
+        CHECK_OK(gm_validate(allocator));
+        gm_destroy(allocator, NULL);
+    }
+}
+
+RUN_TESTS(TEST_CASE(memory_limit_changes_at_run_time), TEST_CASE(create_and_destroy), TEST_CASE(cuda_backend_without_gpu_is_a_clear_error),
           TEST_CASE(malloc_and_free_basics), TEST_CASE(invalid_pointers_change_nothing),
           TEST_CASE(out_of_memory_explains_and_recovers), TEST_CASE(fragmentation_is_diagnosed),
           TEST_CASE(memory_limit_is_diagnosed), TEST_CASE(empty_cache_returns_memory),

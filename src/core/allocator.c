@@ -382,6 +382,49 @@ gm_status gm_empty_cache(gm_allocator *allocator)
     return GM_OK;
 }
 
+gm_status gm_set_memory_limit(gm_allocator *allocator, uint64_t bytes)
+{
+    if (!allocator)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_set_memory_limit: allocator is NULL");
+    pthread_mutex_lock(&allocator->lock);
+    uint64_t total = allocator->backend->total_bytes;
+    allocator->memory_limit = bytes && bytes < total ? bytes : total;
+    if ((uint64_t)gm_stat_total(allocator->stats.reserved_bytes) > allocator->memory_limit)
+        allocator->engine->release_cached(allocator);
+    pthread_mutex_unlock(&allocator->lock);
+    return GM_OK;
+}
+
+gm_status gm_get_memory_limit(gm_allocator *allocator, uint64_t *bytes_out)
+{
+    if (!allocator || !bytes_out)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_memory_limit: an argument is NULL");
+    pthread_mutex_lock(&allocator->lock);
+    *bytes_out = allocator->memory_limit;
+    pthread_mutex_unlock(&allocator->lock);
+    return GM_OK;
+}
+
+gm_status gm_cache_info(gm_allocator *allocator, uint64_t *free_bytes_out, uint64_t *largest_block_out)
+{
+    if (!allocator || !free_bytes_out || !largest_block_out)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_cache_info: an argument is NULL");
+    pthread_mutex_lock(&allocator->lock);
+    *free_bytes_out = 0;
+    *largest_block_out = 0;
+    for (size_t h = 0; h < allocator->heap_count; h++) {
+        for (int pool = GM_POOL_SMALL; pool <= GM_POOL_LARGE; pool++) {
+            const gm_size_index *index = gm_heap_index(allocator->heaps[h], pool);
+            const gm_block *largest = gm_size_index_largest(index);
+            *free_bytes_out += index->bytes;
+            if (largest && largest->size > *largest_block_out)
+                *largest_block_out = largest->size;
+        }
+    }
+    pthread_mutex_unlock(&allocator->lock);
+    return GM_OK;
+}
+
 /* ---------------------------------------------------------------- statistics */
 
 gm_status gm_get_stats(gm_allocator *allocator, gm_stats *stats_out)

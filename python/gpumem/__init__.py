@@ -1,0 +1,258 @@
+"""gpumem: a GPU memory manager, from Python.
+
+A thin ctypes layer over libgpumem (the C library does all the work). Importable without PyTorch;
+``gpumem.torch`` makes gpumem PyTorch's CUDA allocator and ``gpumem.cupy`` CuPy's.
+
+The library is found through the environment variable GPUMEM_LIBRARY, next to this package, or in the
+repository's build folders (build/, build-gpu/).
+
+    import gpumem
+    allocator = gpumem.Allocator("backend:sim,capacity:16GiB")
+    pointer = allocator.malloc(1 << 20)
+    allocator.free(pointer)
+    print(allocator.summary())
+    allocator.memory_stats()["allocated_bytes.all.peak"]
+"""
+import ctypes
+import os
+
+__all__ = ["Allocator", "GpumemError", "OutOfMemoryError", "config_help", "library_path", "STATUS_NAMES"]
+
+STATUS_NAMES = {
+    0: "success", 1: "invalid argument", 2: "out of memory", 3: "invalid pointer", 4: "bad configuration",
+    5: "no device", 6: "device error", 7: "not supported", 8: "input/output error", 9: "malformed input",
+    10: "inconsistent allocator state", 11: "buffer too small",
+}
+_OUT_OF_MEMORY = 2
+_BUFFER_TOO_SMALL = 11
+_POOLS = ("all", "small_pool", "large_pool")
+_STAT_ARRAYS = ("allocation", "segment", "active", "inactive_split", "allocated_bytes", "reserved_bytes",
+                "active_bytes", "inactive_split_bytes", "requested_bytes")
+_CALL_KINDS = ("segment_allocate", "segment_free", "address_reserve", "address_free", "physical_create",
+               "physical_release", "map", "set_access", "unmap", "event_record", "event_query",
+               "event_synchronize")
+
+
+class GpumemError(RuntimeError):
+    """A gpumem call failed; ``status`` is its code and the message says why."""
+
+    def __init__(self, status, message):
+        super().__init__(f"{STATUS_NAMES.get(status, 'error')}: {message}")
+        self.status = status
+
+
+class OutOfMemoryError(GpumemError):
+    """The device has no room for the request; the message is gpumem's out-of-memory report."""
+
+
+class _Stat(ctypes.Structure):
+    _fields_ = [("current", ctypes.c_int64), ("peak", ctypes.c_int64), ("allocated", ctypes.c_int64),
+                ("freed", ctypes.c_int64)]
+
+
+class _Stats(ctypes.Structure):
+    _fields_ = [(name, _Stat * 3) for name in _STAT_ARRAYS] + [
+        ("num_alloc_retries", ctypes.c_int64), ("num_ooms", ctypes.c_int64),
+        ("num_sync_all_streams", ctypes.c_int64), ("num_device_alloc", ctypes.c_int64),
+        ("num_device_free", ctypes.c_int64), ("num_page_maps", ctypes.c_int64),
+        ("num_page_unmaps", ctypes.c_int64), ("device_calls", ctypes.c_int64 * len(_CALL_KINDS)),
+        ("device_call_ns", ctypes.c_int64), ("device_call_ns_by_kind", ctypes.c_int64 * len(_CALL_KINDS)),
+        ("device_total_bytes", ctypes.c_uint64), ("page_size", ctypes.c_uint64)]
+
+
+class _DeviceInfo(ctypes.Structure):
+    _fields_ = [("backend", ctypes.c_char * 16), ("name", ctypes.c_char * 128), ("device", ctypes.c_int),
+                ("device_count", ctypes.c_int), ("driver_version", ctypes.c_int),
+                ("total_bytes", ctypes.c_uint64), ("free_bytes", ctypes.c_uint64),
+                ("virtual_memory", ctypes.c_int), ("granularity", ctypes.c_uint64), ("engine", ctypes.c_char * 16)]
+
+
+def _candidates():
+    here = os.path.dirname(os.path.abspath(__file__))
+    yield os.path.join(here, "libgpumem.so")
+    root = os.path.dirname(os.path.dirname(here))
+    for build in ("build", "build-gpu"):
+        yield os.path.join(root, build, "libgpumem.so")
+
+
+def library_path():
+    """The path of the libgpumem.so this package uses."""
+    chosen = os.environ.get("GPUMEM_LIBRARY")
+    if chosen:
+        if not os.path.isfile(chosen):
+            raise ImportError(f"gpumem: GPUMEM_LIBRARY is set to {chosen}, but libgpumem.so not found there")
+        return os.path.abspath(chosen)
+    for path in _candidates():
+        if os.path.isfile(path):
+            return os.path.abspath(path)
+    raise ImportError("gpumem: libgpumem.so not found; build it (cmake -S . -B build && cmake --build build) "
+                      "or set GPUMEM_LIBRARY to its path")
+
+
+def _load():
+    library = ctypes.CDLL(library_path())
+    pointer, status = ctypes.c_void_p, ctypes.c_int
+    signatures = {
+        "gm_strerror": (ctypes.c_char_p, [status]),
+        "gm_last_error": (ctypes.c_char_p, []),
+        "gm_create": (status, [ctypes.c_char_p, ctypes.POINTER(pointer)]),
+        "gm_create_from_environment": (status, [ctypes.c_char_p, ctypes.POINTER(pointer)]),
+        "gm_destroy": (None, [pointer, ctypes.POINTER(ctypes.c_size_t)]),
+        "gm_config_help": (ctypes.c_char_p, []),
+        "gm_malloc": (status, [pointer, ctypes.c_size_t, ctypes.c_size_t, ctypes.POINTER(pointer)]),
+        "gm_free": (status, [pointer, pointer]),
+        "gm_record_stream": (status, [pointer, pointer, ctypes.c_size_t]),
+        "gm_empty_cache": (status, [pointer]),
+        "gm_allocation_size": (status, [pointer, pointer, ctypes.POINTER(ctypes.c_size_t)]),
+        "gm_set_memory_limit": (status, [pointer, ctypes.c_uint64]),
+        "gm_get_memory_limit": (status, [pointer, ctypes.POINTER(ctypes.c_uint64)]),
+        "gm_get_stats": (status, [pointer, ctypes.POINTER(_Stats)]),
+        "gm_reset_peak_stats": (status, [pointer]),
+        "gm_reset_accumulated_stats": (status, [pointer]),
+        "gm_summary": (status, [pointer, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
+        "gm_validate": (status, [pointer]),
+        "gm_get_device_info": (status, [pointer, ctypes.POINTER(_DeviceInfo)]),
+    }
+    for name, (result, arguments) in signatures.items():
+        function = getattr(library, name)
+        function.restype = result
+        function.argtypes = arguments
+    return library
+
+
+_library = _load()
+
+
+def _check(status):
+    if status != 0:
+        message = _library.gm_last_error().decode(errors="replace")
+        raise (OutOfMemoryError if status == _OUT_OF_MEMORY else GpumemError)(status, message)
+
+
+def config_help():
+    """Every GPUMEM_CONF key with its default and meaning."""
+    return _library.gm_config_help().decode()
+
+
+class Allocator:
+    """One gpumem allocator: a backend ("sim", "host", "cuda") and a device.
+
+    ``config`` is a GPUMEM_CONF-style string; with ``from_environment`` (the default) GPUMEM_CONF is read
+    first and ``config`` applied on top. ``Allocator.attach(address)`` wraps an allocator owned elsewhere
+    (for instance by gpumem.torch) without taking ownership.
+    """
+
+    def __init__(self, config="", from_environment=True):
+        handle = ctypes.c_void_p()
+        create = _library.gm_create_from_environment if from_environment else _library.gm_create
+        _check(create(config.encode(), ctypes.byref(handle)))
+        self._handle = handle
+        self._owned = True
+
+    @classmethod
+    def attach(cls, address):
+        allocator = cls.__new__(cls)
+        allocator._handle = ctypes.c_void_p(address)
+        allocator._owned = False
+        return allocator
+
+    def close(self):
+        """Destroy the allocator (its memory goes back to the device); returns the count of live allocations."""
+        if self._owned and self._handle:
+            live = ctypes.c_size_t()
+            _library.gm_destroy(self._handle, ctypes.byref(live))
+            self._handle = None
+            return live.value
+        return 0
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exception):
+        self.close()
+
+    @property
+    def address(self):
+        """The C handle, as an integer."""
+        return self._handle.value
+
+    def malloc(self, size, stream=0):
+        pointer = ctypes.c_void_p()
+        _check(_library.gm_malloc(self._handle, size, stream, ctypes.byref(pointer)))
+        return pointer.value or 0
+
+    def free(self, pointer):
+        _check(_library.gm_free(self._handle, ctypes.c_void_p(pointer)))
+
+    def record_stream(self, pointer, stream):
+        _check(_library.gm_record_stream(self._handle, ctypes.c_void_p(pointer), stream))
+
+    def allocation_size(self, pointer):
+        size = ctypes.c_size_t()
+        _check(_library.gm_allocation_size(self._handle, ctypes.c_void_p(pointer), ctypes.byref(size)))
+        return size.value
+
+    def empty_cache(self):
+        _check(_library.gm_empty_cache(self._handle))
+
+    def set_memory_limit(self, limit_bytes):
+        """Never reserve more than this (0: the whole device)."""
+        _check(_library.gm_set_memory_limit(self._handle, limit_bytes))
+
+    def memory_limit(self):
+        limit = ctypes.c_uint64()
+        _check(_library.gm_get_memory_limit(self._handle, ctypes.byref(limit)))
+        return limit.value
+
+    def reset_peak_stats(self):
+        _check(_library.gm_reset_peak_stats(self._handle))
+
+    def reset_accumulated_stats(self):
+        _check(_library.gm_reset_accumulated_stats(self._handle))
+
+    def validate(self):
+        """Check every invariant of the heap; raises GpumemError if one is broken."""
+        _check(_library.gm_validate(self._handle))
+
+    def memory_stats(self):
+        """The statistics under torch.cuda.memory_stats() names, plus gpumem's device-call counters."""
+        stats = _Stats()
+        _check(_library.gm_get_stats(self._handle, ctypes.byref(stats)))
+        result = {}
+        for name in _STAT_ARRAYS:
+            array = getattr(stats, name)
+            for index, pool in enumerate(_POOLS):
+                for reading in ("current", "peak", "allocated", "freed"):
+                    result[f"{name}.{pool}.{reading}"] = getattr(array[index], reading)
+        for name in ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc",
+                     "num_device_free", "num_page_maps", "num_page_unmaps", "device_call_ns"):
+            result[name] = getattr(stats, name)
+        for index, kind in enumerate(_CALL_KINDS):
+            result[f"device_calls.{kind}"] = stats.device_calls[index]
+            result[f"device_call_ns.{kind}"] = stats.device_call_ns_by_kind[index]
+        return result
+
+    def summary(self):
+        """The statistics as a table in the layout of torch.cuda.memory_summary()."""
+        needed = ctypes.c_size_t()
+        status = _library.gm_summary(self._handle, None, 0, ctypes.byref(needed))
+        if status != _BUFFER_TOO_SMALL:
+            _check(status)
+        buffer = ctypes.create_string_buffer(needed.value)
+        _check(_library.gm_summary(self._handle, buffer, needed.value, None))
+        return buffer.value.decode()
+
+    def device_info(self):
+        info = _DeviceInfo()
+        _check(_library.gm_get_device_info(self._handle, ctypes.byref(info)))
+        return {"backend": info.backend.decode(), "name": info.name.decode(), "device": info.device,
+                "device_count": info.device_count, "driver_version": info.driver_version,
+                "total_bytes": info.total_bytes, "free_bytes": info.free_bytes,
+                "virtual_memory": bool(info.virtual_memory), "granularity": info.granularity,
+                "engine": info.engine.decode()}

@@ -1,0 +1,84 @@
+"""gpumem as PyTorch's CUDA allocator.
+
+    import gpumem.torch
+    gpumem.torch.install()          # before the first CUDA tensor
+    ...                              # torch.cuda.memory_stats(), memory_summary(), empty_cache(),
+                                     # Tensor.record_stream() etc. keep working, backed by gpumem
+
+Unmodified scripts: put gpumem's ``python`` folder on PYTHONPATH and set GPUMEM_TORCH=1 (or to a
+GPUMEM_CONF-style string): ``PYTHONPATH=/path/to/gpumem/python GPUMEM_TORCH=1 python train.py``.
+Or run ``python -m gpumem.torch train.py ARGS``.
+
+The translation layer is a small C++ extension (torch_adapter.cpp) compiled against the installed
+torch on first use and cached by torch.utils.cpp_extension; all logic stays in libgpumem.
+"""
+import os
+import sys
+
+import gpumem
+
+_extension = None
+
+
+def _adapter():
+    global _extension
+    if _extension is None:
+        try:
+            from torch.utils.cpp_extension import load
+        except ImportError as error:
+            raise ImportError("gpumem.torch needs PyTorch") from error
+        here = os.path.dirname(os.path.abspath(__file__))
+        library = gpumem.library_path()
+        include = os.path.join(os.path.dirname(os.path.dirname(here)), "include")
+        if not os.path.isdir(include):
+            include = here  # an installed package carries gpumem.h next to itself
+        _extension = load(name="gpumem_torch_adapter", sources=[os.path.join(here, "torch_adapter.cpp")],
+                          extra_include_paths=[include], with_cuda=True, extra_cflags=["-O2"],
+                          extra_ldflags=[f"-L{os.path.dirname(library)}", "-lgpumem",
+                                         f"-Wl,-rpath,{os.path.dirname(library)}"],
+                          verbose=os.environ.get("GPUMEM_VERBOSE_BUILD") == "1")
+    return _extension
+
+
+def install(config=""):
+    """Make gpumem the CUDA allocator of this process.
+
+    ``config`` is applied on top of GPUMEM_CONF (e.g. "engine:segments"). Must run before CUDA is
+    initialized; installing twice is harmless.
+    """
+    import torch
+    if is_installed():
+        return
+    if torch.cuda.is_initialized():
+        raise RuntimeError(
+            "gpumem.torch.install() must run before CUDA is initialized: call it before the first CUDA "
+            "tensor, torch.cuda.init() or any torch.cuda memory call (or set GPUMEM_TORCH=1 and put "
+            "gpumem's python folder on PYTHONPATH, so that it runs when torch is imported).")
+    _adapter().install(config)
+
+
+def is_installed():
+    return _extension is not None and _extension.is_installed()
+
+
+def allocator(device=None):
+    """The gpumem.Allocator behind a CUDA device (for gpumem's own statistics and summary)."""
+    import torch
+    if not is_installed():
+        raise RuntimeError("gpumem is not installed as the CUDA allocator")
+    index = torch.cuda.current_device() if device is None else torch.device("cuda", device).index or 0
+    return gpumem.Allocator.attach(_extension.handle(index))
+
+
+def _main():
+    """python -m gpumem.torch SCRIPT ARGS: run a script with gpumem as the CUDA allocator."""
+    import runpy
+    if len(sys.argv) < 2:
+        sys.exit("usage: python -m gpumem.torch SCRIPT [ARGS...]")
+    install(os.environ.get("GPUMEM_TORCH", "") if os.environ.get("GPUMEM_TORCH") not in (None, "1") else "")
+    sys.argv = sys.argv[1:]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+
+
+if __name__ == "__main__":
+    _main()

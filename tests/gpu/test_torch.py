@@ -1,0 +1,216 @@
+"""gpumem as PyTorch's CUDA allocator, on a GPU: run with
+    PYTHONPATH=python GPUMEM_LIBRARY=build-gpu/libgpumem.so python3 -m pytest tests/gpu/test_torch.py
+(scripts/gpu-check.sh python). gpumem is installed when this module is imported, before CUDA starts;
+the comparisons with PyTorch's own allocator run in subprocesses. Without a GPU every test skips.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+import gpumem  # noqa: E402
+import gpumem.torch  # noqa: E402
+
+gpumem.torch.install()
+
+MiB = 1 << 20
+GiB = 1 << 30
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_python(code, **environment):
+    """Run code in a fresh interpreter (gpumem's python folder on the path); return its stdout."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), **environment)
+    run = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return run.stdout
+
+
+def test_gpumem_is_the_allocator():
+    assert gpumem.torch.is_installed()
+    x = torch.ones(1000, device="cuda")
+    handle = gpumem.torch.allocator()
+    assert handle.allocation_size(x.data_ptr()) == 4096  # 4000 bytes, rounded to 512
+    assert handle.device_info()["backend"] == "cuda"
+
+
+def test_memory_stats_follow_the_tensors():
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    a = torch.empty(1000, dtype=torch.uint8, device="cuda")
+    b = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")
+    assert torch.cuda.memory_allocated() - base == 1024 + 3 * MiB
+    stats = torch.cuda.memory_stats()
+    assert stats["allocation.all.current"] >= 2
+    assert stats["requested_bytes.all.current"] >= 1000 + 3 * MiB
+    assert torch.cuda.memory_reserved() >= torch.cuda.memory_allocated()
+    assert torch.cuda.max_memory_allocated() == torch.cuda.memory_allocated()
+    del a, b
+    assert torch.cuda.memory_allocated() == base
+    assert torch.cuda.max_memory_allocated() - base == 1024 + 3 * MiB
+    torch.cuda.reset_peak_memory_stats()
+    assert torch.cuda.max_memory_allocated() == base
+    assert torch.cuda.max_memory_reserved() == torch.cuda.memory_reserved()
+    summary = torch.cuda.memory_summary()
+    assert "Allocated memory" in summary and "GPU reserved memory" in summary
+
+
+def test_out_of_memory_raises_and_training_continues():
+    with pytest.raises(torch.OutOfMemoryError) as caught:
+        torch.empty(1 << 48, dtype=torch.uint8, device="cuda")
+    message = str(caught.value)
+    assert "gpumem" in message and "Tried to allocate" in message and "Diagnosis" in message
+    blocks = []
+    with pytest.raises(torch.OutOfMemoryError):
+        while True:
+            blocks.append(torch.empty(8 * GiB, dtype=torch.uint8, device="cuda"))
+    assert len(blocks) > 5
+    del blocks
+    model = torch.nn.Linear(256, 256).cuda()
+    loss = model(torch.randn(64, 256, device="cuda")).square().mean()
+    loss.backward()
+    torch.cuda.synchronize()
+    assert torch.isfinite(loss)
+
+
+def test_record_stream_keeps_memory_until_the_stream_is_done():
+    side = torch.cuda.Stream()
+    for record in (True, False):
+        torch.cuda.synchronize()
+        x = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+        pointer = x.data_ptr()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(500_000_000)  # about a quarter second of GPU time
+            x.fill_(7)
+        if record:
+            x.record_stream(side)
+        del x
+        y = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+        busy = not side.query()
+        reused = y.data_ptr() == pointer
+        side.synchronize()
+        del y
+        assert busy
+        if record:
+            assert not reused, "memory used by a running kernel was handed out again"
+        else:
+            assert reused  # the control: without record_stream the block comes back at once
+
+
+def test_empty_cache_gives_memory_back():
+    torch.cuda.synchronize()
+    x = torch.empty(4 * GiB, dtype=torch.uint8, device="cuda")
+    del x
+    reserved = torch.cuda.memory_reserved()
+    free_before, _ = torch.cuda.mem_get_info()
+    torch.cuda.empty_cache()
+    free_after, _ = torch.cuda.mem_get_info()
+    assert reserved - torch.cuda.memory_reserved() >= 4 * GiB
+    assert free_after - free_before >= 4 * GiB
+
+
+def test_memory_fraction_caps_reservation():
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction(0.05)
+    try:
+        with pytest.raises(torch.OutOfMemoryError) as caught:
+            torch.empty(int(total * 0.06), dtype=torch.uint8, device="cuda")
+        assert "memory limit" in str(caught.value)
+        x = torch.empty(int(total * 0.03), dtype=torch.uint8, device="cuda")
+        assert torch.cuda.memory_reserved() <= total * 0.05 + 2 * MiB
+        del x
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+
+
+def test_cuda_graph_capture_fails_clearly():
+    graph = torch.cuda.CUDAGraph()
+    static = torch.ones(16, device="cuda")
+    with pytest.raises(RuntimeError) as caught:
+        with torch.cuda.graph(graph):
+            static.mul_(2)
+    assert "gpumem does not support CUDA graph capture" in str(caught.value)
+    torch.cuda.synchronize()
+    assert torch.ones(4, device="cuda").sum().item() == 4  # CUDA still works
+
+
+TRAINING = """
+import os, torch
+torch.manual_seed(0)
+torch.use_deterministic_algorithms(True)
+if os.environ.get("USE_GPUMEM") == "1":
+    import gpumem.torch
+    gpumem.torch.install()
+model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 512),
+                            torch.nn.LayerNorm(512), torch.nn.Linear(512, 10)).cuda()
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+losses = []
+for step in range(30):
+    x = torch.randn(256, 512, device="cuda")
+    y = torch.randint(0, 10, (256,), device="cuda")
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    losses.append(loss.item())
+print(" ".join(repr(value) for value in losses))
+"""
+
+
+def test_training_losses_match_pytorch_allocator():
+    environment = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    native = run_python(TRAINING, USE_GPUMEM="0", **environment)
+    ours = run_python(TRAINING, USE_GPUMEM="1", **environment)
+    assert native.split() == ours.split()
+    assert len(ours.split()) == 30
+
+
+def test_environment_variable_installs_for_unmodified_scripts():
+    out = run_python("""
+        import torch
+        x = torch.ones(10, device="cuda")
+        import gpumem.torch
+        print(gpumem.torch.is_installed(), torch.cuda.memory_stats()["allocated_bytes.all.current"])
+    """, GPUMEM_TORCH="1")
+    installed, allocated = out.split()
+    assert installed == "True" and int(allocated) == 512
+
+
+def test_install_after_cuda_started_is_a_clear_error():
+    out = run_python("""
+        import torch, gpumem.torch
+        torch.zeros(1, device="cuda")
+        try:
+            gpumem.torch.install()
+        except RuntimeError as error:
+            print("refused:", error)
+    """)
+    assert "must run before CUDA is initialized" in out
+
+
+def test_cupy_allocations_live_in_gpumem():
+    pytest.importorskip("cupy")
+    out = run_python("""
+        import cupy, gpumem.cupy
+        gpumem.cupy.install()
+        x = cupy.arange(1_000_000, dtype=cupy.float64)
+        total = float((x * 2).sum())
+        stats = gpumem.cupy.allocator(0).memory_stats()
+        try:
+            cupy.empty(1 << 48, dtype=cupy.uint8)
+        except cupy.cuda.memory.OutOfMemoryError as error:
+            print("oom", "Tried to allocate" in str(error))
+        print(total, stats["allocation.all.current"] >= 2)
+    """)
+    lines = out.splitlines()
+    assert lines[0] == "oom True"
+    assert lines[1].split()[1] == "True" and float(lines[1].split()[0]) == 999999000000.0

@@ -1,0 +1,101 @@
+"""The gpumem Python package without a GPU and without PyTorch: the ctypes layer over libgpumem on the
+sim backend, its errors, statistics under torch's names, and the summary table."""
+import os
+import subprocess
+import sys
+import unittest
+
+import gpumem
+
+
+class PackageTest(unittest.TestCase):
+    def setUp(self):
+        self.allocator = gpumem.Allocator("backend:sim,capacity:1GiB", from_environment=False)
+
+    def tearDown(self):
+        self.allocator.close()
+
+    def test_malloc_free_and_statistics(self):
+        a = self.allocator.malloc(1000)
+        b = self.allocator.malloc(3 << 20, stream=7)
+        self.assertNotEqual(a, b)
+        self.assertEqual(self.allocator.allocation_size(a), 1024)
+        stats = self.allocator.memory_stats()
+        self.assertEqual(stats["allocation.all.current"], 2)
+        self.assertEqual(stats["allocated_bytes.small_pool.current"], 1024)
+        self.assertEqual(stats["allocated_bytes.large_pool.current"], 3 << 20)
+        self.assertEqual(stats["requested_bytes.all.current"], 1000 + (3 << 20))
+        self.assertGreaterEqual(stats["reserved_bytes.all.current"], stats["allocated_bytes.all.current"])
+        self.assertGreater(stats["device_calls.physical_create"], 0)
+        self.allocator.free(a)
+        self.allocator.free(b)
+        stats = self.allocator.memory_stats()
+        self.assertEqual(stats["allocated_bytes.all.current"], 0)
+        self.assertEqual(stats["allocated_bytes.all.peak"], 1024 + (3 << 20))
+        self.allocator.reset_peak_stats()
+        self.assertEqual(self.allocator.memory_stats()["allocated_bytes.all.peak"], 0)
+        self.allocator.empty_cache()
+        self.assertEqual(self.allocator.memory_stats()["reserved_bytes.all.current"], 0)
+        self.allocator.validate()
+
+    def test_errors_say_why(self):
+        with self.assertRaises(gpumem.OutOfMemoryError) as caught:
+            self.allocator.malloc(2 << 30)
+        self.assertIn("Tried to allocate 2.00 GiB", str(caught.exception))
+        self.assertEqual(caught.exception.status, 2)
+        with self.assertRaises(gpumem.GpumemError) as caught:
+            self.allocator.free(12345)
+        self.assertIn("not a live allocation", str(caught.exception))
+        with self.assertRaises(gpumem.GpumemError) as caught:
+            gpumem.Allocator("engine:warp", from_environment=False)
+        self.assertIn("bad value 'warp' for key 'engine'", str(caught.exception))
+        self.assertEqual(caught.exception.status, 4)
+
+    def test_memory_limit(self):
+        self.allocator.set_memory_limit(64 << 20)
+        self.assertEqual(self.allocator.memory_limit(), 64 << 20)
+        with self.assertRaises(gpumem.OutOfMemoryError) as caught:
+            self.allocator.malloc(100 << 20)
+        self.assertIn("memory limit", str(caught.exception))
+
+    def test_summary_and_device_info(self):
+        pointer = self.allocator.malloc(5 << 20)
+        table = self.allocator.summary()
+        self.assertIn("gpumem memory summary, sim device ID 0", table)
+        self.assertIn("| Allocated memory      |   5120 KiB |", table)
+        self.allocator.free(pointer)
+        info = self.allocator.device_info()
+        self.assertEqual(info["backend"], "sim")
+        self.assertEqual(info["total_bytes"], 1 << 30)
+        self.assertEqual(info["engine"], "pages")
+        self.assertIn("memory_limit", gpumem.config_help())
+
+    def test_environment_configuration(self):
+        os.environ["GPUMEM_CONF"] = "engine:segments,capacity:2GiB"
+        try:
+            with gpumem.Allocator("") as allocator:
+                self.assertEqual(allocator.device_info()["engine"], "segments")
+        finally:
+            del os.environ["GPUMEM_CONF"]
+
+    def test_no_gpu_is_a_clear_error(self):
+        try:
+            gpumem.Allocator("backend:cuda", from_environment=False).close()
+        except gpumem.GpumemError as error:
+            self.assertEqual(error.status, 5)
+            self.assertIn("cuda backend", str(error))
+
+    def test_library_is_found_from_the_environment(self):
+        code = "import gpumem; print(gpumem.library_path())"
+        environment = dict(os.environ, GPUMEM_LIBRARY="/nonexistent/libgpumem.so")
+        run = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True)
+        self.assertNotEqual(run.returncode, 0)
+        self.assertIn("libgpumem.so not found", run.stderr)
+
+    def test_torch_module_imports_without_torch(self):
+        import gpumem.torch  # importable; install() then needs torch
+        self.assertFalse(gpumem.torch.is_installed())
+
+
+if __name__ == "__main__":
+    unittest.main()
