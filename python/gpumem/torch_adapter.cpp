@@ -33,6 +33,10 @@ using c10::cuda::CUDACachingAllocator::StatType;
 using torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
 
 constexpr size_t kMaxDevices = 64;
+constexpr const char *kNoGraphs =
+    "gpumem does not support CUDA graph capture yet (it has no private memory pools for graphs). "
+    "Capture graphs with PyTorch's own allocator, or run this part without torch.cuda.graph / "
+    "torch.compile(mode='reduce-overhead').";
 
 void *unused_alloc(size_t, int, cudaStream_t) { return nullptr; }
 void unused_free(void *, size_t, int, cudaStream_t) {}
@@ -187,10 +191,12 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   void resetPeakStats(c10::DeviceIndex device) override { gm_reset_peak_stats(of(device)); }
 
   void beginAllocateToPool(c10::DeviceIndex, c10::cuda::MempoolId_t, std::function<bool(cudaStream_t)>) override {
-    TORCH_CHECK(false,
-                "gpumem does not support CUDA graph capture yet (it has no private memory pools for "
-                "graphs). Capture graphs with PyTorch's own allocator, or run this part without "
-                "torch.cuda.graph / torch.compile(mode='reduce-overhead').");
+    TORCH_CHECK(false, kNoGraphs);
+  }
+
+  void createOrIncrefPool(c10::DeviceIndex, c10::cuda::MempoolId_t,
+                          std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator>) override {
+    TORCH_CHECK(false, kNoGraphs);
   }
 
   void endAllocateToPool(c10::DeviceIndex, c10::cuda::MempoolId_t) override {}
