@@ -29,7 +29,7 @@
 
 namespace {
 
-using c10::cuda::CUDACachingAllocator::StatType;
+using c10::CachingAllocator::StatType;
 using torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
 
 constexpr size_t kMaxDevices = 64;
