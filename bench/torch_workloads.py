@@ -100,12 +100,15 @@ def main():
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--cap-fraction", type=float, default=0.1)
     parser.add_argument("--skip-cap", action="store_true")
+    parser.add_argument("--skip-runs", action="store_true")
+    parser.add_argument("--cap-ranges", default="gpt2:1:24,bert_varlen:8:96",
+                        help="WORKLOAD:LOW:HIGH,... batch ranges searched under the cap")
     parser.add_argument("--out")
     args = parser.parse_args()
     results = []
     table = ["| workload | allocator | peak reserved MiB | nvidia-smi peak MiB | median step ms | step ms per repeat |",
              "|---|---|---|---|---|---|"]
-    for name in args.workloads.split(","):
+    for name in ([] if args.skip_runs else args.workloads.split(",")):
         for allocator in args.allocators.split(","):
             runs = [run_workload(name, allocator, STEPS[name], ["--warmup", str(WARMUP[name])])
                     for _ in range(args.repeats)]
@@ -123,9 +126,9 @@ def main():
     if not args.skip_cap:
         cap = [f"| workload | cap (fraction of the GPU) | " + " | ".join(args.allocators.split(",")) + " |",
                "|---|---|" + "---|" * len(args.allocators.split(","))]
-        for name, low, high in (("gpt2", 1, 24), ("bert_varlen", 8, 96)):
-            if name not in args.workloads:
-                continue
+        for entry in args.cap_ranges.split(","):
+            name, low, high = entry.split(":")
+            low, high = int(low), int(high)
             batches = [largest_batch(name, a, args.cap_fraction, low, high) for a in args.allocators.split(",")]
             results.append({"cap_workload": name, "fraction": args.cap_fraction,
                             "largest_batch": dict(zip(args.allocators.split(","), batches))})
