@@ -411,6 +411,31 @@ static gm_device_model *model_of(gm_backend *backend)
     return *(gm_device_model **)backend->state;
 }
 
+gm_status gm_model_backend_open(gm_backend *backend, void *state, uint64_t capacity, uint64_t page_size,
+                                bool charges_cost)
+{
+    backend->state = state;
+    backend->total_bytes = capacity;
+    backend->page_size = page_size;
+    backend->supports_virtual_memory = true;
+    backend->charges_cost = charges_cost;
+    gm_status status = gm_device_model_create(backend, capacity, page_size, (gm_device_model **)state);
+    if (status != GM_OK) {
+        free(state);
+        backend->state = NULL;
+    }
+    return status;
+}
+
+void gm_model_close(gm_backend *backend)
+{
+    if (!backend->state)
+        return;
+    gm_device_model_destroy(model_of(backend));
+    free(backend->state);
+    backend->state = NULL;
+}
+
 gm_status gm_model_memory_info(gm_backend *backend, uint64_t *free_out, uint64_t *total_out)
 {
     *total_out = backend->total_bytes;

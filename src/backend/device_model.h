@@ -47,6 +47,11 @@ gm_status gm_device_model_stream_complete(gm_device_model *model, gm_stream stre
 
 /* Backend operations that only consult the model, for any backend whose state begins with a
  * gm_device_model pointer (sim and host share them). */
+/* Make `state` (allocated by the caller, first member a gm_device_model pointer) the backend's state
+ * and give it a model of `capacity` and `page_size`; on failure `state` is freed. */
+gm_status gm_model_backend_open(gm_backend *backend, void *state, uint64_t capacity, uint64_t page_size,
+                                bool charges_cost);
+void gm_model_close(gm_backend *backend);
 gm_status gm_model_memory_info(gm_backend *backend, uint64_t *free_out, uint64_t *total_out);
 gm_status gm_model_event_create(gm_backend *backend, uint64_t *event_out);
 gm_status gm_model_event_destroy(gm_backend *backend, uint64_t event);

@@ -56,29 +56,10 @@ static gm_status host_open(gm_backend *backend, const gm_options *options)
     host_state *state = calloc(1, sizeof *state);
     if (!state)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the host backend");
-    uint64_t capacity = options->capacity ? options->capacity : HOST_DEFAULT_CAPACITY;
     state->page_size = options->page_size;
-    backend->state = state;
-    backend->total_bytes = capacity;
-    backend->page_size = options->page_size;
-    backend->supports_virtual_memory = true;
-    backend->charges_cost = false;
     raise_file_limit(); /* each physical allocation holds a file descriptor */
-    gm_status status = gm_device_model_create(backend, capacity, options->page_size, &state->model);
-    if (status != GM_OK) {
-        free(state);
-        backend->state = NULL;
-    }
-    return status;
-}
-
-static void host_close(gm_backend *backend)
-{
-    host_state *state = state_of(backend);
-    if (!state)
-        return;
-    gm_device_model_destroy(state->model);
-    free(state);
+    return gm_model_backend_open(backend, state, options->capacity ? options->capacity : HOST_DEFAULT_CAPACITY,
+                                 options->page_size, false);
 }
 
 static gm_status host_segment_allocate(gm_backend *backend, uint64_t size, uintptr_t *address_out)
@@ -205,7 +186,7 @@ static gm_status host_unmap(gm_backend *backend, uintptr_t address, uint64_t siz
 const gm_backend_operations gm_host_backend_operations = {
     .name = "host",
     .open = host_open,
-    .close = host_close,
+    .close = gm_model_close,
     .memory_info = gm_model_memory_info,
     .segment_allocate = host_segment_allocate,
     .segment_free = host_segment_free,

@@ -34,29 +34,10 @@ static gm_status sim_open(gm_backend *backend, const gm_options *options)
     sim_state *state = calloc(1, sizeof *state);
     if (!state)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the sim backend");
-    uint64_t capacity = options->capacity ? options->capacity : SIM_DEFAULT_CAPACITY;
     state->page_size = options->page_size;
     state->next_address = SIM_ADDRESS_BASE;
-    backend->state = state;
-    backend->total_bytes = capacity;
-    backend->page_size = options->page_size;
-    backend->supports_virtual_memory = true;
-    backend->charges_cost = options->cost_model;
-    gm_status status = gm_device_model_create(backend, capacity, options->page_size, &state->model);
-    if (status != GM_OK) {
-        free(state);
-        backend->state = NULL;
-    }
-    return status;
-}
-
-static void sim_close(gm_backend *backend)
-{
-    sim_state *state = state_of(backend);
-    if (!state)
-        return;
-    gm_device_model_destroy(state->model);
-    free(state);
+    return gm_model_backend_open(backend, state, options->capacity ? options->capacity : SIM_DEFAULT_CAPACITY,
+                                 options->page_size, options->cost_model);
 }
 
 /* Fresh, never-used fake addresses, page-aligned. */
@@ -139,7 +120,7 @@ static gm_status sim_unmap(gm_backend *backend, uintptr_t address, uint64_t size
 const gm_backend_operations gm_sim_backend_operations = {
     .name = "sim",
     .open = sim_open,
-    .close = sim_close,
+    .close = gm_model_close,
     .memory_info = gm_model_memory_info,
     .segment_allocate = sim_segment_allocate,
     .segment_free = sim_segment_free,

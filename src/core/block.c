@@ -10,6 +10,9 @@
  */
 #include "internal.h"
 
+#include "error.h"
+
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -103,6 +106,41 @@ void gm_absorb_next(gm_allocator *allocator, gm_block *block)
     if (next->next)
         next->next->previous = block;
     gm_block_delete(&allocator->block_pool, next);
+}
+
+gm_status gm_validate_region_blocks(const gm_region *region, gm_stats *recomputed,
+                                    gm_status (*check)(const gm_region *region, const gm_block *block, void *context),
+                                    void *context)
+{
+    uintptr_t expected = region->base;
+    const gm_block *previous = NULL;
+    for (const gm_block *block = region->first_block; block; previous = block, block = block->next) {
+        if (block->address != expected || block->previous != previous || block->region != region)
+            return gm_fail(GM_ERROR_CORRUPT, "region 0x%" PRIxPTR ": block 0x%" PRIxPTR " out of place", region->base,
+                           block->address);
+        bool vacant = block->state == GM_BLOCK_FREE || block->state == GM_BLOCK_UNMAPPED;
+        if (vacant && previous && previous->state == block->state)
+            return gm_fail(GM_ERROR_CORRUPT, "two adjacent blocks of state %d at 0x%" PRIxPTR, block->state,
+                           block->address);
+        if (block->state == GM_BLOCK_FREE) {
+            if (!block->indexed)
+                return gm_fail(GM_ERROR_CORRUPT, "free block 0x%" PRIxPTR " is not indexed", block->address);
+            if (gm_block_is_split(block)) {
+                gm_stat_change(recomputed->inactive_split, region->pool, 1);
+                gm_stat_change(recomputed->inactive_split_bytes, region->pool, (int64_t)block->size);
+            }
+        }
+        if (check) {
+            gm_status status = check(region, block, context);
+            if (status != GM_OK)
+                return status;
+        }
+        expected += block->size;
+    }
+    if (expected != region->base + region->size)
+        return gm_fail(GM_ERROR_CORRUPT, "region 0x%" PRIxPTR ": blocks cover %" PRIu64 " of %" PRIu64 " bytes",
+                       region->base, (uint64_t)(expected - region->base), region->size);
+    return GM_OK;
 }
 
 bool gm_may_reserve(const gm_allocator *allocator, uint64_t size)

@@ -226,6 +226,12 @@ void gm_unindex_free_block(gm_allocator *allocator, gm_block *block);
 gm_block *gm_split_block(gm_allocator *allocator, gm_block *block, uint64_t size);
 /* Absorb `next` (block->next) into `block`; `next` is deleted. Neither may be indexed. */
 void gm_absorb_next(gm_allocator *allocator, gm_block *block);
+/* Check the blocks of `region`: they tile it in address order, no two free (or two unmapped) blocks
+ * touch, every free block is indexed; free blocks with neighbours are added to the inactive-split
+ * statistics of *recomputed. `check` (may be NULL) then sees every block, for an engine's own rules. */
+gm_status gm_validate_region_blocks(const gm_region *region, gm_stats *recomputed,
+                                    gm_status (*check)(const gm_region *region, const gm_block *block, void *context),
+                                    void *context);
 /* Whether reserving `size` more bytes keeps within memory_limit. */
 bool gm_may_reserve(const gm_allocator *allocator, uint64_t size);
 /* Record reserved memory coming (positive) or going (negative) in a pool, as `segments` segments. */

@@ -734,39 +734,28 @@ static void pages_release_cached(gm_allocator *allocator)
     }
 }
 
+/* A block's pages are mapped exactly when it is not an unmapped block. */
+static gm_status check_block_pages(const gm_region *region, const gm_block *block, void *context)
+{
+    uint64_t page_size = *(const uint64_t *)context;
+    const page_region *data = data_of(region);
+    uint64_t first = page_index(region, block->address, page_size);
+    uint64_t last = page_index(region, block->address + block->size - 1, page_size);
+    bool mapped_expected = block->state != GM_BLOCK_UNMAPPED;
+    for (uint64_t page = first; page <= last; page++)
+        if ((data->pages[page] != NULL) != mapped_expected)
+            return gm_fail(GM_ERROR_CORRUPT, "block 0x%" PRIxPTR " (state %d) has page %" PRIu64 " %s", block->address,
+                           block->state, page, mapped_expected ? "unmapped" : "mapped");
+    return GM_OK;
+}
+
 static gm_status validate_region(gm_allocator *allocator, gm_region *region, gm_stats *recomputed)
 {
     page_engine *engine = engine_of(allocator);
     page_region *data = data_of(region);
-    uintptr_t expected = region->base;
-    const gm_block *previous = NULL;
-    for (const gm_block *block = region->first_block; block; previous = block, block = block->next) {
-        if (block->address != expected || block->previous != previous || block->region != region)
-            return gm_fail(GM_ERROR_CORRUPT, "region 0x%" PRIxPTR ": block 0x%" PRIxPTR " out of place", region->base,
-                           block->address);
-        if (is_vacant(block) && previous && previous->state == block->state)
-            return gm_fail(GM_ERROR_CORRUPT, "two adjacent blocks of state %d at 0x%" PRIxPTR, block->state,
-                           block->address);
-        uint64_t first = page_index(region, block->address, engine->page_size);
-        uint64_t last = page_index(region, block->address + block->size - 1, engine->page_size);
-        bool mapped_expected = block->state != GM_BLOCK_UNMAPPED;
-        for (uint64_t page = first; page <= last; page++)
-            if ((data->pages[page] != NULL) != mapped_expected)
-                return gm_fail(GM_ERROR_CORRUPT, "block 0x%" PRIxPTR " (state %d) has page %" PRIu64 " %s",
-                               block->address, block->state, page, mapped_expected ? "unmapped" : "mapped");
-        if (block->state == GM_BLOCK_FREE) {
-            if (!block->indexed)
-                return gm_fail(GM_ERROR_CORRUPT, "free block 0x%" PRIxPTR " is not indexed", block->address);
-            if (gm_block_is_split(block)) {
-                gm_stat_change(recomputed->inactive_split, region->pool, 1);
-                gm_stat_change(recomputed->inactive_split_bytes, region->pool, (int64_t)block->size);
-            }
-        }
-        expected += block->size;
-    }
-    if (expected != region->base + region->size)
-        return gm_fail(GM_ERROR_CORRUPT, "region 0x%" PRIxPTR ": blocks cover %" PRIu64 " of %" PRIu64 " bytes",
-                       region->base, (uint64_t)(expected - region->base), region->size);
+    gm_status status = gm_validate_region_blocks(region, recomputed, check_block_pages, &engine->page_size);
+    if (status != GM_OK)
+        return status;
     for (const page_chunk *chunk = data->chunks; chunk; chunk = chunk->next) {
         gm_stat_change(recomputed->reserved_bytes, region->pool, (int64_t)chunk->size);
         gm_stat_change(recomputed->segment, region->pool, 1);

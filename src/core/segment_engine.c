@@ -144,45 +144,19 @@ static void segments_free_block(gm_allocator *allocator, gm_block *block)
     gm_index_free_block(allocator, block);
 }
 
-static gm_status validate_region(gm_allocator *allocator, const gm_region *region, gm_stats *recomputed)
-{
-    uintptr_t expected = region->base;
-    const gm_block *previous = NULL;
-    for (const gm_block *block = region->first_block; block; previous = block, block = block->next) {
-        if (block->address != expected || block->previous != previous || block->region != region)
-            return gm_fail(GM_ERROR_CORRUPT, "segment 0x%" PRIxPTR ": block 0x%" PRIxPTR " out of place", region->base,
-                           block->address);
-        if (block->state == GM_BLOCK_FREE) {
-            if (previous && previous->state == GM_BLOCK_FREE)
-                return gm_fail(GM_ERROR_CORRUPT, "two adjacent free blocks at 0x%" PRIxPTR, block->address);
-            if (!block->indexed)
-                return gm_fail(GM_ERROR_CORRUPT, "free block 0x%" PRIxPTR " is not indexed", block->address);
-            if (gm_block_is_split(block)) {
-                gm_stat_change(recomputed->inactive_split, region->pool, 1);
-                gm_stat_change(recomputed->inactive_split_bytes, region->pool, (int64_t)block->size);
-            }
-        }
-        expected += block->size;
-    }
-    if (expected != region->base + region->size)
-        return gm_fail(GM_ERROR_CORRUPT, "segment 0x%" PRIxPTR " blocks cover %" PRIu64 " of %" PRIu64 " bytes",
-                       region->base, (uint64_t)(expected - region->base), region->size);
-    (void)allocator;
-    gm_stat_change(recomputed->reserved_bytes, region->pool, (int64_t)region->size);
-    gm_stat_change(recomputed->segment, region->pool, 1);
-    return GM_OK;
-}
-
 static gm_status segments_validate(gm_allocator *allocator, gm_stats *recomputed)
 {
     for (size_t h = 0; h < allocator->heap_count; h++)
         for (const gm_region *region = allocator->heaps[h]->regions; region; region = region->next) {
-            gm_status status = validate_region(allocator, region, recomputed);
+            gm_status status = gm_validate_region_blocks(region, recomputed, NULL, NULL);
             if (status != GM_OK)
                 return status;
+            gm_stat_change(recomputed->reserved_bytes, region->pool, (int64_t)region->size);
+            gm_stat_change(recomputed->segment, region->pool, 1);
         }
     return GM_OK;
 }
+
 
 static gm_status segments_create(gm_allocator *allocator)
 {
