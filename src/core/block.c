@@ -4,9 +4,9 @@
  *
  * Block structs come from a pool that grows by chunks of 1024 and recycles through a free list,
  * so the steady state allocates nothing. Inactive-split statistics follow PyTorch: a free block
- * that has an address neighbour counts as one inactive split block of its size; the count is kept
- * by indexing and unindexing alone, so a free block's neighbours may only change while it is out
- * of the index.
+ * that shares its segment with a block in use counts as one inactive split block of its size. The
+ * count is kept by indexing and unindexing alone (unindexing takes back what indexing counted), so
+ * a free block's neighbours should change only while it is out of the index; gm_validate checks it.
  */
 #include "internal.h"
 
@@ -60,7 +60,8 @@ void gm_index_free_block(gm_allocator *allocator, gm_block *block)
 {
     gm_size_index_insert(gm_heap_index(block->heap, block->pool), block);
     block->indexed = 1;
-    if (gm_block_is_split(block)) {
+    block->counted_split = gm_block_is_split(block);
+    if (block->counted_split) {
         gm_stat_change(allocator->stats.inactive_split, block->pool, 1);
         gm_stat_change(allocator->stats.inactive_split_bytes, block->pool, (int64_t)block->size);
     }
@@ -70,7 +71,7 @@ void gm_unindex_free_block(gm_allocator *allocator, gm_block *block)
 {
     gm_size_index_remove(gm_heap_index(block->heap, block->pool), block);
     block->indexed = 0;
-    if (gm_block_is_split(block)) {
+    if (block->counted_split) {
         gm_stat_change(allocator->stats.inactive_split, block->pool, -1);
         gm_stat_change(allocator->stats.inactive_split_bytes, block->pool, -(int64_t)block->size);
     }

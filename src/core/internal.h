@@ -54,6 +54,7 @@ struct gm_block {
     uint8_t state;               /* gm_block_state */
     uint8_t pool;                /* GM_POOL_SMALL or GM_POOL_LARGE */
     uint8_t indexed;             /* in a size index */
+    uint8_t counted_split;       /* counted as inactive split when it was indexed */
 };
 
 /* ---------------------------------------------------------------- size index (TLSF) */
@@ -212,9 +213,12 @@ gm_stat *gm_stats_array(gm_stats *stats, size_t index);
 /* Fill in the all-pools current, allocated and freed readings of every statistic. */
 void gm_stats_complete(gm_stats *stats);
 
+/* Whether a free block counts as inactive split (PyTorch's "non-releasable"): it shares its segment
+ * with a block in use. Unmapped neighbours (pages engine) hold no memory and do not count. */
 static inline bool gm_block_is_split(const gm_block *block)
 {
-    return block->previous != NULL || block->next != NULL;
+    return (block->previous && block->previous->state != GM_BLOCK_UNMAPPED) ||
+           (block->next && block->next->state != GM_BLOCK_UNMAPPED);
 }
 
 /* Put a free block into its heap's size index, counting it as inactive-split if it has neighbours. */

@@ -170,21 +170,20 @@ static gm_block *merge_alike(gm_allocator *allocator, gm_block *block)
  * NULL if block metadata ran out (nothing changed then). */
 static gm_block *carve(gm_allocator *allocator, gm_block *block, uintptr_t start, uintptr_t end, int state)
 {
-    gm_block *middle = block;
+    gm_block *middle = block, *tail = NULL;
     if (start > block->address && !(middle = gm_split_block(allocator, block, start - block->address)))
         return NULL;
-    if (end < middle->address + middle->size) {
-        gm_block *tail = gm_split_block(allocator, middle, end - middle->address);
-        if (!tail) {
-            if (middle != block)
-                gm_absorb_next(allocator, block);
-            return NULL;
-        }
-        attach(allocator, tail);
+    if (end < middle->address + middle->size && !(tail = gm_split_block(allocator, middle, end - middle->address))) {
+        if (middle != block)
+            gm_absorb_next(allocator, block);
+        return NULL;
     }
+    /* The middle takes its state before the pieces are attached: their neighbour is final. */
+    middle->state = (uint8_t)state;
+    if (tail)
+        attach(allocator, tail);
     if (middle != block)
         attach(allocator, block);
-    middle->state = (uint8_t)state;
     return middle;
 }
 
