@@ -246,15 +246,6 @@ gm_status gm_device_model_physical_release(gm_device_model *model, uint64_t hand
     return GM_OK;
 }
 
-gm_status gm_device_model_physical_size(gm_device_model *model, uint64_t handle, uint64_t *size_out)
-{
-    physical_memory *memory = find_physical(model, handle);
-    if (!memory || memory->released)
-        return gm_fail(GM_ERROR_DEVICE, "physical handle %" PRIu64 " is not live", handle);
-    *size_out = memory->size;
-    return GM_OK;
-}
-
 gm_status gm_device_model_map(gm_device_model *model, uintptr_t address, uint64_t size, uint64_t handle)
 {
     physical_memory *memory = find_physical(model, handle);

@@ -31,8 +31,6 @@ gm_status gm_device_model_address_reserve(gm_device_model *model, uintptr_t addr
 gm_status gm_device_model_address_free(gm_device_model *model, uintptr_t address, uint64_t size);
 gm_status gm_device_model_physical_create(gm_device_model *model, uint64_t handle, uint64_t size);
 gm_status gm_device_model_physical_release(gm_device_model *model, uint64_t handle);
-/* The size of a live physical handle, for map checks. */
-gm_status gm_device_model_physical_size(gm_device_model *model, uint64_t handle, uint64_t *size_out);
 gm_status gm_device_model_map(gm_device_model *model, uintptr_t address, uint64_t size, uint64_t handle);
 gm_status gm_device_model_set_access(gm_device_model *model, uintptr_t address, uint64_t size);
 gm_status gm_device_model_unmap(gm_device_model *model, uintptr_t address, uint64_t size);
