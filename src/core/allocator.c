@@ -498,16 +498,15 @@ static gm_status validate_indexes(gm_allocator *allocator)
         for (int pool = GM_POOL_SMALL; pool <= GM_POOL_LARGE; pool++) {
             const gm_size_index *index = gm_heap_index(heap, pool);
             uint64_t count = 0, bytes = 0;
-            for (unsigned first = 0; first < GM_INDEX_FIRST_COUNT; first++)
-                for (unsigned second = 0; second < GM_INDEX_SECOND_COUNT; second++)
-                    for (const gm_block *block = index->lists[first][second]; block; block = block->free_next) {
-                        if (block->state != GM_BLOCK_FREE || !block->indexed || block->heap != heap ||
-                            block->pool != pool)
-                            return gm_fail(GM_ERROR_CORRUPT, "size index holds block 0x%" PRIxPTR " in state %d",
-                                           block->address, block->state);
-                        count++;
-                        bytes += block->size;
-                    }
+            gm_index_cursor cursor;
+            for (const gm_block *block = gm_size_index_begin(&cursor, index); block;
+                 block = gm_size_index_advance(&cursor)) {
+                if (block->state != GM_BLOCK_FREE || !block->indexed || block->heap != heap || block->pool != pool)
+                    return gm_fail(GM_ERROR_CORRUPT, "size index holds block 0x%" PRIxPTR " in state %d",
+                                   block->address, block->state);
+                count++;
+                bytes += block->size;
+            }
             if (count != index->block_count || bytes != index->bytes)
                 return gm_fail(GM_ERROR_CORRUPT, "size index counts %" PRIu64 " blocks but holds %" PRIu64,
                                index->block_count, count);

@@ -119,8 +119,7 @@ gm_status gm_validate_region_blocks(const gm_region *region, gm_stats *recompute
         if (block->address != expected || block->previous != previous || block->region != region)
             return gm_fail(GM_ERROR_CORRUPT, "region 0x%" PRIxPTR ": block 0x%" PRIxPTR " out of place", region->base,
                            block->address);
-        bool vacant = block->state == GM_BLOCK_FREE || block->state == GM_BLOCK_UNMAPPED;
-        if (vacant && previous && previous->state == block->state)
+        if (gm_block_is_vacant(block) && previous && previous->state == block->state)
             return gm_fail(GM_ERROR_CORRUPT, "two adjacent blocks of state %d at 0x%" PRIxPTR, block->state,
                            block->address);
         if (block->state == GM_BLOCK_FREE) {

@@ -78,6 +78,18 @@ void gm_size_index_remove(gm_size_index *index, gm_block *block);
 /* A free block of at least `size` bytes, close to the smallest such (the exact-size list is searched
  * for the best fit, larger lists give their first block), or NULL. */
 gm_block *gm_size_index_find(const gm_size_index *index, uint64_t size);
+/* Every block of an index, list by list:
+ *     gm_index_cursor cursor;
+ *     for (gm_block *block = gm_size_index_begin(&cursor, index); block; block = gm_size_index_advance(&cursor))
+ * The index must not change during the walk. */
+typedef struct gm_index_cursor {
+    const gm_size_index *index;
+    unsigned first;
+    unsigned second;
+    gm_block *block;
+} gm_index_cursor;
+gm_block *gm_size_index_begin(gm_index_cursor *cursor, const gm_size_index *index);
+gm_block *gm_size_index_advance(gm_index_cursor *cursor);
 /* The largest block in the index, or NULL (for reports). */
 gm_block *gm_size_index_largest(const gm_size_index *index);
 
@@ -212,6 +224,12 @@ static inline void gm_stat_change(gm_stat stat[GM_POOL_COUNT], int pool, int64_t
 gm_stat *gm_stats_array(gm_stats *stats, size_t index);
 /* Fill in the all-pools current, allocated and freed readings of every statistic. */
 void gm_stats_complete(gm_stats *stats);
+
+/* Free addresses: a free block, or (pages engine) an unmapped one. */
+static inline bool gm_block_is_vacant(const gm_block *block)
+{
+    return block->state == GM_BLOCK_FREE || block->state == GM_BLOCK_UNMAPPED;
+}
 
 /* Whether a free block counts as inactive split (PyTorch's "non-releasable"): it shares its segment
  * with a block in use. Unmapped neighbours (pages engine) hold no memory and do not count. */

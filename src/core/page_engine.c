@@ -330,15 +330,11 @@ static gm_status quiesce(gm_allocator *allocator, gm_heap *heap)
 /* The free block of `region` that contains [address, address + size), or NULL. */
 static gm_block *free_block_containing(gm_region *region, uintptr_t address, uint64_t size)
 {
-    gm_size_index *index = gm_heap_index(region->heap, region->pool);
-    for (uint64_t firsts = index->first_bitmap; firsts; firsts &= firsts - 1) {
-        unsigned first = (unsigned)__builtin_ctzll(firsts);
-        for (unsigned second = 0; second < GM_INDEX_SECOND_COUNT; second++)
-            for (gm_block *block = index->lists[first][second]; block; block = block->free_next)
-                if (block->region == region && block->address <= address &&
-                    address + size <= block->address + block->size)
-                    return block;
-    }
+    gm_index_cursor cursor;
+    for (gm_block *block = gm_size_index_begin(&cursor, gm_heap_index(region->heap, region->pool)); block;
+         block = gm_size_index_advance(&cursor))
+        if (block->region == region && block->address <= address && address + size <= block->address + block->size)
+            return block;
     return NULL;
 }
 
@@ -393,25 +389,21 @@ static size_t find_idle_chunks(gm_allocator *allocator, const gm_region *keep_re
     size_t count = 0;
     for (size_t h = 0; h < allocator->heap_count; h++) {
         for (int pool = GM_POOL_SMALL; pool <= GM_POOL_LARGE; pool++) {
-            gm_size_index *index = gm_heap_index(allocator->heaps[h], pool);
-            for (uint64_t firsts = index->first_bitmap; firsts; firsts &= firsts - 1) {
-                unsigned first = (unsigned)__builtin_ctzll(firsts);
-                for (unsigned second = 0; second < GM_INDEX_SECOND_COUNT; second++) {
-                    for (gm_block *block = index->lists[first][second]; block; block = block->free_next) {
-                        gm_region *region = block->region;
-                        if (block->size < page_size ||
-                            (region == keep_region && block->address >= keep_start && block->address < keep_end))
-                            continue;
-                        page_chunk **pages = data_of(region)->pages;
-                        uintptr_t end = block->address + block->size;
-                        for (uintptr_t cursor = page_ceiling(block->address, page_size); cursor + page_size <= end;) {
-                            page_chunk *chunk = pages[page_index(region, cursor, page_size)];
-                            if (chunk->address >= block->address && chunk->address + chunk->size <= end &&
-                                !remember_idle(engine, &count, chunk, region))
-                                return count;
-                            cursor = chunk->address + chunk->size;
-                        }
-                    }
+            gm_index_cursor blocks;
+            for (gm_block *block = gm_size_index_begin(&blocks, gm_heap_index(allocator->heaps[h], pool)); block;
+                 block = gm_size_index_advance(&blocks)) {
+                gm_region *region = block->region;
+                if (block->size < page_size ||
+                    (region == keep_region && block->address >= keep_start && block->address < keep_end))
+                    continue;
+                page_chunk **pages = data_of(region)->pages;
+                uintptr_t end = block->address + block->size;
+                for (uintptr_t cursor = page_ceiling(block->address, page_size); cursor + page_size <= end;) {
+                    page_chunk *chunk = pages[page_index(region, cursor, page_size)];
+                    if (chunk->address >= block->address && chunk->address + chunk->size <= end &&
+                        !remember_idle(engine, &count, chunk, region))
+                        return count;
+                    cursor = chunk->address + chunk->size;
                 }
             }
         }
@@ -454,11 +446,6 @@ typedef struct window {
     uintptr_t start;
     uint64_t pages;
 } window;
-
-static bool is_vacant(const gm_block *block)
-{
-    return block->state == GM_BLOCK_FREE || block->state == GM_BLOCK_UNMAPPED;
-}
 
 /* The part of the unmapped block `block` that [start, end) needs backed, as [from, to). */
 static bool part_to_back(const gm_block *block, uintptr_t start, uintptr_t end, uint64_t page_size, uintptr_t *from,
@@ -524,13 +511,13 @@ static window choose_window(gm_heap *heap, int pool, uint64_t size, uint64_t pag
             /* Each run is visited once, from its lowest unmapped block. */
             gm_block *first = hole, *last = hole;
             bool lowest = true;
-            while (first->previous && is_vacant(first->previous)) {
+            while (first->previous && gm_block_is_vacant(first->previous)) {
                 first = first->previous;
                 lowest = lowest && first->state != GM_BLOCK_UNMAPPED;
             }
             if (!lowest)
                 continue;
-            while (last->next && is_vacant(last->next))
+            while (last->next && gm_block_is_vacant(last->next))
                 last = last->next;
             consider_run(region, first, last, size, page_size, &best);
         }

@@ -86,13 +86,9 @@ static gm_block *best_in_list(gm_block *head, uint64_t size)
     return best;
 }
 
-gm_block *gm_size_index_find(const gm_size_index *index, uint64_t size)
+/* The first non-empty list after position `at` (its position in *next_out), or false. */
+static bool next_nonempty_list(const gm_size_index *index, list_position at, list_position *next_out)
 {
-    list_position at = position_of(size);
-    gm_block *fit = best_in_list(index->lists[at.first][at.second], size);
-    if (fit)
-        return fit;
-    /* Every block of a later list is larger than `size`. */
     uint32_t later_seconds = at.second + 1 < GM_INDEX_SECOND_COUNT
                                  ? index->second_bitmaps[at.first] & ~((2u << at.second) - 1)
                                  : 0;
@@ -100,12 +96,46 @@ gm_block *gm_size_index_find(const gm_size_index *index, uint64_t size)
     if (!later_seconds) {
         uint64_t later_firsts = at.first + 1 < 64 ? index->first_bitmap & ~((2ull << at.first) - 1) : 0;
         if (!later_firsts)
-            return NULL;
+            return false;
         first = (unsigned)__builtin_ctzll(later_firsts);
         later_seconds = index->second_bitmaps[first];
     }
-    unsigned second = (unsigned)__builtin_ctz(later_seconds);
-    return best_in_list(index->lists[first][second], size);
+    *next_out = (list_position){first, (unsigned)__builtin_ctz(later_seconds)};
+    return true;
+}
+
+gm_block *gm_size_index_find(const gm_size_index *index, uint64_t size)
+{
+    list_position at = position_of(size);
+    gm_block *fit = best_in_list(index->lists[at.first][at.second], size);
+    if (fit)
+        return fit;
+    /* Every block of a later list is larger than `size`. */
+    list_position next;
+    return next_nonempty_list(index, at, &next) ? best_in_list(index->lists[next.first][next.second], size) : NULL;
+}
+
+gm_block *gm_size_index_begin(gm_index_cursor *cursor, const gm_size_index *index)
+{
+    cursor->index = index;
+    cursor->block = NULL;
+    if (!index->first_bitmap)
+        return NULL;
+    cursor->first = (unsigned)__builtin_ctzll(index->first_bitmap);
+    cursor->second = (unsigned)__builtin_ctz(index->second_bitmaps[cursor->first]);
+    return cursor->block = index->lists[cursor->first][cursor->second];
+}
+
+gm_block *gm_size_index_advance(gm_index_cursor *cursor)
+{
+    if (cursor->block && cursor->block->free_next)
+        return cursor->block = cursor->block->free_next;
+    list_position next;
+    if (!next_nonempty_list(cursor->index, (list_position){cursor->first, cursor->second}, &next))
+        return cursor->block = NULL;
+    cursor->first = next.first;
+    cursor->second = next.second;
+    return cursor->block = cursor->index->lists[next.first][next.second];
 }
 
 gm_block *gm_size_index_largest(const gm_size_index *index)
