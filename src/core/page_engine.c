@@ -40,9 +40,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The H200's cost of one page-sized chunk (cuMemCreate + cuMemMap at 2 MiB), to decide whether the
- * credit affords page-sized chunks. */
-#define PAGE_CHUNK_COST_NS 13100
+/* The H200's cost of one page-sized chunk (cuMemCreate + cuMemMap + cuMemSetAccess at 2 MiB), to
+ * decide whether the credit affords page-sized chunks. */
+#define PAGE_CHUNK_COST_NS 40100
 /* Growths up to this many pages (the size of a tensor that a workload replaces over and over, such
  * as a KV cache) may be made of page-sized chunks; larger ones (activations, logits) are one chunk,
  * whose single create and map cost the same as one page's. */
@@ -253,10 +253,17 @@ static void unlink_chunk(gm_region *region, page_chunk *chunk)
         chunk->next->previous = chunk->previous;
 }
 
-/* Map `chunk` at `address` of `region` (not made accessible yet). */
+/* Map `chunk` at `address` of `region` and make it accessible. Access is set per mapping: the
+ * driver's cost of cuMemSetAccess grows with the number of mappings a range covers (27 us each on the
+ * H200, bench/vmm_probe.c), so one call over many chunks would cost no less. */
 static gm_status map_chunk(gm_allocator *allocator, gm_region *region, page_chunk *chunk, uintptr_t address)
 {
     gm_status status = gm_backend_map(allocator->backend, address, chunk->size, chunk->handle);
+    if (status == GM_OK) {
+        status = gm_backend_set_access(allocator->backend, address, chunk->size);
+        if (status != GM_OK)
+            gm_backend_unmap(allocator->backend, address, chunk->size);
+    }
     if (status != GM_OK)
         return status;
     chunk->address = address;
@@ -355,7 +362,6 @@ static gm_status evict_chunk(gm_allocator *allocator, gm_region *region, page_ch
     if (!hole) { /* no metadata for the split: give the chunk its place back */
         gm_index_free_block(allocator, around);
         map_chunk(allocator, region, chunk, chunk->address);
-        gm_backend_set_access(allocator->backend, chunk->address, chunk->size);
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for block metadata");
     }
     attach(allocator, merge_alike(allocator, hole));
@@ -621,8 +627,6 @@ static gm_status back_part(gm_allocator *allocator, const window *where, uintptr
     *opened_out = NULL;
     if (mapped == 0)
         return status;
-    gm_status access = gm_backend_set_access(allocator->backend, from, mapped);
-    status = status == GM_OK ? access : status;
     hole = unmapped_at(region, from); /* evictions may have merged unmapped blocks */
     unmapped_remove(region, hole);
     gm_block *opened = carve(allocator, hole, from, from + mapped, GM_BLOCK_FREE);
@@ -678,6 +682,7 @@ static gm_status grow(gm_allocator *allocator, gm_heap *heap, int pool, uint64_t
     *block_out = opened;
     return GM_OK;
 }
+
 
 /* ---------------------------------------------------------------- engine operations */
 
