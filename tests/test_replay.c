@@ -8,6 +8,8 @@
  */
 #include "test.h"
 
+#include <inttypes.h>
+
 #include "replay/trace.h"
 
 typedef struct known_trace {
@@ -108,5 +110,37 @@ static void traces_replay_with_small_capacity_report_oom(void)
     gm_trace_free(&trace);
 }
 
+/* Under a memory limit below the device's capacity the pages engine makes every chunk page-sized, so
+ * free memory anywhere can serve a request: gpt2 fits a limit 128 MiB below its uncapped peak
+ * reserved (it needs its touched pages only), with the heap valid throughout. */
+static void trace_fits_a_limit_below_its_uncapped_peak(void)
+{
+    char path[1024];
+    trace_path(path, sizeof path, traces[1].file);
+    gm_trace trace;
+    CHECK_OK(gm_trace_load(path, &trace));
+    gm_allocator *allocator = NULL;
+    CHECK_OK(gm_create("engine:pages", &allocator));
+    gm_replay_result uncapped;
+    CHECK_OK(gm_replay(allocator, &trace, &uncapped));
+    gm_destroy(allocator, NULL);
+    CHECK_EQ_INT(uncapped.failed_allocations, 0);
+
+    uint64_t limit = uncapped.peak_reserved_bytes - (128ull << 20);
+    char config[128];
+    snprintf(config, sizeof config, "engine:pages,memory_limit:%" PRIu64, limit);
+    CHECK_OK(gm_create(config, &allocator));
+    gm_replay_result capped;
+    CHECK_OK(gm_replay(allocator, &trace, &capped));
+    CHECK_EQ_INT(capped.failed_allocations, 0);
+    CHECK(capped.peak_reserved_bytes <= limit);
+    CHECK_EQ_INT(capped.peak_live_bytes, traces[1].peak_live_bytes);
+    CHECK_OK(gm_validate(allocator));
+    gm_destroy(allocator, NULL);
+    gm_trace_free(&trace);
+    known_trace limited = traces[1];
+    replay_and_validate(config, &limited, 500);
+}
+
 RUN_TESTS(TEST_CASE(traces_replay_on_pages), TEST_CASE(traces_replay_on_segments),
-          TEST_CASE(traces_replay_with_small_capacity_report_oom))
+          TEST_CASE(traces_replay_with_small_capacity_report_oom), TEST_CASE(trace_fits_a_limit_below_its_uncapped_peak))

@@ -26,7 +26,10 @@
  * their cost, anything else of one chunk. A training loop that grows its memory once gets it in few
  * large chunks; a long-running workload whose tensors keep changing size (generation with a growing
  * KV cache) gets fine-grained chunks as it goes; device-call time stays a small share of the work
- * either way.
+ * either way. Under a memory limit below the device's capacity (GPUMEM_CONF memory_limit, or torch's
+ * set_per_process_memory_fraction) every chunk is page-sized: fitting matters more than device time
+ * there, and only page-sized chunks let all free memory move (on the gpt2 trace the smallest limit
+ * that fits drops from the uncapped peak, 26042 MiB, to 25820 MiB).
  *
  * Before unmapping a chunk the engine waits for the work queued on the chunk's stream (an event),
  * as PyTorch does for expandable segments: unmapping memory that a queued kernel still uses would
@@ -566,15 +569,18 @@ static uint64_t move_idle_chunks(gm_allocator *allocator, const window *where, u
     return mapped;
 }
 
-/* New memory for [address, address + need): page-sized chunks for a growth of a few pages while the
- * credit covers them (and always in the small pool), else one chunk. *created_out: the bytes made,
- * also on failure. */
+/* New memory for [address, address + need): page-sized chunks in the small pool, under a memory limit
+ * set below the device's capacity (capacity is then what the user is short of: every free page must
+ * be able to move to where a request needs it, whatever the device calls cost), and for a growth of
+ * a few pages while the credit covers them; else one chunk. *created_out: the bytes made, also on
+ * failure. */
 static gm_status create_memory(gm_allocator *allocator, gm_region *region, uintptr_t address, uint64_t need,
                                uint64_t *created_out)
 {
     page_engine *engine = engine_of(allocator);
     uint64_t pages = need / engine->page_size;
-    bool fine = region->pool == GM_POOL_SMALL ||
+    bool limited = allocator->memory_limit < allocator->backend->total_bytes;
+    bool fine = region->pool == GM_POOL_SMALL || limited ||
                 (pages <= FINE_GROWTH_PAGES && engine->credit_ns >= (int64_t)pages * PAGE_CHUNK_COST_NS);
     uint64_t piece = fine ? engine->page_size : need;
     gm_status status = GM_OK;
