@@ -91,22 +91,29 @@ static void traces_replay_on_segments(void)
         replay_and_validate("engine:segments", &traces[i], i == 3 ? 50000 : 500);
 }
 
+/* Replay `trace` on a fresh allocator made from `config`, check its heap afterwards. */
+static void replay_with(const char *config, const gm_trace *trace, gm_replay_result *result)
+{
+    gm_allocator *allocator = NULL;
+    CHECK_OK(gm_create(config, &allocator));
+    REQUIRE(allocator);
+    CHECK_OK(gm_replay(allocator, trace, result));
+    CHECK_OK(gm_validate(allocator));
+    gm_destroy(allocator, NULL);
+}
+
 static void traces_replay_with_small_capacity_report_oom(void)
 {
     char path[1024];
     trace_path(path, sizeof path, "resnet50.csv.gz");
     gm_trace trace;
     CHECK_OK(gm_trace_load(path, &trace));
-    gm_allocator *allocator = NULL;
-    CHECK_OK(gm_create("capacity:8GiB", &allocator));
     gm_replay_result result;
-    CHECK_OK(gm_replay(allocator, &trace, &result));
+    replay_with("capacity:8GiB", &trace, &result);
     CHECK(result.failed_allocations > 0);
     CHECK(result.peak_live_bytes < trace.peak_live_bytes);
     CHECK(strstr(result.first_failure, "out of memory") != NULL);
     CHECK(result.stats.num_ooms == (int64_t)result.failed_allocations);
-    CHECK_OK(gm_validate(allocator));
-    gm_destroy(allocator, NULL);
     gm_trace_free(&trace);
 }
 
@@ -119,27 +126,19 @@ static void trace_fits_a_limit_below_its_uncapped_peak(void)
     trace_path(path, sizeof path, traces[1].file);
     gm_trace trace;
     CHECK_OK(gm_trace_load(path, &trace));
-    gm_allocator *allocator = NULL;
-    CHECK_OK(gm_create("engine:pages", &allocator));
-    gm_replay_result uncapped;
-    CHECK_OK(gm_replay(allocator, &trace, &uncapped));
-    gm_destroy(allocator, NULL);
+    gm_replay_result uncapped, capped;
+    replay_with("engine:pages", &trace, &uncapped);
     CHECK_EQ_INT(uncapped.failed_allocations, 0);
 
     uint64_t limit = uncapped.peak_reserved_bytes - (128ull << 20);
     char config[128];
     snprintf(config, sizeof config, "engine:pages,memory_limit:%" PRIu64, limit);
-    CHECK_OK(gm_create(config, &allocator));
-    gm_replay_result capped;
-    CHECK_OK(gm_replay(allocator, &trace, &capped));
+    replay_with(config, &trace, &capped);
     CHECK_EQ_INT(capped.failed_allocations, 0);
     CHECK(capped.peak_reserved_bytes <= limit);
     CHECK_EQ_INT(capped.peak_live_bytes, traces[1].peak_live_bytes);
-    CHECK_OK(gm_validate(allocator));
-    gm_destroy(allocator, NULL);
     gm_trace_free(&trace);
-    known_trace limited = traces[1];
-    replay_and_validate(config, &limited, 500);
+    replay_and_validate(config, &traces[1], 500);
 }
 
 RUN_TESTS(TEST_CASE(traces_replay_on_pages), TEST_CASE(traces_replay_on_segments),
