@@ -1,19 +1,34 @@
 """Real PyTorch workloads under each allocator, side by side; prints markdown tables.
 
     python3 bench/torch_workloads.py [--workloads resnet50,gpt2,bert_varlen,llm_generate]
-                                     [--repeats 2] [--cap-fraction 0.1] [--skip-cap] [--out results.jsonl]
+                                     [--allocators torch-native,gpumem] [--repeats 3]
+                                     [--skip-runs] [--skip-cap] [--cap-fraction 0.1]
+                                     [--cap-ranges gpt2:4:12,bert_varlen:16:80] [--jobs 4]
+                                     [--probe gpt2:8] [--out results.jsonl]
 
 Every run is a fresh process of bench/workloads.py (a copy of the anchors' workloads.py) under one
 allocator: torch-native, torch-expandable (expandable_segments:True), cuda-async
-(backend:cudaMallocAsync) or gpumem (GPUMEM_TORCH=1 with gpumem's python folder on PYTHONPATH, so the
-unmodified script runs on gpumem). nvidia-smi is sampled every 20 ms during the run; its peak
-includes the CUDA context (about 766 MiB), as in the anchors. Reported: peak reserved (torch's
-memory_stats), nvidia-smi peak, median step time (median over repeats of each run's median).
+(backend:cudaMallocAsync), gpumem (GPUMEM_TORCH=1 with gpumem's python folder on PYTHONPATH, so the
+unmodified script runs on gpumem) or gpumem-segments (the same with engine:segments).
 
-Largest batch under a cap: for gpt2 and bert_varlen, set_per_process_memory_fraction(cap) and a
-search over the batch size (fixed 1024 / 512 tokens), 3 steps each; the largest batch that runs.
+Step time: the repeats are interleaved (repeat 1 of every allocator, then repeat 2, ...; odd repeats
+in reverse order) so that a drift of the machine hits every allocator alike. Each run reports the
+median of its measured steps; the table gives per allocator the median over repeats of those
+medians, their spread (min-max over repeats, and as % of the allocator's median) and the ratio to
+torch-native's median. nvidia-smi is sampled every 20 ms during each run; its peak includes the CUDA
+context (about 766 MiB), as in the anchors.
+
+Largest batch under a cap (--cap-fraction): for gpt2 and bert_varlen, set_per_process_memory_fraction
+and a binary search over the batch size (fixed 1024 / 512 tokens), 3 steps each; the largest batch
+that runs. Whether a batch fits does not depend on timing, so the searches of different allocators
+run side by side (--jobs; each process stays under its cap, so they fit on the GPU together).
+
+--probe WORKLOAD:BATCH runs one batch under every allocator without a cap (peak reserved and peak
+allocated) and under the cap (fits or not; the allocator's out-of-memory message), for diagnosing
+the cap search.
 """
 import argparse
+import concurrent.futures
 import json
 import os
 import statistics
@@ -28,7 +43,9 @@ ALLOCATORS = {
     "torch-expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
     "cuda-async": {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"},
     "gpumem": {"GPUMEM_TORCH": "1", "PYTHONPATH": os.path.join(ROOT, "python")},
+    "gpumem-segments": {"GPUMEM_TORCH": "engine:segments", "PYTHONPATH": os.path.join(ROOT, "python")},
 }
+DEFAULT_ALLOCATORS = "torch-native,torch-expandable,cuda-async,gpumem"
 STEPS = {"resnet50": 12, "gpt2": 12, "bert_varlen": 12, "llm_generate": 2}
 WARMUP = {"resnet50": 3, "gpt2": 3, "bert_varlen": 3, "llm_generate": 1}  # a generate call takes ~9 s
 
@@ -78,10 +95,18 @@ def run_workload(name, allocator, steps, extra=(), sample=True):
     return result
 
 
-def largest_batch(name, allocator, fraction, low, high):
+def capped(name, allocator, fraction, batch):
+    return run_workload(name, allocator, 3, ["--warmup", "1", "--batch", str(batch), "--memory-fraction", str(fraction)],
+                        False)
+
+
+def largest_batch(name, allocator, fraction, low, high, log):
     """The largest batch in [low, high] that trains 3 steps under the memory fraction."""
-    fits = lambda batch: run_workload(name, allocator, 3, ["--warmup", "1", "--batch", str(batch),
-                                                           "--memory-fraction", str(fraction)], False)["exit"] == 0
+    def fits(batch):
+        result = capped(name, allocator, fraction, batch)
+        log.append(dict(result, cap_search=name))
+        print(f"  cap {name} {allocator} batch {batch}: {'fits' if result['exit'] == 0 else 'no'}", flush=True)
+        return result["exit"] == 0
     if not fits(low):
         return 0
     while low < high:
@@ -93,52 +118,117 @@ def largest_batch(name, allocator, fraction, low, high):
     return low
 
 
+def step_time_table(args, allocators, results):
+    table = ["| workload | allocator | peak reserved MiB | nvidia-smi peak MiB | median step ms | min-max over repeats ms | "
+             "spread % | vs torch-native | per-repeat medians ms |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name in args.workloads.split(","):
+        runs = {a: [] for a in allocators}
+        for repeat in range(args.repeats):
+            for allocator in (allocators if repeat % 2 == 0 else allocators[::-1]):
+                result = run_workload(name, allocator, STEPS[name], ["--warmup", str(WARMUP[name])])
+                result["repeat"] = repeat
+                runs[allocator].append(result)
+                results.append(result)
+                print(f"  {name} {allocator} repeat {repeat + 1}: "
+                      f"{result.get('step_ms_median', float('nan')):.2f} ms", flush=True)
+        medians = {}
+        for allocator in allocators:
+            good = [r for r in runs[allocator] if "step_ms_median" in r]
+            if good:
+                medians[allocator] = statistics.median(r["step_ms_median"] for r in good)
+        for allocator in allocators:
+            good = [r for r in runs[allocator] if "step_ms_median" in r]
+            if not good:
+                table.append(f"| {name} | {allocator} | failed: {runs[allocator][0].get('error', '')[-200:]!r} |"
+                             " | | | | | |")
+                continue
+            per_run = [r["step_ms_median"] for r in good]
+            median = medians[allocator]
+            ratio = (f"{median / medians['torch-native']:.4f}" if "torch-native" in medians else "")
+            table.append(f"| {name} | {allocator} | {max(r['peak_reserved_MiB'] for r in good):.0f} | "
+                         f"{max(r['smi_peak_MiB'] for r in good)} | {median:.2f} | "
+                         f"{min(per_run):.2f}-{max(per_run):.2f} | {100 * (max(per_run) - min(per_run)) / median:.2f} | "
+                         f"{ratio} | {', '.join('%.2f' % t for t in per_run)} |")
+    return table
+
+
+def probe(args, allocators, results):
+    name, batch = args.probe.split(":")
+    jobs = [(a, None) for a in allocators] + [(a, args.cap_fraction) for a in allocators]
+
+    def one(job):
+        allocator, fraction = job
+        extra = ["--warmup", "1", "--batch", batch] + (["--memory-fraction", str(fraction)] if fraction else [])
+        return dict(run_workload(name, allocator, 3, extra, False), probe=args.probe, fraction=fraction)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        done = list(pool.map(one, jobs))
+    results += done
+    table = [f"| allocator ({name}, batch {batch}) | cap | fits | peak allocated MiB | peak reserved MiB | device total MiB |",
+             "|---|---|---|---|---|---|"]
+    for r in done:
+        table.append(f"| {r['allocator']} | {r['fraction'] or 'none'} | {'yes' if r['exit'] == 0 else 'no (exit %d)' % r['exit']} | "
+                     f"{r.get('peak_alloc_MiB', float('nan')):.0f} | {r.get('peak_reserved_MiB', float('nan')):.0f} | "
+                     f"{r.get('device_total_MiB', float('nan')):.0f} |")
+    messages = [f"--- {r['allocator']} under cap {r['fraction']}:\n{r.get('message') or r.get('error', '')}"
+                for r in done if r["exit"] != 0]
+    return table, messages
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--workloads", default="resnet50,gpt2,bert_varlen,llm_generate")
-    parser.add_argument("--allocators", default=",".join(ALLOCATORS))
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--allocators", default=DEFAULT_ALLOCATORS)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cap-fraction", type=float, default=0.1)
     parser.add_argument("--skip-cap", action="store_true")
     parser.add_argument("--skip-runs", action="store_true")
-    parser.add_argument("--cap-ranges", default="gpt2:1:24,bert_varlen:8:96",
+    parser.add_argument("--cap-ranges", default="gpt2:4:12,bert_varlen:16:80",
                         help="WORKLOAD:LOW:HIGH,... batch ranges searched under the cap")
+    parser.add_argument("--jobs", type=int, default=4, help="cap searches and probes run side by side")
+    parser.add_argument("--probe", help="WORKLOAD:BATCH: peaks uncapped and OOM messages under the cap")
     parser.add_argument("--out")
     args = parser.parse_args()
+    allocators = args.allocators.split(",")
     results = []
-    table = ["| workload | allocator | peak reserved MiB | nvidia-smi peak MiB | median step ms | step ms per repeat |",
-             "|---|---|---|---|---|---|"]
-    for name in ([] if args.skip_runs else args.workloads.split(",")):
-        for allocator in args.allocators.split(","):
-            runs = [run_workload(name, allocator, STEPS[name], ["--warmup", str(WARMUP[name])])
-                    for _ in range(args.repeats)]
-            results += runs
-            good = [r for r in runs if "step_ms_median" in r]
-            if not good:
-                table.append(f"| {name} | {allocator} | failed: {runs[0].get('error', '')[-200:]!r} | | | |")
-                continue
-            per_repeat = ", ".join("%.1f" % r["step_ms_median"] for r in good)
-            table.append(f"| {name} | {allocator} | {max(r['peak_reserved_MiB'] for r in good):.0f} | "
-                         f"{max(r['smi_peak_MiB'] for r in good)} | "
-                         f"{statistics.median(r['step_ms_median'] for r in good):.1f} | {per_repeat} |")
-            print(table[-1], flush=True)
-    print("\n".join(table))
-    if not args.skip_cap:
-        cap = [f"| workload | cap (fraction of the GPU) | " + " | ".join(args.allocators.split(",")) + " |",
-               "|---|---|" + "---|" * len(args.allocators.split(","))]
-        for entry in args.cap_ranges.split(","):
-            name, low, high = entry.split(":")
-            low, high = int(low), int(high)
-            batches = [largest_batch(name, a, args.cap_fraction, low, high) for a in args.allocators.split(",")]
-            results.append({"cap_workload": name, "fraction": args.cap_fraction,
-                            "largest_batch": dict(zip(args.allocators.split(","), batches))})
-            cap.append(f"| {name} | {args.cap_fraction} | " + " | ".join(str(b) for b in batches) + " |")
-            print(cap[-1], flush=True)
-        print("\n".join(cap))
-    if args.out:
-        with open(args.out, "w") as f:
-            for r in results:
-                f.write(json.dumps(r) + "\n")
+    output = []
+    try:
+        if args.probe:
+            table, messages = probe(args, allocators, results)
+            print("\n".join(table + [""] + messages), flush=True)
+            output += table + [""]
+        if not args.skip_runs:
+            table = step_time_table(args, allocators, results)
+            print("\n".join(table), flush=True)
+            output += table + [""]
+        if not args.skip_cap:
+            cap = ["| workload | cap (fraction of the GPU) | " + " | ".join(allocators) + " |",
+                   "|---|---|" + "---|" * len(allocators)]
+            searches = []
+            for entry in args.cap_ranges.split(","):
+                name, low, high = entry.split(":")
+                searches += [(name, a, int(low), int(high)) for a in allocators]
+            log = []
+            with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+                found = list(pool.map(lambda s: largest_batch(s[0], s[1], args.cap_fraction, s[2], s[3], log), searches))
+            results += log
+            for entry in args.cap_ranges.split(","):
+                name = entry.split(":")[0]
+                batches = [b for (n, _, _, _), b in zip(searches, found) if n == name]
+                results.append({"cap_workload": name, "fraction": args.cap_fraction,
+                                "range": entry, "largest_batch": dict(zip(allocators, batches))})
+                high = int(entry.split(":")[2])  # "+": the search's ceiling fits, the largest may be larger
+                cap.append(f"| {name} | {args.cap_fraction} | " +
+                           " | ".join(f"{b}{'+' if b == high else ''}" for b in batches) + " |")
+            print("\n".join(cap), flush=True)
+            output += cap
+    finally:
+        if args.out:
+            with open(args.out, "w") as f:
+                for r in results:
+                    f.write(json.dumps(r) + "\n")
+    print("\n".join(output))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 Copied from ../shared/anchors/workloads.py (how the anchors were measured), with two additions for
 gpumem's benchmark: --batch N (gpt2: batch of 1024-token sequences; bert_varlen: batch of 512-token
 sequences, the longest it draws) and --memory-fraction F (torch.cuda.set_per_process_memory_fraction
-before the model is built). An out-of-memory error prints {"oom": true} and exits 3.
+before the model is built). An out-of-memory error prints {"oom": true, "message": ..., peaks} and
+exits 3.
 
 Usage: python3 workloads.py WORKLOAD [--steps N] [--trace OUT.csv] [--json OUT.json]
 The allocator is chosen by PYTORCH_CUDA_ALLOC_CONF (native, expandable_segments,
@@ -134,12 +135,23 @@ def main():
             torch.cuda.synchronize()
             if i >= a.warmup:
                 times.append(time.perf_counter() - s)
-    except torch.OutOfMemoryError:
-        print(json.dumps({"workload": a.workload, "oom": True}), flush=True)
+    except torch.OutOfMemoryError as error:
+        # The allocator's own message (gpumem's explains the request, reserved vs allocated and what it
+        # tried) and the peaks reached before the failure.
+        res = {"workload": a.workload, "oom": True, "batch": a.batch, "memory_fraction": a.memory_fraction,
+               "message": str(error).split("\nException raised from")[0][:4000]}
+        try:
+            res["peak_alloc_MiB"] = torch.cuda.max_memory_allocated() / 2**20
+            res["peak_reserved_MiB"] = torch.cuda.max_memory_reserved() / 2**20
+            res["reserved_at_oom_MiB"] = torch.cuda.memory_reserved() / 2**20
+        except Exception as e:
+            res["stats_error"] = str(e)[:100]
+        print(json.dumps(res), flush=True)
         sys.exit(3)
     res = {"workload": a.workload,
            "conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "native") if not a.pluggable else "pluggable",
            "steps": a.steps, "step_ms_median": 1e3 * statistics.median(times),
+           "step_ms": [round(1e3 * t, 3) for t in times], "batch": a.batch, "memory_fraction": a.memory_fraction,
            "total_s": time.perf_counter() - t0}
     try:
         st = torch.cuda.memory_stats()
@@ -151,6 +163,7 @@ def main():
         res["stats_error"] = str(e)[:100]
     free, total = torch.cuda.mem_get_info()
     res["driver_used_end_MiB"] = (total - free) / 2**20
+    res["device_total_MiB"] = total / 2**20
     if a.trace:
         snap = torch.cuda.memory._snapshot()
         res["trace_events"] = export_trace(snap, a.trace)

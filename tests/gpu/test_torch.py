@@ -134,6 +134,21 @@ def test_memory_fraction_caps_reservation():
         torch.cuda.set_per_process_memory_fraction(1.0)
 
 
+def test_memory_fraction_limit_is_pytorchs():
+    """set_per_process_memory_fraction gives gpumem the limit PyTorch's caching allocator computes:
+    fraction x the device total that cudaMemGetInfo reports, truncated to bytes (and 1.0 lifts it)."""
+    _, total = torch.cuda.mem_get_info()
+    handle = gpumem.torch.allocator()
+    assert handle.device_info()["total_bytes"] == total
+    try:
+        for fraction in (0.1, 0.05, 0.5):
+            torch.cuda.set_per_process_memory_fraction(fraction)
+            assert handle.memory_limit() == int(fraction * total)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    assert handle.memory_limit() == total
+
+
 def test_cuda_graph_capture_fails_clearly():
     graph = torch.cuda.CUDAGraph()
     static = torch.ones(16, device="cuda")
