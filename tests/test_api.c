@@ -374,7 +374,37 @@ static void memory_limit_changes_at_run_time(void)
     }
 }
 
-RUN_TESTS(TEST_CASE(memory_limit_changes_at_run_time), TEST_CASE(create_and_destroy), TEST_CASE(cuda_backend_without_gpu_is_a_clear_error),
+/* A big tensor's memory comes in chunks of at most max_chunk_size (128 MiB): when small tensors take
+ * the start of a freed big block, only the chunk under them stays pinned and the rest moves to where
+ * the next big request goes. With one chunk per growth (max_chunk_size:0) the whole block stays. */
+static void small_tensors_pin_one_chunk_not_a_whole_block(void)
+{
+    static const char *const configs[] = {"engine:pages,capacity:8GiB", "engine:pages,capacity:8GiB,max_chunk_size:0"};
+    for (size_t c = 0; c < 2; c++) {
+        gm_allocator *allocator = make(configs[c]);
+        void *big = NULL, *neighbour = NULL, *small = NULL, *next = NULL;
+        CHECK_OK(gm_malloc(allocator, 1ull << 30, 0, &big));
+        CHECK_OK(gm_malloc(allocator, 1ull << 30, 0, &neighbour));
+        gm_stats stats;
+        CHECK_OK(gm_get_stats(allocator, &stats));
+        CHECK_EQ_INT(stats.device_calls[GM_CALL_PHYSICAL_CREATE], c == 0 ? 16 : 2);
+        CHECK_OK(gm_free(allocator, big));
+        CHECK_OK(gm_malloc(allocator, 4u << 20, 0, &small)); /* lands where `big` was */
+        CHECK(small == big);
+        CHECK_OK(gm_malloc(allocator, 3ull << 29, 0, &next)); /* 1.5 GiB: fits nowhere mapped */
+        CHECK_OK(gm_get_stats(allocator, &stats));
+        int64_t live = (1ll << 30) + (4 << 20) + (3ll << 29);
+        int64_t excess = stats.reserved_bytes[GM_POOL_ALL].peak - live;
+        if (c == 0)
+            CHECK(excess <= 128ll << 20); /* the chunk under `small` */
+        else
+            CHECK(excess >= 1000ll << 20); /* all of `big`'s memory */
+        CHECK_OK(gm_validate(allocator));
+        gm_destroy(allocator, NULL);
+    }
+}
+
+RUN_TESTS(TEST_CASE(small_tensors_pin_one_chunk_not_a_whole_block), TEST_CASE(memory_limit_changes_at_run_time), TEST_CASE(create_and_destroy), TEST_CASE(cuda_backend_without_gpu_is_a_clear_error),
           TEST_CASE(malloc_and_free_basics), TEST_CASE(invalid_pointers_change_nothing),
           TEST_CASE(out_of_memory_explains_and_recovers), TEST_CASE(fragmentation_is_diagnosed),
           TEST_CASE(memory_limit_is_diagnosed), TEST_CASE(empty_cache_returns_memory),

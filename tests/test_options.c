@@ -17,6 +17,8 @@ static void defaults_are_documented_values(void)
     CHECK_EQ_INT(options.large_segment_size, 20 << 20);
     CHECK(options.release_before_growth);
     CHECK(options.cost_model);
+    CHECK_EQ_INT(options.device_credit_ns, 250);
+    CHECK_EQ_INT(options.max_chunk_size, 128 << 20);
 }
 
 static void every_key_is_parsed(void)
@@ -26,7 +28,8 @@ static void every_key_is_parsed(void)
     CHECK_OK(gm_options_parse(&options, "backend:host,device:3,engine:segments,capacity:16GiB,page_size:64KiB,"
                                         "memory_limit:1g,small_size:512KiB,small_segment_size:4MiB,"
                                         "large_segment_size:32MiB,min_large_alloc:16MiB,"
-                                        "release_before_growth:false,cost_model:False"));
+                                        "release_before_growth:false,cost_model:False,device_credit_ns:900,"
+                                        "max_chunk_size:64MiB"));
     CHECK(!strcmp(options.backend, "host"));
     CHECK_EQ_INT(options.device, 3);
     CHECK_EQ_INT(options.engine, GM_ENGINE_SEGMENTS);
@@ -39,6 +42,8 @@ static void every_key_is_parsed(void)
     CHECK_EQ_INT(options.min_large_alloc, 16 << 20);
     CHECK(!options.release_before_growth);
     CHECK(!options.cost_model);
+    CHECK_EQ_INT(options.device_credit_ns, 900);
+    CHECK_EQ_INT(options.max_chunk_size, 64 << 20);
     char text[1024];
     gm_options_format(&options, text, sizeof text);
     gm_options again;
@@ -79,6 +84,8 @@ static void bad_strings_are_refused_with_clear_errors(void)
         const char *message;
     } cases[] = {
         {"colour:blue", "unknown key 'colour'"},
+        {"colour:blue", "device_credit_ns, max_chunk_size)"}, /* the known keys, from the table */
+        {"max_chunk_size:big", "bad value for key 'max_chunk_size'"},
         {"engine:fast", "bad value 'fast' for key 'engine'"},
         {"backend:opencl", "bad value 'opencl' for key 'backend'"},
         {"capacity:lots", "bad value for key 'capacity'"},
@@ -141,7 +148,8 @@ static void help_lists_every_key(void)
     const char *help = gm_config_help();
     static const char *const keys[] = {"backend", "device", "engine", "capacity", "page_size", "memory_limit",
                                        "small_size", "small_segment_size", "large_segment_size",
-                                       "min_large_alloc", "release_before_growth", "cost_model"};
+                                       "min_large_alloc", "release_before_growth", "cost_model",
+                                       "device_credit_ns", "max_chunk_size"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         CHECK(strstr(help, keys[i]) != NULL);
 }

@@ -59,6 +59,9 @@ static const option_descriptor descriptors[] = {
     {"device_credit_ns", KIND_INTEGER, FIELD(device_credit_ns), NULL,
      "pages engine: device-call time each allocation earns; new memory is made of page-sized chunks "
      "while the credit covers them (default 250)"},
+    {"max_chunk_size", KIND_SIZE, FIELD(max_chunk_size), NULL,
+     "pages engine: largest piece of physical memory made at once (rounded down to whole pages, at "
+     "least one); a live block pins at most a few such pieces (default 128MiB, 0: no limit)"},
 };
 
 #define DESCRIPTOR_COUNT (sizeof descriptors / sizeof descriptors[0])
@@ -76,6 +79,7 @@ void gm_options_default(gm_options *options)
     options->release_before_growth = true;
     options->cost_model = true;
     options->device_credit_ns = 250;
+    options->max_chunk_size = 128ull << 20;
 }
 
 gm_status gm_parse_size(const char *text, uint64_t *bytes_out)
@@ -215,9 +219,10 @@ static gm_status apply_pair(gm_options *options, const char *pair)
     for (size_t i = 0; i < DESCRIPTOR_COUNT; i++)
         if (!strcmp(descriptors[i].key, key))
             return apply_value(options, &descriptors[i], value);
-    return gm_fail(GM_ERROR_BAD_CONFIG, "unknown key '%s' (known keys: backend, device, engine, capacity, "
-                   "page_size, memory_limit, small_size, small_segment_size, large_segment_size, "
-                   "min_large_alloc, release_before_growth, cost_model, device_credit_ns)", key);
+    char known[512] = "";
+    for (size_t i = 0, used = 0; i < DESCRIPTOR_COUNT && used < sizeof known; i++)
+        used += (size_t)snprintf(known + used, sizeof known - used, "%s%s", i ? ", " : "", descriptors[i].key);
+    return gm_fail(GM_ERROR_BAD_CONFIG, "unknown key '%s' (known keys: %s)", key, known);
 }
 
 gm_status gm_options_parse(gm_options *options, const char *text)
@@ -278,10 +283,11 @@ void gm_options_format(const gm_options *options, char *buffer, size_t size)
     snprintf(buffer, size,
              "backend:%s,device:%d,engine:%s,capacity:%" PRIu64 ",page_size:%" PRIu64 ",memory_limit:%" PRIu64
              ",small_size:%" PRIu64 ",small_segment_size:%" PRIu64 ",large_segment_size:%" PRIu64
-             ",min_large_alloc:%" PRIu64 ",release_before_growth:%s,cost_model:%s,device_credit_ns:%d",
+             ",min_large_alloc:%" PRIu64 ",release_before_growth:%s,cost_model:%s,device_credit_ns:%d"
+             ",max_chunk_size:%" PRIu64,
              options->backend, options->device, options->engine == GM_ENGINE_PAGES ? "pages" : "segments",
              options->capacity, options->page_size, options->memory_limit, options->small_size,
              options->small_segment_size, options->large_segment_size, options->min_large_alloc,
              options->release_before_growth ? "true" : "false", options->cost_model ? "true" : "false",
-             options->device_credit_ns);
+             options->device_credit_ns, options->max_chunk_size);
 }

@@ -29,6 +29,7 @@ typedef struct gm_options {
     bool release_before_growth;  /* segments engine: free cached segments before reserving beyond the peak */
     bool cost_model;             /* sim: charge each device call its measured H200 cost */
     int device_credit_ns;        /* pages engine: device-call time each allocation earns */
+    uint64_t max_chunk_size;     /* pages engine: largest chunk of physical memory made at once */
 } gm_options;
 
 /* The defaults. */

@@ -20,10 +20,10 @@
  *      small gathered into one contiguous range. Only what the idle chunks cannot cover is made new.
  *
  * Chunk size trades device calls against flexibility: a big chunk costs one cuMemCreate for many
- * pages but stays pinned while any byte of it is live; page-sized chunks can each move the moment
- * they are free. Every allocation earns the engine a little device-call credit (option
- * device_credit_ns); a growth of a few pages is made of page-sized chunks while the credit covers
- * their cost, anything else of one chunk. A training loop that grows its memory once gets it in few
+ * pages but stays pinned while any byte of it is live (so no chunk exceeds max_chunk_size, 128 MiB);
+ * page-sized chunks can each move the moment they are free. Every allocation earns the engine a
+ * little device-call credit (option device_credit_ns); a growth of a few pages is made of page-sized
+ * chunks while the credit covers their cost, anything else of as few chunks as max_chunk_size allows. A training loop that grows its memory once gets it in few
  * large chunks; a long-running workload whose tensors keep changing size (generation with a growing
  * KV cache) gets fine-grained chunks as it goes; device-call time stays a small share of the work
  * either way. Under a memory limit below the device's capacity (GPUMEM_CONF memory_limit, or torch's
@@ -78,6 +78,7 @@ typedef struct page_engine {
     uint64_t region_size;
     int64_t credit_ns;
     int64_t credit_per_allocation;
+    uint64_t max_chunk_size; /* whole pages; UINT64_MAX: no limit */
     uint64_t quiesce_generation; /* heaps already waited for in this growth carry this number */
     idle_chunk *idle;            /* scratch list for the growth path */
     size_t idle_capacity;
@@ -572,8 +573,10 @@ static uint64_t move_idle_chunks(gm_allocator *allocator, const window *where, u
 /* New memory for [address, address + need): page-sized chunks in the small pool, under a memory limit
  * set below the device's capacity (capacity is then what the user is short of: every free page must
  * be able to move to where a request needs it, whatever the device calls cost), and for a growth of
- * a few pages while the credit covers them; else one chunk. *created_out: the bytes made, also on
- * failure. */
+ * a few pages while the credit covers them; else chunks of max_chunk_size (the last one smaller), so
+ * that a live block left in memory made for a big tensor pins at most a chunk, not all of it (on a
+ * gpt2 run at batch 8, one 1.5 GiB logits chunk pinned by a few small tensors cost 16% more memory).
+ * *created_out: the bytes made, also on failure. */
 static gm_status create_memory(gm_allocator *allocator, gm_region *region, uintptr_t address, uint64_t need,
                                uint64_t *created_out)
 {
@@ -582,12 +585,13 @@ static gm_status create_memory(gm_allocator *allocator, gm_region *region, uintp
     bool limited = allocator->memory_limit < allocator->backend->total_bytes;
     bool fine = region->pool == GM_POOL_SMALL || limited ||
                 (pages <= FINE_GROWTH_PAGES && engine->credit_ns >= (int64_t)pages * PAGE_CHUNK_COST_NS);
-    uint64_t piece = fine ? engine->page_size : need;
+    uint64_t piece = fine ? engine->page_size : need < engine->max_chunk_size ? need : engine->max_chunk_size;
     gm_status status = GM_OK;
     for (*created_out = 0; *created_out < need && status == GM_OK;) {
-        status = create_chunk(allocator, region, address + *created_out, piece);
+        uint64_t size = need - *created_out < piece ? need - *created_out : piece;
+        status = create_chunk(allocator, region, address + *created_out, size);
         if (status == GM_OK)
-            *created_out += piece;
+            *created_out += size;
     }
     return status;
 }
@@ -784,6 +788,8 @@ static gm_status pages_create(gm_allocator *allocator)
     /* Twice the usable memory: room for holes left by moved chunks. */
     engine->region_size = gm_round_up(allocator->memory_limit, engine->page_size) * 2;
     engine->credit_per_allocation = allocator->options.device_credit_ns;
+    uint64_t max_chunk = allocator->options.max_chunk_size / engine->page_size * engine->page_size;
+    engine->max_chunk_size = max_chunk ? max_chunk : allocator->options.max_chunk_size ? engine->page_size : UINT64_MAX;
     allocator->engine_state = engine;
     return GM_OK;
 }
