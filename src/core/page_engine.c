@@ -570,6 +570,19 @@ static uint64_t move_idle_chunks(gm_allocator *allocator, const window *where, u
     return mapped;
 }
 
+/* Bytes of new physical memory that may be made now, whole pages: what the memory limit leaves, and
+ * no more than the device reports free (other processes and the CUDA context use it too), so that a
+ * full device is found out here rather than by a failing cuMemCreate. */
+static uint64_t room_for_new_memory(gm_allocator *allocator, uint64_t page_size)
+{
+    int64_t reserved = gm_stat_total(allocator->stats.reserved_bytes);
+    uint64_t room = allocator->memory_limit > (uint64_t)reserved ? allocator->memory_limit - (uint64_t)reserved : 0;
+    uint64_t device_free = 0, device_total = 0;
+    if (gm_backend_memory_info(allocator->backend, &device_free, &device_total) == GM_OK && device_free < room)
+        room = device_free;
+    return room / page_size * page_size;
+}
+
 /* New memory for [address, address + need): page-sized chunks in the small pool, under a memory limit
  * set below the device's capacity (capacity is then what the user is short of: every free page must
  * be able to move to where a request needs it, whatever the device calls cost), and for a growth of
@@ -586,13 +599,18 @@ static gm_status create_memory(gm_allocator *allocator, gm_region *region, uintp
     bool fine = region->pool == GM_POOL_SMALL || limited ||
                 (pages <= FINE_GROWTH_PAGES && engine->credit_ns >= (int64_t)pages * PAGE_CHUNK_COST_NS);
     uint64_t piece = fine ? engine->page_size : need < engine->max_chunk_size ? need : engine->max_chunk_size;
+    uint64_t room = room_for_new_memory(allocator, engine->page_size);
+    uint64_t make = need < room ? need : room;
     gm_status status = GM_OK;
-    for (*created_out = 0; *created_out < need && status == GM_OK;) {
-        uint64_t size = need - *created_out < piece ? need - *created_out : piece;
+    for (*created_out = 0; *created_out < make && status == GM_OK;) {
+        uint64_t size = make - *created_out < piece ? make - *created_out : piece;
         status = create_chunk(allocator, region, address + *created_out, size);
         if (status == GM_OK)
             *created_out += size;
     }
+    if (status == GM_OK && make < need)
+        status = gm_fail(GM_ERROR_OUT_OF_MEMORY, "no room for %" PRIu64 " bytes of new memory: the memory limit or "
+                         "the device's free memory is reached", need - make);
     return status;
 }
 
