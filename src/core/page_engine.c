@@ -571,8 +571,9 @@ static uint64_t move_idle_chunks(gm_allocator *allocator, const window *where, u
 }
 
 /* Bytes of new physical memory that may be made now, whole pages: what the memory limit leaves, and
- * no more than the device reports free (other processes and the CUDA context use it too), so that a
- * full device is found out here rather than by a failing cuMemCreate. */
+ * no more than the device reports free (other processes and the CUDA context use it too). A growth
+ * that does not fit is refused as a whole before any cuMemCreate, so that a full device is found out
+ * here, not by a failing driver call (which tools such as compute-sanitizer report as errors). */
 static uint64_t room_for_new_memory(gm_allocator *allocator, uint64_t page_size)
 {
     int64_t reserved = gm_stat_total(allocator->stats.reserved_bytes);
@@ -599,18 +600,17 @@ static gm_status create_memory(gm_allocator *allocator, gm_region *region, uintp
     bool fine = region->pool == GM_POOL_SMALL || limited ||
                 (pages <= FINE_GROWTH_PAGES && engine->credit_ns >= (int64_t)pages * PAGE_CHUNK_COST_NS);
     uint64_t piece = fine ? engine->page_size : need < engine->max_chunk_size ? need : engine->max_chunk_size;
-    uint64_t room = room_for_new_memory(allocator, engine->page_size);
-    uint64_t make = need < room ? need : room;
+    *created_out = 0;
+    if (need > room_for_new_memory(allocator, engine->page_size))
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no room for %" PRIu64 " bytes of new memory: the memory limit or "
+                       "the device's free memory is reached", need);
     gm_status status = GM_OK;
-    for (*created_out = 0; *created_out < make && status == GM_OK;) {
-        uint64_t size = make - *created_out < piece ? make - *created_out : piece;
+    while (*created_out < need && status == GM_OK) {
+        uint64_t size = need - *created_out < piece ? need - *created_out : piece;
         status = create_chunk(allocator, region, address + *created_out, size);
         if (status == GM_OK)
             *created_out += size;
     }
-    if (status == GM_OK && make < need)
-        status = gm_fail(GM_ERROR_OUT_OF_MEMORY, "no room for %" PRIu64 " bytes of new memory: the memory limit or "
-                         "the device's free memory is reached", need - make);
     return status;
 }
 
@@ -638,7 +638,8 @@ static gm_status back_part(gm_allocator *allocator, const window *where, uintptr
     int64_t spent_before = allocator->backend->modelled_ns;
     uint64_t mapped = 0, created = 0;
     gm_status status = GM_OK;
-    if (gm_stat_total(reserved) + (int64_t)need > reserved[GM_POOL_ALL].peak || !gm_may_reserve(allocator, need))
+    if (gm_stat_total(reserved) + (int64_t)need > reserved[GM_POOL_ALL].peak ||
+        need > room_for_new_memory(allocator, engine->page_size))
         mapped = move_idle_chunks(allocator, where, from, need, room, &status);
     if (status == GM_OK && mapped < need) {
         status = create_memory(allocator, region, from + mapped, need - mapped, &created);
