@@ -4,7 +4,8 @@
  *
  * The traces (data/traces, copied from PyTorch runs on an H200) and their true peaks of live bytes
  * (summed request sizes, as listed in shared/traces/README.md to 0.1 MiB):
- *   resnet50 11785936912, gpt2 27026727624, bert_varlen 19865570828, llm_generate 2327239448.
+ *   resnet50 11785936912, gpt2 27026727624, bert_varlen 19865570828, llm_generate 2327239448;
+ * and one recorded by gpumem's own bench/workloads.py (data/traces-extra): gpt2 at batch 8, 14417617608.
  */
 #include "test.h"
 
@@ -22,6 +23,7 @@ static const known_trace traces[] = {
     {"gpt2.csv.gz", 27026727624ull},
     {"bert_varlen.csv.gz", 19865570828ull},
     {"llm_generate.csv.gz", 2327239448ull},
+    {"../traces-extra/gpt2_batch8.csv.gz", 14417617608ull}, /* recorded by bench/workloads.py */
 };
 
 static void trace_path(char *buffer, size_t size, const char *file)
