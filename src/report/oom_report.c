@@ -67,6 +67,12 @@ void gm_write_oom_report(gm_allocator *allocator, gm_heap *heap, uint64_t size, 
         gm_error_append("Diagnosis: %s of device memory is used outside gpumem (the CUDA context, other allocators "
                         "or other processes). Free it there, or give gpumem a smaller share.",
                         gm_format_bytes(outside, sizeof outside, used_outside));
+    else if (cached_bytes >= size && allocator->options.engine == GM_ENGINE_PAGES)
+        gm_error_append("Diagnosis: fragmentation. %s is cached free, enough for the request, but it lies in "
+                        "physical chunks that live allocations also use, and a chunk can only be unmapped and "
+                        "moved whole. A smaller max_chunk_size in GPUMEM_CONF (now %s) makes chunks finer, for "
+                        "more device calls.", cached,
+                        gm_format_bytes(outside, sizeof outside, allocator->options.max_chunk_size));
     else if (cached_bytes >= size)
         gm_error_append("Diagnosis: fragmentation. %s is cached free, enough for the request, but no free piece "
                         "is large enough. The pages engine (engine:pages in GPUMEM_CONF) remaps free pages to "
