@@ -72,7 +72,9 @@ void gm_write_oom_report(gm_allocator *allocator, gm_heap *heap, uint64_t size, 
                         "physical chunks that live allocations also use, and a chunk can only be unmapped and "
                         "moved whole. A smaller max_chunk_size in GPUMEM_CONF (now %s) makes chunks finer, for "
                         "more device calls.", cached,
-                        gm_format_bytes(outside, sizeof outside, allocator->options.max_chunk_size));
+                        allocator->options.max_chunk_size
+                            ? gm_format_bytes(outside, sizeof outside, allocator->options.max_chunk_size)
+                            : "no limit");
     else if (cached_bytes >= size)
         gm_error_append("Diagnosis: fragmentation. %s is cached free, enough for the request, but no free piece "
                         "is large enough. The pages engine (engine:pages in GPUMEM_CONF) remaps free pages to "
