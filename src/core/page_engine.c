@@ -23,10 +23,10 @@
  * pages but stays pinned while any byte of it is live (so no chunk exceeds max_chunk_size, 128 MiB);
  * page-sized chunks can each move the moment they are free. Every allocation earns the engine a
  * little device-call credit (option device_credit_ns); a growth of a few pages is made of page-sized
- * chunks while the credit covers their cost, anything else of as few chunks as max_chunk_size allows. A training loop that grows its memory once gets it in few
- * large chunks; a long-running workload whose tensors keep changing size (generation with a growing
- * KV cache) gets fine-grained chunks as it goes; device-call time stays a small share of the work
- * either way. Under a memory limit below the device's capacity (GPUMEM_CONF memory_limit, or torch's
+ * chunks while the credit covers their cost, anything else of as few chunks as max_chunk_size
+ * allows. A training loop that grows its memory once gets it in few large chunks; a long-running
+ * workload whose tensors keep changing size (generation with a growing KV cache) gets fine-grained
+ * chunks as it goes; device-call time stays a small share of the work either way. Under a memory limit below the device's capacity (GPUMEM_CONF memory_limit, or torch's
  * set_per_process_memory_fraction) every chunk is page-sized: fitting matters more than device time
  * there, and only page-sized chunks let all free memory move (on the gpt2 trace the smallest limit
  * that fits drops from the uncapped peak, 26042 MiB, to 25820 MiB).
@@ -47,8 +47,8 @@
  * decide whether the credit affords page-sized chunks. */
 #define PAGE_CHUNK_COST_NS 40100
 /* Growths up to this many pages (the size of a tensor that a workload replaces over and over, such
- * as a KV cache) may be made of page-sized chunks; larger ones (activations, logits) are one chunk,
- * whose single create and map cost the same as one page's. */
+ * as a KV cache) may be made of page-sized chunks; larger ones (activations, logits) are made of
+ * chunks as large as max_chunk_size allows, each costing about what one page-sized chunk does. */
 #define FINE_GROWTH_PAGES 16
 /* Credit never accumulates beyond this, so a burst after a long calm stays bounded. */
 #define CREDIT_LIMIT_NS 200000000
@@ -711,7 +711,6 @@ static gm_status grow(gm_allocator *allocator, gm_heap *heap, int pool, uint64_t
     *block_out = opened;
     return GM_OK;
 }
-
 
 /* ---------------------------------------------------------------- engine operations */
 
