@@ -29,7 +29,8 @@
  * chunks as it goes; device-call time stays a small share of the work either way. Under a memory limit below the device's capacity (GPUMEM_CONF memory_limit, or torch's
  * set_per_process_memory_fraction) every chunk is page-sized: fitting matters more than device time
  * there, and only page-sized chunks let all free memory move (on the gpt2 trace the smallest limit
- * that fits drops from the uncapped peak, 26042 MiB, to 25820 MiB).
+ * that fits drops from the uncapped peak, 26042 MiB, to 25820 MiB); idle chunks are then moved only
+ * once memory nears the limit, so that a limit set as a precaution costs no device calls per step.
  *
  * Before unmapping a chunk the engine waits for the work queued on the chunk's stream (an event),
  * as PyTorch does for expandable segments: unmapping memory that a queued kernel still uses would
@@ -570,6 +571,13 @@ static uint64_t move_idle_chunks(gm_allocator *allocator, const window *where, u
     return mapped;
 }
 
+/* Whether a memory limit below the device's capacity is set (GPUMEM_CONF memory_limit, or torch's
+ * memory fraction): capacity is then what the user is short of. */
+static bool memory_is_limited(const gm_allocator *allocator)
+{
+    return allocator->memory_limit < allocator->backend->total_bytes;
+}
+
 /* Bytes of new physical memory that may be made now, whole pages: what the memory limit leaves, and
  * no more than the device reports free (other processes and the CUDA context use it too). A growth
  * that does not fit is refused as a whole before any cuMemCreate, so that a full device is found out
@@ -596,8 +604,7 @@ static gm_status create_memory(gm_allocator *allocator, gm_region *region, uintp
 {
     page_engine *engine = engine_of(allocator);
     uint64_t pages = need / engine->page_size;
-    bool limited = allocator->memory_limit < allocator->backend->total_bytes;
-    bool fine = region->pool == GM_POOL_SMALL || limited ||
+    bool fine = region->pool == GM_POOL_SMALL || memory_is_limited(allocator) ||
                 (pages <= FINE_GROWTH_PAGES && engine->credit_ns >= (int64_t)pages * PAGE_CHUNK_COST_NS);
     uint64_t piece = fine ? engine->page_size : need < engine->max_chunk_size ? need : engine->max_chunk_size;
     *created_out = 0;
@@ -623,6 +630,20 @@ static gm_block *unmapped_at(gm_region *region, uintptr_t address)
     return NULL;
 }
 
+/* Whether a growth of `need` bytes should take idle chunks from elsewhere rather than new memory:
+ * when new memory would lift reserved memory above its peak -- and, under a memory limit below the
+ * device's capacity, only once that is near the limit (nine tenths): the chunks are page-sized there,
+ * and recycling them costs device calls at every step, which a process that set its limit only as a
+ * precaution should not pay. */
+static bool should_recycle(const gm_allocator *allocator, uint64_t need)
+{
+    const gm_stat *reserved = allocator->stats.reserved_bytes;
+    int64_t after = gm_stat_total(reserved) + (int64_t)need;
+    if (after <= reserved[GM_POOL_ALL].peak)
+        return false;
+    return !memory_is_limited(allocator) || (uint64_t)after > allocator->memory_limit / 10 * 9;
+}
+
 /* Back [from, to), inside an unmapped block, with physical memory: idle chunks first when new memory
  * would raise reserved memory past its peak (or the device is full), then new memory. The mapped
  * part is made accessible and turned into free space merged with its neighbours: *opened_out, the
@@ -634,12 +655,10 @@ static gm_status back_part(gm_allocator *allocator, const window *where, uintptr
     gm_region *region = where->region;
     gm_block *hole = unmapped_at(region, from);
     uint64_t need = to - from, room = hole->address + hole->size - from;
-    const gm_stat *reserved = allocator->stats.reserved_bytes;
     int64_t spent_before = allocator->backend->modelled_ns;
     uint64_t mapped = 0, created = 0;
     gm_status status = GM_OK;
-    if (gm_stat_total(reserved) + (int64_t)need > reserved[GM_POOL_ALL].peak ||
-        need > room_for_new_memory(allocator, engine->page_size))
+    if (should_recycle(allocator, need) || need > room_for_new_memory(allocator, engine->page_size))
         mapped = move_idle_chunks(allocator, where, from, need, room, &status);
     if (status == GM_OK && mapped < need) {
         status = create_memory(allocator, region, from + mapped, need - mapped, &created);
