@@ -25,7 +25,7 @@ run side by side (--jobs; each process stays under its cap, so they fit on the G
 
 --probe WORKLOAD:BATCH runs one batch under every allocator without a cap (peak reserved and peak
 allocated) and under the cap (fits or not; the allocator's out-of-memory message), for diagnosing
-the cap search.
+the cap search; with --probe nothing else runs.
 """
 import argparse
 import concurrent.futures
@@ -194,10 +194,11 @@ def main():
     results = []
     output = []
     try:
-        if args.probe:
+        if args.probe:  # a diagnosis only: no step-time runs, no cap search
             table, messages = probe(args, allocators, results)
             print("\n".join(table + [""] + messages), flush=True)
             output += table + [""]
+            args.skip_runs = args.skip_cap = True
         if not args.skip_runs:
             table = step_time_table(args, allocators, results)
             print("\n".join(table), flush=True)
