@@ -26,7 +26,8 @@
  * chunks while the credit covers their cost, anything else of as few chunks as max_chunk_size
  * allows. A training loop that grows its memory once gets it in few large chunks; a long-running
  * workload whose tensors keep changing size (generation with a growing KV cache) gets fine-grained
- * chunks as it goes; device-call time stays a small share of the work either way. Under a memory limit below the device's capacity (GPUMEM_CONF memory_limit, or torch's
+ * chunks as it goes; device-call time stays a small share of the work either way. Under a memory
+ * limit below the device's capacity (GPUMEM_CONF memory_limit, or torch's
  * set_per_process_memory_fraction) every chunk is page-sized: fitting matters more than device time
  * there, and only page-sized chunks let all free memory move (on the gpt2 trace the smallest limit
  * that fits drops from the uncapped peak, 26042 MiB, to 25820 MiB); idle chunks are then moved only
@@ -289,10 +290,9 @@ static gm_status unmap_chunk(gm_allocator *allocator, gm_region *region, page_ch
     return GM_OK;
 }
 
+/* Make a chunk of `size` bytes and map it at `address` (create_memory has checked the room for it). */
 static gm_status create_chunk(gm_allocator *allocator, gm_region *region, uintptr_t address, uint64_t size)
 {
-    if (!gm_may_reserve(allocator, size))
-        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "memory limit of %" PRIu64 " bytes reached", allocator->memory_limit);
     page_chunk *chunk = calloc(1, sizeof *chunk);
     if (!chunk)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a chunk");
@@ -538,8 +538,8 @@ static window choose_window(gm_heap *heap, int pool, uint64_t size, uint64_t pag
 
 /* ---------------------------------------------------------------- backing pages */
 
-/* Move idle chunks to `address` of `target`, back to back, at most `room` bytes, until `need` bytes
- * are covered; chunks inside [keep_start, keep_end) of `target` stay. Returns the bytes mapped. */
+/* Move idle chunks to `address` of the window's region, back to back, at most `room` bytes, until
+ * `need` bytes are covered; chunks inside the window's run stay. Returns the bytes mapped. */
 static uint64_t move_idle_chunks(gm_allocator *allocator, const window *where, uintptr_t address, uint64_t need,
                                  uint64_t room, gm_status *status_out)
 {
@@ -598,9 +598,10 @@ static uint64_t room_for_new_memory(gm_allocator *allocator, uint64_t page_size)
  * a few pages while the credit covers them; else chunks of max_chunk_size (the last one smaller), so
  * that a live block left in memory made for a big tensor pins at most a chunk, not all of it (on a
  * gpt2 run at batch 8, one 1.5 GiB logits chunk pinned by a few small tensors cost 16% more memory).
+ * `room` is room_for_new_memory(); a growth beyond it is refused before any device call.
  * *created_out: the bytes made, also on failure. */
 static gm_status create_memory(gm_allocator *allocator, gm_region *region, uintptr_t address, uint64_t need,
-                               uint64_t *created_out)
+                               uint64_t room, uint64_t *created_out)
 {
     page_engine *engine = engine_of(allocator);
     uint64_t pages = need / engine->page_size;
@@ -608,7 +609,7 @@ static gm_status create_memory(gm_allocator *allocator, gm_region *region, uintp
                 (pages <= FINE_GROWTH_PAGES && engine->credit_ns >= (int64_t)pages * PAGE_CHUNK_COST_NS);
     uint64_t piece = fine ? engine->page_size : need < engine->max_chunk_size ? need : engine->max_chunk_size;
     *created_out = 0;
-    if (need > room_for_new_memory(allocator, engine->page_size))
+    if (need > room)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no room for %" PRIu64 " bytes of new memory: the memory limit or "
                        "the device's free memory is reached", need);
     gm_status status = GM_OK;
@@ -657,11 +658,13 @@ static gm_status back_part(gm_allocator *allocator, const window *where, uintptr
     uint64_t need = to - from, room = hole->address + hole->size - from;
     int64_t spent_before = allocator->backend->modelled_ns;
     uint64_t mapped = 0, created = 0;
+    /* Moving idle chunks changes neither reserved memory nor the device's free memory: one reading. */
+    uint64_t new_room = room_for_new_memory(allocator, engine->page_size);
     gm_status status = GM_OK;
-    if (should_recycle(allocator, need) || need > room_for_new_memory(allocator, engine->page_size))
+    if (should_recycle(allocator, need) || need > new_room)
         mapped = move_idle_chunks(allocator, where, from, need, room, &status);
     if (status == GM_OK && mapped < need) {
-        status = create_memory(allocator, region, from + mapped, need - mapped, &created);
+        status = create_memory(allocator, region, from + mapped, need - mapped, new_room, &created);
         mapped += created;
         if (status == GM_ERROR_OUT_OF_MEMORY) { /* the device is full: any idle memory will do */
             uint64_t moved = move_idle_chunks(allocator, where, from + mapped, need - mapped, need - mapped, &status);

@@ -24,7 +24,7 @@ void gm_write_oom_report(gm_allocator *allocator, gm_heap *heap, uint64_t size, 
     gm_stats_complete(&completed);
     const gm_stats *stats = &completed;
     char requested[32], total[32], free_text[32], reserved[32], allocated[32], cached[32], largest[32], pending[32],
-        limit[32], outside[32], released[32];
+        limit[32], outside[32], released[32], chunk[32];
     uint64_t free_bytes = 0, total_bytes = 0;
     gm_backend_memory_info(allocator->backend, &free_bytes, &total_bytes);
     uint64_t reserved_bytes = (uint64_t)stats->reserved_bytes[GM_POOL_ALL].current;
@@ -73,7 +73,7 @@ void gm_write_oom_report(gm_allocator *allocator, gm_heap *heap, uint64_t size, 
                         "moved whole. A smaller max_chunk_size in GPUMEM_CONF (now %s) makes chunks finer, for "
                         "more device calls.", cached,
                         allocator->options.max_chunk_size
-                            ? gm_format_bytes(outside, sizeof outside, allocator->options.max_chunk_size)
+                            ? gm_format_bytes(chunk, sizeof chunk, allocator->options.max_chunk_size)
                             : "no limit");
     else if (cached_bytes >= size)
         gm_error_append("Diagnosis: fragmentation. %s is cached free, enough for the request, but no free piece "
