@@ -4,7 +4,7 @@
                                      [--allocators torch-native,gpumem] [--repeats 3]
                                      [--skip-runs] [--skip-cap] [--cap-fraction 0.1]
                                      [--cap-ranges gpt2:4:12,bert_varlen:16:80] [--jobs 4]
-                                     [--probe gpt2:8] [--out results.jsonl]
+                                     [--probe gpt2:8] [--no-smi] [--steps N] [--out results.jsonl]
 
 Every run is a fresh process of bench/workloads.py (a copy of the anchors' workloads.py) under one
 allocator: torch-native, torch-expandable (expandable_segments:True), cuda-async
@@ -15,7 +15,8 @@ Step time: the repeats are interleaved (repeat 1 of every allocator, then repeat
 in reverse order) so that a drift of the machine hits every allocator alike. Each run reports the
 median of its measured steps; the table gives per allocator the median over repeats of those
 medians, their spread (min-max over repeats, and as % of the allocator's median) and the ratio to
-torch-native's median. nvidia-smi is sampled every 20 ms during each run; its peak includes the CUDA
+torch-native's median; a second table pairs each repeat with torch-native's run of the same repeat
+(adjacent in time) and gives the median and range of those ratios. nvidia-smi is sampled every 20 ms during each run; its peak includes the CUDA
 context (about 766 MiB), as in the anchors.
 
 Largest batch under a cap (--cap-fraction): for gpt2 and bert_varlen, set_per_process_memory_fraction
@@ -122,11 +123,14 @@ def step_time_table(args, allocators, results):
     table = ["| workload | allocator | peak reserved MiB | nvidia-smi peak MiB | median step ms | min-max over repeats ms | "
              "spread % | vs torch-native | per-repeat medians ms |",
              "|---|---|---|---|---|---|---|---|---|"]
+    paired = ["| workload | allocator | paired ratio to torch-native, median | min-max | per repeat |",
+              "|---|---|---|---|---|"]
     for name in args.workloads.split(","):
         runs = {a: [] for a in allocators}
         for repeat in range(args.repeats):
             for allocator in (allocators if repeat % 2 == 0 else allocators[::-1]):
-                result = run_workload(name, allocator, STEPS[name], ["--warmup", str(WARMUP[name])])
+                result = run_workload(name, allocator, args.steps or STEPS[name], ["--warmup", str(WARMUP[name])],
+                                      not args.no_smi)
                 result["repeat"] = repeat
                 runs[allocator].append(result)
                 results.append(result)
@@ -146,11 +150,31 @@ def step_time_table(args, allocators, results):
             per_run = [r["step_ms_median"] for r in good]
             median = medians[allocator]
             ratio = (f"{median / medians['torch-native']:.4f}" if "torch-native" in medians else "")
+            smi = max(r["smi_peak_MiB"] for r in good) if "smi_peak_MiB" in good[0] else "-"
             table.append(f"| {name} | {allocator} | {max(r['peak_reserved_MiB'] for r in good):.0f} | "
-                         f"{max(r['smi_peak_MiB'] for r in good)} | {median:.2f} | "
+                         f"{smi} | {median:.2f} | "
                          f"{min(per_run):.2f}-{max(per_run):.2f} | {100 * (max(per_run) - min(per_run)) / median:.2f} | "
                          f"{ratio} | {', '.join('%.2f' % t for t in per_run)} |")
-    return table
+        paired.extend(paired_rows(name, allocators, runs))
+    return table + [""] + paired
+
+
+def paired_rows(name, allocators, runs):
+    """Each repeat's run against torch-native's run of the same repeat (they ran next to each other,
+    so a slow drift of the machine cancels): the median and range of those ratios."""
+    if "torch-native" not in runs:
+        return []
+    native = {r["repeat"]: r["step_ms_median"] for r in runs["torch-native"] if "step_ms_median" in r}
+    rows = []
+    for allocator in allocators:
+        if allocator == "torch-native":
+            continue
+        ratios = [r["step_ms_median"] / native[r["repeat"]] for r in runs[allocator]
+                  if "step_ms_median" in r and r["repeat"] in native]
+        if ratios:
+            rows.append(f"| {name} | {allocator} | {statistics.median(ratios):.4f} | {min(ratios):.4f}-{max(ratios):.4f} | "
+                        f"{', '.join('%.4f' % x for x in ratios)} |")
+    return rows
 
 
 def probe(args, allocators, results):
@@ -188,6 +212,8 @@ def main():
                         help="WORKLOAD:LOW:HIGH,... batch ranges searched under the cap")
     parser.add_argument("--jobs", type=int, default=4, help="cap searches and probes run side by side")
     parser.add_argument("--probe", help="WORKLOAD:BATCH: peaks uncapped and OOM messages under the cap")
+    parser.add_argument("--no-smi", action="store_true", help="no nvidia-smi sampling during step-time runs")
+    parser.add_argument("--steps", type=int, help="measured steps per run (default: 12; llm_generate: 2 calls)")
     parser.add_argument("--out")
     args = parser.parse_args()
     allocators = args.allocators.split(",")
