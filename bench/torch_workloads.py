@@ -4,7 +4,8 @@
                                      [--allocators torch-native,gpumem] [--repeats 3]
                                      [--skip-runs] [--skip-cap] [--cap-fraction 0.1]
                                      [--cap-ranges gpt2:4:12,bert_varlen:16:80] [--jobs 4]
-                                     [--probe gpt2:8] [--no-smi] [--steps N] [--out results.jsonl]
+                                     [--probe gpt2:8] [--no-smi] [--steps N] [--taskset CPUS]
+                                     [--out results.jsonl]
 
 Every run is a fresh process of bench/workloads.py (a copy of the anchors' workloads.py) under one
 allocator: torch-native, torch-expandable (expandable_segments:True), cuda-async
@@ -46,6 +47,7 @@ ALLOCATORS = {
     "gpumem": {"GPUMEM_TORCH": "1", "PYTHONPATH": os.path.join(ROOT, "python")},
     "gpumem-segments": {"GPUMEM_TORCH": "engine:segments", "PYTHONPATH": os.path.join(ROOT, "python")},
 }
+TASKSET = None  # --taskset: CPUs every workload process is pinned to
 DEFAULT_ALLOCATORS = "torch-native,torch-expandable,cuda-async,gpumem"
 STEPS = {"resnet50": 12, "gpt2": 12, "bert_varlen": 12, "llm_generate": 2}
 WARMUP = {"resnet50": 3, "gpt2": 3, "bert_varlen": 3, "llm_generate": 1}  # a generate call takes ~9 s
@@ -83,7 +85,8 @@ def run_workload(name, allocator, steps, extra=(), sample=True):
     if sampler:
         sampler.start()
         time.sleep(0.2)
-    run = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "workloads.py"), name, "--steps", str(steps),
+    pin = ["taskset", "-c", TASKSET] if TASKSET else []
+    run = subprocess.run([*pin, sys.executable, os.path.join(ROOT, "bench", "workloads.py"), name, "--steps", str(steps),
                           *extra], env=env, capture_output=True, text=True)
     if sampler:
         sampler.stop()
@@ -129,8 +132,8 @@ def step_time_table(args, allocators, results):
         runs = {a: [] for a in allocators}
         for repeat in range(args.repeats):
             for allocator in (allocators if repeat % 2 == 0 else allocators[::-1]):
-                result = run_workload(name, allocator, args.steps or STEPS[name], ["--warmup", str(WARMUP[name])],
-                                      not args.no_smi)
+                result = run_workload(name, allocator, args.steps or STEPS[name],
+                                      ["--warmup", str(WARMUP[name]), *args.workload_args.split()], not args.no_smi)
                 result["repeat"] = repeat
                 runs[allocator].append(result)
                 results.append(result)
@@ -214,8 +217,12 @@ def main():
     parser.add_argument("--probe", help="WORKLOAD:BATCH: peaks uncapped and OOM messages under the cap")
     parser.add_argument("--no-smi", action="store_true", help="no nvidia-smi sampling during step-time runs")
     parser.add_argument("--steps", type=int, help="measured steps per run (default: 12; llm_generate: 2 calls)")
+    parser.add_argument("--workload-args", default="", help="more arguments for bench/workloads.py's step-time runs")
+    parser.add_argument("--taskset", help="pin every workload process to these CPUs (taskset -c), e.g. 0-3")
     parser.add_argument("--out")
     args = parser.parse_args()
+    global TASKSET
+    TASKSET = args.taskset
     allocators = args.allocators.split(",")
     results = []
     output = []

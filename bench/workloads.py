@@ -2,8 +2,9 @@
 
 Copied from ../shared/anchors/workloads.py (how the anchors were measured), with two additions for
 gpumem's benchmark: --batch N (gpt2: batch of 1024-token sequences; bert_varlen: batch of 512-token
-sequences, the longest it draws) and --memory-fraction F (torch.cuda.set_per_process_memory_fraction
-before the model is built). An out-of-memory error prints {"oom": true, "message": ..., peaks} and
+sequences, the longest it draws) --memory-fraction F (torch.cuda.set_per_process_memory_fraction
+before the model is built) and --no-cudnn-attention (attention without cuDNN's backend, whose plan
+building on the host for every new shape dominates bert_varlen's step time and its noise). An out-of-memory error prints {"oom": true, "message": ..., peaks} and
 exits 3.
 
 Usage: python3 workloads.py WORKLOAD [--steps N] [--trace OUT.csv] [--json OUT.json]
@@ -115,11 +116,16 @@ def main():
     ap.add_argument("--pluggable")
     ap.add_argument("--batch", type=int)
     ap.add_argument("--memory-fraction", type=float)
+    ap.add_argument("--no-cudnn-attention", action="store_true",
+                    help="scaled-dot-product attention without cuDNN's backend (which builds a plan on the host "
+                         "for every new shape)")
     a = ap.parse_args()
     if a.pluggable:
         alloc = torch.cuda.memory.CUDAPluggableAllocator(a.pluggable, "gm_torch_malloc", "gm_torch_free")
         torch.cuda.memory.change_current_allocator(alloc)
     dev = torch.device("cuda")
+    if a.no_cudnn_attention:
+        torch.backends.cuda.enable_cudnn_sdp(False)
     if a.trace:
         torch.cuda.memory._record_memory_history(max_entries=5_000_000, context=None, stacks="python")
     if a.memory_fraction:
