@@ -430,11 +430,12 @@ static int smaller_chunk_first(const void *left, const void *right)
 
 /* The next idle chunk to move for `remaining` bytes with at most `room` bytes of space: the smallest
  * that covers what remains, else the largest that does not. The list is sorted by size; taken
- * entries are NULL. -1 if none fits the room. */
-static ptrdiff_t pick_idle_chunk(const idle_chunk *idle, size_t count, uint64_t remaining, uint64_t room)
+ * entries are NULL, and none before `first`. -1 if none fits the room. */
+static ptrdiff_t pick_idle_chunk(const idle_chunk *idle, size_t first, size_t count, uint64_t remaining,
+                                 uint64_t room)
 {
     ptrdiff_t largest_below = -1;
-    for (size_t i = 0; i < count; i++) {
+    for (size_t i = first; i < count; i++) {
         const page_chunk *chunk = idle[i].chunk;
         if (!chunk || chunk->size > room)
             continue;
@@ -552,8 +553,9 @@ static uint64_t move_idle_chunks(gm_allocator *allocator, const window *where, u
     /* Memory moved into the small pool stays there (small blocks pin it): move only what is needed. */
     uint64_t limit = target->pool == GM_POOL_SMALL || room < need ? need : room;
     uint64_t mapped = 0;
+    size_t first = 0; /* entries before it are taken: with page-sized chunks each pick is the first */
     ptrdiff_t pick;
-    while (mapped < need && (pick = pick_idle_chunk(engine->idle, count, need - mapped, limit - mapped)) >= 0) {
+    while (mapped < need && (pick = pick_idle_chunk(engine->idle, first, count, need - mapped, limit - mapped)) >= 0) {
         idle_chunk *candidate = &engine->idle[pick];
         page_chunk *chunk = candidate->chunk;
         gm_status status = evict_chunk(allocator, candidate->region, chunk);
@@ -566,6 +568,8 @@ static uint64_t move_idle_chunks(gm_allocator *allocator, const window *where, u
         if (candidate->region->pool != target->pool)
             gm_move_reserved(allocator, candidate->region->pool, target->pool, chunk->size);
         candidate->chunk = NULL;
+        while (first < count && !engine->idle[first].chunk)
+            first++;
         mapped += chunk->size;
     }
     return mapped;
