@@ -4,7 +4,7 @@
                                      [--allocators torch-native,gpumem] [--repeats 3]
                                      [--skip-runs] [--skip-cap] [--cap-fraction 0.1]
                                      [--cap-ranges gpt2:4:12,bert_varlen:16:80] [--jobs 4]
-                                     [--probe gpt2:8] [--no-smi] [--steps N] [--taskset CPUS]
+                                     [--probe gpt2:8] [--no-smi] [--steps N] [--taskset CPUS] [--concurrent]
                                      [--out results.jsonl]
 
 Every run is a fresh process of bench/workloads.py (a copy of the anchors' workloads.py) under one
@@ -19,6 +19,11 @@ medians, their spread (min-max over repeats, and as % of the allocator's median)
 torch-native's median; a second table pairs each repeat with torch-native's run of the same repeat
 (adjacent in time) and gives the median and range of those ratios. nvidia-smi is sampled every 20 ms during each run; its peak includes the CUDA
 context (about 766 MiB), as in the anchors.
+
+--concurrent runs the allocators' step-time runs of a repeat at the same time instead, each pinned to
+its own half (third, ...) of the CPUs, rotated every repeat: the host's speed drifts in phases of
+seconds on the GPU machine (bert_varlen's steps are bound by host work), and runs side by side see
+the same phases; they also share the GPU, which slows both alike.
 
 Largest batch under a cap (--cap-fraction): for gpt2 and bert_varlen, set_per_process_memory_fraction
 and a binary search over the batch size (fixed 1024 / 512 tokens), 3 steps each; the largest batch
@@ -79,13 +84,14 @@ class SmiSampler(threading.Thread):
         self.join(timeout=2)
 
 
-def run_workload(name, allocator, steps, extra=(), sample=True):
+def run_workload(name, allocator, steps, extra=(), sample=True, cpus=None):
     env = dict(os.environ, **ALLOCATORS[allocator])
     sampler = SmiSampler() if sample else None
     if sampler:
         sampler.start()
         time.sleep(0.2)
-    pin = ["taskset", "-c", TASKSET] if TASKSET else []
+    cpus = cpus or TASKSET
+    pin = ["taskset", "-c", cpus] if cpus else []
     run = subprocess.run([*pin, sys.executable, os.path.join(ROOT, "bench", "workloads.py"), name, "--steps", str(steps),
                           *extra], env=env, capture_output=True, text=True)
     if sampler:
@@ -130,14 +136,24 @@ def step_time_table(args, allocators, results):
               "|---|---|---|---|---|"]
     for name in args.workloads.split(","):
         runs = {a: [] for a in allocators}
+        extra = ["--warmup", str(WARMUP[name]), *args.workload_args.split()]
+        steps = args.steps or STEPS[name]
         for repeat in range(args.repeats):
-            for allocator in (allocators if repeat % 2 == 0 else allocators[::-1]):
-                result = run_workload(name, allocator, args.steps or STEPS[name],
-                                      ["--warmup", str(WARMUP[name]), *args.workload_args.split()], not args.no_smi)
+            if args.concurrent:
+                # Every allocator's run at once, each on its own CPUs (rotated every repeat): what the
+                # host does meanwhile (its speed drifts in phases of seconds) hits all of them alike.
+                slices = cpu_slices(len(allocators), repeat)
+                with concurrent.futures.ThreadPoolExecutor(max_workers=len(allocators)) as pool:
+                    done = list(pool.map(lambda job: run_workload(name, job[0], steps, extra, False, job[1]),
+                                         zip(allocators, slices)))
+            else:
+                order = allocators if repeat % 2 == 0 else allocators[::-1]
+                done = [run_workload(name, a, steps, extra, not args.no_smi) for a in order]
+            for result in done:
                 result["repeat"] = repeat
-                runs[allocator].append(result)
+                runs[result["allocator"]].append(result)
                 results.append(result)
-                print(f"  {name} {allocator} repeat {repeat + 1}: "
+                print(f"  {name} {result['allocator']} repeat {repeat + 1}: "
                       f"{result.get('step_ms_median', float('nan')):.2f} ms", flush=True)
         medians = {}
         for allocator in allocators:
@@ -160,6 +176,14 @@ def step_time_table(args, allocators, results):
                          f"{ratio} | {', '.join('%.2f' % t for t in per_run)} |")
         paired.extend(paired_rows(name, allocators, runs))
     return table + [""] + paired
+
+
+def cpu_slices(count, repeat):
+    """`count` disjoint CPU ranges (taskset syntax) over this machine's CPUs, rotated by `repeat`."""
+    width = max(1, (os.cpu_count() or count) // count)
+    slices = [f"{i * width}-{i * width + width - 1}" for i in range(count)]
+    shift = repeat % count
+    return slices[shift:] + slices[:shift]
 
 
 def paired_rows(name, allocators, runs):
@@ -218,6 +242,8 @@ def main():
     parser.add_argument("--no-smi", action="store_true", help="no nvidia-smi sampling during step-time runs")
     parser.add_argument("--steps", type=int, help="measured steps per run (default: 12; llm_generate: 2 calls)")
     parser.add_argument("--workload-args", default="", help="more arguments for bench/workloads.py's step-time runs")
+    parser.add_argument("--concurrent", action="store_true",
+                        help="step-time runs of all allocators at the same time, on disjoint CPUs (no nvidia-smi)")
     parser.add_argument("--taskset", help="pin every workload process to these CPUs (taskset -c), e.g. 0-3")
     parser.add_argument("--out")
     args = parser.parse_args()
