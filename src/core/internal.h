@@ -206,15 +206,9 @@ static inline int64_t gm_stat_total(const gm_stat stat[GM_POOL_COUNT])
  * statistics are read (gm_stats_complete). */
 static inline void gm_stat_change(gm_stat stat[GM_POOL_COUNT], int pool, int64_t amount)
 {
-    gm_stat *target = &stat[pool];
-    target->current += amount;
-    if (amount < 0) {
-        target->freed -= amount;
+    gm_stat_add(&stat[pool], amount);
+    if (amount <= 0)
         return;
-    }
-    target->allocated += amount;
-    if (target->current > target->peak)
-        target->peak = target->current;
     int64_t total = gm_stat_total(stat);
     if (total > stat[GM_POOL_ALL].peak)
         stat[GM_POOL_ALL].peak = total;

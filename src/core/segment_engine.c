@@ -157,7 +157,6 @@ static gm_status segments_validate(gm_allocator *allocator, gm_stats *recomputed
     return GM_OK;
 }
 
-
 static gm_status segments_create(gm_allocator *allocator)
 {
     allocator->engine_state = NULL;
