@@ -4,7 +4,7 @@
                                      [--allocators torch-native,gpumem] [--repeats 3]
                                      [--skip-runs] [--skip-cap] [--cap-fraction 0.1]
                                      [--cap-ranges gpt2:4:12,bert_varlen:16:80] [--jobs 4]
-                                     [--probe gpt2:8] [--no-smi] [--steps N] [--taskset CPUS] [--concurrent]
+                                     [--probe gpt2:8] [--no-smi] [--steps N] [--taskset CPUS] [--concurrent | --lockstep]
                                      [--out results.jsonl]
 
 Every run is a fresh process of bench/workloads.py (a copy of the anchors' workloads.py) under one
@@ -25,6 +25,12 @@ its own half (third, ...) of the CPUs, rotated every repeat: the host's speed dr
 seconds on the GPU machine (bert_varlen's steps are bound by host work), and runs side by side see
 the same phases; they also share the GPU, which slows both alike.
 
+--lockstep starts the allocators' runs of a repeat together but lets them take turns, one step
+each (rotating who goes first), so only one uses the GPU at a time and steps of the same index run
+within a second of each other, in the same phase of the host. A third table gives, per step, the
+time under each allocator over torch-native's time of the same step: the median of these ratios
+over all repeats, its bootstrapped 95% interval, and the ratio of the run medians per repeat.
+
 Largest batch under a cap (--cap-fraction): for gpt2 and bert_varlen, set_per_process_memory_fraction
 and a binary search over the batch size (fixed 1024 / 512 tokens), 3 steps each; the largest batch
 that runs. Whether a batch fits does not depend on timing, so the searches of different allocators
@@ -38,9 +44,11 @@ import argparse
 import concurrent.futures
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -134,12 +142,16 @@ def step_time_table(args, allocators, results):
              "|---|---|---|---|---|---|---|---|---|"]
     paired = ["| workload | allocator | paired ratio to torch-native, median | min-max | per repeat |",
               "|---|---|---|---|---|"]
+    lockstep = ["| workload | allocator | steps paired | per-step ratio to torch-native, median | 95% interval | "
+                "ratio of run medians per repeat | their spread (points of %) |", "|---|---|---|---|---|---|---|"]
     for name in args.workloads.split(","):
         runs = {a: [] for a in allocators}
         extra = ["--warmup", str(WARMUP[name]), *args.workload_args.split()]
         steps = args.steps or STEPS[name]
         for repeat in range(args.repeats):
-            if args.concurrent:
+            if args.lockstep:
+                done = lockstep_repeat(name, allocators, steps, extra)
+            elif args.concurrent:
                 # Every allocator's run at once, each on its own CPUs (rotated every repeat): what the
                 # host does meanwhile (its speed drifts in phases of seconds) hits all of them alike.
                 slices = cpu_slices(len(allocators), repeat)
@@ -175,7 +187,75 @@ def step_time_table(args, allocators, results):
                          f"{min(per_run):.2f}-{max(per_run):.2f} | {100 * (max(per_run) - min(per_run)) / median:.2f} | "
                          f"{ratio} | {', '.join('%.2f' % t for t in per_run)} |")
         paired.extend(paired_rows(name, allocators, runs))
-    return table + [""] + paired
+        lockstep.extend(lockstep_rows(name, allocators, runs) if args.lockstep else [])
+    return table + [""] + paired + ([""] + lockstep if args.lockstep else [])
+
+
+def lockstep_repeat(name, allocators, steps, extra):
+    """One run per allocator, all alive at once but taking turns: each step of each process waits for
+    the previous process's step to finish (the order rotates every step), so the GPU runs one step at
+    a time and steps of the same index run within a second of each other, in the same phase of the
+    host's speed. Returns the runs' results, each with its per-step times."""
+    processes = []
+    for allocator in allocators:
+        child_reads, to_child = os.pipe()
+        from_child, child_writes = os.pipe()
+        output = tempfile.TemporaryFile("w+")
+        errors = tempfile.TemporaryFile("w+")
+        command = [sys.executable, os.path.join(ROOT, "bench", "workloads.py"), name, "--steps", str(steps), *extra,
+                   "--lockstep", f"{child_reads},{child_writes}"]
+        process = subprocess.Popen(command, env=dict(os.environ, **ALLOCATORS[allocator]), stdout=output,
+                                   stderr=errors, text=True, pass_fds=(child_reads, child_writes))
+        os.close(child_reads)
+        os.close(child_writes)
+        processes.append({"allocator": allocator, "process": process, "to": to_child, "from": from_child,
+                          "stdout": output, "stderr": errors, "alive": True})
+    total = int(extra[extra.index("--warmup") + 1]) + steps
+    for step in range(total):
+        shift = step % len(processes)
+        for entry in processes[shift:] + processes[:shift]:
+            if not entry["alive"]:
+                continue
+            try:
+                os.write(entry["to"], b"s")
+                entry["alive"] = os.read(entry["from"], 1) == b"d"
+            except OSError:
+                entry["alive"] = False
+    results = []
+    for entry in processes:
+        os.close(entry["to"])
+        os.close(entry["from"])
+        entry["process"].wait()
+        entry["stdout"].seek(0)
+        entry["stderr"].seek(0)
+        lines = [line for line in entry["stdout"].read().splitlines() if line.startswith("{")]
+        result = json.loads(lines[-1]) if lines else {"error": entry["stderr"].read()[-2000:]}
+        result.update(allocator=entry["allocator"], exit=entry["process"].returncode)
+        results.append(result)
+    return results
+
+
+def lockstep_rows(name, allocators, runs):
+    """Per step, each allocator's time over torch-native's time of the same step (run a moment apart):
+    the median of those ratios, its bootstrapped 95% interval, and the ratio of the runs' medians."""
+    rows = []
+    for allocator in allocators:
+        if allocator == "torch-native":
+            continue
+        ratios, medians = [], []
+        for repeat, run in enumerate(runs[allocator]):
+            native = runs["torch-native"][repeat] if repeat < len(runs["torch-native"]) else {}
+            if "step_ms" in run and "step_ms" in native:
+                ratios += [a / b for a, b in zip(run["step_ms"], native["step_ms"])]
+                medians.append(run["step_ms_median"] / native["step_ms_median"])
+        if not ratios:
+            continue
+        generator = random.Random(0)
+        resampled = sorted(statistics.median(generator.choices(ratios, k=len(ratios))) for _ in range(2000))
+        rows.append(f"| {name} | {allocator} | {len(ratios)} | {statistics.median(ratios):.4f} | "
+                    f"{resampled[50]:.4f}-{resampled[1949]:.4f} | {', '.join('%.4f' % m for m in medians)} | "
+                    f"{100 * (max(medians) - min(medians)):.2f} |")
+    return rows
 
 
 def cpu_slices(count, repeat):
@@ -244,6 +324,8 @@ def main():
     parser.add_argument("--workload-args", default="", help="more arguments for bench/workloads.py's step-time runs")
     parser.add_argument("--concurrent", action="store_true",
                         help="step-time runs of all allocators at the same time, on disjoint CPUs (no nvidia-smi)")
+    parser.add_argument("--lockstep", action="store_true",
+                        help="step-time runs of all allocators alive at once, taking turns step by step")
     parser.add_argument("--taskset", help="pin every workload process to these CPUs (taskset -c), e.g. 0-3")
     parser.add_argument("--out")
     args = parser.parse_args()

@@ -1,11 +1,12 @@
 """Real PyTorch workloads for measuring GPU allocators side by side.
 
-Copied from ../shared/anchors/workloads.py (how the anchors were measured), with two additions for
+Copied from ../shared/anchors/workloads.py (how the anchors were measured), with additions for
 gpumem's benchmark: --batch N (gpt2: batch of 1024-token sequences; bert_varlen: batch of 512-token
-sequences, the longest it draws) --memory-fraction F (torch.cuda.set_per_process_memory_fraction
-before the model is built) and --no-cudnn-attention (attention without cuDNN's backend, whose plan
-building on the host for every new shape dominates bert_varlen's step time and its noise). An out-of-memory error prints {"oom": true, "message": ..., peaks} and
-exits 3.
+sequences, the longest it draws), --memory-fraction F (torch.cuda.set_per_process_memory_fraction
+before the model is built), --no-cudnn-attention (attention without cuDNN's backend, whose plan
+building on the host for every new shape dominates bert_varlen's step time and its noise) and
+--lockstep R,W (take turns with another process, one step each, through two pipes). An
+out-of-memory error prints {"oom": true, "message": ..., peaks} and exits 3.
 
 Usage: python3 workloads.py WORKLOAD [--steps N] [--trace OUT.csv] [--json OUT.json]
 The allocator is chosen by PYTORCH_CUDA_ALLOC_CONF (native, expandable_segments,
@@ -116,6 +117,9 @@ def main():
     ap.add_argument("--pluggable")
     ap.add_argument("--batch", type=int)
     ap.add_argument("--memory-fraction", type=float)
+    ap.add_argument("--lockstep", metavar="READ_FD,WRITE_FD",
+                    help="take turns with another process: before each step read one byte from READ_FD, after "
+                         "it write one to WRITE_FD (bench/torch_workloads.py --lockstep)")
     ap.add_argument("--no-cudnn-attention", action="store_true",
                     help="scaled-dot-product attention without cuDNN's backend (which builds a plan on the host "
                          "for every new shape)")
@@ -134,13 +138,18 @@ def main():
     times = []
     try:
         step = build(a.workload, dev, a.batch)
+        turn_in, turn_out = map(int, a.lockstep.split(",")) if a.lockstep else (None, None)
         for i in range(a.warmup + a.steps):
             torch.cuda.synchronize()
+            if turn_in is not None and os.read(turn_in, 1) != b"s":
+                sys.exit("lockstep: the coordinator went away")
             s = time.perf_counter()
             step(i)
             torch.cuda.synchronize()
             if i >= a.warmup:
                 times.append(time.perf_counter() - s)
+            if turn_out is not None:
+                os.write(turn_out, b"d")
     except torch.OutOfMemoryError as error:
         # The allocator's own message (gpumem's explains the request, reserved vs allocated and what it
         # tried) and the peaks reached before the failure.
