@@ -7,6 +7,7 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <string.h>
 
 int gm_command_info(int argc, char **argv)
 {
@@ -15,6 +16,10 @@ int gm_command_info(int argc, char **argv)
         int taken = gm_take_device_argument(&device_arguments, argc, argv, &i);
         if (taken < 0)
             return GM_EXIT_USAGE;
+        if (!taken && (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))) {
+            printf("usage: gpumem info [--backend sim|host|cuda] [--capacity BYTES] [--conf KEY:VALUE,...]\n");
+            return 0;
+        }
         if (!taken) {
             fprintf(stderr, "gpumem info: unknown argument '%s'\n", argv[i]);
             return GM_EXIT_USAGE;

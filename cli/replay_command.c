@@ -80,6 +80,8 @@ static void print_text(const char *trace_path, const gm_device_info *device, con
         printf("\nafter the replay, once everything was freed:\n%s", table);
 }
 
+#define REPLAY_USAGE "usage: gpumem replay TRACE [--backend sim|host|cuda] [--capacity BYTES] [--conf ...] [--json]\n"
+
 int gm_command_replay(int argc, char **argv)
 {
     gm_device_arguments device_arguments = {0};
@@ -93,6 +95,9 @@ int gm_command_replay(int argc, char **argv)
             continue;
         if (!strcmp(argv[i], "--json")) {
             json = 1;
+        } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("%s", REPLAY_USAGE);
+            return 0;
         } else if (argv[i][0] == '-' && argv[i][1]) {
             fprintf(stderr, "gpumem replay: unknown option '%s'\n", argv[i]);
             return GM_EXIT_USAGE;
@@ -104,7 +109,7 @@ int gm_command_replay(int argc, char **argv)
         }
     }
     if (!trace_path) {
-        fprintf(stderr, "usage: gpumem replay TRACE [--backend sim|host|cuda] [--capacity BYTES] [--conf ...] [--json]\n");
+        fprintf(stderr, "%s", REPLAY_USAGE);
         return GM_EXIT_USAGE;
     }
     char configuration[1024];

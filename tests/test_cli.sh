@@ -36,6 +36,8 @@ expect 2 "unknown command 'fly'" -- "$gpumem" fly
 expect 0 "gpumem [0-9]+\.[0-9]+" -- "$gpumem" version
 expect 0 "memory_limit" -- "$gpumem" config
 expect 2 "usage: gpumem replay" -- "$gpumem" replay
+expect 0 "usage: gpumem replay TRACE" -- "$gpumem" replay --help
+expect 0 "usage: gpumem info" -- "$gpumem" info -h
 expect 2 "unknown option '--fast'" -- "$gpumem" replay "$work/small.csv" --fast
 expect 2 "one trace at a time" -- "$gpumem" replay "$work/small.csv" "$work/small.csv"
 expect 2 "--capacity needs a value" -- "$gpumem" replay "$work/small.csv" --capacity
