@@ -111,6 +111,11 @@ GM_API gm_status gm_cache_info(gm_allocator *allocator, uint64_t *free_bytes_out
 /* The usable size of a live allocation (its size rounded up to the allocator's granularity). */
 GM_API gm_status gm_allocation_size(gm_allocator *allocator, const void *pointer, size_t *size_out);
 
+/* 1 when `pointer` is a live allocation of `allocator`, else 0 (also for NULL arguments). Never an
+ * error and never touches gm_last_error(): for finding which of several allocators (one per device)
+ * owns a pointer without a failed call per miss. */
+GM_API int gm_owns(gm_allocator *allocator, const void *pointer);
+
 /* ---------------------------------------------------------------- statistics */
 
 /* One statistic with PyTorch's four readings. */

@@ -70,6 +70,15 @@ static void malloc_and_free_basics(void)
         CHECK_EQ_INT(size, 5u << 20);
         CHECK_STATUS(gm_allocation_size(allocator, NULL, &size), GM_ERROR_INVALID_ARGUMENT);
         CHECK_STATUS(gm_allocation_size(allocator, (char *)small + 512, &size), GM_ERROR_INVALID_POINTER);
+        /* gm_owns: a yes/no that leaves the last error alone */
+        CHECK_STATUS(gm_free(allocator, (char *)large + 512), GM_ERROR_INVALID_POINTER);
+        const char *before = gm_last_error();
+        char remembered[64];
+        snprintf(remembered, sizeof remembered, "%s", before);
+        CHECK(gm_owns(allocator, small) == 1 && gm_owns(allocator, large) == 1);
+        CHECK(gm_owns(allocator, (char *)small + 512) == 0 && gm_owns(allocator, NULL) == 0);
+        CHECK(gm_owns(NULL, small) == 0);
+        CHECK(strncmp(gm_last_error(), remembered, strlen(remembered)) == 0);
 
         gm_stats stats;
         CHECK_OK(gm_get_stats(allocator, &stats));

@@ -65,7 +65,10 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
       gm_status status = gm_create_from_environment(config.c_str(), &allocator);
       TORCH_CHECK(status == GM_OK, "gpumem: cannot create the allocator of cuda:", device, ": ",
                   gm_last_error());
+      if (created_.load(std::memory_order_relaxed) == 0)
+        single_.store(allocator, std::memory_order_relaxed);
       allocators_[device].store(allocator, std::memory_order_release);
+      created_.fetch_add(1, std::memory_order_release);
     }
     return allocator;
   }
@@ -81,26 +84,40 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     return pointer;
   }
 
+  // The allocator that owns `pointer`: a lookup in each device's allocator (gm_owns fails nothing,
+  // so a pointer of device k costs k quick misses, not k failed frees), or NULL.
+  gm_allocator *owner_of(const void *pointer, c10::DeviceIndex *device_out = nullptr) {
+    for (size_t device = 0; device < kMaxDevices; device++) {
+      gm_allocator *allocator = allocators_[device].load(std::memory_order_acquire);
+      if (allocator && gm_owns(allocator, pointer)) {
+        if (device_out)
+          *device_out = static_cast<c10::DeviceIndex>(device);
+        return allocator;
+      }
+    }
+    return nullptr;
+  }
+
   void free_pointer(void *pointer) {
     if (!pointer)
       return;
-    for (auto &slot : allocators_) {
-      gm_allocator *allocator = slot.load(std::memory_order_acquire);
-      if (allocator && gm_free(allocator, pointer) == GM_OK)
-        return;
+    // One device in use (the common case): its allocator, without a lookup first.
+    gm_allocator *allocator = created_.load(std::memory_order_acquire) == 1
+                                  ? single_.load(std::memory_order_relaxed) : owner_of(pointer);
+    if (!allocator) {
+      TORCH_WARN("gpumem: free of ", pointer, ", which no device allocator owns");
+      return;
     }
-    TORCH_WARN("gpumem: free of ", pointer, ", which no device allocator owns");
+    gm_status status = gm_free(allocator, pointer);
+    if (status != GM_OK)
+      TORCH_WARN("gpumem: ", gm_last_error());
   }
 
   // The device whose allocator owns `pointer` (the current device if none does).
   c10::DeviceIndex device_of(void *pointer) {
-    size_t size = 0;
-    for (size_t device = 0; device < kMaxDevices; device++) {
-      gm_allocator *allocator = allocators_[device].load(std::memory_order_acquire);
-      if (allocator && gm_allocation_size(allocator, pointer, &size) == GM_OK)
-        return static_cast<c10::DeviceIndex>(device);
-    }
-    return c10::cuda::current_device();
+    c10::DeviceIndex device = c10::cuda::current_device();
+    owner_of(pointer, &device);
+    return device;
   }
 
   c10::DataPtr allocate(size_t size) override {
@@ -224,6 +241,8 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
 
   std::string config_;
   std::array<std::atomic<gm_allocator *>, kMaxDevices> allocators_{};
+  std::atomic<int> created_{0};      // allocators made so far
+  std::atomic<gm_allocator *> single_{nullptr}; // the first one made (the only one while created_ is 1)
   std::mutex create_mutex_;
 };
 

@@ -370,6 +370,16 @@ gm_status gm_allocation_size(gm_allocator *allocator, const void *pointer, size_
     return block ? GM_OK : not_live("gm_allocation_size", pointer);
 }
 
+int gm_owns(gm_allocator *allocator, const void *pointer)
+{
+    if (!allocator || !pointer)
+        return 0;
+    pthread_mutex_lock(&allocator->lock);
+    int owned = find_live_block(allocator, pointer) != NULL;
+    pthread_mutex_unlock(&allocator->lock);
+    return owned;
+}
+
 gm_status gm_empty_cache(gm_allocator *allocator)
 {
     if (!allocator)
