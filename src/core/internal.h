@@ -89,6 +89,9 @@ typedef struct gm_index_cursor {
     gm_block *block;
 } gm_index_cursor;
 gm_block *gm_size_index_begin(gm_index_cursor *cursor, const gm_size_index *index);
+/* The same from the list that holds blocks of `size` bytes: every block of at least `size` bytes is
+ * visited (and some smaller ones of that first list). */
+gm_block *gm_size_index_begin_at(gm_index_cursor *cursor, const gm_size_index *index, uint64_t size);
 gm_block *gm_size_index_advance(gm_index_cursor *cursor);
 /* The largest block in the index, or NULL (for reports). */
 gm_block *gm_size_index_largest(const gm_size_index *index);

@@ -339,11 +339,12 @@ static gm_status quiesce(gm_allocator *allocator, gm_heap *heap)
     return status;
 }
 
-/* The free block of `region` that contains [address, address + size), or NULL. */
+/* The free block of `region` that contains [address, address + size), or NULL: a search of the
+ * heap's free blocks of at least `size` bytes. */
 static gm_block *free_block_containing(gm_region *region, uintptr_t address, uint64_t size)
 {
     gm_index_cursor cursor;
-    for (gm_block *block = gm_size_index_begin(&cursor, gm_heap_index(region->heap, region->pool)); block;
+    for (gm_block *block = gm_size_index_begin_at(&cursor, gm_heap_index(region->heap, region->pool), size); block;
          block = gm_size_index_advance(&cursor))
         if (block->region == region && block->address <= address && address + size <= block->address + block->size)
             return block;
@@ -401,7 +402,8 @@ static size_t find_idle_chunks(gm_allocator *allocator, const gm_region *keep_re
     for (size_t h = 0; h < allocator->heap_count; h++) {
         for (int pool = GM_POOL_SMALL; pool <= GM_POOL_LARGE; pool++) {
             gm_index_cursor blocks;
-            for (gm_block *block = gm_size_index_begin(&blocks, gm_heap_index(allocator->heaps[h], pool)); block;
+            const gm_size_index *index = gm_heap_index(allocator->heaps[h], pool);
+            for (gm_block *block = gm_size_index_begin_at(&blocks, index, page_size); block;
                  block = gm_size_index_advance(&blocks)) {
                 gm_region *region = block->region;
                 if (block->size < page_size ||

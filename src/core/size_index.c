@@ -117,13 +117,19 @@ gm_block *gm_size_index_find(const gm_size_index *index, uint64_t size)
 
 gm_block *gm_size_index_begin(gm_index_cursor *cursor, const gm_size_index *index)
 {
+    return gm_size_index_begin_at(cursor, index, 0);
+}
+
+gm_block *gm_size_index_begin_at(gm_index_cursor *cursor, const gm_size_index *index, uint64_t size)
+{
+    list_position at = position_of(size);
     cursor->index = index;
     cursor->block = NULL;
-    if (!index->first_bitmap)
+    if (!index->lists[at.first][at.second] && !next_nonempty_list(index, at, &at))
         return NULL;
-    cursor->first = (unsigned)__builtin_ctzll(index->first_bitmap);
-    cursor->second = (unsigned)__builtin_ctz(index->second_bitmaps[cursor->first]);
-    return cursor->block = index->lists[cursor->first][cursor->second];
+    cursor->first = at.first;
+    cursor->second = at.second;
+    return cursor->block = index->lists[at.first][at.second];
 }
 
 gm_block *gm_size_index_advance(gm_index_cursor *cursor)
