@@ -455,6 +455,7 @@ static ptrdiff_t pick_idle_chunk(const idle_chunk *idle, size_t first, size_t co
  * unmapped pages it needs backed. */
 typedef struct window {
     gm_region *region;
+    gm_block *run_first; /* the run's first block */
     uintptr_t run_start;
     uintptr_t run_end;
     uintptr_t start;
@@ -501,7 +502,7 @@ static void consider_run(gm_region *region, gm_block *first, gm_block *last, uin
     uintptr_t run_end = last->address + last->size;
     if (run_end - first->address < size)
         return;
-    window candidate = {region, first->address, run_end, 0, 0};
+    window candidate = {region, first, first->address, run_end, 0, 0};
     for (gm_block *block = first; block->address + size <= run_end; block = block->next) {
         candidate.start = block->address;
         candidate.pages = pages_to_back(first, candidate.start, candidate.start + size, page_size);
@@ -709,16 +710,17 @@ static gm_status grow(gm_allocator *allocator, gm_heap *heap, int pool, uint64_t
             return status;
         if (region->size < size)
             return gm_fail(GM_ERROR_OUT_OF_MEMORY, "a request of %" PRIu64 " bytes exceeds the address range", size);
-        where = (window){region, region->base, region->base + region->size, region->base, 0};
+        where = (window){region, region->first_block, region->base, region->base + region->size, region->base, 0};
     }
     engine->quiesce_generation++;
     uintptr_t end = where.start + size;
     gm_block *opened = NULL;
-    for (uintptr_t cursor = page_floor(where.start, page_size); cursor < end;) {
-        gm_block *hole = unmapped_at(where.region, cursor);
+    /* The unmapped blocks of the run that the window needs, in address order. Backing one turns it
+     * into free space merged with its neighbours (`opened`); the walk goes on after that. */
+    for (gm_block *block = where.run_first; block && block->address < page_ceiling(end, page_size);) {
         uintptr_t from = 0, to = 0;
-        if (!hole || !part_to_back(hole, cursor, end, page_size, &from, &to)) {
-            cursor += page_size; /* a mapped page: nothing to back */
+        if (!part_to_back(block, where.start, end, page_size, &from, &to)) {
+            block = block->next;
             continue;
         }
         if (opened) /* the previous part: indexed; the next part merges it back */
@@ -729,7 +731,7 @@ static gm_status grow(gm_allocator *allocator, gm_heap *heap, int pool, uint64_t
                 gm_index_free_block(allocator, opened);
             return status;
         }
-        cursor = to;
+        block = opened->next;
     }
     if (!opened || opened->address > where.start || opened->address + opened->size < end) {
         if (opened)
