@@ -150,7 +150,7 @@ def step_time_table(args, allocators, results):
         steps = args.steps or STEPS[name]
         for repeat in range(args.repeats):
             if args.lockstep:
-                done = lockstep_repeat(name, allocators, steps, extra)
+                done = lockstep_repeat(name, allocators, steps, WARMUP[name], extra)
             elif args.concurrent:
                 # Every allocator's run at once, each on its own CPUs (rotated every repeat): what the
                 # host does meanwhile (its speed drifts in phases of seconds) hits all of them alike.
@@ -191,7 +191,7 @@ def step_time_table(args, allocators, results):
     return table + [""] + paired + ([""] + lockstep if args.lockstep else [])
 
 
-def lockstep_repeat(name, allocators, steps, extra):
+def lockstep_repeat(name, allocators, steps, warmup, extra):
     """One run per allocator, all alive at once but taking turns: each step of each process waits for
     the previous process's step to finish (the order rotates every step), so the GPU runs one step at
     a time and steps of the same index run within a second of each other, in the same phase of the
@@ -210,8 +210,7 @@ def lockstep_repeat(name, allocators, steps, extra):
         os.close(child_writes)
         processes.append({"allocator": allocator, "process": process, "to": to_child, "from": from_child,
                           "stdout": output, "stderr": errors, "alive": True})
-    total = int(extra[extra.index("--warmup") + 1]) + steps
-    for step in range(total):
+    for step in range(warmup + steps):
         shift = step % len(processes)
         for entry in processes[shift:] + processes[:shift]:
             if not entry["alive"]:
@@ -238,16 +237,16 @@ def lockstep_repeat(name, allocators, steps, extra):
 def lockstep_rows(name, allocators, runs):
     """Per step, each allocator's time over torch-native's time of the same step (run a moment apart):
     the median of those ratios, its bootstrapped 95% interval, and the ratio of the runs' medians."""
+    if "torch-native" not in runs:
+        return []
     rows = []
     for allocator in allocators:
         if allocator == "torch-native":
             continue
-        ratios, medians = [], []
-        for repeat, run in enumerate(runs[allocator]):
-            native = runs["torch-native"][repeat] if repeat < len(runs["torch-native"]) else {}
-            if "step_ms" in run and "step_ms" in native:
-                ratios += [a / b for a, b in zip(run["step_ms"], native["step_ms"])]
-                medians.append(run["step_ms_median"] / native["step_ms_median"])
+        native = {r["repeat"]: r for r in runs["torch-native"] if "step_ms" in r}
+        ratios = [a / b for r in runs[allocator] if "step_ms" in r and r["repeat"] in native
+                  for a, b in zip(r["step_ms"], native[r["repeat"]]["step_ms"])]
+        medians = median_ratios(runs, allocator)
         if not ratios:
             continue
         generator = random.Random(0)
@@ -266,18 +265,23 @@ def cpu_slices(count, repeat):
     return slices[shift:] + slices[:shift]
 
 
+def median_ratios(runs, allocator):
+    """Per repeat, the allocator's median step time over torch-native's of the same repeat."""
+    native = {r["repeat"]: r["step_ms_median"] for r in runs["torch-native"] if "step_ms_median" in r}
+    return [r["step_ms_median"] / native[r["repeat"]] for r in runs[allocator]
+            if "step_ms_median" in r and r["repeat"] in native]
+
+
 def paired_rows(name, allocators, runs):
     """Each repeat's run against torch-native's run of the same repeat (they ran next to each other,
     so a slow drift of the machine cancels): the median and range of those ratios."""
     if "torch-native" not in runs:
         return []
-    native = {r["repeat"]: r["step_ms_median"] for r in runs["torch-native"] if "step_ms_median" in r}
     rows = []
     for allocator in allocators:
         if allocator == "torch-native":
             continue
-        ratios = [r["step_ms_median"] / native[r["repeat"]] for r in runs[allocator]
-                  if "step_ms_median" in r and r["repeat"] in native]
+        ratios = median_ratios(runs, allocator)
         if ratios:
             rows.append(f"| {name} | {allocator} | {statistics.median(ratios):.4f} | {min(ratios):.4f}-{max(ratios):.4f} | "
                         f"{', '.join('%.4f' % x for x in ratios)} |")

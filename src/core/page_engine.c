@@ -713,11 +713,11 @@ static gm_status grow(gm_allocator *allocator, gm_heap *heap, int pool, uint64_t
         where = (window){region, region->first_block, region->base, region->base + region->size, region->base, 0};
     }
     engine->quiesce_generation++;
-    uintptr_t end = where.start + size;
+    uintptr_t end = where.start + size, last_page_end = page_ceiling(end, page_size);
     gm_block *opened = NULL;
     /* The unmapped blocks of the run that the window needs, in address order. Backing one turns it
      * into free space merged with its neighbours (`opened`); the walk goes on after that. */
-    for (gm_block *block = where.run_first; block && block->address < page_ceiling(end, page_size);) {
+    for (gm_block *block = where.run_first; block && block->address < last_page_end;) {
         uintptr_t from = 0, to = 0;
         if (!part_to_back(block, where.start, end, page_size, &from, &to)) {
             block = block->next;
