@@ -5,6 +5,7 @@
                                      [--skip-runs] [--skip-cap] [--cap-fraction 0.1]
                                      [--cap-ranges gpt2:4:12,bert_varlen:16:80] [--jobs 4]
                                      [--probe gpt2:8] [--no-smi] [--steps N] [--taskset CPUS] [--concurrent | --lockstep]
+                                     [--replay-shapes]
                                      [--out results.jsonl]
 
 Every run is a fresh process of bench/workloads.py (a copy of the anchors' workloads.py) under one
@@ -30,6 +31,11 @@ each (rotating who goes first), so only one uses the GPU at a time and steps of 
 within a second of each other, in the same phase of the host. A third table gives, per step, the
 time under each allocator over torch-native's time of the same step: the median of these ratios
 over all repeats, its bootstrapped 95% interval, and the ratio of the run medians per repeat.
+
+--replay-shapes gives every run as many warm-up steps as measured ones and makes the measured steps
+repeat the warm-up's shapes (bench/workloads.py --replay-shapes): bert_varlen draws a new shape
+nearly every step, and the host work of a first-seen shape (cuDNN's attention plans) otherwise
+dominates its step time and its noise.
 
 Largest batch under a cap (--cap-fraction): for gpt2 and bert_varlen, set_per_process_memory_fraction
 and a binary search over the batch size (fixed 1024 / 512 tokens), 3 steps each; the largest batch
@@ -146,11 +152,13 @@ def step_time_table(args, allocators, results):
                 "ratio of run medians per repeat | their spread (points of %) |", "|---|---|---|---|---|---|---|"]
     for name in args.workloads.split(","):
         runs = {a: [] for a in allocators}
-        extra = ["--warmup", str(WARMUP[name]), *args.workload_args.split()]
         steps = args.steps or STEPS[name]
+        warmup = steps if args.replay_shapes else WARMUP[name]
+        extra = ["--warmup", str(warmup), *(["--replay-shapes"] if args.replay_shapes else []),
+                 *args.workload_args.split()]
         for repeat in range(args.repeats):
             if args.lockstep:
-                done = lockstep_repeat(name, allocators, steps, WARMUP[name], extra)
+                done = lockstep_repeat(name, allocators, steps, warmup, extra)
             elif args.concurrent:
                 # Every allocator's run at once, each on its own CPUs (rotated every repeat): what the
                 # host does meanwhile (its speed drifts in phases of seconds) hits all of them alike.
@@ -328,6 +336,9 @@ def main():
     parser.add_argument("--workload-args", default="", help="more arguments for bench/workloads.py's step-time runs")
     parser.add_argument("--concurrent", action="store_true",
                         help="step-time runs of all allocators at the same time, on disjoint CPUs (no nvidia-smi)")
+    parser.add_argument("--replay-shapes", action="store_true",
+                        help="as many warm-up steps as measured ones, and the measured steps repeat their shapes "
+                             "(bench/workloads.py --replay-shapes)")
     parser.add_argument("--lockstep", action="store_true",
                         help="step-time runs of all allocators alive at once, taking turns step by step")
     parser.add_argument("--taskset", help="pin every workload process to these CPUs (taskset -c), e.g. 0-3")

@@ -5,7 +5,9 @@ gpumem's benchmark: --batch N (gpt2: batch of 1024-token sequences; bert_varlen:
 sequences, the longest it draws), --memory-fraction F (torch.cuda.set_per_process_memory_fraction
 before the model is built), --no-cudnn-attention (attention without cuDNN's backend, whose plan
 building on the host for every new shape dominates bert_varlen's step time and its noise) and
---lockstep R,W (take turns with another process, one step each, through two pipes). An
+--lockstep R,W (take turns with another process, one step each, through two pipes), --replay-shapes
+(the measured steps repeat the warm-up steps' shapes: with as many warm-up as measured steps, every
+measured shape has been seen once, so per-shape setup such as cuDNN's plans is not timed). An
 out-of-memory error prints {"oom": true, "message": ..., peaks} and exits 3.
 
 Usage: python3 workloads.py WORKLOAD [--steps N] [--trace OUT.csv] [--json OUT.json]
@@ -120,6 +122,9 @@ def main():
     ap.add_argument("--lockstep", metavar="READ_FD,WRITE_FD",
                     help="take turns with another process: before each step read one byte from READ_FD, after "
                          "it write one to WRITE_FD (bench/torch_workloads.py --lockstep)")
+    ap.add_argument("--replay-shapes", action="store_true",
+                    help="the measured steps draw the same shapes as the warm-up steps (random's state is put "
+                         "back after warm-up), so no measured step pays for a shape seen the first time")
     ap.add_argument("--no-cudnn-attention", action="store_true",
                     help="scaled-dot-product attention without cuDNN's backend (which builds a plan on the host "
                          "for every new shape)")
@@ -139,7 +144,10 @@ def main():
     try:
         step = build(a.workload, dev, a.batch)
         turn_in, turn_out = map(int, a.lockstep.split(",")) if a.lockstep else (None, None)
+        shapes = random.getstate()
         for i in range(a.warmup + a.steps):
+            if a.replay_shapes and i == a.warmup:
+                random.setstate(shapes)
             torch.cuda.synchronize()
             if turn_in is not None and os.read(turn_in, 1) != b"s":
                 sys.exit("lockstep: the coordinator went away")
