@@ -210,7 +210,8 @@ def lockstep_repeat(name, allocators, steps, warmup, extra):
         from_child, child_writes = os.pipe()
         output = tempfile.TemporaryFile("w+")
         errors = tempfile.TemporaryFile("w+")
-        command = [sys.executable, os.path.join(ROOT, "bench", "workloads.py"), name, "--steps", str(steps), *extra,
+        pin = ["taskset", "-c", TASKSET] if TASKSET else []
+        command = [*pin, sys.executable, os.path.join(ROOT, "bench", "workloads.py"), name, "--steps", str(steps), *extra,
                    "--lockstep", f"{child_reads},{child_writes}"]
         process = subprocess.Popen(command, env=dict(os.environ, **ALLOCATORS[allocator]), stdout=output,
                                    stderr=errors, text=True, pass_fds=(child_reads, child_writes))
