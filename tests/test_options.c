@@ -19,6 +19,8 @@ static void defaults_are_documented_values(void)
     CHECK(options.cost_model);
     CHECK_EQ_INT(options.device_credit_ns, 250);
     CHECK_EQ_INT(options.max_chunk_size, 128 << 20);
+    CHECK(options.growth_lane);
+    CHECK(options.tail_chunk);
 }
 
 static void every_key_is_parsed(void)
@@ -29,7 +31,7 @@ static void every_key_is_parsed(void)
                                         "memory_limit:1g,small_size:512KiB,small_segment_size:4MiB,"
                                         "large_segment_size:32MiB,min_large_alloc:16MiB,"
                                         "release_before_growth:false,cost_model:False,device_credit_ns:900,"
-                                        "max_chunk_size:64MiB"));
+                                        "max_chunk_size:64MiB,growth_lane:false,tail_chunk:0"));
     CHECK(!strcmp(options.backend, "host"));
     CHECK_EQ_INT(options.device, 3);
     CHECK_EQ_INT(options.engine, GM_ENGINE_SEGMENTS);
@@ -44,6 +46,8 @@ static void every_key_is_parsed(void)
     CHECK(!options.cost_model);
     CHECK_EQ_INT(options.device_credit_ns, 900);
     CHECK_EQ_INT(options.max_chunk_size, 64 << 20);
+    CHECK(!options.growth_lane);
+    CHECK(!options.tail_chunk);
     char text[1024];
     gm_options_format(&options, text, sizeof text);
     gm_options again;
@@ -84,7 +88,7 @@ static void bad_strings_are_refused_with_clear_errors(void)
         const char *message;
     } cases[] = {
         {"colour:blue", "unknown key 'colour'"},
-        {"colour:blue", "device_credit_ns, max_chunk_size)"}, /* the known keys, from the table */
+        {"colour:blue", "max_chunk_size, growth_lane, tail_chunk)"}, /* the known keys, from the table */
         {"max_chunk_size:big", "bad value for key 'max_chunk_size'"},
         {"engine:fast", "bad value 'fast' for key 'engine'"},
         {"backend:opencl", "bad value 'opencl' for key 'backend'"},

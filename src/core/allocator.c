@@ -96,16 +96,8 @@ gm_status gm_create_from_environment(const char *overrides, gm_allocator **alloc
 
 /* ---------------------------------------------------------------- heaps and events */
 
-static gm_heap *heap_for_stream(gm_allocator *allocator, gm_stream stream)
+gm_heap *gm_add_heap(gm_allocator *allocator, gm_stream stream)
 {
-    if (allocator->last_heap && allocator->last_heap->stream == stream)
-        return allocator->last_heap;
-    for (size_t i = 0; i < allocator->heap_count; i++) {
-        if (allocator->heaps[i]->stream == stream) {
-            allocator->last_heap = allocator->heaps[i];
-            return allocator->last_heap;
-        }
-    }
     gm_heap **heaps = realloc(allocator->heaps, (allocator->heap_count + 1) * sizeof *heaps);
     if (!heaps)
         return NULL;
@@ -115,7 +107,22 @@ static gm_heap *heap_for_stream(gm_allocator *allocator, gm_stream stream)
         return NULL;
     heap->stream = stream;
     heaps[allocator->heap_count++] = heap;
-    allocator->last_heap = heap;
+    return heap;
+}
+
+static gm_heap *heap_for_stream(gm_allocator *allocator, gm_stream stream)
+{
+    if (allocator->last_heap && allocator->last_heap->stream == stream)
+        return allocator->last_heap;
+    for (size_t i = 0; i < allocator->heap_count; i++) {
+        if (allocator->heaps[i]->stream == stream && !allocator->heaps[i]->engine_private) {
+            allocator->last_heap = allocator->heaps[i];
+            return allocator->last_heap;
+        }
+    }
+    gm_heap *heap = gm_add_heap(allocator, stream);
+    if (heap)
+        allocator->last_heap = heap;
     return heap;
 }
 

@@ -44,7 +44,9 @@ struct gm_block {
     uint64_t requested;          /* bytes the caller asked for (allocated blocks) */
     gm_block *previous;          /* address neighbours in the region, or NULL */
     gm_block *next;
-    gm_block *free_previous;     /* links in a size-index list (free blocks) */
+    gm_block *free_previous;     /* links in a size-index list (free blocks), in the pages engine's list of
+                                    unmapped blocks, or in its growth lane's allocation order (lane blocks
+                                    while allocated or pending) */
     gm_block *free_next;
     gm_region *region;
     gm_heap *heap;
@@ -126,7 +128,13 @@ struct gm_heap {
     gm_size_index free_blocks[GM_POOL_COUNT]; /* [GM_POOL_SMALL], [GM_POOL_LARGE] */
     gm_region *regions;
     void *engine_data;
+    bool engine_private; /* made by the engine for its own placement (the pages engine's growth lane):
+                            never the heap that a stream's requests are looked up in */
 };
+
+/* A new heap for `stream`, listed with the allocator's heaps (so statistics, snapshots, validation
+ * and empty_cache see its regions); NULL without host memory. */
+gm_heap *gm_add_heap(gm_allocator *allocator, gm_stream stream);
 
 /* ---------------------------------------------------------------- engines */
 

@@ -62,6 +62,12 @@ static const option_descriptor descriptors[] = {
     {"max_chunk_size", KIND_SIZE, FIELD(max_chunk_size), NULL,
      "pages engine: largest piece of physical memory made at once (rounded down to whole pages, at "
      "least one); a live block pins at most a few such pieces (default 128MiB, 0: no limit)"},
+    {"growth_lane", KIND_BOOLEAN, FIELD(growth_lane), NULL,
+     "pages engine: once tensors are seen replaced by slightly larger ones (a growing KV cache), "
+     "requests of those sizes go to an address range of their own, kept in one run (default true)"},
+    {"tail_chunk", KIND_BOOLEAN, FIELD(tail_chunk), NULL,
+     "pages engine: when a request ends inside the last page of new memory, that page is a chunk of "
+     "its own, so the next block placed there pins one page, not the whole growth (default true)"},
 };
 
 #define DESCRIPTOR_COUNT (sizeof descriptors / sizeof descriptors[0])
@@ -80,6 +86,8 @@ void gm_options_default(gm_options *options)
     options->cost_model = true;
     options->device_credit_ns = 250;
     options->max_chunk_size = 128ull << 20;
+    options->growth_lane = true;
+    options->tail_chunk = true;
 }
 
 gm_status gm_parse_size(const char *text, uint64_t *bytes_out)
@@ -261,7 +269,7 @@ gm_status gm_options_parse(gm_options *options, const char *text)
     return GM_OK;
 }
 
-static char help_text[4096];
+static char help_text[8192];
 static pthread_once_t help_once = PTHREAD_ONCE_INIT;
 
 static void write_help(void)
@@ -284,10 +292,11 @@ void gm_options_format(const gm_options *options, char *buffer, size_t size)
              "backend:%s,device:%d,engine:%s,capacity:%" PRIu64 ",page_size:%" PRIu64 ",memory_limit:%" PRIu64
              ",small_size:%" PRIu64 ",small_segment_size:%" PRIu64 ",large_segment_size:%" PRIu64
              ",min_large_alloc:%" PRIu64 ",release_before_growth:%s,cost_model:%s,device_credit_ns:%d"
-             ",max_chunk_size:%" PRIu64,
+             ",max_chunk_size:%" PRIu64 ",growth_lane:%s,tail_chunk:%s",
              options->backend, options->device, options->engine == GM_ENGINE_PAGES ? "pages" : "segments",
              options->capacity, options->page_size, options->memory_limit, options->small_size,
              options->small_segment_size, options->large_segment_size, options->min_large_alloc,
              options->release_before_growth ? "true" : "false", options->cost_model ? "true" : "false",
-             options->device_credit_ns, options->max_chunk_size);
+             options->device_credit_ns, options->max_chunk_size, options->growth_lane ? "true" : "false",
+             options->tail_chunk ? "true" : "false");
 }

@@ -30,6 +30,8 @@ typedef struct gm_options {
     bool cost_model;             /* sim: charge each device call its measured H200 cost */
     int device_credit_ns;        /* pages engine: device-call time each allocation earns */
     uint64_t max_chunk_size;     /* pages engine: largest chunk of physical memory made at once */
+    bool growth_lane;            /* pages engine: regrowing tensors get an address range of their own */
+    bool tail_chunk;             /* pages engine: a growth's last, partly used page is a chunk of its own */
 } gm_options;
 
 /* The defaults. */

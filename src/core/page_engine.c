@@ -75,6 +75,27 @@ typedef struct idle_chunk {
     gm_region *region;
 } idle_chunk;
 
+/* A regrowth: a request at most 1/REGROWTH_FRACTION larger than the block freed right after it (a
+ * tensor replaced by a slightly longer copy, as torch.cat grows a KV cache). */
+#define REGROWTH_FRACTION 16
+#define REGROWTH_SIZES 64       /* recent regrowth sizes remembered per stream */
+#define LANE_AFTER_REGROWTHS 48 /* regrowths seen on a stream before its lane opens */
+
+/* The engine's state for one heap (heap->engine_data). A stream's heap watches for regrowths and,
+ * once LANE_AFTER_REGROWTHS were seen, owns a lane: an engine-private heap of the same stream whose
+ * live blocks are kept in allocation order. */
+typedef struct page_heap {
+    uint64_t quiesce_generation; /* this heap's stream was waited for in growth number ... */
+    gm_heap *owner;              /* lane: the stream's heap it serves; NULL for a stream's heap */
+    gm_heap *lane;               /* stream's heap: its lane, once made */
+    gm_block *last_large;        /* stream's heap: the last large allocation, until the next free */
+    uint64_t regrowth_sizes[REGROWTH_SIZES];
+    uint64_t regrowths;
+    gm_block *oldest; /* lane: live (allocated or pending) blocks, oldest first, */
+    gm_block *newest; /* linked through free_next / free_previous */
+    uint64_t live;
+} page_heap;
+
 typedef struct page_engine {
     uint64_t page_size;
     uint64_t region_size;
@@ -94,6 +115,16 @@ static page_engine *engine_of(gm_allocator *allocator)
 static page_region *data_of(const gm_region *region)
 {
     return (page_region *)region->engine_data;
+}
+
+static page_heap *state_of(const gm_heap *heap)
+{
+    return (page_heap *)heap->engine_data;
+}
+
+static bool is_lane(const gm_heap *heap)
+{
+    return heap->engine_private;
 }
 
 static uint64_t page_index(const gm_region *region, uintptr_t address, uint64_t page_size)
@@ -324,7 +355,8 @@ static void release_chunk(gm_allocator *allocator, gm_region *region, page_chunk
 static gm_status quiesce(gm_allocator *allocator, gm_heap *heap)
 {
     page_engine *engine = engine_of(allocator);
-    if ((uintptr_t)heap->engine_data == engine->quiesce_generation)
+    page_heap *state = state_of(heap);
+    if (state->quiesce_generation == engine->quiesce_generation)
         return GM_OK;
     uint64_t event = 0;
     gm_status status = gm_backend_event_create(allocator->backend, &event);
@@ -335,7 +367,7 @@ static gm_status quiesce(gm_allocator *allocator, gm_heap *heap)
         status = gm_backend_event_synchronize(allocator->backend, event);
     gm_backend_event_destroy(allocator->backend, event);
     if (status == GM_OK)
-        heap->engine_data = (void *)(uintptr_t)engine->quiesce_generation;
+        state->quiesce_generation = engine->quiesce_generation;
     return status;
 }
 
@@ -460,6 +492,7 @@ typedef struct window {
     uintptr_t run_end;
     uintptr_t start;
     uint64_t pages;
+    uintptr_t request_end; /* start + the request's size, once chosen */
 } window;
 
 /* The part of the unmapped block `block` that [start, end) needs backed, as [from, to). */
@@ -502,7 +535,7 @@ static void consider_run(gm_region *region, gm_block *first, gm_block *last, uin
     uintptr_t run_end = last->address + last->size;
     if (run_end - first->address < size)
         return;
-    window candidate = {region, first, first->address, run_end, 0, 0};
+    window candidate = {region, first, first->address, run_end, 0, 0, 0};
     for (gm_block *block = first; block->address + size <= run_end; block = block->next) {
         candidate.start = block->address;
         candidate.pages = pages_to_back(first, candidate.start, candidate.start + size, page_size);
@@ -553,8 +586,9 @@ static uint64_t move_idle_chunks(gm_allocator *allocator, const window *where, u
     size_t count = find_idle_chunks(allocator, target, where->run_start, where->run_end);
     if (count > 1)
         qsort(engine->idle, count, sizeof *engine->idle, smaller_chunk_first);
-    /* Memory moved into the small pool stays there (small blocks pin it): move only what is needed. */
-    uint64_t limit = target->pool == GM_POOL_SMALL || room < need ? need : room;
+    /* Memory moved into the small pool stays there (small blocks pin it), and a lane takes pages, not
+     * large chunks: move only what is needed. */
+    uint64_t limit = target->pool == GM_POOL_SMALL || is_lane(target->heap) || room < need ? need : room;
     uint64_t mapped = 0;
     size_t first = 0; /* entries before it are taken: with page-sized chunks each pick is the first */
     ptrdiff_t pick;
@@ -578,6 +612,36 @@ static uint64_t move_idle_chunks(gm_allocator *allocator, const window *where, u
     return mapped;
 }
 
+/* Give back idle chunks (outside the window's run) until `need` new bytes no longer lift reserved
+ * memory above its peak: for a lane, which takes only what it needs (page-sized chunks, not a large
+ * chunk that its blocks would pin in part), idle memory in larger chunks is made anew there in
+ * pages. Smallest chunks first. */
+static void release_idle_for(gm_allocator *allocator, const window *where, uint64_t need)
+{
+    page_engine *engine = engine_of(allocator);
+    const gm_stat *reserved = allocator->stats.reserved_bytes;
+    int64_t excess = gm_stat_total(reserved) + (int64_t)need - reserved[GM_POOL_ALL].peak;
+    if (excess <= 0)
+        return;
+    size_t count = find_idle_chunks(allocator, where->region, where->run_start, where->run_end);
+    if (count > 1)
+        qsort(engine->idle, count, sizeof *engine->idle, smaller_chunk_first);
+    size_t first = 0;
+    ptrdiff_t pick;
+    uint64_t released = 0;
+    while (released < (uint64_t)excess &&
+           (pick = pick_idle_chunk(engine->idle, first, count, (uint64_t)excess - released, UINT64_MAX)) >= 0) {
+        idle_chunk *candidate = &engine->idle[pick];
+        if (evict_chunk(allocator, candidate->region, candidate->chunk) != GM_OK)
+            return;
+        released += candidate->chunk->size;
+        release_chunk(allocator, candidate->region, candidate->chunk);
+        candidate->chunk = NULL;
+        while (first < count && !engine->idle[first].chunk)
+            first++;
+    }
+}
+
 /* Whether a memory limit below the device's capacity is set (GPUMEM_CONF memory_limit, or torch's
  * memory fraction): capacity is then what the user is short of. */
 static bool memory_is_limited(const gm_allocator *allocator)
@@ -599,22 +663,28 @@ static uint64_t room_for_new_memory(gm_allocator *allocator, uint64_t page_size)
     return room / page_size * page_size;
 }
 
-/* New memory for [address, address + need): page-sized chunks in the small pool, under a memory limit
- * set below the device's capacity (capacity is then what the user is short of: every free page must
- * be able to move to where a request needs it, whatever the device calls cost), and for a growth of
- * a few pages while the credit covers them; else chunks of max_chunk_size (the last one smaller), so
- * that a live block left in memory made for a big tensor pins at most a chunk, not all of it (on a
- * gpt2 run at batch 8, one 1.5 GiB logits chunk pinned by a few small tensors cost 16% more memory).
+/* New memory for [address, address + need): page-sized chunks in the small pool, in a growth lane,
+ * under a memory limit set below the device's capacity (capacity is then what the user is short of:
+ * every free page must be able to move to where a request needs it, whatever the device calls cost),
+ * and for a growth of a few pages while the credit covers them; else chunks of max_chunk_size (the
+ * last one smaller), so that a live block left in memory made for a big tensor pins at most a chunk,
+ * not all of it (on a gpt2 run at batch 8, one 1.5 GiB logits chunk pinned by a few small tensors cost
+ * 16% more memory). With tail_chunk, when the request (ending at `request_end`) ends inside the last
+ * page, that page is a chunk of its own: the next block placed after the request starts there, and
+ * if it outlives the request it pins that page, not the whole growth.
  * `room` is room_for_new_memory(); a growth beyond it is refused before any device call.
  * *created_out: the bytes made, also on failure. */
 static gm_status create_memory(gm_allocator *allocator, gm_region *region, uintptr_t address, uint64_t need,
-                               uint64_t room, uint64_t *created_out)
+                               uintptr_t request_end, uint64_t room, uint64_t *created_out)
 {
     page_engine *engine = engine_of(allocator);
-    uint64_t pages = need / engine->page_size;
-    bool fine = region->pool == GM_POOL_SMALL || memory_is_limited(allocator) ||
+    uint64_t page_size = engine->page_size, pages = need / page_size;
+    bool fine = region->pool == GM_POOL_SMALL || is_lane(region->heap) || memory_is_limited(allocator) ||
                 (pages <= FINE_GROWTH_PAGES && engine->credit_ns >= (int64_t)pages * PAGE_CHUNK_COST_NS);
-    uint64_t piece = fine ? engine->page_size : need < engine->max_chunk_size ? need : engine->max_chunk_size;
+    uint64_t piece = fine ? page_size : need < engine->max_chunk_size ? need : engine->max_chunk_size;
+    uintptr_t end = address + need;
+    bool own_tail = allocator->options.tail_chunk && !fine && pages >= 2 && request_end > end - page_size &&
+                    request_end < end;
     *created_out = 0;
     if (need > room)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no room for %" PRIu64 " bytes of new memory: the memory limit or "
@@ -622,6 +692,8 @@ static gm_status create_memory(gm_allocator *allocator, gm_region *region, uintp
     gm_status status = GM_OK;
     while (*created_out < need && status == GM_OK) {
         uint64_t size = need - *created_out < piece ? need - *created_out : piece;
+        if (own_tail && *created_out + size == need && size > page_size)
+            size -= page_size;
         status = create_chunk(allocator, region, address + *created_out, size);
         if (status == GM_OK)
             *created_out += size;
@@ -670,8 +742,10 @@ static gm_status back_part(gm_allocator *allocator, const window *where, uintptr
     gm_status status = GM_OK;
     if (should_recycle(allocator, need) || need > new_room)
         mapped = move_idle_chunks(allocator, where, from, need, room, &status);
+    if (status == GM_OK && mapped < need && is_lane(region->heap) && should_recycle(allocator, need - mapped))
+        release_idle_for(allocator, where, need - mapped);
     if (status == GM_OK && mapped < need) {
-        status = create_memory(allocator, region, from + mapped, need - mapped, new_room, &created);
+        status = create_memory(allocator, region, from + mapped, need - mapped, where->request_end, new_room, &created);
         mapped += created;
         if (status == GM_ERROR_OUT_OF_MEMORY) { /* the device is full: any idle memory will do */
             uint64_t moved = move_idle_chunks(allocator, where, from + mapped, need - mapped, need - mapped, &status);
@@ -696,23 +770,14 @@ static gm_status back_part(gm_allocator *allocator, const window *where, uintptr
     return status;
 }
 
-/* Map the window for `size` bytes; *block_out is the free block (detached) that starts at or before
- * the window and covers it. */
-static gm_status grow(gm_allocator *allocator, gm_heap *heap, int pool, uint64_t size, gm_block **block_out)
+/* Map what the window `where` needs for `size` bytes; *block_out is the free block (detached) that
+ * starts at or before the window and covers it. */
+static gm_status open_window(gm_allocator *allocator, window where, uint64_t size, gm_block **block_out)
 {
     page_engine *engine = engine_of(allocator);
     uint64_t page_size = engine->page_size;
-    window where = choose_window(heap, pool, size, page_size);
-    if (!where.region) {
-        gm_region *region = NULL;
-        gm_status status = new_region(allocator, heap, pool, &region);
-        if (status != GM_OK)
-            return status;
-        if (region->size < size)
-            return gm_fail(GM_ERROR_OUT_OF_MEMORY, "a request of %" PRIu64 " bytes exceeds the address range", size);
-        where = (window){region, region->first_block, region->base, region->base + region->size, region->base, 0};
-    }
     engine->quiesce_generation++;
+    where.request_end = where.start + size;
     uintptr_t end = where.start + size, last_page_end = page_ceiling(end, page_size);
     gm_block *opened = NULL;
     /* The unmapped blocks of the run that the window needs, in address order. Backing one turns it
@@ -742,17 +807,198 @@ static gm_status grow(gm_allocator *allocator, gm_heap *heap, int pool, uint64_t
     return GM_OK;
 }
 
+/* A new region of `heap`'s `pool` for a request of `size` bytes. */
+static gm_status add_region(gm_allocator *allocator, gm_heap *heap, int pool, uint64_t size, gm_region **region_out)
+{
+    gm_status status = new_region(allocator, heap, pool, region_out);
+    if (status == GM_OK && (*region_out)->size < size)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "a request of %" PRIu64 " bytes exceeds the address range", size);
+    return status;
+}
+
+/* Map the window for `size` bytes that needs the fewest new pages (a new region if none has room);
+ * *block_out as for open_window. */
+static gm_status grow(gm_allocator *allocator, gm_heap *heap, int pool, uint64_t size, gm_block **block_out)
+{
+    window where = choose_window(heap, pool, size, engine_of(allocator)->page_size);
+    if (!where.region) {
+        gm_region *region = NULL;
+        gm_status status = add_region(allocator, heap, pool, size, &region);
+        if (status != GM_OK)
+            return status;
+        where = (window){region, region->first_block, region->base, region->base + region->size, region->base, 0, 0};
+    }
+    return open_window(allocator, where, size, block_out);
+}
+
+/* ---------------------------------------------------------------- growth lane */
+
+/* Whether `size` is within 1/REGROWTH_FRACTION of a recent regrowth of the stream `state` watches. */
+static bool is_regrowing_size(const page_heap *state, uint64_t size)
+{
+    uint64_t margin = size / REGROWTH_FRACTION;
+    for (size_t i = 0; i < REGROWTH_SIZES; i++)
+        if (state->regrowth_sizes[i] && state->regrowth_sizes[i] <= size + margin &&
+            state->regrowth_sizes[i] + margin >= size)
+            return true;
+    return false;
+}
+
+/* A free of `block` on the stream `state` watches: a regrowth when it follows the allocation of a
+ * block slightly larger (the replacement allocated, then the old one freed). */
+static void watch_free(page_heap *state, const gm_block *block, uint64_t page_size)
+{
+    const gm_block *last = state->last_large;
+    state->last_large = NULL;
+    if (!last || last == block || block->pool != GM_POOL_LARGE || block->size < page_size ||
+        last->size <= block->size || last->size > block->size + block->size / REGROWTH_FRACTION)
+        return;
+    state->regrowth_sizes[state->regrowths++ % REGROWTH_SIZES] = last->size;
+}
+
+/* The lane that a request of `size` bytes on `heap` goes to, or NULL. */
+static bool goes_to_lane(gm_allocator *allocator, const page_heap *state, int pool, uint64_t size)
+{
+    return allocator->options.growth_lane && pool == GM_POOL_LARGE && size >= engine_of(allocator)->page_size &&
+           state->regrowths >= LANE_AFTER_REGROWTHS && is_regrowing_size(state, size);
+}
+
+static gm_status new_heap_state(gm_heap *heap, gm_heap *owner)
+{
+    page_heap *state = calloc(1, sizeof *state);
+    if (!state)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the pages engine's heap state");
+    state->owner = owner;
+    heap->engine_data = state;
+    return GM_OK;
+}
+
+/* The lane of the stream's heap `heap`, made on first use. */
+static gm_heap *lane_of(gm_allocator *allocator, gm_heap *heap)
+{
+    page_heap *state = state_of(heap);
+    if (state->lane)
+        return state->lane;
+    gm_heap *lane = gm_add_heap(allocator, heap->stream);
+    if (!lane)
+        return NULL;
+    lane->engine_private = true;
+    if (new_heap_state(lane, heap) != GM_OK)
+        return NULL; /* the empty heap stays listed; it is never used */
+    return state->lane = lane;
+}
+
+static void lane_append(page_heap *lane, gm_block *block)
+{
+    block->free_next = NULL;
+    block->free_previous = lane->newest;
+    if (lane->newest)
+        lane->newest->free_next = block;
+    else
+        lane->oldest = block;
+    lane->newest = block;
+    lane->live++;
+}
+
+static void lane_remove(page_heap *lane, gm_block *block)
+{
+    if (block->free_previous)
+        block->free_previous->free_next = block->free_next;
+    else
+        lane->oldest = block->free_next;
+    if (block->free_next)
+        block->free_next->free_previous = block->free_previous;
+    else
+        lane->newest = block->free_previous;
+    block->free_previous = block->free_next = NULL;
+    lane->live--;
+}
+
+/* The first block of the run of vacant blocks that ends with `last`. */
+static gm_block *run_start_of(gm_block *last)
+{
+    while (last->previous && gm_block_is_vacant(last->previous))
+        last = last->previous;
+    return last;
+}
+
+/* Carve [start, start + size) out of the vacant run that begins at `run_first` and ends at
+ * `run_end`, mapping the pages it needs: the block, free and detached, or NULL (*status_out says
+ * why, GM_OK when metadata for the split ran out). */
+static gm_block *take_in_run(gm_allocator *allocator, gm_block *run_first, uintptr_t run_end, uintptr_t start,
+                             uint64_t size, gm_status *status_out)
+{
+    uint64_t page_size = engine_of(allocator)->page_size;
+    window where = {run_first->region, run_first, run_first->address, run_end, start, 0, 0};
+    where.pages = pages_to_back(run_first, start, start + size, page_size);
+    gm_block *opened = run_first;
+    *status_out = GM_OK;
+    if (where.pages) {
+        if ((*status_out = open_window(allocator, where, size, &opened)) != GM_OK)
+            return NULL;
+    } else { /* inside one free block: free neighbours merge, and no unmapped page is needed */
+        while (opened->address + opened->size <= start)
+            opened = opened->next;
+        gm_unindex_free_block(allocator, opened);
+    }
+    gm_block *taken = carve(allocator, opened, start, start + size, GM_BLOCK_FREE);
+    if (!taken)
+        gm_index_free_block(allocator, opened);
+    return taken;
+}
+
+/* Place a request of `size` bytes in `lane_heap`. The lane's blocks are a conveyor: the oldest is
+ * the next to be replaced, by a copy slightly larger, so the copy goes into the vacant run just below
+ * the oldest -- at the run's start when that leaves no more room than the remaining blocks will need
+ * for their growth (the blocks then stay one run), else just below the oldest with that room left
+ * free. Otherwise the request goes after the newest block, or where growth needs the fewest pages.
+ * Free blocks inside the lane are never fitted: they are room the conveyor needs. */
+static gm_status lane_allocate(gm_allocator *allocator, gm_heap *lane_heap, uint64_t size, gm_block **block_out)
+{
+    page_heap *lane = state_of(lane_heap);
+    gm_block *oldest = lane->oldest, *newest = lane->newest;
+    gm_status status = GM_OK;
+    *block_out = NULL;
+    if (oldest && oldest->size < size && oldest->size + size / REGROWTH_FRACTION >= size && oldest->previous &&
+        gm_block_is_vacant(oldest->previous)) {
+        gm_block *run_first = run_start_of(oldest->previous);
+        uint64_t gap = oldest->address - run_first->address, slack = lane->live * (size - oldest->size);
+        if (gap >= size) {
+            uintptr_t start = gap <= size + slack ? run_first->address : (oldest->address - slack - size) / 512 * 512;
+            if ((*block_out = take_in_run(allocator, run_first, oldest->address, start, size, &status)) || status)
+                return status;
+        }
+    }
+    if (newest && newest->next && gm_block_is_vacant(newest->next)) {
+        gm_block *last = newest->next;
+        while (last->next && gm_block_is_vacant(last->next))
+            last = last->next;
+        uintptr_t start = newest->address + newest->size, run_end = last->address + last->size;
+        if (run_end - start >= size &&
+            ((*block_out = take_in_run(allocator, newest->next, run_end, start, size, &status)) || status))
+            return status;
+    }
+    if (!lane_heap->regions) { /* the first block goes to the middle: the conveyor moves down */
+        gm_region *region = NULL;
+        if ((status = add_region(allocator, lane_heap, GM_POOL_LARGE, size, &region)) != GM_OK)
+            return status;
+        uintptr_t start = page_floor(region->base + region->size / 2, engine_of(allocator)->page_size);
+        if ((*block_out = take_in_run(allocator, region->first_block, region->base + region->size, start, size,
+                                      &status)) || status)
+            return status;
+    }
+    return grow(allocator, lane_heap, GM_POOL_LARGE, size, block_out);
+}
+
 /* ---------------------------------------------------------------- engine operations */
 
-static gm_status pages_allocate(gm_allocator *allocator, gm_heap *heap, int pool, uint64_t size, gm_block **block_out)
+/* A free block of exactly `size` bytes in `heap`'s `pool`, detached: a fit, else growth. */
+static gm_status fit_or_grow(gm_allocator *allocator, gm_heap *heap, int pool, uint64_t size, gm_block **block_out)
 {
-    page_engine *engine = engine_of(allocator);
-    if (engine->credit_ns < CREDIT_LIMIT_NS)
-        engine->credit_ns += engine->credit_per_allocation;
     gm_block *block = gm_size_index_find(gm_heap_index(heap, pool), size);
-    if (block) {
+    if (block)
         gm_unindex_free_block(allocator, block);
-    } else {
+    else {
         gm_status status = grow(allocator, heap, pool, size, &block);
         if (status != GM_OK)
             return status;
@@ -760,13 +1006,40 @@ static gm_status pages_allocate(gm_allocator *allocator, gm_heap *heap, int pool
     gm_block *rest = gm_split_block(allocator, block, size);
     if (rest)
         gm_index_free_block(allocator, rest);
+    *block_out = block;
+    return GM_OK;
+}
+
+static gm_status pages_allocate(gm_allocator *allocator, gm_heap *heap, int pool, uint64_t size, gm_block **block_out)
+{
+    page_engine *engine = engine_of(allocator);
+    if (engine->credit_ns < CREDIT_LIMIT_NS)
+        engine->credit_ns += engine->credit_per_allocation;
+    if (!heap->engine_data && new_heap_state(heap, NULL) != GM_OK)
+        return GM_ERROR_OUT_OF_MEMORY;
+    page_heap *state = state_of(heap);
+    gm_block *block = NULL;
+    gm_status status = GM_ERROR_OUT_OF_MEMORY;
+    gm_heap *lane = goes_to_lane(allocator, state, pool, size) ? lane_of(allocator, heap) : NULL;
+    if (lane && (status = lane_allocate(allocator, lane, size, &block)) == GM_OK && block)
+        lane_append(state_of(lane), block);
+    else if ((status = fit_or_grow(allocator, heap, pool, size, &block)) != GM_OK)
+        return status;
     block->state = GM_BLOCK_ALLOCATED;
+    if (pool == GM_POOL_LARGE && size >= engine->page_size)
+        state->last_large = block;
     *block_out = block;
     return GM_OK;
 }
 
 static void pages_free_block(gm_allocator *allocator, gm_block *block)
 {
+    page_heap *state = state_of(block->heap);
+    if (state->owner) {
+        lane_remove(state, block);
+        state = state_of(state->owner);
+    }
+    watch_free(state, block, engine_of(allocator)->page_size);
     block->state = GM_BLOCK_FREE;
     gm_index_free_block(allocator, merge_alike(allocator, block));
 }
@@ -816,14 +1089,38 @@ static gm_status validate_region(gm_allocator *allocator, gm_region *region, gm_
     return GM_OK;
 }
 
+/* A lane's allocation-order list holds exactly its allocated and pending blocks. */
+static gm_status validate_lane(const gm_heap *heap)
+{
+    const page_heap *lane = state_of(heap);
+    uint64_t listed = 0, live = 0;
+    for (const gm_block *block = lane->oldest; block && listed <= lane->live; block = block->free_next, listed++)
+        if (block->heap != heap || (block->state != GM_BLOCK_ALLOCATED && block->state != GM_BLOCK_PENDING))
+            return gm_fail(GM_ERROR_CORRUPT, "lane lists block 0x%" PRIxPTR " in state %d", block->address, block->state);
+    for (const gm_region *region = heap->regions; region; region = region->next)
+        for (const gm_block *block = region->first_block; block; block = block->next)
+            live += block->state == GM_BLOCK_ALLOCATED || block->state == GM_BLOCK_PENDING;
+    if (listed != lane->live || live != lane->live)
+        return gm_fail(GM_ERROR_CORRUPT, "lane lists %" PRIu64 " blocks, counts %" PRIu64 ", holds %" PRIu64, listed,
+                       lane->live, live);
+    return GM_OK;
+}
+
 static gm_status pages_validate(gm_allocator *allocator, gm_stats *recomputed)
 {
-    for (size_t h = 0; h < allocator->heap_count; h++)
+    for (size_t h = 0; h < allocator->heap_count; h++) {
+        const gm_heap *heap = allocator->heaps[h];
+        if (heap->engine_private && heap->engine_data) {
+            gm_status status = validate_lane(heap);
+            if (status != GM_OK)
+                return status;
+        }
         for (gm_region *region = allocator->heaps[h]->regions; region; region = region->next) {
             gm_status status = validate_region(allocator, region, recomputed);
             if (status != GM_OK)
                 return status;
         }
+    }
     return GM_OK;
 }
 
@@ -871,6 +1168,8 @@ static void pages_destroy(gm_allocator *allocator)
             region = next;
         }
         allocator->heaps[h]->regions = NULL;
+        free(allocator->heaps[h]->engine_data);
+        allocator->heaps[h]->engine_data = NULL;
     }
     free(engine->idle);
     free(engine);

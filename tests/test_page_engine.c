@@ -1,0 +1,177 @@
+/*
+ * test_page_engine.c -- placement rules of the pages engine that the statistics alone do not show:
+ * the growth lane (tensors replaced again and again by slightly larger copies, as a KV cache grows,
+ * are kept in one run of an address range of their own, once enough such replacements were seen)
+ * and the tail chunk (the partly used last page of a growth is a chunk of its own). Each rule is
+ * checked against the same workload with the rule switched off in GPUMEM_CONF.
+ */
+#include "test.h"
+
+#include <stdlib.h>
+
+#define TENSORS 48
+#define MIB (1ull << 20)
+
+static gm_allocator *make(const char *config)
+{
+    gm_allocator *allocator = NULL;
+    CHECK_OK(gm_create(config, &allocator));
+    REQUIRE(allocator != NULL);
+    return allocator;
+}
+
+static uintptr_t address_of(const void *pointer)
+{
+    return (uintptr_t)pointer;
+}
+
+/* A generation loop: TENSORS cached tensors, each replaced by a copy `growth` bytes larger at every
+ * step (the copy allocated first, then the old one freed), with a short-lived temporary between
+ * replacements and a logits buffer per step. Returns peak reserved / peak live. */
+typedef struct generation {
+    void *tensors[TENSORS];
+    uint64_t size;
+    uint64_t live;
+    uint64_t peak_live;
+} generation;
+
+static void replace_tensor(gm_allocator *allocator, generation *run, int index, uint64_t growth)
+{
+    void *copy = NULL, *temporary = NULL;
+    CHECK_OK(gm_malloc(allocator, run->size + growth, 0, &copy));
+    run->live += run->size + growth;
+    if (run->live > run->peak_live)
+        run->peak_live = run->live;
+    if (run->tensors[index]) {
+        CHECK_OK(gm_free(allocator, run->tensors[index]));
+        run->live -= run->size;
+    }
+    run->tensors[index] = copy;
+    const uint64_t activation = 2 * MIB + 300 * 1024;
+    CHECK_OK(gm_malloc(allocator, activation, 0, &temporary));
+    if (run->live + activation > run->peak_live)
+        run->peak_live = run->live + activation;
+    CHECK_OK(gm_free(allocator, temporary));
+}
+
+static double run_generation(gm_allocator *allocator, int steps, generation *run)
+{
+    const uint64_t growth = 64 << 10, logits_size = 6 * MIB + 300 * 1024;
+    void *logits = NULL;
+    *run = (generation){.size = 13 * MIB + 200 * 1024};
+    for (int index = 0; index < TENSORS; index++)
+        replace_tensor(allocator, run, index, 0);
+    for (int step = 0; step < steps; step++) {
+        for (int index = 0; index < TENSORS; index++)
+            replace_tensor(allocator, run, index, growth);
+        run->size += growth;
+        void *next_logits = NULL;
+        CHECK_OK(gm_malloc(allocator, logits_size, 0, &next_logits));
+        run->live += logits_size;
+        if (run->live > run->peak_live)
+            run->peak_live = run->live;
+        if (logits) {
+            CHECK_OK(gm_free(allocator, logits));
+            run->live -= logits_size;
+        }
+        logits = next_logits;
+    }
+    CHECK_OK(gm_validate(allocator));
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    return (double)stats.reserved_bytes[GM_POOL_ALL].peak / (double)run->peak_live;
+}
+
+/* The span of addresses the live tensors cover, over their total size. */
+static double tensor_spread(const generation *run)
+{
+    uintptr_t low = UINTPTR_MAX, high = 0;
+    for (int index = 0; index < TENSORS; index++) {
+        uintptr_t start = address_of(run->tensors[index]);
+        low = start < low ? start : low;
+        high = start + run->size > high ? start + run->size : high;
+    }
+    return (double)(high - low) / (double)(run->size * TENSORS);
+}
+
+static void regrowing_tensors_stay_in_one_run(void)
+{
+    generation with_lane, without_lane;
+    gm_allocator *allocator = make("engine:pages,capacity:16GiB");
+    double ratio = run_generation(allocator, 200, &with_lane);
+    double spread = tensor_spread(&with_lane);
+    gm_destroy(allocator, NULL);
+    allocator = make("engine:pages,capacity:16GiB,growth_lane:false");
+    double ratio_without = run_generation(allocator, 200, &without_lane);
+    gm_destroy(allocator, NULL);
+    printf("     lane: ratio %.4f, tensors spread over %.3f of their size; without: ratio %.4f, spread %.3f\n", ratio,
+           spread, ratio_without, tensor_spread(&without_lane));
+    CHECK(spread < 1.02); /* one run: at most the growth room between them */
+    CHECK(ratio < 1.02);
+    CHECK(ratio < ratio_without);
+}
+
+static void lane_opens_after_enough_regrowths(void)
+{
+    gm_allocator *allocator = make("engine:pages,capacity:16GiB");
+    void *anchor = NULL, *tensor = NULL;
+    CHECK_OK(gm_malloc(allocator, 4 * MIB, 0, &anchor));
+    uint64_t size = 8 * MIB;
+    CHECK_OK(gm_malloc(allocator, size, 0, &tensor));
+    for (int regrowth = 1; regrowth <= 48; regrowth++) {
+        void *copy = NULL;
+        CHECK_OK(gm_malloc(allocator, size + (64 << 10), 0, &copy));
+        /* Before the 48th regrowth has been seen, copies stay in the stream's own range. */
+        uintptr_t distance = address_of(copy) > address_of(anchor) ? address_of(copy) - address_of(anchor)
+                                                                   : address_of(anchor) - address_of(copy);
+        CHECK(distance < (1ull << 30));
+        CHECK_OK(gm_free(allocator, tensor));
+        tensor = copy;
+        size += 64 << 10;
+    }
+    void *copy = NULL, *other = NULL;
+    CHECK_OK(gm_malloc(allocator, size + (64 << 10), 0, &copy));
+    CHECK(address_of(copy) - address_of(anchor) > (16ull << 30)); /* in the lane, a range of its own */
+    CHECK_OK(gm_malloc(allocator, 3 * MIB, 0, &other));               /* another size: not in the lane */
+    CHECK(address_of(other) - address_of(anchor) < (1ull << 30));
+    CHECK_OK(gm_free(allocator, tensor));
+    void *next_stream = NULL; /* the lane is engine-private: another stream gets a heap of its own */
+    CHECK_OK(gm_malloc(allocator, 3 * MIB, (gm_stream)7, &next_stream));
+    CHECK_OK(gm_validate(allocator));
+    CHECK_OK(gm_free(allocator, copy));
+    CHECK_OK(gm_free(allocator, other));
+    CHECK_OK(gm_free(allocator, next_stream));
+    CHECK_OK(gm_free(allocator, anchor));
+    CHECK_OK(gm_empty_cache(allocator)); /* the lane's memory is given back too */
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    CHECK_EQ_INT(stats.reserved_bytes[GM_POOL_ALL].current, 0);
+    CHECK_OK(gm_validate(allocator));
+    gm_destroy(allocator, NULL);
+}
+
+static void growth_tail_page_is_its_own_chunk(void)
+{
+    for (int tail_chunk = 0; tail_chunk <= 1; tail_chunk++) {
+        gm_allocator *allocator = make(tail_chunk ? "engine:pages,capacity:8GiB"
+                                                  : "engine:pages,capacity:8GiB,tail_chunk:false");
+        void *big = NULL, *neighbour = NULL;
+        CHECK_OK(gm_malloc(allocator, 9 * MIB, 0, &big)); /* 4.5 pages: 5 new pages */
+        gm_stats stats;
+        CHECK_OK(gm_get_stats(allocator, &stats));
+        CHECK_EQ_INT(stats.device_calls[GM_CALL_PHYSICAL_CREATE], tail_chunk ? 2 : 1);
+        CHECK_OK(gm_malloc(allocator, 2 * MIB, 0, &neighbour)); /* starts in big's last page */
+        CHECK(address_of(neighbour) == address_of(big) + 9 * MIB);
+        CHECK_OK(gm_free(allocator, big));
+        CHECK_OK(gm_empty_cache(allocator));
+        CHECK_OK(gm_get_stats(allocator, &stats));
+        /* With its own tail chunk, `big`'s first 4 pages go back; without, the neighbour pins all 5. */
+        CHECK_EQ_INT(stats.reserved_bytes[GM_POOL_ALL].current, (int64_t)(tail_chunk ? 2 : 6) * 2 * (int64_t)MIB);
+        CHECK_OK(gm_validate(allocator));
+        CHECK_OK(gm_free(allocator, neighbour));
+        gm_destroy(allocator, NULL);
+    }
+}
+
+RUN_TESTS(TEST_CASE(regrowing_tensors_stay_in_one_run), TEST_CASE(lane_opens_after_enough_regrowths),
+          TEST_CASE(growth_tail_page_is_its_own_chunk))
