@@ -20,9 +20,9 @@ import argparse, json, os, sys, time, statistics, random
 import torch
 
 
-def build(name, dev, batch=None):
-    g = torch.Generator(device="cpu").manual_seed(0)
-    random.seed(0)
+def build(name, dev, batch=None, seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    random.seed(seed)
     if name == "resnet50":
         import torchvision
         m = torchvision.models.resnet50(weights=None).to(dev)
@@ -122,6 +122,9 @@ def main():
     ap.add_argument("--lockstep", metavar="READ_FD,WRITE_FD",
                     help="take turns with another process: before each step read one byte from READ_FD, after "
                          "it write one to WRITE_FD (bench/torch_workloads.py --lockstep)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of the random shapes (default 0, the anchors' runs); another seed records "
+                         "another trace of the same workload")
     ap.add_argument("--replay-shapes", action="store_true",
                     help="the measured steps draw the same shapes as the warm-up steps (random's state is put "
                          "back after warm-up), so no measured step pays for a shape seen the first time")
@@ -142,7 +145,7 @@ def main():
     t0 = time.perf_counter()
     times = []
     try:
-        step = build(a.workload, dev, a.batch)
+        step = build(a.workload, dev, a.batch, a.seed)
         turn_in, turn_out = map(int, a.lockstep.split(",")) if a.lockstep else (None, None)
         shapes = random.getstate()
         for i in range(a.warmup + a.steps):
