@@ -863,28 +863,27 @@ static bool goes_to_lane(gm_allocator *allocator, const page_heap *state, int po
            state->regrowths >= LANE_AFTER_REGROWTHS && is_regrowing_size(state, size);
 }
 
-static gm_status new_heap_state(gm_heap *heap, gm_heap *owner)
+static gm_status new_heap_state(gm_heap *heap)
 {
-    page_heap *state = calloc(1, sizeof *state);
-    if (!state)
-        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the pages engine's heap state");
-    state->owner = owner;
-    heap->engine_data = state;
-    return GM_OK;
+    heap->engine_data = calloc(1, sizeof(page_heap));
+    return heap->engine_data ? GM_OK : gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the pages engine's heap state");
 }
 
-/* The lane of the stream's heap `heap`, made on first use. */
+/* The lane of the stream's heap `heap`, made on first use; NULL without host memory. */
 static gm_heap *lane_of(gm_allocator *allocator, gm_heap *heap)
 {
     page_heap *state = state_of(heap);
     if (state->lane)
         return state->lane;
-    gm_heap *lane = gm_add_heap(allocator, heap->stream);
-    if (!lane)
+    page_heap *lane_state = calloc(1, sizeof *lane_state);
+    gm_heap *lane = lane_state ? gm_add_heap(allocator, heap->stream) : NULL;
+    if (!lane) {
+        free(lane_state);
         return NULL;
+    }
+    lane_state->owner = heap;
+    lane->engine_data = lane_state;
     lane->engine_private = true;
-    if (new_heap_state(lane, heap) != GM_OK)
-        return NULL; /* the empty heap stays listed; it is never used */
     return state->lane = lane;
 }
 
@@ -987,7 +986,12 @@ static gm_status lane_allocate(gm_allocator *allocator, gm_heap *lane_heap, uint
                                       &status)) || status)
             return status;
     }
-    return grow(allocator, lane_heap, GM_POOL_LARGE, size, block_out);
+    if ((status = grow(allocator, lane_heap, GM_POOL_LARGE, size, block_out)) != GM_OK)
+        return status;
+    gm_block *rest = gm_split_block(allocator, *block_out, size);
+    if (rest)
+        gm_index_free_block(allocator, rest);
+    return GM_OK;
 }
 
 /* ---------------------------------------------------------------- engine operations */
@@ -1015,7 +1019,7 @@ static gm_status pages_allocate(gm_allocator *allocator, gm_heap *heap, int pool
     page_engine *engine = engine_of(allocator);
     if (engine->credit_ns < CREDIT_LIMIT_NS)
         engine->credit_ns += engine->credit_per_allocation;
-    if (!heap->engine_data && new_heap_state(heap, NULL) != GM_OK)
+    if (!heap->engine_data && new_heap_state(heap) != GM_OK)
         return GM_ERROR_OUT_OF_MEMORY;
     page_heap *state = state_of(heap);
     gm_block *block = NULL;
