@@ -106,7 +106,7 @@ static void regrowing_tensors_stay_in_one_run(void)
     gm_destroy(allocator, NULL);
     printf("     lane: ratio %.4f, tensors spread over %.3f of their size; without: ratio %.4f, spread %.3f\n", ratio,
            spread, ratio_without, tensor_spread(&without_lane));
-    CHECK(spread < 1.02); /* one run: at most the growth room between them */
+    CHECK(spread < 1.05); /* one run (two once the conveyor wraps) with the room their growth needs */
     CHECK(ratio < 1.02);
     CHECK(ratio < ratio_without);
 }

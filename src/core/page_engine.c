@@ -946,42 +946,76 @@ static gm_block *take_in_run(gm_allocator *allocator, gm_block *run_first, uintp
     return taken;
 }
 
+/* A place in the lane: [start, start + size) inside the vacant run from `run_first` to `run_end`. */
+typedef struct lane_spot {
+    gm_block *run_first;
+    uintptr_t run_end;
+    uintptr_t start;
+    uint64_t pages; /* new pages it needs */
+} lane_spot;
+
+/* Below the oldest block, which the request replaces: at the start of the vacant run there when that
+ * leaves no more room than the other blocks' next growth (they stay one run), else just below the
+ * oldest with that room left. false if the oldest is not a smaller block of the request's kind or
+ * the run is too short. */
+static bool spot_below_oldest(const page_heap *lane, uint64_t size, uint64_t page_size, lane_spot *spot)
+{
+    gm_block *oldest = lane->oldest;
+    if (!oldest || oldest->size >= size || oldest->size + size / REGROWTH_FRACTION < size || !oldest->previous ||
+        !gm_block_is_vacant(oldest->previous))
+        return false;
+    gm_block *run_first = run_start_of(oldest->previous);
+    uint64_t gap = oldest->address - run_first->address, slack = lane->live * (size - oldest->size);
+    if (gap < size)
+        return false;
+    uintptr_t start = gap <= size + slack ? run_first->address : (oldest->address - slack - size) / 512 * 512;
+    *spot = (lane_spot){run_first, oldest->address, start, pages_to_back(run_first, start, start + size, page_size)};
+    return true;
+}
+
+/* Right after the newest block, in the vacant run above it. */
+static bool spot_after_newest(const page_heap *lane, uint64_t size, uint64_t page_size, lane_spot *spot)
+{
+    gm_block *newest = lane->newest;
+    if (!newest || !newest->next || !gm_block_is_vacant(newest->next))
+        return false;
+    gm_block *last = newest->next;
+    while (last->next && gm_block_is_vacant(last->next))
+        last = last->next;
+    uintptr_t start = newest->address + newest->size, run_end = last->address + last->size;
+    if (run_end - start < size)
+        return false;
+    *spot = (lane_spot){newest->next, run_end, start, pages_to_back(newest->next, start, start + size, page_size)};
+    return true;
+}
+
 /* Place a request of `size` bytes in `lane_heap`. The lane's blocks are a conveyor: the oldest is
- * the next to be replaced, by a copy slightly larger, so the copy goes into the vacant run just below
- * the oldest -- at the run's start when that leaves no more room than the remaining blocks will need
- * for their growth (the blocks then stay one run), else just below the oldest with that room left
- * free. Otherwise the request goes after the newest block, or where growth needs the fewest pages.
- * Free blocks inside the lane are never fitted: they are room the conveyor needs. */
+ * the next to be replaced, by a copy slightly larger, so the copy goes just below the oldest (see
+ * spot_below_oldest) and the run moves down by about one block a round. The copy goes after the
+ * newest block instead when that needs fewer new pages: once the run has left mapped free space above
+ * it, the conveyor wraps around into it rather than moving pages from the top to the bottom.
+ * Otherwise the request goes where growth needs the fewest pages. Free blocks inside the lane are
+ * never fitted: they are room the conveyor needs. */
 static gm_status lane_allocate(gm_allocator *allocator, gm_heap *lane_heap, uint64_t size, gm_block **block_out)
 {
     page_heap *lane = state_of(lane_heap);
-    gm_block *oldest = lane->oldest, *newest = lane->newest;
+    uint64_t page_size = engine_of(allocator)->page_size;
     gm_status status = GM_OK;
+    lane_spot below, above;
+    bool has_below = spot_below_oldest(lane, size, page_size, &below);
+    bool has_above = spot_after_newest(lane, size, page_size, &above);
     *block_out = NULL;
-    if (oldest && oldest->size < size && oldest->size + size / REGROWTH_FRACTION >= size && oldest->previous &&
-        gm_block_is_vacant(oldest->previous)) {
-        gm_block *run_first = run_start_of(oldest->previous);
-        uint64_t gap = oldest->address - run_first->address, slack = lane->live * (size - oldest->size);
-        if (gap >= size) {
-            uintptr_t start = gap <= size + slack ? run_first->address : (oldest->address - slack - size) / 512 * 512;
-            if ((*block_out = take_in_run(allocator, run_first, oldest->address, start, size, &status)) || status)
-                return status;
-        }
-    }
-    if (newest && newest->next && gm_block_is_vacant(newest->next)) {
-        gm_block *last = newest->next;
-        while (last->next && gm_block_is_vacant(last->next))
-            last = last->next;
-        uintptr_t start = newest->address + newest->size, run_end = last->address + last->size;
-        if (run_end - start >= size &&
-            ((*block_out = take_in_run(allocator, newest->next, run_end, start, size, &status)) || status))
-            return status;
-    }
+    if (has_below && (!has_above || below.pages <= above.pages) &&
+        ((*block_out = take_in_run(allocator, below.run_first, below.run_end, below.start, size, &status)) || status))
+        return status;
+    if (has_above &&
+        ((*block_out = take_in_run(allocator, above.run_first, above.run_end, above.start, size, &status)) || status))
+        return status;
     if (!lane_heap->regions) { /* the first block goes to the middle: the conveyor moves down */
         gm_region *region = NULL;
         if ((status = add_region(allocator, lane_heap, GM_POOL_LARGE, size, &region)) != GM_OK)
             return status;
-        uintptr_t start = page_floor(region->base + region->size / 2, engine_of(allocator)->page_size);
+        uintptr_t start = page_floor(region->base + region->size / 2, page_size);
         if ((*block_out = take_in_run(allocator, region->first_block, region->base + region->size, start, size,
                                       &status)) || status)
             return status;
