@@ -150,6 +150,53 @@ static void lane_opens_after_enough_regrowths(void)
     gm_destroy(allocator, NULL);
 }
 
+/* A lane block used on another stream (record_stream) and then freed is not handed out again, nor
+ * its pages moved, until that stream's work has finished. */
+static void lane_blocks_wait_for_recorded_streams(void)
+{
+    gm_allocator *allocator = make("engine:pages,capacity:16GiB");
+    void *tensor = NULL;
+    uint64_t size = 8 * MIB;
+    CHECK_OK(gm_malloc(allocator, size, 1, &tensor));
+    uintptr_t first = address_of(tensor);
+    for (int regrowth = 0; regrowth < 60; regrowth++) { /* the lane opens after 48 */
+        void *copy = NULL;
+        CHECK_OK(gm_malloc(allocator, size + (64 << 10), 1, &copy));
+        CHECK_OK(gm_free(allocator, tensor));
+        tensor = copy;
+        size += 64 << 10;
+    }
+    CHECK(address_of(tensor) - first > (16ull << 30)); /* in the lane */
+    CHECK_OK(gm_record_stream(allocator, tensor, 2));
+    CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1)); /* a kernel on stream 2 still reads it */
+    uintptr_t used_start = address_of(tensor), used_end = used_start + size;
+    void *copy = NULL;
+    CHECK_OK(gm_malloc(allocator, size + (64 << 10), 1, &copy));
+    CHECK_OK(gm_free(allocator, tensor)); /* pending until stream 2 finishes */
+    CHECK_OK(gm_validate(allocator));
+    for (int regrowth = 0; regrowth < 20; regrowth++) {
+        void *next = NULL;
+        size += 64 << 10;
+        CHECK_OK(gm_malloc(allocator, size + (64 << 10), 1, &next));
+        CHECK(address_of(next) + size + (64 << 10) <= used_start || address_of(next) >= used_end);
+        CHECK_OK(gm_free(allocator, copy));
+        copy = next;
+    }
+    CHECK_OK(gm_empty_cache(allocator)); /* may not unmap the pending block's pages */
+    CHECK_OK(gm_validate(allocator));
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    CHECK(stats.active_bytes[GM_POOL_ALL].current > (int64_t)(size + (64 << 10))); /* the pending one counts */
+    CHECK_OK(gm_sim_stream_complete(allocator, 2));
+    CHECK_OK(gm_free(allocator, copy));
+    CHECK_OK(gm_empty_cache(allocator));
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    CHECK_EQ_INT(stats.active_bytes[GM_POOL_ALL].current, 0);
+    CHECK_EQ_INT(stats.reserved_bytes[GM_POOL_ALL].current, 0);
+    CHECK_OK(gm_validate(allocator));
+    gm_destroy(allocator, NULL);
+}
+
 static void growth_tail_page_is_its_own_chunk(void)
 {
     for (int tail_chunk = 0; tail_chunk <= 1; tail_chunk++) {
@@ -174,4 +221,4 @@ static void growth_tail_page_is_its_own_chunk(void)
 }
 
 RUN_TESTS(TEST_CASE(regrowing_tensors_stay_in_one_run), TEST_CASE(lane_opens_after_enough_regrowths),
-          TEST_CASE(growth_tail_page_is_its_own_chunk))
+          TEST_CASE(lane_blocks_wait_for_recorded_streams), TEST_CASE(growth_tail_page_is_its_own_chunk))
