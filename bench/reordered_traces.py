@@ -12,12 +12,12 @@ reversed order and in `--orders` random ones. The traces go to a temporary folde
 """
 import argparse
 import gzip
-import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
+
+from sim_replay import replay
 
 CONFIGS = [("defaults", ""), ("growth_lane:false,tail_chunk:false", "growth_lane:false,tail_chunk:false")]
 
@@ -57,14 +57,6 @@ def write(events, prefix, cuts, order, path):
         for piece in order:
             start, end = cuts[piece]
             writer.writelines(events[start:end])
-
-
-def replay(gpumem, path, conf):
-    command = [gpumem, "replay", path, "--json"] + (["--conf", conf] if conf else [])
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        sys.exit(f"{' '.join(command)} failed: {result.stderr.strip()}")
-    return json.loads(result.stdout)
 
 
 def main():

@@ -10,11 +10,10 @@ The scaled traces are written to a temporary folder and removed afterwards.
 """
 import argparse
 import gzip
-import json
 import os
-import subprocess
-import sys
 import tempfile
+
+from sim_replay import replay
 
 CONFIGS = [("pages", ""), ("pages, no chunk limit", "max_chunk_size:0"), ("segments", "engine:segments")]
 
@@ -30,14 +29,6 @@ def scale(source, factor, destination):
             if size > 1 << 20:
                 size = max(1, int(size * factor))
             writer.write(f"{kind},{ident},{size},{stream}\n")
-
-
-def replay(gpumem, path, conf):
-    command = [gpumem, "replay", path, "--json"] + (["--conf", conf] if conf else [])
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        sys.exit(f"{' '.join(command)} failed: {result.stderr.strip()}")
-    return json.loads(result.stdout)
 
 
 def main():
