@@ -1,7 +1,7 @@
 /*
  * main.c -- the gpumem command line.
  *
- *   gpumem replay TRACE [--backend sim|host|cuda] [--capacity BYTES] [--conf KEY:VALUE,...] [--json]
+ *   gpumem replay TRACE [--backend sim|host|cuda] [--capacity BYTES] [--conf KEY:VALUE,...] [--json] [--passes N]
  *   gpumem info [--backend NAME] [--conf ...]
  *   gpumem config
  *   gpumem version
@@ -24,6 +24,7 @@ static void print_usage(FILE *out)
             "\n"
             "commands:\n"
             "  replay TRACE [--backend sim|host|cuda] [--capacity BYTES] [--conf KEY:VALUE,...] [--json]\n"
+            "               [--passes N]  (N replays on one allocator, each reported: cold, then warm)\n"
             "                 replay an allocation trace (plain or .gz) and report peak live and\n"
             "                 reserved bytes, their ratio, CPU time per operation and device calls\n"
             "  info [--backend NAME] [--conf ...]\n"

@@ -1,5 +1,8 @@
 /*
- * replay_command.c -- gpumem replay: load a trace, replay it on a fresh allocator, report.
+ * replay_command.c -- gpumem replay: load a trace, replay it on a fresh allocator, report. With
+ * --passes N the trace is replayed N times on the same allocator (the first pass cold, the later
+ * ones warm, as bench/gpu_replay.py measures on the GPU); each pass is reported on its own, its
+ * device calls and peaks counted from its start.
  */
 #include "gpumem.h"
 
@@ -32,7 +35,7 @@ static void print_json_string(const char *text)
     putchar('"');
 }
 
-static void print_json(const char *trace_path, const gm_device_info *device, const gm_replay_result *result)
+static void print_json(const char *trace_path, const gm_device_info *device, const gm_replay_result *result, int pass)
 {
     const gm_stats *stats = &result->stats;
     int64_t total_calls = 0;
@@ -54,13 +57,15 @@ static void print_json(const char *trace_path, const gm_device_info *device, con
     for (int kind = 0; kind < GM_CALL_KIND_COUNT; kind++)
         printf("%s\"%s\": %.3f", kind ? ", " : "", gm_device_call_name((gm_device_call)kind),
                (double)stats->device_call_ns_by_kind[kind] / 1e6);
-    printf("}}\n");
+    printf("}, \"pass\": %d}\n", pass);
 }
 
 static void print_text(const char *trace_path, const gm_device_info *device, const gm_replay_result *result,
-                       gm_allocator *allocator)
+                       gm_allocator *allocator, int pass, int passes)
 {
     const gm_stats *stats = &result->stats;
+    if (passes > 1)
+        printf("%spass            %d of %d (%s)\n", pass ? "\n" : "", pass + 1, passes, pass ? "warm" : "cold");
     printf("trace           %s (%zu ops: %zu allocations, %zu frees)\n", base_name(trace_path), result->operations,
            result->allocations, result->frees);
     printf("device          %s (%s backend), engine %s\n", device->name, device->backend, device->engine);
@@ -80,13 +85,53 @@ static void print_text(const char *trace_path, const gm_device_info *device, con
         printf("\nafter the replay, once everything was freed:\n%s", table);
 }
 
-#define REPLAY_USAGE "usage: gpumem replay TRACE [--backend sim|host|cuda] [--capacity BYTES] [--conf ...] [--json]\n"
+#define REPLAY_USAGE \
+    "usage: gpumem replay TRACE [--backend sim|host|cuda] [--capacity BYTES] [--conf ...] [--json] [--passes N]\n"
+#define MAX_PASSES 100
+
+/* The value of --passes: a whole number from 1 to MAX_PASSES, else 0. */
+static int parse_passes(const char *text)
+{
+    char *end = NULL;
+    long value = text ? strtol(text, &end, 10) : 0;
+    return text && *text && !*end && value >= 1 && value <= MAX_PASSES ? (int)value : 0;
+}
+
+/* Replay `passes` times on one allocator, reporting each pass; the exit status. */
+static int replay_passes(gm_allocator *allocator, const gm_trace *trace, const char *trace_path, int json, int passes)
+{
+    gm_device_info device;
+    gm_get_device_info(allocator, &device);
+    int exit_status = GM_EXIT_OK;
+    for (int pass = 0; pass < passes && exit_status == GM_EXIT_OK; pass++) {
+        if (pass) { /* each pass counts its own device calls and peaks */
+            gm_reset_accumulated_stats(allocator);
+            gm_reset_peak_stats(allocator);
+        }
+        gm_replay_result result;
+        gm_status status = gm_replay(allocator, trace, &result);
+        if (status != GM_OK) {
+            fprintf(stderr, "gpumem replay: %s: %s\n", gm_strerror(status), gm_last_error());
+            return GM_EXIT_ERROR;
+        }
+        if (json)
+            print_json(trace_path, &device, &result, pass);
+        else
+            print_text(trace_path, &device, &result, allocator, pass, passes);
+        if (result.failed_allocations) {
+            fprintf(stderr, "gpumem replay: %zu allocations failed with out of memory; the first:\n%s\n",
+                    result.failed_allocations, result.first_failure);
+            exit_status = GM_EXIT_OUT_OF_MEMORY;
+        }
+    }
+    return exit_status;
+}
 
 int gm_command_replay(int argc, char **argv)
 {
     gm_device_arguments device_arguments = {0};
     const char *trace_path = NULL;
-    int json = 0;
+    int json = 0, passes = 1;
     for (int i = 0; i < argc; i++) {
         int taken = gm_take_device_argument(&device_arguments, argc, argv, &i);
         if (taken < 0)
@@ -95,6 +140,11 @@ int gm_command_replay(int argc, char **argv)
             continue;
         if (!strcmp(argv[i], "--json")) {
             json = 1;
+        } else if (!strcmp(argv[i], "--passes")) {
+            if (!(passes = parse_passes(i + 1 < argc ? argv[++i] : NULL))) {
+                fprintf(stderr, "gpumem replay: --passes needs a whole number from 1 to %d\n", MAX_PASSES);
+                return GM_EXIT_USAGE;
+            }
         } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("%s", REPLAY_USAGE);
             return 0;
@@ -127,25 +177,7 @@ int gm_command_replay(int argc, char **argv)
         gm_trace_free(&trace);
         return status == GM_ERROR_BAD_CONFIG ? GM_EXIT_USAGE : GM_EXIT_ERROR;
     }
-    gm_replay_result result;
-    status = gm_replay(allocator, &trace, &result);
-    gm_device_info device;
-    gm_get_device_info(allocator, &device);
-    int exit_status = GM_EXIT_OK;
-    if (status != GM_OK) {
-        fprintf(stderr, "gpumem replay: %s: %s\n", gm_strerror(status), gm_last_error());
-        exit_status = GM_EXIT_ERROR;
-    } else {
-        if (json)
-            print_json(trace_path, &device, &result);
-        else
-            print_text(trace_path, &device, &result, allocator);
-        if (result.failed_allocations) {
-            fprintf(stderr, "gpumem replay: %zu allocations failed with out of memory; the first:\n%s\n",
-                    result.failed_allocations, result.first_failure);
-            exit_status = GM_EXIT_OUT_OF_MEMORY;
-        }
-    }
+    int exit_status = replay_passes(allocator, &trace, trace_path, json, passes);
     gm_destroy(allocator, NULL);
     gm_trace_free(&trace);
     return exit_status;

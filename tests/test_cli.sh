@@ -51,6 +51,12 @@ expect 0 '"peak_live_bytes": 3146728, ' -- "$gpumem" replay "$work/small.csv" --
 expect 0 '"trace": "small.csv", "backend": "sim", "engine": "pages", "ops": 4, ' -- "$gpumem" replay "$work/small.csv" --json
 expect 0 '"ratio": [0-9.]+, "ns_per_op": [0-9.]+, "device_call_ms": [0-9.]+' -- "$gpumem" replay "$work/small.csv" --json
 expect 0 '"device_calls": \{"total": [0-9]+, "segment_allocate": 0' -- "$gpumem" replay "$work/small.csv" --json
+expect 0 '"pass": 0\}' -- "$gpumem" replay "$work/small.csv" --json
+expect 0 '"pass": 1\}' -- "$gpumem" replay "$work/small.csv" --json --passes 2
+expect 0 'pass            2 of 2 \(warm\)' -- "$gpumem" replay "$work/small.csv" --passes 2
+expect 2 "--passes needs a whole number from 1 to 100" -- "$gpumem" replay "$work/small.csv" --passes 0
+expect 2 "--passes needs a whole number from 1 to 100" -- "$gpumem" replay "$work/small.csv" --passes two
+expect 2 "--passes needs a whole number from 1 to 100" -- "$gpumem" replay "$work/small.csv" --passes
 expect 0 '"engine": "segments"' -- env GPUMEM_CONF=engine:segments "$gpumem" replay "$work/small.csv" --json
 expect 0 '"engine": "pages"' -- env GPUMEM_CONF=engine:segments "$gpumem" replay "$work/small.csv" --json --conf engine:pages
 expect 0 "GPU reserved memory" -- "$gpumem" replay "$work/small.csv"
