@@ -9,6 +9,7 @@
  * table of the region says which chunk backs each page.
  *
  * A request is served, in order of cost:
+ *   0. a request of a size its stream keeps regrowing goes to the stream's growth lane (below);
  *   1. from a free mapped block: TLSF good fit, no device call;
  *   2. otherwise in a window of free addresses: a run of free and unmapped blocks (free addresses
  *      are free whether mapped or not) where the request needs the fewest new pages -- extending a
@@ -32,6 +33,16 @@
  * there, and only page-sized chunks let all free memory move (on the gpt2 trace the smallest limit
  * that fits drops from the uncapped peak, 26042 MiB, to 25820 MiB); idle chunks are then moved only
  * once memory nears the limit, so that a limit set as a precaution costs no device calls per step.
+ *
+ * A chunk cannot be split later, so two rules shape chunks where pinning is predictable. A growth
+ * whose request ends inside its last page makes that page a chunk of its own (tail_chunk): the next
+ * block placed after the request starts there, and if it lives longer it pins one page, not the
+ * growth. And generation replaces each cached tensor at every step by a copy slightly larger: once a
+ * stream has shown enough such regrowths, requests of those sizes go to its growth lane
+ * (growth_lane), an engine-private heap of the same stream whose blocks stay in allocation order and
+ * move as a conveyor -- each copy just below the oldest block, or wrapping into the free space above
+ * the newest when that needs fewer new pages -- so the tensors stay one run with no temporary
+ * between them, on page-sized chunks.
  *
  * Before unmapping a chunk the engine waits for the work queued on the chunk's stream (an event),
  * as PyTorch does for expandable segments: unmapping memory that a queued kernel still uses would
