@@ -867,7 +867,7 @@ static void watch_free(page_heap *state, const gm_block *block, uint64_t page_si
     state->regrowth_sizes[state->regrowths++ % REGROWTH_SIZES] = last->size;
 }
 
-/* The lane that a request of `size` bytes on `heap` goes to, or NULL. */
+/* Whether a request of `size` bytes in `pool`, on the stream `state` watches, goes to its lane. */
 static bool goes_to_lane(gm_allocator *allocator, const page_heap *state, int pool, uint64_t size)
 {
     return allocator->options.growth_lane && pool == GM_POOL_LARGE && size >= engine_of(allocator)->page_size &&
@@ -877,7 +877,9 @@ static bool goes_to_lane(gm_allocator *allocator, const page_heap *state, int po
 static gm_status new_heap_state(gm_heap *heap)
 {
     heap->engine_data = calloc(1, sizeof(page_heap));
-    return heap->engine_data ? GM_OK : gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the pages engine's heap state");
+    if (!heap->engine_data)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the pages engine's heap state");
+    return GM_OK;
 }
 
 /* The lane of the stream's heap `heap`, made on first use; NULL without host memory. */
@@ -1145,7 +1147,8 @@ static gm_status validate_lane(const gm_heap *heap)
     uint64_t listed = 0, live = 0;
     for (const gm_block *block = lane->oldest; block && listed <= lane->live; block = block->free_next, listed++)
         if (block->heap != heap || (block->state != GM_BLOCK_ALLOCATED && block->state != GM_BLOCK_PENDING))
-            return gm_fail(GM_ERROR_CORRUPT, "lane lists block 0x%" PRIxPTR " in state %d", block->address, block->state);
+            return gm_fail(GM_ERROR_CORRUPT, "lane lists block 0x%" PRIxPTR " in state %d", block->address,
+                           block->state);
     for (const gm_region *region = heap->regions; region; region = region->next)
         for (const gm_block *block = region->first_block; block; block = block->next)
             live += block->state == GM_BLOCK_ALLOCATED || block->state == GM_BLOCK_PENDING;
