@@ -491,6 +491,25 @@ static ptrdiff_t pick_idle_chunk(const idle_chunk *idle, size_t first, size_t co
     return largest_below;
 }
 
+/* Every idle chunk outside the window's run (find_idle_chunks), smallest first: their count. */
+static size_t sorted_idle_chunks(gm_allocator *allocator, const gm_region *keep_region, uintptr_t keep_start,
+                                 uintptr_t keep_end)
+{
+    page_engine *engine = engine_of(allocator);
+    size_t count = find_idle_chunks(allocator, keep_region, keep_start, keep_end);
+    if (count > 1)
+        qsort(engine->idle, count, sizeof *engine->idle, smaller_chunk_first);
+    return count;
+}
+
+/* Mark engine->idle[pick] taken; *first moves past the taken entries at the front. */
+static void take_idle_chunk(page_engine *engine, ptrdiff_t pick, size_t *first, size_t count)
+{
+    engine->idle[pick].chunk = NULL;
+    while (*first < count && !engine->idle[*first].chunk)
+        (*first)++;
+}
+
 /* ---------------------------------------------------------------- placement */
 
 /* Free address space is free whether mapped or not: a run is a maximal sequence of free and
@@ -505,6 +524,22 @@ typedef struct window {
     uint64_t pages;
     uintptr_t request_end; /* start + the request's size, once chosen */
 } window;
+
+/* The first block of the run of vacant blocks that ends with `last`. */
+static gm_block *run_start_of(gm_block *last)
+{
+    while (last->previous && gm_block_is_vacant(last->previous))
+        last = last->previous;
+    return last;
+}
+
+/* The last block of the run of vacant blocks that begins with `first`. */
+static gm_block *run_end_of(gm_block *first)
+{
+    while (first->next && gm_block_is_vacant(first->next))
+        first = first->next;
+    return first;
+}
 
 /* The part of the unmapped block `block` that [start, end) needs backed, as [from, to). */
 static bool part_to_back(const gm_block *block, uintptr_t start, uintptr_t end, uint64_t page_size, uintptr_t *from,
@@ -568,17 +603,14 @@ static window choose_window(gm_heap *heap, int pool, uint64_t size, uint64_t pag
             continue;
         for (gm_block *hole = data_of(region)->unmapped; hole; hole = hole->free_next) {
             /* Each run is visited once, from its lowest unmapped block. */
-            gm_block *first = hole, *last = hole;
+            gm_block *first = hole;
             bool lowest = true;
             while (first->previous && gm_block_is_vacant(first->previous)) {
                 first = first->previous;
                 lowest = lowest && first->state != GM_BLOCK_UNMAPPED;
             }
-            if (!lowest)
-                continue;
-            while (last->next && gm_block_is_vacant(last->next))
-                last = last->next;
-            consider_run(region, first, last, size, page_size, &best);
+            if (lowest)
+                consider_run(region, first, run_end_of(hole), size, page_size, &best);
         }
     }
     return best;
@@ -594,9 +626,7 @@ static uint64_t move_idle_chunks(gm_allocator *allocator, const window *where, u
     page_engine *engine = engine_of(allocator);
     gm_region *target = where->region;
     *status_out = GM_OK;
-    size_t count = find_idle_chunks(allocator, target, where->run_start, where->run_end);
-    if (count > 1)
-        qsort(engine->idle, count, sizeof *engine->idle, smaller_chunk_first);
+    size_t count = sorted_idle_chunks(allocator, target, where->run_start, where->run_end);
     /* Memory moved into the small pool stays there (small blocks pin it), and a lane takes pages, not
      * large chunks: move only what is needed. */
     uint64_t limit = target->pool == GM_POOL_SMALL || is_lane(target->heap) || room < need ? need : room;
@@ -615,9 +645,7 @@ static uint64_t move_idle_chunks(gm_allocator *allocator, const window *where, u
         }
         if (candidate->region->pool != target->pool)
             gm_move_reserved(allocator, candidate->region->pool, target->pool, chunk->size);
-        candidate->chunk = NULL;
-        while (first < count && !engine->idle[first].chunk)
-            first++;
+        take_idle_chunk(engine, pick, &first, count);
         mapped += chunk->size;
     }
     return mapped;
@@ -634,10 +662,7 @@ static void release_idle_for(gm_allocator *allocator, const window *where, uint6
     int64_t excess = gm_stat_total(reserved) + (int64_t)need - reserved[GM_POOL_ALL].peak;
     if (excess <= 0)
         return;
-    size_t count = find_idle_chunks(allocator, where->region, where->run_start, where->run_end);
-    if (count > 1)
-        qsort(engine->idle, count, sizeof *engine->idle, smaller_chunk_first);
-    size_t first = 0;
+    size_t count = sorted_idle_chunks(allocator, where->region, where->run_start, where->run_end), first = 0;
     ptrdiff_t pick;
     uint64_t released = 0;
     while (released < (uint64_t)excess &&
@@ -647,9 +672,7 @@ static void release_idle_for(gm_allocator *allocator, const window *where, uint6
             return;
         released += candidate->chunk->size;
         release_chunk(allocator, candidate->region, candidate->chunk);
-        candidate->chunk = NULL;
-        while (first < count && !engine->idle[first].chunk)
-            first++;
+        take_idle_chunk(engine, pick, &first, count);
     }
 }
 
@@ -827,6 +850,14 @@ static gm_status add_region(gm_allocator *allocator, gm_heap *heap, int pool, ui
     return status;
 }
 
+/* Cut the detached free block `block` to `size` bytes; the rest goes back to the index. */
+static void trim_to_size(gm_allocator *allocator, gm_block *block, uint64_t size)
+{
+    gm_block *rest = gm_split_block(allocator, block, size);
+    if (rest)
+        gm_index_free_block(allocator, rest);
+}
+
 /* Map the window for `size` bytes that needs the fewest new pages (a new region if none has room);
  * *block_out as for open_window. */
 static gm_status grow(gm_allocator *allocator, gm_heap *heap, int pool, uint64_t size, gm_block **block_out)
@@ -926,14 +957,6 @@ static void lane_remove(page_heap *lane, gm_block *block)
     lane->live--;
 }
 
-/* The first block of the run of vacant blocks that ends with `last`. */
-static gm_block *run_start_of(gm_block *last)
-{
-    while (last->previous && gm_block_is_vacant(last->previous))
-        last = last->previous;
-    return last;
-}
-
 /* Carve [start, start + size) out of the vacant run that begins at `run_first` and ends at
  * `run_end`, mapping the pages it needs: the block, free and detached, or NULL (*status_out says
  * why, GM_OK when metadata for the split ran out). */
@@ -992,9 +1015,7 @@ static bool spot_after_newest(const page_heap *lane, uint64_t size, uint64_t pag
     gm_block *newest = lane->newest;
     if (!newest || !newest->next || !gm_block_is_vacant(newest->next))
         return false;
-    gm_block *last = newest->next;
-    while (last->next && gm_block_is_vacant(last->next))
-        last = last->next;
+    gm_block *last = run_end_of(newest->next);
     uintptr_t start = newest->address + newest->size, run_end = last->address + last->size;
     if (run_end - start < size)
         return false;
@@ -1033,12 +1054,9 @@ static gm_status lane_allocate(gm_allocator *allocator, gm_heap *lane_heap, uint
                                       &status)) || status)
             return status;
     }
-    if ((status = grow(allocator, lane_heap, GM_POOL_LARGE, size, block_out)) != GM_OK)
-        return status;
-    gm_block *rest = gm_split_block(allocator, *block_out, size);
-    if (rest)
-        gm_index_free_block(allocator, rest);
-    return GM_OK;
+    if ((status = grow(allocator, lane_heap, GM_POOL_LARGE, size, block_out)) == GM_OK)
+        trim_to_size(allocator, *block_out, size);
+    return status;
 }
 
 /* ---------------------------------------------------------------- engine operations */
@@ -1054,9 +1072,7 @@ static gm_status fit_or_grow(gm_allocator *allocator, gm_heap *heap, int pool, u
         if (status != GM_OK)
             return status;
     }
-    gm_block *rest = gm_split_block(allocator, block, size);
-    if (rest)
-        gm_index_free_block(allocator, rest);
+    trim_to_size(allocator, block, size);
     *block_out = block;
     return GM_OK;
 }
@@ -1070,12 +1086,14 @@ static gm_status pages_allocate(gm_allocator *allocator, gm_heap *heap, int pool
         return GM_ERROR_OUT_OF_MEMORY;
     page_heap *state = state_of(heap);
     gm_block *block = NULL;
-    gm_status status = GM_ERROR_OUT_OF_MEMORY;
     gm_heap *lane = goes_to_lane(allocator, state, pool, size) ? lane_of(allocator, heap) : NULL;
-    if (lane && (status = lane_allocate(allocator, lane, size, &block)) == GM_OK && block)
+    if (lane && lane_allocate(allocator, lane, size, &block) == GM_OK) /* else the stream's own heap */
         lane_append(state_of(lane), block);
-    else if ((status = fit_or_grow(allocator, heap, pool, size, &block)) != GM_OK)
-        return status;
+    else {
+        gm_status status = fit_or_grow(allocator, heap, pool, size, &block);
+        if (status != GM_OK)
+            return status;
+    }
     block->state = GM_BLOCK_ALLOCATED;
     if (pool == GM_POOL_LARGE && size >= engine->page_size)
         state->last_large = block;
