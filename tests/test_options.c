@@ -20,7 +20,7 @@ static void defaults_are_documented_values(void)
     CHECK_EQ_INT(options.device_credit_ns, 250);
     CHECK_EQ_INT(options.max_chunk_size, 128 << 20);
     CHECK(options.growth_lane);
-    CHECK(options.tail_chunk);
+    CHECK(!options.tail_chunk);
 }
 
 static void every_key_is_parsed(void)

@@ -197,11 +197,85 @@ static void lane_blocks_wait_for_recorded_streams(void)
     gm_destroy(allocator, NULL);
 }
 
+/* Opens the lane of stream 0 with a tensor regrowing from 8 MiB; returns it (in the lane) and its size. */
+static void *open_lane(gm_allocator *allocator, uint64_t *size_out)
+{
+    void *tensor = NULL;
+    uint64_t size = 8 * MIB;
+    CHECK_OK(gm_malloc(allocator, size, 0, &tensor));
+    for (int regrowth = 0; regrowth < 50; regrowth++) {
+        void *copy = NULL;
+        CHECK_OK(gm_malloc(allocator, size + (64 << 10), 0, &copy));
+        CHECK_OK(gm_free(allocator, tensor));
+        tensor = copy;
+        size += 64 << 10;
+    }
+    *size_out = size;
+    return tensor;
+}
+
+/* A lane with no live block left (between two generate calls) places the next request in its own
+ * free memory, with no device call: neither end of the conveyor exists then. */
+static void empty_lane_reuses_its_free_memory(void)
+{
+    gm_allocator *allocator = make("engine:pages,capacity:16GiB");
+    void *anchor = NULL;
+    CHECK_OK(gm_malloc(allocator, 4 * MIB, 0, &anchor));
+    uint64_t size = 0;
+    void *tensor = open_lane(allocator, &size);
+    CHECK(address_of(tensor) - address_of(anchor) > (16ull << 30)); /* in the lane */
+    CHECK_OK(gm_free(allocator, tensor));                           /* the lane is empty */
+    gm_stats before, after;
+    CHECK_OK(gm_get_stats(allocator, &before));
+    void *next = NULL;
+    CHECK_OK(gm_malloc(allocator, size - (64 << 10), 0, &next));
+    CHECK_OK(gm_get_stats(allocator, &after));
+    CHECK(address_of(next) - address_of(anchor) > (16ull << 30)); /* the lane again */
+    CHECK_EQ_INT(after.device_calls[GM_CALL_MAP], before.device_calls[GM_CALL_MAP]);
+    CHECK_EQ_INT(after.device_calls[GM_CALL_PHYSICAL_CREATE], before.device_calls[GM_CALL_PHYSICAL_CREATE]);
+    CHECK_OK(gm_validate(allocator));
+    CHECK_OK(gm_free(allocator, next));
+    CHECK_OK(gm_free(allocator, anchor));
+    gm_destroy(allocator, NULL);
+}
+
+/* A lane request that would need new memory above the peak goes to a free block of the stream's own
+ * heap that fits it: here 36.5 MiB freed inside a chunk that a small block still pins. */
+static void lane_request_fits_elsewhere_before_new_memory(void)
+{
+    gm_allocator *allocator = make("engine:pages,capacity:16GiB");
+    uint64_t size = 0;
+    void *tensor = open_lane(allocator, &size), *prefill = NULL, *pin = NULL;
+    CHECK_OK(gm_empty_cache(allocator));
+    CHECK_OK(gm_malloc(allocator, 73 * MIB / 2, 0, &prefill)); /* one new chunk of 19 pages */
+    CHECK_OK(gm_malloc(allocator, 5 * MIB / 4, 0, &pin));      /* in its last page */
+    CHECK(address_of(pin) == address_of(prefill) + 73 * MIB / 2);
+    CHECK_OK(gm_free(allocator, prefill));
+    CHECK_OK(gm_empty_cache(allocator)); /* no idle chunk left anywhere; the pinned one stays */
+    CHECK_OK(gm_reset_peak_stats(allocator));
+    gm_stats before, after;
+    CHECK_OK(gm_get_stats(allocator, &before));
+    void *copy = NULL;
+    CHECK_OK(gm_malloc(allocator, size + (64 << 10), 0, &copy));
+    CHECK_OK(gm_get_stats(allocator, &after));
+    CHECK(address_of(copy) >= address_of(prefill) && address_of(copy) + size <= address_of(pin));
+    CHECK_EQ_INT(after.reserved_bytes[GM_POOL_ALL].peak, before.reserved_bytes[GM_POOL_ALL].current);
+    CHECK_OK(gm_free(allocator, tensor)); /* the conveyor goes on: the next copy is the lane's */
+    tensor = copy;
+    size += 64 << 10;
+    CHECK_OK(gm_malloc(allocator, size + (64 << 10), 0, &copy));
+    CHECK_OK(gm_validate(allocator));
+    CHECK_OK(gm_free(allocator, tensor));
+    CHECK_OK(gm_free(allocator, copy));
+    CHECK_OK(gm_free(allocator, pin));
+    gm_destroy(allocator, NULL);
+}
+
 static void growth_tail_page_is_its_own_chunk(void)
 {
     for (int tail_chunk = 0; tail_chunk <= 1; tail_chunk++) {
-        gm_allocator *allocator = make(tail_chunk ? "engine:pages,capacity:8GiB"
-                                                  : "engine:pages,capacity:8GiB,tail_chunk:false");
+        gm_allocator *allocator = make(tail_chunk ? "engine:pages,capacity:8GiB,tail_chunk:true"
+                                                  : "engine:pages,capacity:8GiB");
         void *big = NULL, *neighbour = NULL;
         CHECK_OK(gm_malloc(allocator, 9 * MIB, 0, &big)); /* 4.5 pages: 5 new pages */
         gm_stats stats;
@@ -221,4 +295,5 @@ static void growth_tail_page_is_its_own_chunk(void)
 }
 
 RUN_TESTS(TEST_CASE(regrowing_tensors_stay_in_one_run), TEST_CASE(lane_opens_after_enough_regrowths),
-          TEST_CASE(lane_blocks_wait_for_recorded_streams), TEST_CASE(growth_tail_page_is_its_own_chunk))
+          TEST_CASE(lane_blocks_wait_for_recorded_streams), TEST_CASE(empty_lane_reuses_its_free_memory),
+          TEST_CASE(lane_request_fits_elsewhere_before_new_memory), TEST_CASE(growth_tail_page_is_its_own_chunk))

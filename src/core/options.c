@@ -67,7 +67,8 @@ static const option_descriptor descriptors[] = {
      "requests of those sizes go to an address range of their own, kept in one run (default true)"},
     {"tail_chunk", KIND_BOOLEAN, FIELD(tail_chunk), NULL,
      "pages engine: when a request ends inside the last page of new memory, that page is a chunk of "
-     "its own, so the next block placed there pins one page, not the whole growth (default true)"},
+     "its own, so the next block placed there pins one page, not the whole growth; costs a device "
+     "call per growth (default false)"},
 };
 
 #define DESCRIPTOR_COUNT (sizeof descriptors / sizeof descriptors[0])
@@ -87,7 +88,7 @@ void gm_options_default(gm_options *options)
     options->device_credit_ns = 250;
     options->max_chunk_size = 128ull << 20;
     options->growth_lane = true;
-    options->tail_chunk = true;
+    options->tail_chunk = false;
 }
 
 gm_status gm_parse_size(const char *text, uint64_t *bytes_out)

@@ -115,6 +115,7 @@ typedef struct page_engine {
     uint64_t max_chunk_size; /* whole pages; UINT64_MAX: no limit */
     uint64_t quiesce_generation; /* heaps already waited for in this growth carry this number */
     idle_chunk *idle;            /* scratch list for the growth path */
+    bool keep_peak;              /* placing in a lane: refuse new memory above the peak (lane_place) */
     size_t idle_capacity;
 } page_engine;
 
@@ -778,6 +779,8 @@ static gm_status back_part(gm_allocator *allocator, const window *where, uintptr
         mapped = move_idle_chunks(allocator, where, from, need, room, &status);
     if (status == GM_OK && mapped < need && is_lane(region->heap) && should_recycle(allocator, need - mapped))
         release_idle_for(allocator, where, need - mapped);
+    if (status == GM_OK && mapped < need && engine->keep_peak && should_recycle(allocator, need - mapped))
+        status = GM_ERROR_OUT_OF_MEMORY; /* quietly: the caller has another place */
     if (status == GM_OK && mapped < need) {
         status = create_memory(allocator, region, from + mapped, need - mapped, where->request_end, new_room, &created);
         mapped += created;
@@ -1054,12 +1057,32 @@ static gm_status lane_allocate(gm_allocator *allocator, gm_heap *lane_heap, uint
                                       &status)) || status)
             return status;
     }
+    /* Where growth needs the fewest new pages -- perhaps none: a free block of the lane left by
+     * blocks that went elsewhere (choose_window's window then lies in mapped memory, which grow()
+     * alone cannot open) */
+    window where = choose_window(lane_heap, GM_POOL_LARGE, size, page_size);
+    if (where.region &&
+        ((*block_out = take_in_run(allocator, where.run_first, where.run_end, where.start, size, &status)) || status))
+        return status;
     if ((status = grow(allocator, lane_heap, GM_POOL_LARGE, size, block_out)) == GM_OK)
         trim_to_size(allocator, *block_out, size);
     return status;
 }
 
 /* ---------------------------------------------------------------- engine operations */
+
+/* Place a request in the stream's lane -- unless that would lift reserved memory above its peak while
+ * a free block of the stream's own heap fits the request: GM_ERROR_OUT_OF_MEMORY then, and the request
+ * takes that block. (At llm_generate's peak, the end of its first call, a block of 16 pages freed by
+ * the prefill inside a larger chunk fits the next KV copy, which the lane would make new pages for.) */
+static gm_status lane_place(gm_allocator *allocator, gm_heap *heap, gm_heap *lane, uint64_t size, gm_block **block_out)
+{
+    page_engine *engine = engine_of(allocator);
+    engine->keep_peak = gm_size_index_find(gm_heap_index(heap, GM_POOL_LARGE), size) != NULL;
+    gm_status status = lane_allocate(allocator, lane, size, block_out);
+    engine->keep_peak = false;
+    return status;
+}
 
 /* A free block of exactly `size` bytes in `heap`'s `pool`, detached: a fit, else growth. */
 static gm_status fit_or_grow(gm_allocator *allocator, gm_heap *heap, int pool, uint64_t size, gm_block **block_out)
@@ -1087,13 +1110,13 @@ static gm_status pages_allocate(gm_allocator *allocator, gm_heap *heap, int pool
     page_heap *state = state_of(heap);
     gm_block *block = NULL;
     gm_heap *lane = goes_to_lane(allocator, state, pool, size) ? lane_of(allocator, heap) : NULL;
-    if (lane && lane_allocate(allocator, lane, size, &block) == GM_OK) /* else the stream's own heap */
+    gm_status status = lane ? lane_place(allocator, heap, lane, size, &block) : GM_ERROR_OUT_OF_MEMORY;
+    if (status == GM_OK)
         lane_append(state_of(lane), block);
-    else {
-        gm_status status = fit_or_grow(allocator, heap, pool, size, &block);
-        if (status != GM_OK)
-            return status;
-    }
+    else if (status != GM_ERROR_OUT_OF_MEMORY) /* a fault, not a lack of room */
+        return status;
+    else if ((status = fit_or_grow(allocator, heap, pool, size, &block)) != GM_OK) /* the stream's own heap */
+        return status;
     block->state = GM_BLOCK_ALLOCATED;
     if (pool == GM_POOL_LARGE && size >= engine->page_size)
         state->last_large = block;
