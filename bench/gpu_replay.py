@@ -15,6 +15,14 @@ Columns: ns per operation cold and warm; peak reserved bytes as the allocator re
 device's own free-memory reading shows them (used memory at the end of the cold pass, before the
 leftovers are freed, less what was in use before the allocator started: none of these allocators
 gives memory back on its own); ratio = peak reserved / peak live.
+
+Times on a shared machine drift by tens of percent from one minute to the next (the H200 machine gave
+81 and 144 warm ns/op for the same engine decisions a minute apart), so `--rounds N` (default 3) runs
+every allocator N times, round by round (each round runs all allocators once, in turn), and the
+table gives the median with the range; a second table compares gpumem with torch-native within each
+round, where both ran a minute apart.
+
+    python3 bench/gpu_replay.py [--rounds 3] [--allocators gpumem,torch-native]
 """
 import argparse
 import json
@@ -206,17 +214,52 @@ def worker(allocator, traces, library):
         print(json.dumps(result), flush=True)
 
 
+def median(values):
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def spread(values):
+    """The median and, over several rounds, the range: "515 (498-530)"."""
+    if len(values) == 1:
+        return f"{values[0]:.0f}"
+    return f"{median(values):.0f} ({min(values):.0f}-{max(values):.0f})"
+
+
 def table(results):
     traces = sorted({r["trace"] for r in results})
     lines = ["| trace | allocator | cold ns/op | warm ns/op | peak reserved MiB | device-read MiB | ratio | device ratio |",
              "|---|---|---|---|---|---|---|---|"]
     for trace in traces:
         for name in ALLOCATORS:
-            for r in results:
-                if r["trace"] == trace and r["allocator"] == name:
-                    lines.append(f"| {trace} | {name} | {r['cold_ns_per_op']:.0f} | {r['warm_ns_per_op']:.0f} | "
-                                 f"{r['peak_reserved_bytes'] / 2**20:.0f} | {r['device_used_bytes'] / 2**20:.0f} | "
-                                 f"{r['ratio']:.4f} | {r['device_ratio']:.4f} |")
+            runs = [r for r in results if r["trace"] == trace and r["allocator"] == name]
+            if not runs:
+                continue
+            last = runs[-1]
+            lines.append(f"| {trace} | {name} | {spread([r['cold_ns_per_op'] for r in runs])} | "
+                         f"{spread([r['warm_ns_per_op'] for r in runs])} | "
+                         f"{last['peak_reserved_bytes'] / 2**20:.0f} | {last['device_used_bytes'] / 2**20:.0f} | "
+                         f"{last['ratio']:.4f} | {last['device_ratio']:.4f} |")
+    return "\n".join(lines)
+
+
+def comparison(results, name="gpumem", reference="torch-native"):
+    """gpumem's ns/op over torch-native's, round by round: cold (target at most 1) and warm (at most 0.5)."""
+    rounds = sorted({r["round"] for r in results})
+    header = " | ".join(f"round {k} cold | round {k} warm" for k in rounds)
+    lines = [f"| trace | {header} |", "|---|" + "---|" * (2 * len(rounds))]
+    for trace in sorted({r["trace"] for r in results}):
+        cells = []
+        for k in rounds:
+            mine = [r for r in results if (r["trace"], r["allocator"], r["round"]) == (trace, name, k)]
+            theirs = [r for r in results if (r["trace"], r["allocator"], r["round"]) == (trace, reference, k)]
+            if not mine or not theirs:
+                cells += ["", ""]
+                continue
+            cells += [f"{mine[0]['cold_ns_per_op'] / theirs[0]['cold_ns_per_op']:.2f}",
+                      f"{mine[0]['warm_ns_per_op'] / theirs[0]['warm_ns_per_op']:.2f}"]
+        lines.append(f"| {trace} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -226,26 +269,42 @@ def main():
     parser.add_argument("--library", default="build/libgpumem.so")
     parser.add_argument("--out")
     parser.add_argument("--worker")
+    parser.add_argument("--rounds", type=int, default=3, help="times every allocator runs, round by round")
+    parser.add_argument("--allocators", help="comma-separated subset of " + ",".join(ALLOCATORS))
     parser.add_argument("files", nargs="*")
     args = parser.parse_args()
     if args.worker:
         return worker(args.worker, args.files, args.library)
     traces = sorted(os.path.join(args.traces, f) for f in os.listdir(args.traces) if ".csv" in f)
+    names = args.allocators.split(",") if args.allocators else list(ALLOCATORS)
+    unknown = [name for name in names if name not in ALLOCATORS]
+    if unknown:
+        parser.error(f"unknown allocator {', '.join(unknown)} (known: {', '.join(ALLOCATORS)})")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     results = []
-    for name, environment in ALLOCATORS.items():
-        env = dict(os.environ, **environment)
-        run = subprocess.run([sys.executable, __file__, "--worker", name, "--library", args.library] + traces,
-                             env=env, capture_output=True, text=True)
-        if run.returncode != 0:
-            print(f"{name} failed:\n{run.stderr[-3000:]}", file=sys.stderr)
-            continue
-        results += [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    failed = False
+    for round_number in range(1, args.rounds + 1):
+        for name in names:
+            env = dict(os.environ, **ALLOCATORS[name])
+            run = subprocess.run([sys.executable, __file__, "--worker", name, "--library", args.library] + traces,
+                                 env=env, capture_output=True, text=True)
+            if run.returncode != 0:
+                print(f"{name} failed:\n{run.stderr[-3000:]}", file=sys.stderr)
+                failed = True
+                continue
+            results += [dict(json.loads(line), round=round_number)
+                        for line in run.stdout.splitlines() if line.startswith("{")]
     if args.out:
         with open(args.out, "w") as f:
             for r in results:
                 f.write(json.dumps(r) + "\n")
     print(table(results))
+    if "gpumem" in names and "torch-native" in names:
+        print("\ngpumem's ns/op over torch-native's in the same round (targets: cold at most 1, warm at most 0.5):\n")
+        print(comparison(results))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
