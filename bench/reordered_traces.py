@@ -1,6 +1,6 @@
 """Robustness beyond the shared llm_generate trace: the same generate calls in other orders, so that
 the largest call (and the memory peak) comes after other calls instead of first. Replayed on the sim
-with the pages engine's defaults and with its growth lane and tail chunks switched off. Prints a
+with the pages engine's defaults and with its growth lane switched off. Prints a
 markdown table.
 
     python3 bench/reordered_traces.py [--gpumem build/gpumem] [--trace data/traces/llm_generate.csv.gz]
@@ -19,7 +19,7 @@ import tempfile
 
 from sim_replay import replay
 
-CONFIGS = [("defaults", ""), ("growth_lane:false,tail_chunk:false", "growth_lane:false,tail_chunk:false")]
+CONFIGS = [("defaults", ""), ("growth_lane:false", "growth_lane:false")]
 
 
 def read_events(path):

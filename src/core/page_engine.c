@@ -34,15 +34,17 @@
  * that fits drops from the uncapped peak, 26042 MiB, to 25820 MiB); idle chunks are then moved only
  * once memory nears the limit, so that a limit set as a precaution costs no device calls per step.
  *
- * A chunk cannot be split later, so two rules shape chunks where pinning is predictable. A growth
- * whose request ends inside its last page makes that page a chunk of its own (tail_chunk): the next
- * block placed after the request starts there, and if it lives longer it pins one page, not the
- * growth. And generation replaces each cached tensor at every step by a copy slightly larger: once a
- * stream has shown enough such regrowths, requests of those sizes go to its growth lane
- * (growth_lane), an engine-private heap of the same stream whose blocks stay in allocation order and
- * move as a conveyor -- each copy just below the oldest block, or wrapping into the free space above
- * the newest when that needs fewer new pages -- so the tensors stay one run with no temporary
- * between them, on page-sized chunks.
+ * Generation replaces each cached tensor at every step by a copy slightly larger: once a stream has
+ * shown enough such regrowths, requests of those sizes go to its growth lane (growth_lane), an
+ * engine-private heap of the same stream whose blocks stay in allocation order and move as a
+ * conveyor -- each copy just below the oldest block, or wrapping into the free space above the newest
+ * when that needs fewer new pages -- so the tensors stay one run with no temporary between them, on
+ * page-sized chunks. A copy that would need new memory above the peak takes a fitting free block of
+ * the stream's own heap instead, when there is one (lane_place).
+ *
+ * A chunk cannot be split later. An option (tail_chunk, off by default: one more chunk per growth)
+ * makes the last page of a growth a chunk of its own when the request ends inside it, so that a
+ * block placed after the request pins one page, not the whole growth.
  *
  * Before unmapping a chunk the engine waits for the work queued on the chunk's stream (an event),
  * as PyTorch does for expandable segments: unmapping memory that a queued kernel still uses would
