@@ -1075,7 +1075,7 @@ static gm_status lane_allocate(gm_allocator *allocator, gm_heap *lane_heap, uint
 
 /* Place a request in the stream's lane -- unless that would lift reserved memory above its peak while
  * a free block of the stream's own heap fits the request: GM_ERROR_OUT_OF_MEMORY then, and the request
- * takes that block. (At llm_generate's peak, the end of its first call, a block of 16 pages freed by
+ * takes that block. (At llm_generate's peak, the end of its first call, a block of 15.9 pages freed by
  * the prefill inside a larger chunk fits the next KV copy, which the lane would make new pages for.) */
 static gm_status lane_place(gm_allocator *allocator, gm_heap *heap, gm_heap *lane, uint64_t size, gm_block **block_out)
 {
