@@ -779,10 +779,11 @@ static gm_status back_part(gm_allocator *allocator, const window *where, uintptr
     gm_status status = GM_OK;
     if (should_recycle(allocator, need) || need > new_room)
         mapped = move_idle_chunks(allocator, where, from, need, room, &status);
-    if (status == GM_OK && mapped < need && is_lane(region->heap) && should_recycle(allocator, need - mapped))
+    if (status == GM_OK && mapped < need && is_lane(region->heap) && should_recycle(allocator, need - mapped)) {
         release_idle_for(allocator, where, need - mapped);
-    if (status == GM_OK && mapped < need && engine->keep_peak && should_recycle(allocator, need - mapped))
-        status = GM_ERROR_OUT_OF_MEMORY; /* quietly: the caller has another place */
+        if (engine->keep_peak && should_recycle(allocator, need - mapped))
+            status = GM_ERROR_OUT_OF_MEMORY; /* quietly: the caller has another place (lane_place) */
+    }
     if (status == GM_OK && mapped < need) {
         status = create_memory(allocator, region, from + mapped, need - mapped, where->request_end, new_room, &created);
         mapped += created;
@@ -1033,8 +1034,9 @@ static bool spot_after_newest(const page_heap *lane, uint64_t size, uint64_t pag
  * spot_below_oldest) and the run moves down by about one block a round. The copy goes after the
  * newest block instead when that needs fewer new pages: once the run has left mapped free space above
  * it, the conveyor wraps around into it rather than moving pages from the top to the bottom.
- * Otherwise the request goes where growth needs the fewest pages. Free blocks inside the lane are
- * never fitted: they are room the conveyor needs. */
+ * Otherwise (no conveyor end has room: an empty lane between two calls) the request goes where the
+ * fewest new pages are needed. Free blocks inside the lane are never fitted by size: they are room
+ * the conveyor needs. */
 static gm_status lane_allocate(gm_allocator *allocator, gm_heap *lane_heap, uint64_t size, gm_block **block_out)
 {
     page_heap *lane = state_of(lane_heap);
@@ -1050,24 +1052,19 @@ static gm_status lane_allocate(gm_allocator *allocator, gm_heap *lane_heap, uint
     if (has_above &&
         ((*block_out = take_in_run(allocator, above.run_first, above.run_end, above.start, size, &status)) || status))
         return status;
-    if (!lane_heap->regions) { /* the first block goes to the middle: the conveyor moves down */
+    /* Where the fewest new pages are needed -- perhaps none: free memory of the lane left between
+     * calls (a window in mapped memory, which grow() cannot open) */
+    window where = lane_heap->regions ? choose_window(lane_heap, GM_POOL_LARGE, size, page_size) : (window){0};
+    if (!where.region) {
         gm_region *region = NULL;
         if ((status = add_region(allocator, lane_heap, GM_POOL_LARGE, size, &region)) != GM_OK)
             return status;
-        uintptr_t start = page_floor(region->base + region->size / 2, page_size);
-        if ((*block_out = take_in_run(allocator, region->first_block, region->base + region->size, start, size,
-                                      &status)) || status)
-            return status;
+        /* The lane's first block goes to the middle of its range: the conveyor moves down. */
+        uintptr_t start = region->next ? region->base : page_floor(region->base + region->size / 2, page_size);
+        where = (window){region, region->first_block, region->base, region->base + region->size, start, 0, 0};
     }
-    /* Where growth needs the fewest new pages -- perhaps none: a free block of the lane left by
-     * blocks that went elsewhere (choose_window's window then lies in mapped memory, which grow()
-     * alone cannot open) */
-    window where = choose_window(lane_heap, GM_POOL_LARGE, size, page_size);
-    if (where.region &&
-        ((*block_out = take_in_run(allocator, where.run_first, where.run_end, where.start, size, &status)) || status))
-        return status;
-    if ((status = grow(allocator, lane_heap, GM_POOL_LARGE, size, block_out)) == GM_OK)
-        trim_to_size(allocator, *block_out, size);
+    if (!(*block_out = take_in_run(allocator, where.run_first, where.run_end, where.start, size, &status)) && !status)
+        status = gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for block metadata");
     return status;
 }
 
