@@ -6,7 +6,7 @@
  */
 #include "gpumem.h"
 
-#include "../src/replay/trace.h"
+#include "tools/trace.h"
 #include "commands.h"
 
 #include <inttypes.h>

@@ -23,7 +23,6 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -129,47 +128,65 @@ typedef struct gm_stat {
 /* Index into each gm_stat array of gm_stats: all pools, the small pool (<= 1 MiB), the large pool. */
 enum { GM_POOL_ALL = 0, GM_POOL_SMALL = 1, GM_POOL_LARGE = 2, GM_POOL_COUNT = 3 };
 
-/* Kinds of device call, counted by the backend layer. */
+/* Kinds of device call, counted by the backend layer: X(ENUM_SUFFIX, name, what it is in CUDA). */
+#define GM_DEVICE_CALLS(X)                                                                          \
+    X(SEGMENT_ALLOCATE, segment_allocate, "cudaMalloc / cuMemAlloc")                                \
+    X(SEGMENT_FREE, segment_free, "cudaFree / cuMemFree")                                           \
+    X(ADDRESS_RESERVE, address_reserve, "cuMemAddressReserve")                                      \
+    X(ADDRESS_FREE, address_free, "cuMemAddressFree")                                               \
+    X(PHYSICAL_CREATE, physical_create, "cuMemCreate")                                              \
+    X(PHYSICAL_RELEASE, physical_release, "cuMemRelease")                                           \
+    X(MAP, map, "cuMemMap")                                                                         \
+    X(SET_ACCESS, set_access, "cuMemSetAccess")                                                     \
+    X(UNMAP, unmap, "cuMemUnmap")                                                                   \
+    X(EVENT_RECORD, event_record, "cuEventRecord")                                                  \
+    X(EVENT_QUERY, event_query, "cuEventQuery")                                                     \
+    X(EVENT_SYNCHRONIZE, event_synchronize, "cuEventSynchronize")
+
 typedef enum gm_device_call {
-    GM_CALL_SEGMENT_ALLOCATE = 0, /* cudaMalloc / cuMemAlloc */
-    GM_CALL_SEGMENT_FREE,         /* cudaFree / cuMemFree */
-    GM_CALL_ADDRESS_RESERVE,      /* cuMemAddressReserve */
-    GM_CALL_ADDRESS_FREE,         /* cuMemAddressFree */
-    GM_CALL_PHYSICAL_CREATE,      /* cuMemCreate */
-    GM_CALL_PHYSICAL_RELEASE,     /* cuMemRelease */
-    GM_CALL_MAP,                  /* cuMemMap */
-    GM_CALL_SET_ACCESS,           /* cuMemSetAccess */
-    GM_CALL_UNMAP,                /* cuMemUnmap */
-    GM_CALL_EVENT_RECORD,         /* cuEventRecord */
-    GM_CALL_EVENT_QUERY,          /* cuEventQuery */
-    GM_CALL_EVENT_SYNCHRONIZE,    /* cuEventSynchronize */
+#define GM_DEVICE_CALL_ENUMERATOR_(suffix, name, cuda) GM_CALL_##suffix,
+    GM_DEVICE_CALLS(GM_DEVICE_CALL_ENUMERATOR_)
+#undef GM_DEVICE_CALL_ENUMERATOR_
     GM_CALL_KIND_COUNT
 } gm_device_call;
 
-/* The name of a device call kind, e.g. "physical_create". */
+/* The name of a device call kind, e.g. "physical_create"; "unknown" past the last. */
 GM_API const char *gm_device_call_name(gm_device_call call);
 
+/* The statistics kept per pool, each with PyTorch's four readings, in torch.cuda.memory_summary()'s
+ * order: X(field, label in the summary table, BYTES or COUNT, origin). The origin is TORCH for a
+ * statistic of torch.cuda.memory_stats() (same name, same meaning), GPUMEM for one of gpumem's own.
+ * The struct, the names, the summary, validation, the Python binding and the PyTorch adapter all
+ * follow this list: adding a statistic is one line here (and keeping it current in the code that
+ * changes it). */
+#define GM_POOL_STATISTICS(X)                                                                       \
+    X(allocated_bytes, "Allocated memory", BYTES, TORCH)         /* bytes handed to the user */     \
+    X(active_bytes, "Active memory", BYTES, TORCH)               /* + freed, still used on streams */\
+    X(requested_bytes, "Requested memory", BYTES, TORCH)         /* bytes asked for (not rounded) */\
+    X(reserved_bytes, "GPU reserved memory", BYTES, TORCH)       /* device memory held */           \
+    X(inactive_split_bytes, "Non-releasable memory", BYTES, TORCH) /* free, beside blocks in use */ \
+    X(allocation, "Allocations", COUNT, TORCH)                                                      \
+    X(active, "Active allocs", COUNT, TORCH)                                                        \
+    X(segment, "GPU reserved segments", COUNT, TORCH)            /* segments, or chunks of pages */ \
+    X(inactive_split, "Non-releasable allocs", COUNT, TORCH)
+
+/* Event counters: X(field, row label in the summary table or NULL, origin as above). */
+#define GM_COUNTERS(X)                                                                              \
+    X(num_alloc_retries, NULL, TORCH)      /* allocations retried after releasing the cache */     \
+    X(num_ooms, NULL, TORCH)               /* allocations that failed with out of memory */        \
+    X(num_sync_all_streams, NULL, TORCH)   /* waits for every pending cross-stream free */         \
+    X(num_device_alloc, NULL, TORCH)       /* segment allocations or physical page creations */    \
+    X(num_device_free, NULL, TORCH)        /* segment frees or physical page releases */           \
+    X(num_page_maps, "Pages mapped", GPUMEM)     /* pages (of the backend's granularity) mapped */ \
+    X(num_page_unmaps, "Pages unmapped", GPUMEM) /* pages unmapped */
+
 typedef struct gm_stats {
-    /* Counts (PyTorch: "allocation", "segment", "active", "inactive_split"). */
-    gm_stat allocation[GM_POOL_COUNT];
-    gm_stat segment[GM_POOL_COUNT];
-    gm_stat active[GM_POOL_COUNT];
-    gm_stat inactive_split[GM_POOL_COUNT];
-    /* Bytes (PyTorch: "allocated_bytes", "reserved_bytes", "active_bytes",
-     * "inactive_split_bytes", "requested_bytes"). */
-    gm_stat allocated_bytes[GM_POOL_COUNT];
-    gm_stat reserved_bytes[GM_POOL_COUNT];
-    gm_stat active_bytes[GM_POOL_COUNT];
-    gm_stat inactive_split_bytes[GM_POOL_COUNT];
-    gm_stat requested_bytes[GM_POOL_COUNT];
-    /* Events. */
-    int64_t num_alloc_retries;
-    int64_t num_ooms;
-    int64_t num_sync_all_streams;
-    int64_t num_device_alloc; /* segment allocations or physical page creations */
-    int64_t num_device_free;  /* segment frees or physical page releases */
-    int64_t num_page_maps;    /* pages (of the backend's granularity) mapped */
-    int64_t num_page_unmaps;  /* pages unmapped */
+#define GM_POOL_STATISTIC_FIELD_(field, label, unit, origin) gm_stat field[GM_POOL_COUNT];
+    GM_POOL_STATISTICS(GM_POOL_STATISTIC_FIELD_)
+#undef GM_POOL_STATISTIC_FIELD_
+#define GM_COUNTER_FIELD_(field, label, origin) int64_t field;
+    GM_COUNTERS(GM_COUNTER_FIELD_)
+#undef GM_COUNTER_FIELD_
     /* Device calls made through the backend, by kind, and their total cost: measured time on real
      * backends, the H200 cost model on "sim". */
     int64_t device_calls[GM_CALL_KIND_COUNT];
@@ -179,6 +196,12 @@ typedef struct gm_stats {
     uint64_t device_total_bytes;
     uint64_t page_size; /* the backend's mapping granularity */
 } gm_stats;
+
+/* The layout of gm_stats by name, for bindings that build it at run time (NULL past the last):
+ * the pool statistics in order, the counters in order, and GM_CALL_KIND_COUNT device call kinds. */
+GM_API const char *gm_stat_name(size_t index);
+GM_API const char *gm_counter_name(size_t index);
+GM_API size_t gm_device_call_count(void);
 
 GM_API gm_status gm_get_stats(gm_allocator *allocator, gm_stats *stats_out);
 

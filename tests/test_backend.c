@@ -11,22 +11,21 @@
 
 #define MiB (1ull << 20)
 
-static gm_backend *open_backend(const char *config)
+/* A backend of `name` with `capacity` bytes (0: its default), 2 MiB pages, the cost model on. */
+static gm_backend *open_backend(const char *name, uint64_t capacity)
 {
-    gm_options options;
-    gm_options_default(&options);
-    REQUIRE(gm_options_parse(&options, config) == GM_OK);
+    gm_backend_config config = {.name = name, .capacity = capacity, .page_size = 2 * MiB, .cost_model = true};
     gm_backend *backend = NULL;
-    CHECK_OK(gm_backend_open(&options, &backend));
+    CHECK_OK(gm_backend_open(&config, &backend));
     REQUIRE(backend);
     return backend;
 }
 
 static void segments_respect_capacity_and_are_freed_once(void)
 {
-    const char *configs[] = {"backend:sim,capacity:64MiB", "backend:host,capacity:64MiB"};
+    const char *names[] = {"sim", "host"};
     for (int c = 0; c < 2; c++) {
-        gm_backend *backend = open_backend(configs[c]);
+        gm_backend *backend = open_backend(names[c], 64 * MiB);
         uintptr_t a = 0, b = 0;
         CHECK_OK(gm_backend_segment_allocate(backend, 40 * MiB, &a));
         CHECK_STATUS(gm_backend_segment_allocate(backend, 40 * MiB, &b), GM_ERROR_OUT_OF_MEMORY);
@@ -46,7 +45,7 @@ static void segments_respect_capacity_and_are_freed_once(void)
 
 static void mapping_rules_are_enforced(void)
 {
-    gm_backend *backend = open_backend("backend:sim,capacity:64MiB");
+    gm_backend *backend = open_backend("sim", 64 * MiB);
     uintptr_t range = 0;
     uint64_t handle = 0, other = 0;
     CHECK_STATUS(gm_backend_address_reserve(backend, 3 * MiB, &range), GM_ERROR_DEVICE); /* not page-aligned */
@@ -87,7 +86,7 @@ static void mapping_rules_are_enforced(void)
 
 static void simulated_events_follow_stream_work(void)
 {
-    gm_backend *backend = open_backend("backend:sim");
+    gm_backend *backend = open_backend("sim", 0);
     uint64_t event = 0;
     bool done = false;
     CHECK_OK(gm_backend_event_create(backend, &event));
@@ -120,7 +119,7 @@ static void cost_model_matches_the_h200_table(void)
     CHECK_EQ_INT(gm_device_call_cost_ns(GM_CALL_PHYSICAL_RELEASE, 11 * MiB), 20500);      /* halfway 13..28 */
     CHECK_EQ_INT(gm_device_call_cost_ns(GM_CALL_SEGMENT_FREE, 1792 * MiB), 533000 + 366000); /* extrapolated */
     CHECK_EQ_INT(gm_device_call_cost_ns(GM_CALL_EVENT_RECORD, 0), 0);
-    gm_backend *backend = open_backend("backend:sim,capacity:1GiB");
+    gm_backend *backend = open_backend("sim", 1024 * MiB);
     uintptr_t address = 0;
     CHECK_OK(gm_backend_segment_allocate(backend, 20 * MiB, &address));
     CHECK_OK(gm_backend_segment_free(backend, address, 20 * MiB));
@@ -130,7 +129,7 @@ static void cost_model_matches_the_h200_table(void)
 
 static void host_physical_memory_keeps_its_data_when_remapped(void)
 {
-    gm_backend *backend = open_backend("backend:host,capacity:64MiB");
+    gm_backend *backend = open_backend("host", 64 * MiB);
     uintptr_t range = 0;
     uint64_t handle = 0;
     CHECK_OK(gm_backend_address_reserve(backend, 16 * MiB, &range));
@@ -152,11 +151,9 @@ static void host_physical_memory_keeps_its_data_when_remapped(void)
 
 static void cuda_backend_reports_why_it_cannot_open(void)
 {
-    gm_options options;
-    gm_options_default(&options);
-    CHECK_OK(gm_options_parse(&options, "backend:cuda"));
+    gm_backend_config config = {.name = "cuda"};
     gm_backend *backend = NULL;
-    gm_status status = gm_backend_open(&options, &backend);
+    gm_status status = gm_backend_open(&config, &backend);
     if (status == GM_OK) { /* a GPU machine */
         CHECK(backend->total_bytes > 0 && backend->page_size > 0);
         gm_backend_close(backend);

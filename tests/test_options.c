@@ -4,7 +4,7 @@
  */
 #include "test.h"
 
-#include "core/options.h"
+#include "base/options.h"
 
 static void defaults_are_documented_values(void)
 {
@@ -48,12 +48,6 @@ static void every_key_is_parsed(void)
     CHECK_EQ_INT(options.max_chunk_size, 64 << 20);
     CHECK(!options.growth_lane);
     CHECK(!options.tail_chunk);
-    char text[1024];
-    gm_options_format(&options, text, sizeof text);
-    gm_options again;
-    gm_options_default(&again);
-    CHECK_OK(gm_options_parse(&again, text));
-    CHECK(!memcmp(&again, &options, sizeof options));
 }
 
 static void sizes_take_suffixes(void)

@@ -11,7 +11,7 @@
 
 #include <inttypes.h>
 
-#include "replay/trace.h"
+#include "tools/trace.h"
 
 typedef struct known_trace {
     const char *file;

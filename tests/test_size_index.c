@@ -5,7 +5,8 @@
  */
 #include "test.h"
 
-#include "core/internal.h"
+#include "core/block.h"
+#include "core/size_index.h"
 
 #define BLOCKS 400
 

@@ -165,6 +165,41 @@ static void stats_follow_the_live_set_memory_limit(void)
     run_workload("engine:pages,capacity:4GiB,memory_limit:300MiB", 0x4242, 20000);
 }
 
-RUN_TESTS(TEST_CASE(stats_follow_the_live_set_pages), TEST_CASE(stats_follow_the_live_set_pages_small_pages),
+/* The statistics lists of gpumem.h are what the names, the struct and the summary follow: every
+ * statistic is named in order (gm_stat_name, gm_counter_name, which the Python binding builds gm_stats
+ * from), the struct holds exactly the listed fields, and each has its row in the summary. */
+static void every_listed_statistic_is_named_shown_and_validated(void)
+{
+#define POOL_NAME(field, label, unit, origin) #field,
+#define POOL_LABEL(field, label, unit, origin) label,
+    static const char *const names[] = {GM_POOL_STATISTICS(POOL_NAME)};
+    static const char *const labels[] = {GM_POOL_STATISTICS(POOL_LABEL)};
+#define COUNTER_NAME(field, label, origin) #field,
+    static const char *const counters[] = {GM_COUNTERS(COUNTER_NAME)};
+    size_t count = sizeof names / sizeof names[0], counter_count = sizeof counters / sizeof counters[0];
+    for (size_t i = 0; i < count; i++)
+        CHECK(gm_stat_name(i) && !strcmp(gm_stat_name(i), names[i]));
+    CHECK(gm_stat_name(count) == NULL);
+    for (size_t i = 0; i < counter_count; i++)
+        CHECK(gm_counter_name(i) && !strcmp(gm_counter_name(i), counters[i]));
+    CHECK(gm_counter_name(counter_count) == NULL);
+    CHECK_EQ_INT(gm_device_call_count(), GM_CALL_KIND_COUNT);
+    CHECK_EQ_INT(sizeof(gm_stats), (count * GM_POOL_COUNT * sizeof(gm_stat)) + counter_count * sizeof(int64_t) +
+                                       (2 * GM_CALL_KIND_COUNT + 1) * sizeof(int64_t) + 2 * sizeof(uint64_t));
+
+    gm_allocator *allocator = NULL;
+    CHECK_OK(gm_create("backend:sim,capacity:1GiB", &allocator));
+    void *pointer = NULL;
+    CHECK_OK(gm_malloc(allocator, 3 << 20, 0, &pointer));
+    char table[8192];
+    CHECK_OK(gm_summary(allocator, table, sizeof table, NULL));
+    for (size_t i = 0; i < count; i++)
+        CHECK(strstr(table, labels[i]) != NULL);
+    CHECK(strstr(table, "Pages mapped") != NULL && strstr(table, "Pages unmapped") != NULL);
+    CHECK_OK(gm_free(allocator, pointer));
+    gm_destroy(allocator, NULL);
+}
+
+RUN_TESTS(TEST_CASE(every_listed_statistic_is_named_shown_and_validated), TEST_CASE(stats_follow_the_live_set_pages), TEST_CASE(stats_follow_the_live_set_pages_small_pages),
           TEST_CASE(stats_follow_the_live_set_segments), TEST_CASE(stats_follow_the_live_set_segments_no_release),
           TEST_CASE(stats_follow_the_live_set_memory_limit))

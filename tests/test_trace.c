@@ -5,7 +5,7 @@
  */
 #include "test.h"
 
-#include "replay/trace.h"
+#include "tools/trace.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

@@ -26,11 +26,6 @@ STATUS_NAMES = {
 _OUT_OF_MEMORY = 2
 _BUFFER_TOO_SMALL = 11
 _POOLS = ("all", "small_pool", "large_pool")
-_STAT_ARRAYS = ("allocation", "segment", "active", "inactive_split", "allocated_bytes", "reserved_bytes",
-                "active_bytes", "inactive_split_bytes", "requested_bytes")
-_CALL_KINDS = ("segment_allocate", "segment_free", "address_reserve", "address_free", "physical_create",
-               "physical_release", "map", "set_access", "unmap", "event_record", "event_query",
-               "event_synchronize")
 
 
 class GpumemError(RuntimeError):
@@ -48,16 +43,6 @@ class OutOfMemoryError(GpumemError):
 class _Stat(ctypes.Structure):
     _fields_ = [("current", ctypes.c_int64), ("peak", ctypes.c_int64), ("allocated", ctypes.c_int64),
                 ("freed", ctypes.c_int64)]
-
-
-class _Stats(ctypes.Structure):
-    _fields_ = [(name, _Stat * 3) for name in _STAT_ARRAYS] + [
-        ("num_alloc_retries", ctypes.c_int64), ("num_ooms", ctypes.c_int64),
-        ("num_sync_all_streams", ctypes.c_int64), ("num_device_alloc", ctypes.c_int64),
-        ("num_device_free", ctypes.c_int64), ("num_page_maps", ctypes.c_int64),
-        ("num_page_unmaps", ctypes.c_int64), ("device_calls", ctypes.c_int64 * len(_CALL_KINDS)),
-        ("device_call_ns", ctypes.c_int64), ("device_call_ns_by_kind", ctypes.c_int64 * len(_CALL_KINDS)),
-        ("device_total_bytes", ctypes.c_uint64), ("page_size", ctypes.c_uint64)]
 
 
 class _DeviceInfo(ctypes.Structure):
@@ -106,7 +91,11 @@ def _load():
         "gm_allocation_size": (status, [pointer, pointer, ctypes.POINTER(ctypes.c_size_t)]),
         "gm_set_memory_limit": (status, [pointer, ctypes.c_uint64]),
         "gm_get_memory_limit": (status, [pointer, ctypes.POINTER(ctypes.c_uint64)]),
-        "gm_get_stats": (status, [pointer, ctypes.POINTER(_Stats)]),
+        "gm_get_stats": (status, [pointer, ctypes.c_void_p]),
+        "gm_stat_name": (ctypes.c_char_p, [ctypes.c_size_t]),
+        "gm_counter_name": (ctypes.c_char_p, [ctypes.c_size_t]),
+        "gm_device_call_count": (ctypes.c_size_t, []),
+        "gm_device_call_name": (ctypes.c_char_p, [ctypes.c_int]),
         "gm_reset_peak_stats": (status, [pointer]),
         "gm_reset_accumulated_stats": (status, [pointer]),
         "gm_summary": (status, [pointer, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
@@ -121,6 +110,27 @@ def _load():
 
 
 _library = _load()
+
+
+def _names(name_of):
+    names = []
+    while name_of(len(names)) is not None:
+        names.append(name_of(len(names)).decode())
+    return tuple(names)
+
+
+# gm_stats as the library describes it (gpumem.h's GM_POOL_STATISTICS and GM_COUNTERS): a statistic added
+# there appears here without a change.
+_STAT_ARRAYS = _names(_library.gm_stat_name)
+_COUNTERS = _names(_library.gm_counter_name)
+_CALL_KINDS = tuple(_library.gm_device_call_name(kind).decode() for kind in range(_library.gm_device_call_count()))
+
+
+class _Stats(ctypes.Structure):
+    _fields_ = [(name, _Stat * 3) for name in _STAT_ARRAYS] + [(name, ctypes.c_int64) for name in _COUNTERS] + [
+        ("device_calls", ctypes.c_int64 * len(_CALL_KINDS)), ("device_call_ns", ctypes.c_int64),
+        ("device_call_ns_by_kind", ctypes.c_int64 * len(_CALL_KINDS)),
+        ("device_total_bytes", ctypes.c_uint64), ("page_size", ctypes.c_uint64)]
 
 
 def _check(status):
@@ -230,8 +240,7 @@ class Allocator:
             for index, pool in enumerate(_POOLS):
                 for reading in ("current", "peak", "allocated", "freed"):
                     result[f"{name}.{pool}.{reading}"] = getattr(array[index], reading)
-        for name in ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc",
-                     "num_device_free", "num_page_maps", "num_page_unmaps", "device_call_ns"):
+        for name in _COUNTERS + ("device_call_ns",):
             result[name] = getattr(stats, name)
         for index, kind in enumerate(_CALL_KINDS):
             result[f"device_calls.{kind}"] = stats.device_calls[index]

@@ -186,20 +186,16 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     gm_stats stats;
     gm_get_stats(of(device), &stats);
     c10::CachingDeviceAllocator::DeviceStats result;
-    copy(result.allocation, stats.allocation);
-    copy(result.segment, stats.segment);
-    copy(result.active, stats.active);
-    copy(result.inactive_split, stats.inactive_split);
-    copy(result.allocated_bytes, stats.allocated_bytes);
-    copy(result.reserved_bytes, stats.reserved_bytes);
-    copy(result.active_bytes, stats.active_bytes);
-    copy(result.inactive_split_bytes, stats.inactive_split_bytes);
-    copy(result.requested_bytes, stats.requested_bytes);
-    result.num_alloc_retries = stats.num_alloc_retries;
-    result.num_ooms = stats.num_ooms;
-    result.num_sync_all_streams = stats.num_sync_all_streams;
-    result.num_device_alloc = stats.num_device_alloc;
-    result.num_device_free = stats.num_device_free;
+    // Every statistic of gpumem.h's lists that torch has (origin TORCH), under the same name; gpumem's
+    // own (origin GPUMEM) are read through gpumem.torch.allocator().memory_stats().
+#define COPY_TORCH_STATISTIC(field) copy(result.field, stats.field);
+#define COPY_GPUMEM_STATISTIC(field)
+#define COPY_STATISTIC(field, label, unit, origin) COPY_##origin##_STATISTIC(field)
+    GM_POOL_STATISTICS(COPY_STATISTIC)
+#define COPY_TORCH_COUNTER(field) result.field = stats.field;
+#define COPY_GPUMEM_COUNTER(field)
+#define COPY_COUNTER(field, label, origin) COPY_##origin##_COUNTER(field)
+    GM_COUNTERS(COPY_COUNTER)
     return result;
   }
 

@@ -6,9 +6,9 @@
  * wall time of the call. Device calls are never on the allocator's fast path, so timing them with
  * clock_gettime costs nothing that matters.
  */
-#include "backend.h"
+#include "backend/backend.h"
 
-#include "../core/error.h"
+#include "base/error.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -23,33 +23,33 @@ static int64_t monotonic_ns(void)
 
 const char *gm_device_call_name(gm_device_call call)
 {
-    static const char *const names[GM_CALL_KIND_COUNT] = {
-        [GM_CALL_SEGMENT_ALLOCATE] = "segment_allocate", [GM_CALL_SEGMENT_FREE] = "segment_free",
-        [GM_CALL_ADDRESS_RESERVE] = "address_reserve",   [GM_CALL_ADDRESS_FREE] = "address_free",
-        [GM_CALL_PHYSICAL_CREATE] = "physical_create",   [GM_CALL_PHYSICAL_RELEASE] = "physical_release",
-        [GM_CALL_MAP] = "map",                           [GM_CALL_SET_ACCESS] = "set_access",
-        [GM_CALL_UNMAP] = "unmap",                       [GM_CALL_EVENT_RECORD] = "event_record",
-        [GM_CALL_EVENT_QUERY] = "event_query",           [GM_CALL_EVENT_SYNCHRONIZE] = "event_synchronize",
-    };
+#define NAME(suffix, name, cuda) #name,
+    static const char *const names[GM_CALL_KIND_COUNT] = {GM_DEVICE_CALLS(NAME)};
+#undef NAME
     return (unsigned)call < GM_CALL_KIND_COUNT ? names[call] : "unknown";
 }
 
-gm_status gm_backend_open(const gm_options *options, gm_backend **backend_out)
+size_t gm_device_call_count(void)
+{
+    return GM_CALL_KIND_COUNT;
+}
+
+gm_status gm_backend_open(const gm_backend_config *config, gm_backend **backend_out)
 {
     static const gm_backend_operations *const known[] = {&gm_sim_backend_operations,
                                                          &gm_host_backend_operations,
                                                          &gm_cuda_backend_operations};
     const gm_backend_operations *operations = NULL;
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
-        if (!strcmp(known[i]->name, options->backend))
+        if (!strcmp(known[i]->name, config->name))
             operations = known[i];
     if (!operations)
-        return gm_fail(GM_ERROR_BAD_CONFIG, "unknown backend '%s' (expected sim, host or cuda)", options->backend);
+        return gm_fail(GM_ERROR_BAD_CONFIG, "unknown backend '%s' (expected sim, host or cuda)", config->name);
     gm_backend *backend = calloc(1, sizeof *backend);
     if (!backend)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the backend");
     backend->operations = operations;
-    gm_status status = operations->open(backend, options);
+    gm_status status = operations->open(backend, config);
     if (status != GM_OK) {
         free(backend);
         return status;

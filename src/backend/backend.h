@@ -18,16 +18,24 @@
 #define GM_BACKEND_H
 
 #include "gpumem.h"
-#include "../core/options.h"
 
 #include <stdbool.h>
 #include <stdint.h>
 
 typedef struct gm_backend gm_backend;
 
+/* What a backend is opened with: the part of the configuration that concerns the device. */
+typedef struct gm_backend_config {
+    const char *name;   /* "sim", "host" or "cuda" */
+    int device;         /* device index */
+    uint64_t capacity;  /* sim/host: device memory in bytes (0: the backend's default) */
+    uint64_t page_size; /* sim/host: mapping granularity */
+    bool cost_model;    /* sim: charge each call its modelled H200 cost */
+} gm_backend_config;
+
 typedef struct gm_backend_operations {
     const char *name;
-    gm_status (*open)(gm_backend *backend, const gm_options *options);
+    gm_status (*open)(gm_backend *backend, const gm_backend_config *config);
     void (*close)(gm_backend *backend);
     gm_status (*memory_info)(gm_backend *backend, uint64_t *free_out, uint64_t *total_out);
 
@@ -69,9 +77,9 @@ struct gm_backend {
     int64_t modelled_ns;        /* total cost of all calls by the H200 model, on every backend */
 };
 
-/* Open the backend named by options->backend. On failure *backend_out is untouched and
+/* Open the backend named by config->name. On failure *backend_out is untouched and
  * gm_last_error() says why (GM_ERROR_NO_DEVICE when there is no such device). */
-gm_status gm_backend_open(const gm_options *options, gm_backend **backend_out);
+gm_status gm_backend_open(const gm_backend_config *config, gm_backend **backend_out);
 void gm_backend_close(gm_backend *backend);
 
 /* An entry point of the CUDA driver (loaded and initialized once), or NULL where there is none.

@@ -13,13 +13,14 @@
  * cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease) with the device's minimum
  * granularity as page size. Events are created without timing, and pooled by the front end.
  */
-#include "backend.h"
+#include "backend/backend.h"
 
-#include "../core/error.h"
+#include "base/error.h"
 
 #include <dlfcn.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -270,7 +271,7 @@ static gm_status open_device(gm_backend *backend, cuda_state *state, int ordinal
     return status;
 }
 
-static gm_status cuda_open(gm_backend *backend, const gm_options *options)
+static gm_status cuda_open(gm_backend *backend, const gm_backend_config *config)
 {
     pthread_once(&driver_once, load_driver);
     if (!driver.init)
@@ -280,7 +281,7 @@ static gm_status cuda_open(gm_backend *backend, const gm_options *options)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the cuda backend");
     backend->state = state;
     backend->charges_cost = false;
-    gm_status status = open_device(backend, state, options->device);
+    gm_status status = open_device(backend, state, config->device);
     if (status != GM_OK) {
         if (state->context)
             driver.primary_context_release(state->device);

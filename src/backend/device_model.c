@@ -5,10 +5,10 @@
  * ranges in a short array, each with a bitmap of its mapped pages (to refuse overlapping maps).
  * Streams and events live in small growable arrays; an event handle is its index + 1.
  */
-#include "device_model.h"
+#include "backend/device_model.h"
 
-#include "../core/error.h"
-#include "../core/hash_map.h"
+#include "base/error.h"
+#include "base/hash_map.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -309,6 +309,11 @@ static simulated_stream *find_stream(gm_device_model *model, gm_stream stream, b
     return &grown[model->stream_count++];
 }
 
+static gm_device_model *model_of(gm_backend *backend)
+{
+    return *(gm_device_model **)backend->state;
+}
+
 static simulated_event *find_event(gm_device_model *model, uint64_t event)
 {
     if (event == 0 || event > model->event_count || !model->events[event - 1].in_use)
@@ -316,8 +321,9 @@ static simulated_event *find_event(gm_device_model *model, uint64_t event)
     return &model->events[event - 1];
 }
 
-gm_status gm_device_model_event_create(gm_device_model *model, uint64_t *event_out)
+gm_status gm_model_event_create(gm_backend *backend, uint64_t *event_out)
 {
+    gm_device_model *model = model_of(backend);
     for (size_t i = 0; i < model->event_count; i++) {
         if (!model->events[i].in_use) {
             model->events[i] = (simulated_event){0, 0, true, false};
@@ -334,8 +340,9 @@ gm_status gm_device_model_event_create(gm_device_model *model, uint64_t *event_o
     return GM_OK;
 }
 
-gm_status gm_device_model_event_destroy(gm_device_model *model, uint64_t event)
+gm_status gm_model_event_destroy(gm_backend *backend, uint64_t event)
 {
+    gm_device_model *model = model_of(backend);
     simulated_event *found = find_event(model, event);
     if (!found)
         return gm_fail(GM_ERROR_DEVICE, "destroy of event %" PRIu64 ", which does not exist", event);
@@ -343,8 +350,9 @@ gm_status gm_device_model_event_destroy(gm_device_model *model, uint64_t event)
     return GM_OK;
 }
 
-gm_status gm_device_model_event_record(gm_device_model *model, uint64_t event, gm_stream stream)
+gm_status gm_model_event_record(gm_backend *backend, uint64_t event, gm_stream stream)
 {
+    gm_device_model *model = model_of(backend);
     simulated_event *found = find_event(model, event);
     simulated_stream *queue = find_stream(model, stream, true);
     if (!found || !queue)
@@ -355,8 +363,9 @@ gm_status gm_device_model_event_record(gm_device_model *model, uint64_t event, g
     return GM_OK;
 }
 
-gm_status gm_device_model_event_query(gm_device_model *model, uint64_t event, bool *done_out)
+gm_status gm_model_event_query(gm_backend *backend, uint64_t event, bool *done_out)
 {
+    gm_device_model *model = model_of(backend);
     simulated_event *found = find_event(model, event);
     if (!found)
         return gm_fail(GM_ERROR_DEVICE, "query of event %" PRIu64 ", which does not exist", event);
@@ -364,8 +373,9 @@ gm_status gm_device_model_event_query(gm_device_model *model, uint64_t event, bo
     return GM_OK;
 }
 
-gm_status gm_device_model_event_synchronize(gm_device_model *model, uint64_t event)
+gm_status gm_model_event_synchronize(gm_backend *backend, uint64_t event)
 {
+    gm_device_model *model = model_of(backend);
     simulated_event *found = find_event(model, event);
     if (!found)
         return gm_fail(GM_ERROR_DEVICE, "synchronize on event %" PRIu64 ", which does not exist", event);
@@ -377,8 +387,9 @@ gm_status gm_device_model_event_synchronize(gm_device_model *model, uint64_t eve
     return GM_OK;
 }
 
-gm_status gm_device_model_stream_enqueue(gm_device_model *model, gm_stream stream, uint64_t units)
+gm_status gm_model_stream_enqueue(gm_backend *backend, gm_stream stream, uint64_t units)
 {
+    gm_device_model *model = model_of(backend);
     simulated_stream *queue = find_stream(model, stream, true);
     if (!queue)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a stream");
@@ -386,8 +397,9 @@ gm_status gm_device_model_stream_enqueue(gm_device_model *model, gm_stream strea
     return GM_OK;
 }
 
-gm_status gm_device_model_stream_complete(gm_device_model *model, gm_stream stream)
+gm_status gm_model_stream_complete(gm_backend *backend, gm_stream stream)
 {
+    gm_device_model *model = model_of(backend);
     simulated_stream *queue = find_stream(model, stream, true);
     if (!queue)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a stream");
@@ -396,11 +408,6 @@ gm_status gm_device_model_stream_complete(gm_device_model *model, gm_stream stre
 }
 
 /* ---------------------------------------------------------------- model-only backend operations */
-
-static gm_device_model *model_of(gm_backend *backend)
-{
-    return *(gm_device_model **)backend->state;
-}
 
 gm_status gm_model_backend_open(gm_backend *backend, void *state, uint64_t capacity, uint64_t page_size,
                                 bool charges_cost)
@@ -432,39 +439,4 @@ gm_status gm_model_memory_info(gm_backend *backend, uint64_t *free_out, uint64_t
     *total_out = backend->total_bytes;
     *free_out = backend->total_bytes - gm_device_model_used_bytes(model_of(backend));
     return GM_OK;
-}
-
-gm_status gm_model_event_create(gm_backend *backend, uint64_t *event_out)
-{
-    return gm_device_model_event_create(model_of(backend), event_out);
-}
-
-gm_status gm_model_event_destroy(gm_backend *backend, uint64_t event)
-{
-    return gm_device_model_event_destroy(model_of(backend), event);
-}
-
-gm_status gm_model_event_record(gm_backend *backend, uint64_t event, gm_stream stream)
-{
-    return gm_device_model_event_record(model_of(backend), event, stream);
-}
-
-gm_status gm_model_event_query(gm_backend *backend, uint64_t event, bool *done_out)
-{
-    return gm_device_model_event_query(model_of(backend), event, done_out);
-}
-
-gm_status gm_model_event_synchronize(gm_backend *backend, uint64_t event)
-{
-    return gm_device_model_event_synchronize(model_of(backend), event);
-}
-
-gm_status gm_model_stream_enqueue(gm_backend *backend, gm_stream stream, uint64_t units)
-{
-    return gm_device_model_stream_enqueue(model_of(backend), stream, units);
-}
-
-gm_status gm_model_stream_complete(gm_backend *backend, gm_stream stream)
-{
-    return gm_device_model_stream_complete(model_of(backend), stream);
 }

@@ -13,7 +13,7 @@
 #ifndef GM_DEVICE_MODEL_H
 #define GM_DEVICE_MODEL_H
 
-#include "backend.h"
+#include "backend/backend.h"
 
 typedef struct gm_device_model gm_device_model;
 
@@ -35,13 +35,6 @@ gm_status gm_device_model_map(gm_device_model *model, uintptr_t address, uint64_
 gm_status gm_device_model_set_access(gm_device_model *model, uintptr_t address, uint64_t size);
 gm_status gm_device_model_unmap(gm_device_model *model, uintptr_t address, uint64_t size);
 
-gm_status gm_device_model_event_create(gm_device_model *model, uint64_t *event_out);
-gm_status gm_device_model_event_destroy(gm_device_model *model, uint64_t event);
-gm_status gm_device_model_event_record(gm_device_model *model, uint64_t event, gm_stream stream);
-gm_status gm_device_model_event_query(gm_device_model *model, uint64_t event, bool *done_out);
-gm_status gm_device_model_event_synchronize(gm_device_model *model, uint64_t event);
-gm_status gm_device_model_stream_enqueue(gm_device_model *model, gm_stream stream, uint64_t units);
-gm_status gm_device_model_stream_complete(gm_device_model *model, gm_stream stream);
 
 /* Backend operations that only consult the model, for any backend whose state begins with a
  * gm_device_model pointer (sim and host share them). */

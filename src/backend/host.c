@@ -12,10 +12,10 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include "backend.h"
-#include "device_model.h"
+#include "backend/backend.h"
+#include "backend/device_model.h"
 
-#include "../core/error.h"
+#include "base/error.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -51,15 +51,15 @@ static void raise_file_limit(void)
     }
 }
 
-static gm_status host_open(gm_backend *backend, const gm_options *options)
+static gm_status host_open(gm_backend *backend, const gm_backend_config *config)
 {
     host_state *state = calloc(1, sizeof *state);
     if (!state)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the host backend");
-    state->page_size = options->page_size;
+    state->page_size = config->page_size;
     raise_file_limit(); /* each physical allocation holds a file descriptor */
-    return gm_model_backend_open(backend, state, options->capacity ? options->capacity : HOST_DEFAULT_CAPACITY,
-                                 options->page_size, false);
+    return gm_model_backend_open(backend, state, config->capacity ? config->capacity : HOST_DEFAULT_CAPACITY,
+                                 config->page_size, false);
 }
 
 static gm_status host_segment_allocate(gm_backend *backend, uint64_t size, uintptr_t *address_out)

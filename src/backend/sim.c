@@ -6,10 +6,10 @@
  * enforces the capacity and the rules of mapping, simulates streams and events, and charges each
  * call the cost it has on an H200. Default capacity is an H200's 143771 MiB.
  */
-#include "backend.h"
-#include "device_model.h"
+#include "backend/backend.h"
+#include "backend/device_model.h"
 
-#include "../core/error.h"
+#include "base/error.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -29,15 +29,15 @@ static sim_state *state_of(gm_backend *backend)
     return (sim_state *)backend->state;
 }
 
-static gm_status sim_open(gm_backend *backend, const gm_options *options)
+static gm_status sim_open(gm_backend *backend, const gm_backend_config *config)
 {
     sim_state *state = calloc(1, sizeof *state);
     if (!state)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the sim backend");
-    state->page_size = options->page_size;
+    state->page_size = config->page_size;
     state->next_address = SIM_ADDRESS_BASE;
-    return gm_model_backend_open(backend, state, options->capacity ? options->capacity : SIM_DEFAULT_CAPACITY,
-                                 options->page_size, options->cost_model);
+    return gm_model_backend_open(backend, state, config->capacity ? config->capacity : SIM_DEFAULT_CAPACITY,
+                                 config->page_size, config->cost_model);
 }
 
 /* Fresh, never-used fake addresses, page-aligned. */

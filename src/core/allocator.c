@@ -14,10 +14,13 @@
  *
  * One mutex guards everything; no call does I/O, and the steady state allocates no host memory.
  */
-#include "internal.h"
+#include "core/arena.h"
 
-#include "error.h"
-#include "../report/oom_report.h"
+#include "base/error.h"
+#include "base/hash_map.h"
+#include "core/oom_report.h"
+
+#include <pthread.h>
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -25,6 +28,28 @@
 #include <string.h>
 
 #define GM_MAX_REQUEST (1ull << 60)
+
+/* A freed block waiting for one stream's event (one node per recorded stream). */
+typedef struct gm_pending_free {
+    gm_block *block;
+    uint64_t event;
+    struct gm_pending_free *next;
+} gm_pending_free;
+
+/* The front end's state: the arena the engine works on, and what only the front end knows. */
+struct gm_allocator {
+    pthread_mutex_t lock;
+    gm_options options;
+    gm_arena arena;
+    bool exclusive_device;  /* sim/host: nobody else uses the device, so its used bytes are ours */
+    gm_hash_map live_blocks; /* address -> allocated block */
+    gm_pending_free *pending_head; /* freed blocks waiting for stream events, oldest first */
+    gm_pending_free *pending_tail;
+    gm_pending_free *spare_pending; /* recycled list nodes */
+    uint64_t *spare_events;         /* pooled backend events */
+    size_t spare_event_count;
+    size_t spare_event_capacity;
+};
 
 /* ---------------------------------------------------------------- creation */
 
@@ -34,28 +59,32 @@ static gm_status create_with_options(const gm_options *options, gm_allocator **a
     if (!allocator)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the allocator");
     allocator->options = *options;
-    gm_status status = gm_backend_open(options, &allocator->backend);
+    allocator->arena.options = &allocator->options;
+    gm_backend_config backend_config = {.name = options->backend, .device = options->device,
+                                        .capacity = options->capacity, .page_size = options->page_size,
+                                        .cost_model = options->cost_model};
+    gm_status status = gm_backend_open(&backend_config, &allocator->arena.backend);
     if (status != GM_OK) {
         free(allocator);
         return status;
     }
-    gm_backend *backend = allocator->backend;
+    gm_backend *backend = allocator->arena.backend;
     allocator->exclusive_device = backend->operations->stream_enqueue != NULL;
-    allocator->memory_limit = backend->total_bytes;
-    if (options->memory_limit && options->memory_limit < allocator->memory_limit)
-        allocator->memory_limit = options->memory_limit;
-    allocator->engine = options->engine == GM_ENGINE_PAGES ? &gm_page_engine : &gm_segment_engine;
-    if (allocator->engine == &gm_page_engine && !backend->supports_virtual_memory)
-        allocator->engine = &gm_segment_engine;
-    allocator->stats.device_total_bytes = backend->total_bytes;
-    allocator->stats.page_size = backend->page_size;
+    allocator->arena.memory_limit = backend->total_bytes;
+    if (options->memory_limit && options->memory_limit < allocator->arena.memory_limit)
+        allocator->arena.memory_limit = options->memory_limit;
+    allocator->arena.engine = options->engine == GM_ENGINE_PAGES ? &gm_page_engine : &gm_segment_engine;
+    if (allocator->arena.engine == &gm_page_engine && !backend->supports_virtual_memory)
+        allocator->arena.engine = &gm_segment_engine;
+    allocator->arena.stats.device_total_bytes = backend->total_bytes;
+    allocator->arena.stats.page_size = backend->page_size;
     if (!gm_hash_map_init(&allocator->live_blocks, 1024)) {
         gm_backend_close(backend);
         free(allocator);
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the allocator");
     }
     pthread_mutex_init(&allocator->lock, NULL);
-    status = allocator->engine->create(allocator);
+    status = allocator->arena.engine->create(&allocator->arena);
     if (status != GM_OK) {
         gm_destroy(allocator, NULL);
         return status;
@@ -94,37 +123,7 @@ gm_status gm_create_from_environment(const char *overrides, gm_allocator **alloc
     return create_with_options(&options, allocator_out);
 }
 
-/* ---------------------------------------------------------------- heaps and events */
-
-gm_heap *gm_add_heap(gm_allocator *allocator, gm_stream stream)
-{
-    gm_heap **heaps = realloc(allocator->heaps, (allocator->heap_count + 1) * sizeof *heaps);
-    if (!heaps)
-        return NULL;
-    allocator->heaps = heaps;
-    gm_heap *heap = calloc(1, sizeof *heap);
-    if (!heap)
-        return NULL;
-    heap->stream = stream;
-    heaps[allocator->heap_count++] = heap;
-    return heap;
-}
-
-static gm_heap *heap_for_stream(gm_allocator *allocator, gm_stream stream)
-{
-    if (allocator->last_heap && allocator->last_heap->stream == stream)
-        return allocator->last_heap;
-    for (size_t i = 0; i < allocator->heap_count; i++) {
-        if (allocator->heaps[i]->stream == stream && !allocator->heaps[i]->engine_private) {
-            allocator->last_heap = allocator->heaps[i];
-            return allocator->last_heap;
-        }
-    }
-    gm_heap *heap = gm_add_heap(allocator, stream);
-    if (heap)
-        allocator->last_heap = heap;
-    return heap;
-}
+/* ---------------------------------------------------------------- events */
 
 static gm_status take_event(gm_allocator *allocator, uint64_t *event_out)
 {
@@ -132,7 +131,7 @@ static gm_status take_event(gm_allocator *allocator, uint64_t *event_out)
         *event_out = allocator->spare_events[--allocator->spare_event_count];
         return GM_OK;
     }
-    return gm_backend_event_create(allocator->backend, event_out);
+    return gm_backend_event_create(allocator->arena.backend, event_out);
 }
 
 static void return_event(gm_allocator *allocator, uint64_t event)
@@ -141,7 +140,7 @@ static void return_event(gm_allocator *allocator, uint64_t event)
         size_t capacity = allocator->spare_event_capacity ? allocator->spare_event_capacity * 2 : 16;
         uint64_t *grown = realloc(allocator->spare_events, capacity * sizeof *grown);
         if (!grown) {
-            gm_backend_event_destroy(allocator->backend, event);
+            gm_backend_event_destroy(allocator->arena.backend, event);
             return;
         }
         allocator->spare_events = grown;
@@ -155,12 +154,12 @@ static void return_event(gm_allocator *allocator, uint64_t event)
 /* A block that is neither allocated nor awaited any more: its memory goes back to the engine. */
 static void retire_block(gm_allocator *allocator, gm_block *block)
 {
-    gm_stat_change(allocator->stats.active, block->pool, -1);
-    gm_stat_change(allocator->stats.active_bytes, block->pool, -(int64_t)block->size);
+    gm_stat_change(allocator->arena.stats.active, block->pool, -1);
+    gm_stat_change(allocator->arena.stats.active_bytes, block->pool, -(int64_t)block->size);
     free(block->recorded_streams);
     block->recorded_streams = NULL;
     block->recorded_count = 0;
-    allocator->engine->free_block(allocator, block);
+    allocator->arena.engine->free_block(&allocator->arena, block);
 }
 
 /* Complete pending frees whose events are done; with `wait`, wait for all of them first. */
@@ -172,8 +171,8 @@ static void process_pending_frees(gm_allocator *allocator, bool wait)
         gm_pending_free *pending = *link;
         bool done = false;
         if (wait)
-            done = gm_backend_event_synchronize(allocator->backend, pending->event) == GM_OK;
-        else if (gm_backend_event_query(allocator->backend, pending->event, &done) != GM_OK)
+            done = gm_backend_event_synchronize(allocator->arena.backend, pending->event) == GM_OK;
+        else if (gm_backend_event_query(allocator->arena.backend, pending->event, &done) != GM_OK)
             done = false;
         if (!done) {
             previous = pending;
@@ -202,7 +201,7 @@ static gm_status defer_free(gm_allocator *allocator, gm_block *block, gm_stream 
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory to defer a free");
     gm_status status = take_event(allocator, &pending->event);
     if (status == GM_OK)
-        status = gm_backend_event_record(allocator->backend, pending->event, stream);
+        status = gm_backend_event_record(allocator->arena.backend, pending->event, stream);
     if (status != GM_OK) {
         pending->next = allocator->spare_pending;
         allocator->spare_pending = pending;
@@ -224,28 +223,28 @@ static gm_status defer_free(gm_allocator *allocator, gm_block *block, gm_stream 
 static gm_status allocate_with_retries(gm_allocator *allocator, gm_heap *heap, int pool, uint64_t size,
                                        gm_block **block_out)
 {
-    const gm_engine_operations *engine = allocator->engine;
-    gm_status status = engine->allocate(allocator, heap, pool, size, block_out);
+    const gm_engine_operations *engine = allocator->arena.engine;
+    gm_status status = engine->allocate(&allocator->arena, heap, pool, size, block_out);
     if (status != GM_ERROR_OUT_OF_MEMORY)
         return status;
     gm_oom_attempts attempts = {0};
     if (allocator->pending_head) {
         attempts.waited_for_streams = true;
-        allocator->stats.num_sync_all_streams++;
+        allocator->arena.stats.num_sync_all_streams++;
         process_pending_frees(allocator, true);
-        status = engine->allocate(allocator, heap, pool, size, block_out);
+        status = engine->allocate(&allocator->arena, heap, pool, size, block_out);
         if (status != GM_ERROR_OUT_OF_MEMORY)
             return status;
     }
-    int64_t reserved_before = gm_stat_total(allocator->stats.reserved_bytes);
-    engine->release_cached(allocator);
-    attempts.released_bytes = (uint64_t)(reserved_before - gm_stat_total(allocator->stats.reserved_bytes));
+    int64_t reserved_before = gm_stat_total(allocator->arena.stats.reserved_bytes);
+    engine->release_cached(&allocator->arena);
+    attempts.released_bytes = (uint64_t)(reserved_before - gm_stat_total(allocator->arena.stats.reserved_bytes));
     attempts.retried = true;
-    allocator->stats.num_alloc_retries++;
-    status = engine->allocate(allocator, heap, pool, size, block_out);
+    allocator->arena.stats.num_alloc_retries++;
+    status = engine->allocate(&allocator->arena, heap, pool, size, block_out);
     if (status == GM_ERROR_OUT_OF_MEMORY) {
-        allocator->stats.num_ooms++;
-        gm_write_oom_report(allocator, heap, size, &attempts);
+        allocator->arena.stats.num_ooms++;
+        gm_write_oom_report(&allocator->arena, heap, size, &attempts);
     }
     return status;
 }
@@ -253,9 +252,9 @@ static gm_status allocate_with_retries(gm_allocator *allocator, gm_heap *heap, i
 static void count_allocation(gm_allocator *allocator, gm_block *block, int64_t sign)
 {
     int pool = block->pool;
-    gm_stat_change(allocator->stats.allocation, pool, sign);
-    gm_stat_change(allocator->stats.allocated_bytes, pool, sign * (int64_t)block->size);
-    gm_stat_change(allocator->stats.requested_bytes, pool, sign * (int64_t)block->requested);
+    gm_stat_change(allocator->arena.stats.allocation, pool, sign);
+    gm_stat_change(allocator->arena.stats.allocated_bytes, pool, sign * (int64_t)block->size);
+    gm_stat_change(allocator->arena.stats.requested_bytes, pool, sign * (int64_t)block->requested);
 }
 
 gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void **pointer_out)
@@ -273,19 +272,19 @@ gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void
     pthread_mutex_lock(&allocator->lock);
     if (allocator->pending_head)
         process_pending_frees(allocator, false);
-    gm_heap *heap = heap_for_stream(allocator, stream);
+    gm_heap *heap = gm_heap_for_stream(&allocator->arena, stream);
     gm_block *block = NULL;
     gm_status status = heap ? allocate_with_retries(allocator, heap, pool, rounded, &block)
                             : gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a stream heap");
     if (status == GM_OK && !gm_hash_map_put(&allocator->live_blocks, block->address, (uint64_t)(uintptr_t)block)) {
-        allocator->engine->free_block(allocator, block);
+        allocator->arena.engine->free_block(&allocator->arena, block);
         status = gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory to record the allocation");
     }
     if (status == GM_OK) {
         block->requested = size;
         count_allocation(allocator, block, 1);
-        gm_stat_change(allocator->stats.active, pool, 1);
-        gm_stat_change(allocator->stats.active_bytes, pool, (int64_t)block->size);
+        gm_stat_change(allocator->arena.stats.active, pool, 1);
+        gm_stat_change(allocator->arena.stats.active_bytes, pool, (int64_t)block->size);
         *pointer_out = (void *)block->address;
     }
     pthread_mutex_unlock(&allocator->lock);
@@ -329,7 +328,7 @@ gm_status gm_free(gm_allocator *allocator, void *pointer)
     if (deferred != GM_OK && block->pending_events) {
         /* An event could not be had: wait for every pending free (this block's too) rather than
          * risk reuse while a stream still runs. */
-        allocator->stats.num_sync_all_streams++;
+        allocator->arena.stats.num_sync_all_streams++;
         process_pending_frees(allocator, true);
     } else if (block->pending_events == 0) {
         retire_block(allocator, block);
@@ -394,7 +393,7 @@ gm_status gm_empty_cache(gm_allocator *allocator)
     pthread_mutex_lock(&allocator->lock);
     if (allocator->pending_head)
         process_pending_frees(allocator, false);
-    allocator->engine->release_cached(allocator);
+    allocator->arena.engine->release_cached(&allocator->arena);
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
 }
@@ -404,10 +403,10 @@ gm_status gm_set_memory_limit(gm_allocator *allocator, uint64_t bytes)
     if (!allocator)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_set_memory_limit: allocator is NULL");
     pthread_mutex_lock(&allocator->lock);
-    uint64_t total = allocator->backend->total_bytes;
-    allocator->memory_limit = bytes && bytes < total ? bytes : total;
-    if ((uint64_t)gm_stat_total(allocator->stats.reserved_bytes) > allocator->memory_limit)
-        allocator->engine->release_cached(allocator);
+    uint64_t total = allocator->arena.backend->total_bytes;
+    allocator->arena.memory_limit = bytes && bytes < total ? bytes : total;
+    if ((uint64_t)gm_stat_total(allocator->arena.stats.reserved_bytes) > allocator->arena.memory_limit)
+        allocator->arena.engine->release_cached(&allocator->arena);
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
 }
@@ -417,7 +416,7 @@ gm_status gm_get_memory_limit(gm_allocator *allocator, uint64_t *bytes_out)
     if (!allocator || !bytes_out)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_memory_limit: an argument is NULL");
     pthread_mutex_lock(&allocator->lock);
-    *bytes_out = allocator->memory_limit;
+    *bytes_out = allocator->arena.memory_limit;
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
 }
@@ -429,9 +428,9 @@ gm_status gm_cache_info(gm_allocator *allocator, uint64_t *free_bytes_out, uint6
     pthread_mutex_lock(&allocator->lock);
     *free_bytes_out = 0;
     *largest_block_out = 0;
-    for (size_t h = 0; h < allocator->heap_count; h++) {
+    for (size_t h = 0; h < allocator->arena.heap_count; h++) {
         for (int pool = GM_POOL_SMALL; pool <= GM_POOL_LARGE; pool++) {
-            const gm_size_index *index = gm_heap_index(allocator->heaps[h], pool);
+            const gm_size_index *index = gm_heap_index(allocator->arena.heaps[h], pool);
             const gm_block *largest = gm_size_index_largest(index);
             *free_bytes_out += index->bytes;
             if (largest && largest->size > *largest_block_out)
@@ -449,11 +448,11 @@ gm_status gm_get_stats(gm_allocator *allocator, gm_stats *stats_out)
     if (!allocator || !stats_out)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_stats: an argument is NULL");
     pthread_mutex_lock(&allocator->lock);
-    *stats_out = allocator->stats;
+    *stats_out = allocator->arena.stats;
     gm_stats_complete(stats_out);
-    memcpy(stats_out->device_calls, allocator->backend->calls, sizeof stats_out->device_calls);
-    stats_out->device_call_ns = allocator->backend->call_ns;
-    memcpy(stats_out->device_call_ns_by_kind, allocator->backend->call_ns_by_kind,
+    memcpy(stats_out->device_calls, allocator->arena.backend->calls, sizeof stats_out->device_calls);
+    stats_out->device_call_ns = allocator->arena.backend->call_ns;
+    memcpy(stats_out->device_call_ns_by_kind, allocator->arena.backend->call_ns_by_kind,
            sizeof stats_out->device_call_ns_by_kind);
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
@@ -464,12 +463,7 @@ gm_status gm_reset_peak_stats(gm_allocator *allocator)
     if (!allocator)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_reset_peak_stats: allocator is NULL");
     pthread_mutex_lock(&allocator->lock);
-    gm_stat *array;
-    for (size_t i = 0; (array = gm_stats_array(&allocator->stats, i)); i++) {
-        array[GM_POOL_SMALL].peak = array[GM_POOL_SMALL].current;
-        array[GM_POOL_LARGE].peak = array[GM_POOL_LARGE].current;
-        array[GM_POOL_ALL].peak = gm_stat_total(array);
-    }
+    gm_stats_reset_peaks(&allocator->arena.stats);
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
 }
@@ -479,17 +473,10 @@ gm_status gm_reset_accumulated_stats(gm_allocator *allocator)
     if (!allocator)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_reset_accumulated_stats: allocator is NULL");
     pthread_mutex_lock(&allocator->lock);
-    gm_stats *stats = &allocator->stats;
-    gm_stat *array;
-    for (size_t i = 0; (array = gm_stats_array(stats, i)); i++)
-        for (int pool = 0; pool < GM_POOL_COUNT; pool++)
-            array[pool].allocated = array[pool].freed = 0;
-    stats->num_alloc_retries = stats->num_ooms = stats->num_sync_all_streams = 0;
-    stats->num_device_alloc = stats->num_device_free = 0;
-    stats->num_page_maps = stats->num_page_unmaps = 0;
-    memset(allocator->backend->calls, 0, sizeof allocator->backend->calls);
-    memset(allocator->backend->call_ns_by_kind, 0, sizeof allocator->backend->call_ns_by_kind);
-    allocator->backend->call_ns = 0;
+    gm_stats_reset_accumulated(&allocator->arena.stats);
+    memset(allocator->arena.backend->calls, 0, sizeof allocator->arena.backend->calls);
+    memset(allocator->arena.backend->call_ns_by_kind, 0, sizeof allocator->arena.backend->call_ns_by_kind);
+    allocator->arena.backend->call_ns = 0;
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
 }
@@ -510,8 +497,8 @@ static gm_status compare_current(const char *name, const gm_stat recorded[GM_POO
 /* Every block in a size index is free, marked indexed, of that heap and pool; the counts agree. */
 static gm_status validate_indexes(gm_allocator *allocator)
 {
-    for (size_t h = 0; h < allocator->heap_count; h++) {
-        gm_heap *heap = allocator->heaps[h];
+    for (size_t h = 0; h < allocator->arena.heap_count; h++) {
+        gm_heap *heap = allocator->arena.heaps[h];
         for (int pool = GM_POOL_SMALL; pool <= GM_POOL_LARGE; pool++) {
             const gm_size_index *index = gm_heap_index(heap, pool);
             uint64_t count = 0, bytes = 0;
@@ -563,27 +550,21 @@ static gm_status validate_locked(gm_allocator *allocator)
     }
     gm_status status = validate_indexes(allocator);
     if (status == GM_OK)
-        status = allocator->engine->validate(allocator, &recomputed);
+        status = allocator->arena.engine->validate(&allocator->arena, &recomputed);
     gm_stats_complete(&recomputed);
-    gm_stats recorded_copy = allocator->stats;
+    gm_stats recorded_copy = allocator->arena.stats;
     gm_stats_complete(&recorded_copy);
-    const gm_stats *recorded = &recorded_copy;
-    if (status == GM_OK) status = compare_current("allocation", recorded->allocation, recomputed.allocation);
-    if (status == GM_OK) status = compare_current("allocated_bytes", recorded->allocated_bytes, recomputed.allocated_bytes);
-    if (status == GM_OK) status = compare_current("requested_bytes", recorded->requested_bytes, recomputed.requested_bytes);
-    if (status == GM_OK) status = compare_current("active", recorded->active, recomputed.active);
-    if (status == GM_OK) status = compare_current("active_bytes", recorded->active_bytes, recomputed.active_bytes);
-    if (status == GM_OK) status = compare_current("reserved_bytes", recorded->reserved_bytes, recomputed.reserved_bytes);
-    if (status == GM_OK) status = compare_current("segment", recorded->segment, recomputed.segment);
-    if (status == GM_OK) status = compare_current("inactive_split", recorded->inactive_split, recomputed.inactive_split);
-    if (status == GM_OK)
-        status = compare_current("inactive_split_bytes", recorded->inactive_split_bytes, recomputed.inactive_split_bytes);
+    gm_stat *recorded_array, *recomputed_array;
+    for (size_t i = 0; status == GM_OK && (recorded_array = gm_stats_array(&recorded_copy, i)); i++) {
+        recomputed_array = gm_stats_array(&recomputed, i);
+        status = compare_current(gm_stat_name(i), recorded_array, recomputed_array);
+    }
     if (status == GM_OK && allocator->exclusive_device) {
         uint64_t free_bytes = 0, total_bytes = 0;
-        gm_backend_memory_info(allocator->backend, &free_bytes, &total_bytes);
-        if (total_bytes - free_bytes != (uint64_t)recorded->reserved_bytes[GM_POOL_ALL].current)
+        gm_backend_memory_info(allocator->arena.backend, &free_bytes, &total_bytes);
+        if (total_bytes - free_bytes != (uint64_t)recorded_copy.reserved_bytes[GM_POOL_ALL].current)
             status = gm_fail(GM_ERROR_CORRUPT, "the device holds %" PRIu64 " bytes but reserved_bytes is %" PRId64,
-                             total_bytes - free_bytes, recorded->reserved_bytes[GM_POOL_ALL].current);
+                             total_bytes - free_bytes, recorded_copy.reserved_bytes[GM_POOL_ALL].current);
     }
     return status;
 }
@@ -606,10 +587,10 @@ gm_status gm_get_device_info(gm_allocator *allocator, gm_device_info *info_out)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_device_info: an argument is NULL");
     memset(info_out, 0, sizeof *info_out);
     pthread_mutex_lock(&allocator->lock);
-    gm_backend *backend = allocator->backend;
+    gm_backend *backend = allocator->arena.backend;
     snprintf(info_out->backend, sizeof info_out->backend, "%s", backend->operations->name);
     snprintf(info_out->name, sizeof info_out->name, "%s device", backend->operations->name);
-    snprintf(info_out->engine, sizeof info_out->engine, "%s", allocator->engine->name);
+    snprintf(info_out->engine, sizeof info_out->engine, "%s", allocator->arena.engine->name);
     info_out->device = allocator->options.device;
     info_out->device_count = 1;
     info_out->virtual_memory = backend->supports_virtual_memory;
@@ -627,10 +608,10 @@ gm_status gm_sim_stream_enqueue(gm_allocator *allocator, gm_stream stream, uint6
 {
     if (!allocator)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_sim_stream_enqueue: allocator is NULL");
-    if (!allocator->backend->operations->stream_enqueue)
-        return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend has real streams", allocator->backend->operations->name);
+    if (!allocator->arena.backend->operations->stream_enqueue)
+        return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend has real streams", allocator->arena.backend->operations->name);
     pthread_mutex_lock(&allocator->lock);
-    gm_status status = allocator->backend->operations->stream_enqueue(allocator->backend, stream, units);
+    gm_status status = allocator->arena.backend->operations->stream_enqueue(allocator->arena.backend, stream, units);
     pthread_mutex_unlock(&allocator->lock);
     return status;
 }
@@ -639,10 +620,10 @@ gm_status gm_sim_stream_complete(gm_allocator *allocator, gm_stream stream)
 {
     if (!allocator)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_sim_stream_complete: allocator is NULL");
-    if (!allocator->backend->operations->stream_complete)
-        return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend has real streams", allocator->backend->operations->name);
+    if (!allocator->arena.backend->operations->stream_complete)
+        return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend has real streams", allocator->arena.backend->operations->name);
     pthread_mutex_lock(&allocator->lock);
-    gm_status status = allocator->backend->operations->stream_complete(allocator->backend, stream);
+    gm_status status = allocator->arena.backend->operations->stream_complete(allocator->arena.backend, stream);
     pthread_mutex_unlock(&allocator->lock);
     return status;
 }
@@ -666,14 +647,12 @@ void gm_destroy(gm_allocator *allocator, size_t *live_allocations_out)
         retire_block(allocator, block);
     }
     process_pending_frees(allocator, true);
-    if (allocator->engine)
-        allocator->engine->destroy(allocator);
+    if (allocator->arena.engine)
+        allocator->arena.engine->destroy(&allocator->arena);
     while (allocator->spare_event_count)
-        gm_backend_event_destroy(allocator->backend, allocator->spare_events[--allocator->spare_event_count]);
-    gm_backend_close(allocator->backend);
-    for (size_t i = 0; i < allocator->heap_count; i++)
-        free(allocator->heaps[i]);
-    free(allocator->heaps);
+        gm_backend_event_destroy(allocator->arena.backend, allocator->spare_events[--allocator->spare_event_count]);
+    gm_backend_close(allocator->arena.backend);
+    gm_free_heaps(&allocator->arena);
     free(allocator->spare_events);
     while (allocator->spare_pending) {
         gm_pending_free *next = allocator->spare_pending->next;
@@ -681,7 +660,7 @@ void gm_destroy(gm_allocator *allocator, size_t *live_allocations_out)
         allocator->spare_pending = next;
     }
     gm_hash_map_free(&allocator->live_blocks);
-    gm_block_pool_free_all(&allocator->block_pool);
+    gm_block_pool_free_all(&allocator->arena.block_pool);
     pthread_mutex_unlock(&allocator->lock);
     pthread_mutex_destroy(&allocator->lock);
     free(allocator);

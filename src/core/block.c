@@ -1,16 +1,16 @@
 /*
- * block.c -- block metadata and the operations every engine shares: splitting, coalescing and
- * (un)indexing free blocks with their inactive-split accounting.
+ * block.c -- block metadata and the operations every engine shares: splitting, coalescing,
+ * (un)indexing free blocks with their inactive-split accounting, and counting reserved memory.
  *
- * Block structs come from a pool that grows by chunks of 1024 and recycles through a free list,
+ * Block structs come from a pool that grows by chunks of 1024 and recycles through a spare list,
  * so the steady state allocates nothing. Inactive-split statistics follow PyTorch: a free block
  * that shares its segment with a block in use counts as one inactive split block of its size. The
  * count is kept by indexing and unindexing alone (unindexing takes back what indexing counted), so
  * a free block's neighbours should change only while it is out of the index; gm_validate checks it.
  */
-#include "internal.h"
+#include "core/arena.h"
 
-#include "error.h"
+#include "base/error.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -20,7 +20,7 @@
 
 gm_block *gm_block_new(gm_block_pool *pool)
 {
-    if (!pool->free_list) {
+    if (!pool->spare.first) {
         void **chunks = realloc(pool->chunks, (pool->chunk_count + 1) * sizeof *chunks);
         if (!chunks)
             return NULL;
@@ -29,13 +29,11 @@ gm_block *gm_block_new(gm_block_pool *pool)
         if (!chunk)
             return NULL;
         chunks[pool->chunk_count++] = chunk;
-        for (size_t i = 0; i < BLOCKS_PER_CHUNK; i++) {
-            chunk[i].free_next = pool->free_list;
-            pool->free_list = &chunk[i];
-        }
+        for (size_t i = 0; i < BLOCKS_PER_CHUNK; i++)
+            gm_list_push_front(&pool->spare, &chunk[i].link);
     }
-    gm_block *block = pool->free_list;
-    pool->free_list = block->free_next;
+    gm_block *block = gm_block_of(pool->spare.first);
+    gm_list_remove(&pool->spare, &block->link);
     memset(block, 0, sizeof *block);
     return block;
 }
@@ -44,8 +42,7 @@ void gm_block_delete(gm_block_pool *pool, gm_block *block)
 {
     free(block->recorded_streams);
     block->recorded_streams = NULL;
-    block->free_next = pool->free_list;
-    pool->free_list = block;
+    gm_list_push_front(&pool->spare, &block->link);
 }
 
 void gm_block_pool_free_all(gm_block_pool *pool)
@@ -56,34 +53,34 @@ void gm_block_pool_free_all(gm_block_pool *pool)
     memset(pool, 0, sizeof *pool);
 }
 
-void gm_index_free_block(gm_allocator *allocator, gm_block *block)
+void gm_index_free_block(gm_arena *arena, gm_block *block)
 {
     gm_size_index_insert(gm_heap_index(block->heap, block->pool), block);
     block->indexed = 1;
     block->counted_split = gm_block_is_split(block);
     if (block->counted_split) {
-        gm_stat_change(allocator->stats.inactive_split, block->pool, 1);
-        gm_stat_change(allocator->stats.inactive_split_bytes, block->pool, (int64_t)block->size);
+        gm_stat_change(arena->stats.inactive_split, block->pool, 1);
+        gm_stat_change(arena->stats.inactive_split_bytes, block->pool, (int64_t)block->size);
     }
 }
 
-void gm_unindex_free_block(gm_allocator *allocator, gm_block *block)
+void gm_unindex_free_block(gm_arena *arena, gm_block *block)
 {
     gm_size_index_remove(gm_heap_index(block->heap, block->pool), block);
     block->indexed = 0;
     if (block->counted_split) {
-        gm_stat_change(allocator->stats.inactive_split, block->pool, -1);
-        gm_stat_change(allocator->stats.inactive_split_bytes, block->pool, -(int64_t)block->size);
+        gm_stat_change(arena->stats.inactive_split, block->pool, -1);
+        gm_stat_change(arena->stats.inactive_split_bytes, block->pool, -(int64_t)block->size);
     }
 }
 
-gm_block *gm_split_block(gm_allocator *allocator, gm_block *block, uint64_t size)
+gm_block *gm_split_block(gm_block_pool *pool, gm_block *block, uint64_t size)
 {
     if (block->size == size)
         return NULL;
-    gm_block *rest = gm_block_new(&allocator->block_pool);
+    gm_block *rest = gm_block_new(pool);
     if (!rest)
-        return NULL; /* no metadata: the block stays whole, which is still correct */
+        return NULL;
     rest->address = block->address + size;
     rest->size = block->size - size;
     rest->region = block->region;
@@ -99,14 +96,14 @@ gm_block *gm_split_block(gm_allocator *allocator, gm_block *block, uint64_t size
     return rest;
 }
 
-void gm_absorb_next(gm_allocator *allocator, gm_block *block)
+void gm_absorb_next(gm_block_pool *pool, gm_block *block)
 {
     gm_block *next = block->next;
     block->size += next->size;
     block->next = next->next;
     if (next->next)
         next->next->previous = block;
-    gm_block_delete(&allocator->block_pool, next);
+    gm_block_delete(pool, next);
 }
 
 gm_status gm_validate_region_blocks(const gm_region *region, gm_stats *recomputed,
@@ -143,41 +140,23 @@ gm_status gm_validate_region_blocks(const gm_region *region, gm_stats *recompute
     return GM_OK;
 }
 
-bool gm_may_reserve(const gm_allocator *allocator, uint64_t size)
+bool gm_may_reserve(const gm_arena *arena, uint64_t size)
 {
-    uint64_t reserved = (uint64_t)gm_stat_total(allocator->stats.reserved_bytes);
-    return size <= allocator->memory_limit && reserved <= allocator->memory_limit - size;
+    uint64_t reserved = (uint64_t)gm_stat_total(arena->stats.reserved_bytes);
+    return size <= arena->memory_limit && reserved <= arena->memory_limit - size;
 }
 
-void gm_count_reserved(gm_allocator *allocator, int pool, int64_t bytes, int64_t segments)
+void gm_count_reserved(gm_arena *arena, int pool, int64_t bytes, int64_t segments)
 {
-    gm_stat_change(allocator->stats.reserved_bytes, pool, bytes);
+    gm_stat_change(arena->stats.reserved_bytes, pool, bytes);
     if (segments)
-        gm_stat_change(allocator->stats.segment, pool, segments);
+        gm_stat_change(arena->stats.segment, pool, segments);
 }
 
-gm_stat *gm_stats_array(gm_stats *stats, size_t index)
+void gm_move_reserved(gm_arena *arena, int from_pool, int to_pool, uint64_t bytes)
 {
-    gm_stat *arrays[] = {stats->allocation,     stats->segment,         stats->active,
-                         stats->inactive_split, stats->allocated_bytes, stats->reserved_bytes,
-                         stats->active_bytes,   stats->inactive_split_bytes, stats->requested_bytes};
-    return index < sizeof arrays / sizeof arrays[0] ? arrays[index] : NULL;
-}
-
-void gm_stats_complete(gm_stats *stats)
-{
-    gm_stat *array;
-    for (size_t i = 0; (array = gm_stats_array(stats, i)); i++) {
-        array[GM_POOL_ALL].current = gm_stat_total(array);
-        array[GM_POOL_ALL].allocated = array[GM_POOL_SMALL].allocated + array[GM_POOL_LARGE].allocated;
-        array[GM_POOL_ALL].freed = array[GM_POOL_SMALL].freed + array[GM_POOL_LARGE].freed;
-    }
-}
-
-void gm_move_reserved(gm_allocator *allocator, int from_pool, int to_pool, uint64_t bytes)
-{
-    gm_stat_add(&allocator->stats.reserved_bytes[from_pool], -(int64_t)bytes);
-    gm_stat_add(&allocator->stats.reserved_bytes[to_pool], (int64_t)bytes);
-    gm_stat_add(&allocator->stats.segment[from_pool], -1);
-    gm_stat_add(&allocator->stats.segment[to_pool], 1);
+    gm_stat_add(&arena->stats.reserved_bytes[from_pool], -(int64_t)bytes);
+    gm_stat_add(&arena->stats.reserved_bytes[to_pool], (int64_t)bytes);
+    gm_stat_add(&arena->stats.segment[from_pool], -1);
+    gm_stat_add(&arena->stats.segment[to_pool], 1);
 }

@@ -13,9 +13,9 @@
  * This caps the "reserved but unusable" growth that makes PyTorch reserve 3x the live bytes on
  * workloads whose sizes drift (generation with a growing KV cache).
  */
-#include "internal.h"
+#include "core/arena.h"
 
-#include "error.h"
+#include "base/error.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -29,125 +29,112 @@ static uint64_t segment_size_for(const gm_options *options, int pool, uint64_t s
     return gm_round_up(size, 2ull << 20);
 }
 
-static void unlink_region(gm_heap *heap, gm_region *region)
-{
-    if (region->previous)
-        region->previous->next = region->next;
-    else
-        heap->regions = region->next;
-    if (region->next)
-        region->next->previous = region->previous;
-}
-
 static bool region_is_free(const gm_region *region)
 {
     return region->first_block->state == GM_BLOCK_FREE && region->first_block->size == region->size;
 }
 
-static void release_segment(gm_allocator *allocator, gm_region *region)
+static void release_segment(gm_arena *arena, gm_region *region)
 {
     gm_block *block = region->first_block;
-    gm_unindex_free_block(allocator, block);
-    gm_block_delete(&allocator->block_pool, block);
-    gm_backend_segment_free(allocator->backend, region->base, region->size);
-    gm_count_reserved(allocator, region->pool, -(int64_t)region->size, -1);
-    allocator->stats.num_device_free++;
-    unlink_region(region->heap, region);
+    gm_unindex_free_block(arena, block);
+    gm_block_delete(&arena->block_pool, block);
+    gm_backend_segment_free(arena->backend, region->base, region->size);
+    gm_count_reserved(arena, region->pool, -(int64_t)region->size, -1);
+    arena->stats.num_device_free++;
+    gm_list_remove(&region->heap->regions, &region->link);
     free(region);
 }
 
-static void segments_release_cached(gm_allocator *allocator)
+static void segments_release_cached(gm_arena *arena)
 {
-    for (size_t h = 0; h < allocator->heap_count; h++) {
-        gm_region *region = allocator->heaps[h]->regions;
+    for (size_t h = 0; h < arena->heap_count; h++) {
+        gm_region *region = gm_first_region(arena->heaps[h]);
         while (region) {
-            gm_region *next = region->next;
+            gm_region *next = gm_next_region(region);
             if (region_is_free(region))
-                release_segment(allocator, region);
+                release_segment(arena, region);
             region = next;
         }
     }
 }
 
-static gm_status new_segment(gm_allocator *allocator, gm_heap *heap, int pool, uint64_t size, gm_block **block_out)
+static gm_status new_segment(gm_arena *arena, gm_heap *heap, int pool, uint64_t size, gm_block **block_out)
 {
-    if (!gm_may_reserve(allocator, size))
-        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "memory limit of %" PRIu64 " bytes reached", allocator->memory_limit);
+    if (!gm_may_reserve(arena, size))
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "memory limit of %" PRIu64 " bytes reached", arena->memory_limit);
     gm_region *region = calloc(1, sizeof *region);
-    gm_block *block = gm_block_new(&allocator->block_pool);
+    gm_block *block = gm_block_new(&arena->block_pool);
     if (!region || !block) {
         free(region);
         if (block)
-            gm_block_delete(&allocator->block_pool, block);
+            gm_block_delete(&arena->block_pool, block);
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for allocator metadata");
     }
     uintptr_t address = 0;
-    gm_status status = gm_backend_segment_allocate(allocator->backend, size, &address);
+    gm_status status = gm_backend_segment_allocate(arena->backend, size, &address);
     if (status != GM_OK) {
         free(region);
-        gm_block_delete(&allocator->block_pool, block);
+        gm_block_delete(&arena->block_pool, block);
         return status;
     }
-    *region = (gm_region){.base = address, .size = size, .heap = heap, .next = heap->regions,
-                          .first_block = block, .pool = (uint8_t)pool};
-    if (heap->regions)
-        heap->regions->previous = region;
-    heap->regions = region;
+    *region = (gm_region){.base = address, .size = size, .heap = heap, .first_block = block, .pool = (uint8_t)pool};
+    gm_list_push_front(&heap->regions, &region->link);
     *block = (gm_block){.address = address, .size = size, .region = region, .heap = heap,
                         .state = GM_BLOCK_FREE, .pool = (uint8_t)pool};
-    gm_count_reserved(allocator, pool, (int64_t)size, 1);
-    allocator->stats.num_device_alloc++;
+    gm_count_reserved(arena, pool, (int64_t)size, 1);
+    arena->stats.num_device_alloc++;
     *block_out = block;
     return GM_OK;
 }
 
-static gm_status segments_allocate(gm_allocator *allocator, gm_heap *heap, int pool, uint64_t size, gm_block **block_out)
+static gm_status segments_allocate(gm_arena *arena, gm_heap *heap, int pool, uint64_t size, gm_block **block_out)
 {
     gm_block *block = gm_size_index_find(gm_heap_index(heap, pool), size);
     if (block) {
-        gm_unindex_free_block(allocator, block);
+        gm_unindex_free_block(arena, block);
     } else {
-        uint64_t segment_size = segment_size_for(&allocator->options, pool, size);
-        const gm_stat *reserved = allocator->stats.reserved_bytes;
-        if (allocator->options.release_before_growth &&
+        uint64_t segment_size = segment_size_for(arena->options, pool, size);
+        const gm_stat *reserved = arena->stats.reserved_bytes;
+        if (arena->options->release_before_growth &&
             gm_stat_total(reserved) + (int64_t)segment_size > reserved[GM_POOL_ALL].peak)
-            segments_release_cached(allocator);
-        gm_status status = new_segment(allocator, heap, pool, segment_size, &block);
+            segments_release_cached(arena);
+        gm_status status = new_segment(arena, heap, pool, segment_size, &block);
         if (status != GM_OK)
             return status;
     }
     uint64_t rest_size = block->size - size;
-    bool split = pool == GM_POOL_SMALL ? rest_size >= 512 : rest_size > allocator->options.small_size;
+    bool split = pool == GM_POOL_SMALL ? rest_size >= 512 : rest_size > arena->options->small_size;
     if (split) {
-        gm_block *rest = gm_split_block(allocator, block, size);
+        gm_block *rest = gm_split_block(&arena->block_pool, block, size);
         if (rest)
-            gm_index_free_block(allocator, rest);
+            gm_index_free_block(arena, rest);
     }
     block->state = GM_BLOCK_ALLOCATED;
     *block_out = block;
     return GM_OK;
 }
 
-static void segments_free_block(gm_allocator *allocator, gm_block *block)
+static void segments_free_block(gm_arena *arena, gm_block *block)
 {
     block->state = GM_BLOCK_FREE;
     if (block->previous && block->previous->state == GM_BLOCK_FREE) {
         gm_block *previous = block->previous;
-        gm_unindex_free_block(allocator, previous);
-        gm_absorb_next(allocator, previous);
+        gm_unindex_free_block(arena, previous);
+        gm_absorb_next(&arena->block_pool, previous);
         block = previous;
     }
     if (block->next && block->next->state == GM_BLOCK_FREE) {
-        gm_unindex_free_block(allocator, block->next);
-        gm_absorb_next(allocator, block);
+        gm_unindex_free_block(arena, block->next);
+        gm_absorb_next(&arena->block_pool, block);
     }
-    gm_index_free_block(allocator, block);
+    gm_index_free_block(arena, block);
 }
 
-static gm_status segments_validate(gm_allocator *allocator, gm_stats *recomputed)
+static gm_status segments_validate(gm_arena *arena, gm_stats *recomputed)
 {
-    for (size_t h = 0; h < allocator->heap_count; h++)
-        for (const gm_region *region = allocator->heaps[h]->regions; region; region = region->next) {
+    for (size_t h = 0; h < arena->heap_count; h++)
+        for (const gm_region *region = gm_first_region(arena->heaps[h]); region; region = gm_next_region(region)) {
             gm_status status = gm_validate_region_blocks(region, recomputed, NULL, NULL);
             if (status != GM_OK)
                 return status;
@@ -157,16 +144,16 @@ static gm_status segments_validate(gm_allocator *allocator, gm_stats *recomputed
     return GM_OK;
 }
 
-static gm_status segments_create(gm_allocator *allocator)
+static gm_status segments_create(gm_arena *arena)
 {
-    allocator->engine_state = NULL;
+    arena->engine_state = NULL;
     return GM_OK;
 }
 
-static void segments_destroy(gm_allocator *allocator)
+static void segments_destroy(gm_arena *arena)
 {
     /* The front end has freed every block; what is left are whole free segments. */
-    segments_release_cached(allocator);
+    segments_release_cached(arena);
 }
 
 const gm_engine_operations gm_segment_engine = {

@@ -12,9 +12,11 @@
  * and otherwise takes the smallest of the first few blocks of the next non-empty list, every one of
  * which fits.
  */
-#include "internal.h"
+#include "core/size_index.h"
 
-#include <assert.h>
+#include "core/block.h"
+
+#include <stdbool.h>
 
 #define SCAN_LIMIT 16
 
@@ -39,12 +41,7 @@ static inline list_position position_of(uint64_t size)
 void gm_size_index_insert(gm_size_index *index, gm_block *block)
 {
     list_position at = position_of(block->size);
-    gm_block **head = &index->lists[at.first][at.second];
-    block->free_previous = NULL;
-    block->free_next = *head;
-    if (*head)
-        (*head)->free_previous = block;
-    *head = block;
+    gm_list_push_front(&index->lists[at.first][at.second], &block->link);
     index->first_bitmap |= 1ull << at.first;
     index->second_bitmaps[at.first] |= 1u << at.second;
     index->block_count++;
@@ -54,15 +51,9 @@ void gm_size_index_insert(gm_size_index *index, gm_block *block)
 void gm_size_index_remove(gm_size_index *index, gm_block *block)
 {
     list_position at = position_of(block->size);
-    gm_block **head = &index->lists[at.first][at.second];
-    if (block->free_previous)
-        block->free_previous->free_next = block->free_next;
-    else
-        *head = block->free_next;
-    if (block->free_next)
-        block->free_next->free_previous = block->free_previous;
-    block->free_previous = block->free_next = NULL;
-    if (!*head) {
+    gm_list *list = &index->lists[at.first][at.second];
+    gm_list_remove(list, &block->link);
+    if (!list->first) {
         index->second_bitmaps[at.first] &= ~(1u << at.second);
         if (!index->second_bitmaps[at.first])
             index->first_bitmap &= ~(1ull << at.first);
@@ -72,11 +63,12 @@ void gm_size_index_remove(gm_size_index *index, gm_block *block)
 }
 
 /* The smallest block of at least `size` among the first SCAN_LIMIT of a list; an exact fit ends the scan. */
-static gm_block *best_in_list(gm_block *head, uint64_t size)
+static gm_block *best_in_list(const gm_list *list, uint64_t size)
 {
     gm_block *best = NULL;
     int scanned = 0;
-    for (gm_block *block = head; block && scanned < SCAN_LIMIT; block = block->free_next, scanned++) {
+    for (gm_block *block = gm_block_of(list->first); block && scanned < SCAN_LIMIT;
+         block = gm_block_of(block->link.next), scanned++) {
         if (block->size < size || (best && block->size >= best->size))
             continue;
         best = block;
@@ -107,12 +99,12 @@ static bool next_nonempty_list(const gm_size_index *index, list_position at, lis
 gm_block *gm_size_index_find(const gm_size_index *index, uint64_t size)
 {
     list_position at = position_of(size);
-    gm_block *fit = best_in_list(index->lists[at.first][at.second], size);
+    gm_block *fit = best_in_list(&index->lists[at.first][at.second], size);
     if (fit)
         return fit;
     /* Every block of a later list is larger than `size`. */
     list_position next;
-    return next_nonempty_list(index, at, &next) ? best_in_list(index->lists[next.first][next.second], size) : NULL;
+    return next_nonempty_list(index, at, &next) ? best_in_list(&index->lists[next.first][next.second], size) : NULL;
 }
 
 gm_block *gm_size_index_begin(gm_index_cursor *cursor, const gm_size_index *index)
@@ -125,23 +117,23 @@ gm_block *gm_size_index_begin_at(gm_index_cursor *cursor, const gm_size_index *i
     list_position at = position_of(size);
     cursor->index = index;
     cursor->block = NULL;
-    if (!index->lists[at.first][at.second] && !next_nonempty_list(index, at, &at))
+    if (!index->lists[at.first][at.second].first && !next_nonempty_list(index, at, &at))
         return NULL;
     cursor->first = at.first;
     cursor->second = at.second;
-    return cursor->block = index->lists[at.first][at.second];
+    return cursor->block = gm_block_of(index->lists[at.first][at.second].first);
 }
 
 gm_block *gm_size_index_advance(gm_index_cursor *cursor)
 {
-    if (cursor->block && cursor->block->free_next)
-        return cursor->block = cursor->block->free_next;
+    if (cursor->block && cursor->block->link.next)
+        return cursor->block = gm_block_of(cursor->block->link.next);
     list_position next;
     if (!next_nonempty_list(cursor->index, (list_position){cursor->first, cursor->second}, &next))
         return cursor->block = NULL;
     cursor->first = next.first;
     cursor->second = next.second;
-    return cursor->block = cursor->index->lists[next.first][next.second];
+    return cursor->block = gm_block_of(cursor->index->lists[next.first][next.second].first);
 }
 
 gm_block *gm_size_index_largest(const gm_size_index *index)
@@ -151,7 +143,7 @@ gm_block *gm_size_index_largest(const gm_size_index *index)
     unsigned first = 63u - (unsigned)__builtin_clzll(index->first_bitmap);
     unsigned second = 31u - (unsigned)__builtin_clz(index->second_bitmaps[first]);
     gm_block *largest = NULL;
-    for (gm_block *block = index->lists[first][second]; block; block = block->free_next)
+    for (gm_block *block = gm_block_of(index->lists[first][second].first); block; block = gm_block_of(block->link.next))
         if (!largest || block->size > largest->size)
             largest = block;
     return largest;

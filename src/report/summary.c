@@ -2,10 +2,13 @@
  * summary.c -- gm_summary(): the statistics as a table in the layout of torch.cuda.memory_summary(),
  * so that users read it as they read PyTorch's. Sizes switch unit when the row's first reading
  * passes 768 of the unit below, counts at 750 thousand, exactly as PyTorch formats them. The last
- * rows are gpumem's own: device calls and page maps.
+ * rows are gpumem's own: device calls and the counters that GM_COUNTERS gives a label. Every row
+ * comes from the statistics list in gpumem.h, and the table is made from gm_get_stats() and
+ * gm_get_device_info() alone.
  */
-#include "../core/error.h"
-#include "../core/internal.h"
+#include "gpumem.h"
+
+#include "base/error.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -59,6 +62,10 @@ static void format_count(char *out, size_t size, int64_t value, int64_t preferre
 
 typedef void (*formatter)(char *out, size_t size, int64_t value, int64_t preferred);
 
+/* The formatter of a statistic's unit (GM_POOL_STATISTICS: BYTES or COUNT). */
+#define FORMAT_BYTES format_size
+#define FORMAT_COUNT format_count
+
 static void separator(text_buffer *text, char fill)
 {
     char line[76];
@@ -106,23 +113,20 @@ static void render(text_buffer *text, const gm_stats *stats, const char *backend
     append(text, "| %-73s |\n", events);
     separator(text, '=');
     append(text, "|        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  |\n");
-    metric_rows(text, "Allocated memory", stats->allocated_bytes, format_size);
-    metric_rows(text, "Active memory", stats->active_bytes, format_size);
-    metric_rows(text, "Requested memory", stats->requested_bytes, format_size);
-    metric_rows(text, "GPU reserved memory", stats->reserved_bytes, format_size);
-    metric_rows(text, "Non-releasable memory", stats->inactive_split_bytes, format_size);
-    metric_rows(text, "Allocations", stats->allocation, format_count);
-    metric_rows(text, "Active allocs", stats->active, format_count);
-    metric_rows(text, "GPU reserved segments", stats->segment, format_count);
-    metric_rows(text, "Non-releasable allocs", stats->inactive_split, format_count);
+#define METRIC_ROWS(field, label, unit, origin) metric_rows(text, label, stats->field, FORMAT_##unit);
+    GM_POOL_STATISTICS(METRIC_ROWS)
+#undef METRIC_ROWS
     separator(text, '-');
     int64_t calls = 0;
     for (int kind = 0; kind < GM_CALL_KIND_COUNT; kind++)
         calls += stats->device_calls[kind];
     counter_row(text, "Device calls", calls);
     counter_row(text, "Device call time (us)", stats->device_call_ns / 1000);
-    counter_row(text, "Pages mapped", stats->num_page_maps);
-    counter_row(text, "Pages unmapped", stats->num_page_unmaps);
+#define COUNTER_ROW(field, label, origin)                                                                       \
+    if (label)                                                                                                 \
+        counter_row(text, label, stats->field);
+    GM_COUNTERS(COUNTER_ROW)
+#undef COUNTER_ROW
     separator(text, '=');
 }
 
@@ -131,11 +135,14 @@ gm_status gm_summary(gm_allocator *allocator, char *buffer, size_t buffer_size, 
     if (!allocator || (!buffer && buffer_size))
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_summary: %s is NULL", allocator ? "buffer" : "allocator");
     gm_stats stats;
+    gm_device_info info;
     gm_status status = gm_get_stats(allocator, &stats);
+    if (status == GM_OK)
+        status = gm_get_device_info(allocator, &info);
     if (status != GM_OK)
         return status;
     text_buffer text = {buffer, buffer_size, 0};
-    render(&text, &stats, allocator->backend->operations->name, allocator->options.device);
+    render(&text, &stats, info.backend, info.device);
     if (needed_out)
         *needed_out = text.used + 1;
     if (text.used + 1 > buffer_size)

@@ -20,7 +20,7 @@
 #include "../test.h"
 
 #include "backend/backend.h"
-#include "replay/trace.h"
+#include "tools/trace.h"
 #include "slow_writer_ptx.h"
 
 #include <time.h>

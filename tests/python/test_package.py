@@ -38,6 +38,23 @@ class PackageTest(unittest.TestCase):
         self.assertEqual(self.allocator.memory_stats()["reserved_bytes.all.current"], 0)
         self.allocator.validate()
 
+    def test_statistics_follow_the_library_list(self):
+        stats = self.allocator.memory_stats()
+        for name in gpumem._STAT_ARRAYS:
+            for pool in ("all", "small_pool", "large_pool"):
+                for reading in ("current", "peak", "allocated", "freed"):
+                    self.assertIn(f"{name}.{pool}.{reading}", stats)
+        for name in gpumem._COUNTERS:
+            self.assertIn(name, stats)
+        self.assertIn("allocated_bytes", gpumem._STAT_ARRAYS)
+        self.assertIn("num_page_maps", gpumem._COUNTERS)
+        self.assertEqual(len(gpumem._CALL_KINDS), 12)
+        # The fields after the listed ones land where the library writes them: the device's size.
+        raw = gpumem._Stats()
+        gpumem._check(gpumem._library.gm_get_stats(self.allocator._handle, gpumem.ctypes.byref(raw)))
+        self.assertEqual(raw.device_total_bytes, 1 << 30)
+        self.assertEqual(raw.page_size, 2 << 20)
+
     def test_errors_say_why(self):
         with self.assertRaises(gpumem.OutOfMemoryError) as caught:
             self.allocator.malloc(2 << 30)

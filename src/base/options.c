@@ -3,13 +3,13 @@
  *
  * A configuration is "key:value,key:value" (PyTorch's PYTORCH_CUDA_ALLOC_CONF style). Each key
  * is described once in the table below: its name, its kind (text choice, size, count, fraction,
- * boolean), where it lands in gm_options and its help line; parsing, help text and formatting are
+ * boolean), where it lands in gm_options and its help line; parsing and help text are
  * all driven by that table. Keys are parsed into a copy, which replaces the caller's options only
  * when the whole string was valid.
  */
-#include "options.h"
+#include "base/options.h"
 
-#include "error.h"
+#include "base/error.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -285,19 +285,4 @@ const char *gm_config_help(void)
 {
     pthread_once(&help_once, write_help);
     return help_text;
-}
-
-void gm_options_format(const gm_options *options, char *buffer, size_t size)
-{
-    snprintf(buffer, size,
-             "backend:%s,device:%d,engine:%s,capacity:%" PRIu64 ",page_size:%" PRIu64 ",memory_limit:%" PRIu64
-             ",small_size:%" PRIu64 ",small_segment_size:%" PRIu64 ",large_segment_size:%" PRIu64
-             ",min_large_alloc:%" PRIu64 ",release_before_growth:%s,cost_model:%s,device_credit_ns:%d"
-             ",max_chunk_size:%" PRIu64 ",growth_lane:%s,tail_chunk:%s",
-             options->backend, options->device, options->engine == GM_ENGINE_PAGES ? "pages" : "segments",
-             options->capacity, options->page_size, options->memory_limit, options->small_size,
-             options->small_segment_size, options->large_segment_size, options->min_large_alloc,
-             options->release_before_growth ? "true" : "false", options->cost_model ? "true" : "false",
-             options->device_credit_ns, options->max_chunk_size, options->growth_lane ? "true" : "false",
-             options->tail_chunk ? "true" : "false");
 }

@@ -1,7 +1,7 @@
 /*
  * format.c -- human-readable numbers for reports (no allocation: callers pass the buffer).
  */
-#include "format.h"
+#include "base/format.h"
 
 #include <inttypes.h>
 #include <stdio.h>

@@ -5,7 +5,7 @@
 #ifndef GM_OOM_REPORT_H
 #define GM_OOM_REPORT_H
 
-#include "../core/internal.h"
+#include "core/arena.h"
 
 typedef struct gm_oom_attempts {
     bool waited_for_streams; /* pending cross-stream frees were waited for */
@@ -14,6 +14,6 @@ typedef struct gm_oom_attempts {
 } gm_oom_attempts;
 
 /* Write the report as this thread's gm_last_error(). Called with the allocator's lock held. */
-void gm_write_oom_report(gm_allocator *allocator, gm_heap *heap, uint64_t size, const gm_oom_attempts *attempts);
+void gm_write_oom_report(gm_arena *arena, gm_heap *heap, uint64_t size, const gm_oom_attempts *attempts);
 
 #endif

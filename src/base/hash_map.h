@@ -4,7 +4,7 @@
  * Linear probing, power-of-two capacity, load factor at most 1/2, deletion by backward shift
  * (no tombstones), so a lookup touches one or two cache lines. Key 0 marks an empty slot, so
  * key 0 cannot be stored: callers store addresses or ids + 1. Growth is the only allocation and
- * happens when the map doubles; gm_hash_map_reserve lets a caller grow it ahead of a hot path.
+ * happens when the map doubles.
  */
 #ifndef GM_HASH_MAP_H
 #define GM_HASH_MAP_H
@@ -32,8 +32,6 @@ bool gm_hash_map_put(gm_hash_map *map, uint64_t key, uint64_t value);
 bool gm_hash_map_get(const gm_hash_map *map, uint64_t key, uint64_t *value_out);
 /* Remove key, giving its value; false if absent. */
 bool gm_hash_map_remove(gm_hash_map *map, uint64_t key, uint64_t *value_out);
-/* Make room for `count` entries without further growth. */
-bool gm_hash_map_reserve(gm_hash_map *map, size_t count);
 
 /* Iterate: for (size_t i = 0; i < map->capacity; i++) if (map->entries[i].key) ... */
 

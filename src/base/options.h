@@ -44,7 +44,4 @@ gm_status gm_options_parse(gm_options *options, const char *text);
 /* Parse a size such as "512", "2MiB", "16GB" into bytes. */
 gm_status gm_parse_size(const char *text, uint64_t *bytes_out);
 
-/* Write the options back as a configuration string. */
-void gm_options_format(const gm_options *options, char *buffer, size_t size);
-
 #endif

@@ -9,13 +9,14 @@
  * that replay indexes an array; streams become a short table. The first bad line stops loading
  * with "FILE:LINE: reason".
  */
-#include "trace.h"
+#include "tools/trace.h"
 
-#include "../core/error.h"
-#include "../core/hash_map.h"
+#include "base/error.h"
+#include "base/hash_map.h"
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>

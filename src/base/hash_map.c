@@ -2,7 +2,7 @@
  * hash_map.c -- see hash_map.h. Keys are mixed with a 64-bit multiplicative hash (Fibonacci
  * hashing), which spreads aligned addresses (whose low bits are all zero) over the table.
  */
-#include "hash_map.h"
+#include "base/hash_map.h"
 
 #include <stdlib.h>
 
@@ -56,14 +56,6 @@ static bool grow_to(gm_hash_map *map, size_t capacity)
             insert_fresh(map, old[i].key, old[i].value);
     free(old);
     return true;
-}
-
-bool gm_hash_map_reserve(gm_hash_map *map, size_t count)
-{
-    size_t capacity = map->capacity ? map->capacity : 16;
-    while (capacity < count * 2)
-        capacity *= 2;
-    return capacity == map->capacity ? true : grow_to(map, capacity);
 }
 
 bool gm_hash_map_put(gm_hash_map *map, uint64_t key, uint64_t value)

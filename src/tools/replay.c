@@ -7,9 +7,9 @@
  * counted, its first report kept, and its later free skipped: a trace that does not fit is a
  * result, not a crash.
  */
-#include "trace.h"
+#include "tools/trace.h"
 
-#include "../core/error.h"
+#include "base/error.h"
 
 #include <stdlib.h>
 #include <string.h>

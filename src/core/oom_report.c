@@ -5,10 +5,10 @@
  *
  * Runs when memory is short, so it allocates nothing: it writes into the thread's error buffer.
  */
-#include "oom_report.h"
+#include "core/oom_report.h"
 
-#include "../core/error.h"
-#include "format.h"
+#include "base/error.h"
+#include "base/format.h"
 
 #include <inttypes.h>
 
@@ -18,20 +18,20 @@ static uint64_t largest_free_block(const gm_heap *heap, int pool)
     return largest ? largest->size : 0;
 }
 
-void gm_write_oom_report(gm_allocator *allocator, gm_heap *heap, uint64_t size, const gm_oom_attempts *attempts)
+void gm_write_oom_report(gm_arena *arena, gm_heap *heap, uint64_t size, const gm_oom_attempts *attempts)
 {
-    gm_stats completed = allocator->stats;
+    gm_stats completed = arena->stats;
     gm_stats_complete(&completed);
     const gm_stats *stats = &completed;
     char requested[32], total[32], free_text[32], reserved[32], allocated[32], cached[32], largest[32], pending[32],
         limit[32], outside[32], released[32], chunk[32];
     uint64_t free_bytes = 0, total_bytes = 0;
-    gm_backend_memory_info(allocator->backend, &free_bytes, &total_bytes);
+    gm_backend_memory_info(arena->backend, &free_bytes, &total_bytes);
     uint64_t reserved_bytes = (uint64_t)stats->reserved_bytes[GM_POOL_ALL].current;
     uint64_t allocated_bytes = (uint64_t)stats->allocated_bytes[GM_POOL_ALL].current;
     uint64_t pending_bytes = (uint64_t)(stats->active_bytes[GM_POOL_ALL].current - stats->allocated_bytes[GM_POOL_ALL].current);
     uint64_t cached_bytes = reserved_bytes - allocated_bytes - pending_bytes;
-    int pool = size <= allocator->options.small_size ? GM_POOL_SMALL : GM_POOL_LARGE;
+    int pool = size <= arena->options->small_size ? GM_POOL_SMALL : GM_POOL_LARGE;
     uint64_t largest_bytes = largest_free_block(heap, pool);
     uint64_t used_outside = total_bytes - free_bytes > reserved_bytes ? total_bytes - free_bytes - reserved_bytes : 0;
 
@@ -39,7 +39,7 @@ void gm_write_oom_report(gm_allocator *allocator, gm_heap *heap, uint64_t size, 
             "gpumem: out of memory. Tried to allocate %s (%" PRIu64 " bytes after rounding) on stream %" PRIuPTR
             " of %s device %d.\n",
             gm_format_bytes(requested, sizeof requested, size), size, (uintptr_t)heap->stream,
-            allocator->backend->operations->name, allocator->options.device);
+            arena->backend->operations->name, arena->options->device);
     gm_error_append("Device: %s total, %s free.\n", gm_format_bytes(total, sizeof total, total_bytes),
                     gm_format_bytes(free_text, sizeof free_text, free_bytes));
     gm_error_append("gpumem holds %s reserved: %s allocated to %" PRId64 " live allocations, %s cached free "
@@ -56,24 +56,24 @@ void gm_write_oom_report(gm_allocator *allocator, gm_heap *heap, uint64_t size, 
     if (attempts->retried)
         gm_error_append("  (the release gave back %s)\n", released);
 
-    gm_format_bytes(limit, sizeof limit, allocator->memory_limit);
+    gm_format_bytes(limit, sizeof limit, arena->memory_limit);
     if (size > total_bytes)
         gm_error_append("Diagnosis: the request alone is larger than the whole device (%s). Split the work: a "
                         "smaller batch, shorter sequences, or the tensor in pieces.", total);
-    else if (allocator->memory_limit < total_bytes && reserved_bytes + size > allocator->memory_limit)
+    else if (arena->memory_limit < total_bytes && reserved_bytes + size > arena->memory_limit)
         gm_error_append("Diagnosis: the memory limit of %s (memory_limit in GPUMEM_CONF, or the process's memory "
                         "fraction) is reached. Raise the limit or free tensors.", limit);
     else if (used_outside >= size)
         gm_error_append("Diagnosis: %s of device memory is used outside gpumem (the CUDA context, other allocators "
                         "or other processes). Free it there, or give gpumem a smaller share.",
                         gm_format_bytes(outside, sizeof outside, used_outside));
-    else if (cached_bytes >= size && allocator->options.engine == GM_ENGINE_PAGES)
+    else if (cached_bytes >= size && arena->engine == &gm_page_engine)
         gm_error_append("Diagnosis: fragmentation. %s is cached free, enough for the request, but it lies in "
                         "physical chunks that live allocations also use, and a chunk can only be unmapped and "
                         "moved whole. A smaller max_chunk_size in GPUMEM_CONF (now %s) makes chunks finer, for "
                         "more device calls.", cached,
-                        allocator->options.max_chunk_size
-                            ? gm_format_bytes(chunk, sizeof chunk, allocator->options.max_chunk_size)
+                        arena->options->max_chunk_size
+                            ? gm_format_bytes(chunk, sizeof chunk, arena->options->max_chunk_size)
                             : "no limit");
     else if (cached_bytes >= size)
         gm_error_append("Diagnosis: fragmentation. %s is cached free, enough for the request, but no free piece "

@@ -5,7 +5,7 @@
  * thread-local buffer; gm_last_error() reads it. The buffer is fixed-size so that reporting an
  * error never allocates (an OOM report must work when memory is short).
  */
-#include "error.h"
+#include "base/error.h"
 
 #include <stdarg.h>
 #include <stdio.h>

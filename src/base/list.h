@@ -1,0 +1,68 @@
+/*
+ * list.h -- an intrusive doubly linked list.
+ *
+ * An item holds a gm_link; a list holds its first and last links. Insertion and removal are O(1)
+ * and allocate nothing, so the allocator's hot paths can keep blocks, chunks and regions in lists.
+ * gm_list_item turns a link back into its item (NULL stays NULL):
+ *     for (gm_link *link = list.first; link; link = link->next) {
+ *         gm_block *block = gm_list_item(link, gm_block, link); ...
+ */
+#ifndef GM_LIST_H
+#define GM_LIST_H
+
+#include <stddef.h>
+
+typedef struct gm_link {
+    struct gm_link *previous;
+    struct gm_link *next;
+} gm_link;
+
+typedef struct gm_list {
+    gm_link *first;
+    gm_link *last;
+} gm_list;
+
+#define gm_list_item(link_pointer, type, member)                                                       \
+    ((type *)gm_list_item_address_((link_pointer), offsetof(type, member)))
+
+static inline void *gm_list_item_address_(gm_link *link, size_t offset)
+{
+    return link ? (void *)((char *)link - offset) : NULL;
+}
+
+static inline void gm_list_push_front(gm_list *list, gm_link *link)
+{
+    link->previous = NULL;
+    link->next = list->first;
+    if (list->first)
+        list->first->previous = link;
+    else
+        list->last = link;
+    list->first = link;
+}
+
+static inline void gm_list_push_back(gm_list *list, gm_link *link)
+{
+    link->next = NULL;
+    link->previous = list->last;
+    if (list->last)
+        list->last->next = link;
+    else
+        list->first = link;
+    list->last = link;
+}
+
+static inline void gm_list_remove(gm_list *list, gm_link *link)
+{
+    if (link->previous)
+        link->previous->next = link->next;
+    else
+        list->first = link->next;
+    if (link->next)
+        link->next->previous = link->previous;
+    else
+        list->last = link->previous;
+    link->previous = link->next = NULL;
+}
+
+#endif

@@ -1,0 +1,135 @@
+/*
+ * arena.h -- what the engines work on: the device (a backend), heaps of regions tiled by blocks,
+ * block metadata, the statistics and the memory limit.
+ *
+ * Vocabulary (docs/design.md has the picture):
+ *   region   a contiguous range of device addresses the blocks tile: a device segment (segments
+ *            engine) or a reserved virtual range (pages engine).
+ *   heap     everything of one stream: its regions and one size index of free blocks per pool.
+ *   pool     small (requests up to options.small_size) or large, as in PyTorch.
+ *   engine   the back end that finds a block for a size and gets memory from the backend.
+ *
+ * The front end (allocator.c) owns an arena and guards it with its mutex; engines see the arena and
+ * nothing of the front end (the live map, pending frees, locking).
+ */
+#ifndef GM_ARENA_H
+#define GM_ARENA_H
+
+#include "gpumem.h"
+
+#include "backend/backend.h"
+#include "base/list.h"
+#include "base/options.h"
+#include "core/block.h"
+#include "core/size_index.h"
+#include "core/statistics.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct gm_region {
+    uintptr_t base;
+    uint64_t size;
+    gm_heap *heap;
+    gm_link link; /* in the heap's list of regions */
+    gm_block *first_block;
+    uint8_t pool;
+    void *engine_data;
+};
+
+struct gm_heap {
+    gm_stream stream;
+    gm_size_index free_blocks[GM_POOL_COUNT]; /* [GM_POOL_SMALL], [GM_POOL_LARGE] */
+    gm_list regions;
+    void *engine_data;
+    bool engine_private; /* made by the engine for its own placement (the pages engine's growth lane):
+                            never the heap that a stream's requests are looked up in */
+};
+
+typedef struct gm_engine_operations gm_engine_operations;
+
+typedef struct gm_arena {
+    const gm_options *options;
+    gm_backend *backend;
+    const gm_engine_operations *engine;
+    void *engine_state;
+    uint64_t memory_limit; /* reserved bytes never exceed this */
+    gm_stats stats;
+    gm_block_pool block_pool;
+    gm_heap **heaps;
+    size_t heap_count;
+    gm_heap *last_heap; /* the stream's heap found last */
+} gm_arena;
+
+struct gm_engine_operations {
+    const char *name;
+    gm_status (*create)(gm_arena *arena);
+    void (*destroy)(gm_arena *arena);
+    /* Find or make a block of exactly `size` bytes (a multiple of 512) in `heap`'s `pool`, marked
+     * allocated. GM_ERROR_OUT_OF_MEMORY when the device (or memory_limit) has no room. */
+    gm_status (*allocate)(gm_arena *arena, gm_heap *heap, int pool, uint64_t size, gm_block **block_out);
+    /* Take back a block that is no longer allocated nor pending. */
+    void (*free_block)(gm_arena *arena, gm_block *block);
+    /* Give every entirely free, cached piece of memory back to the device. */
+    void (*release_cached)(gm_arena *arena);
+    /* Check the engine's invariants and add the engine's recomputed statistics (reserved, segments,
+     * inactive split) to *recomputed. */
+    gm_status (*validate)(gm_arena *arena, gm_stats *recomputed);
+};
+
+extern const gm_engine_operations gm_segment_engine;
+extern const gm_engine_operations gm_page_engine;
+
+/* ---------------------------------------------------------------- heaps (heap.c) */
+
+/* The heap of `stream` that its requests are served from, made on first use; NULL without host
+ * memory. */
+gm_heap *gm_heap_for_stream(gm_arena *arena, gm_stream stream);
+/* A new heap for `stream`, listed with the arena's heaps (so statistics, snapshots, validation and
+ * empty_cache see its regions); NULL without host memory. */
+gm_heap *gm_add_heap(gm_arena *arena, gm_stream stream);
+/* Free every heap struct (their regions are the engine's and already gone). */
+void gm_free_heaps(gm_arena *arena);
+
+/* The heap's size index for a pool. */
+static inline gm_size_index *gm_heap_index(gm_heap *heap, int pool)
+{
+    return &heap->free_blocks[pool];
+}
+
+static inline gm_region *gm_region_of(gm_link *link)
+{
+    return gm_list_item(link, gm_region, link);
+}
+
+/* A heap's regions, newest first: for (gm_region *r = gm_first_region(heap); r; r = gm_next_region(r)) */
+static inline gm_region *gm_first_region(const gm_heap *heap)
+{
+    return gm_region_of(heap->regions.first);
+}
+
+static inline gm_region *gm_next_region(const gm_region *region)
+{
+    return gm_region_of(region->link.next);
+}
+
+/* ---------------------------------------------------------------- free blocks and accounting (block.c) */
+
+/* Put a free block into its heap's size index, counting it as inactive-split if it has neighbours. */
+void gm_index_free_block(gm_arena *arena, gm_block *block);
+/* Take a free block out of its size index (undoing the inactive-split count). */
+void gm_unindex_free_block(gm_arena *arena, gm_block *block);
+/* Check the blocks of `region`: they tile it in address order, no two free (or two unmapped) blocks
+ * touch, every free block is indexed; free blocks with neighbours are added to the inactive-split
+ * statistics of *recomputed. `check` (may be NULL) then sees every block, for an engine's own rules. */
+gm_status gm_validate_region_blocks(const gm_region *region, gm_stats *recomputed,
+                                    gm_status (*check)(const gm_region *region, const gm_block *block, void *context),
+                                    void *context);
+/* Whether reserving `size` more bytes keeps within memory_limit. */
+bool gm_may_reserve(const gm_arena *arena, uint64_t size);
+/* Record reserved memory coming (positive) or going (negative) in a pool, as `segments` segments. */
+void gm_count_reserved(gm_arena *arena, int pool, int64_t bytes, int64_t segments);
+/* Move reserved memory (one segment of `bytes`) from one pool to the other; the total is unchanged. */
+void gm_move_reserved(gm_arena *arena, int from_pool, int to_pool, uint64_t bytes);
+
+#endif

@@ -1,0 +1,281 @@
+/*
+ * chunks.c -- regions, and the chunks of physical memory mapped into them.
+ *
+ * Each heap has, per pool, a region: a virtual address range reserved once, twice the size of the
+ * device's usable memory, so addresses never run short however chunks move. Physical memory comes in
+ * chunks (one cuMemCreate each, a whole number of pages), each mapped at exactly one place; the
+ * region's page table says which chunk backs each page. A chunk cannot be split later (the driver
+ * refuses mappings at an offset into an allocation), so its size is decided when it is made
+ * (growth.c).
+ *
+ * A chunk lying wholly inside free space is idle: it can be unmapped where it lies and mapped where a
+ * request needs it, or given back. Before unmapping a chunk the engine waits for the work queued on
+ * the chunk's stream (an event), as PyTorch does for expandable segments: unmapping memory that a
+ * queued kernel still uses would fault.
+ */
+#include "core/pages/pages.h"
+
+#include "base/error.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+
+static gm_status new_region(gm_arena *arena, gm_heap *heap, int pool, gm_region **region_out)
+{
+    page_engine *engine = engine_of(arena);
+    uint64_t page_count = engine->region_size / engine->page_size;
+    gm_region *region = calloc(1, sizeof *region);
+    page_region *data = calloc(1, sizeof *data);
+    page_chunk **pages = calloc(page_count, sizeof *pages);
+    gm_block *block = gm_block_new(&arena->block_pool);
+    uintptr_t base = 0;
+    gm_status status = region && data && pages && block
+                           ? gm_backend_address_reserve(arena->backend, engine->region_size, &base)
+                           : gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a region");
+    if (status != GM_OK) {
+        free(region);
+        free(data);
+        free(pages);
+        if (block)
+            gm_block_delete(&arena->block_pool, block);
+        return status;
+    }
+    *data = (page_region){.pages = pages, .page_count = page_count};
+    *region = (gm_region){.base = base, .size = engine->region_size, .heap = heap, .first_block = block,
+                          .pool = (uint8_t)pool, .engine_data = data};
+    gm_list_push_front(&heap->regions, &region->link);
+    *block = (gm_block){.address = base, .size = engine->region_size, .region = region, .heap = heap,
+                        .pool = (uint8_t)pool};
+    pages_unmapped_insert(region, block);
+    *region_out = region;
+    return GM_OK;
+}
+
+
+/* ---------------------------------------------------------------- chunks */
+
+static void record_chunk_pages(gm_region *region, page_chunk *chunk, page_chunk *value, uint64_t page_size)
+{
+    page_region *data = data_of(region);
+    uint64_t first = page_index(region, chunk->address, page_size);
+    for (uint64_t page = first; page < first + chunk->size / page_size; page++)
+        data->pages[page] = value;
+}
+
+/* Access is set per mapping: the driver charges cuMemSetAccess per mapping that a range covers
+ * (bench/vmm_probe.c measures it), so one call over many chunks would cost no less. */
+gm_status pages_map_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk, uintptr_t address)
+{
+    gm_status status = gm_backend_map(arena->backend, address, chunk->size, chunk->handle);
+    if (status == GM_OK) {
+        status = gm_backend_set_access(arena->backend, address, chunk->size);
+        if (status != GM_OK)
+            gm_backend_unmap(arena->backend, address, chunk->size);
+    }
+    if (status != GM_OK)
+        return status;
+    chunk->address = address;
+    gm_list_push_front(&data_of(region)->chunks, &chunk->link);
+    record_chunk_pages(region, chunk, chunk, engine_of(arena)->page_size);
+    arena->stats.num_page_maps += (int64_t)(chunk->size / engine_of(arena)->page_size);
+    return GM_OK;
+}
+
+gm_status pages_unmap_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk)
+{
+    gm_status status = gm_backend_unmap(arena->backend, chunk->address, chunk->size);
+    if (status != GM_OK)
+        return status;
+    gm_list_remove(&data_of(region)->chunks, &chunk->link);
+    record_chunk_pages(region, chunk, NULL, engine_of(arena)->page_size);
+    arena->stats.num_page_unmaps += (int64_t)(chunk->size / engine_of(arena)->page_size);
+    return GM_OK;
+}
+
+/* Make a chunk of `size` bytes and map it at `address` (create_memory has checked the room for it). */
+gm_status pages_create_chunk(gm_arena *arena, gm_region *region, uintptr_t address, uint64_t size)
+{
+    page_chunk *chunk = calloc(1, sizeof *chunk);
+    if (!chunk)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a chunk");
+    chunk->size = size;
+    gm_status status = gm_backend_physical_create(arena->backend, size, &chunk->handle);
+    if (status == GM_OK) {
+        status = pages_map_chunk(arena, region, chunk, address);
+        if (status != GM_OK)
+            gm_backend_physical_release(arena->backend, chunk->handle, chunk->size);
+    }
+    if (status != GM_OK) {
+        free(chunk);
+        return status;
+    }
+    gm_count_reserved(arena, region->pool, (int64_t)size, 1);
+    arena->stats.num_device_alloc++;
+    return GM_OK;
+}
+
+void pages_release_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk)
+{
+    gm_backend_physical_release(arena->backend, chunk->handle, chunk->size);
+    gm_count_reserved(arena, region->pool, -(int64_t)chunk->size, -1);
+    arena->stats.num_device_free++;
+    free(chunk);
+}
+
+/* Wait until the work queued so far on `heap`'s stream has finished (once per growth and heap). */
+static gm_status quiesce(gm_arena *arena, gm_heap *heap)
+{
+    page_engine *engine = engine_of(arena);
+    page_heap *state = state_of(heap);
+    if (state->quiesce_generation == engine->quiesce_generation)
+        return GM_OK;
+    uint64_t event = 0;
+    gm_status status = gm_backend_event_create(arena->backend, &event);
+    if (status != GM_OK)
+        return status;
+    status = gm_backend_event_record(arena->backend, event, heap->stream);
+    if (status == GM_OK)
+        status = gm_backend_event_synchronize(arena->backend, event);
+    gm_backend_event_destroy(arena->backend, event);
+    if (status == GM_OK)
+        state->quiesce_generation = engine->quiesce_generation;
+    return status;
+}
+
+/* The free block of `region` that contains [address, address + size), or NULL: a search of the
+ * heap's free blocks of at least `size` bytes. */
+static gm_block *free_block_containing(gm_region *region, uintptr_t address, uint64_t size)
+{
+    gm_index_cursor cursor;
+    for (gm_block *block = gm_size_index_begin_at(&cursor, gm_heap_index(region->heap, region->pool), size); block;
+         block = gm_size_index_advance(&cursor))
+        if (block->region == region && block->address <= address && address + size <= block->address + block->size)
+            return block;
+    return NULL;
+}
+
+/* Unmap an idle chunk from the free block around it; its addresses become unmapped. The chunk keeps
+ * its handle and leaves the region. */
+gm_status pages_evict_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk)
+{
+    gm_block *around = free_block_containing(region, chunk->address, chunk->size);
+    if (!around)
+        return gm_fail(GM_ERROR_CORRUPT, "idle chunk 0x%" PRIxPTR " is not inside a free block", chunk->address);
+    gm_status status = quiesce(arena, region->heap);
+    if (status == GM_OK)
+        status = pages_unmap_chunk(arena, region, chunk);
+    if (status != GM_OK)
+        return status;
+    gm_unindex_free_block(arena, around);
+    gm_block *hole = pages_carve(arena, around, chunk->address, chunk->address + chunk->size, GM_BLOCK_UNMAPPED);
+    if (!hole) { /* no metadata for the split: give the chunk its place back */
+        gm_index_free_block(arena, around);
+        pages_map_chunk(arena, region, chunk, chunk->address);
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for block metadata");
+    }
+    pages_attach(arena, pages_merge_alike(arena, hole));
+    return GM_OK;
+}
+
+/* ---------------------------------------------------------------- finding idle chunks */
+
+static bool remember_idle(page_engine *engine, size_t *count, page_chunk *chunk, gm_region *region)
+{
+    if (*count == engine->idle_capacity) {
+        size_t capacity = engine->idle_capacity ? engine->idle_capacity * 2 : 64;
+        idle_chunk *grown = realloc(engine->idle, capacity * sizeof *grown);
+        if (!grown)
+            return false;
+        engine->idle = grown;
+        engine->idle_capacity = capacity;
+    }
+    engine->idle[(*count)++] = (idle_chunk){chunk, region};
+    return true;
+}
+
+/* Collect into engine->idle every chunk that lies wholly inside a free block, in every heap and
+ * pool, except in [keep_start, keep_end) of `keep_region` (the run a growth is using). One pass
+ * over the free blocks, following the page table from chunk to chunk. */
+size_t pages_find_idle_chunks(gm_arena *arena, const gm_region *keep_region, uintptr_t keep_start,
+                               uintptr_t keep_end)
+{
+    page_engine *engine = engine_of(arena);
+    uint64_t page_size = engine->page_size;
+    size_t count = 0;
+    for (size_t h = 0; h < arena->heap_count; h++) {
+        for (int pool = GM_POOL_SMALL; pool <= GM_POOL_LARGE; pool++) {
+            gm_index_cursor blocks;
+            const gm_size_index *index = gm_heap_index(arena->heaps[h], pool);
+            for (gm_block *block = gm_size_index_begin_at(&blocks, index, page_size); block;
+                 block = gm_size_index_advance(&blocks)) {
+                gm_region *region = block->region;
+                if (block->size < page_size ||
+                    (region == keep_region && block->address >= keep_start && block->address < keep_end))
+                    continue;
+                page_chunk **pages = data_of(region)->pages;
+                uintptr_t end = block->address + block->size;
+                for (uintptr_t cursor = page_ceiling(block->address, page_size); cursor + page_size <= end;) {
+                    page_chunk *chunk = pages[page_index(region, cursor, page_size)];
+                    if (chunk->address >= block->address && chunk->address + chunk->size <= end &&
+                        !remember_idle(engine, &count, chunk, region))
+                        return count;
+                    cursor = chunk->address + chunk->size;
+                }
+            }
+        }
+    }
+    return count;
+}
+
+static int smaller_chunk_first(const void *left, const void *right)
+{
+    uint64_t a = ((const idle_chunk *)left)->chunk->size, b = ((const idle_chunk *)right)->chunk->size;
+    return a < b ? -1 : a > b ? 1 : 0;
+}
+
+/* The next idle chunk to move for `remaining` bytes with at most `room` bytes of space: the smallest
+ * that covers what remains, else the largest that does not. The list is sorted by size; taken
+ * entries are NULL, and none before `first`. -1 if none fits the room. */
+ptrdiff_t pages_pick_idle_chunk(const idle_chunk *idle, size_t first, size_t count, uint64_t remaining,
+                                 uint64_t room)
+{
+    ptrdiff_t largest_below = -1;
+    for (size_t i = first; i < count; i++) {
+        const page_chunk *chunk = idle[i].chunk;
+        if (!chunk || chunk->size > room)
+            continue;
+        if (chunk->size >= remaining)
+            return (ptrdiff_t)i;
+        largest_below = (ptrdiff_t)i;
+    }
+    return largest_below;
+}
+
+/* Every idle chunk outside the window's run (find_idle_chunks), smallest first: their count. */
+size_t pages_sorted_idle_chunks(gm_arena *arena, const gm_region *keep_region, uintptr_t keep_start,
+                                 uintptr_t keep_end)
+{
+    page_engine *engine = engine_of(arena);
+    size_t count = pages_find_idle_chunks(arena, keep_region, keep_start, keep_end);
+    if (count > 1)
+        qsort(engine->idle, count, sizeof *engine->idle, smaller_chunk_first);
+    return count;
+}
+
+/* Mark engine->idle[pick] taken; *first moves past the taken entries at the front. */
+void pages_take_idle_chunk(page_engine *engine, ptrdiff_t pick, size_t *first, size_t count)
+{
+    engine->idle[pick].chunk = NULL;
+    while (*first < count && !engine->idle[*first].chunk)
+        (*first)++;
+}
+
+
+/* A new region of `heap`'s `pool` for a request of `size` bytes. */
+gm_status pages_add_region(gm_arena *arena, gm_heap *heap, int pool, uint64_t size, gm_region **region_out)
+{
+    gm_status status = new_region(arena, heap, pool, region_out);
+    if (status == GM_OK && (*region_out)->size < size)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "a request of %" PRIu64 " bytes exceeds the address range", size);
+    return status;
+}

@@ -1,0 +1,199 @@
+/*
+ * engine.c -- the "pages" engine's operations: blocks in large virtual ranges, physical memory mapped
+ * on demand, and idle physical memory moved to wherever it is needed.
+ *
+ * A request is served, in order of cost:
+ *   0. a request of a size its stream keeps regrowing goes to the stream's growth lane (lane.c);
+ *   1. from a free mapped block of the stream's heap: TLSF good fit, no device call;
+ *   2. otherwise in the window of free addresses needing the fewest new pages (windows.c), backed
+ *      by idle chunks moved from elsewhere or by new memory (growth.c).
+ * A freed block merges with its free neighbours; empty_cache unmaps and releases every idle chunk.
+ * docs/design.md explains why this reserves less than PyTorch's segments.
+ */
+#include "core/pages/pages.h"
+
+#include "base/error.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+
+/* A free block of exactly `size` bytes in `heap`'s `pool`, detached: a fit, else growth. */
+static gm_status fit_or_grow(gm_arena *arena, gm_heap *heap, int pool, uint64_t size, gm_block **block_out)
+{
+    gm_block *block = gm_size_index_find(gm_heap_index(heap, pool), size);
+    if (block)
+        gm_unindex_free_block(arena, block);
+    else {
+        gm_status status = pages_grow(arena, heap, pool, size, &block);
+        if (status != GM_OK)
+            return status;
+    }
+    pages_trim_to_size(arena, block, size);
+    *block_out = block;
+    return GM_OK;
+}
+
+static gm_status pages_allocate(gm_arena *arena, gm_heap *heap, int pool, uint64_t size, gm_block **block_out)
+{
+    page_engine *engine = engine_of(arena);
+    if (engine->credit_ns < CREDIT_LIMIT_NS)
+        engine->credit_ns += engine->credit_per_allocation;
+    if (!heap->engine_data && pages_new_heap_state(heap) != GM_OK)
+        return GM_ERROR_OUT_OF_MEMORY;
+    page_heap *state = state_of(heap);
+    gm_block *block = NULL;
+    gm_heap *lane = pages_goes_to_lane(arena, state, pool, size) ? pages_lane_of(arena, heap) : NULL;
+    gm_status status = lane ? pages_lane_place(arena, heap, lane, size, &block) : GM_ERROR_OUT_OF_MEMORY;
+    if (status != GM_OK && status != GM_ERROR_OUT_OF_MEMORY) /* a fault, not a lack of room */
+        return status;
+    if (status != GM_OK && (status = fit_or_grow(arena, heap, pool, size, &block)) != GM_OK) /* the stream's own heap */
+        return status;
+    block->state = GM_BLOCK_ALLOCATED;
+    if (pool == GM_POOL_LARGE && size >= engine->page_size)
+        state->last_large = block;
+    *block_out = block;
+    return GM_OK;
+}
+
+static void pages_free_block(gm_arena *arena, gm_block *block)
+{
+    page_heap *state = state_of(block->heap);
+    if (state->owner) {
+        pages_lane_remove(state, block);
+        state = state_of(state->owner);
+    }
+    pages_watch_free(state, block, engine_of(arena)->page_size);
+    block->state = GM_BLOCK_FREE;
+    gm_index_free_block(arena, pages_merge_alike(arena, block));
+}
+
+static void pages_release_cached(gm_arena *arena)
+{
+    page_engine *engine = engine_of(arena);
+    size_t count = pages_find_idle_chunks(arena, NULL, 0, 0);
+    engine->quiesce_generation++;
+    for (size_t i = 0; i < count; i++) {
+        idle_chunk *candidate = &engine->idle[i];
+        if (pages_evict_chunk(arena, candidate->region, candidate->chunk) == GM_OK)
+            pages_release_chunk(arena, candidate->region, candidate->chunk);
+    }
+}
+
+/* A block's pages are mapped exactly when it is not an unmapped block. */
+static gm_status check_block_pages(const gm_region *region, const gm_block *block, void *context)
+{
+    uint64_t page_size = *(const uint64_t *)context;
+    const page_region *data = data_of(region);
+    uint64_t first = page_index(region, block->address, page_size);
+    uint64_t last = page_index(region, block->address + block->size - 1, page_size);
+    bool mapped_expected = block->state != GM_BLOCK_UNMAPPED;
+    for (uint64_t page = first; page <= last; page++)
+        if ((data->pages[page] != NULL) != mapped_expected)
+            return gm_fail(GM_ERROR_CORRUPT, "block 0x%" PRIxPTR " (state %d) has page %" PRIu64 " %s", block->address,
+                           block->state, page, mapped_expected ? "unmapped" : "mapped");
+    return GM_OK;
+}
+
+static gm_status validate_region(gm_arena *arena, gm_region *region, gm_stats *recomputed)
+{
+    page_engine *engine = engine_of(arena);
+    page_region *data = data_of(region);
+    gm_status status = gm_validate_region_blocks(region, recomputed, check_block_pages, &engine->page_size);
+    if (status != GM_OK)
+        return status;
+    for (gm_link *link = data->chunks.first; link; link = link->next) {
+        const page_chunk *chunk = gm_list_item(link, page_chunk, link);
+        gm_stat_change(recomputed->reserved_bytes, region->pool, (int64_t)chunk->size);
+        gm_stat_change(recomputed->segment, region->pool, 1);
+        uint64_t first = page_index(region, chunk->address, engine->page_size);
+        for (uint64_t page = first; page < first + chunk->size / engine->page_size; page++)
+            if (data->pages[page] != chunk)
+                return gm_fail(GM_ERROR_CORRUPT, "page %" PRIu64 " does not point at its chunk", page);
+    }
+    return GM_OK;
+}
+
+
+static gm_status pages_validate(gm_arena *arena, gm_stats *recomputed)
+{
+    for (size_t h = 0; h < arena->heap_count; h++) {
+        const gm_heap *heap = arena->heaps[h];
+        if (heap->engine_private && heap->engine_data) {
+            gm_status status = pages_validate_lane(heap);
+            if (status != GM_OK)
+                return status;
+        }
+        for (gm_region *region = gm_first_region(arena->heaps[h]); region; region = gm_next_region(region)) {
+            gm_status status = validate_region(arena, region, recomputed);
+            if (status != GM_OK)
+                return status;
+        }
+    }
+    return GM_OK;
+}
+
+static gm_status pages_create(gm_arena *arena)
+{
+    page_engine *engine = calloc(1, sizeof *engine);
+    if (!engine)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the pages engine");
+    engine->page_size = arena->backend->page_size;
+    /* Twice the usable memory: room for holes left by moved chunks. */
+    engine->region_size = gm_round_up(arena->memory_limit, engine->page_size) * 2;
+    engine->credit_per_allocation = arena->options->device_credit_ns;
+    /* The credit's unit: what making one page-sized chunk costs by the device model. */
+    engine->page_chunk_cost_ns = gm_device_call_cost_ns(GM_CALL_PHYSICAL_CREATE, engine->page_size) +
+                                 gm_device_call_cost_ns(GM_CALL_MAP, engine->page_size) +
+                                 gm_device_call_cost_ns(GM_CALL_SET_ACCESS, engine->page_size);
+    uint64_t max_chunk = arena->options->max_chunk_size / engine->page_size * engine->page_size;
+    engine->max_chunk_size = max_chunk ? max_chunk : arena->options->max_chunk_size ? engine->page_size : UINT64_MAX;
+    arena->engine_state = engine;
+    return GM_OK;
+}
+
+static void pages_destroy(gm_arena *arena)
+{
+    page_engine *engine = engine_of(arena);
+    if (!engine)
+        return;
+    for (size_t h = 0; h < arena->heap_count; h++) {
+        gm_region *region = gm_first_region(arena->heaps[h]);
+        while (region) {
+            page_region *data = data_of(region);
+            while (data->chunks.first) {
+                page_chunk *chunk = gm_list_item(data->chunks.first, page_chunk, link);
+                pages_unmap_chunk(arena, region, chunk);
+                pages_release_chunk(arena, region, chunk);
+            }
+            gm_backend_address_free(arena->backend, region->base, region->size);
+            for (gm_block *block = region->first_block; block;) {
+                gm_block *next = block->next;
+                if (block->indexed)
+                    gm_unindex_free_block(arena, block);
+                gm_block_delete(&arena->block_pool, block);
+                block = next;
+            }
+            gm_region *next = gm_next_region(region);
+            free(data->pages);
+            free(data);
+            free(region);
+            region = next;
+        }
+        arena->heaps[h]->regions = (gm_list){0};
+        free(arena->heaps[h]->engine_data);
+        arena->heaps[h]->engine_data = NULL;
+    }
+    free(engine->idle);
+    free(engine);
+    arena->engine_state = NULL;
+}
+
+const gm_engine_operations gm_page_engine = {
+    .name = "pages",
+    .create = pages_create,
+    .destroy = pages_destroy,
+    .allocate = pages_allocate,
+    .free_block = pages_free_block,
+    .release_cached = pages_release_cached,
+    .validate = pages_validate,
+};

@@ -1,0 +1,268 @@
+/*
+ * growth.c -- backing a window with pages: idle chunks moved, or new memory made.
+ *
+ * The pages a window needs come from idle chunks -- unmapped where they lie and mapped here -- when
+ * new memory would raise reserved memory above its peak: GMLake's stitching, free memory in the wrong
+ * place or in pieces too small gathered into one contiguous range. Only what the idle chunks cannot
+ * cover is made new.
+ *
+ * Chunk size trades device calls against flexibility: a big chunk costs one cuMemCreate for many
+ * pages but stays pinned while any byte of it is live (so no chunk exceeds max_chunk_size); page-sized
+ * chunks can each move the moment they are free. Every allocation earns the engine a little
+ * device-call credit (device_credit_ns); a growth of a few pages is made of page-sized chunks while
+ * the credit covers their cost, anything else of as few chunks as max_chunk_size allows. A training
+ * loop that grows its memory once gets it in few large chunks; a workload whose tensors keep changing
+ * size gets fine-grained chunks as it goes; device-call time stays a small share of the work either
+ * way. Under a memory limit below the device's capacity every chunk is page-sized -- fitting matters
+ * more than device time there, and only page-sized chunks let all free memory move -- and idle chunks
+ * are moved only once memory nears the limit, so that a limit set as a precaution costs no device
+ * calls per step. An option (tail_chunk, off by default: one more chunk per growth) makes the last
+ * page of a growth a chunk of its own when the request ends inside it, so that a block placed after
+ * the request pins one page, not the whole growth.
+ */
+#include "core/pages/pages.h"
+
+#include "base/error.h"
+
+#include <inttypes.h>
+
+/* Move idle chunks to `address` of the window's region, back to back, at most `room` bytes, until
+ * `need` bytes are covered; chunks inside the window's run stay. Returns the bytes mapped. */
+static uint64_t move_idle_chunks(gm_arena *arena, const window *where, uintptr_t address, uint64_t need,
+                                 uint64_t room, gm_status *status_out)
+{
+    page_engine *engine = engine_of(arena);
+    gm_region *target = where->region;
+    *status_out = GM_OK;
+    size_t count = pages_sorted_idle_chunks(arena, target, where->run_start, where->run_end);
+    /* Memory moved into the small pool stays there (small blocks pin it), and a lane takes pages, not
+     * large chunks: move only what is needed. */
+    uint64_t limit = target->pool == GM_POOL_SMALL || is_lane(target->heap) || room < need ? need : room;
+    uint64_t mapped = 0;
+    size_t first = 0; /* entries before it are taken: with page-sized chunks each pick is the first */
+    ptrdiff_t pick;
+    while (mapped < need && (pick = pages_pick_idle_chunk(engine->idle, first, count, need - mapped, limit - mapped)) >= 0) {
+        idle_chunk *candidate = &engine->idle[pick];
+        page_chunk *chunk = candidate->chunk;
+        gm_status status = pages_evict_chunk(arena, candidate->region, chunk);
+        if (status == GM_OK)
+            status = pages_map_chunk(arena, target, chunk, address + mapped);
+        if (status != GM_OK) {
+            *status_out = status;
+            return mapped;
+        }
+        if (candidate->region->pool != target->pool)
+            gm_move_reserved(arena, candidate->region->pool, target->pool, chunk->size);
+        pages_take_idle_chunk(engine, pick, &first, count);
+        mapped += chunk->size;
+    }
+    return mapped;
+}
+
+/* Give back idle chunks (outside the window's run) until `need` new bytes no longer lift reserved
+ * memory above its peak: for a lane, which takes only what it needs (page-sized chunks, not a large
+ * chunk that its blocks would pin in part), idle memory in larger chunks is made anew there in
+ * pages. Smallest chunks first. */
+static void release_idle_for(gm_arena *arena, const window *where, uint64_t need)
+{
+    page_engine *engine = engine_of(arena);
+    const gm_stat *reserved = arena->stats.reserved_bytes;
+    int64_t excess = gm_stat_total(reserved) + (int64_t)need - reserved[GM_POOL_ALL].peak;
+    if (excess <= 0)
+        return;
+    size_t count = pages_sorted_idle_chunks(arena, where->region, where->run_start, where->run_end), first = 0;
+    ptrdiff_t pick;
+    uint64_t released = 0;
+    while (released < (uint64_t)excess &&
+           (pick = pages_pick_idle_chunk(engine->idle, first, count, (uint64_t)excess - released, UINT64_MAX)) >= 0) {
+        idle_chunk *candidate = &engine->idle[pick];
+        if (pages_evict_chunk(arena, candidate->region, candidate->chunk) != GM_OK)
+            return;
+        released += candidate->chunk->size;
+        pages_release_chunk(arena, candidate->region, candidate->chunk);
+        pages_take_idle_chunk(engine, pick, &first, count);
+    }
+}
+
+/* Whether a memory limit below the device's capacity is set (GPUMEM_CONF memory_limit, or torch's
+ * memory fraction): capacity is then what the user is short of. */
+static bool memory_is_limited(const gm_arena *arena)
+{
+    return arena->memory_limit < arena->backend->total_bytes;
+}
+
+/* Bytes of new physical memory that may be made now, whole pages: what the memory limit leaves, and
+ * no more than the device reports free (other processes and the CUDA context use it too). A growth
+ * that does not fit is refused as a whole before any cuMemCreate, so that a full device is found out
+ * here, not by a failing driver call (which tools such as compute-sanitizer report as errors). */
+static uint64_t room_for_new_memory(gm_arena *arena, uint64_t page_size)
+{
+    int64_t reserved = gm_stat_total(arena->stats.reserved_bytes);
+    uint64_t room = arena->memory_limit > (uint64_t)reserved ? arena->memory_limit - (uint64_t)reserved : 0;
+    uint64_t device_free = 0, device_total = 0;
+    if (gm_backend_memory_info(arena->backend, &device_free, &device_total) == GM_OK && device_free < room)
+        room = device_free;
+    return room / page_size * page_size;
+}
+
+/* New memory for [address, address + need): page-sized chunks in the small pool, in a growth lane,
+ * under a memory limit set below the device's capacity (capacity is then what the user is short of:
+ * every free page must be able to move to where a request needs it, whatever the device calls cost),
+ * and for a growth of a few pages while the credit covers them; else chunks of max_chunk_size (the
+ * last one smaller), so that a live block left in memory made for a big tensor (logits, say) pins at
+ * most a chunk, not all of it. With tail_chunk, when the request (ending at `request_end`) ends inside the last
+ * page, that page is a chunk of its own: the next block placed after the request starts there, and
+ * if it outlives the request it pins that page, not the whole growth.
+ * `room` is room_for_new_memory(); a growth beyond it is refused before any device call.
+ * *created_out: the bytes made, also on failure. */
+static gm_status create_memory(gm_arena *arena, gm_region *region, uintptr_t address, uint64_t need,
+                               uintptr_t request_end, uint64_t room, uint64_t *created_out)
+{
+    page_engine *engine = engine_of(arena);
+    uint64_t page_size = engine->page_size, pages = need / page_size;
+    bool fine = region->pool == GM_POOL_SMALL || is_lane(region->heap) || memory_is_limited(arena) ||
+                (pages <= FINE_GROWTH_PAGES && engine->credit_ns >= (int64_t)pages * engine->page_chunk_cost_ns);
+    uint64_t piece = fine ? page_size : need < engine->max_chunk_size ? need : engine->max_chunk_size;
+    uintptr_t end = address + need;
+    bool own_tail = arena->options->tail_chunk && !fine && pages >= 2 && request_end > end - page_size &&
+                    request_end < end;
+    *created_out = 0;
+    if (need > room)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no room for %" PRIu64 " bytes of new memory: the memory limit or "
+                       "the device's free memory is reached", need);
+    gm_status status = GM_OK;
+    while (*created_out < need && status == GM_OK) {
+        uint64_t size = need - *created_out < piece ? need - *created_out : piece;
+        if (own_tail && *created_out + size == need && size > page_size)
+            size -= page_size;
+        status = pages_create_chunk(arena, region, address + *created_out, size);
+        if (status == GM_OK)
+            *created_out += size;
+    }
+    return status;
+}
+
+
+/* Whether a growth of `need` bytes should take idle chunks from elsewhere rather than new memory:
+ * when new memory would lift reserved memory above its peak -- and, under a memory limit below the
+ * device's capacity, only once that is near the limit (nine tenths): the chunks are page-sized there,
+ * and recycling them costs device calls at every step, which a process that set its limit only as a
+ * precaution should not pay. */
+static bool should_recycle(const gm_arena *arena, uint64_t need)
+{
+    const gm_stat *reserved = arena->stats.reserved_bytes;
+    int64_t after = gm_stat_total(reserved) + (int64_t)need;
+    if (after <= reserved[GM_POOL_ALL].peak)
+        return false;
+    return !memory_is_limited(arena) || (uint64_t)after > arena->memory_limit / 10 * 9;
+}
+
+/* Back [from, to), inside an unmapped block, with physical memory: idle chunks first when new memory
+ * would raise reserved memory past its peak (or the device is full), then new memory. The mapped
+ * part is made accessible and turned into free space merged with its neighbours: *opened_out, the
+ * merged free block, detached (NULL if nothing could be mapped). */
+static gm_status back_part(gm_arena *arena, const window *where, uintptr_t from, uintptr_t to,
+                           gm_block **opened_out)
+{
+    page_engine *engine = engine_of(arena);
+    gm_region *region = where->region;
+    gm_block *hole = pages_unmapped_at(region, from);
+    uint64_t need = to - from, room = hole->address + hole->size - from;
+    int64_t spent_before = arena->backend->modelled_ns;
+    uint64_t mapped = 0, created = 0;
+    /* Moving idle chunks changes neither reserved memory nor the device's free memory: one reading. */
+    uint64_t new_room = room_for_new_memory(arena, engine->page_size);
+    gm_status status = GM_OK;
+    if (should_recycle(arena, need) || need > new_room)
+        mapped = move_idle_chunks(arena, where, from, need, room, &status);
+    if (status == GM_OK && mapped < need && is_lane(region->heap) && should_recycle(arena, need - mapped)) {
+        release_idle_for(arena, where, need - mapped);
+        if (engine->keep_peak && should_recycle(arena, need - mapped))
+            status = GM_ERROR_OUT_OF_MEMORY; /* quietly: the caller has another place (lane_place) */
+    }
+    if (status == GM_OK && mapped < need) {
+        status = create_memory(arena, region, from + mapped, need - mapped, where->request_end, new_room, &created);
+        mapped += created;
+        if (status == GM_ERROR_OUT_OF_MEMORY) { /* the device is full: any idle memory will do */
+            uint64_t moved = move_idle_chunks(arena, where, from + mapped, need - mapped, need - mapped, &status);
+            mapped += moved;
+            if (status == GM_OK && mapped < need)
+                status = gm_fail(GM_ERROR_OUT_OF_MEMORY, "the device has no room for %" PRIu64 " more bytes",
+                                 need - mapped);
+        }
+    }
+    engine->credit_ns -= arena->backend->modelled_ns - spent_before;
+    *opened_out = NULL;
+    if (mapped == 0)
+        return status;
+    hole = pages_unmapped_at(region, from); /* evictions may have merged unmapped blocks */
+    pages_unmapped_remove(region, hole);
+    gm_block *opened = pages_carve(arena, hole, from, from + mapped, GM_BLOCK_FREE);
+    if (!opened) {
+        pages_unmapped_insert(region, hole);
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for block metadata");
+    }
+    *opened_out = pages_merge_alike(arena, opened);
+    return status;
+}
+
+/* Map what the window `where` needs for `size` bytes; *block_out is the free block (detached) that
+ * starts at or before the window and covers it. */
+gm_status pages_open_window(gm_arena *arena, window where, uint64_t size, gm_block **block_out)
+{
+    page_engine *engine = engine_of(arena);
+    uint64_t page_size = engine->page_size;
+    engine->quiesce_generation++;
+    where.request_end = where.start + size;
+    uintptr_t end = where.start + size, last_page_end = page_ceiling(end, page_size);
+    gm_block *opened = NULL;
+    /* The unmapped blocks of the run that the window needs, in address order. Backing one turns it
+     * into free space merged with its neighbours (`opened`); the walk goes on after that. */
+    for (gm_block *block = where.run_first; block && block->address < last_page_end;) {
+        uintptr_t from = 0, to = 0;
+        if (!pages_part_to_back(block, where.start, end, page_size, &from, &to)) {
+            block = block->next;
+            continue;
+        }
+        if (opened) /* the previous part: indexed; the next part merges it back */
+            gm_index_free_block(arena, opened);
+        gm_status status = back_part(arena, &where, from, to, &opened);
+        if (status != GM_OK) {
+            if (opened)
+                gm_index_free_block(arena, opened);
+            return status;
+        }
+        block = opened->next;
+    }
+    if (!opened || opened->address > where.start || opened->address + opened->size < end) {
+        if (opened)
+            gm_index_free_block(arena, opened);
+        return gm_fail(GM_ERROR_CORRUPT, "growth did not open the window it chose");
+    }
+    *block_out = opened;
+    return GM_OK;
+}
+
+
+/* Cut the detached free block `block` to `size` bytes; the rest goes back to the index. */
+void pages_trim_to_size(gm_arena *arena, gm_block *block, uint64_t size)
+{
+    gm_block *rest = gm_split_block(&arena->block_pool, block, size);
+    if (rest)
+        gm_index_free_block(arena, rest);
+}
+
+/* Map the window for `size` bytes that needs the fewest new pages (a new region if none has room);
+ * *block_out as for open_window. */
+gm_status pages_grow(gm_arena *arena, gm_heap *heap, int pool, uint64_t size, gm_block **block_out)
+{
+    window where = pages_choose_window(heap, pool, size, engine_of(arena)->page_size);
+    if (!where.region) {
+        gm_region *region = NULL;
+        gm_status status = pages_add_region(arena, heap, pool, size, &region);
+        if (status != GM_OK)
+            return status;
+        where = (window){region, region->first_block, region->base, region->base + region->size, region->base, 0, 0};
+    }
+    return pages_open_window(arena, where, size, block_out);
+}

@@ -1,0 +1,223 @@
+/*
+ * pages.h -- the pages engine's shared state and the operations its files offer one another.
+ *
+ * The engine is five files, each using only those before it:
+ *   block_states.c  the four block states and the moves between them (carving, merging)
+ *   chunks.c        regions, chunks of physical memory (made, mapped, unmapped, released) and
+ *                   finding idle ones
+ *   windows.c       where a request could go in free address space, and what that needs backed
+ *   growth.c        backing a window with pages: idle chunks moved, new memory made
+ *   lane.c          the growth lane for tensors that keep being replaced by larger copies
+ *   engine.c        the engine operations the front end calls
+ *
+ * Invariants (checked by pages_validate): the blocks of a region tile it; a block's pages are mapped
+ * exactly when it is not unmapped; every chunk is mapped at one place and the page table points at it
+ * from each of its pages; every free block is in its heap's size index and every unmapped block in its
+ * region's unmapped list; a lane lists exactly its allocated and pending blocks, oldest first.
+ */
+#ifndef GM_PAGES_H
+#define GM_PAGES_H
+
+#include "core/arena.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Growths up to this many pages (the size of a tensor that a workload replaces over and over, such
+ * as a KV cache) may be made of page-sized chunks; larger ones (activations, logits) are made of
+ * chunks as large as max_chunk_size allows, each costing about what one page-sized chunk does. */
+#define FINE_GROWTH_PAGES 16
+/* Credit never accumulates beyond this, so a burst after a long calm stays bounded. */
+#define CREDIT_LIMIT_NS 200000000
+
+/* A regrowth: a request at most 1/REGROWTH_FRACTION larger than the block freed right after it (a
+ * tensor replaced by a slightly longer copy, as torch.cat grows a KV cache). */
+#define REGROWTH_FRACTION 16
+#define REGROWTH_SIZES 64       /* recent regrowth sizes remembered per stream */
+#define LANE_AFTER_REGROWTHS 48 /* regrowths seen on a stream before its lane opens */
+
+/* Physical memory made by one cuMemCreate, mapped at exactly one place. */
+typedef struct page_chunk {
+    uintptr_t address; /* where it is mapped */
+    uint64_t size;
+    uint64_t handle;
+    gm_link link; /* in the region's list of chunks */
+} page_chunk;
+
+/* The engine's part of a region (region->engine_data). */
+typedef struct page_region {
+    page_chunk **pages; /* page index -> chunk mapped there, or NULL */
+    uint64_t page_count;
+    gm_list chunks;
+    gm_list unmapped; /* unmapped blocks, through gm_block.link */
+} page_region;
+
+typedef struct idle_chunk {
+    page_chunk *chunk;
+    gm_region *region;
+} idle_chunk;
+
+/* The engine's state for one heap (heap->engine_data). A stream's heap watches for regrowths and,
+ * once LANE_AFTER_REGROWTHS were seen, owns a lane: an engine-private heap of the same stream whose
+ * live blocks are kept in allocation order. */
+typedef struct page_heap {
+    uint64_t quiesce_generation; /* this heap's stream was waited for in growth number ... */
+    gm_heap *owner;              /* lane: the stream's heap it serves; NULL for a stream's heap */
+    gm_heap *lane;               /* stream's heap: its lane, once made */
+    gm_block *last_large;        /* stream's heap: the last large allocation, until the next free */
+    uint64_t regrowth_sizes[REGROWTH_SIZES];
+    uint64_t regrowths;
+    gm_list order; /* lane: live (allocated or pending) blocks, oldest first, through gm_block.order */
+    uint64_t live;
+} page_heap;
+
+typedef struct page_engine {
+    uint64_t page_size;
+    uint64_t region_size;
+    int64_t credit_ns;
+    int64_t credit_per_allocation;
+    int64_t page_chunk_cost_ns;  /* what one page-sized chunk costs (create, map, set access) */
+    uint64_t max_chunk_size;     /* whole pages; UINT64_MAX: no limit */
+    uint64_t quiesce_generation; /* heaps already waited for in this growth carry this number */
+    idle_chunk *idle;            /* scratch list for the growth path */
+    size_t idle_capacity;
+    bool keep_peak;              /* placing in a lane: refuse new memory above the peak (lane_place) */
+} page_engine;
+
+static inline page_engine *engine_of(gm_arena *arena)
+{
+    return (page_engine *)arena->engine_state;
+}
+
+static inline page_region *data_of(const gm_region *region)
+{
+    return (page_region *)region->engine_data;
+}
+
+static inline page_heap *state_of(const gm_heap *heap)
+{
+    return (page_heap *)heap->engine_data;
+}
+
+static inline bool is_lane(const gm_heap *heap)
+{
+    return heap->engine_private;
+}
+
+static inline uint64_t page_index(const gm_region *region, uintptr_t address, uint64_t page_size)
+{
+    return (address - region->base) / page_size;
+}
+
+static inline uintptr_t page_floor(uintptr_t address, uint64_t page_size)
+{
+    return address / page_size * page_size;
+}
+
+static inline uintptr_t page_ceiling(uintptr_t address, uint64_t page_size)
+{
+    return (address + page_size - 1) / page_size * page_size;
+}
+
+/* ---------------------------------------------------------------- block_states.c */
+
+void pages_unmapped_insert(gm_region *region, gm_block *block);
+void pages_unmapped_remove(gm_region *region, gm_block *block);
+/* The unmapped block of `region` that contains `address`. */
+gm_block *pages_unmapped_at(gm_region *region, uintptr_t address);
+/* Put a detached free or unmapped block where it belongs. */
+void pages_attach(gm_arena *arena, gm_block *block);
+/* Merge the detached `block` with neighbours of its own state (free or unmapped), which are
+ * detached and absorbed; the merged block is returned, still detached. */
+gm_block *pages_merge_alike(gm_arena *arena, gm_block *block);
+/* Carve [start, end) out of the detached block `block` (which contains it): the pieces before and
+ * after keep the old state and are attached; the middle gets `state` and is returned detached.
+ * NULL if block metadata ran out (nothing changed then). */
+gm_block *pages_carve(gm_arena *arena, gm_block *block, uintptr_t start, uintptr_t end, int state);
+
+/* ---------------------------------------------------------------- chunks.c */
+
+/* A new region of `heap`'s `pool` for a request of `size` bytes. */
+gm_status pages_add_region(gm_arena *arena, gm_heap *heap, int pool, uint64_t size, gm_region **region_out);
+/* Map `chunk` at `address` of `region` and make it accessible. */
+gm_status pages_map_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk, uintptr_t address);
+gm_status pages_unmap_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk);
+/* Make a chunk of `size` bytes and map it at `address` (the caller has checked the room for it). */
+gm_status pages_create_chunk(gm_arena *arena, gm_region *region, uintptr_t address, uint64_t size);
+void pages_release_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk);
+/* Unmap an idle chunk from the free block around it; its addresses become unmapped. The chunk keeps
+ * its handle and leaves the region. */
+gm_status pages_evict_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk);
+/* Collect into engine->idle every chunk that lies wholly inside a free block, in every heap and
+ * pool, except in [keep_start, keep_end) of `keep_region`: their count. */
+size_t pages_find_idle_chunks(gm_arena *arena, const gm_region *keep_region, uintptr_t keep_start,
+                              uintptr_t keep_end);
+/* The same, smallest first. */
+size_t pages_sorted_idle_chunks(gm_arena *arena, const gm_region *keep_region, uintptr_t keep_start,
+                                uintptr_t keep_end);
+/* The next idle chunk to move for `remaining` bytes with at most `room` bytes of space: the smallest
+ * that covers what remains, else the largest that does not. -1 if none fits the room. */
+ptrdiff_t pages_pick_idle_chunk(const idle_chunk *idle, size_t first, size_t count, uint64_t remaining,
+                                uint64_t room);
+/* Mark engine->idle[pick] taken; *first moves past the taken entries at the front. */
+void pages_take_idle_chunk(page_engine *engine, ptrdiff_t pick, size_t *first, size_t count);
+
+/* ---------------------------------------------------------------- windows.c */
+
+/* Free address space is free whether mapped or not: a run is a maximal sequence of free and
+ * unmapped blocks. A window is where a request could go inside a run; its cost is the number of
+ * unmapped pages it needs backed. */
+typedef struct window {
+    gm_region *region;
+    gm_block *run_first; /* the run's first block */
+    uintptr_t run_start;
+    uintptr_t run_end;
+    uintptr_t start;
+    uint64_t pages;
+    uintptr_t request_end; /* start + the request's size, once chosen */
+} window;
+
+/* The first block of the run of vacant blocks that ends with `last`. */
+gm_block *pages_run_start_of(gm_block *last);
+/* The last block of the run of vacant blocks that begins with `first`. */
+gm_block *pages_run_end_of(gm_block *first);
+/* The part of the unmapped block `block` that [start, end) needs backed, as [from, to). */
+bool pages_part_to_back(const gm_block *block, uintptr_t start, uintptr_t end, uint64_t page_size, uintptr_t *from,
+                        uintptr_t *to);
+/* The unmapped pages that [start, end) needs backed, in the run from `first`. */
+uint64_t pages_needed(const gm_block *first, uintptr_t start, uintptr_t end, uint64_t page_size);
+/* The window for `size` bytes needing the fewest new pages, over every run of the heap's pool;
+ * region NULL if none has room. */
+window pages_choose_window(gm_heap *heap, int pool, uint64_t size, uint64_t page_size);
+
+/* ---------------------------------------------------------------- growth.c */
+
+/* Map what the window `where` needs for `size` bytes; *block_out is the free block (detached) that
+ * starts at or before the window and covers it. */
+gm_status pages_open_window(gm_arena *arena, window where, uint64_t size, gm_block **block_out);
+/* Map the window for `size` bytes that needs the fewest new pages (a new region if none has room);
+ * *block_out as for pages_open_window. */
+gm_status pages_grow(gm_arena *arena, gm_heap *heap, int pool, uint64_t size, gm_block **block_out);
+/* Cut the detached free block `block` to `size` bytes; the rest goes back to the index. */
+void pages_trim_to_size(gm_arena *arena, gm_block *block, uint64_t size);
+
+/* ---------------------------------------------------------------- lane.c */
+
+/* The engine's state of a heap, made on its first request. */
+gm_status pages_new_heap_state(gm_heap *heap);
+/* A free of `block` on the stream `state` watches (a regrowth, when it follows the allocation of a
+ * slightly larger block). */
+void pages_watch_free(page_heap *state, const gm_block *block, uint64_t page_size);
+/* Whether a request of `size` bytes in `pool`, on the stream `state` watches, goes to its lane. */
+bool pages_goes_to_lane(gm_arena *arena, const page_heap *state, int pool, uint64_t size);
+/* The lane of the stream's heap `heap`, made on first use; NULL without host memory. */
+gm_heap *pages_lane_of(gm_arena *arena, gm_heap *heap);
+/* Place a request in the stream's lane; GM_ERROR_OUT_OF_MEMORY when it should go to the stream's own
+ * heap instead. The block is appended to the lane's order. */
+gm_status pages_lane_place(gm_arena *arena, gm_heap *heap, gm_heap *lane, uint64_t size, gm_block **block_out);
+/* A lane block leaves the lane's order (it is freed). */
+void pages_lane_remove(page_heap *lane, gm_block *block);
+/* A lane's allocation-order list holds exactly its allocated and pending blocks. */
+gm_status pages_validate_lane(const gm_heap *heap);
+
+#endif
