@@ -41,7 +41,8 @@ static void insert_fresh(gm_hash_map *map, uint64_t key, uint64_t value)
     map->count++;
 }
 
-static bool grow_to(gm_hash_map *map, size_t capacity)
+/* The cold path of put: kept out of line so that put stays small. */
+__attribute__((noinline)) static bool grow_to(gm_hash_map *map, size_t capacity)
 {
     gm_hash_entry *old = map->entries;
     size_t old_capacity = map->capacity;

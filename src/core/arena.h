@@ -83,8 +83,14 @@ extern const gm_engine_operations gm_page_engine;
 /* ---------------------------------------------------------------- heaps (heap.c) */
 
 /* The heap of `stream` that its requests are served from, made on first use; NULL without host
- * memory. */
-gm_heap *gm_heap_for_stream(gm_arena *arena, gm_stream stream);
+ * memory. The heap found last answers without a search. */
+gm_heap *gm_find_heap(gm_arena *arena, gm_stream stream);
+static inline gm_heap *gm_heap_for_stream(gm_arena *arena, gm_stream stream)
+{
+    if (arena->last_heap && arena->last_heap->stream == stream)
+        return arena->last_heap;
+    return gm_find_heap(arena, stream);
+}
 /* A new heap for `stream`, listed with the arena's heaps (so statistics, snapshots, validation and
  * empty_cache see its regions); NULL without host memory. */
 gm_heap *gm_add_heap(gm_arena *arena, gm_stream stream);

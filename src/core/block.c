@@ -18,20 +18,26 @@
 
 #define BLOCKS_PER_CHUNK 1024
 
+/* The cold path of gm_block_new: a chunk of fresh blocks onto the spare list. */
+__attribute__((noinline)) static bool add_chunk(gm_block_pool *pool)
+{
+    void **chunks = realloc(pool->chunks, (pool->chunk_count + 1) * sizeof *chunks);
+    if (!chunks)
+        return false;
+    pool->chunks = chunks;
+    gm_block *chunk = calloc(BLOCKS_PER_CHUNK, sizeof *chunk);
+    if (!chunk)
+        return false;
+    chunks[pool->chunk_count++] = chunk;
+    for (size_t i = 0; i < BLOCKS_PER_CHUNK; i++)
+        gm_list_push_front(&pool->spare, &chunk[i].link);
+    return true;
+}
+
 gm_block *gm_block_new(gm_block_pool *pool)
 {
-    if (!pool->spare.first) {
-        void **chunks = realloc(pool->chunks, (pool->chunk_count + 1) * sizeof *chunks);
-        if (!chunks)
-            return NULL;
-        pool->chunks = chunks;
-        gm_block *chunk = calloc(BLOCKS_PER_CHUNK, sizeof *chunk);
-        if (!chunk)
-            return NULL;
-        chunks[pool->chunk_count++] = chunk;
-        for (size_t i = 0; i < BLOCKS_PER_CHUNK; i++)
-            gm_list_push_front(&pool->spare, &chunk[i].link);
-    }
+    if (!pool->spare.first && !add_chunk(pool))
+        return NULL;
     gm_block *block = gm_block_of(pool->spare.first);
     gm_list_remove(&pool->spare, &block->link);
     memset(block, 0, sizeof *block);

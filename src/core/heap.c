@@ -24,10 +24,8 @@ gm_heap *gm_add_heap(gm_arena *arena, gm_stream stream)
     return heap;
 }
 
-gm_heap *gm_heap_for_stream(gm_arena *arena, gm_stream stream)
+gm_heap *gm_find_heap(gm_arena *arena, gm_stream stream)
 {
-    if (arena->last_heap && arena->last_heap->stream == stream)
-        return arena->last_heap;
     for (size_t i = 0; i < arena->heap_count; i++) {
         if (arena->heaps[i]->stream == stream && !arena->heaps[i]->engine_private) {
             arena->last_heap = arena->heaps[i];

@@ -63,7 +63,7 @@ void gm_size_index_remove(gm_size_index *index, gm_block *block)
 }
 
 /* The smallest block of at least `size` among the first SCAN_LIMIT of a list; an exact fit ends the scan. */
-static gm_block *best_in_list(const gm_list *list, uint64_t size)
+static inline gm_block *best_in_list(const gm_list *list, uint64_t size)
 {
     gm_block *best = NULL;
     int scanned = 0;

@@ -244,14 +244,6 @@ gm_status pages_open_window(gm_arena *arena, window where, uint64_t size, gm_blo
 }
 
 
-/* Cut the detached free block `block` to `size` bytes; the rest goes back to the index. */
-void pages_trim_to_size(gm_arena *arena, gm_block *block, uint64_t size)
-{
-    gm_block *rest = gm_split_block(&arena->block_pool, block, size);
-    if (rest)
-        gm_index_free_block(arena, rest);
-}
-
 /* Map the window for `size` bytes that needs the fewest new pages (a new region if none has room);
  * *block_out as for open_window. */
 gm_status pages_grow(gm_arena *arena, gm_heap *heap, int pool, uint64_t size, gm_block **block_out)

@@ -17,36 +17,6 @@
 #include <inttypes.h>
 #include <stdlib.h>
 
-/* Whether `size` is within 1/REGROWTH_FRACTION of a recent regrowth of the stream `state` watches. */
-static bool is_regrowing_size(const page_heap *state, uint64_t size)
-{
-    uint64_t margin = size / REGROWTH_FRACTION;
-    for (size_t i = 0; i < REGROWTH_SIZES; i++)
-        if (state->regrowth_sizes[i] && state->regrowth_sizes[i] <= size + margin &&
-            state->regrowth_sizes[i] + margin >= size)
-            return true;
-    return false;
-}
-
-/* A free of `block` on the stream `state` watches: a regrowth when it follows the allocation of a
- * block slightly larger (the replacement allocated, then the old one freed). */
-void pages_watch_free(page_heap *state, const gm_block *block, uint64_t page_size)
-{
-    const gm_block *last = state->last_large;
-    state->last_large = NULL;
-    if (!last || last == block || block->pool != GM_POOL_LARGE || block->size < page_size ||
-        last->size <= block->size || last->size > block->size + block->size / REGROWTH_FRACTION)
-        return;
-    state->regrowth_sizes[state->regrowths++ % REGROWTH_SIZES] = last->size;
-}
-
-/* Whether a request of `size` bytes in `pool`, on the stream `state` watches, goes to its lane. */
-bool pages_goes_to_lane(gm_arena *arena, const page_heap *state, int pool, uint64_t size)
-{
-    return arena->options->growth_lane && pool == GM_POOL_LARGE && size >= engine_of(arena)->page_size &&
-           state->regrowths >= LANE_AFTER_REGROWTHS && is_regrowing_size(state, size);
-}
-
 gm_status pages_new_heap_state(gm_heap *heap)
 {
     heap->engine_data = calloc(1, sizeof(page_heap));
@@ -80,13 +50,13 @@ static gm_block *lane_block_of(gm_link *link)
 
 static void lane_append(page_heap *lane, gm_block *block)
 {
-    gm_list_push_back(&lane->order, &block->order);
+    gm_queue_push_back(&lane->order, &block->order);
     lane->live++;
 }
 
 void pages_lane_remove(page_heap *lane, gm_block *block)
 {
-    gm_list_remove(&lane->order, &block->order);
+    gm_queue_remove(&lane->order, &block->order);
     lane->live--;
 }
 

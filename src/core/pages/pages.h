@@ -67,7 +67,7 @@ typedef struct page_heap {
     gm_block *last_large;        /* stream's heap: the last large allocation, until the next free */
     uint64_t regrowth_sizes[REGROWTH_SIZES];
     uint64_t regrowths;
-    gm_list order; /* lane: live (allocated or pending) blocks, oldest first, through gm_block.order */
+    gm_queue order; /* lane: live (allocated or pending) blocks, oldest first, through gm_block.order */
     uint64_t live;
 } page_heap;
 
@@ -199,17 +199,48 @@ gm_status pages_open_window(gm_arena *arena, window where, uint64_t size, gm_blo
  * *block_out as for pages_open_window. */
 gm_status pages_grow(gm_arena *arena, gm_heap *heap, int pool, uint64_t size, gm_block **block_out);
 /* Cut the detached free block `block` to `size` bytes; the rest goes back to the index. */
-void pages_trim_to_size(gm_arena *arena, gm_block *block, uint64_t size);
+static inline void pages_trim_to_size(gm_arena *arena, gm_block *block, uint64_t size)
+{
+    gm_block *rest = gm_split_block(&arena->block_pool, block, size);
+    if (rest)
+        gm_index_free_block(arena, rest);
+}
+
 
 /* ---------------------------------------------------------------- lane.c */
 
 /* The engine's state of a heap, made on its first request. */
 gm_status pages_new_heap_state(gm_heap *heap);
-/* A free of `block` on the stream `state` watches (a regrowth, when it follows the allocation of a
- * slightly larger block). */
-void pages_watch_free(page_heap *state, const gm_block *block, uint64_t page_size);
+/* Whether `size` is within 1/REGROWTH_FRACTION of a recent regrowth of the stream `state` watches. */
+static inline bool pages_is_regrowing_size(const page_heap *state, uint64_t size)
+{
+    uint64_t margin = size / REGROWTH_FRACTION;
+    for (size_t i = 0; i < REGROWTH_SIZES; i++)
+        if (state->regrowth_sizes[i] && state->regrowth_sizes[i] <= size + margin &&
+            state->regrowth_sizes[i] + margin >= size)
+            return true;
+    return false;
+}
+
+/* A free of `block` on the stream `state` watches: a regrowth when it follows the allocation of a
+ * block slightly larger (the replacement allocated, then the old one freed). */
+static inline void pages_watch_free(page_heap *state, const gm_block *block, uint64_t page_size)
+{
+    const gm_block *last = state->last_large;
+    state->last_large = NULL;
+    if (!last || last == block || block->pool != GM_POOL_LARGE || block->size < page_size ||
+        last->size <= block->size || last->size > block->size + block->size / REGROWTH_FRACTION)
+        return;
+    state->regrowth_sizes[state->regrowths++ % REGROWTH_SIZES] = last->size;
+}
+
 /* Whether a request of `size` bytes in `pool`, on the stream `state` watches, goes to its lane. */
-bool pages_goes_to_lane(gm_arena *arena, const page_heap *state, int pool, uint64_t size);
+static inline bool pages_goes_to_lane(gm_arena *arena, const page_heap *state, int pool, uint64_t size)
+{
+    return arena->options->growth_lane && pool == GM_POOL_LARGE && size >= engine_of(arena)->page_size &&
+           state->regrowths >= LANE_AFTER_REGROWTHS && pages_is_regrowing_size(state, size);
+}
+
 /* The lane of the stream's heap `heap`, made on first use; NULL without host memory. */
 gm_heap *pages_lane_of(gm_arena *arena, gm_heap *heap);
 /* Place a request in the stream's lane; GM_ERROR_OUT_OF_MEMORY when it should go to the stream's own
