@@ -8,10 +8,11 @@
                                      [--replay-shapes]
                                      [--out results.jsonl]
 
-Every run is a fresh process of bench/workloads.py (a copy of the anchors' workloads.py) under one
-allocator: torch-native, torch-expandable (expandable_segments:True), cuda-async
-(backend:cudaMallocAsync), gpumem (GPUMEM_TORCH=1 with gpumem's python folder on PYTHONPATH, so the
-unmodified script runs on gpumem) or gpumem-segments (the same with engine:segments).
+Every run is a fresh process of bench/workloads.py (the anchors' workloads.py, imported from
+bench/anchor_workloads.py, plus gpumem's options) under one allocator: torch-native, torch-expandable
+(expandable_segments:True), cuda-async (backend:cudaMallocAsync), gpumem (GPUMEM_TORCH=1 with gpumem's
+python folder on PYTHONPATH, so the unmodified script runs on gpumem) or gpumem-segments (the same
+with engine:segments).
 
 Step time: the repeats are interleaved (repeat 1 of every allocator, then repeat 2, ...; odd repeats
 in reverse order) so that a drift of the machine hits every allocator alike. Each run reports the

@@ -1,122 +1,117 @@
 """Real PyTorch workloads for measuring GPU allocators side by side.
 
-Copied from ../shared/anchors/workloads.py (how the anchors were measured), with additions for
-gpumem's benchmark: --batch N (gpt2: batch of 1024-token sequences; bert_varlen: batch of 512-token
-sequences, the longest it draws), --memory-fraction F (torch.cuda.set_per_process_memory_fraction
-before the model is built), --no-cudnn-attention (attention without cuDNN's backend, whose plan
-building on the host for every new shape dominates bert_varlen's step time and its noise) and
---lockstep R,W (take turns with another process, one step each, through two pipes), --replay-shapes
-(the measured steps repeat the warm-up steps' shapes: with as many warm-up as measured steps, every
-measured shape has been seen once, so per-shape setup such as cuDNN's plans is not timed). An
-out-of-memory error prints {"oom": true, "message": ..., peaks} and exits 3.
+The anchors' script (bench/anchor_workloads.py, a byte-identical copy of ../shared/anchors/workloads.py,
+kept so by tests/python/test_workloads.py) with gpumem's additions layered on top: the models, their
+steps and the trace export are the anchors' own functions, imported, not copied. With none of the
+options below, a run does what `python3 bench/anchor_workloads.py ARGS` does (same models, seeds and
+shapes, same result keys and values), and adds four keys to the result: step_ms (every measured step),
+batch and memory_fraction (null) and device_total_MiB. The additions:
 
-Usage: python3 workloads.py WORKLOAD [--steps N] [--trace OUT.csv] [--json OUT.json]
+  --batch N              gpt2: a batch of N 1024-token sequences (instead of 16); bert_varlen: every
+                         step a batch of N sequences of 512 tokens, the longest it draws (instead of
+                         a random shape). resnet50 and llm_generate ignore it.
+  --memory-fraction F    torch.cuda.set_per_process_memory_fraction(F) before the model is built.
+  --no-cudnn-attention   scaled-dot-product attention without cuDNN's backend, whose plan building on
+                         the host for every new shape dominates bert_varlen's step time and its noise.
+  --lockstep R,W         take turns with another process, one step each, through two pipes.
+  --seed S               seed of the random shapes (default 0, the anchors' runs).
+  --replay-shapes        the measured steps repeat the warm-up steps' shapes: with as many warm-up as
+                         measured steps, every measured shape has been seen once, so per-shape setup
+                         such as cuDNN's plans is not timed.
+  out of memory          prints {"oom": true, "message": ..., peaks} and exits 3 (the anchors' script
+                         dies with a traceback).
+
+Usage: python3 workloads.py WORKLOAD [--steps N] [--warmup N] [--trace OUT.csv] [--pluggable LIB.so] ...
 The allocator is chosen by PYTORCH_CUDA_ALLOC_CONF (native, expandable_segments,
 backend:cudaMallocAsync) or by --pluggable LIB.so (a CUDAPluggableAllocator).
 Prints one JSON line: peak allocated / reserved, median step time.
 """
-import argparse, json, os, sys, time, statistics, random
+import argparse, json, os, sys, time, statistics, random, types
 
-import torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # run or imported from any directory
+import anchor_workloads as anchor  # noqa: E402  (bench/anchor_workloads.py)
+from anchor_workloads import export_trace  # noqa: E402
+
+import torch  # noqa: E402
+
+
+class _Reseeding:
+    """Stands in for the module `random` inside anchor_workloads while its build() runs, so that the
+    build's `random.seed(0)` seeds `seed` instead, at the same point; everything else is the module's.
+    (The build's torch.Generator seeded with 0 is never used: the shapes come from `random` alone.)"""
+
+    def __init__(self, seed):
+        self._seed = seed
+
+    def seed(self, _anchors_seed):
+        random.seed(self._seed)
+
+    def __getattr__(self, name):
+        return getattr(random, name)
+
+
+class _LongestShape:
+    """Stands in for the module `random` inside bert_varlen's step (anchor_workloads.build: `L =
+    random.randint(32, 512)`, `b = random.choice([8, 16, ...])`): the longest length it can draw and
+    the batch asked for; nothing is drawn from `random`."""
+
+    def __init__(self, batch):
+        self._batch = batch
+
+    def randint(self, _low, high):
+        return high
+
+    def choice(self, _options):
+        return self._batch
 
 
 def build(name, dev, batch=None, seed=0):
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    random.seed(seed)
-    if name == "resnet50":
-        import torchvision
-        m = torchvision.models.resnet50(weights=None).to(dev)
-        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-        bs = 256
-
-        def step(i):
-            x = torch.randn(bs, 3, 224, 224, device=dev)
-            y = torch.randint(0, 1000, (bs,), device=dev)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = torch.nn.functional.cross_entropy(m(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+    """anchor_workloads.build(name, dev), with --seed and --batch applied without copying it: the seed
+    through _Reseeding during the build; the batch by giving the returned step, the same code and
+    closure, other bindings -- gpt2's `bs = 16` (a free variable of its step) becomes `batch`, and
+    bert_varlen's step sees _LongestShape as `random`."""
+    if seed != 0:
+        anchor.random = _Reseeding(seed)
+    try:
+        step = anchor.build(name, dev)
+    finally:
+        anchor.random = random
+    if not batch:
         return step
-
+    code = step.__code__
     if name == "gpt2":
-        from transformers import GPT2Config, GPT2LMHeadModel
-        cfg = GPT2Config(n_layer=12, n_embd=768, n_head=12, n_positions=1024)
-        m = GPT2LMHeadModel(cfg).to(dev)
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
-        bs = batch or 16
-
-        def step(i):
-            L, b = 1024, bs
-            ids = torch.randint(0, cfg.vocab_size, (b, L), device=dev)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                out = m(input_ids=ids, labels=ids)
-            out.loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        return step
-
+        if "bs" not in code.co_freevars:
+            raise SystemExit("workloads.py: anchor_workloads.build's gpt2 step no longer reads `bs`")
+        cells = tuple(types.CellType(batch) if var == "bs" else cell
+                      for var, cell in zip(code.co_freevars, step.__closure__))
+        return types.FunctionType(code, step.__globals__, step.__name__, step.__defaults__, cells)
     if name == "bert_varlen":
-        from transformers import BertConfig, BertForMaskedLM
-        cfg = BertConfig()  # bert-base shape
-        m = BertForMaskedLM(cfg).to(dev)
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
-
-        def step(i):
-            L = random.randint(32, 512) if not batch else 512
-            b = random.choice([8, 16, 24, 32, 48, 64]) if not batch else batch
-            ids = torch.randint(0, cfg.vocab_size, (b, L), device=dev)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                out = m(input_ids=ids, labels=ids)
-            out.loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        return step
-
-    if name == "llm_generate":
-        from transformers import GPT2Config, GPT2LMHeadModel
-        cfg = GPT2Config(n_layer=24, n_embd=1024, n_head=16, n_positions=2048)
-        m = GPT2LMHeadModel(cfg).to(dev, dtype=torch.bfloat16).eval()
-
-        def step(i):
-            b = random.choice([4, 8, 16, 32])
-            p = random.randint(16, 256)
-            n = random.randint(64, 384)
-            ids = torch.randint(0, cfg.vocab_size, (b, p), device=dev)
-            with torch.no_grad():
-                m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                           min_new_tokens=n, do_sample=False, pad_token_id=0)
-        return step
-
-    raise SystemExit(f"unknown workload {name}")
+        if "random" not in code.co_names:
+            raise SystemExit("workloads.py: anchor_workloads.build's bert_varlen step no longer draws from `random`")
+        return types.FunctionType(code, dict(step.__globals__, random=_LongestShape(batch)), step.__name__,
+                                  step.__defaults__, step.__closure__)
+    return step
 
 
-def export_trace(snap, path):
-    """Compact trace: one line per event: a|f,id,size,stream (ids instead of addresses)."""
-    ids, nxt, n = {}, 0, 0
-    with open(path, "w") as f:
-        f.write("# op,id,size,stream\n")
-        for dt in snap["device_traces"]:
-            for e in dt:
-                a = e["action"]
-                if a == "alloc":
-                    ids[e["addr"]] = nxt
-                    f.write(f"a,{nxt},{e['size']},{e['stream']}\n")
-                    nxt += 1; n += 1
-                elif a == "free_requested":
-                    i = ids.pop(e["addr"], None)
-                    if i is not None:
-                        f.write(f"f,{i},{e['size']},{e['stream']}\n"); n += 1
-    return n
+def parser():
+    """anchor_workloads.main's own argument parser (taken from it: main runs until its parse_args(),
+    which hands the parser over instead of parsing) with the additions."""
+    class Taken(Exception):
+        pass
 
+    class Handing(argparse.ArgumentParser):
+        def parse_args(self, *args, **kwargs):
+            raise Taken(self)
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("workload")
-    ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--trace")
-    ap.add_argument("--pluggable")
+    anchor.argparse = types.SimpleNamespace(ArgumentParser=Handing)
+    try:
+        anchor.main()
+        raise SystemExit("workloads.py: anchor_workloads.main parsed no arguments")
+    except Taken as taken:
+        ap = taken.args[0]
+        ap.__class__ = argparse.ArgumentParser  # parses from here on
+    finally:
+        anchor.argparse = argparse
     ap.add_argument("--batch", type=int)
     ap.add_argument("--memory-fraction", type=float)
     ap.add_argument("--lockstep", metavar="READ_FD,WRITE_FD",
@@ -131,7 +126,16 @@ def main():
     ap.add_argument("--no-cudnn-attention", action="store_true",
                     help="scaled-dot-product attention without cuDNN's backend (which builds a plan on the host "
                          "for every new shape)")
-    a = ap.parse_args()
+    return ap
+
+
+def main():
+    # Mirrors anchor_workloads.main after its `a = ap.parse_args()`: every line of it, in order, with
+    # the additions between them (tests/python/test_workloads.py checks this). It cannot be called with
+    # them: they sit inside its step loop (--lockstep waits outside the timed part of a step,
+    # --replay-shapes acts between two steps), around it (out of memory) and in its result.
+    # The one line changed: `step = build(a.workload, dev)` passes --batch and --seed.
+    a = parser().parse_args()
     if a.pluggable:
         alloc = torch.cuda.memory.CUDAPluggableAllocator(a.pluggable, "gm_torch_malloc", "gm_torch_free")
         torch.cuda.memory.change_current_allocator(alloc)
@@ -143,9 +147,9 @@ def main():
     if a.memory_fraction:
         torch.cuda.set_per_process_memory_fraction(a.memory_fraction)
     t0 = time.perf_counter()
-    times = []
     try:
         step = build(a.workload, dev, a.batch, a.seed)
+        times = []
         turn_in, turn_out = map(int, a.lockstep.split(",")) if a.lockstep else (None, None)
         shapes = random.getstate()
         for i in range(a.warmup + a.steps):
