@@ -149,6 +149,18 @@ static void host_physical_memory_keeps_its_data_when_remapped(void)
     gm_backend_close(backend);
 }
 
+static void unknown_backend_is_a_configuration_error(void)
+{
+    const char *names[] = {"tpu", "", NULL};
+    for (int i = 0; i < 3; i++) {
+        gm_backend_config config = {.name = names[i], .page_size = 2 * MiB};
+        gm_backend *backend = NULL;
+        CHECK_STATUS(gm_backend_open(&config, &backend), GM_ERROR_BAD_CONFIG);
+        CHECK_MESSAGE("unknown backend");
+        CHECK(backend == NULL);
+    }
+}
+
 static void cuda_backend_reports_why_it_cannot_open(void)
 {
     gm_backend_config config = {.name = "cuda"};
@@ -167,4 +179,4 @@ static void cuda_backend_reports_why_it_cannot_open(void)
 RUN_TESTS(TEST_CASE(segments_respect_capacity_and_are_freed_once), TEST_CASE(mapping_rules_are_enforced),
           TEST_CASE(simulated_events_follow_stream_work), TEST_CASE(cost_model_matches_the_h200_table),
           TEST_CASE(host_physical_memory_keeps_its_data_when_remapped),
-          TEST_CASE(cuda_backend_reports_why_it_cannot_open))
+          TEST_CASE(unknown_backend_is_a_configuration_error), TEST_CASE(cuda_backend_reports_why_it_cannot_open))

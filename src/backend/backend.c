@@ -40,11 +40,12 @@ gm_status gm_backend_open(const gm_backend_config *config, gm_backend **backend_
                                                          &gm_host_backend_operations,
                                                          &gm_cuda_backend_operations};
     const gm_backend_operations *operations = NULL;
-    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+    for (size_t i = 0; config->name && i < sizeof known / sizeof known[0]; i++)
         if (!strcmp(known[i]->name, config->name))
             operations = known[i];
     if (!operations)
-        return gm_fail(GM_ERROR_BAD_CONFIG, "unknown backend '%s' (expected sim, host or cuda)", config->name);
+        return gm_fail(GM_ERROR_BAD_CONFIG, "unknown backend '%s' (expected sim, host or cuda)",
+                       config->name ? config->name : "(none)");
     gm_backend *backend = calloc(1, sizeof *backend);
     if (!backend)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the backend");
