@@ -3,8 +3,10 @@
 A thin ctypes layer over libgpumem (the C library does all the work). Importable without PyTorch;
 ``gpumem.torch`` makes gpumem PyTorch's CUDA allocator and ``gpumem.cupy`` CuPy's.
 
-The library is found through the environment variable GPUMEM_LIBRARY, next to this package, or in the
-repository's build folders (build/, build-gpu/).
+The library is found, in this order, through the environment variable GPUMEM_LIBRARY, next to this
+package, in the repository's build folders (build/, build-gpu/) when the package sits in a gpumem
+checkout, at the path `cmake --install` recorded (for a package pip-installed from PREFIX/share/gpumem/python),
+or on the dynamic linker's search path (libgpumem.so.0). ``library_path()`` says which one is used.
 
     import gpumem
     allocator = gpumem.Allocator("backend:sim,capacity:16GiB")
@@ -16,7 +18,14 @@ repository's build folders (build/, build-gpu/).
 import ctypes
 import os
 
-__all__ = ["Allocator", "GpumemError", "OutOfMemoryError", "config_help", "library_path", "STATUS_NAMES"]
+__all__ = ["Allocator", "GpumemError", "OutOfMemoryError", "config_help", "library_path", "include_path",
+           "STATUS_NAMES"]
+__version__ = "0.1.0"  # read by pyproject.toml; CMakeLists.txt checks it against the project's version
+
+try:
+    from gpumem import _install_paths  # written by `cmake --install`; absent in the sources
+except ImportError:
+    _install_paths = None
 
 STATUS_NAMES = {
     0: "success", 1: "invalid argument", 2: "out of memory", 3: "invalid pointer", 4: "bad configuration",
@@ -52,12 +61,44 @@ class _DeviceInfo(ctypes.Structure):
                 ("virtual_memory", ctypes.c_int), ("granularity", ctypes.c_uint64), ("engine", ctypes.c_char * 16)]
 
 
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(os.path.dirname(_HERE))
+_IN_CHECKOUT = os.path.isfile(os.path.join(_ROOT, "include", "gpumem.h"))
+_SONAME = "libgpumem.so.0"
+
+
 def _candidates():
-    here = os.path.dirname(os.path.abspath(__file__))
-    yield os.path.join(here, "libgpumem.so")
-    root = os.path.dirname(os.path.dirname(here))
-    for build in ("build", "build-gpu"):
-        yield os.path.join(root, build, "libgpumem.so")
+    """(where, path) for each place to look after GPUMEM_LIBRARY, in order; (where, None, why not) for a
+    place that does not apply."""
+    yield "next to the package", os.path.join(_HERE, "libgpumem.so")
+    if _IN_CHECKOUT:
+        for build in ("build", "build-gpu"):
+            yield "the repository's build folder", os.path.join(_ROOT, build, "libgpumem.so")
+    else:
+        yield "the repository's build folders", None, "this package is not in a gpumem checkout"
+    if _install_paths is not None:
+        yield "installed by cmake --install", _install_paths.library
+    else:
+        yield "installed by cmake --install", None, "no record (pip-install PREFIX/share/gpumem/python to have one)"
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p), ("dli_sname", ctypes.c_char_p),
+                ("dli_saddr", ctypes.c_void_p)]
+
+
+def _loaded_from(library):
+    """The file the dynamic linker loaded `library` from (its name if that cannot be told)."""
+    for source in (None, "libdl.so.2"):  # dladdr is in libc since glibc 2.34, in libdl before
+        try:
+            dladdr = ctypes.CDLL(source).dladdr
+        except (OSError, AttributeError):
+            continue
+        dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+        info = _DlInfo()
+        if dladdr(ctypes.cast(library.gm_create, ctypes.c_void_p), ctypes.byref(info)) and info.dli_fname:
+            return os.path.abspath(os.fsdecode(info.dli_fname))
+    return _SONAME
 
 
 def library_path():
@@ -67,11 +108,30 @@ def library_path():
         if not os.path.isfile(chosen):
             raise ImportError(f"gpumem: GPUMEM_LIBRARY is set to {chosen}, but libgpumem.so not found there")
         return os.path.abspath(chosen)
-    for path in _candidates():
-        if os.path.isfile(path):
+    tried = ["  GPUMEM_LIBRARY: not set"]
+    for where, path, *why_not in _candidates():
+        if path is not None and os.path.isfile(path):
             return os.path.abspath(path)
-    raise ImportError("gpumem: libgpumem.so not found; build it (cmake -S . -B build && cmake --build build) "
+        tried.append(f"  {where}: {path or why_not[0]}")
+    try:
+        return _loaded_from(ctypes.CDLL(_SONAME))
+    except OSError as error:
+        tried.append(f"  the dynamic linker's search path: {error}")
+    raise ImportError("gpumem: libgpumem.so not found; tried:\n" + "\n".join(tried) + "\n"
+                      "Build it (cmake -S . -B build && cmake --build build), install it (cmake --install build), "
                       "or set GPUMEM_LIBRARY to its path")
+
+
+def include_path():
+    """The folder holding gpumem.h: the repository's include/ when this package sits in a gpumem checkout,
+    else the one `cmake --install` recorded, else this package's own folder if gpumem.h was put there;
+    None if none of these."""
+    if _IN_CHECKOUT:
+        return os.path.join(_ROOT, "include")
+    for folder in ([_install_paths.include_directory] if _install_paths is not None else []) + [_HERE]:
+        if os.path.isfile(os.path.join(folder, "gpumem.h")):
+            return folder
+    return None
 
 
 def _load():

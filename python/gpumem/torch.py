@@ -29,9 +29,10 @@ def _adapter():
             raise ImportError("gpumem.torch needs PyTorch") from error
         here = os.path.dirname(os.path.abspath(__file__))
         library = gpumem.library_path()
-        include = os.path.join(os.path.dirname(os.path.dirname(here)), "include")
-        if not os.path.isdir(include):
-            include = here  # an installed package carries gpumem.h next to itself
+        include = gpumem.include_path()
+        if include is None:
+            raise ImportError("gpumem.torch: gpumem.h not found (not in a gpumem checkout, not recorded by "
+                              "cmake --install); pip-install PREFIX/share/gpumem/python from an installed prefix")
         _extension = load(name="gpumem_torch_adapter", sources=[os.path.join(here, "torch_adapter.cpp")],
                           extra_include_paths=[include], with_cuda=True, extra_cflags=["-O2"],
                           extra_ldflags=[f"-L{os.path.dirname(library)}", "-lgpumem",

@@ -1,8 +1,10 @@
 """The gpumem Python package without a GPU and without PyTorch: the ctypes layer over libgpumem on the
 sim backend, its errors, statistics under torch's names, and the summary table."""
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import unittest
 
 import gpumem
@@ -108,6 +110,44 @@ class PackageTest(unittest.TestCase):
         run = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True)
         self.assertNotEqual(run.returncode, 0)
         self.assertIn("libgpumem.so not found", run.stderr)
+
+    def _run_copy(self, code, install_paths=None, **environment):
+        """Run `code` with a copy of the package outside the repository (no GPUMEM_LIBRARY), with an
+        _install_paths.py as `cmake --install` writes it if given."""
+        with tempfile.TemporaryDirectory() as folder:
+            shutil.copytree(os.path.dirname(gpumem.__file__), os.path.join(folder, "gpumem"),
+                            ignore=shutil.ignore_patterns("__pycache__", "_install_paths.py"))
+            if install_paths is not None:
+                library, include = install_paths
+                with open(os.path.join(folder, "gpumem", "_install_paths.py"), "w") as paths:
+                    paths.write(f"library = {library!r}\ninclude_directory = {include!r}\n")
+            environment = dict(os.environ, PYTHONPATH=folder, **environment)
+            environment.pop("GPUMEM_LIBRARY", None)
+            return subprocess.run([sys.executable, "-c", code], env=environment, cwd=folder, capture_output=True,
+                                  text=True)
+
+    def test_library_is_found_where_cmake_install_recorded_it(self):
+        library = gpumem.library_path()
+        include = gpumem.include_path()
+        run = self._run_copy("import gpumem; print(gpumem.library_path()); print(gpumem.include_path())",
+                             install_paths=(library, include), LD_LIBRARY_PATH="")
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertEqual(run.stdout.split(), [library, include])
+
+    def test_library_is_found_by_the_dynamic_linker_last(self):
+        folder = os.path.dirname(gpumem.library_path())
+        run = self._run_copy("import gpumem; print(gpumem.library_path())", LD_LIBRARY_PATH=folder)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertEqual(run.stdout.strip(), os.path.join(folder, "libgpumem.so.0"))
+
+    def test_library_not_found_lists_what_was_tried(self):
+        run = self._run_copy("import gpumem; print(gpumem.library_path())", LD_LIBRARY_PATH="")
+        if run.returncode == 0:
+            self.skipTest(f"this system's dynamic linker finds a libgpumem.so.0: {run.stdout.strip()}")
+        for tried in ("GPUMEM_LIBRARY: not set", "next to the package:", "the repository's build folders: this "
+                      "package is not in a gpumem checkout", "installed by cmake --install: no record",
+                      "the dynamic linker's search path: libgpumem.so.0"):
+            self.assertIn(tried, run.stderr)
 
     def test_torch_module_imports_without_torch(self):
         import gpumem.torch  # importable; install() then needs torch
