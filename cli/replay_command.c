@@ -2,14 +2,19 @@
  * replay_command.c -- gpumem replay: load a trace, replay it on a fresh allocator, report. With
  * --passes N the trace is replayed N times on the same allocator (the first pass cold, the later
  * ones warm, as bench/gpu_replay.py measures on the GPU); each pass is reported on its own, its
- * device calls and peaks counted from its start.
+ * device calls and peaks counted from its start. --snapshot FILE writes the allocator's state at the
+ * end of the last pass (before the trace's remaining allocations are freed), --history FILE its
+ * events (the newest history:N of them; --history alone keeps up to 1048576), both as JSON
+ * (docs/formats.md).
  */
 #include "gpumem.h"
 
 #include "tools/trace.h"
 #include "commands.h"
 
+#include <errno.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,8 +90,57 @@ static void print_text(const char *trace_path, const gm_device_info *device, con
         printf("\nafter the replay, once everything was freed:\n%s", table);
 }
 
-#define REPLAY_USAGE \
-    "usage: gpumem replay TRACE [--backend sim|host|cuda] [--capacity BYTES] [--conf ...] [--json] [--passes N]\n"
+#define REPLAY_USAGE                                                                                          \
+    "usage: gpumem replay TRACE [--backend sim|host|cuda] [--capacity BYTES] [--conf ...] [--json] [--passes N]\n" \
+    "                           [--snapshot FILE] [--history FILE]\n"
+
+typedef struct replay_outputs {
+    const char *snapshot_path;
+    const char *history_path;
+} replay_outputs;
+
+/* Write `text` to `path`; 0, or -1 after saying why. */
+static int write_text(const char *path, const char *text, const char *what)
+{
+    FILE *file = fopen(path, "w");
+    int failed = !file || fputs(text, file) == EOF;
+    if (file && fclose(file) != 0)
+        failed = 1;
+    if (failed) {
+        fprintf(stderr, "gpumem replay: cannot write the %s to '%s': %s\n", what, path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* The replay's end (before the final frees): the snapshot, when asked for. */
+static gm_status write_snapshot(gm_allocator *allocator, void *context)
+{
+    const replay_outputs *outputs = context;
+    gm_snapshot *snapshot = NULL;
+    char *json = NULL;
+    gm_status status = gm_snapshot_take(allocator, &snapshot);
+    if (status == GM_OK)
+        status = gm_snapshot_json(snapshot, &json);
+    if (status == GM_OK && write_text(outputs->snapshot_path, json, "snapshot") != 0)
+        status = GM_ERROR_IO;
+    gm_json_free(json);
+    gm_snapshot_free(snapshot);
+    return status;
+}
+
+static int write_history(gm_allocator *allocator, const char *path)
+{
+    char *json = NULL;
+    gm_status status = gm_history_json(allocator, &json);
+    if (status != GM_OK) {
+        fprintf(stderr, "gpumem replay: no history: %s\n", gm_last_error());
+        return -1;
+    }
+    int result = write_text(path, json, "history");
+    gm_json_free(json);
+    return result;
+}
 #define MAX_PASSES 100
 
 /* The value of --passes: a whole number from 1 to MAX_PASSES, else 0. */
@@ -98,7 +152,8 @@ static int parse_passes(const char *text)
 }
 
 /* Replay `passes` times on one allocator, reporting each pass; the exit status. */
-static int replay_passes(gm_allocator *allocator, const gm_trace *trace, const char *trace_path, int json, int passes)
+static int replay_passes(gm_allocator *allocator, const gm_trace *trace, const char *trace_path, int json, int passes,
+                         replay_outputs *outputs)
 {
     gm_device_info device;
     gm_get_device_info(allocator, &device);
@@ -109,7 +164,11 @@ static int replay_passes(gm_allocator *allocator, const gm_trace *trace, const c
             gm_reset_peak_stats(allocator);
         }
         gm_replay_result result;
-        gm_status status = gm_replay(allocator, trace, &result);
+        bool last = pass + 1 == passes;
+        gm_status status = gm_replay_with_hook(allocator, trace, &result,
+                                               last && outputs->snapshot_path ? write_snapshot : NULL, outputs);
+        if (status == GM_ERROR_IO)
+            return GM_EXIT_ERROR;
         if (status != GM_OK) {
             fprintf(stderr, "gpumem replay: %s: %s\n", gm_strerror(status), gm_last_error());
             return GM_EXIT_ERROR;
@@ -124,6 +183,8 @@ static int replay_passes(gm_allocator *allocator, const gm_trace *trace, const c
             exit_status = GM_EXIT_OUT_OF_MEMORY;
         }
     }
+    if (outputs->history_path && write_history(allocator, outputs->history_path) != 0)
+        return GM_EXIT_ERROR;
     return exit_status;
 }
 
@@ -132,6 +193,7 @@ int gm_command_replay(int argc, char **argv)
     gm_device_arguments device_arguments = {0};
     const char *trace_path = NULL;
     int json = 0, passes = 1;
+    replay_outputs outputs = {0};
     for (int i = 0; i < argc; i++) {
         int taken = gm_take_device_argument(&device_arguments, argc, argv, &i);
         if (taken < 0)
@@ -145,6 +207,13 @@ int gm_command_replay(int argc, char **argv)
                 fprintf(stderr, "gpumem replay: --passes needs a whole number from 1 to %d\n", MAX_PASSES);
                 return GM_EXIT_USAGE;
             }
+        } else if (!strcmp(argv[i], "--snapshot") || !strcmp(argv[i], "--history")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "gpumem replay: %s needs a file name\n", argv[i]);
+                return GM_EXIT_USAGE;
+            }
+            *(argv[i][2] == 's' ? &outputs.snapshot_path : &outputs.history_path) = argv[i + 1];
+            i++;
         } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("%s", REPLAY_USAGE);
             return 0;
@@ -164,6 +233,8 @@ int gm_command_replay(int argc, char **argv)
     }
     char configuration[1024];
     gm_device_configuration(&device_arguments, configuration, sizeof configuration);
+    if (outputs.history_path && !strstr(configuration, "history:")) /* a ring unless --conf sized one */
+        strncat(configuration, ",history:1048576", sizeof configuration - strlen(configuration) - 1);
     gm_trace trace;
     gm_status status = gm_trace_load(trace_path, &trace);
     if (status != GM_OK) {
@@ -177,7 +248,7 @@ int gm_command_replay(int argc, char **argv)
         gm_trace_free(&trace);
         return status == GM_ERROR_BAD_CONFIG ? GM_EXIT_USAGE : GM_EXIT_ERROR;
     }
-    int exit_status = replay_passes(allocator, &trace, trace_path, json, passes);
+    int exit_status = replay_passes(allocator, &trace, trace_path, json, passes, &outputs);
     gm_destroy(allocator, NULL);
     gm_trace_free(&trace);
     return exit_status;

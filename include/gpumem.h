@@ -237,6 +237,91 @@ typedef struct gm_device_info {
 
 GM_API gm_status gm_get_device_info(gm_allocator *allocator, gm_device_info *info_out);
 
+/* ---------------------------------------------------------------- snapshots and history */
+
+/* What a block of a snapshot is: handed to the user, freed but still used by a stream it was
+ * recorded on, free and cached (mapped), or addresses with no memory behind them (pages engine). */
+typedef enum gm_block_kind {
+    GM_BLOCK_KIND_FREE = 0,
+    GM_BLOCK_KIND_ALLOCATED = 1,
+    GM_BLOCK_KIND_PENDING = 2,
+    GM_BLOCK_KIND_UNMAPPED = 3
+} gm_block_kind;
+
+typedef struct gm_snapshot_block {
+    uint64_t address;
+    uint64_t size;
+    uint64_t requested; /* bytes asked for (allocated and pending blocks), else 0 */
+    gm_block_kind kind;
+} gm_snapshot_block;
+
+/* A region: a device segment (segments engine) or a reserved virtual range (pages engine), tiled by
+ * its blocks, blocks[first_block .. first_block + block_count). */
+typedef struct gm_snapshot_region {
+    uint64_t address;
+    uint64_t size;
+    uint64_t mapped_bytes; /* backed by device memory: every block but unmapped ones */
+    gm_stream stream;
+    int pool;              /* GM_POOL_SMALL or GM_POOL_LARGE */
+    int growth_lane;       /* 1 for a region of the pages engine's growth lane */
+    size_t first_block;
+    size_t block_count;
+} gm_snapshot_region;
+
+typedef struct gm_snapshot {
+    gm_stats stats;
+    gm_device_info device;
+    size_t region_count;
+    gm_snapshot_region *regions;
+    size_t block_count;
+    gm_snapshot_block *blocks;
+} gm_snapshot;
+
+/* Every region and block of the allocator, with its statistics, at one moment. Free it with
+ * gm_snapshot_free. */
+GM_API gm_status gm_snapshot_take(gm_allocator *allocator, gm_snapshot **snapshot_out);
+GM_API void gm_snapshot_free(gm_snapshot *snapshot);
+
+/* Events of the history ring (GPUMEM_CONF history:N keeps the newest N; 0, the default, keeps none).
+ * The names are those of PyTorch's memory snapshots ("alloc", "free_requested", ...). */
+typedef enum gm_event_kind {
+    GM_EVENT_ALLOC = 0,          /* gm_malloc handed out a block */
+    GM_EVENT_FREE_REQUESTED = 1, /* gm_free of a block still used on recorded streams */
+    GM_EVENT_FREE_COMPLETED = 2, /* the block's memory is free for reuse */
+    GM_EVENT_SEGMENT_MAP = 3,    /* device memory mapped: a segment allocated or a chunk mapped */
+    GM_EVENT_SEGMENT_UNMAP = 4,  /* device memory unmapped: a segment freed or a chunk unmapped */
+    GM_EVENT_OOM = 5,            /* gm_malloc failed for lack of memory (address 0) */
+    GM_EVENT_KIND_COUNT
+} gm_event_kind;
+
+typedef struct gm_event {
+    uint64_t time_ns; /* CLOCK_MONOTONIC */
+    uint64_t address;
+    uint64_t size;    /* the block's or mapping's size; for alloc, oom: bytes asked for */
+    gm_stream stream;
+    uint64_t tag;     /* what the tagger returned (0 without one) */
+    gm_event_kind kind;
+} gm_event;
+
+/* "alloc", "free_requested", "free_completed", "segment_map", "segment_unmap", "oom". */
+GM_API const char *gm_event_name(gm_event_kind kind);
+
+/* Copy the history, oldest first, into `events` (room for `capacity`); *count_out: events copied (with
+ * `events` NULL: the events held, to size the array); *dropped_out (may be NULL): older events the ring
+ * no longer holds. GM_ERROR_NOT_SUPPORTED when the
+ * allocator keeps no history. */
+GM_API gm_status gm_history_read(gm_allocator *allocator, gm_event *events, size_t capacity, size_t *count_out,
+                                 uint64_t *dropped_out);
+
+/* A callback called (under the allocator's lock, so it must not call gpumem) for every event, whose
+ * result becomes the event's tag -- for an adapter that records stack ids. NULL removes it. */
+GM_API gm_status gm_set_history_tagger(gm_allocator *allocator, uint64_t (*tagger)(void *context), void *context);
+
+/* A snapshot, or the history, as JSON (docs/formats.md): a string to release with gm_json_free. */
+GM_API gm_status gm_snapshot_json(const gm_snapshot *snapshot, char **json_out);
+GM_API gm_status gm_history_json(gm_allocator *allocator, char **json_out);
+GM_API void gm_json_free(char *json);
+
 /* ---------------------------------------------------------------- simulated streams */
 
 /* The "sim" and "host" backends simulate the work queued on streams so that tests can decide when

@@ -69,6 +69,19 @@ expect 0 "memory +1024.0 MiB total" -- "$gpumem" info --backend host --capacity 
 expect 2 "unknown argument 'now'" -- "$gpumem" info now
 expect 0 '"peak_live_bytes": 11785936912, ' -- "$gpumem" replay "$data/traces/resnet50.csv.gz" --json
 
+# Snapshots and the history of a replay (docs/formats.md).
+expect 0 '"pass": 0' -- "$gpumem" replay "$work/small.csv" --json --snapshot "$work/snapshot.json" --history "$work/history.json"
+expect 0 '"format": "gpumem-snapshot", "version": 1' -- cat "$work/snapshot.json"
+expect 0 '"requested": 1000, "state": "allocated"' -- cat "$work/snapshot.json"
+expect 0 '"action": "alloc", "address": [0-9]+, "size": 3145728' -- cat "$work/history.json"
+expect 0 '"action": "free_completed"' -- cat "$work/history.json"
+expect 0 'peak reserved' -- "$gpumem" replay "$work/small.csv" --history "$work/history.json" --conf history:3
+expect 0 '"dropped": 9, "events": \[$' -- cat "$work/history.json"
+expect 1 "cannot write the snapshot to '$work/no/such/dir.json'" -- "$gpumem" replay "$work/small.csv" --snapshot "$work/no/such/dir.json"
+expect 1 "cannot write the history to '$work/no/such/dir.json'" -- "$gpumem" replay "$work/small.csv" --history "$work/no/such/dir.json"
+expect 2 "--snapshot needs a file name" -- "$gpumem" replay "$work/small.csv" --snapshot
+expect 2 "bad value for key 'history'" -- "$gpumem" replay "$work/small.csv" --conf history:-1
+
 # The cuda backend: without a GPU a clear error and a non-zero exit; with one, a working device.
 if "$gpumem" info --backend cuda >/dev/null 2>&1; then
     expect 0 "backend +cuda" -- "$gpumem" info --backend cuda

@@ -16,6 +16,7 @@ or on the dynamic linker's search path (libgpumem.so.0). ``library_path()`` says
     allocator.memory_stats()["allocated_bytes.all.peak"]
 """
 import ctypes
+import json
 import os
 
 __all__ = ["Allocator", "GpumemError", "OutOfMemoryError", "config_help", "library_path", "include_path",
@@ -152,6 +153,11 @@ def _load():
         "gm_set_memory_limit": (status, [pointer, ctypes.c_uint64]),
         "gm_get_memory_limit": (status, [pointer, ctypes.POINTER(ctypes.c_uint64)]),
         "gm_get_stats": (status, [pointer, ctypes.c_void_p]),
+        "gm_snapshot_take": (status, [pointer, ctypes.POINTER(ctypes.c_void_p)]),
+        "gm_snapshot_free": (None, [ctypes.c_void_p]),
+        "gm_snapshot_json": (status, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]),
+        "gm_history_json": (status, [pointer, ctypes.POINTER(ctypes.c_void_p)]),
+        "gm_json_free": (None, [ctypes.c_void_p]),
         "gm_stat_name": (ctypes.c_char_p, [ctypes.c_size_t]),
         "gm_counter_name": (ctypes.c_char_p, [ctypes.c_size_t]),
         "gm_device_call_count": (ctypes.c_size_t, []),
@@ -197,6 +203,14 @@ def _check(status):
     if status != 0:
         message = _library.gm_last_error().decode(errors="replace")
         raise (OutOfMemoryError if status == _OUT_OF_MEMORY else GpumemError)(status, message)
+
+
+def _take_json(text):
+    """Parse a JSON text the library made, and release it."""
+    try:
+        return json.loads(ctypes.string_at(text.value).decode())
+    finally:
+        _library.gm_json_free(text)
 
 
 def config_help():
@@ -306,6 +320,23 @@ class Allocator:
             result[f"device_calls.{kind}"] = stats.device_calls[index]
             result[f"device_call_ns.{kind}"] = stats.device_call_ns_by_kind[index]
         return result
+
+    def snapshot(self):
+        """Every region and block with the statistics, as a dict (docs/formats.md, "gpumem-snapshot")."""
+        snapshot = ctypes.c_void_p()
+        _check(_library.gm_snapshot_take(self._handle, ctypes.byref(snapshot)))
+        try:
+            text = ctypes.c_void_p()
+            _check(_library.gm_snapshot_json(snapshot, ctypes.byref(text)))
+            return _take_json(text)
+        finally:
+            _library.gm_snapshot_free(snapshot)
+
+    def history(self):
+        """The newest events of the history ring (GPUMEM_CONF history:N), as a dict ("gpumem-history")."""
+        text = ctypes.c_void_p()
+        _check(_library.gm_history_json(self._handle, ctypes.byref(text)))
+        return _take_json(text)
 
     def summary(self):
         """The statistics as a table in the layout of torch.cuda.memory_summary()."""

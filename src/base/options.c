@@ -69,6 +69,9 @@ static const option_descriptor descriptors[] = {
      "pages engine: when a request ends inside the last page of new memory, that page is a chunk of "
      "its own, so the next block placed there pins one page, not the whole growth; costs a device "
      "call per growth (default false)"},
+    {"history", KIND_INTEGER, FIELD(history), NULL,
+     "keep the newest N allocator events (alloc, free, map, unmap, oom) for gm_history_read and "
+     "snapshots' timelines, at most 1048576 (default 0: none, no cost)"},
 };
 
 #define DESCRIPTOR_COUNT (sizeof descriptors / sizeof descriptors[0])

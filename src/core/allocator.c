@@ -18,6 +18,7 @@
 
 #include "base/error.h"
 #include "base/hash_map.h"
+#include "core/allocator.h"
 #include "core/oom_report.h"
 
 #include <pthread.h>
@@ -84,6 +85,10 @@ static gm_status create_with_options(const gm_options *options, gm_allocator **a
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the allocator");
     }
     pthread_mutex_init(&allocator->lock, NULL);
+    if (options->history && !(allocator->arena.history = gm_history_create((size_t)options->history))) {
+        gm_destroy(allocator, NULL);
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a history of %d events", options->history);
+    }
     status = allocator->arena.engine->create(&allocator->arena);
     if (status != GM_OK) {
         gm_destroy(allocator, NULL);
@@ -159,6 +164,8 @@ static void retire_block(gm_allocator *allocator, gm_block *block)
     free(block->recorded_streams);
     block->recorded_streams = NULL;
     block->recorded_count = 0;
+    gm_history_record(allocator->arena.history, GM_EVENT_FREE_COMPLETED, block->address, block->requested,
+                      block->heap->stream);
     allocator->arena.engine->free_block(&allocator->arena, block);
 }
 
@@ -245,6 +252,7 @@ static gm_status allocate_with_retries(gm_allocator *allocator, gm_heap *heap, i
     if (status == GM_ERROR_OUT_OF_MEMORY) {
         allocator->arena.stats.num_ooms++;
         gm_write_oom_report(&allocator->arena, heap, size, &attempts);
+        gm_history_record(allocator->arena.history, GM_EVENT_OOM, 0, size, heap->stream);
     }
     return status;
 }
@@ -286,6 +294,7 @@ gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void
         gm_stat_change(allocator->arena.stats.active, pool, 1);
         gm_stat_change(allocator->arena.stats.active_bytes, pool, (int64_t)block->size);
         *pointer_out = (void *)block->address;
+        gm_history_record(allocator->arena.history, GM_EVENT_ALLOC, block->address, size, stream);
     }
     pthread_mutex_unlock(&allocator->lock);
     return status;
@@ -322,6 +331,8 @@ gm_status gm_free(gm_allocator *allocator, void *pointer)
     gm_hash_map_remove(&allocator->live_blocks, (uint64_t)(uintptr_t)pointer, NULL);
     count_allocation(allocator, block, -1);
     block->state = GM_BLOCK_PENDING;
+    gm_history_record(allocator->arena.history, GM_EVENT_FREE_REQUESTED, block->address, block->requested,
+                      block->heap->stream);
     gm_status deferred = GM_OK;
     for (uint32_t i = 0; i < block->recorded_count && deferred == GM_OK; i++)
         deferred = defer_free(allocator, block, block->recorded_streams[i]);
@@ -443,17 +454,22 @@ gm_status gm_cache_info(gm_allocator *allocator, uint64_t *free_bytes_out, uint6
 
 /* ---------------------------------------------------------------- statistics */
 
-gm_status gm_get_stats(gm_allocator *allocator, gm_stats *stats_out)
+void gm_read_stats_locked(gm_allocator *allocator, gm_stats *stats_out)
 {
-    if (!allocator || !stats_out)
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_stats: an argument is NULL");
-    pthread_mutex_lock(&allocator->lock);
     *stats_out = allocator->arena.stats;
     gm_stats_complete(stats_out);
     memcpy(stats_out->device_calls, allocator->arena.backend->calls, sizeof stats_out->device_calls);
     stats_out->device_call_ns = allocator->arena.backend->call_ns;
     memcpy(stats_out->device_call_ns_by_kind, allocator->arena.backend->call_ns_by_kind,
            sizeof stats_out->device_call_ns_by_kind);
+}
+
+gm_status gm_get_stats(gm_allocator *allocator, gm_stats *stats_out)
+{
+    if (!allocator || !stats_out)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_stats: an argument is NULL");
+    pthread_mutex_lock(&allocator->lock);
+    gm_read_stats_locked(allocator, stats_out);
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
 }
@@ -581,12 +597,9 @@ gm_status gm_validate(gm_allocator *allocator)
 
 /* ---------------------------------------------------------------- the device */
 
-gm_status gm_get_device_info(gm_allocator *allocator, gm_device_info *info_out)
+gm_status gm_read_device_info_locked(gm_allocator *allocator, gm_device_info *info_out)
 {
-    if (!allocator || !info_out)
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_device_info: an argument is NULL");
     memset(info_out, 0, sizeof *info_out);
-    pthread_mutex_lock(&allocator->lock);
     gm_backend *backend = allocator->arena.backend;
     snprintf(info_out->backend, sizeof info_out->backend, "%s", backend->operations->name);
     snprintf(info_out->name, sizeof info_out->name, "%s device", backend->operations->name);
@@ -597,9 +610,28 @@ gm_status gm_get_device_info(gm_allocator *allocator, gm_device_info *info_out)
     info_out->granularity = backend->page_size;
     if (backend->operations->describe)
         backend->operations->describe(backend, info_out);
-    gm_status status = gm_backend_memory_info(backend, &info_out->free_bytes, &info_out->total_bytes);
+    return gm_backend_memory_info(backend, &info_out->free_bytes, &info_out->total_bytes);
+}
+
+gm_status gm_get_device_info(gm_allocator *allocator, gm_device_info *info_out)
+{
+    if (!allocator || !info_out)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_device_info: an argument is NULL");
+    pthread_mutex_lock(&allocator->lock);
+    gm_status status = gm_read_device_info_locked(allocator, info_out);
     pthread_mutex_unlock(&allocator->lock);
     return status;
+}
+
+gm_arena *gm_lock_arena(gm_allocator *allocator)
+{
+    pthread_mutex_lock(&allocator->lock);
+    return &allocator->arena;
+}
+
+void gm_unlock_arena(gm_allocator *allocator)
+{
+    pthread_mutex_unlock(&allocator->lock);
 }
 
 /* ---------------------------------------------------------------- simulated streams */
@@ -661,6 +693,7 @@ void gm_destroy(gm_allocator *allocator, size_t *live_allocations_out)
     }
     gm_hash_map_free(&allocator->live_blocks);
     gm_block_pool_free_all(&allocator->arena.block_pool);
+    gm_history_destroy(allocator->arena.history);
     pthread_mutex_unlock(&allocator->lock);
     pthread_mutex_destroy(&allocator->lock);
     free(allocator);

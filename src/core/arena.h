@@ -21,6 +21,7 @@
 #include "base/list.h"
 #include "base/options.h"
 #include "core/block.h"
+#include "core/history.h"
 #include "core/size_index.h"
 #include "core/statistics.h"
 
@@ -59,6 +60,7 @@ typedef struct gm_arena {
     gm_heap **heaps;
     size_t heap_count;
     gm_heap *last_heap; /* the stream's heap found last */
+    gm_history *history; /* the event ring, NULL when history is off */
 } gm_arena;
 
 struct gm_engine_operations {

@@ -40,6 +40,7 @@ static void release_segment(gm_arena *arena, gm_region *region)
     gm_unindex_free_block(arena, block);
     gm_block_delete(&arena->block_pool, block);
     gm_backend_segment_free(arena->backend, region->base, region->size);
+    gm_history_record(arena->history, GM_EVENT_SEGMENT_UNMAP, region->base, region->size, region->heap->stream);
     gm_count_reserved(arena, region->pool, -(int64_t)region->size, -1);
     arena->stats.num_device_free++;
     gm_list_remove(&region->heap->regions, &region->link);
@@ -84,6 +85,7 @@ static gm_status new_segment(gm_arena *arena, gm_heap *heap, int pool, uint64_t 
                         .state = GM_BLOCK_FREE, .pool = (uint8_t)pool};
     gm_count_reserved(arena, pool, (int64_t)size, 1);
     arena->stats.num_device_alloc++;
+    gm_history_record(arena->history, GM_EVENT_SEGMENT_MAP, address, size, heap->stream);
     *block_out = block;
     return GM_OK;
 }

@@ -24,6 +24,12 @@ static int64_t thread_cpu_ns(void)
 
 gm_status gm_replay(gm_allocator *allocator, const gm_trace *trace, gm_replay_result *result_out)
 {
+    return gm_replay_with_hook(allocator, trace, result_out, NULL, NULL);
+}
+
+gm_status gm_replay_with_hook(gm_allocator *allocator, const gm_trace *trace, gm_replay_result *result_out,
+                              gm_status (*at_end)(gm_allocator *allocator, void *context), void *context)
+{
     if (!allocator || !trace || !result_out)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_replay: an argument is NULL");
     memset(result_out, 0, sizeof *result_out);
@@ -61,6 +67,8 @@ gm_status gm_replay(gm_allocator *allocator, const gm_trace *trace, gm_replay_re
     }
     int64_t elapsed = thread_cpu_ns() - started;
     gm_get_stats(allocator, &result_out->stats);
+    if (failure == GM_OK && at_end)
+        failure = at_end(allocator, context);
     for (size_t slot = 0; slot < trace->slot_count; slot++)
         if (pointers[slot])
             gm_free(allocator, pointers[slot]);

@@ -53,5 +53,9 @@ typedef struct gm_replay_result {
 
 /* Replay every operation through the allocator, then free what is still live. */
 gm_status gm_replay(gm_allocator *allocator, const gm_trace *trace, gm_replay_result *result_out);
+/* The same, calling `at_end` (when not NULL) after the last operation, before the final frees -- to
+ * take a snapshot of the state the trace ends in. Its failure is the replay's. */
+gm_status gm_replay_with_hook(gm_allocator *allocator, const gm_trace *trace, gm_replay_result *result_out,
+                              gm_status (*at_end)(gm_allocator *allocator, void *context), void *context);
 
 #endif

@@ -57,6 +57,27 @@ class PackageTest(unittest.TestCase):
         self.assertEqual(raw.device_total_bytes, 1 << 30)
         self.assertEqual(raw.page_size, 2 << 20)
 
+    def test_snapshot_and_history(self):
+        with gpumem.Allocator("backend:sim,capacity:1GiB,history:100", from_environment=False) as allocator:
+            a = allocator.malloc(3 << 20)
+            b = allocator.malloc(1000, stream=5)
+            allocator.free(a)
+            snapshot = allocator.snapshot()
+            self.assertEqual(snapshot["format"], "gpumem-snapshot")
+            blocks = [block for region in snapshot["regions"] for block in region["blocks"]]
+            live = [block for block in blocks if block["state"] == "allocated"]
+            self.assertEqual([(block["address"], block["requested"]) for block in live], [(b, 1000)])
+            self.assertEqual(snapshot["stats"]["allocated_bytes.all.current"], 1024)
+            self.assertEqual(sum(region["mapped_bytes"] for region in snapshot["regions"]),
+                             snapshot["stats"]["reserved_bytes.all.current"])
+            actions = [(event["action"], event["address"]) for event in allocator.history()["events"]
+                       if event["action"] != "segment_map"]
+            self.assertEqual(actions, [("alloc", a), ("alloc", b), ("free_requested", a), ("free_completed", a)])
+            allocator.free(b)
+        with self.assertRaises(gpumem.GpumemError) as caught:
+            self.allocator.history()
+        self.assertIn("keeps no history", str(caught.exception))
+
     def test_errors_say_why(self):
         with self.assertRaises(gpumem.OutOfMemoryError) as caught:
             self.allocator.malloc(2 << 30)

@@ -1,0 +1,57 @@
+/*
+ * history.c -- the history ring (history.h): a fixed array written round and round.
+ */
+#include "core/history.h"
+
+#include <stdlib.h>
+#include <time.h>
+
+gm_history *gm_history_create(size_t capacity)
+{
+    gm_history *history = calloc(1, sizeof *history);
+    if (!history)
+        return NULL;
+    history->events = calloc(capacity, sizeof *history->events);
+    if (!history->events) {
+        free(history);
+        return NULL;
+    }
+    history->capacity = capacity;
+    return history;
+}
+
+void gm_history_destroy(gm_history *history)
+{
+    if (!history)
+        return;
+    free(history->events);
+    free(history);
+}
+
+static uint64_t monotonic_ns(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+}
+
+void gm_history_add(gm_history *history, gm_event_kind kind, uint64_t address, uint64_t size, gm_stream stream)
+{
+    gm_event *event = &history->events[history->recorded++ % history->capacity];
+    *event = (gm_event){.time_ns = monotonic_ns(), .address = address, .size = size, .stream = stream,
+                        .tag = history->tagger ? history->tagger(history->tagger_context) : 0, .kind = kind};
+}
+
+void gm_history_copy(const gm_history *history, gm_event *events, size_t capacity, size_t *count_out,
+                     uint64_t *dropped_out)
+{
+    uint64_t held = history->recorded < history->capacity ? history->recorded : history->capacity;
+    uint64_t first = history->recorded - held;
+    size_t count = !events || held < capacity ? (size_t)held : capacity;
+    *dropped_out = first;
+    *count_out = count;
+    if (!events)
+        return;
+    for (size_t i = 0; i < count; i++)
+        events[i] = history->events[(first + i) % history->capacity];
+}

@@ -1,0 +1,47 @@
+/*
+ * history.h -- the history ring: the allocator's last N events, for memory_viz-style timelines.
+ *
+ * Off by default (GPUMEM_CONF history:0): the arena then holds no ring and every recording site costs
+ * one predictable branch on a NULL pointer. With history:N the ring keeps the newest N events
+ * (allocations, frees requested and completed, segments or chunks mapped and unmapped, out-of-memory
+ * failures), each with a monotonic timestamp, address, size, stream and the caller's tag (a callback
+ * an adapter sets, to attach a stack id). The ring is allocated once, at creation: recording
+ * allocates nothing.
+ */
+#ifndef GM_HISTORY_H
+#define GM_HISTORY_H
+
+#include "gpumem.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct gm_history {
+    gm_event *events;
+    size_t capacity;
+    uint64_t recorded; /* events ever recorded; the ring holds the last min(recorded, capacity) */
+    uint64_t (*tagger)(void *context);
+    void *tagger_context;
+} gm_history;
+
+/* A ring of `capacity` events; NULL without host memory. */
+gm_history *gm_history_create(size_t capacity);
+void gm_history_destroy(gm_history *history);
+
+void gm_history_add(gm_history *history, gm_event_kind kind, uint64_t address, uint64_t size, gm_stream stream);
+
+/* Record an event when history is on. */
+static inline void gm_history_record(gm_history *history, gm_event_kind kind, uint64_t address, uint64_t size,
+                                     gm_stream stream)
+{
+    if (history)
+        gm_history_add(history, kind, address, size, stream);
+}
+
+/* Copy the held events, oldest first, into `events` (at most `capacity`); *count_out: how many were
+ * copied (with `events` NULL: how many it holds), *dropped_out: how many older ones the ring no longer
+ * holds. */
+void gm_history_copy(const gm_history *history, gm_event *events, size_t capacity, size_t *count_out,
+                     uint64_t *dropped_out);
+
+#endif

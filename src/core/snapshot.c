@@ -1,0 +1,143 @@
+/*
+ * snapshot.c -- the allocator's state at one moment (gm_snapshot_take) and its recent past (the
+ * history ring), for memory_viz-style views, reports and tools that look from outside.
+ *
+ * A snapshot walks every heap's regions and their blocks under the allocator's lock, twice: once to
+ * count (so each array is allocated in one piece) and once to fill. It sees the
+ * engines' regions as they are: a device segment, or a reserved virtual range whose unmapped blocks
+ * are addresses without memory; a region of a growth lane is marked as such.
+ */
+#include "core/allocator.h"
+
+#include "base/error.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static gm_block_kind kind_of(const gm_block *block)
+{
+    switch (block->state) {
+    case GM_BLOCK_ALLOCATED:
+        return GM_BLOCK_KIND_ALLOCATED;
+    case GM_BLOCK_PENDING:
+        return GM_BLOCK_KIND_PENDING;
+    case GM_BLOCK_UNMAPPED:
+        return GM_BLOCK_KIND_UNMAPPED;
+    default:
+        return GM_BLOCK_KIND_FREE;
+    }
+}
+
+static void count_regions(const gm_arena *arena, size_t *regions_out, size_t *blocks_out)
+{
+    *regions_out = *blocks_out = 0;
+    for (size_t h = 0; h < arena->heap_count; h++)
+        for (const gm_region *region = gm_first_region(arena->heaps[h]); region; region = gm_next_region(region)) {
+            (*regions_out)++;
+            for (const gm_block *block = region->first_block; block; block = block->next)
+                (*blocks_out)++;
+        }
+}
+
+static void fill_regions(const gm_arena *arena, gm_snapshot *snapshot)
+{
+    size_t r = 0, b = 0;
+    for (size_t h = 0; h < arena->heap_count; h++) {
+        const gm_heap *heap = arena->heaps[h];
+        for (const gm_region *region = gm_first_region(heap); region; region = gm_next_region(region), r++) {
+            gm_snapshot_region *out = &snapshot->regions[r];
+            *out = (gm_snapshot_region){.address = region->base, .size = region->size, .stream = heap->stream,
+                                        .pool = region->pool, .growth_lane = heap->engine_private,
+                                        .first_block = b};
+            for (const gm_block *block = region->first_block; block; block = block->next, b++) {
+                gm_block_kind kind = kind_of(block);
+                bool live = kind == GM_BLOCK_KIND_ALLOCATED || kind == GM_BLOCK_KIND_PENDING;
+                snapshot->blocks[b] = (gm_snapshot_block){block->address, block->size, live ? block->requested : 0,
+                                                          kind};
+                out->mapped_bytes += kind == GM_BLOCK_KIND_UNMAPPED ? 0 : block->size;
+                out->block_count++;
+            }
+        }
+    }
+}
+
+gm_status gm_snapshot_take(gm_allocator *allocator, gm_snapshot **snapshot_out)
+{
+    if (!allocator || !snapshot_out)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_snapshot_take: an argument is NULL");
+    gm_snapshot *snapshot = calloc(1, sizeof *snapshot);
+    if (!snapshot)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a snapshot");
+    gm_arena *arena = gm_lock_arena(allocator);
+    count_regions(arena, &snapshot->region_count, &snapshot->block_count);
+    snapshot->regions = calloc(snapshot->region_count ? snapshot->region_count : 1, sizeof *snapshot->regions);
+    snapshot->blocks = calloc(snapshot->block_count ? snapshot->block_count : 1, sizeof *snapshot->blocks);
+    gm_status status = snapshot->regions && snapshot->blocks ? GM_OK
+                                                             : gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a snapshot");
+    if (status == GM_OK) {
+        fill_regions(arena, snapshot);
+        gm_read_stats_locked(allocator, &snapshot->stats);
+        status = gm_read_device_info_locked(allocator, &snapshot->device);
+    }
+    gm_unlock_arena(allocator);
+    if (status != GM_OK) {
+        gm_snapshot_free(snapshot);
+        return status;
+    }
+    *snapshot_out = snapshot;
+    return GM_OK;
+}
+
+void gm_snapshot_free(gm_snapshot *snapshot)
+{
+    if (!snapshot)
+        return;
+    free(snapshot->regions);
+    free(snapshot->blocks);
+    free(snapshot);
+}
+
+const char *gm_event_name(gm_event_kind kind)
+{
+    static const char *const names[GM_EVENT_KIND_COUNT] = {
+        [GM_EVENT_ALLOC] = "alloc",           [GM_EVENT_FREE_REQUESTED] = "free_requested",
+        [GM_EVENT_FREE_COMPLETED] = "free_completed", [GM_EVENT_SEGMENT_MAP] = "segment_map",
+        [GM_EVENT_SEGMENT_UNMAP] = "segment_unmap",   [GM_EVENT_OOM] = "oom",
+    };
+    return (unsigned)kind < GM_EVENT_KIND_COUNT ? names[kind] : "unknown";
+}
+
+gm_status gm_history_read(gm_allocator *allocator, gm_event *events, size_t capacity, size_t *count_out,
+                          uint64_t *dropped_out)
+{
+    if (!allocator || !count_out)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_history_read: an argument is NULL");
+    gm_arena *arena = gm_lock_arena(allocator);
+    gm_status status = GM_OK;
+    uint64_t dropped = 0;
+    *count_out = 0;
+    if (arena->history)
+        gm_history_copy(arena->history, events, capacity, count_out, &dropped);
+    else
+        status = gm_fail(GM_ERROR_NOT_SUPPORTED, "this allocator keeps no history (GPUMEM_CONF history:N, N > 0)");
+    gm_unlock_arena(allocator);
+    if (dropped_out)
+        *dropped_out = dropped;
+    return status;
+}
+
+gm_status gm_set_history_tagger(gm_allocator *allocator, uint64_t (*tagger)(void *context), void *context)
+{
+    if (!allocator)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_set_history_tagger: allocator is NULL");
+    gm_arena *arena = gm_lock_arena(allocator);
+    gm_status status = GM_OK;
+    if (arena->history) {
+        arena->history->tagger = tagger;
+        arena->history->tagger_context = context;
+    } else {
+        status = gm_fail(GM_ERROR_NOT_SUPPORTED, "this allocator keeps no history (GPUMEM_CONF history:N, N > 0)");
+    }
+    gm_unlock_arena(allocator);
+    return status;
+}

@@ -1,0 +1,145 @@
+/*
+ * test_snapshot.c -- snapshots and the history ring: a snapshot's blocks tile its regions and agree
+ * with the statistics (allocated, pending, mapped) under both engines; the ring keeps the newest N
+ * events in order, with the caller's tags, and costs nothing when off; the JSON forms are written.
+ */
+#include "test.h"
+
+#define MiB (1ull << 20)
+
+static const char *const engines[] = {"engine:pages,capacity:1GiB", "engine:segments,capacity:1GiB"};
+
+/* Blocks tile each region; allocated and pending bytes and mapped bytes agree with the statistics. */
+static void check_snapshot_against_stats(gm_allocator *allocator, uint64_t pending_expected)
+{
+    gm_snapshot *snapshot = NULL;
+    CHECK_OK(gm_snapshot_take(allocator, &snapshot));
+    REQUIRE(snapshot);
+    uint64_t allocated = 0, requested = 0, pending = 0, mapped = 0, blocks = 0;
+    for (size_t r = 0; r < snapshot->region_count; r++) {
+        const gm_snapshot_region *region = &snapshot->regions[r];
+        uint64_t expected_address = region->address, region_mapped = 0;
+        for (size_t b = 0; b < region->block_count; b++) {
+            const gm_snapshot_block *block = &snapshot->blocks[region->first_block + b];
+            CHECK(block->address == expected_address);
+            expected_address += block->size;
+            allocated += block->kind == GM_BLOCK_KIND_ALLOCATED ? block->size : 0;
+            requested += block->kind == GM_BLOCK_KIND_ALLOCATED ? block->requested : 0;
+            pending += block->kind == GM_BLOCK_KIND_PENDING ? block->size : 0;
+            region_mapped += block->kind == GM_BLOCK_KIND_UNMAPPED ? 0 : block->size;
+        }
+        CHECK(expected_address == region->address + region->size);
+        CHECK_EQ_INT(region->mapped_bytes, region_mapped);
+        mapped += region_mapped;
+        blocks += region->block_count;
+    }
+    CHECK_EQ_INT(blocks, snapshot->block_count);
+    CHECK_EQ_INT(allocated, snapshot->stats.allocated_bytes[GM_POOL_ALL].current);
+    CHECK_EQ_INT(requested, snapshot->stats.requested_bytes[GM_POOL_ALL].current);
+    CHECK_EQ_INT(pending, pending_expected);
+    CHECK_EQ_INT(allocated + pending, snapshot->stats.active_bytes[GM_POOL_ALL].current);
+    CHECK_EQ_INT(mapped, snapshot->stats.reserved_bytes[GM_POOL_ALL].current);
+    CHECK(snapshot->device.total_bytes == 1024 * MiB);
+    char *json = NULL;
+    CHECK_OK(gm_snapshot_json(snapshot, &json));
+    REQUIRE(json);
+    CHECK(strstr(json, "\"format\": \"gpumem-snapshot\"") != NULL);
+    CHECK((strstr(json, "\"state\": \"allocated\"") != NULL) == (allocated > 0));
+    CHECK(strstr(json, "\"allocated_bytes.all.current\": ") != NULL);
+    gm_json_free(json);
+    gm_snapshot_free(snapshot);
+}
+
+static void snapshot_agrees_with_the_statistics(void)
+{
+    for (size_t e = 0; e < 2; e++) {
+        gm_allocator *allocator = NULL;
+        CHECK_OK(gm_create(engines[e], &allocator));
+        void *pointers[6] = {0};
+        size_t sizes[6] = {1000, 3 * MiB, 700 * 1024, 25 * MiB, 5 * MiB + 1, 64};
+        for (int i = 0; i < 6; i++)
+            CHECK_OK(gm_malloc(allocator, sizes[i], (gm_stream)(i % 2), &pointers[i]));
+        CHECK_OK(gm_free(allocator, pointers[1]));
+        /* A block freed while stream 2 still uses it is pending. */
+        CHECK_OK(gm_record_stream(allocator, pointers[3], 2));
+        CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1));
+        size_t pending_size = 0;
+        CHECK_OK(gm_allocation_size(allocator, pointers[3], &pending_size));
+        CHECK_OK(gm_free(allocator, pointers[3]));
+        check_snapshot_against_stats(allocator, pending_size);
+        CHECK_OK(gm_sim_stream_complete(allocator, 2));
+        for (int i = 0; i < 6; i++)
+            if (i != 1 && i != 3)
+                CHECK_OK(gm_free(allocator, pointers[i]));
+        CHECK_OK(gm_empty_cache(allocator));
+        check_snapshot_against_stats(allocator, 0);
+        gm_destroy(allocator, NULL);
+    }
+}
+
+static uint64_t counting_tagger(void *context)
+{
+    return ++*(uint64_t *)context;
+}
+
+static void history_keeps_the_newest_events_in_order(void)
+{
+    gm_allocator *allocator = NULL;
+    CHECK_OK(gm_create("capacity:1GiB,history:5", &allocator));
+    uint64_t tags = 100;
+    CHECK_OK(gm_set_history_tagger(allocator, counting_tagger, &tags));
+    void *a = NULL, *b = NULL;
+    CHECK_OK(gm_malloc(allocator, 4 * MiB, 3, &a)); /* segment_map, alloc */
+    CHECK_OK(gm_malloc(allocator, 1000, 3, &b));    /* segment_map (small pool), alloc */
+    CHECK_OK(gm_free(allocator, a));                /* free_requested, free_completed */
+    void *huge = NULL; /* the retry gives a's idle chunk back (segment_unmap), then oom */
+    CHECK_STATUS(gm_malloc(allocator, 2048 * MiB, 3, &huge), GM_ERROR_OUT_OF_MEMORY);
+    gm_event events[8];
+    size_t count = 0;
+    uint64_t dropped = 0;
+    CHECK_OK(gm_history_read(allocator, NULL, 0, &count, &dropped));
+    CHECK_EQ_INT(count, 5);
+    CHECK_OK(gm_history_read(allocator, events, 8, &count, &dropped));
+    CHECK_EQ_INT(count, 5);
+    CHECK_EQ_INT(dropped, 3); /* 8 events: both segment_maps and a's alloc are gone */
+    static const gm_event_kind expected[5] = {GM_EVENT_ALLOC, GM_EVENT_FREE_REQUESTED, GM_EVENT_FREE_COMPLETED,
+                                              GM_EVENT_SEGMENT_UNMAP, GM_EVENT_OOM};
+    for (size_t i = 0; i < count; i++) {
+        CHECK_EQ_INT(events[i].kind, expected[i]);
+        CHECK_EQ_INT(events[i].tag, 104 + i);
+        CHECK_EQ_INT(events[i].stream, 3);
+        CHECK(i == 0 || events[i].time_ns >= events[i - 1].time_ns);
+    }
+    CHECK(events[0].address == (uint64_t)(uintptr_t)b && events[0].size == 1000);
+    CHECK(events[1].address == (uint64_t)(uintptr_t)a && events[1].size == 4 * MiB);
+    CHECK(events[3].address == (uint64_t)(uintptr_t)a && events[3].size == 4 * MiB);
+    CHECK(events[4].address == 0 && events[4].size == 2048 * MiB);
+    CHECK(!strcmp(gm_event_name(GM_EVENT_FREE_REQUESTED), "free_requested"));
+    char *json = NULL;
+    CHECK_OK(gm_history_json(allocator, &json));
+    REQUIRE(json);
+    CHECK(strstr(json, "\"dropped\": 3") != NULL && strstr(json, "\"action\": \"oom\"") != NULL);
+    gm_json_free(json);
+    CHECK_OK(gm_free(allocator, b));
+    gm_destroy(allocator, NULL);
+}
+
+static void history_is_off_by_default(void)
+{
+    gm_allocator *allocator = NULL;
+    CHECK_OK(gm_create("capacity:1GiB", &allocator));
+    size_t count = 9;
+    CHECK_STATUS(gm_history_read(allocator, NULL, 0, &count, NULL), GM_ERROR_NOT_SUPPORTED);
+    CHECK_MESSAGE("history:N");
+    CHECK_EQ_INT(count, 0);
+    CHECK_STATUS(gm_set_history_tagger(allocator, counting_tagger, NULL), GM_ERROR_NOT_SUPPORTED);
+    char *json = NULL;
+    CHECK_STATUS(gm_history_json(allocator, &json), GM_ERROR_NOT_SUPPORTED);
+    CHECK(json == NULL);
+    gm_destroy(allocator, NULL);
+    CHECK_STATUS(gm_create("history:2000000", &allocator), GM_ERROR_BAD_CONFIG);
+    CHECK_STATUS(gm_snapshot_take(NULL, NULL), GM_ERROR_INVALID_ARGUMENT);
+}
+
+RUN_TESTS(TEST_CASE(snapshot_agrees_with_the_statistics), TEST_CASE(history_keeps_the_newest_events_in_order),
+          TEST_CASE(history_is_off_by_default))
