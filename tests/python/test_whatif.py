@@ -1,0 +1,104 @@
+"""python -m gpumem.whatif on snapshots shaped as PyTorch's _dump_snapshot writes them (plain dicts in a
+pickle; no torch needed): the trace it derives, PyTorch's reserved peak followed through the segment
+events, gpumem's peak matching `gpumem replay` on the written trace, and clear errors for bad input."""
+import io
+import json
+import os
+import pickle
+import subprocess
+import tempfile
+import unittest
+from contextlib import redirect_stderr, redirect_stdout
+
+import gpumem.whatif as whatif
+
+MiB = 1 << 20
+
+
+def snapshot_of(entries, segments):
+    return {"segments": segments, "device_traces": [entries]}
+
+
+class WhatIfTest(unittest.TestCase):
+    def setUp(self):
+        self.directory = tempfile.TemporaryDirectory()
+        self.addCleanup(self.directory.cleanup)
+        # A tensor live before recording began (freed at 0x1000), a 20 MiB segment made, two tensors,
+        # one freed on another stream, then the segment given back.
+        self.entries = [
+            {"action": "segment_alloc", "addr": 0x9000, "size": 20 * MiB, "stream": 7},
+            {"action": "alloc", "addr": 0x9000, "size": 8 * MiB, "stream": 7},
+            {"action": "alloc", "addr": 0x9000 + 8 * MiB, "size": 4 * MiB, "stream": 7},
+            {"action": "free_requested", "addr": 0x1000, "size": 2 * MiB, "stream": 7},
+            {"action": "free_completed", "addr": 0x1000, "size": 2 * MiB, "stream": 7},
+            {"action": "free_requested", "addr": 0x9000, "size": 8 * MiB, "stream": 7},
+            {"action": "alloc", "addr": 0xA000, "size": 512, "stream": 99},
+            {"action": "free_requested", "addr": 0xA000, "size": 512, "stream": 99},
+            {"action": "free_requested", "addr": 0x9000 + 8 * MiB, "size": 4 * MiB, "stream": 7},
+            {"action": "segment_free", "addr": 0x9000, "size": 20 * MiB, "stream": 7},
+        ]
+        # At the snapshot only the first 2 MiB segment (where the early tensor lived) is left.
+        self.segments = [{"device": 0, "address": 0x1000, "total_size": 2 * MiB, "stream": 7, "blocks": []}]
+
+    def write(self, value, name="snap.pickle"):
+        path = os.path.join(self.directory.name, name)
+        with open(path, "wb") as file:
+            pickle.dump(value, file)
+        return path
+
+    def test_trace_and_native_peak(self):
+        operations, native_peak = whatif.to_trace(snapshot_of(self.entries, self.segments))
+        self.assertEqual(operations[0], ("a", 2, 2 * MiB, 0))  # the early tensor comes first
+        self.assertEqual([kind for kind, *_ in operations], ["a", "a", "a", "f", "f", "a", "f", "f"])
+        self.assertEqual(operations[5], ("a", 3, 512, 1))      # the second stream is stream 1
+        self.assertEqual(native_peak, 22 * MiB)                # 2 MiB held before, 20 MiB made
+
+    def test_gpumem_peak_matches_gpumem_replay(self):
+        path = self.write(snapshot_of(self.entries, self.segments))
+        trace = os.path.join(self.directory.name, "trace.csv")
+        output = io.StringIO()
+        with redirect_stdout(output):
+            self.assertEqual(whatif.main([path, "--json", "--trace", trace]), 0)
+        result = json.loads(output.getvalue())
+        self.assertEqual(result["native_peak_reserved_bytes"], 22 * MiB)
+        self.assertEqual(result["peak_live_bytes"], 14 * MiB)
+        self.assertGreaterEqual(result["gpumem_peak_reserved_bytes"], 14 * MiB)
+        cli = os.environ.get("GPUMEM_CLI")
+        if not cli:
+            self.skipTest("GPUMEM_CLI (the gpumem command) is not set")
+        replayed = subprocess.run([cli, "replay", trace, "--json"], capture_output=True, text=True, check=True,
+                                  env={**os.environ, "GPUMEM_CONF": ""})
+        replay = json.loads(replayed.stdout.splitlines()[0])
+        self.assertEqual(replay["peak_reserved_bytes"], result["gpumem_peak_reserved_bytes"])
+        self.assertEqual(replay["peak_live_bytes"], result["peak_live_bytes"])
+
+    def test_text_output(self):
+        output = io.StringIO()
+        with redirect_stdout(output):
+            self.assertEqual(whatif.main([self.write(snapshot_of(self.entries, self.segments))]), 0)
+        self.assertIn("your peak reserved was 22.0 MiB", output.getvalue())
+        self.assertIn("under gpumem it would be ", output.getvalue())
+
+    def test_bad_input_is_a_clear_error(self):
+        class Evil:
+            def __reduce__(self):
+                return (os.system, ("true",))
+
+        cases = {
+            self.write({"segments": []}, "no_history.pickle"): "no 'device_traces'",
+            self.write(snapshot_of([], []), "empty.pickle"): "no history for device 0",
+            self.write(Evil(), "evil.pickle"): "it pickles",
+            os.path.join(self.directory.name, "missing.pickle"): "cannot read",
+        }
+        with open(os.path.join(self.directory.name, "text.pickle"), "w") as file:
+            file.write("not a pickle")
+        cases[os.path.join(self.directory.name, "text.pickle")] = "not a memory snapshot"
+        for path, message in cases.items():
+            errors = io.StringIO()
+            with redirect_stderr(errors):
+                self.assertEqual(whatif.main([path]), 1)
+            self.assertIn(message, errors.getvalue())
+
+
+if __name__ == "__main__":
+    unittest.main()
