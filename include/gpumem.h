@@ -313,6 +313,11 @@ GM_API const char *gm_event_name(gm_event_kind kind);
 GM_API gm_status gm_history_read(gm_allocator *allocator, gm_event *events, size_t capacity, size_t *count_out,
                                  uint64_t *dropped_out);
 
+/* Start keeping the newest `capacity` events from now on (at most 1048576), or stop with 0, as
+ * GPUMEM_CONF history:N does at creation: for torch.cuda.memory._record_memory_history, which switches
+ * history on and off while the process runs. The events held so far are dropped; the tagger stays. */
+GM_API gm_status gm_set_history(gm_allocator *allocator, size_t capacity);
+
 /* A callback called (under the allocator's lock, so it must not call gpumem) for every event, whose
  * result becomes the event's tag -- for an adapter that records stack ids. NULL removes it. */
 GM_API gm_status gm_set_history_tagger(gm_allocator *allocator, uint64_t (*tagger)(void *context), void *context);

@@ -141,5 +141,31 @@ static void history_is_off_by_default(void)
     CHECK_STATUS(gm_snapshot_take(NULL, NULL), GM_ERROR_INVALID_ARGUMENT);
 }
 
-RUN_TESTS(TEST_CASE(snapshot_agrees_with_the_statistics), TEST_CASE(history_keeps_the_newest_events_in_order),
+static void history_switches_on_and_off_while_running(void)
+{
+    gm_allocator *allocator = NULL;
+    CHECK_OK(gm_create("capacity:1GiB", &allocator));
+    void *before = NULL, *during = NULL;
+    CHECK_OK(gm_malloc(allocator, 1000, 0, &before));
+    CHECK_OK(gm_set_history(allocator, 16));
+    CHECK_OK(gm_free(allocator, before));
+    CHECK_OK(gm_malloc(allocator, 2000, 0, &during));
+    gm_event events[16];
+    size_t count = 0;
+    CHECK_OK(gm_history_read(allocator, events, 16, &count, NULL));
+    CHECK_EQ_INT(count, 3); /* free_requested, free_completed of `before`, alloc of `during` */
+    CHECK_EQ_INT(events[0].kind, GM_EVENT_FREE_REQUESTED);
+    CHECK_EQ_INT(events[2].kind, GM_EVENT_ALLOC);
+    CHECK_OK(gm_set_history(allocator, 4)); /* a new ring: what was held is dropped */
+    CHECK_OK(gm_history_read(allocator, events, 16, &count, NULL));
+    CHECK_EQ_INT(count, 0);
+    CHECK_OK(gm_set_history(allocator, 0));
+    CHECK_STATUS(gm_history_read(allocator, events, 16, &count, NULL), GM_ERROR_NOT_SUPPORTED);
+    CHECK_STATUS(gm_set_history(allocator, ((size_t)1 << 20) + 1), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_MESSAGE("more than");
+    CHECK_OK(gm_free(allocator, during));
+    gm_destroy(allocator, NULL);
+}
+
+RUN_TESTS(TEST_CASE(history_switches_on_and_off_while_running), TEST_CASE(snapshot_agrees_with_the_statistics), TEST_CASE(history_keeps_the_newest_events_in_order),
           TEST_CASE(history_is_off_by_default))

@@ -11,6 +11,9 @@
 #ifndef GM_HISTORY_H
 #define GM_HISTORY_H
 
+/* The largest ring: history:N and gm_set_history take at most this many events. */
+#define GM_HISTORY_MAX_EVENTS ((size_t)1 << 20)
+
 #include "gpumem.h"
 
 #include <stddef.h>

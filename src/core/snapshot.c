@@ -126,6 +126,28 @@ gm_status gm_history_read(gm_allocator *allocator, gm_event *events, size_t capa
     return status;
 }
 
+gm_status gm_set_history(gm_allocator *allocator, size_t capacity)
+{
+    if (!allocator)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_set_history: allocator is NULL");
+    if (capacity > GM_HISTORY_MAX_EVENTS)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_set_history: %zu events is more than the %zu a history holds",
+                       capacity, GM_HISTORY_MAX_EVENTS);
+    gm_history *fresh = capacity ? gm_history_create(capacity) : NULL;
+    if (capacity && !fresh)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a history of %zu events", capacity);
+    gm_arena *arena = gm_lock_arena(allocator);
+    gm_history *old = arena->history;
+    if (fresh && old) {
+        fresh->tagger = old->tagger;
+        fresh->tagger_context = old->tagger_context;
+    }
+    arena->history = fresh;
+    gm_unlock_arena(allocator);
+    gm_history_destroy(old);
+    return GM_OK;
+}
+
 gm_status gm_set_history_tagger(gm_allocator *allocator, uint64_t (*tagger)(void *context), void *context)
 {
     if (!allocator)
