@@ -9,6 +9,10 @@
 //     statistics (getDeviceStats), reset_peak_memory_stats and empty_cache reach gpumem;
 //   - Tensor.record_stream maps to gm_record_stream, set_per_process_memory_fraction to a memory
 //     limit, and cacheInfo (which cuDNN uses to size workspaces) to gm_cache_info.
+//   - torch.cuda.memory._record_memory_history / _snapshot / _dump_snapshot (and so memory_viz) read
+//     gpumem's regions and history ring (gm_snapshot_take, gm_set_history); the adapter keeps only the
+//     Python stacks torch's context recorder gathers, in a ring as long as the history, each found
+//     through the tag gpumem stores with every event.
 // CUDA graph capture asks the allocator for a private pool; gpumem does not provide one yet, so
 // capture fails with a clear error rather than risking memory that the graph still uses.
 // Compiled on first use by gpumem.torch (torch.utils.cpp_extension) against the installed torch.
@@ -20,16 +24,29 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <ctime>
 #include <mutex>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "gpumem.h"
 
 namespace {
 
 using c10::CachingAllocator::StatType;
+using c10::CachingDeviceAllocator::GatheredContext;
+using c10::CachingDeviceAllocator::RecordContext;
+using c10::CachingDeviceAllocator::TraceEntry;
+using c10::cuda::CUDACachingAllocator::CreateContextFn;
+using c10::cuda::CUDACachingAllocator::SnapshotInfo;
+
+// The tag of the adapter call in progress on this thread: gpumem's tagger gives it to the call's events.
+thread_local uint64_t current_tag = 0;
+uint64_t current_tag_of(void *) { return current_tag; }
 using torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
 
 constexpr size_t kMaxDevices = 64;
@@ -67,6 +84,11 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
                   gm_last_error());
       if (created_.load(std::memory_order_relaxed) == 0)
         single_.store(allocator, std::memory_order_relaxed);
+      {
+        std::lock_guard<std::mutex> history_guard(history_mutex_);
+        if (history_capacity_)
+          apply_history(allocator);
+      }
       allocators_[device].store(allocator, std::memory_order_release);
       created_.fetch_add(1, std::memory_order_release);
     }
@@ -77,7 +99,12 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     void *pointer = nullptr;
     if (size == 0)
       return nullptr;
+    bool recording = history_enabled_.load(std::memory_order_relaxed);
+    if (recording)
+      begin_call(true);
     gm_status status = gm_malloc(of(device), size, reinterpret_cast<gm_stream>(stream), &pointer);
+    if (recording)
+      end_call(pointer, true);
     if (status == GM_ERROR_OUT_OF_MEMORY)
       TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory (gpumem). ", gm_last_error());
     TORCH_CHECK(status == GM_OK, "gpumem: ", gm_last_error());
@@ -108,7 +135,12 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
       TORCH_WARN("gpumem: free of ", pointer, ", which no device allocator owns");
       return;
     }
+    bool recording = history_enabled_.load(std::memory_order_relaxed);
+    if (recording)
+      begin_call(false);
     gm_status status = gm_free(allocator, pointer);
+    if (recording)
+      end_call(pointer, false);
     if (status != GM_OK)
       TORCH_WARN("gpumem: ", gm_last_error());
   }
@@ -218,6 +250,42 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
 
   std::string name() override { return "gpumem"; }
 
+  bool isHistoryEnabled() override { return history_enabled_.load(std::memory_order_relaxed); }
+
+  void recordHistory(bool enabled, CreateContextFn context_recorder, size_t alloc_trace_max_entries,
+                     RecordContext when, bool /*clearHistory*/,
+                     const std::vector<std::string> & /*skip_actions*/) override {
+    std::lock_guard<std::mutex> guard(history_mutex_);
+    size_t capacity = enabled ? std::min<size_t>(std::max<size_t>(alloc_trace_max_entries, 1), 1u << 20) : 0;
+    context_recorder_ = enabled ? std::move(context_recorder) : nullptr;
+    when_ = enabled ? when : RecordContext::NEVER;
+    contexts_.assign(capacity, nullptr);
+    live_tags_.clear();
+    history_capacity_ = capacity;
+    for (auto &slot : allocators_)
+      if (gm_allocator *allocator = slot.load(std::memory_order_acquire))
+        apply_history(allocator);
+    history_enabled_.store(enabled, std::memory_order_relaxed);
+  }
+
+  SnapshotInfo snapshot(c10::cuda::MempoolId_t /*mempool_id*/, bool include_traces) override {
+    SnapshotInfo result;
+    std::lock_guard<std::mutex> guard(history_mutex_);
+    result.device_traces.resize(kMaxDevices);
+    size_t devices = 0;
+    for (size_t device = 0; device < kMaxDevices; device++) {
+      gm_allocator *allocator = allocators_[device].load(std::memory_order_acquire);
+      if (!allocator)
+        continue;
+      devices = device + 1;
+      add_segments(allocator, static_cast<c10::DeviceIndex>(device), result);
+      if (include_traces && history_capacity_)
+        add_trace(allocator, static_cast<c10::DeviceIndex>(device), result.device_traces[device]);
+    }
+    result.device_traces.resize(std::max<size_t>(devices, c10::cuda::device_count()));
+    return result;
+  }
+
   // The C handle of a device's allocator, for gpumem's Python package.
   uintptr_t handle(c10::DeviceIndex device) { return reinterpret_cast<uintptr_t>(of(device)); }
 
@@ -235,7 +303,122 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     }
   }
 
+  // Called with history_mutex_ held, for a new or every allocator: the ring's size and the tagger.
+  void apply_history(gm_allocator *allocator) {
+    gm_set_history(allocator, history_capacity_);
+    if (history_capacity_)
+      gm_set_history_tagger(allocator, current_tag_of, nullptr);
+  }
+
+  // Before a recorded allocation or free: a new tag, and the Python stack for it when torch asked for
+  // stacks of such calls.
+  void begin_call(bool allocating) {
+    std::lock_guard<std::mutex> guard(history_mutex_);
+    bool gather = allocating ? when_ != RecordContext::NEVER : when_ == RecordContext::ALL;
+    current_tag = ++next_tag_;
+    if (!contexts_.empty())
+      contexts_[current_tag % contexts_.size()] = gather && context_recorder_ ? context_recorder_() : nullptr;
+  }
+
+  void end_call(void *pointer, bool allocated) {
+    std::lock_guard<std::mutex> guard(history_mutex_);
+    if (allocated && pointer)
+      live_tags_[pointer] = current_tag;
+    else
+      live_tags_.erase(pointer);
+    current_tag = 0;
+  }
+
+  // The stack of `tag`, if the ring still holds it (history_mutex_ held).
+  std::shared_ptr<GatheredContext> context_of(uint64_t tag) {
+    if (!tag || contexts_.empty() || tag + contexts_.size() <= next_tag_)
+      return nullptr;
+    return contexts_[tag % contexts_.size()];
+  }
+
+  // Each run of mapped blocks of a gpumem region is one segment, as PyTorch's snapshot lists them.
+  void add_segments(gm_allocator *allocator, c10::DeviceIndex device, SnapshotInfo &result) {
+    gm_snapshot *snapshot = nullptr;
+    if (gm_snapshot_take(allocator, &snapshot) != GM_OK)
+      return;
+    bool pages = std::string(snapshot->device.engine) == "pages";
+    for (size_t r = 0; r < snapshot->region_count; r++) {
+      const gm_snapshot_region &region = snapshot->regions[r];
+      c10::CachingDeviceAllocator::SegmentInfo *segment = nullptr;
+      for (size_t b = 0; b < region.block_count; b++) {
+        const gm_snapshot_block &block = snapshot->blocks[region.first_block + b];
+        if (block.kind == GM_BLOCK_KIND_UNMAPPED) {
+          segment = nullptr;
+          continue;
+        }
+        if (!segment) {
+          result.segments.emplace_back();
+          segment = &result.segments.back();
+          segment->device = device;
+          segment->address = block.address;
+          segment->stream = reinterpret_cast<void *>(region.stream);
+          segment->is_large = region.pool == GM_POOL_LARGE;
+          segment->is_expandable = pages;
+        }
+        c10::CachingDeviceAllocator::BlockInfo info;
+        info.size = block.size;
+        info.requested_size = block.requested;
+        info.allocated = block.kind == GM_BLOCK_KIND_ALLOCATED;
+        info.active = block.kind != GM_BLOCK_KIND_FREE;
+        auto live = live_tags_.find(reinterpret_cast<void *>(block.address));
+        if (info.allocated && live != live_tags_.end())
+          info.context_when_allocated = context_of(live->second);
+        segment->total_size += block.size;
+        segment->requested_size += block.requested;
+        segment->allocated_size += info.allocated ? block.size : 0;
+        segment->active_size += info.active ? block.size : 0;
+        segment->blocks.push_back(std::move(info));
+      }
+    }
+    gm_snapshot_free(snapshot);
+  }
+
+  void add_trace(gm_allocator *allocator, c10::DeviceIndex device, std::vector<TraceEntry> &trace) {
+    size_t count = 0;
+    if (gm_history_read(allocator, nullptr, 0, &count, nullptr) != GM_OK)
+      return;
+    std::vector<gm_event> events(count);
+    gm_history_read(allocator, events.data(), events.size(), &count, nullptr);
+    gm_device_info info;
+    gm_get_device_info(allocator, &info);
+    bool pages = std::string(info.engine) == "pages";
+    // gpumem's times are CLOCK_MONOTONIC; snapshots carry microseconds since the epoch.
+    timespec now_real, now_monotonic;
+    clock_gettime(CLOCK_REALTIME, &now_real);
+    clock_gettime(CLOCK_MONOTONIC, &now_monotonic);
+    int64_t offset_ns = (now_real.tv_sec - now_monotonic.tv_sec) * 1000000000LL + now_real.tv_nsec - now_monotonic.tv_nsec;
+    for (size_t i = 0; i < count; i++) {
+      const gm_event &event = events[i];
+      TraceEntry::Action action = TraceEntry::ALLOC;
+      switch (event.kind) {
+        case GM_EVENT_ALLOC: action = TraceEntry::ALLOC; break;
+        case GM_EVENT_FREE_REQUESTED: action = TraceEntry::FREE_REQUESTED; break;
+        case GM_EVENT_FREE_COMPLETED: action = TraceEntry::FREE_COMPLETED; break;
+        case GM_EVENT_SEGMENT_MAP: action = pages ? TraceEntry::SEGMENT_MAP : TraceEntry::SEGMENT_ALLOC; break;
+        case GM_EVENT_SEGMENT_UNMAP: action = pages ? TraceEntry::SEGMENT_UNMAP : TraceEntry::SEGMENT_FREE; break;
+        default: action = TraceEntry::OOM; break;
+      }
+      trace.emplace_back(action, device, static_cast<size_t>(event.address), static_cast<size_t>(event.size),
+                         reinterpret_cast<void *>(event.stream), c10::cuda::MempoolId_t{0, 0}, 0,
+                         context_of(event.tag));
+      trace.back().time_.t_ = static_cast<time_t>((static_cast<int64_t>(event.time_ns) + offset_ns) / 1000);
+    }
+  }
+
   std::string config_;
+  std::mutex history_mutex_;
+  std::atomic<bool> history_enabled_{false};
+  CreateContextFn context_recorder_;
+  RecordContext when_ = RecordContext::NEVER;
+  size_t history_capacity_ = 0;
+  uint64_t next_tag_ = 0;
+  std::vector<std::shared_ptr<GatheredContext>> contexts_; // tag % size -> the stack of that call
+  std::unordered_map<void *, uint64_t> live_tags_;          // live allocation -> its call's tag
   std::array<std::atomic<gm_allocator *>, kMaxDevices> allocators_{};
   std::atomic<int> created_{0};      // allocators made so far
   std::atomic<gm_allocator *> single_{nullptr}; // the first one made (the only one while created_ is 1)

@@ -231,3 +231,37 @@ def test_cupy_allocations_live_in_gpumem():
     lines = out.splitlines()
     assert lines[0] == "oom True"
     assert lines[1].split()[1] == "True" and float(lines[1].split()[0]) == 999999000000.0
+
+
+def test_memory_snapshot_and_history_open_in_memory_viz(tmp_path):
+    """torch.cuda.memory._record_memory_history / _snapshot / _dump_snapshot under gpumem, and PyTorch's
+    own memory_viz renders the dump."""
+    torch.cuda.memory._record_memory_history(max_entries=100000)
+    try:
+        x = torch.randn(1024, 1024, device="cuda")
+        y = x @ x
+        del x
+        snapshot = torch.cuda.memory._snapshot()
+        path = tmp_path / "snapshot.pickle"
+        torch.cuda.memory._dump_snapshot(str(path))
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    blocks = [block for segment in snapshot["segments"] for block in segment["blocks"]]
+    allocated = sum(block["size"] for block in blocks if block["state"] == "active_allocated")
+    assert allocated == torch.cuda.memory_allocated()
+    assert sum(segment["total_size"] for segment in snapshot["segments"]) == torch.cuda.memory_reserved()
+    trace = snapshot["device_traces"][0]
+    actions = [entry["action"] for entry in trace]
+    assert actions.count("alloc") >= 2 and "free_requested" in actions and "free_completed" in actions
+    x_alloc = [entry for entry in trace if entry["action"] == "alloc" and entry["size"] == 4 * MiB]
+    assert x_alloc and x_alloc[0]["frames"], "allocations carry their Python stacks"
+    assert any("test_torch.py" in frame["filename"] for frame in x_alloc[0]["frames"])
+    live = [block for block in blocks if block["state"] == "active_allocated" and block["size"] == 4 * MiB]
+    assert live and live[0].get("frames"), "live blocks carry the stack of their allocation"
+    del y
+    for plot in ("trace_plot", "segment_plot"):
+        out = tmp_path / f"{plot}.html"
+        run = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", plot, str(path), "-o", str(out)],
+                             capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert out.stat().st_size > 1000
