@@ -38,7 +38,7 @@
 namespace {
 
 using c10::CachingAllocator::StatType;
-using c10::CachingDeviceAllocator::GatheredContext;
+using c10::GatheredContext;
 using c10::CachingDeviceAllocator::RecordContext;
 using c10::CachingDeviceAllocator::TraceEntry;
 using c10::cuda::CUDACachingAllocator::CreateContextFn;
@@ -330,7 +330,7 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   }
 
   // The stack of `tag`, if the ring still holds it (history_mutex_ held).
-  std::shared_ptr<GatheredContext> context_of(uint64_t tag) {
+  std::shared_ptr<GatheredContext> stack_of_tag(uint64_t tag) {
     if (!tag || contexts_.empty() || tag + contexts_.size() <= next_tag_)
       return nullptr;
     return contexts_[tag % contexts_.size()];
@@ -367,7 +367,7 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
         info.active = block.kind != GM_BLOCK_KIND_FREE;
         auto live = live_tags_.find(reinterpret_cast<void *>(block.address));
         if (info.allocated && live != live_tags_.end())
-          info.context_when_allocated = context_of(live->second);
+          info.context_when_allocated = stack_of_tag(live->second);
         segment->total_size += block.size;
         segment->requested_size += block.requested;
         segment->allocated_size += info.allocated ? block.size : 0;
@@ -403,10 +403,12 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
         case GM_EVENT_SEGMENT_UNMAP: action = pages ? TraceEntry::SEGMENT_UNMAP : TraceEntry::SEGMENT_FREE; break;
         default: action = TraceEntry::OOM; break;
       }
-      trace.emplace_back(action, device, static_cast<size_t>(event.address), static_cast<size_t>(event.size),
-                         reinterpret_cast<void *>(event.stream), c10::cuda::MempoolId_t{0, 0}, 0,
-                         context_of(event.tag));
-      trace.back().time_.t_ = static_cast<time_t>((static_cast<int64_t>(event.time_ns) + offset_ns) / 1000);
+      std::shared_ptr<GatheredContext> stack = stack_of_tag(event.tag);
+      TraceEntry entry(action, device, static_cast<size_t>(event.address), static_cast<size_t>(event.size),
+                       reinterpret_cast<void *>(event.stream), c10::cuda::MempoolId_t{0, 0}, c10::approx_time_t{0},
+                       stack);
+      entry.time_.t_ = static_cast<time_t>((static_cast<int64_t>(event.time_ns) + offset_ns) / 1000);
+      trace.push_back(std::move(entry));
     }
   }
 

@@ -238,7 +238,7 @@ def test_memory_snapshot_and_history_open_in_memory_viz(tmp_path):
     own memory_viz renders the dump."""
     torch.cuda.memory._record_memory_history(max_entries=100000)
     try:
-        x = torch.randn(1024, 1024, device="cuda")
+        x = torch.ones(1024, 1024, device="cuda")  # (randn: an earlier test leaves the generator in a failed capture)
         y = x @ x
         del x
         snapshot = torch.cuda.memory._snapshot()
