@@ -69,6 +69,9 @@ static const option_descriptor descriptors[] = {
      "pages engine: when a request ends inside the last page of new memory, that page is a chunk of "
      "its own, so the next block placed there pins one page, not the whole growth; costs a device "
      "call per growth (default false)"},
+    {"publish", KIND_BOOLEAN, FIELD(publish), NULL,
+     "keep the statistics in /dev/shm/gpumem.<uid>.<pid>.<device> (or GPUMEM_SHM_DIR) for other "
+     "processes to read: gpumem stats PID (default false)"},
 };
 
 #define DESCRIPTOR_COUNT (sizeof descriptors / sizeof descriptors[0])
@@ -89,6 +92,7 @@ void gm_options_default(gm_options *options)
     options->max_chunk_size = 128ull << 20;
     options->growth_lane = true;
     options->tail_chunk = false;
+    options->publish = false;
 }
 
 gm_status gm_parse_size(const char *text, uint64_t *bytes_out)

@@ -32,6 +32,7 @@ typedef struct gm_options {
     uint64_t max_chunk_size;     /* pages engine: largest chunk of physical memory made at once */
     bool growth_lane;            /* pages engine: regrowing tensors get an address range of their own */
     bool tail_chunk;             /* pages engine: a growth's last, partly used page is a chunk of its own */
+    bool publish;                /* keep the statistics in a shared-memory region for other processes */
 } gm_options;
 
 /* The defaults. */

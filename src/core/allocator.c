@@ -19,6 +19,7 @@
 #include "base/error.h"
 #include "base/hash_map.h"
 #include "core/oom_report.h"
+#include "monitor/publish.h"
 
 #include <pthread.h>
 
@@ -28,6 +29,7 @@
 #include <string.h>
 
 #define GM_MAX_REQUEST (1ull << 60)
+#define GM_PUBLISH_ALL_EVERY 256 /* calls between full publications when no device call happened */
 
 /* A freed block waiting for one stream's event (one node per recorded stream). */
 typedef struct gm_pending_free {
@@ -49,7 +51,82 @@ struct gm_allocator {
     uint64_t *spare_events;         /* pooled backend events */
     size_t spare_event_count;
     size_t spare_event_capacity;
+    gm_publisher *publisher;       /* publish:true and its region was made; else NULL */
+    gm_status publish_status;      /* why there is no publisher */
+    char publish_error[512];
+    uint32_t publish_countdown;    /* calls until the device-call counts are published again */
+    int64_t published_call_ns;     /* the backend's call_ns when they were published last */
 };
+
+/* ---------------------------------------------------------------- publishing (monitor/publish.c) */
+
+static void add_device_calls(const gm_backend *backend, gm_stats *stats)
+{
+    memcpy(stats->device_calls, backend->calls, sizeof stats->device_calls);
+    stats->device_call_ns = backend->call_ns;
+    memcpy(stats->device_call_ns_by_kind, backend->call_ns_by_kind, sizeof stats->device_call_ns_by_kind);
+}
+
+static void publish_all_locked(gm_allocator *allocator)
+{
+    gm_stats stats = allocator->arena.stats;
+    add_device_calls(allocator->arena.backend, &stats);
+    gm_publisher_write_all(allocator->publisher, &stats);
+    allocator->published_call_ns = allocator->arena.backend->call_ns;
+    allocator->publish_countdown = GM_PUBLISH_ALL_EVERY;
+}
+
+/* After a malloc or free of a block of `pool`: only that pool's readings, the peaks and the counters
+ * (all that such a call changes), unless it made a device call (reserved memory may have changed),
+ * completed pending frees (of any pool), or 256 calls have passed: then everything. */
+static inline void publish_locked(gm_allocator *allocator, int pool, bool completed_pending_frees)
+{
+    if (!allocator->publisher)
+        return;
+    if (completed_pending_frees || allocator->arena.backend->call_ns != allocator->published_call_ns ||
+        --allocator->publish_countdown == 0)
+        publish_all_locked(allocator);
+    else
+        gm_publisher_write_pool(allocator->publisher, &allocator->arena.stats, pool);
+}
+
+static void start_publishing(gm_allocator *allocator)
+{
+    if (!allocator->options.publish) {
+        allocator->publish_status = GM_ERROR_NOT_SUPPORTED;
+        snprintf(allocator->publish_error, sizeof allocator->publish_error,
+                 "statistics are not published (the allocator was created without publish:true)");
+        return;
+    }
+    gm_backend *backend = allocator->arena.backend;
+    gm_publish_identity identity = {.device = allocator->options.device, .backend = backend->operations->name,
+                                    .engine = allocator->arena.engine->name, .page_size = backend->page_size,
+                                    .device_total_bytes = backend->total_bytes};
+    gm_stats stats = allocator->arena.stats;
+    add_device_calls(backend, &stats);
+    allocator->publish_status = gm_publisher_open(&identity, &stats, &allocator->publisher);
+    if (allocator->publish_status != GM_OK)
+        snprintf(allocator->publish_error, sizeof allocator->publish_error, "%s", gm_last_error());
+    allocator->published_call_ns = backend->call_ns;
+    allocator->publish_countdown = GM_PUBLISH_ALL_EVERY;
+}
+
+gm_status gm_publish_status(gm_allocator *allocator, char *path_out, size_t path_size)
+{
+    if (!allocator || (!path_out && path_size))
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_publish_status: an argument is NULL");
+    pthread_mutex_lock(&allocator->lock);
+    gm_status status = allocator->publish_status;
+    if (status != GM_OK)
+        gm_fail(status, "%s", allocator->publish_error);
+    else if (path_size <= strlen(gm_publisher_path(allocator->publisher)))
+        status = gm_fail(GM_ERROR_BUFFER_TOO_SMALL, "gm_publish_status: the path needs %zu bytes",
+                         strlen(gm_publisher_path(allocator->publisher)) + 1);
+    else
+        snprintf(path_out, path_size, "%s", gm_publisher_path(allocator->publisher));
+    pthread_mutex_unlock(&allocator->lock);
+    return status;
+}
 
 /* ---------------------------------------------------------------- creation */
 
@@ -89,6 +166,7 @@ static gm_status create_with_options(const gm_options *options, gm_allocator **a
         gm_destroy(allocator, NULL);
         return status;
     }
+    start_publishing(allocator);
     *allocator_out = allocator;
     return GM_OK;
 }
@@ -270,7 +348,8 @@ gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void
     int pool = rounded <= allocator->options.small_size ? GM_POOL_SMALL : GM_POOL_LARGE;
 
     pthread_mutex_lock(&allocator->lock);
-    if (allocator->pending_head)
+    bool had_pending_frees = allocator->pending_head != NULL;
+    if (had_pending_frees)
         process_pending_frees(allocator, false);
     gm_heap *heap = gm_heap_for_stream(&allocator->arena, stream);
     gm_block *block = NULL;
@@ -287,6 +366,7 @@ gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void
         gm_stat_change(allocator->arena.stats.active_bytes, pool, (int64_t)block->size);
         *pointer_out = (void *)block->address;
     }
+    publish_locked(allocator, pool, had_pending_frees);
     pthread_mutex_unlock(&allocator->lock);
     return status;
 }
@@ -320,6 +400,8 @@ gm_status gm_free(gm_allocator *allocator, void *pointer)
         return not_live("gm_free", pointer);
     }
     gm_hash_map_remove(&allocator->live_blocks, (uint64_t)(uintptr_t)pointer, NULL);
+    int pool = block->pool; /* read before the block is retired (and maybe reused) */
+    bool other_streams = block->recorded_count != 0; /* then pending frees of any pool may complete */
     count_allocation(allocator, block, -1);
     block->state = GM_BLOCK_PENDING;
     gm_status deferred = GM_OK;
@@ -333,6 +415,7 @@ gm_status gm_free(gm_allocator *allocator, void *pointer)
     } else if (block->pending_events == 0) {
         retire_block(allocator, block);
     }
+    publish_locked(allocator, pool, other_streams);
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
 }
@@ -394,6 +477,8 @@ gm_status gm_empty_cache(gm_allocator *allocator)
     if (allocator->pending_head)
         process_pending_frees(allocator, false);
     allocator->arena.engine->release_cached(&allocator->arena);
+    if (allocator->publisher)
+        publish_all_locked(allocator);
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
 }
@@ -407,6 +492,8 @@ gm_status gm_set_memory_limit(gm_allocator *allocator, uint64_t bytes)
     allocator->arena.memory_limit = bytes && bytes < total ? bytes : total;
     if ((uint64_t)gm_stat_total(allocator->arena.stats.reserved_bytes) > allocator->arena.memory_limit)
         allocator->arena.engine->release_cached(&allocator->arena);
+    if (allocator->publisher)
+        publish_all_locked(allocator);
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
 }
@@ -450,10 +537,7 @@ gm_status gm_get_stats(gm_allocator *allocator, gm_stats *stats_out)
     pthread_mutex_lock(&allocator->lock);
     *stats_out = allocator->arena.stats;
     gm_stats_complete(stats_out);
-    memcpy(stats_out->device_calls, allocator->arena.backend->calls, sizeof stats_out->device_calls);
-    stats_out->device_call_ns = allocator->arena.backend->call_ns;
-    memcpy(stats_out->device_call_ns_by_kind, allocator->arena.backend->call_ns_by_kind,
-           sizeof stats_out->device_call_ns_by_kind);
+    add_device_calls(allocator->arena.backend, stats_out);
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
 }
@@ -464,6 +548,8 @@ gm_status gm_reset_peak_stats(gm_allocator *allocator)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_reset_peak_stats: allocator is NULL");
     pthread_mutex_lock(&allocator->lock);
     gm_stats_reset_peaks(&allocator->arena.stats);
+    if (allocator->publisher)
+        publish_all_locked(allocator);
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
 }
@@ -477,6 +563,8 @@ gm_status gm_reset_accumulated_stats(gm_allocator *allocator)
     memset(allocator->arena.backend->calls, 0, sizeof allocator->arena.backend->calls);
     memset(allocator->arena.backend->call_ns_by_kind, 0, sizeof allocator->arena.backend->call_ns_by_kind);
     allocator->arena.backend->call_ns = 0;
+    if (allocator->publisher)
+        publish_all_locked(allocator);
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
 }
@@ -637,6 +725,8 @@ void gm_destroy(gm_allocator *allocator, size_t *live_allocations_out)
     if (!allocator)
         return;
     pthread_mutex_lock(&allocator->lock);
+    gm_publisher_close(allocator->publisher);
+    allocator->publisher = NULL;
     if (live_allocations_out)
         *live_allocations_out = allocator->live_blocks.count;
     for (size_t i = 0; i < allocator->live_blocks.capacity; i++) {
