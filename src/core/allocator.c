@@ -29,7 +29,7 @@
 #include <string.h>
 
 #define GM_MAX_REQUEST (1ull << 60)
-#define GM_PUBLISH_ALL_EVERY 256 /* calls between full publications when no device call happened */
+#define GM_PUBLISH_ALL_EVERY 256 /* calls between publications of the device-call counts without a device call */
 
 /* A freed block waiting for one stream's event (one node per recorded stream). */
 typedef struct gm_pending_free {
@@ -51,7 +51,9 @@ struct gm_allocator {
     uint64_t *spare_events;         /* pooled backend events */
     size_t spare_event_count;
     size_t spare_event_capacity;
+    gm_stats own_stats;            /* the statistics, unless they are kept in the published region */
     gm_publisher *publisher;       /* publish:true and its region was made; else NULL */
+    gm_seqlock_writer *published;  /* its seqlock, or NULL */
     gm_status publish_status;      /* why there is no publisher */
     char publish_error[512];
     uint32_t publish_countdown;    /* calls until the device-call counts are published again */
@@ -67,27 +69,30 @@ static void add_device_calls(const gm_backend *backend, gm_stats *stats)
     memcpy(stats->device_call_ns_by_kind, backend->call_ns_by_kind, sizeof stats->device_call_ns_by_kind);
 }
 
-static void publish_all_locked(gm_allocator *allocator)
+static void publish_device_calls(gm_allocator *allocator)
 {
-    gm_stats stats = allocator->arena.stats;
-    add_device_calls(allocator->arena.backend, &stats);
-    gm_publisher_write_all(allocator->publisher, &stats);
+    add_device_calls(allocator->arena.backend, allocator->arena.stats);
     allocator->published_call_ns = allocator->arena.backend->call_ns;
     allocator->publish_countdown = GM_PUBLISH_ALL_EVERY;
 }
 
-/* After a malloc or free of a block of `pool`: only that pool's readings, the peaks and the counters
- * (all that such a call changes), unless it made a device call (reserved memory may have changed),
- * completed pending frees (of any pool), or 256 calls have passed: then everything. */
-static inline void publish_locked(gm_allocator *allocator, int pool, bool completed_pending_frees)
+/* Before a call changes the statistics: with publish:true they are the region's, and its readers
+ * retry until end_change. */
+static inline void begin_change(gm_allocator *allocator)
 {
-    if (!allocator->publisher)
+    if (allocator->published)
+        gm_publish_begin(allocator->published);
+}
+
+/* After: the device-call counts go in too when a device call happened (or every 256 calls, for
+ * calls that cost nothing). */
+static inline void end_change(gm_allocator *allocator)
+{
+    if (!allocator->published)
         return;
-    if (completed_pending_frees || allocator->arena.backend->call_ns != allocator->published_call_ns ||
-        --allocator->publish_countdown == 0)
-        publish_all_locked(allocator);
-    else
-        gm_publisher_write_pool(allocator->publisher, &allocator->arena.stats, pool);
+    if (allocator->arena.backend->call_ns != allocator->published_call_ns || --allocator->publish_countdown == 0)
+        publish_device_calls(allocator);
+    gm_publish_end(allocator->published);
 }
 
 static void start_publishing(gm_allocator *allocator)
@@ -102,13 +107,28 @@ static void start_publishing(gm_allocator *allocator)
     gm_publish_identity identity = {.device = allocator->options.device, .backend = backend->operations->name,
                                     .engine = allocator->arena.engine->name, .page_size = backend->page_size,
                                     .device_total_bytes = backend->total_bytes};
-    gm_stats stats = allocator->arena.stats;
-    add_device_calls(backend, &stats);
-    allocator->publish_status = gm_publisher_open(&identity, &stats, &allocator->publisher);
-    if (allocator->publish_status != GM_OK)
+    add_device_calls(backend, allocator->arena.stats);
+    allocator->publish_status = gm_publisher_open(&identity, allocator->arena.stats, &allocator->publisher);
+    if (allocator->publish_status != GM_OK) {
         snprintf(allocator->publish_error, sizeof allocator->publish_error, "%s", gm_last_error());
+        return;
+    }
+    allocator->arena.stats = gm_publisher_stats(allocator->publisher); /* from now on kept there */
+    allocator->published = gm_publisher_seqlock(allocator->publisher);
     allocator->published_call_ns = backend->call_ns;
     allocator->publish_countdown = GM_PUBLISH_ALL_EVERY;
+}
+
+/* Back to the allocator's own statistics, and the region removed. */
+static void stop_publishing(gm_allocator *allocator)
+{
+    if (!allocator->publisher)
+        return;
+    allocator->own_stats = *allocator->arena.stats;
+    allocator->arena.stats = &allocator->own_stats;
+    allocator->published = NULL;
+    gm_publisher_close(allocator->publisher);
+    allocator->publisher = NULL;
 }
 
 gm_status gm_publish_status(gm_allocator *allocator, char *path_out, size_t path_size)
@@ -136,6 +156,7 @@ static gm_status create_with_options(const gm_options *options, gm_allocator **a
     if (!allocator)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the allocator");
     allocator->options = *options;
+    allocator->arena.stats = &allocator->own_stats;
     allocator->arena.options = &allocator->options;
     gm_backend_config backend_config = {.name = options->backend, .device = options->device,
                                         .capacity = options->capacity, .page_size = options->page_size,
@@ -153,8 +174,8 @@ static gm_status create_with_options(const gm_options *options, gm_allocator **a
     allocator->arena.engine = options->engine == GM_ENGINE_PAGES ? &gm_page_engine : &gm_segment_engine;
     if (allocator->arena.engine == &gm_page_engine && !backend->supports_virtual_memory)
         allocator->arena.engine = &gm_segment_engine;
-    allocator->arena.stats.device_total_bytes = backend->total_bytes;
-    allocator->arena.stats.page_size = backend->page_size;
+    allocator->arena.stats->device_total_bytes = backend->total_bytes;
+    allocator->arena.stats->page_size = backend->page_size;
     if (!gm_hash_map_init(&allocator->live_blocks, 1024)) {
         gm_backend_close(backend);
         free(allocator);
@@ -232,8 +253,8 @@ static void return_event(gm_allocator *allocator, uint64_t event)
 /* A block that is neither allocated nor awaited any more: its memory goes back to the engine. */
 static void retire_block(gm_allocator *allocator, gm_block *block)
 {
-    gm_stat_change(allocator->arena.stats.active, block->pool, -1);
-    gm_stat_change(allocator->arena.stats.active_bytes, block->pool, -(int64_t)block->size);
+    gm_stat_change(allocator->arena.stats->active, block->pool, -1);
+    gm_stat_change(allocator->arena.stats->active_bytes, block->pool, -(int64_t)block->size);
     free(block->recorded_streams);
     block->recorded_streams = NULL;
     block->recorded_count = 0;
@@ -308,20 +329,20 @@ static gm_status allocate_with_retries(gm_allocator *allocator, gm_heap *heap, i
     gm_oom_attempts attempts = {0};
     if (allocator->pending_head) {
         attempts.waited_for_streams = true;
-        allocator->arena.stats.num_sync_all_streams++;
+        allocator->arena.stats->num_sync_all_streams++;
         process_pending_frees(allocator, true);
         status = engine->allocate(&allocator->arena, heap, pool, size, block_out);
         if (status != GM_ERROR_OUT_OF_MEMORY)
             return status;
     }
-    int64_t reserved_before = gm_stat_total(allocator->arena.stats.reserved_bytes);
+    int64_t reserved_before = gm_stat_total(allocator->arena.stats->reserved_bytes);
     engine->release_cached(&allocator->arena);
-    attempts.released_bytes = (uint64_t)(reserved_before - gm_stat_total(allocator->arena.stats.reserved_bytes));
+    attempts.released_bytes = (uint64_t)(reserved_before - gm_stat_total(allocator->arena.stats->reserved_bytes));
     attempts.retried = true;
-    allocator->arena.stats.num_alloc_retries++;
+    allocator->arena.stats->num_alloc_retries++;
     status = engine->allocate(&allocator->arena, heap, pool, size, block_out);
     if (status == GM_ERROR_OUT_OF_MEMORY) {
-        allocator->arena.stats.num_ooms++;
+        allocator->arena.stats->num_ooms++;
         gm_write_oom_report(&allocator->arena, heap, size, &attempts);
     }
     return status;
@@ -330,9 +351,9 @@ static gm_status allocate_with_retries(gm_allocator *allocator, gm_heap *heap, i
 static void count_allocation(gm_allocator *allocator, gm_block *block, int64_t sign)
 {
     int pool = block->pool;
-    gm_stat_change(allocator->arena.stats.allocation, pool, sign);
-    gm_stat_change(allocator->arena.stats.allocated_bytes, pool, sign * (int64_t)block->size);
-    gm_stat_change(allocator->arena.stats.requested_bytes, pool, sign * (int64_t)block->requested);
+    gm_stat_change(allocator->arena.stats->allocation, pool, sign);
+    gm_stat_change(allocator->arena.stats->allocated_bytes, pool, sign * (int64_t)block->size);
+    gm_stat_change(allocator->arena.stats->requested_bytes, pool, sign * (int64_t)block->requested);
 }
 
 gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void **pointer_out)
@@ -348,8 +369,8 @@ gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void
     int pool = rounded <= allocator->options.small_size ? GM_POOL_SMALL : GM_POOL_LARGE;
 
     pthread_mutex_lock(&allocator->lock);
-    bool had_pending_frees = allocator->pending_head != NULL;
-    if (had_pending_frees)
+    begin_change(allocator);
+    if (allocator->pending_head)
         process_pending_frees(allocator, false);
     gm_heap *heap = gm_heap_for_stream(&allocator->arena, stream);
     gm_block *block = NULL;
@@ -362,11 +383,11 @@ gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void
     if (status == GM_OK) {
         block->requested = size;
         count_allocation(allocator, block, 1);
-        gm_stat_change(allocator->arena.stats.active, pool, 1);
-        gm_stat_change(allocator->arena.stats.active_bytes, pool, (int64_t)block->size);
+        gm_stat_change(allocator->arena.stats->active, pool, 1);
+        gm_stat_change(allocator->arena.stats->active_bytes, pool, (int64_t)block->size);
         *pointer_out = (void *)block->address;
     }
-    publish_locked(allocator, pool, had_pending_frees);
+    end_change(allocator);
     pthread_mutex_unlock(&allocator->lock);
     return status;
 }
@@ -400,8 +421,7 @@ gm_status gm_free(gm_allocator *allocator, void *pointer)
         return not_live("gm_free", pointer);
     }
     gm_hash_map_remove(&allocator->live_blocks, (uint64_t)(uintptr_t)pointer, NULL);
-    int pool = block->pool; /* read before the block is retired (and maybe reused) */
-    bool other_streams = block->recorded_count != 0; /* then pending frees of any pool may complete */
+    begin_change(allocator);
     count_allocation(allocator, block, -1);
     block->state = GM_BLOCK_PENDING;
     gm_status deferred = GM_OK;
@@ -410,12 +430,12 @@ gm_status gm_free(gm_allocator *allocator, void *pointer)
     if (deferred != GM_OK && block->pending_events) {
         /* An event could not be had: wait for every pending free (this block's too) rather than
          * risk reuse while a stream still runs. */
-        allocator->arena.stats.num_sync_all_streams++;
+        allocator->arena.stats->num_sync_all_streams++;
         process_pending_frees(allocator, true);
     } else if (block->pending_events == 0) {
         retire_block(allocator, block);
     }
-    publish_locked(allocator, pool, other_streams);
+    end_change(allocator);
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
 }
@@ -474,11 +494,11 @@ gm_status gm_empty_cache(gm_allocator *allocator)
     if (!allocator)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_empty_cache: allocator is NULL");
     pthread_mutex_lock(&allocator->lock);
+    begin_change(allocator);
     if (allocator->pending_head)
         process_pending_frees(allocator, false);
     allocator->arena.engine->release_cached(&allocator->arena);
-    if (allocator->publisher)
-        publish_all_locked(allocator);
+    end_change(allocator);
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
 }
@@ -488,12 +508,12 @@ gm_status gm_set_memory_limit(gm_allocator *allocator, uint64_t bytes)
     if (!allocator)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_set_memory_limit: allocator is NULL");
     pthread_mutex_lock(&allocator->lock);
+    begin_change(allocator);
     uint64_t total = allocator->arena.backend->total_bytes;
     allocator->arena.memory_limit = bytes && bytes < total ? bytes : total;
-    if ((uint64_t)gm_stat_total(allocator->arena.stats.reserved_bytes) > allocator->arena.memory_limit)
+    if ((uint64_t)gm_stat_total(allocator->arena.stats->reserved_bytes) > allocator->arena.memory_limit)
         allocator->arena.engine->release_cached(&allocator->arena);
-    if (allocator->publisher)
-        publish_all_locked(allocator);
+    end_change(allocator);
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
 }
@@ -535,7 +555,7 @@ gm_status gm_get_stats(gm_allocator *allocator, gm_stats *stats_out)
     if (!allocator || !stats_out)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_stats: an argument is NULL");
     pthread_mutex_lock(&allocator->lock);
-    *stats_out = allocator->arena.stats;
+    *stats_out = *allocator->arena.stats;
     gm_stats_complete(stats_out);
     add_device_calls(allocator->arena.backend, stats_out);
     pthread_mutex_unlock(&allocator->lock);
@@ -547,9 +567,9 @@ gm_status gm_reset_peak_stats(gm_allocator *allocator)
     if (!allocator)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_reset_peak_stats: allocator is NULL");
     pthread_mutex_lock(&allocator->lock);
-    gm_stats_reset_peaks(&allocator->arena.stats);
-    if (allocator->publisher)
-        publish_all_locked(allocator);
+    begin_change(allocator);
+    gm_stats_reset_peaks(allocator->arena.stats);
+    end_change(allocator);
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
 }
@@ -559,12 +579,12 @@ gm_status gm_reset_accumulated_stats(gm_allocator *allocator)
     if (!allocator)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_reset_accumulated_stats: allocator is NULL");
     pthread_mutex_lock(&allocator->lock);
-    gm_stats_reset_accumulated(&allocator->arena.stats);
+    begin_change(allocator);
+    gm_stats_reset_accumulated(allocator->arena.stats);
     memset(allocator->arena.backend->calls, 0, sizeof allocator->arena.backend->calls);
     memset(allocator->arena.backend->call_ns_by_kind, 0, sizeof allocator->arena.backend->call_ns_by_kind);
     allocator->arena.backend->call_ns = 0;
-    if (allocator->publisher)
-        publish_all_locked(allocator);
+    end_change(allocator);
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
 }
@@ -640,7 +660,7 @@ static gm_status validate_locked(gm_allocator *allocator)
     if (status == GM_OK)
         status = allocator->arena.engine->validate(&allocator->arena, &recomputed);
     gm_stats_complete(&recomputed);
-    gm_stats recorded_copy = allocator->arena.stats;
+    gm_stats recorded_copy = *allocator->arena.stats;
     gm_stats_complete(&recorded_copy);
     gm_stat *recorded_array, *recomputed_array;
     for (size_t i = 0; status == GM_OK && (recorded_array = gm_stats_array(&recorded_copy, i)); i++) {
@@ -725,8 +745,7 @@ void gm_destroy(gm_allocator *allocator, size_t *live_allocations_out)
     if (!allocator)
         return;
     pthread_mutex_lock(&allocator->lock);
-    gm_publisher_close(allocator->publisher);
-    allocator->publisher = NULL;
+    stop_publishing(allocator);
     if (live_allocations_out)
         *live_allocations_out = allocator->live_blocks.count;
     for (size_t i = 0; i < allocator->live_blocks.capacity; i++) {

@@ -77,7 +77,7 @@ gm_status pages_map_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk,
     chunk->address = address;
     gm_list_push_front(&data_of(region)->chunks, &chunk->link);
     record_chunk_pages(region, chunk, chunk, engine_of(arena)->page_size);
-    arena->stats.num_page_maps += (int64_t)(chunk->size / engine_of(arena)->page_size);
+    arena->stats->num_page_maps += (int64_t)(chunk->size / engine_of(arena)->page_size);
     return GM_OK;
 }
 
@@ -88,7 +88,7 @@ gm_status pages_unmap_chunk(gm_arena *arena, gm_region *region, page_chunk *chun
         return status;
     gm_list_remove(&data_of(region)->chunks, &chunk->link);
     record_chunk_pages(region, chunk, NULL, engine_of(arena)->page_size);
-    arena->stats.num_page_unmaps += (int64_t)(chunk->size / engine_of(arena)->page_size);
+    arena->stats->num_page_unmaps += (int64_t)(chunk->size / engine_of(arena)->page_size);
     return GM_OK;
 }
 
@@ -110,7 +110,7 @@ gm_status pages_create_chunk(gm_arena *arena, gm_region *region, uintptr_t addre
         return status;
     }
     gm_count_reserved(arena, region->pool, (int64_t)size, 1);
-    arena->stats.num_device_alloc++;
+    arena->stats->num_device_alloc++;
     return GM_OK;
 }
 
@@ -118,7 +118,7 @@ void pages_release_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk)
 {
     gm_backend_physical_release(arena->backend, chunk->handle, chunk->size);
     gm_count_reserved(arena, region->pool, -(int64_t)chunk->size, -1);
-    arena->stats.num_device_free++;
+    arena->stats->num_device_free++;
     free(chunk);
 }
 
