@@ -12,7 +12,12 @@
  * gm_free of a block used on other streams (gm_record_stream) records one event per such stream
  * and parks the block in the pending list; it becomes free memory when all its events complete.
  *
- * One mutex guards everything; no call does I/O, and the steady state allocates no host memory.
+ * With publish:true the statistics live in a shared-memory region that other processes read
+ * (monitor/publish.c), made by gm_create and removed by gm_destroy; every call that changes them does
+ * so between begin_change and end_change, the region's seqlock.
+ *
+ * One mutex guards everything; no call but gm_create and gm_destroy does I/O, and the steady state
+ * allocates no host memory.
  */
 #include "core/arena.h"
 
