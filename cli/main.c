@@ -3,6 +3,7 @@
  *
  *   gpumem replay TRACE [--backend sim|host|cuda] [--capacity BYTES] [--conf KEY:VALUE,...] [--json] [--passes N]
  *   gpumem info [--backend NAME] [--conf ...]
+ *   gpumem stats PID [--device N] [--json]
  *   gpumem config
  *   gpumem version
  *
@@ -29,6 +30,8 @@ static void print_usage(FILE *out)
             "                 reserved bytes, their ratio, CPU time per operation and device calls\n"
             "  info [--backend NAME] [--conf ...]\n"
             "                 describe the device: driver, memory, virtual-memory support, granularity\n"
+            "  stats PID [--device N] [--json]\n"
+            "                 the live statistics of process PID (run with GPUMEM_CONF=publish:true)\n"
             "  config         list the GPUMEM_CONF keys\n"
             "  version        print the version\n");
 }
@@ -44,6 +47,8 @@ int main(int argc, char **argv)
         return gm_command_replay(argc - 2, argv + 2);
     if (!strcmp(command, "info"))
         return gm_command_info(argc - 2, argv + 2);
+    if (!strcmp(command, "stats"))
+        return gm_command_stats(argc - 2, argv + 2);
     if (!strcmp(command, "config")) {
         fputs(gm_config_help(), stdout);
         return GM_EXIT_OK;

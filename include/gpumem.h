@@ -220,6 +220,14 @@ GM_API gm_status gm_summary(gm_allocator *allocator, char *buffer, size_t buffer
  * from them. GM_OK if consistent, GM_ERROR_CORRUPT with the first difference in gm_last_error(). */
 GM_API gm_status gm_validate(gm_allocator *allocator);
 
+/* ---------------------------------------------------------------- published statistics */
+
+/* Whether this allocator publishes its statistics for other processes (publish:true): GM_OK with the
+ * region's path in path_out (`gpumem stats PID` reads it); otherwise the reason publication is off
+ * (the option is off: GM_ERROR_NOT_SUPPORTED; the region could not be created: its error), with
+ * gm_last_error() explaining it. An allocator is created even when its region cannot be. */
+GM_API gm_status gm_publish_status(gm_allocator *allocator, char *path_out, size_t path_size);
+
 /* ---------------------------------------------------------------- the device */
 
 typedef struct gm_device_info {

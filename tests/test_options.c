@@ -82,7 +82,7 @@ static void bad_strings_are_refused_with_clear_errors(void)
         const char *message;
     } cases[] = {
         {"colour:blue", "unknown key 'colour'"},
-        {"colour:blue", "max_chunk_size, growth_lane, tail_chunk)"}, /* the known keys, from the table */
+        {"colour:blue", "max_chunk_size, growth_lane, tail_chunk, history, publish)"}, /* the known keys, from the table */
         {"max_chunk_size:big", "bad value for key 'max_chunk_size'"},
         {"engine:fast", "bad value 'fast' for key 'engine'"},
         {"backend:opencl", "bad value 'opencl' for key 'backend'"},

@@ -72,6 +72,9 @@ static const option_descriptor descriptors[] = {
     {"history", KIND_INTEGER, FIELD(history), NULL,
      "keep the newest N allocator events (alloc, free, map, unmap, oom) for gm_history_read and "
      "snapshots' timelines, at most 1048576 (default 0: none, no cost)"},
+    {"publish", KIND_BOOLEAN, FIELD(publish), NULL,
+     "keep the statistics in /dev/shm/gpumem.<uid>.<pid>.<device> (or GPUMEM_SHM_DIR) for other "
+     "processes to read: gpumem stats PID (default false)"},
 };
 
 #define DESCRIPTOR_COUNT (sizeof descriptors / sizeof descriptors[0])
@@ -92,6 +95,7 @@ void gm_options_default(gm_options *options)
     options->max_chunk_size = 128ull << 20;
     options->growth_lane = true;
     options->tail_chunk = false;
+    options->publish = false;
 }
 
 gm_status gm_parse_size(const char *text, uint64_t *bytes_out)

@@ -33,6 +33,7 @@ typedef struct gm_options {
     bool growth_lane;            /* pages engine: regrowing tensors get an address range of their own */
     bool tail_chunk;             /* pages engine: a growth's last, partly used page is a chunk of its own */
     int history;                 /* events kept in the history ring (0: none) */
+    bool publish;                /* keep the statistics in a shared-memory region for other processes */
 } gm_options;
 
 /* The defaults. */

@@ -12,7 +12,12 @@
  * gm_free of a block used on other streams (gm_record_stream) records one event per such stream
  * and parks the block in the pending list; it becomes free memory when all its events complete.
  *
- * One mutex guards everything; no call does I/O, and the steady state allocates no host memory.
+ * With publish:true the statistics live in a shared-memory region that other processes read
+ * (monitor/publish.c), made by gm_create and removed by gm_destroy; every call that changes them does
+ * so between begin_change and end_change, the region's seqlock.
+ *
+ * One mutex guards everything; no call but gm_create and gm_destroy does I/O, and the steady state
+ * allocates no host memory.
  */
 #include "core/arena.h"
 
@@ -20,6 +25,7 @@
 #include "base/hash_map.h"
 #include "core/allocator.h"
 #include "core/oom_report.h"
+#include "monitor/publish.h"
 
 #include <pthread.h>
 
@@ -29,28 +35,95 @@
 #include <string.h>
 
 #define GM_MAX_REQUEST (1ull << 60)
+#define GM_PUBLISH_ALL_EVERY 256 /* calls between publications of the device-call counts without a device call */
 
-/* A freed block waiting for one stream's event (one node per recorded stream). */
-typedef struct gm_pending_free {
-    gm_block *block;
-    uint64_t event;
-    struct gm_pending_free *next;
-} gm_pending_free;
+/* ---------------------------------------------------------------- publishing (monitor/publish.c) */
 
-/* The front end's state: the arena the engine works on, and what only the front end knows. */
-struct gm_allocator {
-    pthread_mutex_t lock;
-    gm_options options;
-    gm_arena arena;
-    bool exclusive_device;  /* sim/host: nobody else uses the device, so its used bytes are ours */
-    gm_hash_map live_blocks; /* address -> allocated block */
-    gm_pending_free *pending_head; /* freed blocks waiting for stream events, oldest first */
-    gm_pending_free *pending_tail;
-    gm_pending_free *spare_pending; /* recycled list nodes */
-    uint64_t *spare_events;         /* pooled backend events */
-    size_t spare_event_count;
-    size_t spare_event_capacity;
-};
+static void add_device_calls(const gm_backend *backend, gm_stats *stats)
+{
+    memcpy(stats->device_calls, backend->calls, sizeof stats->device_calls);
+    stats->device_call_ns = backend->call_ns;
+    memcpy(stats->device_call_ns_by_kind, backend->call_ns_by_kind, sizeof stats->device_call_ns_by_kind);
+}
+
+static void publish_device_calls(gm_allocator *allocator)
+{
+    add_device_calls(allocator->arena.backend, allocator->arena.stats);
+    allocator->published_call_ns = allocator->arena.backend->call_ns;
+    allocator->publish_countdown = GM_PUBLISH_ALL_EVERY;
+}
+
+/* Before a call changes the statistics: with publish:true they are the region's, and its readers
+ * retry until end_change. */
+static inline void begin_change(gm_allocator *allocator)
+{
+    if (allocator->published)
+        gm_publish_begin(allocator->published);
+}
+
+/* After: the device-call counts go in too when a device call happened (or every 256 calls, for
+ * calls that cost nothing). */
+static inline void end_change(gm_allocator *allocator)
+{
+    if (!allocator->published)
+        return;
+    if (allocator->arena.backend->call_ns != allocator->published_call_ns || --allocator->publish_countdown == 0)
+        publish_device_calls(allocator);
+    gm_publish_end(allocator->published);
+}
+
+static void start_publishing(gm_allocator *allocator)
+{
+    if (!allocator->options.publish) {
+        allocator->publish_status = GM_ERROR_NOT_SUPPORTED;
+        snprintf(allocator->publish_error, sizeof allocator->publish_error,
+                 "statistics are not published (the allocator was created without publish:true)");
+        return;
+    }
+    gm_backend *backend = allocator->arena.backend;
+    gm_publish_identity identity = {.device = allocator->options.device, .backend = backend->operations->name,
+                                    .engine = allocator->arena.engine->name, .page_size = backend->page_size,
+                                    .device_total_bytes = backend->total_bytes};
+    add_device_calls(backend, allocator->arena.stats);
+    allocator->publish_status = gm_publisher_open(&identity, allocator->arena.stats, &allocator->publisher);
+    if (allocator->publish_status != GM_OK) {
+        snprintf(allocator->publish_error, sizeof allocator->publish_error, "%s", gm_last_error());
+        return;
+    }
+    allocator->arena.stats = gm_publisher_stats(allocator->publisher); /* from now on kept there */
+    allocator->published = gm_publisher_seqlock(allocator->publisher);
+    allocator->published_call_ns = backend->call_ns;
+    allocator->publish_countdown = GM_PUBLISH_ALL_EVERY;
+}
+
+/* Back to the allocator's own statistics, and the region removed. */
+static void stop_publishing(gm_allocator *allocator)
+{
+    if (!allocator->publisher)
+        return;
+    allocator->own_stats = *allocator->arena.stats;
+    allocator->arena.stats = &allocator->own_stats;
+    allocator->published = NULL;
+    gm_publisher_close(allocator->publisher);
+    allocator->publisher = NULL;
+}
+
+gm_status gm_publish_status(gm_allocator *allocator, char *path_out, size_t path_size)
+{
+    if (!allocator || (!path_out && path_size))
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_publish_status: an argument is NULL");
+    pthread_mutex_lock(&allocator->lock);
+    gm_status status = allocator->publish_status;
+    if (status != GM_OK)
+        gm_fail(status, "%s", allocator->publish_error);
+    else if (path_size <= strlen(gm_publisher_path(allocator->publisher)))
+        status = gm_fail(GM_ERROR_BUFFER_TOO_SMALL, "gm_publish_status: the path needs %zu bytes",
+                         strlen(gm_publisher_path(allocator->publisher)) + 1);
+    else
+        snprintf(path_out, path_size, "%s", gm_publisher_path(allocator->publisher));
+    pthread_mutex_unlock(&allocator->lock);
+    return status;
+}
 
 /* ---------------------------------------------------------------- creation */
 
@@ -60,6 +133,7 @@ static gm_status create_with_options(const gm_options *options, gm_allocator **a
     if (!allocator)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the allocator");
     allocator->options = *options;
+    allocator->arena.stats = &allocator->own_stats;
     allocator->arena.options = &allocator->options;
     gm_backend_config backend_config = {.name = options->backend, .device = options->device,
                                         .capacity = options->capacity, .page_size = options->page_size,
@@ -77,8 +151,8 @@ static gm_status create_with_options(const gm_options *options, gm_allocator **a
     allocator->arena.engine = options->engine == GM_ENGINE_PAGES ? &gm_page_engine : &gm_segment_engine;
     if (allocator->arena.engine == &gm_page_engine && !backend->supports_virtual_memory)
         allocator->arena.engine = &gm_segment_engine;
-    allocator->arena.stats.device_total_bytes = backend->total_bytes;
-    allocator->arena.stats.page_size = backend->page_size;
+    allocator->arena.stats->device_total_bytes = backend->total_bytes;
+    allocator->arena.stats->page_size = backend->page_size;
     if (!gm_hash_map_init(&allocator->live_blocks, 1024)) {
         gm_backend_close(backend);
         free(allocator);
@@ -94,6 +168,7 @@ static gm_status create_with_options(const gm_options *options, gm_allocator **a
         gm_destroy(allocator, NULL);
         return status;
     }
+    start_publishing(allocator);
     *allocator_out = allocator;
     return GM_OK;
 }
@@ -159,8 +234,8 @@ static void return_event(gm_allocator *allocator, uint64_t event)
 /* A block that is neither allocated nor awaited any more: its memory goes back to the engine. */
 static void retire_block(gm_allocator *allocator, gm_block *block)
 {
-    gm_stat_change(allocator->arena.stats.active, block->pool, -1);
-    gm_stat_change(allocator->arena.stats.active_bytes, block->pool, -(int64_t)block->size);
+    gm_stat_change(allocator->arena.stats->active, block->pool, -1);
+    gm_stat_change(allocator->arena.stats->active_bytes, block->pool, -(int64_t)block->size);
     free(block->recorded_streams);
     block->recorded_streams = NULL;
     block->recorded_count = 0;
@@ -237,20 +312,20 @@ static gm_status allocate_with_retries(gm_allocator *allocator, gm_heap *heap, i
     gm_oom_attempts attempts = {0};
     if (allocator->pending_head) {
         attempts.waited_for_streams = true;
-        allocator->arena.stats.num_sync_all_streams++;
+        allocator->arena.stats->num_sync_all_streams++;
         process_pending_frees(allocator, true);
         status = engine->allocate(&allocator->arena, heap, pool, size, block_out);
         if (status != GM_ERROR_OUT_OF_MEMORY)
             return status;
     }
-    int64_t reserved_before = gm_stat_total(allocator->arena.stats.reserved_bytes);
+    int64_t reserved_before = gm_stat_total(allocator->arena.stats->reserved_bytes);
     engine->release_cached(&allocator->arena);
-    attempts.released_bytes = (uint64_t)(reserved_before - gm_stat_total(allocator->arena.stats.reserved_bytes));
+    attempts.released_bytes = (uint64_t)(reserved_before - gm_stat_total(allocator->arena.stats->reserved_bytes));
     attempts.retried = true;
-    allocator->arena.stats.num_alloc_retries++;
+    allocator->arena.stats->num_alloc_retries++;
     status = engine->allocate(&allocator->arena, heap, pool, size, block_out);
     if (status == GM_ERROR_OUT_OF_MEMORY) {
-        allocator->arena.stats.num_ooms++;
+        allocator->arena.stats->num_ooms++;
         gm_write_oom_report(&allocator->arena, heap, size, &attempts);
         gm_history_record(allocator->arena.history, GM_EVENT_OOM, 0, size, heap->stream);
     }
@@ -260,9 +335,9 @@ static gm_status allocate_with_retries(gm_allocator *allocator, gm_heap *heap, i
 static void count_allocation(gm_allocator *allocator, gm_block *block, int64_t sign)
 {
     int pool = block->pool;
-    gm_stat_change(allocator->arena.stats.allocation, pool, sign);
-    gm_stat_change(allocator->arena.stats.allocated_bytes, pool, sign * (int64_t)block->size);
-    gm_stat_change(allocator->arena.stats.requested_bytes, pool, sign * (int64_t)block->requested);
+    gm_stat_change(allocator->arena.stats->allocation, pool, sign);
+    gm_stat_change(allocator->arena.stats->allocated_bytes, pool, sign * (int64_t)block->size);
+    gm_stat_change(allocator->arena.stats->requested_bytes, pool, sign * (int64_t)block->requested);
 }
 
 gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void **pointer_out)
@@ -278,6 +353,7 @@ gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void
     int pool = rounded <= allocator->options.small_size ? GM_POOL_SMALL : GM_POOL_LARGE;
 
     pthread_mutex_lock(&allocator->lock);
+    begin_change(allocator);
     if (allocator->pending_head)
         process_pending_frees(allocator, false);
     gm_heap *heap = gm_heap_for_stream(&allocator->arena, stream);
@@ -291,11 +367,12 @@ gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void
     if (status == GM_OK) {
         block->requested = size;
         count_allocation(allocator, block, 1);
-        gm_stat_change(allocator->arena.stats.active, pool, 1);
-        gm_stat_change(allocator->arena.stats.active_bytes, pool, (int64_t)block->size);
+        gm_stat_change(allocator->arena.stats->active, pool, 1);
+        gm_stat_change(allocator->arena.stats->active_bytes, pool, (int64_t)block->size);
         *pointer_out = (void *)block->address;
         gm_history_record(allocator->arena.history, GM_EVENT_ALLOC, block->address, size, stream);
     }
+    end_change(allocator);
     pthread_mutex_unlock(&allocator->lock);
     return status;
 }
@@ -329,6 +406,7 @@ gm_status gm_free(gm_allocator *allocator, void *pointer)
         return not_live("gm_free", pointer);
     }
     gm_hash_map_remove(&allocator->live_blocks, (uint64_t)(uintptr_t)pointer, NULL);
+    begin_change(allocator);
     count_allocation(allocator, block, -1);
     block->state = GM_BLOCK_PENDING;
     gm_history_record(allocator->arena.history, GM_EVENT_FREE_REQUESTED, block->address, block->requested,
@@ -339,11 +417,12 @@ gm_status gm_free(gm_allocator *allocator, void *pointer)
     if (deferred != GM_OK && block->pending_events) {
         /* An event could not be had: wait for every pending free (this block's too) rather than
          * risk reuse while a stream still runs. */
-        allocator->arena.stats.num_sync_all_streams++;
+        allocator->arena.stats->num_sync_all_streams++;
         process_pending_frees(allocator, true);
     } else if (block->pending_events == 0) {
         retire_block(allocator, block);
     }
+    end_change(allocator);
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
 }
@@ -402,9 +481,11 @@ gm_status gm_empty_cache(gm_allocator *allocator)
     if (!allocator)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_empty_cache: allocator is NULL");
     pthread_mutex_lock(&allocator->lock);
+    begin_change(allocator);
     if (allocator->pending_head)
         process_pending_frees(allocator, false);
     allocator->arena.engine->release_cached(&allocator->arena);
+    end_change(allocator);
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
 }
@@ -414,10 +495,12 @@ gm_status gm_set_memory_limit(gm_allocator *allocator, uint64_t bytes)
     if (!allocator)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_set_memory_limit: allocator is NULL");
     pthread_mutex_lock(&allocator->lock);
+    begin_change(allocator);
     uint64_t total = allocator->arena.backend->total_bytes;
     allocator->arena.memory_limit = bytes && bytes < total ? bytes : total;
-    if ((uint64_t)gm_stat_total(allocator->arena.stats.reserved_bytes) > allocator->arena.memory_limit)
+    if ((uint64_t)gm_stat_total(allocator->arena.stats->reserved_bytes) > allocator->arena.memory_limit)
         allocator->arena.engine->release_cached(&allocator->arena);
+    end_change(allocator);
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
 }
@@ -456,12 +539,9 @@ gm_status gm_cache_info(gm_allocator *allocator, uint64_t *free_bytes_out, uint6
 
 void gm_read_stats_locked(gm_allocator *allocator, gm_stats *stats_out)
 {
-    *stats_out = allocator->arena.stats;
+    *stats_out = *allocator->arena.stats;
     gm_stats_complete(stats_out);
-    memcpy(stats_out->device_calls, allocator->arena.backend->calls, sizeof stats_out->device_calls);
-    stats_out->device_call_ns = allocator->arena.backend->call_ns;
-    memcpy(stats_out->device_call_ns_by_kind, allocator->arena.backend->call_ns_by_kind,
-           sizeof stats_out->device_call_ns_by_kind);
+    add_device_calls(allocator->arena.backend, stats_out);
 }
 
 gm_status gm_get_stats(gm_allocator *allocator, gm_stats *stats_out)
@@ -479,7 +559,9 @@ gm_status gm_reset_peak_stats(gm_allocator *allocator)
     if (!allocator)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_reset_peak_stats: allocator is NULL");
     pthread_mutex_lock(&allocator->lock);
-    gm_stats_reset_peaks(&allocator->arena.stats);
+    begin_change(allocator);
+    gm_stats_reset_peaks(allocator->arena.stats);
+    end_change(allocator);
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
 }
@@ -489,138 +571,14 @@ gm_status gm_reset_accumulated_stats(gm_allocator *allocator)
     if (!allocator)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_reset_accumulated_stats: allocator is NULL");
     pthread_mutex_lock(&allocator->lock);
-    gm_stats_reset_accumulated(&allocator->arena.stats);
+    begin_change(allocator);
+    gm_stats_reset_accumulated(allocator->arena.stats);
     memset(allocator->arena.backend->calls, 0, sizeof allocator->arena.backend->calls);
     memset(allocator->arena.backend->call_ns_by_kind, 0, sizeof allocator->arena.backend->call_ns_by_kind);
     allocator->arena.backend->call_ns = 0;
+    end_change(allocator);
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
-}
-
-/* ---------------------------------------------------------------- validation */
-
-static gm_status compare_current(const char *name, const gm_stat recorded[GM_POOL_COUNT],
-                                 const gm_stat recomputed[GM_POOL_COUNT])
-{
-    static const char *const pool_names[GM_POOL_COUNT] = {"all", "small_pool", "large_pool"};
-    for (int pool = 0; pool < GM_POOL_COUNT; pool++)
-        if (recorded[pool].current != recomputed[pool].current)
-            return gm_fail(GM_ERROR_CORRUPT, "%s.%s.current is %" PRId64 " but the heap holds %" PRId64, name,
-                           pool_names[pool], recorded[pool].current, recomputed[pool].current);
-    return GM_OK;
-}
-
-/* Every block in a size index is free, marked indexed, of that heap and pool; the counts agree. */
-static gm_status validate_indexes(gm_allocator *allocator)
-{
-    for (size_t h = 0; h < allocator->arena.heap_count; h++) {
-        gm_heap *heap = allocator->arena.heaps[h];
-        for (int pool = GM_POOL_SMALL; pool <= GM_POOL_LARGE; pool++) {
-            const gm_size_index *index = gm_heap_index(heap, pool);
-            uint64_t count = 0, bytes = 0;
-            gm_index_cursor cursor;
-            for (const gm_block *block = gm_size_index_begin(&cursor, index); block;
-                 block = gm_size_index_advance(&cursor)) {
-                if (block->state != GM_BLOCK_FREE || !block->indexed || block->heap != heap || block->pool != pool)
-                    return gm_fail(GM_ERROR_CORRUPT, "size index holds block 0x%" PRIxPTR " in state %d",
-                                   block->address, block->state);
-                count++;
-                bytes += block->size;
-            }
-            if (count != index->block_count || bytes != index->bytes)
-                return gm_fail(GM_ERROR_CORRUPT, "size index counts %" PRIu64 " blocks but holds %" PRIu64,
-                               index->block_count, count);
-        }
-    }
-    return GM_OK;
-}
-
-static gm_status validate_locked(gm_allocator *allocator)
-{
-    gm_stats recomputed;
-    memset(&recomputed, 0, sizeof recomputed);
-    for (size_t i = 0; i < allocator->live_blocks.capacity; i++) {
-        if (!allocator->live_blocks.entries[i].key)
-            continue;
-        gm_block *block = (gm_block *)(uintptr_t)allocator->live_blocks.entries[i].value;
-        if (block->state != GM_BLOCK_ALLOCATED || block->address != allocator->live_blocks.entries[i].key)
-            return gm_fail(GM_ERROR_CORRUPT, "live map entry 0x%" PRIx64 " is not an allocated block",
-                           allocator->live_blocks.entries[i].key);
-        gm_stat_change(recomputed.allocation, block->pool, 1);
-        gm_stat_change(recomputed.allocated_bytes, block->pool, (int64_t)block->size);
-        gm_stat_change(recomputed.requested_bytes, block->pool, (int64_t)block->requested);
-        gm_stat_change(recomputed.active, block->pool, 1);
-        gm_stat_change(recomputed.active_bytes, block->pool, (int64_t)block->size);
-    }
-    for (gm_pending_free *pending = allocator->pending_head; pending; pending = pending->next) {
-        gm_block *block = pending->block;
-        bool first_for_block = true; /* a block with several events counts once */
-        for (gm_pending_free *earlier = allocator->pending_head; earlier != pending; earlier = earlier->next)
-            first_for_block = first_for_block && earlier->block != block;
-        if (block->state != GM_BLOCK_PENDING)
-            return gm_fail(GM_ERROR_CORRUPT, "pending free of block 0x%" PRIxPTR " in state %d", block->address, block->state);
-        if (first_for_block) {
-            gm_stat_change(recomputed.active, block->pool, 1);
-            gm_stat_change(recomputed.active_bytes, block->pool, (int64_t)block->size);
-        }
-    }
-    gm_status status = validate_indexes(allocator);
-    if (status == GM_OK)
-        status = allocator->arena.engine->validate(&allocator->arena, &recomputed);
-    gm_stats_complete(&recomputed);
-    gm_stats recorded_copy = allocator->arena.stats;
-    gm_stats_complete(&recorded_copy);
-    gm_stat *recorded_array, *recomputed_array;
-    for (size_t i = 0; status == GM_OK && (recorded_array = gm_stats_array(&recorded_copy, i)); i++) {
-        recomputed_array = gm_stats_array(&recomputed, i);
-        status = compare_current(gm_stat_name(i), recorded_array, recomputed_array);
-    }
-    if (status == GM_OK && allocator->exclusive_device) {
-        uint64_t free_bytes = 0, total_bytes = 0;
-        gm_backend_memory_info(allocator->arena.backend, &free_bytes, &total_bytes);
-        if (total_bytes - free_bytes != (uint64_t)recorded_copy.reserved_bytes[GM_POOL_ALL].current)
-            status = gm_fail(GM_ERROR_CORRUPT, "the device holds %" PRIu64 " bytes but reserved_bytes is %" PRId64,
-                             total_bytes - free_bytes, recorded_copy.reserved_bytes[GM_POOL_ALL].current);
-    }
-    return status;
-}
-
-gm_status gm_validate(gm_allocator *allocator)
-{
-    if (!allocator)
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_validate: allocator is NULL");
-    pthread_mutex_lock(&allocator->lock);
-    gm_status status = validate_locked(allocator);
-    pthread_mutex_unlock(&allocator->lock);
-    return status;
-}
-
-/* ---------------------------------------------------------------- the device */
-
-gm_status gm_read_device_info_locked(gm_allocator *allocator, gm_device_info *info_out)
-{
-    memset(info_out, 0, sizeof *info_out);
-    gm_backend *backend = allocator->arena.backend;
-    snprintf(info_out->backend, sizeof info_out->backend, "%s", backend->operations->name);
-    snprintf(info_out->name, sizeof info_out->name, "%s device", backend->operations->name);
-    snprintf(info_out->engine, sizeof info_out->engine, "%s", allocator->arena.engine->name);
-    info_out->device = allocator->options.device;
-    info_out->device_count = 1;
-    info_out->virtual_memory = backend->supports_virtual_memory;
-    info_out->granularity = backend->page_size;
-    if (backend->operations->describe)
-        backend->operations->describe(backend, info_out);
-    return gm_backend_memory_info(backend, &info_out->free_bytes, &info_out->total_bytes);
-}
-
-gm_status gm_get_device_info(gm_allocator *allocator, gm_device_info *info_out)
-{
-    if (!allocator || !info_out)
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_device_info: an argument is NULL");
-    pthread_mutex_lock(&allocator->lock);
-    gm_status status = gm_read_device_info_locked(allocator, info_out);
-    pthread_mutex_unlock(&allocator->lock);
-    return status;
 }
 
 gm_arena *gm_lock_arena(gm_allocator *allocator)
@@ -634,32 +592,6 @@ void gm_unlock_arena(gm_allocator *allocator)
     pthread_mutex_unlock(&allocator->lock);
 }
 
-/* ---------------------------------------------------------------- simulated streams */
-
-gm_status gm_sim_stream_enqueue(gm_allocator *allocator, gm_stream stream, uint64_t units)
-{
-    if (!allocator)
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_sim_stream_enqueue: allocator is NULL");
-    if (!allocator->arena.backend->operations->stream_enqueue)
-        return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend has real streams", allocator->arena.backend->operations->name);
-    pthread_mutex_lock(&allocator->lock);
-    gm_status status = allocator->arena.backend->operations->stream_enqueue(allocator->arena.backend, stream, units);
-    pthread_mutex_unlock(&allocator->lock);
-    return status;
-}
-
-gm_status gm_sim_stream_complete(gm_allocator *allocator, gm_stream stream)
-{
-    if (!allocator)
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_sim_stream_complete: allocator is NULL");
-    if (!allocator->arena.backend->operations->stream_complete)
-        return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend has real streams", allocator->arena.backend->operations->name);
-    pthread_mutex_lock(&allocator->lock);
-    gm_status status = allocator->arena.backend->operations->stream_complete(allocator->arena.backend, stream);
-    pthread_mutex_unlock(&allocator->lock);
-    return status;
-}
-
 /* ---------------------------------------------------------------- destruction */
 
 void gm_destroy(gm_allocator *allocator, size_t *live_allocations_out)
@@ -669,6 +601,7 @@ void gm_destroy(gm_allocator *allocator, size_t *live_allocations_out)
     if (!allocator)
         return;
     pthread_mutex_lock(&allocator->lock);
+    stop_publishing(allocator);
     if (live_allocations_out)
         *live_allocations_out = allocator->live_blocks.count;
     for (size_t i = 0; i < allocator->live_blocks.capacity; i++) {

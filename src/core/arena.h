@@ -55,7 +55,8 @@ typedef struct gm_arena {
     const gm_engine_operations *engine;
     void *engine_state;
     uint64_t memory_limit; /* reserved bytes never exceed this */
-    gm_stats stats;
+    gm_stats *stats; /* the front end's, or the published region's (publish:true), where other processes
+                        read them: change them only inside the front end's publication bracket */
     gm_block_pool block_pool;
     gm_heap **heaps;
     size_t heap_count;

@@ -65,8 +65,8 @@ void gm_index_free_block(gm_arena *arena, gm_block *block)
     block->indexed = 1;
     block->counted_split = gm_block_is_split(block);
     if (block->counted_split) {
-        gm_stat_change(arena->stats.inactive_split, block->pool, 1);
-        gm_stat_change(arena->stats.inactive_split_bytes, block->pool, (int64_t)block->size);
+        gm_stat_change(arena->stats->inactive_split, block->pool, 1);
+        gm_stat_change(arena->stats->inactive_split_bytes, block->pool, (int64_t)block->size);
     }
 }
 
@@ -75,8 +75,8 @@ void gm_unindex_free_block(gm_arena *arena, gm_block *block)
     gm_size_index_remove(gm_heap_index(block->heap, block->pool), block);
     block->indexed = 0;
     if (block->counted_split) {
-        gm_stat_change(arena->stats.inactive_split, block->pool, -1);
-        gm_stat_change(arena->stats.inactive_split_bytes, block->pool, -(int64_t)block->size);
+        gm_stat_change(arena->stats->inactive_split, block->pool, -1);
+        gm_stat_change(arena->stats->inactive_split_bytes, block->pool, -(int64_t)block->size);
     }
 }
 
@@ -148,21 +148,21 @@ gm_status gm_validate_region_blocks(const gm_region *region, gm_stats *recompute
 
 bool gm_may_reserve(const gm_arena *arena, uint64_t size)
 {
-    uint64_t reserved = (uint64_t)gm_stat_total(arena->stats.reserved_bytes);
+    uint64_t reserved = (uint64_t)gm_stat_total(arena->stats->reserved_bytes);
     return size <= arena->memory_limit && reserved <= arena->memory_limit - size;
 }
 
 void gm_count_reserved(gm_arena *arena, int pool, int64_t bytes, int64_t segments)
 {
-    gm_stat_change(arena->stats.reserved_bytes, pool, bytes);
+    gm_stat_change(arena->stats->reserved_bytes, pool, bytes);
     if (segments)
-        gm_stat_change(arena->stats.segment, pool, segments);
+        gm_stat_change(arena->stats->segment, pool, segments);
 }
 
 void gm_move_reserved(gm_arena *arena, int from_pool, int to_pool, uint64_t bytes)
 {
-    gm_stat_add(&arena->stats.reserved_bytes[from_pool], -(int64_t)bytes);
-    gm_stat_add(&arena->stats.reserved_bytes[to_pool], (int64_t)bytes);
-    gm_stat_add(&arena->stats.segment[from_pool], -1);
-    gm_stat_add(&arena->stats.segment[to_pool], 1);
+    gm_stat_add(&arena->stats->reserved_bytes[from_pool], -(int64_t)bytes);
+    gm_stat_add(&arena->stats->reserved_bytes[to_pool], (int64_t)bytes);
+    gm_stat_add(&arena->stats->segment[from_pool], -1);
+    gm_stat_add(&arena->stats->segment[to_pool], 1);
 }

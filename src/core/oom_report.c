@@ -20,7 +20,7 @@ static uint64_t largest_free_block(const gm_heap *heap, int pool)
 
 void gm_write_oom_report(gm_arena *arena, gm_heap *heap, uint64_t size, const gm_oom_attempts *attempts)
 {
-    gm_stats completed = arena->stats;
+    gm_stats completed = *arena->stats;
     gm_stats_complete(&completed);
     const gm_stats *stats = &completed;
     char requested[32], total[32], free_text[32], reserved[32], allocated[32], cached[32], largest[32], pending[32],

@@ -42,7 +42,7 @@ static void release_segment(gm_arena *arena, gm_region *region)
     gm_backend_segment_free(arena->backend, region->base, region->size);
     gm_history_record(arena->history, GM_EVENT_SEGMENT_UNMAP, region->base, region->size, region->heap->stream);
     gm_count_reserved(arena, region->pool, -(int64_t)region->size, -1);
-    arena->stats.num_device_free++;
+    arena->stats->num_device_free++;
     gm_list_remove(&region->heap->regions, &region->link);
     free(region);
 }
@@ -84,7 +84,7 @@ static gm_status new_segment(gm_arena *arena, gm_heap *heap, int pool, uint64_t 
     *block = (gm_block){.address = address, .size = size, .region = region, .heap = heap,
                         .state = GM_BLOCK_FREE, .pool = (uint8_t)pool};
     gm_count_reserved(arena, pool, (int64_t)size, 1);
-    arena->stats.num_device_alloc++;
+    arena->stats->num_device_alloc++;
     gm_history_record(arena->history, GM_EVENT_SEGMENT_MAP, address, size, heap->stream);
     *block_out = block;
     return GM_OK;
@@ -97,7 +97,7 @@ static gm_status segments_allocate(gm_arena *arena, gm_heap *heap, int pool, uin
         gm_unindex_free_block(arena, block);
     } else {
         uint64_t segment_size = segment_size_for(arena->options, pool, size);
-        const gm_stat *reserved = arena->stats.reserved_bytes;
+        const gm_stat *reserved = arena->stats->reserved_bytes;
         if (arena->options->release_before_growth &&
             gm_stat_total(reserved) + (int64_t)segment_size > reserved[GM_POOL_ALL].peak)
             segments_release_cached(arena);

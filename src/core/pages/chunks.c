@@ -78,7 +78,7 @@ gm_status pages_map_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk,
     gm_list_push_front(&data_of(region)->chunks, &chunk->link);
     gm_history_record(arena->history, GM_EVENT_SEGMENT_MAP, address, chunk->size, region->heap->stream);
     record_chunk_pages(region, chunk, chunk, engine_of(arena)->page_size);
-    arena->stats.num_page_maps += (int64_t)(chunk->size / engine_of(arena)->page_size);
+    arena->stats->num_page_maps += (int64_t)(chunk->size / engine_of(arena)->page_size);
     return GM_OK;
 }
 
@@ -90,7 +90,7 @@ gm_status pages_unmap_chunk(gm_arena *arena, gm_region *region, page_chunk *chun
     gm_list_remove(&data_of(region)->chunks, &chunk->link);
     gm_history_record(arena->history, GM_EVENT_SEGMENT_UNMAP, chunk->address, chunk->size, region->heap->stream);
     record_chunk_pages(region, chunk, NULL, engine_of(arena)->page_size);
-    arena->stats.num_page_unmaps += (int64_t)(chunk->size / engine_of(arena)->page_size);
+    arena->stats->num_page_unmaps += (int64_t)(chunk->size / engine_of(arena)->page_size);
     return GM_OK;
 }
 
@@ -112,7 +112,7 @@ gm_status pages_create_chunk(gm_arena *arena, gm_region *region, uintptr_t addre
         return status;
     }
     gm_count_reserved(arena, region->pool, (int64_t)size, 1);
-    arena->stats.num_device_alloc++;
+    arena->stats->num_device_alloc++;
     return GM_OK;
 }
 
@@ -120,7 +120,7 @@ void pages_release_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk)
 {
     gm_backend_physical_release(arena->backend, chunk->handle, chunk->size);
     gm_count_reserved(arena, region->pool, -(int64_t)chunk->size, -1);
-    arena->stats.num_device_free++;
+    arena->stats->num_device_free++;
     free(chunk);
 }
 

@@ -66,7 +66,7 @@ static uint64_t move_idle_chunks(gm_arena *arena, const window *where, uintptr_t
 static void release_idle_for(gm_arena *arena, const window *where, uint64_t need)
 {
     page_engine *engine = engine_of(arena);
-    const gm_stat *reserved = arena->stats.reserved_bytes;
+    const gm_stat *reserved = arena->stats->reserved_bytes;
     int64_t excess = gm_stat_total(reserved) + (int64_t)need - reserved[GM_POOL_ALL].peak;
     if (excess <= 0)
         return;
@@ -97,7 +97,7 @@ static bool memory_is_limited(const gm_arena *arena)
  * here, not by a failing driver call (which tools such as compute-sanitizer report as errors). */
 static uint64_t room_for_new_memory(gm_arena *arena, uint64_t page_size)
 {
-    int64_t reserved = gm_stat_total(arena->stats.reserved_bytes);
+    int64_t reserved = gm_stat_total(arena->stats->reserved_bytes);
     uint64_t room = arena->memory_limit > (uint64_t)reserved ? arena->memory_limit - (uint64_t)reserved : 0;
     uint64_t device_free = 0, device_total = 0;
     if (gm_backend_memory_info(arena->backend, &device_free, &device_total) == GM_OK && device_free < room)
@@ -150,7 +150,7 @@ static gm_status create_memory(gm_arena *arena, gm_region *region, uintptr_t add
  * precaution should not pay. */
 static bool should_recycle(const gm_arena *arena, uint64_t need)
 {
-    const gm_stat *reserved = arena->stats.reserved_bytes;
+    const gm_stat *reserved = arena->stats->reserved_bytes;
     int64_t after = gm_stat_total(reserved) + (int64_t)need;
     if (after <= reserved[GM_POOL_ALL].peak)
         return false;

@@ -1,0 +1,138 @@
+/*
+ * stats_command.c -- gpumem stats PID: another process's statistics, read from the region it
+ * publishes (publish:true; src/monitor/published.c checks and reads it).
+ *
+ * Prints every pool statistic (under torch.cuda.memory_stats() names such as
+ * "allocated_bytes.all.current"), the counters and the device calls, as a table or one JSON object.
+ * The names come from the library's own lists (gm_stat_name, gm_counter_name, gm_device_call_name),
+ * never from a list here. Exit 1, with the reason, when the process has no region, is gone (a stale
+ * region) or its region is refused (another owner, a symbolic link, wrong size, magic or layout).
+ */
+#include "gpumem.h"
+
+#include "commands.h"
+#include "core/statistics.h"
+#include "monitor/published.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const char *const pool_names[GM_POOL_COUNT] = {"all", "small_pool", "large_pool"};
+static const char *const reading_names[4] = {"current", "peak", "allocated", "freed"};
+
+static int64_t reading(const gm_stat *stat, int which)
+{
+    const int64_t readings[4] = {stat->current, stat->peak, stat->allocated, stat->freed};
+    return readings[which];
+}
+
+static void print_json(gm_published *published)
+{
+    printf("{\"pid\": %ld, \"device\": %d, \"backend\": \"%s\", \"engine\": \"%s\", \"page_size\": %" PRIu64
+           ", \"device_total_bytes\": %" PRIu64 ", \"start_time_ns\": %" PRId64,
+           published->pid, published->device, published->backend, published->engine, published->page_size,
+           published->device_total_bytes, published->start_time_ns);
+    gm_stat *array;
+    for (size_t i = 0; (array = gm_stats_array(&published->stats, i)); i++)
+        for (int pool = 0; pool < GM_POOL_COUNT; pool++)
+            for (int which = 0; which < 4; which++)
+                printf(", \"%s.%s.%s\": %" PRId64, gm_stat_name(i), pool_names[pool], reading_names[which],
+                       reading(&array[pool], which));
+    int64_t *counter;
+    for (size_t i = 0; (counter = gm_stats_counter(&published->stats, i)); i++)
+        printf(", \"%s\": %" PRId64, gm_counter_name(i), *counter);
+    for (size_t kind = 0; kind < gm_device_call_count(); kind++)
+        printf(", \"device_calls.%s\": %" PRId64 ", \"device_call_ns.%s\": %" PRId64,
+               gm_device_call_name((gm_device_call)kind), published->stats.device_calls[kind],
+               gm_device_call_name((gm_device_call)kind), published->stats.device_call_ns_by_kind[kind]);
+    printf(", \"device_call_ns\": %" PRId64 "}\n", published->stats.device_call_ns);
+}
+
+static void print_table(gm_published *published)
+{
+    time_t started = (time_t)(published->start_time_ns / 1000000000);
+    char when[64] = "";
+    struct tm utc;
+    if (gmtime_r(&started, &utc))
+        strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &utc);
+    printf("process %ld, device %d: %s backend, %s engine, %.1f MiB, publishing since %s\n\n", published->pid,
+           published->device, published->backend, published->engine,
+           (double)published->device_total_bytes / 1048576.0, when);
+    printf("%-22s %-10s %18s %18s %18s\n", "statistic", "reading", pool_names[0], pool_names[1], pool_names[2]);
+    gm_stat *array;
+    for (size_t i = 0; (array = gm_stats_array(&published->stats, i)); i++)
+        for (int which = 0; which < 4; which++)
+            printf("%-22s %-10s %18" PRId64 " %18" PRId64 " %18" PRId64 "\n", which ? "" : gm_stat_name(i),
+                   reading_names[which], reading(&array[0], which), reading(&array[1], which),
+                   reading(&array[2], which));
+    printf("\n");
+    int64_t *counter;
+    for (size_t i = 0; (counter = gm_stats_counter(&published->stats, i)); i++)
+        printf("%-33s %18" PRId64 "\n", gm_counter_name(i), *counter);
+    printf("\n%-22s %10s %18s\n", "device calls", "count", "ns");
+    for (size_t kind = 0; kind < gm_device_call_count(); kind++)
+        printf("%-22s %10" PRId64 " %18" PRId64 "\n", gm_device_call_name((gm_device_call)kind),
+               published->stats.device_calls[kind], published->stats.device_call_ns_by_kind[kind]);
+}
+
+static int usage(FILE *out, int status)
+{
+    fprintf(out, "usage: gpumem stats PID [--device N] [--json]\n"
+                 "  the statistics process PID publishes (it runs with publish:true; regions are in\n"
+                 "  GPUMEM_SHM_DIR, default /dev/shm)\n");
+    return status;
+}
+
+static int parse_whole_number(const char *text, long *value_out)
+{
+    char *end = NULL;
+    errno = 0;
+    long value = strtol(text, &end, 10);
+    if (errno || end == text || *end || value < 0)
+        return 0;
+    *value_out = value;
+    return 1;
+}
+
+int gm_command_stats(int argc, char **argv)
+{
+    long pid = -1, device = -1;
+    int json = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+            return usage(stdout, GM_EXIT_OK);
+        if (!strcmp(argv[i], "--json")) {
+            json = 1;
+        } else if (!strcmp(argv[i], "--device")) {
+            if (i + 1 >= argc || !parse_whole_number(argv[++i], &device)) {
+                fprintf(stderr, "gpumem stats: --device needs a device index\n");
+                return GM_EXIT_USAGE;
+            }
+        } else if (pid < 0 && parse_whole_number(argv[i], &pid) && pid > 0) {
+            continue;
+        } else {
+            fprintf(stderr, "gpumem stats: unexpected argument '%s'\n", argv[i]);
+            return usage(stderr, GM_EXIT_USAGE);
+        }
+    }
+    if (pid <= 0)
+        return usage(stderr, GM_EXIT_USAGE);
+    char path[4096];
+    gm_published published;
+    gm_status status = gm_published_find(pid, (int)device, path, sizeof path);
+    if (status == GM_OK)
+        status = gm_published_read(path, &published);
+    if (status != GM_OK) {
+        fprintf(stderr, "gpumem stats: %s\n", gm_last_error());
+        return GM_EXIT_ERROR;
+    }
+    if (json)
+        print_json(&published);
+    else
+        print_table(&published);
+    return GM_EXIT_OK;
+}

@@ -1,0 +1,63 @@
+/*
+ * device.c -- the device behind an allocator: gm_get_device_info, and the simulated streams that the
+ * sim and host backends let tests drive.
+ */
+#include "core/allocator.h"
+
+#include "base/error.h"
+
+#include <stdio.h>
+#include <string.h>
+
+gm_status gm_read_device_info_locked(gm_allocator *allocator, gm_device_info *info_out)
+{
+    memset(info_out, 0, sizeof *info_out);
+    gm_backend *backend = allocator->arena.backend;
+    snprintf(info_out->backend, sizeof info_out->backend, "%s", backend->operations->name);
+    snprintf(info_out->name, sizeof info_out->name, "%s device", backend->operations->name);
+    snprintf(info_out->engine, sizeof info_out->engine, "%s", allocator->arena.engine->name);
+    info_out->device = allocator->options.device;
+    info_out->device_count = 1;
+    info_out->virtual_memory = backend->supports_virtual_memory;
+    info_out->granularity = backend->page_size;
+    if (backend->operations->describe)
+        backend->operations->describe(backend, info_out);
+    return gm_backend_memory_info(backend, &info_out->free_bytes, &info_out->total_bytes);
+}
+
+gm_status gm_get_device_info(gm_allocator *allocator, gm_device_info *info_out)
+{
+    if (!allocator || !info_out)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_device_info: an argument is NULL");
+    pthread_mutex_lock(&allocator->lock);
+    gm_status status = gm_read_device_info_locked(allocator, info_out);
+    pthread_mutex_unlock(&allocator->lock);
+    return status;
+}
+
+/* ---------------------------------------------------------------- simulated streams */
+
+gm_status gm_sim_stream_enqueue(gm_allocator *allocator, gm_stream stream, uint64_t units)
+{
+    if (!allocator)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_sim_stream_enqueue: allocator is NULL");
+    if (!allocator->arena.backend->operations->stream_enqueue)
+        return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend has real streams", allocator->arena.backend->operations->name);
+    pthread_mutex_lock(&allocator->lock);
+    gm_status status = allocator->arena.backend->operations->stream_enqueue(allocator->arena.backend, stream, units);
+    pthread_mutex_unlock(&allocator->lock);
+    return status;
+}
+
+gm_status gm_sim_stream_complete(gm_allocator *allocator, gm_stream stream)
+{
+    if (!allocator)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_sim_stream_complete: allocator is NULL");
+    if (!allocator->arena.backend->operations->stream_complete)
+        return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend has real streams", allocator->arena.backend->operations->name);
+    pthread_mutex_lock(&allocator->lock);
+    gm_status status = allocator->arena.backend->operations->stream_complete(allocator->arena.backend, stream);
+    pthread_mutex_unlock(&allocator->lock);
+    return status;
+}
+

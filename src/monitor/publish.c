@@ -1,0 +1,184 @@
+/*
+ * publish.c -- an allocator's statistics, kept current in a shared-memory region for other processes.
+ *
+ * The region (region.h, docs/formats.md) is created when the allocator is (publish:true), with
+ * O_CREAT|O_EXCL|O_NOFOLLOW and mode 0600, mapped, and removed when the allocator is destroyed. A
+ * file of the same name left by a dead process that had our pid is replaced (unlinked, then created
+ * again with O_EXCL); one made by another allocator of this process (same device) is not.
+ *
+ * The region's gm_stats is not a copy: once the region exists, the allocator keeps its statistics
+ * there (gm_publisher_stats), so publishing costs no copying at all. Every call that changes them
+ * does so between gm_publish_begin and gm_publish_end, a seqlock: the sequence number goes odd, the
+ * numbers change, it goes even again, with C11 release ordering (Boehm's seqlock pattern, as the Linux
+ * kernel's seqcount), so a reader that sees the same even number before and after its copy has a
+ * consistent snapshot, and the published numbers are exact after every call. There is one writer
+ * per region (the allocator's mutex serializes it), so no lock, atomic read-modify-write or system
+ * call is needed: two stores per call. Only the device-call counts and costs live elsewhere (in the
+ * backend); the allocator copies them in, inside the bracket, when a device call happened.
+ *
+ * Why not a copy after each call: copying the whole gm_stats (1.1 KiB), or even only the readings of
+ * the pool a call touched (about 40 words), measured 8-12 ns a call on the sim (plain malloc+free
+ * pairs take 56 ns), over the 5% target; the two stores of the bracket are within it.
+ */
+#include "monitor/publish.h"
+
+#include "base/error.h"
+#include "monitor/region.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+struct gm_publisher {
+    gm_region *region;
+    gm_seqlock_writer seqlock;
+    gm_publisher *next_open;
+    char path[4096];
+};
+
+/* The publishers of this process, so that a region of our pid can be told apart: ours (another
+ * allocator publishing the same device) or a dead process's (pid reuse). */
+static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
+static gm_publisher *open_publishers;
+
+static bool published_here(const char *path)
+{
+    bool found = false;
+    pthread_mutex_lock(&open_lock);
+    for (gm_publisher *publisher = open_publishers; publisher && !found; publisher = publisher->next_open)
+        found = strcmp(publisher->path, path) == 0;
+    pthread_mutex_unlock(&open_lock);
+    return found;
+}
+
+static void remember(gm_publisher *publisher, bool open)
+{
+    pthread_mutex_lock(&open_lock);
+    gm_publisher **link = &open_publishers;
+    while (*link && *link != publisher)
+        link = &(*link)->next_open;
+    if (open && !*link) {
+        publisher->next_open = open_publishers;
+        open_publishers = publisher;
+    } else if (!open && *link) {
+        *link = publisher->next_open;
+    }
+    pthread_mutex_unlock(&open_lock);
+}
+
+static int create_file(const char *path)
+{
+    int flags = O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+    int descriptor = open(path, flags, 0600);
+    if (descriptor >= 0 || errno != EEXIST)
+        return descriptor;
+    if (published_here(path)) {
+        errno = EEXIST;
+        return -1;
+    }
+    /* Our pid, not ours: left by a dead process whose pid we were given. */
+    if (unlink(path) != 0)
+        return -1;
+    return open(path, flags, 0600);
+}
+
+static void write_header(gm_region *region, const gm_publish_identity *identity)
+{
+    gm_region_header *header = &region->header;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    header->layout_version = GM_REGION_LAYOUT_VERSION;
+    header->header_size = sizeof *header;
+    header->total_size = sizeof *region;
+    header->pid = (int64_t)getpid();
+    header->device = identity->device;
+    header->stats_size = sizeof(gm_stats);
+    header->pool_statistic_count = GM_REGION_POOL_STATISTIC_COUNT;
+    header->counter_count = GM_REGION_COUNTER_COUNT;
+    header->call_kind_count = GM_CALL_KIND_COUNT;
+    snprintf(header->backend, sizeof header->backend, "%s", identity->backend);
+    snprintf(header->engine, sizeof header->engine, "%s", identity->engine);
+    header->page_size = identity->page_size;
+    header->device_total_bytes = identity->device_total_bytes;
+    header->start_time_ns = (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
+    atomic_thread_fence(memory_order_release); /* the magic last: a reader seeing it sees the rest */
+    memcpy(header->magic, GM_REGION_MAGIC, sizeof header->magic);
+}
+
+static gm_status map_region(gm_publisher *publisher, int descriptor)
+{
+    if (fchmod(descriptor, 0600) != 0 || ftruncate(descriptor, (off_t)sizeof(gm_region)) != 0)
+        return gm_fail(GM_ERROR_IO, "cannot size the statistics region %s: %s", publisher->path, strerror(errno));
+    void *mapping = mmap(NULL, sizeof(gm_region), PROT_READ | PROT_WRITE, MAP_SHARED, descriptor, 0);
+    if (mapping == MAP_FAILED)
+        return gm_fail(GM_ERROR_IO, "cannot map the statistics region %s: %s", publisher->path, strerror(errno));
+    publisher->region = mapping;
+    return GM_OK;
+}
+
+gm_status gm_publisher_open(const gm_publish_identity *identity, const gm_stats *stats,
+                            gm_publisher **publisher_out)
+{
+    *publisher_out = NULL;
+    gm_publisher *publisher = calloc(1, sizeof *publisher);
+    if (!publisher)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory to publish statistics");
+    if (!gm_region_path(publisher->path, sizeof publisher->path, (long)getpid(), identity->device)) {
+        free(publisher);
+        return gm_fail(GM_ERROR_IO, "the statistics region's path under %s is too long", gm_region_directory());
+    }
+    int descriptor = create_file(publisher->path);
+    if (descriptor < 0) {
+        gm_status status = errno == EEXIST
+            ? gm_fail(GM_ERROR_IO, "cannot publish statistics: %s exists (another allocator of this process "
+                      "publishes device %d)", publisher->path, identity->device)
+            : gm_fail(GM_ERROR_IO, "cannot create the statistics region %s: %s", publisher->path, strerror(errno));
+        free(publisher);
+        return status;
+    }
+    gm_status status = map_region(publisher, descriptor);
+    close(descriptor);
+    if (status != GM_OK) {
+        unlink(publisher->path);
+        free(publisher);
+        return status;
+    }
+    publisher->seqlock.sequence = &publisher->region->sequence;
+    memcpy(&publisher->region->stats, stats, sizeof *stats); /* before the magic: nobody reads yet */
+    write_header(publisher->region, identity);
+    remember(publisher, true);
+    *publisher_out = publisher;
+    return GM_OK;
+}
+
+gm_stats *gm_publisher_stats(gm_publisher *publisher)
+{
+    return &publisher->region->stats;
+}
+
+gm_seqlock_writer *gm_publisher_seqlock(gm_publisher *publisher)
+{
+    return &publisher->seqlock;
+}
+
+const char *gm_publisher_path(const gm_publisher *publisher)
+{
+    return publisher->path;
+}
+
+void gm_publisher_close(gm_publisher *publisher)
+{
+    if (!publisher)
+        return;
+    remember(publisher, false);
+    munmap(publisher->region, sizeof(gm_region));
+    unlink(publisher->path);
+    free(publisher);
+}

@@ -1,0 +1,265 @@
+/*
+ * published.c -- reading another process's published statistics, trusting nothing in the file.
+ *
+ * Anyone can create a file in /dev/shm, so a region is believed only if it is a regular file (opened
+ * with O_NOFOLLOW: a symbolic link is refused), owned by this user, with the magic, the layout
+ * version, the header and total sizes and the statistics' shape (numbers of pool statistics,
+ * counters and call kinds) of this build, and the pid and device of its name. A region whose process
+ * is gone (kill(pid, 0) fails with ESRCH: it was killed before it could remove it) is stale: reported
+ * as such, never read as live numbers, and removable.
+ *
+ * The numbers are copied under the region's seqlock: read the sequence (acquire), copy, fence
+ * (acquire), read it again; an odd or changed sequence means a write overlapped, so copy again.
+ */
+#include "monitor/published.h"
+
+#include "base/error.h"
+#include "monitor/region.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define READ_ATTEMPTS 1000000
+
+bool gm_published_process_alive(long pid)
+{
+    return pid > 0 && !(kill((pid_t)pid, 0) == -1 && errno == ESRCH);
+}
+
+/* "gpumem.<uid>.<pid>.<device>" of this user: its pid and device. */
+static bool parse_name(const char *name, long *pid_out, int *device_out)
+{
+    char expected[64];
+    snprintf(expected, sizeof expected, GM_REGION_NAME_PREFIX "%u.", (unsigned)getuid());
+    size_t prefix_length = strlen(expected);
+    if (strncmp(name, expected, prefix_length) != 0)
+        return false;
+    char *end = NULL;
+    long pid = strtol(name + prefix_length, &end, 10);
+    if (pid <= 0 || *end != '.' || end[1] < '0' || end[1] > '9')
+        return false;
+    long device = strtol(end + 1, &end, 10);
+    if (*end || device > 1 << 20)
+        return false;
+    *pid_out = pid;
+    *device_out = (int)device;
+    return true;
+}
+
+static const char *base_name(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
+}
+
+static gm_status open_region_file(const char *path, int *descriptor_out, struct stat *status_out)
+{
+    int descriptor = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (descriptor < 0 && errno == ELOOP)
+        return gm_fail(GM_ERROR_IO, "%s is a symbolic link, not a statistics region: refused", path);
+    if (descriptor < 0)
+        return gm_fail(GM_ERROR_IO, "cannot open %s: %s", path, strerror(errno));
+    gm_status status = GM_OK;
+    if (fstat(descriptor, status_out) != 0)
+        status = gm_fail(GM_ERROR_IO, "cannot stat %s: %s", path, strerror(errno));
+    else if (!S_ISREG(status_out->st_mode))
+        status = gm_fail(GM_ERROR_IO, "%s is not a regular file: refused", path);
+    else if (status_out->st_uid != getuid())
+        status = gm_fail(GM_ERROR_IO, "%s belongs to another user (uid %u, not %u): refused", path,
+                         (unsigned)status_out->st_uid, (unsigned)getuid());
+    if (status != GM_OK) {
+        close(descriptor);
+        return status;
+    }
+    *descriptor_out = descriptor;
+    return GM_OK;
+}
+
+static gm_status check_header(const char *path, const gm_region_header *header, off_t file_size)
+{
+    if (memcmp(header->magic, GM_REGION_MAGIC, sizeof header->magic) != 0)
+        return gm_fail(GM_ERROR_CORRUPT, "%s has a bad magic number: not a gpumem statistics region", path);
+    if (header->layout_version != GM_REGION_LAYOUT_VERSION)
+        return gm_fail(GM_ERROR_NOT_SUPPORTED, "%s has layout version %u; this gpumem reads version %u", path,
+                       header->layout_version, GM_REGION_LAYOUT_VERSION);
+    if (header->header_size != sizeof *header || header->total_size != sizeof(gm_region) ||
+        (uint64_t)file_size != sizeof(gm_region))
+        return gm_fail(GM_ERROR_CORRUPT, "%s has the wrong size (%lld bytes, header %u, total %llu; a region "
+                       "has %zu)", path, (long long)file_size, header->header_size,
+                       (unsigned long long)header->total_size, sizeof(gm_region));
+    if (header->stats_size != sizeof(gm_stats) || header->pool_statistic_count != GM_REGION_POOL_STATISTIC_COUNT ||
+        header->counter_count != GM_REGION_COUNTER_COUNT || header->call_kind_count != GM_CALL_KIND_COUNT)
+        return gm_fail(GM_ERROR_NOT_SUPPORTED, "%s holds statistics of another shape (%u pool statistics, %u "
+                       "counters, %u call kinds); this gpumem has %d, %d, %d", path, header->pool_statistic_count,
+                       header->counter_count, header->call_kind_count, GM_REGION_POOL_STATISTIC_COUNT,
+                       GM_REGION_COUNTER_COUNT, GM_CALL_KIND_COUNT);
+    long name_pid = 0;
+    int name_device = 0;
+    if (!parse_name(base_name(path), &name_pid, &name_device) || name_pid != header->pid ||
+        name_device != header->device)
+        return gm_fail(GM_ERROR_CORRUPT, "%s says it is process %lld's device %d, which its name does not", path,
+                       (long long)header->pid, header->device);
+    return GM_OK;
+}
+
+static gm_status read_header(const char *path, int descriptor, off_t file_size, gm_region_header *header)
+{
+    if (file_size < (off_t)sizeof *header)
+        return gm_fail(GM_ERROR_CORRUPT, "%s is too short (%lld bytes; a region has %zu): not a statistics region",
+                       path, (long long)file_size, sizeof(gm_region));
+    if (pread(descriptor, header, sizeof *header, 0) != (ssize_t)sizeof *header)
+        return gm_fail(GM_ERROR_IO, "cannot read %s", path);
+    return check_header(path, header, file_size);
+}
+
+/* Copy the statistics under the seqlock. */
+static bool read_snapshot(gm_region *region, gm_stats *stats_out)
+{
+    for (long attempt = 0; attempt < READ_ATTEMPTS; attempt++) {
+        uint64_t before = atomic_load_explicit(&region->sequence, memory_order_acquire);
+        if (!(before & 1)) {
+            memcpy(stats_out, &region->stats, sizeof *stats_out);
+            atomic_thread_fence(memory_order_acquire);
+            if (atomic_load_explicit(&region->sequence, memory_order_relaxed) == before)
+                return true;
+        }
+        if (attempt > 64)
+            sched_yield();
+    }
+    return false;
+}
+
+/* The all-pools current, allocated and freed readings are sums the writer does not keep. */
+static void complete(gm_stats *stats)
+{
+#define SUM(field, label, unit, origin)                                                                    \
+    stats->field[GM_POOL_ALL].current = stats->field[GM_POOL_SMALL].current + stats->field[GM_POOL_LARGE].current; \
+    stats->field[GM_POOL_ALL].allocated = stats->field[GM_POOL_SMALL].allocated + stats->field[GM_POOL_LARGE].allocated; \
+    stats->field[GM_POOL_ALL].freed = stats->field[GM_POOL_SMALL].freed + stats->field[GM_POOL_LARGE].freed;
+    GM_POOL_STATISTICS(SUM)
+#undef SUM
+}
+
+static void copy_header(const gm_region_header *header, gm_published *published)
+{
+    published->pid = (long)header->pid;
+    published->device = header->device;
+    snprintf(published->backend, sizeof published->backend, "%.15s", header->backend);
+    snprintf(published->engine, sizeof published->engine, "%.15s", header->engine);
+    published->page_size = header->page_size;
+    published->device_total_bytes = header->device_total_bytes;
+    published->start_time_ns = header->start_time_ns;
+}
+
+gm_status gm_published_read(const char *path, gm_published *published_out)
+{
+    if (!path || !published_out)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_published_read: an argument is NULL");
+    int descriptor = -1;
+    struct stat file_status;
+    gm_status status = open_region_file(path, &descriptor, &file_status);
+    if (status != GM_OK)
+        return status;
+    gm_region_header header;
+    status = read_header(path, descriptor, file_status.st_size, &header);
+    if (status == GM_OK && !gm_published_process_alive((long)header.pid))
+        status = gm_fail(GM_ERROR_IO, "process %lld is gone (killed before it could remove %s): the region is stale",
+                         (long long)header.pid, path);
+    void *mapping = MAP_FAILED;
+    if (status == GM_OK && (mapping = mmap(NULL, sizeof(gm_region), PROT_READ, MAP_SHARED, descriptor, 0)) == MAP_FAILED)
+        status = gm_fail(GM_ERROR_IO, "cannot map %s: %s", path, strerror(errno));
+    close(descriptor);
+    if (status != GM_OK)
+        return status;
+    memset(published_out, 0, sizeof *published_out);
+    copy_header(&header, published_out);
+    if (!read_snapshot(mapping, &published_out->stats))
+        status = gm_fail(GM_ERROR_IO, "%s: its writer never finished an update (sequence stays odd)", path);
+    munmap(mapping, sizeof(gm_region));
+    complete(&published_out->stats);
+    return status;
+}
+
+gm_status gm_published_list(bool (*visit)(const char *path, long pid, int device, void *context), void *context)
+{
+    const char *directory = gm_region_directory();
+    DIR *listing = opendir(directory);
+    if (!listing)
+        return gm_fail(GM_ERROR_IO, "cannot list %s: %s", directory, strerror(errno));
+    char path[4096];
+    struct dirent *entry;
+    bool more = true;
+    while (more && (entry = readdir(listing))) {
+        long pid = 0;
+        int device = 0;
+        if (!parse_name(entry->d_name, &pid, &device))
+            continue;
+        if (snprintf(path, sizeof path, "%s/%s", directory, entry->d_name) >= (int)sizeof path)
+            continue;
+        more = visit(path, pid, device, context);
+    }
+    closedir(listing);
+    return GM_OK;
+}
+
+typedef struct find_context {
+    long pid;
+    int device; /* wanted, or < 0 for the lowest */
+    int found_device;
+    char *path;
+    size_t path_size;
+} find_context;
+
+static bool visit_for_find(const char *path, long pid, int device, void *context)
+{
+    find_context *find = context;
+    if (pid != find->pid || (find->device >= 0 && device != find->device))
+        return true;
+    if (find->found_device >= 0 && device > find->found_device)
+        return true;
+    find->found_device = device;
+    snprintf(find->path, find->path_size, "%s", path);
+    return true;
+}
+
+gm_status gm_published_find(long pid, int device, char *path_out, size_t path_size)
+{
+    find_context find = {pid, device, -1, path_out, path_size};
+    gm_status status = gm_published_list(visit_for_find, &find);
+    if (status != GM_OK)
+        return status;
+    if (find.found_device >= 0)
+        return GM_OK;
+    const char *what = gm_published_process_alive(pid) ? "publishes no statistics (is it run with publish:true?)"
+                                                       : "does not exist";
+    if (device >= 0)
+        return gm_fail(GM_ERROR_IO, "process %ld %s for device %d: no region in %s", pid, what, device,
+                       gm_region_directory());
+    return gm_fail(GM_ERROR_IO, "process %ld %s: no region in %s", pid, what, gm_region_directory());
+}
+
+static bool visit_for_removal(const char *path, long pid, int device, void *context)
+{
+    (void)device;
+    struct stat file_status;
+    if (!gm_published_process_alive(pid) && lstat(path, &file_status) == 0 && file_status.st_uid == getuid() &&
+        unlink(path) == 0)
+        ++*(size_t *)context;
+    return true;
+}
+
+size_t gm_published_remove_stale(void)
+{
+    size_t removed = 0;
+    gm_published_list(visit_for_removal, &removed);
+    return removed;
+}

@@ -1,0 +1,46 @@
+/*
+ * published.h -- reading the statistics other processes publish (see published.c, docs/formats.md).
+ */
+#ifndef GM_PUBLISHED_H
+#define GM_PUBLISHED_H
+
+#include "gpumem.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* One consistent snapshot of a region. */
+typedef struct gm_published {
+    long pid;
+    int device;
+    char backend[16];
+    char engine[16];
+    uint64_t page_size;
+    uint64_t device_total_bytes;
+    int64_t start_time_ns;
+    gm_stats stats; /* complete: the all-pools readings summed as gm_get_stats gives them */
+} gm_published;
+
+/* Open the region at `path`, check it (a regular file, not a symbolic link, of this user, of the
+ * region's size, magic and layout version, its writer alive) and read it under its seqlock.
+ * GM_ERROR_IO: missing, a symbolic link, another user's, or its process is gone (stale);
+ * GM_ERROR_CORRUPT: wrong size, magic or header; GM_ERROR_NOT_SUPPORTED: another layout version.
+ * gm_last_error() names the reason. */
+gm_status gm_published_read(const char *path, gm_published *published_out);
+
+/* The path of process `pid`'s region for `device`, or (device < 0) of its lowest-numbered device.
+ * GM_ERROR_IO when it has none. */
+gm_status gm_published_find(long pid, int device, char *path_out, size_t path_size);
+
+/* Call `visit` with the path, pid and device of every region of this user in the directory, in no
+ * particular order; stop early when it returns false. GM_ERROR_IO if the directory is unreadable. */
+gm_status gm_published_list(bool (*visit)(const char *path, long pid, int device, void *context), void *context);
+
+/* Whether process `pid` exists (kill(pid, 0) does not fail with ESRCH). */
+bool gm_published_process_alive(long pid);
+
+/* Remove the regions of this user whose processes are gone; the number removed. */
+size_t gm_published_remove_stale(void);
+
+#endif

@@ -1,0 +1,66 @@
+/*
+ * region.h -- the layout of a published-statistics region, shared by its writer and its readers.
+ *
+ * An allocator created with publish:true keeps a copy of its statistics in a small file,
+ * <directory>/gpumem.<uid>.<pid>.<device> (directory: GPUMEM_SHM_DIR, default /dev/shm), which other
+ * processes of the same user map read-only (`gpumem stats PID`). The file is a header saying what
+ * wrote it and how the rest is laid out, a seqlock sequence number, and a gm_stats. docs/formats.md
+ * ("Published statistics") describes the bytes; this header is their single definition.
+ */
+#ifndef GM_REGION_H
+#define GM_REGION_H
+
+#include "gpumem.h"
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define GM_REGION_MAGIC "GMSTATS\0" /* 8 bytes, the last one NUL */
+#define GM_REGION_LAYOUT_VERSION 1u
+#define GM_REGION_NAME_PREFIX "gpumem."
+#define GM_REGION_DEFAULT_DIRECTORY "/dev/shm"
+
+#define GM_REGION_COUNT_ONE_(...) +1
+enum {
+    GM_REGION_POOL_STATISTIC_COUNT = 0 GM_POOL_STATISTICS(GM_REGION_COUNT_ONE_),
+    GM_REGION_COUNTER_COUNT = 0 GM_COUNTERS(GM_REGION_COUNT_ONE_)
+};
+#undef GM_REGION_COUNT_ONE_
+
+/* What wrote the region; never changes after creation. */
+typedef struct gm_region_header {
+    char magic[8];                 /* GM_REGION_MAGIC */
+    uint32_t layout_version;       /* GM_REGION_LAYOUT_VERSION */
+    uint32_t header_size;          /* sizeof(gm_region_header) */
+    uint64_t total_size;           /* sizeof(gm_region): the file's size */
+    int64_t pid;                   /* the writing process */
+    int32_t device;                /* the allocator's device index */
+    uint32_t stats_size;           /* sizeof(gm_stats) */
+    uint32_t pool_statistic_count; /* entries of GM_POOL_STATISTICS */
+    uint32_t counter_count;        /* entries of GM_COUNTERS */
+    uint32_t call_kind_count;      /* GM_CALL_KIND_COUNT */
+    uint32_t reserved;             /* 0 */
+    char backend[16];              /* "sim", "host", "cuda", NUL-terminated */
+    char engine[16];               /* "pages", "segments", NUL-terminated */
+    uint64_t page_size;            /* the backend's mapping granularity */
+    uint64_t device_total_bytes;   /* the device's memory */
+    int64_t start_time_ns;         /* CLOCK_REALTIME when the region was created */
+} gm_region_header;
+
+/* The whole file. `sequence` is the seqlock: odd while the writer is changing `stats`. */
+typedef struct gm_region {
+    gm_region_header header;
+    _Atomic uint64_t sequence;
+    uint64_t padding;
+    gm_stats stats;
+} gm_region;
+
+/* The directory regions live in: GPUMEM_SHM_DIR, else /dev/shm. */
+const char *gm_region_directory(void);
+
+/* <directory>/gpumem.<uid>.<pid>.<device> into `buffer`; false if it does not fit. */
+bool gm_region_path(char *buffer, size_t size, long pid, int device);
+
+#endif

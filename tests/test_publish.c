@@ -1,0 +1,298 @@
+/*
+ * test_publish.c -- published statistics (publish:true): the region a process keeps for others, read
+ * back through the reader of src/monitor; its numbers exact after every call and consistent while
+ * another thread allocates; its file's name, mode and removal; and the reader refusing what it must:
+ * a symbolic link, a short file, a bad magic, another layout version, a wrong size, another owner, and
+ * a region whose process is gone (stale).
+ */
+#include "test.h"
+
+#include "monitor/published.h"
+#include "monitor/region.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char directory[256];
+
+static void use_temporary_directory(void)
+{
+    if (directory[0])
+        return;
+    snprintf(directory, sizeof directory, "/tmp/gpumem_publish_XXXXXX");
+    REQUIRE(mkdtemp(directory));
+    REQUIRE(setenv("GPUMEM_SHM_DIR", directory, 1) == 0);
+}
+
+static gm_allocator *create_publishing(const char *extra, char *path, size_t path_size)
+{
+    use_temporary_directory();
+    char config[256];
+    snprintf(config, sizeof config, "backend:sim,capacity:1GiB,publish:true%s", extra);
+    gm_allocator *allocator = NULL;
+    REQUIRE(gm_create(config, &allocator) == GM_OK);
+    REQUIRE(gm_publish_status(allocator, path, path_size) == GM_OK);
+    return allocator;
+}
+
+/* The published snapshot equals gm_get_stats, byte for byte. */
+static void check_published_equals_stats(gm_allocator *allocator, const char *path, int64_t allocated)
+{
+    gm_published published;
+    CHECK_OK(gm_published_read(path, &published));
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    CHECK_EQ_INT(published.stats.allocated_bytes[GM_POOL_ALL].current, allocated);
+    CHECK_EQ_INT(stats.allocated_bytes[GM_POOL_ALL].current, allocated);
+    CHECK(memcmp(&published.stats, &stats, sizeof stats) == 0);
+    CHECK_EQ_INT(published.pid, getpid());
+    CHECK(!strcmp(published.backend, "sim") && !strcmp(published.engine, "pages"));
+    CHECK_EQ_INT(published.device_total_bytes, 1ull << 30);
+}
+
+static void test_exact_numbers(void)
+{
+    char path[4096];
+    gm_allocator *allocator = create_publishing("", path, sizeof path);
+    char expected_path[4096];
+    snprintf(expected_path, sizeof expected_path, "%s/gpumem.%u.%ld.0", directory, (unsigned)getuid(), (long)getpid());
+    CHECK(!strcmp(path, expected_path));
+    struct stat file_status;
+    CHECK(lstat(path, &file_status) == 0 && S_ISREG(file_status.st_mode));
+    CHECK_EQ_INT(file_status.st_mode & 0777, 0600);
+    CHECK_EQ_INT(file_status.st_size, sizeof(gm_region));
+    check_published_equals_stats(allocator, path, 0);
+    static const size_t sizes[] = {1, 512, 513, 4000, 1 << 20, (1 << 20) + 1, 3 << 20, 50000000};
+    void *pointers[sizeof sizes / sizeof sizes[0]];
+    int64_t allocated = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        CHECK_OK(gm_malloc(allocator, sizes[i], 0, &pointers[i]));
+        allocated += (int64_t)((sizes[i] + 511) / 512 * 512);
+        check_published_equals_stats(allocator, path, allocated);
+    }
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i += 2) {
+        CHECK_OK(gm_free(allocator, pointers[i]));
+        allocated -= (int64_t)((sizes[i] + 511) / 512 * 512);
+        check_published_equals_stats(allocator, path, allocated);
+    }
+    CHECK_OK(gm_empty_cache(allocator));
+    check_published_equals_stats(allocator, path, allocated);
+    CHECK_OK(gm_reset_accumulated_stats(allocator));
+    check_published_equals_stats(allocator, path, allocated);
+    gm_destroy(allocator, NULL);
+    CHECK(access(path, F_OK) != 0 && errno == ENOENT);
+}
+
+static void test_publication_off_or_taken(void)
+{
+    gm_allocator *quiet = NULL;
+    REQUIRE(gm_create("backend:sim,capacity:1GiB", &quiet) == GM_OK);
+    char path[4096];
+    CHECK_STATUS(gm_publish_status(quiet, path, sizeof path), GM_ERROR_NOT_SUPPORTED);
+    CHECK_MESSAGE("without publish:true");
+    gm_destroy(quiet, NULL);
+
+    gm_allocator *first = create_publishing("", path, sizeof path);
+    gm_allocator *second = NULL;
+    CHECK_OK(gm_create("backend:sim,capacity:1GiB,publish:true", &second)); /* created all the same */
+    CHECK_STATUS(gm_publish_status(second, path, sizeof path), GM_ERROR_IO);
+    CHECK_MESSAGE("another allocator of this process");
+    gm_destroy(second, NULL);
+    CHECK_OK(gm_publish_status(first, path, sizeof path)); /* the first one's region is untouched */
+    CHECK(access(path, F_OK) == 0);
+    CHECK_STATUS(gm_publish_status(first, path, 8), GM_ERROR_BUFFER_TOO_SMALL);
+    gm_destroy(first, NULL);
+}
+
+/* A region of our pid left by a dead process that had it (pid reuse) is replaced. */
+static void test_stale_region_of_our_pid_replaced(void)
+{
+    use_temporary_directory();
+    char path[4096];
+    REQUIRE(gm_region_path(path, sizeof path, (long)getpid(), 0));
+    int descriptor = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    REQUIRE(descriptor >= 0);
+    CHECK(write(descriptor, "left over", 9) == 9);
+    close(descriptor);
+    gm_allocator *allocator = create_publishing("", path, sizeof path);
+    void *pointer = NULL;
+    CHECK_OK(gm_malloc(allocator, 1000, 0, &pointer));
+    check_published_equals_stats(allocator, path, 1024);
+    gm_destroy(allocator, NULL);
+}
+
+/* ---------------------------------------------------------------- hostile and stale regions */
+
+static gm_region valid; /* the bytes of a real region of this process */
+
+static void capture_valid_region(void)
+{
+    char path[4096];
+    gm_allocator *allocator = create_publishing("", path, sizeof path);
+    int descriptor = open(path, O_RDONLY);
+    REQUIRE(descriptor >= 0 && read(descriptor, &valid, sizeof valid) == (ssize_t)sizeof valid);
+    close(descriptor);
+    gm_destroy(allocator, NULL);
+}
+
+/* Write `bytes` as the region of `pid`'s `device` in the directory; its path into `path`. */
+static int write_region(long pid, int device, const void *bytes, size_t size, char *path, size_t path_size)
+{
+    REQUIRE(gm_region_path(path, path_size, pid, device));
+    unlink(path);
+    int descriptor = open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
+    REQUIRE(descriptor >= 0 && write(descriptor, bytes, size) == (ssize_t)size);
+    return descriptor;
+}
+
+static gm_region valid_for(int device)
+{
+    gm_region region = valid;
+    region.header.device = device;
+    return region;
+}
+
+static void expect_refused(const char *path, gm_status status, const char *reason)
+{
+    gm_published published;
+    CHECK_STATUS(gm_published_read(path, &published), status);
+    CHECK_MESSAGE(reason);
+}
+
+static void test_hostile_regions(void)
+{
+    capture_valid_region();
+    long pid = (long)getpid();
+    char path[4096], target[4096];
+    gm_region region = valid_for(10);
+    close(write_region(pid, 10, &region, sizeof region, target, sizeof target));
+    gm_published published;
+    CHECK_OK(gm_published_read(target, &published)); /* the crafted copy itself is fine */
+    CHECK_EQ_INT(published.device, 10);
+
+    REQUIRE(gm_region_path(path, sizeof path, pid, 11));
+    unlink(path);
+    REQUIRE(symlink(target, path) == 0);
+    expect_refused(path, GM_ERROR_IO, "symbolic link");
+
+    close(write_region(pid, 12, &region, 20, path, sizeof path));
+    expect_refused(path, GM_ERROR_CORRUPT, "too short");
+
+    region = valid_for(13);
+    memcpy(region.header.magic, "NOTGPUMEM", 8);
+    close(write_region(pid, 13, &region, sizeof region, path, sizeof path));
+    expect_refused(path, GM_ERROR_CORRUPT, "bad magic");
+
+    region = valid_for(14);
+    region.header.layout_version = GM_REGION_LAYOUT_VERSION + 1;
+    close(write_region(pid, 14, &region, sizeof region, path, sizeof path));
+    expect_refused(path, GM_ERROR_NOT_SUPPORTED, "layout version 2");
+
+    region = valid_for(15);
+    int descriptor = write_region(pid, 15, &region, sizeof region, path, sizeof path);
+    CHECK(write(descriptor, "more", 4) == 4);
+    close(descriptor);
+    expect_refused(path, GM_ERROR_CORRUPT, "wrong size");
+
+    region = valid_for(17); /* the name says device 16 */
+    close(write_region(pid, 16, &region, sizeof region, path, sizeof path));
+    expect_refused(path, GM_ERROR_CORRUPT, "which its name does not");
+
+    region = valid_for(18);
+    descriptor = write_region(pid, 18, &region, sizeof region, path, sizeof path);
+    if (getuid() == 0) {
+        CHECK(fchown(descriptor, 65534, 65534) == 0);
+        expect_refused(path, GM_ERROR_IO, "belongs to another user (uid 65534");
+    } else {
+        printf("skipped: the other-owner check needs root (to chown a file to uid 65534)\n");
+    }
+    close(descriptor);
+
+    char found[4096];
+    CHECK_OK(gm_published_find(pid, -1, found, sizeof found));
+    CHECK(!strcmp(found, target)); /* the lowest device: 10 */
+    CHECK_STATUS(gm_published_find(pid, 99, found, sizeof found), GM_ERROR_IO);
+    CHECK_MESSAGE("for device 99");
+}
+
+static void test_stale_region(void)
+{
+    if (!valid.header.magic[0])
+        capture_valid_region();
+    pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0)
+        _exit(0);
+    REQUIRE(waitpid(child, NULL, 0) == child); /* reaped: the pid is gone */
+    CHECK(!gm_published_process_alive((long)child));
+    CHECK(gm_published_process_alive((long)getpid()));
+    gm_region region = valid_for(0);
+    region.header.pid = child;
+    char path[4096];
+    close(write_region((long)child, 0, &region, sizeof region, path, sizeof path));
+    char message[128];
+    snprintf(message, sizeof message, "process %ld is gone", (long)child);
+    expect_refused(path, GM_ERROR_IO, message);
+    CHECK_MESSAGE("stale");
+    CHECK(gm_published_remove_stale() >= 1);
+    CHECK(access(path, F_OK) != 0);
+}
+
+/* ---------------------------------------------------------------- consistency under a writer */
+
+static volatile int writer_done;
+
+static void *allocate_and_free(void *argument)
+{
+    gm_allocator *allocator = argument;
+    void *pointers[64] = {0};
+    for (int i = 0; i < 200000; i++) {
+        void **slot = &pointers[i % 64];
+        if (*slot)
+            gm_free(allocator, *slot);
+        gm_malloc(allocator, 512 * (size_t)(1 + i % 7), 0, slot);
+    }
+    writer_done = 1;
+    return NULL;
+}
+
+static void test_snapshots_consistent(void)
+{
+    char path[4096];
+    gm_allocator *allocator = create_publishing("", path, sizeof path);
+    pthread_t writer;
+    REQUIRE(pthread_create(&writer, NULL, allocate_and_free, allocator) == 0);
+    int reads = 0, torn = 0;
+    while (!writer_done || reads < 100) {
+        gm_published published;
+        if (gm_published_read(path, &published) != GM_OK)
+            break;
+        reads++;
+        /* Both change together in every call: a torn copy would break these. */
+        const gm_stats *stats = &published.stats;
+        torn += stats->allocation[GM_POOL_SMALL].current != stats->active[GM_POOL_SMALL].current;
+        torn += stats->allocated_bytes[GM_POOL_ALL].current != stats->active_bytes[GM_POOL_ALL].current;
+        torn += stats->allocation[GM_POOL_ALL].allocated - stats->allocation[GM_POOL_ALL].freed !=
+                stats->allocation[GM_POOL_ALL].current;
+    }
+    pthread_join(writer, NULL);
+    CHECK(reads >= 100);
+    CHECK_EQ_INT(torn, 0);
+    gm_destroy(allocator, NULL);
+}
+
+static void test_cleanup(void)
+{
+    char command[512];
+    snprintf(command, sizeof command, "rm -rf '%s'", directory);
+    CHECK(system(command) == 0);
+}
+
+RUN_TESTS(TEST_CASE(test_exact_numbers), TEST_CASE(test_publication_off_or_taken),
+          TEST_CASE(test_stale_region_of_our_pid_replaced), TEST_CASE(test_hostile_regions),
+          TEST_CASE(test_stale_region), TEST_CASE(test_snapshots_consistent), TEST_CASE(test_cleanup))

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# test_stats_cli.sh -- gpumem stats PID from outside a running process: exact published numbers while
+# it runs, a clear refusal once it is killed (its region is stale), and for a process with no region.
+# Usage: test_stats_cli.sh PATH/TO/gpumem PATH/TO/publish_holder
+set -u
+gpumem=$1
+holder=$2
+work=$(mktemp -d)
+export GPUMEM_SHM_DIR=$work/shm
+mkdir -p "$GPUMEM_SHM_DIR"
+holder_pid=
+trap '[ -n "$holder_pid" ] && kill -9 "$holder_pid" 2>/dev/null; rm -rf "$work"' EXIT
+failures=0
+
+fail() {
+    echo "FAIL: $*"
+    failures=$((failures + 1))
+}
+
+# The sizes the holder allocates, and what they occupy: each rounded up to 512 bytes.
+sizes="1000 4096 1048577 3145728 100"
+expected=0
+for size in $sizes; do
+    expected=$((expected + (size + 511) / 512 * 512))
+done
+
+"$holder" $sizes >"$work/holder.out" 2>&1 &
+holder_pid=$!
+for _ in $(seq 100); do
+    [ -s "$work/holder.out" ] && break
+    sleep 0.1
+done
+read -r printed_pid region <"$work/holder.out"
+[ "$printed_pid" = "$holder_pid" ] || fail "the holder printed '$(cat "$work/holder.out")', not its pid $holder_pid"
+[ -f "$region" ] || fail "no region at '$region'"
+case "$region" in "$GPUMEM_SHM_DIR"/gpumem.$(id -u).$holder_pid.0) ;; *) fail "region '$region' is misnamed" ;; esac
+[ "$(stat -c %a "$region" 2>/dev/null)" = 600 ] || fail "region mode is $(stat -c %a "$region" 2>/dev/null), not 600"
+
+"$gpumem" stats "$holder_pid" --json >"$work/stats.json" 2>&1
+status=$?
+[ "$status" -eq 0 ] || fail "gpumem stats $holder_pid --json exited $status: $(cat "$work/stats.json")"
+grep -q "\"allocated_bytes.all.current\": $expected," "$work/stats.json" ||
+    fail "allocated_bytes.all.current is not $expected: $(grep -o '"allocated_bytes.all.current": [0-9]*' "$work/stats.json")"
+grep -q '"allocation.all.current": 5,' "$work/stats.json" || fail "allocation.all.current is not 5"
+grep -q "\"pid\": $holder_pid, \"device\": 0, \"backend\": \"sim\", \"engine\": \"pages\"" "$work/stats.json" ||
+    fail "header fields wrong: $(head -c 200 "$work/stats.json")"
+python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$work/stats.json" 2>/dev/null ||
+    { command -v python3 >/dev/null && fail "the output is not one JSON object"; }
+
+"$gpumem" stats "$holder_pid" >"$work/stats.txt" 2>&1 || fail "gpumem stats $holder_pid (table) failed"
+grep -Eq "^allocated_bytes +current +$expected " "$work/stats.txt" || fail "the table lacks allocated_bytes $expected"
+
+kill -9 "$holder_pid"
+wait "$holder_pid" 2>/dev/null
+[ -f "$region" ] || fail "the region vanished although its process was killed with SIGKILL"
+"$gpumem" stats "$holder_pid" >"$work/stale.out" 2>&1
+status=$?
+[ "$status" -eq 1 ] || fail "gpumem stats of a killed process exited $status, not 1"
+grep -q "process $holder_pid is gone.*stale" "$work/stale.out" || fail "stale region not reported: $(cat "$work/stale.out")"
+holder_pid=
+
+"$gpumem" stats 999999999 >"$work/none.out" 2>&1
+status=$?
+[ "$status" -eq 1 ] || fail "gpumem stats of a missing process exited $status, not 1"
+grep -q "process 999999999 does not exist" "$work/none.out" || fail "missing process not reported: $(cat "$work/none.out")"
+
+"$gpumem" stats >"$work/usage.out" 2>&1
+[ $? -eq 2 ] && grep -q "usage: gpumem stats PID" "$work/usage.out" || fail "gpumem stats without a pid is not a usage error"
+
+if [ "$failures" -ne 0 ]; then
+    echo "$failures check(s) failed"
+    exit 1
+fi
+echo "ok   gpumem stats: exact bytes $expected while running, stale after SIGKILL"
