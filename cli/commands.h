@@ -24,5 +24,6 @@ void gm_device_configuration(const gm_device_arguments *arguments, char *buffer,
 int gm_command_replay(int argc, char **argv);
 int gm_command_info(int argc, char **argv);
 int gm_command_stats(int argc, char **argv);
+int gm_command_top(int argc, char **argv);
 
 #endif

@@ -4,6 +4,7 @@
  *   gpumem replay TRACE [--backend sim|host|cuda] [--capacity BYTES] [--conf KEY:VALUE,...] [--json] [--passes N]
  *   gpumem info [--backend NAME] [--conf ...]
  *   gpumem stats PID [--device N] [--json]
+ *   gpumem top [-d SECONDS] [--once] [--json]
  *   gpumem config
  *   gpumem version
  *
@@ -32,6 +33,8 @@ static void print_usage(FILE *out)
             "                 describe the device: driver, memory, virtual-memory support, granularity\n"
             "  stats PID [--device N] [--json]\n"
             "                 the live statistics of process PID (run with GPUMEM_CONF=publish:true)\n"
+            "  top [-d SECONDS] [--once] [--json]\n"
+            "                 every publishing gpumem process of this user, live, and the host's memory\n"
             "  config         list the GPUMEM_CONF keys\n"
             "  version        print the version\n");
 }
@@ -49,6 +52,8 @@ int main(int argc, char **argv)
         return gm_command_info(argc - 2, argv + 2);
     if (!strcmp(command, "stats"))
         return gm_command_stats(argc - 2, argv + 2);
+    if (!strcmp(command, "top"))
+        return gm_command_top(argc - 2, argv + 2);
     if (!strcmp(command, "config")) {
         fputs(gm_config_help(), stdout);
         return GM_EXIT_OK;

@@ -48,6 +48,34 @@ python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$work/stats.json" 2>
     { command -v python3 >/dev/null && fail "the output is not one JSON object"; }
 
 "$gpumem" stats "$holder_pid" >"$work/stats.txt" 2>&1 || fail "gpumem stats $holder_pid (table) failed"
+
+# gpumem top lists the holder with its exact numbers, as JSON and as a table.
+"$gpumem" top --once --json >"$work/top.json" 2>&1 || fail "gpumem top --once --json failed: $(cat "$work/top.json")"
+grep -q "{\"pid\": $holder_pid, \"device\": 0, \"backend\": \"sim\", \"engine\": \"pages\", \"allocated_bytes\": $expected," \
+    "$work/top.json" || fail "gpumem top --json does not list $holder_pid with $expected bytes: $(cat "$work/top.json")"
+grep -Eq '"host_rss_bytes": [1-9][0-9]*\}' "$work/top.json" || fail "gpumem top --json lacks the process's RSS"
+"$gpumem" top --once >"$work/top.txt" 2>&1 || fail "gpumem top --once failed"
+grep -Eq "^ *$holder_pid +0 +sim/pages " "$work/top.txt" || fail "gpumem top's table lacks $holder_pid: $(cat "$work/top.txt")"
+# In a real terminal (tmux; CI installs it): the live view redraws and shows the holder.
+if command -v tmux >/dev/null; then
+    session=gpumem-top-test-$$
+    tmux new-session -d -s "$session" -x 160 -y 30 "GPUMEM_SHM_DIR='$GPUMEM_SHM_DIR' '$gpumem' top -d 0.2"
+    shown=no
+    for _ in $(seq 50); do
+        sleep 0.1
+        if tmux capture-pane -p -t "$session" 2>/dev/null | grep -Eq "^ *$holder_pid +0 +sim/pages "; then
+            shown=yes
+            break
+        fi
+    done
+    tmux capture-pane -p -t "$session" >"$work/tmux.txt" 2>/dev/null
+    tmux kill-session -t "$session" 2>/dev/null
+    [ "$shown" = yes ] || fail "gpumem top in tmux does not show $holder_pid: $(cat "$work/tmux.txt")"
+else
+    fail "tmux is not installed (.ci/run installs it): gpumem top's terminal view is untested"
+fi
+"$gpumem" top -d 0 >"$work/top_usage.out" 2>&1
+[ $? -eq 2 ] && grep -q "seconds from 0.1 to 3600" "$work/top_usage.out" || fail "gpumem top -d 0 is not a usage error"
 grep -Eq "^allocated_bytes +current +$expected " "$work/stats.txt" || fail "the table lacks allocated_bytes $expected"
 
 kill -9 "$holder_pid"
@@ -57,6 +85,9 @@ wait "$holder_pid" 2>/dev/null
 status=$?
 [ "$status" -eq 1 ] || fail "gpumem stats of a killed process exited $status, not 1"
 grep -q "process $holder_pid is gone.*stale" "$work/stale.out" || fail "stale region not reported: $(cat "$work/stale.out")"
+"$gpumem" top --once --json >"$work/top_after.json" 2>&1
+grep -q "\"pid\": $holder_pid," "$work/top_after.json" && fail "gpumem top still lists the killed $holder_pid"
+grep -q '"stale_regions": 1,' "$work/top_after.json" || fail "gpumem top does not count the stale region: $(cat "$work/top_after.json")"
 holder_pid=
 
 "$gpumem" stats 999999999 >"$work/none.out" 2>&1

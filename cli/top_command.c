@@ -1,0 +1,185 @@
+/*
+ * top_command.c -- gpumem top: every gpumem process of this user, live, from outside.
+ *
+ *   gpumem top [-d SECONDS] [--once] [--json]
+ *
+ * Each process that publishes its statistics (publish:true) has a row: allocated, reserved and peak
+ * reserved bytes, fragmentation (reserved memory not allocated), OOMs, retries, device calls and the
+ * process's resident host memory; then the host's available memory and swap. The numbers come from
+ * the regions (src/monitor/published.c, which refuses hostile ones) and /proc. Regions whose process
+ * is gone are left out and counted. On a terminal the view is redrawn every -d seconds (default 1)
+ * until interrupted; --once, --json or an output that is not a terminal print one view. No colours
+ * are used, so NO_COLOR needs nothing.
+ */
+#include "gpumem.h"
+
+#include "commands.h"
+#include "monitor/published.h"
+
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_ROWS 256
+
+typedef struct top_view {
+    gm_published rows[MAX_ROWS];
+    size_t count;
+    size_t stale; /* regions left out: their process is gone */
+    size_t refused; /* regions left out: refused by the reader */
+} top_view;
+
+static bool collect(const char *path, long pid, int device, void *context)
+{
+    top_view *view = context;
+    (void)device;
+    if (!gm_published_process_alive(pid)) {
+        view->stale++;
+        return true;
+    }
+    if (view->count < MAX_ROWS && gm_published_read(path, &view->rows[view->count]) == GM_OK)
+        view->count++;
+    else
+        view->refused++;
+    return true;
+}
+
+/* A "Key: N kB" line of a /proc status-like file, in bytes; -1 if absent. */
+static int64_t proc_kilobytes(const char *path, const char *key)
+{
+    FILE *file = fopen(path, "r");
+    if (!file)
+        return -1;
+    char line[256];
+    size_t key_length = strlen(key);
+    int64_t value = -1;
+    while (fgets(line, sizeof line, file))
+        if (!strncmp(line, key, key_length) && line[key_length] == ':') {
+            value = strtoll(line + key_length + 1, NULL, 10) * 1024;
+            break;
+        }
+    fclose(file);
+    return value;
+}
+
+static int64_t process_rss(long pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%ld/status", pid);
+    return proc_kilobytes(path, "VmRSS");
+}
+
+static int64_t total_device_calls(const gm_stats *stats)
+{
+    int64_t calls = 0;
+    for (int kind = 0; kind < GM_CALL_KIND_COUNT; kind++)
+        calls += stats->device_calls[kind];
+    return calls;
+}
+
+static void print_json(const top_view *view)
+{
+    printf("{\"host\": {\"memory_available_bytes\": %" PRId64 ", \"swap_total_bytes\": %" PRId64
+           ", \"swap_free_bytes\": %" PRId64 "}, \"stale_regions\": %zu, \"refused_regions\": %zu, \"processes\": [",
+           proc_kilobytes("/proc/meminfo", "MemAvailable"), proc_kilobytes("/proc/meminfo", "SwapTotal"),
+           proc_kilobytes("/proc/meminfo", "SwapFree"), view->stale, view->refused);
+    for (size_t i = 0; i < view->count; i++) {
+        const gm_published *row = &view->rows[i];
+        const gm_stats *stats = &row->stats;
+        printf("%s{\"pid\": %ld, \"device\": %d, \"backend\": \"%s\", \"engine\": \"%s\", \"allocated_bytes\": %" PRId64
+               ", \"reserved_bytes\": %" PRId64 ", \"peak_reserved_bytes\": %" PRId64 ", \"peak_allocated_bytes\": %" PRId64
+               ", \"num_ooms\": %" PRId64 ", \"num_alloc_retries\": %" PRId64 ", \"device_calls\": %" PRId64
+               ", \"host_rss_bytes\": %" PRId64 "}",
+               i ? ", " : "", row->pid, row->device, row->backend, row->engine,
+               stats->allocated_bytes[GM_POOL_ALL].current, stats->reserved_bytes[GM_POOL_ALL].current,
+               stats->reserved_bytes[GM_POOL_ALL].peak, stats->allocated_bytes[GM_POOL_ALL].peak, stats->num_ooms,
+               stats->num_alloc_retries, total_device_calls(stats), process_rss(row->pid));
+    }
+    printf("]}\n");
+}
+
+static double mib(int64_t bytes)
+{
+    return (double)bytes / 1048576.0;
+}
+
+static void print_table(const top_view *view)
+{
+    int64_t available = proc_kilobytes("/proc/meminfo", "MemAvailable");
+    int64_t swap_total = proc_kilobytes("/proc/meminfo", "SwapTotal"), swap_free = proc_kilobytes("/proc/meminfo", "SwapFree");
+    printf("gpumem top -- %zu process%s", view->count, view->count == 1 ? "" : "es");
+    if (view->stale || view->refused)
+        printf(" (%zu stale and %zu refused regions left out)", view->stale, view->refused);
+    printf("; host: %.0f MiB available, swap %.0f of %.0f MiB used\n\n", mib(available),
+           mib(swap_total - swap_free), mib(swap_total));
+    printf("%8s %3s %-10s %12s %12s %12s %12s %5s %7s %9s %10s\n", "PID", "DEV", "BACKEND", "ALLOC MiB",
+           "RESERVED MiB", "PEAK RES MiB", "FRAG MiB", "OOMS", "RETRIES", "DEV CALLS", "RSS MiB");
+    for (size_t i = 0; i < view->count; i++) {
+        const gm_published *row = &view->rows[i];
+        const gm_stats *stats = &row->stats;
+        int64_t allocated = stats->allocated_bytes[GM_POOL_ALL].current;
+        int64_t reserved = stats->reserved_bytes[GM_POOL_ALL].current;
+        char backend[32];
+        snprintf(backend, sizeof backend, "%s/%s", row->backend, row->engine);
+        printf("%8ld %3d %-10.10s %12.1f %12.1f %12.1f %12.1f %5" PRId64 " %7" PRId64 " %9" PRId64 " %10.1f\n",
+               row->pid, row->device, backend, mib(allocated), mib(reserved), mib(stats->reserved_bytes[GM_POOL_ALL].peak),
+               mib(reserved - allocated), stats->num_ooms, stats->num_alloc_retries, total_device_calls(stats),
+               mib(process_rss(row->pid)));
+    }
+    if (!view->count)
+        printf("(no gpumem process publishes its statistics: run it with GPUMEM_CONF=publish:true)\n");
+}
+
+static int show(bool json)
+{
+    static top_view view;
+    memset(&view, 0, sizeof view);
+    if (gm_published_list(collect, &view) != GM_OK) {
+        fprintf(stderr, "gpumem top: %s\n", gm_last_error());
+        return GM_EXIT_ERROR;
+    }
+    if (json)
+        print_json(&view);
+    else
+        print_table(&view);
+    fflush(stdout);
+    return GM_EXIT_OK;
+}
+
+int gm_command_top(int argc, char **argv)
+{
+    bool once = false, json = false;
+    double seconds = 1.0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--once")) {
+            once = true;
+        } else if (!strcmp(argv[i], "--json")) {
+            json = true;
+        } else if (!strcmp(argv[i], "-d") && i + 1 < argc) {
+            char *end = NULL;
+            seconds = strtod(argv[++i], &end);
+            if (!*argv[i] || *end || !(seconds >= 0.1 && seconds <= 3600)) {
+                fprintf(stderr, "gpumem top: -d needs a number of seconds from 0.1 to 3600\n");
+                return GM_EXIT_USAGE;
+            }
+        } else {
+            fprintf(stderr, "gpumem top: unknown argument '%s'\nusage: gpumem top [-d SECONDS] [--once] [--json]\n",
+                    argv[i]);
+            return GM_EXIT_USAGE;
+        }
+    }
+    if (once || json || !isatty(STDOUT_FILENO))
+        return show(json);
+    for (;;) {
+        printf("\033[H\033[2J");
+        int status = show(false);
+        if (status != GM_EXIT_OK)
+            return status;
+        struct timespec pause = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+        nanosleep(&pause, NULL);
+    }
+}
