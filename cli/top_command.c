@@ -3,7 +3,8 @@
  *
  *   gpumem top [-d SECONDS] [--once] [--json]
  *
- * Each process that publishes its statistics (publish:true) has a row: allocated, reserved and peak
+ * Each GPU has a row from its driver (NVML, loaded at run time): memory total and used, utilisation,
+ * temperature; without NVML the GPU rows say why. Each process that publishes its statistics (publish:true) has a row: allocated, reserved and peak
  * reserved bytes, fragmentation (reserved memory not allocated), OOMs, retries, device calls and the
  * process's resident host memory; then the host's available memory and swap. The numbers come from
  * the regions (src/monitor/published.c, which refuses hostile ones) and /proc. Regions whose process
@@ -14,6 +15,7 @@
 #include "gpumem.h"
 
 #include "commands.h"
+#include "monitor/nvml.h"
 #include "monitor/published.h"
 
 #include <inttypes.h>
@@ -25,12 +27,16 @@
 #include <unistd.h>
 
 #define MAX_ROWS 256
+#define MAX_GPUS 64
 
 typedef struct top_view {
     gm_published rows[MAX_ROWS];
     size_t count;
     size_t stale; /* regions left out: their process is gone */
     size_t refused; /* regions left out: refused by the reader */
+    gm_gpu_reading gpus[MAX_GPUS];
+    size_t gpu_count;
+    char gpu_failure[256]; /* why there are no GPU rows, or "" */
 } top_view;
 
 static bool collect(const char *path, long pid, int device, void *context)
@@ -81,12 +87,47 @@ static int64_t total_device_calls(const gm_stats *stats)
     return calls;
 }
 
+/* A JSON string's characters (the NVML message, a GPU name): quotes, backslashes and controls escaped. */
+static void print_json_text(const char *text)
+{
+    for (const unsigned char *c = (const unsigned char *)text; *c; c++)
+        if (*c == '"' || *c == '\\')
+            printf("\\%c", *c);
+        else if (*c < 0x20)
+            printf("\\u%04x", *c);
+        else
+            putchar(*c);
+}
+
+static void print_gpus_json(const top_view *view)
+{
+    printf("\"gpus\": [");
+    for (size_t i = 0; i < view->gpu_count; i++) {
+        const gm_gpu_reading *gpu = &view->gpus[i];
+        printf("%s{\"index\": %d, \"name\": \"", i ? ", " : "", gpu->index);
+        print_json_text(gpu->name);
+        printf("\", \"total_bytes\": %" PRIu64 ", \"used_bytes\": %" PRIu64 ", \"utilization_percent\": %d, "
+               "\"temperature_celsius\": %d}", gpu->total_bytes, gpu->used_bytes, gpu->utilization_percent,
+               gpu->temperature_celsius);
+    }
+    printf("], \"gpu_error\": ");
+    if (view->gpu_failure[0]) {
+        putchar('"');
+        print_json_text(view->gpu_failure);
+        putchar('"');
+    } else {
+        printf("null");
+    }
+    printf(", \"processes\": [");
+}
+
 static void print_json(const top_view *view)
 {
     printf("{\"host\": {\"memory_available_bytes\": %" PRId64 ", \"swap_total_bytes\": %" PRId64
-           ", \"swap_free_bytes\": %" PRId64 "}, \"stale_regions\": %zu, \"refused_regions\": %zu, \"processes\": [",
+           ", \"swap_free_bytes\": %" PRId64 "}, \"stale_regions\": %zu, \"refused_regions\": %zu, ",
            proc_kilobytes("/proc/meminfo", "MemAvailable"), proc_kilobytes("/proc/meminfo", "SwapTotal"),
            proc_kilobytes("/proc/meminfo", "SwapFree"), view->stale, view->refused);
+    print_gpus_json(view);
     for (size_t i = 0; i < view->count; i++) {
         const gm_published *row = &view->rows[i];
         const gm_stats *stats = &row->stats;
@@ -116,6 +157,20 @@ static void print_table(const top_view *view)
         printf(" (%zu stale and %zu refused regions left out)", view->stale, view->refused);
     printf("; host: %.0f MiB available, swap %.0f of %.0f MiB used\n\n", mib(available),
            mib(swap_total - swap_free), mib(swap_total));
+    if (view->gpu_failure[0])
+        printf("GPUs: %s\n\n", view->gpu_failure);
+    for (size_t i = 0; i < view->gpu_count; i++) {
+        const gm_gpu_reading *gpu = &view->gpus[i];
+        printf("GPU %d %-24.24s %10.0f / %.0f MiB used", gpu->index, gpu->name, mib((int64_t)gpu->used_bytes),
+               mib((int64_t)gpu->total_bytes));
+        if (gpu->utilization_percent >= 0)
+            printf(", %3d%% busy", gpu->utilization_percent);
+        if (gpu->temperature_celsius >= 0)
+            printf(", %d C", gpu->temperature_celsius);
+        printf("\n");
+    }
+    if (view->gpu_count)
+        printf("\n");
     printf("%8s %3s %-10s %12s %12s %12s %12s %5s %7s %9s %10s\n", "PID", "DEV", "BACKEND", "ALLOC MiB",
            "RESERVED MiB", "PEAK RES MiB", "FRAG MiB", "OOMS", "RETRIES", "DEV CALLS", "RSS MiB");
     for (size_t i = 0; i < view->count; i++) {
@@ -138,6 +193,8 @@ static int show(bool json)
 {
     static top_view view;
     memset(&view, 0, sizeof view);
+    if (gm_read_gpus(view.gpus, MAX_GPUS, &view.gpu_count) != GM_OK)
+        snprintf(view.gpu_failure, sizeof view.gpu_failure, "%s", gm_last_error());
     if (gm_published_list(collect, &view) != GM_OK) {
         fprintf(stderr, "gpumem top: %s\n", gm_last_error());
         return GM_EXIT_ERROR;

@@ -6,6 +6,7 @@
 # Usage: scripts/gpu-check.sh [build|tests|memcheck|bench|python|workloads|all]...   (default: all)
 #   python     the PyTorch/CuPy integration tests (tests/gpu/test_torch.py, pytest)
 #   workloads  bench/torch_workloads.py: real models under every allocator (not part of "all": long)
+#   top        a PyTorch process with publish:true seen by gpumem top / gpumem stats from outside
 #   whatif     python -m gpumem.whatif on native snapshots of resnet50 and gpt2, checked against gpumem replay
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +20,7 @@ steps=${*:-all}
 has() { [[ " $steps " == *" $1 "* || " $steps " == *" all "* ]]; }
 failed=0
 
-if has build || has tests || has memcheck || has bench || has python || has whatif || [[ " $steps " == *" workloads "* ]]; then
+if has build || has tests || has memcheck || has bench || has python || has whatif || has top || [[ " $steps " == *" workloads "* ]]; then
     { cmake -S . -B $build -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake --build $build -j"$(nproc)"; } >"$out/build.log" 2>&1 \
         || { echo "build failed"; tail -30 "$out/build.log"; exit 1; }
     echo "built"
@@ -48,6 +49,10 @@ fi
 if has python; then
     PYTHONPATH=python GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 -m pytest -q -x tests/gpu/test_torch.py \
         2>&1 | tee "$out/test_torch.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
+fi
+if has top; then
+    tests/gpu/top_while_training.sh $build 2>&1 | tee "$out/top.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
 fi
 if has whatif; then

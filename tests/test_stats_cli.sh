@@ -54,6 +54,9 @@ python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$work/stats.json" 2>
 grep -q "{\"pid\": $holder_pid, \"device\": 0, \"backend\": \"sim\", \"engine\": \"pages\", \"allocated_bytes\": $expected," \
     "$work/top.json" || fail "gpumem top --json does not list $holder_pid with $expected bytes: $(cat "$work/top.json")"
 grep -Eq '"host_rss_bytes": [1-9][0-9]*\}' "$work/top.json" || fail "gpumem top --json lacks the process's RSS"
+# GPUs: the driver's rows, or (no NVML here) why there are none.
+grep -Eq '"gpus": \[\{"index": 0, |"gpus": \[\], "gpu_error": "NVML is not available: ' "$work/top.json" ||
+    fail "gpumem top --json has neither GPU rows nor the reason: $(cat "$work/top.json")"
 "$gpumem" top --once >"$work/top.txt" 2>&1 || fail "gpumem top --once failed"
 grep -Eq "^ *$holder_pid +0 +sim/pages " "$work/top.txt" || fail "gpumem top's table lacks $holder_pid: $(cat "$work/top.txt")"
 # In a real terminal (tmux; CI installs it): the live view redraws and shows the holder.
