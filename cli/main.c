@@ -5,6 +5,7 @@
  *   gpumem info [--backend NAME] [--conf ...]
  *   gpumem stats PID [--device N] [--json]
  *   gpumem top [-d SECONDS] [--once] [--json]
+ *   gpumem summary PID [--device N]
  *   gpumem config
  *   gpumem version
  *
@@ -33,6 +34,8 @@ static void print_usage(FILE *out)
             "                 describe the device: driver, memory, virtual-memory support, granularity\n"
             "  stats PID [--device N] [--json]\n"
             "                 the live statistics of process PID (run with GPUMEM_CONF=publish:true)\n"
+            "  summary PID [--device N]\n"
+            "                 process PID's statistics as torch.cuda.memory_summary() lays them out\n"
             "  top [-d SECONDS] [--once] [--json]\n"
             "                 every publishing gpumem process of this user, live, and the host's memory\n"
             "  config         list the GPUMEM_CONF keys\n"
@@ -52,6 +55,8 @@ int main(int argc, char **argv)
         return gm_command_info(argc - 2, argv + 2);
     if (!strcmp(command, "stats"))
         return gm_command_stats(argc - 2, argv + 2);
+    if (!strcmp(command, "summary"))
+        return gm_command_summary(argc - 2, argv + 2);
     if (!strcmp(command, "top"))
         return gm_command_top(argc - 2, argv + 2);
     if (!strcmp(command, "config")) {

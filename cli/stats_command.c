@@ -1,6 +1,7 @@
 /*
- * stats_command.c -- gpumem stats PID: another process's statistics, read from the region it
- * publishes (publish:true; src/monitor/published.c checks and reads it).
+ * stats_command.c -- gpumem stats PID and gpumem summary PID: another process's statistics, read
+ * from the region it publishes (publish:true; src/monitor/published.c checks and reads it), as a list
+ * or as the memory_summary table (gm_summary_of_stats).
  *
  * Prints every pool statistic (under torch.cuda.memory_stats() names such as
  * "allocated_bytes.all.current"), the counters and the device calls, as a table or one JSON object.
@@ -82,6 +83,7 @@ static void print_table(gm_published *published)
 static int usage(FILE *out, int status)
 {
     fprintf(out, "usage: gpumem stats PID [--device N] [--json]\n"
+                 "       gpumem summary PID [--device N]   (as torch.cuda.memory_summary())\n"
                  "  the statistics process PID publishes (it runs with publish:true; regions are in\n"
                  "  GPUMEM_SHM_DIR, default /dev/shm)\n");
     return status;
@@ -98,7 +100,16 @@ static int parse_whole_number(const char *text, long *value_out)
     return 1;
 }
 
-int gm_command_stats(int argc, char **argv)
+static void print_summary(const gm_published *published)
+{
+    static char table[16384];
+    if (gm_summary_of_stats(&published->stats, published->backend, published->device, table, sizeof table, NULL) ==
+        GM_OK)
+        fputs(table, stdout);
+}
+
+/* gpumem stats (summary 0) or gpumem summary (summary 1). */
+static int command(int argc, char **argv, int summary)
 {
     long pid = -1, device = -1;
     int json = 0;
@@ -109,13 +120,13 @@ int gm_command_stats(int argc, char **argv)
             json = 1;
         } else if (!strcmp(argv[i], "--device")) {
             if (i + 1 >= argc || !parse_whole_number(argv[++i], &device)) {
-                fprintf(stderr, "gpumem stats: --device needs a device index\n");
+                fprintf(stderr, "gpumem %s: --device needs a device index\n", summary ? "summary" : "stats");
                 return GM_EXIT_USAGE;
             }
         } else if (pid < 0 && parse_whole_number(argv[i], &pid) && pid > 0) {
             continue;
         } else {
-            fprintf(stderr, "gpumem stats: unexpected argument '%s'\n", argv[i]);
+            fprintf(stderr, "gpumem %s: unexpected argument '%s'\n", summary ? "summary" : "stats", argv[i]);
             return usage(stderr, GM_EXIT_USAGE);
         }
     }
@@ -127,12 +138,24 @@ int gm_command_stats(int argc, char **argv)
     if (status == GM_OK)
         status = gm_published_read(path, &published);
     if (status != GM_OK) {
-        fprintf(stderr, "gpumem stats: %s\n", gm_last_error());
+        fprintf(stderr, "gpumem %s: %s\n", summary ? "summary" : "stats", gm_last_error());
         return GM_EXIT_ERROR;
     }
-    if (json)
+    if (summary)
+        print_summary(&published);
+    else if (json)
         print_json(&published);
     else
         print_table(&published);
     return GM_EXIT_OK;
+}
+
+int gm_command_stats(int argc, char **argv)
+{
+    return command(argc, argv, 0);
+}
+
+int gm_command_summary(int argc, char **argv)
+{
+    return command(argc, argv, 1);
 }

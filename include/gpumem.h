@@ -216,6 +216,11 @@ GM_API gm_status gm_reset_accumulated_stats(gm_allocator *allocator);
  * always receives the size needed, terminating NUL included. */
 GM_API gm_status gm_summary(gm_allocator *allocator, char *buffer, size_t buffer_size, size_t *needed_out);
 
+/* The same table for statistics read elsewhere (another process's, through its published region), of
+ * `backend`'s device `device`. */
+GM_API gm_status gm_summary_of_stats(const gm_stats *stats, const char *backend, int device, char *buffer,
+                                     size_t buffer_size, size_t *needed_out);
+
 /* Walk every block, segment and page, check all invariants and recompute every current statistic
  * from them. GM_OK if consistent, GM_ERROR_CORRUPT with the first difference in gm_last_error(). */
 GM_API gm_status gm_validate(gm_allocator *allocator);

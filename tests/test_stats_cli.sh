@@ -49,6 +49,10 @@ python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$work/stats.json" 2>
 
 "$gpumem" stats "$holder_pid" >"$work/stats.txt" 2>&1 || fail "gpumem stats $holder_pid (table) failed"
 
+"$gpumem" summary "$holder_pid" >"$work/summary.txt" 2>&1 || fail "gpumem summary $holder_pid failed"
+grep -q "gpumem memory summary, sim device ID 0" "$work/summary.txt" && grep -Eq "^\| Allocations +\| +5 " "$work/summary.txt" ||
+    fail "gpumem summary's table is not the process's: $(head -12 "$work/summary.txt")"
+
 # gpumem top lists the holder with its exact numbers, as JSON and as a table.
 "$gpumem" top --once --json >"$work/top.json" 2>&1 || fail "gpumem top --once --json failed: $(cat "$work/top.json")"
 grep -q "{\"pid\": $holder_pid, \"device\": 0, \"backend\": \"sim\", \"engine\": \"pages\", \"allocated_bytes\": $expected," \

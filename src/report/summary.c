@@ -130,6 +130,21 @@ static void render(text_buffer *text, const gm_stats *stats, const char *backend
     separator(text, '=');
 }
 
+gm_status gm_summary_of_stats(const gm_stats *stats, const char *backend, int device, char *buffer,
+                              size_t buffer_size, size_t *needed_out)
+{
+    if (!stats || !backend || (!buffer && buffer_size))
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_summary_of_stats: an argument is NULL");
+    text_buffer text = {buffer, buffer_size, 0};
+    render(&text, stats, backend, device);
+    if (needed_out)
+        *needed_out = text.used + 1;
+    if (text.used + 1 > buffer_size)
+        return gm_fail(GM_ERROR_BUFFER_TOO_SMALL, "gm_summary: the table needs %zu bytes, the buffer has %zu",
+                       text.used + 1, buffer_size);
+    return GM_OK;
+}
+
 gm_status gm_summary(gm_allocator *allocator, char *buffer, size_t buffer_size, size_t *needed_out)
 {
     if (!allocator || (!buffer && buffer_size))
@@ -141,12 +156,5 @@ gm_status gm_summary(gm_allocator *allocator, char *buffer, size_t buffer_size, 
         status = gm_get_device_info(allocator, &info);
     if (status != GM_OK)
         return status;
-    text_buffer text = {buffer, buffer_size, 0};
-    render(&text, &stats, info.backend, info.device);
-    if (needed_out)
-        *needed_out = text.used + 1;
-    if (text.used + 1 > buffer_size)
-        return gm_fail(GM_ERROR_BUFFER_TOO_SMALL, "gm_summary: the table needs %zu bytes, the buffer has %zu",
-                       text.used + 1, buffer_size);
-    return GM_OK;
+    return gm_summary_of_stats(&stats, info.backend, info.device, buffer, buffer_size, needed_out);
 }
