@@ -21,6 +21,9 @@ int gm_take_device_argument(gm_device_arguments *arguments, int argc, char **arg
 /* "conf,backend:X,capacity:Y" into buffer. */
 void gm_device_configuration(const gm_device_arguments *arguments, char *buffer, size_t size);
 
+/* Print `text` as a JSON string literal (quotes, backslashes and control characters escaped). */
+void gm_print_json_string(const char *text);
+
 int gm_command_replay(int argc, char **argv);
 int gm_command_info(int argc, char **argv);
 int gm_command_stats(int argc, char **argv);

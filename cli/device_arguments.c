@@ -1,5 +1,6 @@
 /*
- * device_arguments.c -- the --backend / --capacity / --conf options shared by the subcommands.
+ * device_arguments.c -- what the subcommands share: the --backend / --capacity / --conf options, and
+ * JSON strings.
  */
 #include "commands.h"
 
@@ -34,4 +35,18 @@ void gm_device_configuration(const gm_device_arguments *arguments, char *buffer,
     snprintf(buffer, size, "%s%s%s%s%s", arguments->conf ? arguments->conf : "",
              arguments->backend ? ",backend:" : "", arguments->backend ? arguments->backend : "",
              arguments->capacity ? ",capacity:" : "", arguments->capacity ? arguments->capacity : "");
+}
+
+void gm_print_json_string(const char *text)
+{
+    putchar('"');
+    for (const unsigned char *c = (const unsigned char *)text; *c; c++) {
+        if (*c == '"' || *c == '\\')
+            printf("\\%c", *c);
+        else if (*c < 0x20)
+            printf("\\u%04x", *c);
+        else
+            putchar(*c);
+    }
+    putchar('"');
 }

@@ -25,21 +25,6 @@ static const char *base_name(const char *path)
     return slash ? slash + 1 : path;
 }
 
-/* A JSON string literal for `text` (quotes, backslashes and control characters escaped). */
-static void print_json_string(const char *text)
-{
-    putchar('"');
-    for (const unsigned char *c = (const unsigned char *)text; *c; c++) {
-        if (*c == '"' || *c == '\\')
-            printf("\\%c", *c);
-        else if (*c < 0x20)
-            printf("\\u%04x", *c);
-        else
-            putchar(*c);
-    }
-    putchar('"');
-}
-
 static void print_json(const char *trace_path, const gm_device_info *device, const gm_replay_result *result, int pass)
 {
     const gm_stats *stats = &result->stats;
@@ -47,7 +32,7 @@ static void print_json(const char *trace_path, const gm_device_info *device, con
     for (int kind = 0; kind < GM_CALL_KIND_COUNT; kind++)
         total_calls += stats->device_calls[kind];
     printf("{\"trace\": ");
-    print_json_string(base_name(trace_path));
+    gm_print_json_string(base_name(trace_path));
     printf(", \"backend\": \"%s\", \"engine\": \"%s\", \"ops\": %zu, \"allocs\": %zu, "
            "\"frees\": %zu, \"ooms\": %zu, \"peak_live_bytes\": %" PRIu64 ", \"peak_reserved_bytes\": %" PRIu64
            ", \"ratio\": %.6f, \"ns_per_op\": %.1f, \"device_call_ms\": %.3f, \"num_alloc_retries\": %" PRId64

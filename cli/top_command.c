@@ -87,34 +87,20 @@ static int64_t total_device_calls(const gm_stats *stats)
     return calls;
 }
 
-/* A JSON string's characters (the NVML message, a GPU name): quotes, backslashes and controls escaped. */
-static void print_json_text(const char *text)
-{
-    for (const unsigned char *c = (const unsigned char *)text; *c; c++)
-        if (*c == '"' || *c == '\\')
-            printf("\\%c", *c);
-        else if (*c < 0x20)
-            printf("\\u%04x", *c);
-        else
-            putchar(*c);
-}
-
 static void print_gpus_json(const top_view *view)
 {
     printf("\"gpus\": [");
     for (size_t i = 0; i < view->gpu_count; i++) {
         const gm_gpu_reading *gpu = &view->gpus[i];
-        printf("%s{\"index\": %d, \"name\": \"", i ? ", " : "", gpu->index);
-        print_json_text(gpu->name);
-        printf("\", \"total_bytes\": %" PRIu64 ", \"used_bytes\": %" PRIu64 ", \"utilization_percent\": %d, "
+        printf("%s{\"index\": %d, \"name\": ", i ? ", " : "", gpu->index);
+        gm_print_json_string(gpu->name);
+        printf(", \"total_bytes\": %" PRIu64 ", \"used_bytes\": %" PRIu64 ", \"utilization_percent\": %d, "
                "\"temperature_celsius\": %d}", gpu->total_bytes, gpu->used_bytes, gpu->utilization_percent,
                gpu->temperature_celsius);
     }
     printf("], \"gpu_error\": ");
     if (view->gpu_failure[0]) {
-        putchar('"');
-        print_json_text(view->gpu_failure);
-        putchar('"');
+        gm_print_json_string(view->gpu_failure);
     } else {
         printf("null");
     }
