@@ -312,12 +312,20 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
 
   // Before a recorded allocation or free: a new tag, and the Python stack for it when torch asked for
   // stacks of such calls.
+  // The stack is gathered outside the lock, as PyTorch's allocator does: gathering may need the GIL,
+  // which another thread may hold while it waits for this lock.
   void begin_call(bool allocating) {
+    CreateContextFn recorder = nullptr;
+    {
+      std::lock_guard<std::mutex> guard(history_mutex_);
+      if (allocating ? when_ != RecordContext::NEVER : when_ == RecordContext::ALL)
+        recorder = context_recorder_;
+    }
+    std::shared_ptr<GatheredContext> stack = recorder ? recorder() : nullptr;
     std::lock_guard<std::mutex> guard(history_mutex_);
-    bool gather = allocating ? when_ != RecordContext::NEVER : when_ == RecordContext::ALL;
     current_tag = ++next_tag_;
     if (!contexts_.empty())
-      contexts_[current_tag % contexts_.size()] = gather && context_recorder_ ? context_recorder_() : nullptr;
+      contexts_[current_tag % contexts_.size()] = std::move(stack);
   }
 
   void end_call(void *pointer, bool allocated) {
