@@ -9,6 +9,7 @@
 //     statistics (getDeviceStats), reset_peak_memory_stats and empty_cache reach gpumem;
 //   - Tensor.record_stream maps to gm_record_stream, set_per_process_memory_fraction to a memory
 //     limit, and cacheInfo (which cuDNN uses to size workspaces) to gm_cache_info.
+//   - torch.profiler(profile_memory=True) sees every allocation and free, as with the native allocator;
 //   - torch.cuda.memory._record_memory_history / _snapshot / _dump_snapshot (and so memory_viz) read
 //     gpumem's regions and history ring (gm_snapshot_take, gm_set_history); the adapter keeps only the
 //     Python stacks torch's context recorder gathers, in a ring as long as the history, each found
@@ -19,6 +20,7 @@
 
 #include <torch/extension.h>
 
+#include <c10/core/Allocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
@@ -105,6 +107,8 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     gm_status status = gm_malloc(of(device), size, reinterpret_cast<gm_stream>(stream), &pointer);
     if (recording)
       end_call(pointer, true);
+    if (status == GM_OK && c10::memoryProfilingEnabled())
+      report_to_profiler(of(device), pointer, device, 1);
     if (status == GM_ERROR_OUT_OF_MEMORY)
       TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory (gpumem). ", gm_last_error());
     TORCH_CHECK(status == GM_OK, "gpumem: ", gm_last_error());
@@ -135,10 +139,19 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
       TORCH_WARN("gpumem: free of ", pointer, ", which no device allocator owns");
       return;
     }
+    bool profiling = c10::memoryProfilingEnabled();
+    size_t size = 0;
+    if (profiling)
+      gm_allocation_size(allocator, pointer, &size);
     bool recording = history_enabled_.load(std::memory_order_relaxed);
     if (recording)
       begin_call(false);
     gm_status status = gm_free(allocator, pointer);
+    if (profiling && status == GM_OK) {
+      c10::DeviceIndex device = c10::cuda::current_device();
+      owner_of_any(allocator, &device);
+      report_size_to_profiler(allocator, pointer, -static_cast<int64_t>(size), device);
+    }
     if (recording)
       end_call(pointer, false);
     if (status != GM_OK)
@@ -301,6 +314,29 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
       to[pool].allocated = from[pool].allocated;
       to[pool].freed = from[pool].freed;
     }
+  }
+
+  // The profiler's memory events (profile_memory=True): the block's size, signed, with the totals after
+  // the call, as PyTorch's allocator reports them.
+  void report_to_profiler(gm_allocator *allocator, void *pointer, c10::DeviceIndex device, int sign) {
+    size_t size = 0;
+    gm_allocation_size(allocator, pointer, &size);
+    report_size_to_profiler(allocator, pointer, sign * static_cast<int64_t>(size), device);
+  }
+
+  void report_size_to_profiler(gm_allocator *allocator, void *pointer, int64_t size, c10::DeviceIndex device) {
+    gm_stats stats;
+    gm_get_stats(allocator, &stats);
+    c10::reportMemoryUsageToProfiler(pointer, size, static_cast<size_t>(stats.allocated_bytes[GM_POOL_ALL].current),
+                                     static_cast<size_t>(stats.reserved_bytes[GM_POOL_ALL].current),
+                                     c10::Device(c10::DeviceType::CUDA, device));
+  }
+
+  // The device of `allocator` (its index among the devices' allocators) into *device_out.
+  void owner_of_any(gm_allocator *allocator, c10::DeviceIndex *device_out) {
+    for (size_t device = 0; device < kMaxDevices; device++)
+      if (allocators_[device].load(std::memory_order_acquire) == allocator)
+        *device_out = static_cast<c10::DeviceIndex>(device);
   }
 
   // Called with history_mutex_ held, for a new or every allocator: the ring's size and the tagger.

@@ -265,3 +265,15 @@ def test_memory_snapshot_and_history_open_in_memory_viz(tmp_path):
                              capture_output=True, text=True)
         assert run.returncode == 0, run.stderr[-3000:]
         assert out.stat().st_size > 1000
+
+
+def test_profiler_sees_gpumem_allocations():
+    """torch.profiler(profile_memory=True) reports each operator's device memory under gpumem, as native."""
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities, profile_memory=True) as profile:
+        x = torch.ones(1024 * 1024, device="cuda")
+        del x
+    usage = {event.key: getattr(event, "self_device_memory_usage", getattr(event, "self_cuda_memory_usage", 0))
+             for event in profile.key_averages()}
+    assert max(usage.values()) == 4 * MiB, usage  # the 4 MiB tensor, allocated by aten::empty / ones
+    assert min(usage.values()) == -4 * MiB or sum(usage.values()) == 0, usage  # and freed
