@@ -5,8 +5,10 @@
  *
  * Each GPU has a row from its driver (NVML, loaded at run time): memory total and used, utilisation,
  * temperature; without NVML the GPU rows say why. Each process that publishes its statistics (publish:true) has a row: allocated, reserved and peak
- * reserved bytes, fragmentation (reserved memory not allocated), OOMs, retries, device calls and the
- * process's resident host memory; then the host's available memory and swap. The numbers come from
+ * reserved bytes, fragmentation (reserved memory not allocated, and its largest free piece), OOMs,
+ * retries, device calls, and the host memory of the process with its children (DataLoader workers):
+ * resident, proportional (PSS, which adds up across processes that share pages) and swapped; and the
+ * host's available memory, swap and memory pressure (PSI). The numbers come from
  * the regions (src/monitor/published.c, which refuses hostile ones) and /proc. Regions whose process
  * is gone are left out and counted. On a terminal the view is redrawn every -d seconds (default 1)
  * until interrupted; --once, --json or an output that is not a terminal print one view. No colours
@@ -15,6 +17,7 @@
 #include "gpumem.h"
 
 #include "commands.h"
+#include "monitor/host_memory.h"
 #include "monitor/nvml.h"
 #include "monitor/published.h"
 
@@ -54,31 +57,6 @@ static bool collect(const char *path, long pid, int device, void *context)
     return true;
 }
 
-/* A "Key: N kB" line of a /proc status-like file, in bytes; -1 if absent. */
-static int64_t proc_kilobytes(const char *path, const char *key)
-{
-    FILE *file = fopen(path, "r");
-    if (!file)
-        return -1;
-    char line[256];
-    size_t key_length = strlen(key);
-    int64_t value = -1;
-    while (fgets(line, sizeof line, file))
-        if (!strncmp(line, key, key_length) && line[key_length] == ':') {
-            value = strtoll(line + key_length + 1, NULL, 10) * 1024;
-            break;
-        }
-    fclose(file);
-    return value;
-}
-
-static int64_t process_rss(long pid)
-{
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%ld/status", pid);
-    return proc_kilobytes(path, "VmRSS");
-}
-
 static int64_t total_device_calls(const gm_stats *stats)
 {
     int64_t calls = 0;
@@ -107,24 +85,53 @@ static void print_gpus_json(const top_view *view)
     printf(", \"processes\": [");
 }
 
+static void print_host_json(void)
+{
+    gm_host_memory host;
+    if (gm_host_memory_read(NULL, &host) != GM_OK) {
+        printf("\"host\": null, ");
+        return;
+    }
+    printf("\"host\": {\"memory_total_bytes\": %" PRId64 ", \"memory_available_bytes\": %" PRId64
+           ", \"swap_total_bytes\": %" PRId64 ", \"swap_free_bytes\": %" PRId64 ", \"memory_pressure_some_avg10\": %.2f"
+           ", \"memory_pressure_full_avg10\": %.2f}, ",
+           host.total_bytes, host.available_bytes, host.swap_total_bytes, host.swap_free_bytes,
+           host.pressure_some_avg10, host.pressure_full_avg10);
+}
+
+/* The process's host memory with its descendants (DataLoader workers): -1 where unknown. */
+static gm_process_memory process_memory(long pid)
+{
+    gm_process_memory memory;
+    if (gm_process_memory_read(NULL, pid, &memory) != GM_OK)
+        memory = (gm_process_memory){-1, -1, -1, -1, -1, -1, 0};
+    return memory;
+}
+
 static void print_json(const top_view *view)
 {
-    printf("{\"host\": {\"memory_available_bytes\": %" PRId64 ", \"swap_total_bytes\": %" PRId64
-           ", \"swap_free_bytes\": %" PRId64 "}, \"stale_regions\": %zu, \"refused_regions\": %zu, ",
-           proc_kilobytes("/proc/meminfo", "MemAvailable"), proc_kilobytes("/proc/meminfo", "SwapTotal"),
-           proc_kilobytes("/proc/meminfo", "SwapFree"), view->stale, view->refused);
+    printf("{");
+    print_host_json();
+    printf("\"stale_regions\": %zu, \"refused_regions\": %zu, ", view->stale, view->refused);
     print_gpus_json(view);
     for (size_t i = 0; i < view->count; i++) {
         const gm_published *row = &view->rows[i];
         const gm_stats *stats = &row->stats;
+        gm_process_memory host = process_memory(row->pid);
         printf("%s{\"pid\": %ld, \"device\": %d, \"backend\": \"%s\", \"engine\": \"%s\", \"allocated_bytes\": %" PRId64
                ", \"reserved_bytes\": %" PRId64 ", \"peak_reserved_bytes\": %" PRId64 ", \"peak_allocated_bytes\": %" PRId64
-               ", \"num_ooms\": %" PRId64 ", \"num_alloc_retries\": %" PRId64 ", \"device_calls\": %" PRId64
-               ", \"host_rss_bytes\": %" PRId64 "}",
+               ", \"cached_free_bytes\": %" PRIu64 ", \"largest_free_block_bytes\": %" PRIu64
+               ", \"num_ooms\": %" PRId64 ", \"num_alloc_retries\": %" PRId64 ", \"device_calls\": %" PRId64,
                i ? ", " : "", row->pid, row->device, row->backend, row->engine,
                stats->allocated_bytes[GM_POOL_ALL].current, stats->reserved_bytes[GM_POOL_ALL].current,
-               stats->reserved_bytes[GM_POOL_ALL].peak, stats->allocated_bytes[GM_POOL_ALL].peak, stats->num_ooms,
-               stats->num_alloc_retries, total_device_calls(stats), process_rss(row->pid));
+               stats->reserved_bytes[GM_POOL_ALL].peak, stats->allocated_bytes[GM_POOL_ALL].peak,
+               row->cached_free_bytes, row->largest_free_block_bytes, stats->num_ooms,
+               stats->num_alloc_retries, total_device_calls(stats));
+        printf(", \"host_rss_bytes\": %" PRId64 ", \"host_pss_bytes\": %" PRId64 ", \"host_swap_bytes\": %" PRId64
+               ", \"descendants\": %d, \"tree_rss_bytes\": %" PRId64 ", \"tree_pss_bytes\": %" PRId64
+               ", \"tree_swap_bytes\": %" PRId64 "}",
+               host.rss_bytes, host.pss_bytes, host.swap_bytes, host.descendants, host.tree_rss_bytes,
+               host.tree_pss_bytes, host.tree_swap_bytes);
     }
     printf("]}\n");
 }
@@ -134,15 +141,25 @@ static double mib(int64_t bytes)
     return (double)bytes / 1048576.0;
 }
 
-static void print_table(const top_view *view)
+static void print_host_line(const top_view *view)
 {
-    int64_t available = proc_kilobytes("/proc/meminfo", "MemAvailable");
-    int64_t swap_total = proc_kilobytes("/proc/meminfo", "SwapTotal"), swap_free = proc_kilobytes("/proc/meminfo", "SwapFree");
     printf("gpumem top -- %zu process%s", view->count, view->count == 1 ? "" : "es");
     if (view->stale || view->refused)
         printf(" (%zu stale and %zu refused regions left out)", view->stale, view->refused);
-    printf("; host: %.0f MiB available, swap %.0f of %.0f MiB used\n\n", mib(available),
-           mib(swap_total - swap_free), mib(swap_total));
+    gm_host_memory host;
+    if (gm_host_memory_read(NULL, &host) != GM_OK) {
+        printf("; host memory: %s\n\n", gm_last_error());
+        return;
+    }
+    printf("; host: %.0f of %.0f MiB available, swap %.0f of %.0f MiB used", mib(host.available_bytes),
+           mib(host.total_bytes), mib(host.swap_total_bytes - host.swap_free_bytes), mib(host.swap_total_bytes));
+    if (host.pressure_some_avg10 >= 0)
+        printf(", memory pressure %.1f%% some / %.1f%% full (10 s)", host.pressure_some_avg10, host.pressure_full_avg10);
+    printf("\n\n");
+}
+
+static void print_gpu_rows(const top_view *view)
+{
     if (view->gpu_failure[0])
         printf("GPUs: %s\n\n", view->gpu_failure);
     for (size_t i = 0; i < view->gpu_count; i++) {
@@ -157,8 +174,27 @@ static void print_table(const top_view *view)
     }
     if (view->gpu_count)
         printf("\n");
-    printf("%8s %3s %-10s %12s %12s %12s %12s %5s %7s %9s %10s\n", "PID", "DEV", "BACKEND", "ALLOC MiB",
-           "RESERVED MiB", "PEAK RES MiB", "FRAG MiB", "OOMS", "RETRIES", "DEV CALLS", "RSS MiB");
+}
+
+/* Host memory of the process with its descendants; "-" where the kernel would not say. */
+static void print_host_columns(long pid)
+{
+    gm_process_memory host = process_memory(pid);
+    char pss[32] = "-", children[16] = "";
+    if (host.tree_pss_bytes >= 0)
+        snprintf(pss, sizeof pss, "%.1f", mib(host.tree_pss_bytes));
+    if (host.descendants)
+        snprintf(children, sizeof children, " +%d", host.descendants);
+    printf(" %9.1f %9s %8.1f%s\n", mib(host.tree_rss_bytes), pss, mib(host.tree_swap_bytes), children);
+}
+
+static void print_table(const top_view *view)
+{
+    print_host_line(view);
+    print_gpu_rows(view);
+    printf("%8s %3s %-10s %10s %10s %10s %9s %9s %4s %7s %9s %9s %9s %8s\n", "PID", "DEV", "BACKEND", "ALLOC MiB",
+           "RESERV MiB", "PEAK MiB", "FRAG MiB", "LFREE MiB", "OOMS", "RETRIES", "DEV CALLS", "RSS MiB", "PSS MiB",
+           "SWAP MiB");
     for (size_t i = 0; i < view->count; i++) {
         const gm_published *row = &view->rows[i];
         const gm_stats *stats = &row->stats;
@@ -166,13 +202,17 @@ static void print_table(const top_view *view)
         int64_t reserved = stats->reserved_bytes[GM_POOL_ALL].current;
         char backend[32];
         snprintf(backend, sizeof backend, "%s/%s", row->backend, row->engine);
-        printf("%8ld %3d %-10.10s %12.1f %12.1f %12.1f %12.1f %5" PRId64 " %7" PRId64 " %9" PRId64 " %10.1f\n",
-               row->pid, row->device, backend, mib(allocated), mib(reserved), mib(stats->reserved_bytes[GM_POOL_ALL].peak),
-               mib(reserved - allocated), stats->num_ooms, stats->num_alloc_retries, total_device_calls(stats),
-               mib(process_rss(row->pid)));
+        printf("%8ld %3d %-10.10s %10.1f %10.1f %10.1f %9.1f %9.1f %4" PRId64 " %7" PRId64 " %9" PRId64, row->pid,
+               row->device, backend, mib(allocated), mib(reserved), mib(stats->reserved_bytes[GM_POOL_ALL].peak),
+               mib(reserved - allocated), mib((int64_t)row->largest_free_block_bytes), stats->num_ooms,
+               stats->num_alloc_retries, total_device_calls(stats));
+        print_host_columns(row->pid);
     }
     if (!view->count)
         printf("(no gpumem process publishes its statistics: run it with GPUMEM_CONF=publish:true)\n");
+    else
+        printf("\nFRAG: reserved but not allocated; LFREE: its largest free piece; RSS, PSS, SWAP: host memory of "
+               "the process and its children (+N)\n");
 }
 
 static int show(bool json)

@@ -1,17 +1,52 @@
 /*
  * publish_holder.c -- a process for test_stats_cli.sh to look at from outside: it allocates the
  * sizes given as arguments on the sim backend with publish:true, prints its pid and region path on
- * one line, then sleeps until it is killed (SIGKILL, so it cannot remove its region).
+ * one line, then sleeps until it is killed (SIGKILL, so it cannot remove its region). With
+ * HOLDER_CHILD_BYTES=N it first starts a child (as a DataLoader worker would be) that touches N bytes
+ * of host memory and dies with its parent, for gpumem top's per-process-tree host memory.
  * Usage: publish_holder SIZE...
  */
 #include "gpumem.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
 #include <unistd.h>
+
+/* Returns once the child has touched its memory. */
+static void start_child(size_t bytes)
+{
+    pid_t parent = getpid();
+    int ready[2];
+    if (pipe(ready) != 0)
+        return;
+    if (fork() != 0) {
+        char byte;
+        close(ready[1]);
+        if (read(ready[0], &byte, 1) != 1)
+            fprintf(stderr, "publish_holder: the child did not start\n");
+        close(ready[0]);
+        return;
+    }
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)
+        _exit(0);
+    volatile char *memory = malloc(bytes); /* volatile: the stores must happen, though nothing reads them */
+    for (size_t offset = 0; memory && offset < bytes; offset += 4096)
+        memory[offset] = 1;
+    if (write(ready[1], "", 1) != 1)
+        _exit(1);
+    for (;;)
+        pause();
+}
 
 int main(int argc, char **argv)
 {
+    const char *child_bytes = getenv("HOLDER_CHILD_BYTES");
+    if (child_bytes)
+        start_child((size_t)strtoull(child_bytes, NULL, 10));
     gm_allocator *allocator = NULL;
     if (gm_create("backend:sim,capacity:1GiB,publish:true", &allocator) != GM_OK) {
         fprintf(stderr, "publish_holder: %s\n", gm_last_error());

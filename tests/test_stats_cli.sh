@@ -24,7 +24,7 @@ for size in $sizes; do
     expected=$((expected + (size + 511) / 512 * 512))
 done
 
-"$holder" $sizes >"$work/holder.out" 2>&1 &
+HOLDER_CHILD_BYTES=$((32 << 20)) "$holder" $sizes >"$work/holder.out" 2>&1 &
 holder_pid=$!
 for _ in $(seq 100); do
     [ -s "$work/holder.out" ] && break
@@ -57,7 +57,19 @@ grep -q "gpumem memory summary, sim device ID 0" "$work/summary.txt" && grep -Eq
 "$gpumem" top --once --json >"$work/top.json" 2>&1 || fail "gpumem top --once --json failed: $(cat "$work/top.json")"
 grep -q "{\"pid\": $holder_pid, \"device\": 0, \"backend\": \"sim\", \"engine\": \"pages\", \"allocated_bytes\": $expected," \
     "$work/top.json" || fail "gpumem top --json does not list $holder_pid with $expected bytes: $(cat "$work/top.json")"
-grep -Eq '"host_rss_bytes": [1-9][0-9]*\}' "$work/top.json" || fail "gpumem top --json lacks the process's RSS"
+# Host memory of the holder and its child, which touched 32 MiB: the tree's RSS and PSS hold it.
+python3 - "$work/top.json" "$holder_pid" <<'PYTHON' || fail "gpumem top --json's host memory is wrong: $(cat "$work/top.json")"
+import json, sys
+view = json.load(open(sys.argv[1]))
+row = [p for p in view["processes"] if p["pid"] == int(sys.argv[2])][0]
+assert row["host_rss_bytes"] > 0 and row["host_pss_bytes"] > 0, row
+assert row["descendants"] == 1, row
+assert row["tree_rss_bytes"] >= row["host_rss_bytes"] + (32 << 20), row
+assert row["tree_pss_bytes"] >= row["host_pss_bytes"] + (30 << 20), row
+host = view["host"]
+assert 0 < host["memory_available_bytes"] <= host["memory_total_bytes"], host
+assert row["largest_free_block_bytes"] <= row["cached_free_bytes"] <= row["reserved_bytes"], row
+PYTHON
 # GPUs: the driver's rows, or (no NVML here) why there are none.
 grep -Eq '"gpus": \[\{"index": 0, |"gpus": \[\], "gpu_error": "NVML is not available: ' "$work/top.json" ||
     fail "gpumem top --json has neither GPU rows nor the reason: $(cat "$work/top.json")"

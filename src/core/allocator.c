@@ -46,9 +46,15 @@ static void add_device_calls(const gm_backend *backend, gm_stats *stats)
     memcpy(stats->device_call_ns_by_kind, backend->call_ns_by_kind, sizeof stats->device_call_ns_by_kind);
 }
 
+static void cache_info_locked(gm_allocator *allocator, uint64_t *free_bytes_out, uint64_t *largest_block_out);
+
+/* The device-call counts, and the cache's shape (a walk of the size indexes, too slow for every call). */
 static void publish_device_calls(gm_allocator *allocator)
 {
     add_device_calls(allocator->arena.backend, allocator->arena.stats);
+    uint64_t free_bytes, largest_block;
+    cache_info_locked(allocator, &free_bytes, &largest_block);
+    gm_publisher_set_cache(allocator->publisher, free_bytes, largest_block);
     allocator->published_call_ns = allocator->arena.backend->call_ns;
     allocator->publish_countdown = GM_PUBLISH_ALL_EVERY;
 }
@@ -515,11 +521,8 @@ gm_status gm_get_memory_limit(gm_allocator *allocator, uint64_t *bytes_out)
     return GM_OK;
 }
 
-gm_status gm_cache_info(gm_allocator *allocator, uint64_t *free_bytes_out, uint64_t *largest_block_out)
+static void cache_info_locked(gm_allocator *allocator, uint64_t *free_bytes_out, uint64_t *largest_block_out)
 {
-    if (!allocator || !free_bytes_out || !largest_block_out)
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_cache_info: an argument is NULL");
-    pthread_mutex_lock(&allocator->lock);
     *free_bytes_out = 0;
     *largest_block_out = 0;
     for (size_t h = 0; h < allocator->arena.heap_count; h++) {
@@ -531,6 +534,14 @@ gm_status gm_cache_info(gm_allocator *allocator, uint64_t *free_bytes_out, uint6
                 *largest_block_out = largest->size;
         }
     }
+}
+
+gm_status gm_cache_info(gm_allocator *allocator, uint64_t *free_bytes_out, uint64_t *largest_block_out)
+{
+    if (!allocator || !free_bytes_out || !largest_block_out)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_cache_info: an argument is NULL");
+    pthread_mutex_lock(&allocator->lock);
+    cache_info_locked(allocator, free_bytes_out, largest_block_out);
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
 }

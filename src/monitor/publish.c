@@ -163,6 +163,12 @@ gm_stats *gm_publisher_stats(gm_publisher *publisher)
     return &publisher->region->stats;
 }
 
+void gm_publisher_set_cache(gm_publisher *publisher, uint64_t free_bytes, uint64_t largest_free_block_bytes)
+{
+    publisher->region->cache.free_bytes = free_bytes;
+    publisher->region->cache.largest_free_block_bytes = largest_free_block_bytes;
+}
+
 gm_seqlock_writer *gm_publisher_seqlock(gm_publisher *publisher)
 {
     return &publisher->seqlock;

@@ -40,6 +40,9 @@ gm_status gm_publisher_open(const gm_publish_identity *identity, const gm_stats 
  * gm_publish_begin and gm_publish_end. */
 gm_stats *gm_publisher_stats(gm_publisher *publisher);
 
+/* Publish the cache's free bytes and largest free block (between gm_publish_begin and _end). */
+void gm_publisher_set_cache(gm_publisher *publisher, uint64_t free_bytes, uint64_t largest_free_block_bytes);
+
 /* The region's seqlock. */
 gm_seqlock_writer *gm_publisher_seqlock(gm_publisher *publisher);
 

@@ -122,12 +122,13 @@ static gm_status read_header(const char *path, int descriptor, off_t file_size, 
 }
 
 /* Copy the statistics under the seqlock. */
-static bool read_snapshot(gm_region *region, gm_stats *stats_out)
+static bool read_snapshot(gm_region *region, gm_stats *stats_out, gm_region_cache *cache_out)
 {
     for (long attempt = 0; attempt < READ_ATTEMPTS; attempt++) {
         uint64_t before = atomic_load_explicit(&region->sequence, memory_order_acquire);
         if (!(before & 1)) {
             memcpy(stats_out, &region->stats, sizeof *stats_out);
+            memcpy(cache_out, &region->cache, sizeof *cache_out);
             atomic_thread_fence(memory_order_acquire);
             if (atomic_load_explicit(&region->sequence, memory_order_relaxed) == before)
                 return true;
@@ -182,10 +183,13 @@ gm_status gm_published_read(const char *path, gm_published *published_out)
         return status;
     memset(published_out, 0, sizeof *published_out);
     copy_header(&header, published_out);
-    if (!read_snapshot(mapping, &published_out->stats))
+    gm_region_cache cache;
+    if (!read_snapshot(mapping, &published_out->stats, &cache))
         status = gm_fail(GM_ERROR_IO, "%s: its writer never finished an update (sequence stays odd)", path);
     munmap(mapping, sizeof(gm_region));
     complete(&published_out->stats);
+    published_out->cached_free_bytes = cache.free_bytes;
+    published_out->largest_free_block_bytes = cache.largest_free_block_bytes;
     return status;
 }
 

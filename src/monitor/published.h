@@ -20,6 +20,8 @@ typedef struct gm_published {
     uint64_t device_total_bytes;
     int64_t start_time_ns;
     gm_stats stats; /* complete: the all-pools readings summed as gm_get_stats gives them */
+    uint64_t cached_free_bytes;        /* free in reserved memory, as gm_cache_info says (sampled) */
+    uint64_t largest_free_block_bytes; /* the largest free piece of it (sampled) */
 } gm_published;
 
 /* Open the region at `path`, check it (a regular file, not a symbolic link, of this user, of the

@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #define GM_REGION_MAGIC "GMSTATS\0" /* 8 bytes, the last one NUL */
-#define GM_REGION_LAYOUT_VERSION 1u
+#define GM_REGION_LAYOUT_VERSION 2u
 #define GM_REGION_NAME_PREFIX "gpumem."
 #define GM_REGION_DEFAULT_DIRECTORY "/dev/shm"
 
@@ -49,12 +49,20 @@ typedef struct gm_region_header {
     int64_t start_time_ns;         /* CLOCK_REALTIME when the region was created */
 } gm_region_header;
 
-/* The whole file. `sequence` is the seqlock: odd while the writer is changing `stats`. */
+/* The cache's shape, which needs a walk of the size indexes: refreshed with the device-call counts
+ * (after a call that made a device call, and at least every 256 calls), not after every call. */
+typedef struct gm_region_cache {
+    uint64_t free_bytes;               /* bytes free in reserved memory */
+    uint64_t largest_free_block_bytes; /* the largest of them in one piece */
+} gm_region_cache;
+
+/* The whole file. `sequence` is the seqlock: odd while the writer is changing `stats` or `cache`. */
 typedef struct gm_region {
     gm_region_header header;
     _Atomic uint64_t sequence;
     uint64_t padding;
     gm_stats stats;
+    gm_region_cache cache;
 } gm_region;
 
 /* The directory regions live in: GPUMEM_SHM_DIR, else /dev/shm. */
