@@ -6,6 +6,7 @@
  *   gpumem stats PID [--device N] [--json]
  *   gpumem top [-d SECONDS] [--once] [--json]
  *   gpumem summary PID [--device N]
+ *   gpumem run [--conf KEY:VALUE,...] [--report FILE] [--] COMMAND [ARGUMENTS...]
  *   gpumem config
  *   gpumem version
  *
@@ -38,6 +39,9 @@ static void print_usage(FILE *out)
             "                 process PID's statistics as torch.cuda.memory_summary() lays them out\n"
             "  top [-d SECONDS] [--once] [--json]\n"
             "                 every publishing gpumem process of this user, live, and the host's memory\n"
+            "  run [--conf KEY:VALUE,...] [--report FILE] [--] COMMAND [ARGUMENTS...]\n"
+            "                 run a command (python train.py) with gpumem as PyTorch's allocator, its\n"
+            "                 statistics published for gpumem top; at exit its peaks and memory summary\n"
             "  config         list the GPUMEM_CONF keys\n"
             "  version        print the version\n");
 }
@@ -57,6 +61,8 @@ int main(int argc, char **argv)
         return gm_command_stats(argc - 2, argv + 2);
     if (!strcmp(command, "summary"))
         return gm_command_summary(argc - 2, argv + 2);
+    if (!strcmp(command, "run"))
+        return gm_command_run(argc - 2, argv + 2);
     if (!strcmp(command, "top"))
         return gm_command_top(argc - 2, argv + 2);
     if (!strcmp(command, "config")) {
