@@ -2,6 +2,8 @@
  * main.c -- the gpumem command line.
  *
  *   gpumem replay TRACE [--backend sim|host|cuda] [--capacity BYTES] [--conf KEY:VALUE,...] [--json] [--passes N]
+ *                       [--snapshot FILE] [--history FILE] [--report FILE]
+ *   gpumem report TRACE|HISTORY|SNAPSHOT -o FILE [--backend ...] [--capacity ...] [--conf ...]
  *   gpumem info [--backend NAME] [--conf ...]
  *   gpumem stats PID [--device N] [--json]
  *   gpumem top [-d SECONDS] [--once] [--json]
@@ -30,6 +32,11 @@ static void print_usage(FILE *out)
             "               [--passes N]  (N replays on one allocator, each reported: cold, then warm)\n"
             "                 replay an allocation trace (plain or .gz) and report peak live and\n"
             "                 reserved bytes, their ratio, CPU time per operation and device calls\n"
+            "               [--snapshot FILE] [--history FILE]  the allocator's blocks at the end, its events (JSON)\n"
+            "               [--report FILE]  an HTML report of the trace (as gpumem report writes it)\n"
+            "  report TRACE|HISTORY|SNAPSHOT -o FILE [--backend ...] [--capacity ...] [--conf ...]\n"
+            "                 a self-contained HTML report: memory over time, the memory map at the peak,\n"
+            "                 the largest allocations then and the statistics table\n"
             "  info [--backend NAME] [--conf ...]\n"
             "                 describe the device: driver, memory, virtual-memory support, granularity\n"
             "  stats PID [--device N] [--json]\n"
@@ -51,6 +58,8 @@ int main(int argc, char **argv)
     const char *command = argv[1];
     if (!strcmp(command, "replay"))
         return gm_command_replay(argc - 2, argv + 2);
+    if (!strcmp(command, "report"))
+        return gm_command_report(argc - 2, argv + 2);
     if (!strcmp(command, "info"))
         return gm_command_info(argc - 2, argv + 2);
     if (!strcmp(command, "stats"))
