@@ -207,12 +207,10 @@ static int report_of_history(const gm_input_file *input, const char *output_path
     status = notes ? gm_memory_curve_from_events(&curve, CURVE_BUCKETS, history.events, history.count,
                                                  &allocated_baseline, &reserved_baseline)
                    : GM_ERROR_OUT_OF_MEMORY;
-    /* The map after the allocation that took reserved memory to its peak: its mapping event comes
-     * first, then its alloc event. */
-    size_t moment_index = (size_t)curve.peak_reserved_x;
-    if (moment_index + 1 < history.count && history.events[moment_index].kind == GM_EVENT_SEGMENT_MAP &&
-        history.events[moment_index + 1].kind == GM_EVENT_ALLOC)
-        moment_index++;
+    /* The map after the allocation that took reserved memory to its peak. */
+    size_t moment_index = status == GM_OK ? gm_history_operation_end(history.events, history.count,
+                                                                      (size_t)curve.peak_reserved_x)
+                                          : 0;
     if (status == GM_OK && history.count && !history.dropped)
         status = gm_history_map(history.events, history.count, moment_index, &map);
     if (status != GM_OK) {

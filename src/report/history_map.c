@@ -119,6 +119,13 @@ static void fill_region(map_builder *builder, gm_snapshot_region *region, const 
     *next_block = i;
 }
 
+size_t gm_history_operation_end(const gm_event *events, size_t count, size_t index)
+{
+    if (index + 1 < count && events[index].kind == GM_EVENT_SEGMENT_MAP && events[index + 1].kind == GM_EVENT_ALLOC)
+        return index + 1;
+    return index;
+}
+
 gm_status gm_history_map(const gm_event *events, size_t count, size_t last, gm_snapshot **map_out)
 {
     *map_out = NULL;

@@ -18,6 +18,11 @@
 
 #include <stddef.h>
 
+/* The last event of the operation that events[index] belongs to: an allocation's mapping events come
+ * before its `alloc` event, so for a `segment_map` followed by an `alloc`, that alloc; else `index`.
+ * The map after it shows the allocation that made the mapping. */
+size_t gm_history_operation_end(const gm_event *events, size_t count, size_t index);
+
 /* The map after events[0 .. last]; free it with gm_history_map_free. */
 gm_status gm_history_map(const gm_event *events, size_t count, size_t last, gm_snapshot **map_out);
 void gm_history_map_free(gm_snapshot *map);

@@ -1,7 +1,8 @@
 /*
  * html_report.c -- the report page (html_report.h): its style, its sections in reading order, the
  * small inline script, and saving it whole (a temporary file renamed over the target, so that a
- * failed write never leaves a partial page under the requested name).
+ * failed write never leaves a partial page under the requested name; a device or pipe such as
+ * /dev/stdout is written directly).
  *
  * Numbers a test or a reader may want to check carry their exact value in a data-value attribute
  * (<tr id="peak-reserved" data-value="11813257216">), next to the human-readable form.
@@ -351,13 +352,29 @@ void gm_html_report_write(const gm_html_report *report, FILE *out)
             GPUMEM_VERSION, SCRIPT);
 }
 
-gm_status gm_html_report_save(const gm_html_report *report, const char *path)
+/* Straight into a device or pipe (/dev/stdout, a FIFO): nothing there to replace atomically. */
+static gm_status write_directly(const gm_html_report *report, const char *path)
 {
-    size_t length = strlen(path);
+    FILE *out = fopen(path, "w");
+    int error = out ? 0 : errno;
+    if (out) {
+        gm_html_report_write(report, out);
+        if (fflush(out) != 0 || ferror(out))
+            error = errno ? errno : EIO;
+        if (fclose(out) != 0 && !error)
+            error = errno;
+    }
+    return error ? gm_fail(GM_ERROR_IO, "cannot write the report to '%s': %s", path, strerror(error)) : GM_OK;
+}
+
+/* To `target` (a regular file or none yet) through a temporary file beside it, renamed over it. */
+static gm_status write_replacing(const gm_html_report *report, const char *path, const char *target)
+{
+    size_t length = strlen(target);
     char *temporary = malloc(length + 16);
     if (!temporary)
         return gm_fail(GM_ERROR_IO, "cannot write the report to '%s': no host memory", path);
-    snprintf(temporary, length + 16, "%s.tmp.XXXXXX", path);
+    snprintf(temporary, length + 16, "%s.tmp.XXXXXX", target);
     int descriptor = mkstemp(temporary);
     if (descriptor < 0) {
         int error = errno;
@@ -380,7 +397,7 @@ gm_status gm_html_report_save(const gm_html_report *report, const char *path)
         if (fclose(out) != 0 && !error)
             error = errno;
     }
-    if (!error && rename(temporary, path) != 0)
+    if (!error && rename(temporary, target) != 0)
         error = errno;
     if (error)
         unlink(temporary);
@@ -388,4 +405,21 @@ gm_status gm_html_report_save(const gm_html_report *report, const char *path)
     if (error)
         return gm_fail(GM_ERROR_IO, "cannot write the report to '%s': %s", path, strerror(error));
     return GM_OK;
+}
+
+gm_status gm_html_report_save(const gm_html_report *report, const char *path)
+{
+    struct stat status;
+    if (stat(path, &status) != 0) /* a new file */
+        return write_replacing(report, path, path);
+    if (S_ISDIR(status.st_mode))
+        return gm_fail(GM_ERROR_IO, "cannot write the report to '%s': it is a directory", path);
+    if (!S_ISREG(status.st_mode))
+        return write_directly(report, path);
+    char *target = realpath(path, NULL); /* through a symbolic link, replace the file it names */
+    if (!target)
+        return gm_fail(GM_ERROR_IO, "cannot write the report to '%s': %s", path, strerror(errno));
+    gm_status result = write_replacing(report, path, target);
+    free(target);
+    return result;
 }

@@ -278,16 +278,29 @@ static bool read_stats(gm_json_reader *reader, gm_stats *stats)
     return !reader->failed;
 }
 
+/* `from` into `to`, cut to fit. */
+static void copy_cut(char *to, size_t size, const char *from)
+{
+    size_t length = strlen(from);
+    length = length < size ? length : size - 1;
+    memcpy(to, from, length);
+    to[length] = '\0';
+}
+
 static bool read_device(gm_json_reader *reader, gm_device_info *device)
 {
-    char key[KEY_SIZE];
+    char key[KEY_SIZE], name[256];
     uint64_t value = 0;
     gm_json_begin_object(reader);
     while (gm_json_next_member(reader, key, sizeof key)) {
-        if (!strcmp(key, "backend"))
-            gm_json_read_string(reader, device->backend, sizeof device->backend);
-        else if (!strcmp(key, "engine"))
-            gm_json_read_string(reader, device->engine, sizeof device->engine);
+        /* Names longer than gm_device_info holds are cut. */
+        if (!strcmp(key, "backend")) {
+            if (gm_json_read_string(reader, name, sizeof name))
+                copy_cut(device->backend, sizeof device->backend, name);
+        } else if (!strcmp(key, "engine")) {
+            if (gm_json_read_string(reader, name, sizeof name))
+                copy_cut(device->engine, sizeof device->engine, name);
+        }
         else if (!strcmp(key, "total_bytes"))
             gm_json_read_uint64(reader, &device->total_bytes);
         else if (!strcmp(key, "free_bytes"))

@@ -341,6 +341,8 @@ static bool skip(gm_json_reader *reader, int depth)
     if (c == '{') {
         gm_json_begin_object(reader);
         while (next_item(reader, '}')) {
+            if (peek(reader) != '"')
+                return gm_json_fail(reader, "expected a key (a string)");
             if (!read_string(reader, NULL, 0) || !expect(reader, ':', "expected ':' after a key") ||
                 !skip(reader, depth + 1))
                 return false;
