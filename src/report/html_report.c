@@ -323,13 +323,14 @@ void gm_html_report_write(const gm_html_report *report, FILE *out)
         text(out, report->backend);
         fputs(" backend", out);
     }
+    if (known(report->device_name)) {
+        fputs(" (", out);
+        text(out, report->device_name);
+        fputs(")", out);
+    }
     if (known(report->engine)) {
         fputs(", engine ", out);
         text(out, report->engine);
-    }
-    if (known(report->device_name)) {
-        fputs(", device ", out);
-        text(out, report->device_name);
     }
     fputs(".</p>\n", out);
     headline(out, report);

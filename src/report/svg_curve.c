@@ -165,10 +165,10 @@ void gm_svg_memory_curve(FILE *out, const gm_memory_curve *curve, const char *un
     fputs("\">\n", out);
     grid(out, &axes, unit, y_step, y_unit, y_unit_name);
     legend(out);
+    peak_series(out, &axes, curve, "curve-peak-reserved", 1); /* under the curves they follow */
+    peak_series(out, &axes, curve, "curve-peak-allocated", 0);
     series(out, &axes, curve, "curve-reserved", 1);
     series(out, &axes, curve, "curve-allocated", 0);
-    peak_series(out, &axes, curve, "curve-peak-reserved", 1);
-    peak_series(out, &axes, curve, "curve-peak-allocated", 0);
     double peak_x = to_x(&axes, (double)curve->peak_reserved_x), peak_y = to_y(&axes, (double)curve->peak_reserved);
     char bytes[32];
     bool right_half = peak_x > (PLOT_LEFT + PLOT_RIGHT) / 2;
