@@ -63,7 +63,8 @@ static const char *kind_class(gm_block_kind kind)
 static void runs(FILE *out, const gm_snapshot *map, const gm_snapshot_region *region, uint64_t shown_end,
                  const bar *bar, bool top_pass)
 {
-    double extent = (double)(shown_end - region->address), width = BAR_RIGHT - bar->left;
+    double extent = shown_end > region->address ? (double)(shown_end - region->address) : 1.0;
+    double width = BAR_RIGHT - bar->left;
     size_t b = 0;
     while (b < region->block_count) {
         const gm_snapshot_block *first = &map->blocks[region->first_block + b];
