@@ -3,8 +3,9 @@
  * full width of the chart, its blocks coloured by state. Neighbouring blocks of one state are drawn
  * as one rectangle. Free and pending runs are drawn last and at least 0.6 units wide, so that a free
  * sliver between two allocations -- memory that is reserved but stuck -- stays visible at any scale.
- * A pages-engine region is a large virtual range whose tail is unmapped; the bar ends with the last
- * mapped block and a note under it says how much address space it leaves out. From 17 regions on
+ * A pages-engine region is a large virtual range mostly unmapped (at its end; a growth lane's also at
+ * its start): the bar runs from the first mapped block to the end of the last, and a note under it
+ * says how much address space it leaves out. From 17 regions on
  * (the segments engine's many segments) the rows are compact: a short label, the full one on hover.
  */
 #include "report/svg_charts.h"
@@ -27,16 +28,23 @@ typedef struct bar {
 typedef struct region_totals {
     uint64_t allocated, pending, free, largest_free;
     size_t free_blocks;
-    uint64_t shown_end; /* the end of the last mapped block (the region's end if none is mapped) */
+    /* What the bar shows: from the first mapped block to the end of the last (the whole region if
+     * nothing is mapped). */
+    uint64_t shown_start, shown_end;
 } region_totals;
 
 static region_totals totals_of(const gm_snapshot *map, const gm_snapshot_region *region)
 {
     region_totals totals = {0};
+    bool mapped = false;
     for (size_t b = 0; b < region->block_count; b++) {
         const gm_snapshot_block *block = &map->blocks[region->first_block + b];
-        if (block->kind != GM_BLOCK_KIND_UNMAPPED)
+        if (block->kind != GM_BLOCK_KIND_UNMAPPED) {
+            if (!mapped)
+                totals.shown_start = block->address;
+            mapped = true;
             totals.shown_end = block->address + block->size;
+        }
         if (block->kind == GM_BLOCK_KIND_ALLOCATED)
             totals.allocated += block->size;
         else if (block->kind == GM_BLOCK_KIND_PENDING)
@@ -47,8 +55,10 @@ static region_totals totals_of(const gm_snapshot *map, const gm_snapshot_region 
             totals.largest_free = block->size > totals.largest_free ? block->size : totals.largest_free;
         }
     }
-    if (!totals.shown_end)
+    if (!mapped) {
+        totals.shown_start = region->address;
         totals.shown_end = region->address + region->size;
+    }
     return totals;
 }
 
@@ -59,29 +69,33 @@ static const char *kind_class(gm_block_kind kind)
 }
 
 /* The runs of one region whose state is drawn in this pass (allocated and unmapped first, then free
- * and pending on top). */
-static void runs(FILE *out, const gm_snapshot *map, const gm_snapshot_region *region, uint64_t shown_end,
+ * and pending on top), within [shown->shown_start, shown->shown_end). */
+static void runs(FILE *out, const gm_snapshot *map, const gm_snapshot_region *region, const region_totals *shown,
                  const bar *bar, bool top_pass)
 {
-    double extent = shown_end > region->address ? (double)(shown_end - region->address) : 1.0;
+    double extent = shown->shown_end > shown->shown_start ? (double)(shown->shown_end - shown->shown_start) : 1.0;
     double width = BAR_RIGHT - bar->left;
     size_t b = 0;
     while (b < region->block_count) {
         const gm_snapshot_block *first = &map->blocks[region->first_block + b];
-        if (first->address >= shown_end)
+        if (first->address >= shown->shown_end)
             break;
+        if (first->address < shown->shown_start) { /* the unmapped addresses before the bar */
+            b++;
+            continue;
+        }
         uint64_t bytes = 0;
         size_t blocks = 0;
         for (; b < region->block_count; b++, blocks++) {
             const gm_snapshot_block *block = &map->blocks[region->first_block + b];
-            if (block->kind != first->kind || block->address >= shown_end)
+            if (block->kind != first->kind || block->address >= shown->shown_end)
                 break;
             bytes += block->size;
         }
         bool on_top = first->kind == GM_BLOCK_KIND_FREE || first->kind == GM_BLOCK_KIND_PENDING;
         if (on_top != top_pass)
             continue;
-        double x = bar->left + (double)(first->address - region->address) / extent * width;
+        double x = bar->left + (double)(first->address - shown->shown_start) / extent * width;
         double w = (double)bytes / extent * width;
         if (on_top && w < 0.6)
             w = 0.6;
@@ -133,17 +147,19 @@ static void row(FILE *out, const gm_snapshot *map, size_t index, double y, bool 
         fprintf(out, "<text class=\"region-label\" x=\"%.0f\" y=\"14\">", BAR_LEFT);
         label(out, region, index, &totals);
         fputs("</text>\n", out);
-        uint64_t region_end = region->address + region->size;
-        if (totals.shown_end < region_end)
-            fprintf(out, "<text class=\"region-tail\" x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">then %s of "
-                         "unmapped address space, not drawn</text>\n",
-                    BAR_RIGHT, BAR_TOP + BAR_HEIGHT + 11, gm_html_bytes(hidden, sizeof hidden, region_end - totals.shown_end));
+        uint64_t before = totals.shown_start - region->address, after = region->address + region->size - totals.shown_end;
+        char hidden_after[32];
+        if (before || after)
+            fprintf(out, "<text class=\"region-tail\" x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">unmapped address "
+                         "space not drawn: %s before the bar, %s after it</text>\n",
+                    BAR_RIGHT, BAR_TOP + BAR_HEIGHT + 11, gm_html_bytes(hidden, sizeof hidden, before),
+                    gm_html_bytes(hidden_after, sizeof hidden_after, after));
     }
     fprintf(out, "<rect class=\"bar-frame\" x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\"/>\n", left, top,
             BAR_RIGHT - left, height);
     bar bar = {left, top, height};
-    runs(out, map, region, totals.shown_end, &bar, false);
-    runs(out, map, region, totals.shown_end, &bar, true);
+    runs(out, map, region, &totals, &bar, false);
+    runs(out, map, region, &totals, &bar, true);
     fprintf(out, "</g>\n");
 }
 
