@@ -2,6 +2,8 @@
  * main.c -- the gpumem command line.
  *
  *   gpumem replay TRACE [--backend sim|host|cuda] [--capacity BYTES] [--conf KEY:VALUE,...] [--json] [--passes N]
+ *                       [--snapshot FILE] [--history FILE] [--report FILE]
+ *   gpumem report TRACE|HISTORY|SNAPSHOT -o FILE [--backend ...] [--capacity ...] [--conf ...]
  *   gpumem info [--backend NAME] [--conf ...]
  *   gpumem stats PID [--device N] [--json]
  *   gpumem top [-d SECONDS] [--once] [--json]
@@ -29,8 +31,13 @@ static void print_usage(FILE *out)
             "commands:\n"
             "  replay TRACE [--backend sim|host|cuda] [--capacity BYTES] [--conf KEY:VALUE,...] [--json]\n"
             "               [--passes N]  (N replays on one allocator, each reported: cold, then warm)\n"
+            "               [--snapshot FILE] [--history FILE]  the blocks at the end, the events (JSON)\n"
+            "               [--report FILE]  the HTML report of gpumem report, for this trace\n"
             "                 replay an allocation trace (plain or .gz) and report peak live and\n"
             "                 reserved bytes, their ratio, CPU time per operation and device calls\n"
+            "  report TRACE|HISTORY|SNAPSHOT -o FILE [--backend ...] [--capacity ...] [--conf ...]\n"
+            "                 a self-contained HTML report: memory over time, the memory map at the peak,\n"
+            "                 the largest allocations then and the statistics table\n"
             "  info [--backend NAME] [--conf ...]\n"
             "                 describe the device: driver, memory, virtual-memory support, granularity\n"
             "  stats PID [--device N] [--json]\n"
@@ -55,6 +62,8 @@ int main(int argc, char **argv)
     const char *command = argv[1];
     if (!strcmp(command, "replay"))
         return gm_command_replay(argc - 2, argv + 2);
+    if (!strcmp(command, "report"))
+        return gm_command_report(argc - 2, argv + 2);
     if (!strcmp(command, "info"))
         return gm_command_info(argc - 2, argv + 2);
     if (!strcmp(command, "stats"))
