@@ -29,5 +29,6 @@ int gm_command_info(int argc, char **argv);
 int gm_command_stats(int argc, char **argv);
 int gm_command_top(int argc, char **argv);
 int gm_command_summary(int argc, char **argv);
+int gm_command_exporter(int argc, char **argv);
 
 #endif

@@ -6,6 +6,7 @@
  *   gpumem stats PID [--device N] [--json]
  *   gpumem top [-d SECONDS] [--once] [--json]
  *   gpumem summary PID [--device N]
+ *   gpumem exporter [--listen HOST:PORT] [--allow-remote] [--textfile DIR [--interval SECONDS] [--once]]
  *   gpumem config
  *   gpumem version
  *
@@ -38,6 +39,9 @@ static void print_usage(FILE *out)
             "                 process PID's statistics as torch.cuda.memory_summary() lays them out\n"
             "  top [-d SECONDS] [--once] [--json]\n"
             "                 every publishing gpumem process of this user, live, and the host's memory\n"
+            "  exporter [--listen HOST:PORT] [--allow-remote] [--textfile DIR [--interval SECONDS] [--once]]\n"
+            "                 Prometheus metrics of those processes, the host and the GPUs: served at\n"
+            "                 http://HOST:PORT/metrics (default 127.0.0.1:9464), or written to DIR/gpumem.prom\n"
             "  config         list the GPUMEM_CONF keys\n"
             "  version        print the version\n");
 }
@@ -59,6 +63,8 @@ int main(int argc, char **argv)
         return gm_command_summary(argc - 2, argv + 2);
     if (!strcmp(command, "top"))
         return gm_command_top(argc - 2, argv + 2);
+    if (!strcmp(command, "exporter"))
+        return gm_command_exporter(argc - 2, argv + 2);
     if (!strcmp(command, "config")) {
         fputs(gm_config_help(), stdout);
         return GM_EXIT_OK;
