@@ -96,7 +96,11 @@ static void check_structure(const char *text)
         const char *end = strchr(line, '\n');
         REQUIRE(end);
         char name[96];
-        if (sscanf(line, "# HELP %95s", name) == 1) {
+        if (!strncmp(line, "# HELP ", 7)) {
+            size_t name_length = strcspn(line + 7, " \n");
+            REQUIRE(name_length < sizeof name);
+            memcpy(name, line + 7, name_length);
+            name[name_length] = '\0';
             for (size_t i = 0; i < family_count; i++)
                 CHECK(strcmp(families[i], name) != 0); /* a family appears once */
             REQUIRE(family_count < 256);
@@ -105,7 +109,8 @@ static void check_structure(const char *text)
             char type_line[128];
             snprintf(type_line, sizeof type_line, "# TYPE %s ", name);
             CHECK(!strncmp(end + 1, type_line, strlen(type_line))); /* TYPE follows HELP */
-            sscanf(end + 1 + strlen(type_line), "%15s", type);
+            const char *type_start = end + 1 + strlen(type_line);
+            snprintf(type, sizeof type, "%.*s", (int)strcspn(type_start, "\n"), type_start);
             end = strchr(end + 1, '\n');
             REQUIRE(end);
             bool counter = !strcmp(type, "counter");
