@@ -29,6 +29,7 @@ int gm_command_info(int argc, char **argv);
 int gm_command_stats(int argc, char **argv);
 int gm_command_top(int argc, char **argv);
 int gm_command_summary(int argc, char **argv);
+int gm_command_run(int argc, char **argv);
 int gm_command_exporter(int argc, char **argv);
 
 #endif

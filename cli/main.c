@@ -6,6 +6,7 @@
  *   gpumem stats PID [--device N] [--json]
  *   gpumem top [-d SECONDS] [--once] [--json]
  *   gpumem summary PID [--device N]
+ *   gpumem run [--conf KEY:VALUE,...] [--report FILE] [--] COMMAND [ARGUMENTS...]
  *   gpumem exporter [--listen HOST:PORT] [--allow-remote] [--textfile DIR [--interval SECONDS] [--once]]
  *   gpumem config
  *   gpumem version
@@ -39,6 +40,9 @@ static void print_usage(FILE *out)
             "                 process PID's statistics as torch.cuda.memory_summary() lays them out\n"
             "  top [-d SECONDS] [--once] [--json]\n"
             "                 every publishing gpumem process of this user, live, and the host's memory\n"
+            "  run [--conf KEY:VALUE,...] [--report FILE] [--] COMMAND [ARGUMENTS...]\n"
+            "                 run a command (python train.py) with gpumem as PyTorch's allocator, its\n"
+            "                 statistics published for gpumem top; at exit its peaks and memory summary\n"
             "  exporter [--listen HOST:PORT] [--allow-remote] [--textfile DIR [--interval SECONDS] [--once]]\n"
             "                 Prometheus metrics of those processes, the host and the GPUs: served at\n"
             "                 http://HOST:PORT/metrics (default 127.0.0.1:9464), or written to DIR/gpumem.prom\n"
@@ -61,6 +65,8 @@ int main(int argc, char **argv)
         return gm_command_stats(argc - 2, argv + 2);
     if (!strcmp(command, "summary"))
         return gm_command_summary(argc - 2, argv + 2);
+    if (!strcmp(command, "run"))
+        return gm_command_run(argc - 2, argv + 2);
     if (!strcmp(command, "top"))
         return gm_command_top(argc - 2, argv + 2);
     if (!strcmp(command, "exporter"))

@@ -3,10 +3,11 @@
 # `gpumem info`, the GPU tests, the GPU tests under compute-sanitizer memcheck, trace replay on the
 # cuda backend, and the side-by-side GPU benchmark (bench/gpu_replay.py). Logs and results go to
 # $OUT (the device tool's output folder) or ./gpu-results, as gpu-results.tgz and gpu_replay.md.
-# Usage: scripts/gpu-check.sh [build|tests|memcheck|bench|python|workloads|all]...   (default: all)
+# Usage: scripts/gpu-check.sh [build|tests|memcheck|bench|python|workloads|top|run|whatif|all]...   (default: all)
 #   python     the PyTorch/CuPy integration tests (tests/gpu/test_torch.py, pytest)
 #   workloads  bench/torch_workloads.py: real models under every allocator (not part of "all": long)
 #   top        a PyTorch process with publish:true seen by gpumem top / gpumem stats from outside
+#   run        a training script under `gpumem run --report`, seen by gpumem top from a second shell
 #   whatif     python -m gpumem.whatif on native snapshots of resnet50 and gpt2, checked against gpumem replay
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +21,7 @@ steps=${*:-all}
 has() { [[ " $steps " == *" $1 "* || " $steps " == *" all "* ]]; }
 failed=0
 
-if has build || has tests || has memcheck || has bench || has python || has whatif || has top || [[ " $steps " == *" workloads "* ]]; then
+if has build || has tests || has memcheck || has bench || has python || has whatif || has top || has run || [[ " $steps " == *" workloads "* ]]; then
     { cmake -S . -B $build -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake --build $build -j"$(nproc)"; } >"$out/build.log" 2>&1 \
         || { echo "build failed"; tail -30 "$out/build.log"; exit 1; }
     echo "built"
@@ -53,6 +54,10 @@ if has python; then
 fi
 if has top; then
     tests/gpu/top_while_training.sh $build 2>&1 | tee "$out/top.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
+fi
+if has run; then
+    tests/gpu/run_training.sh $build 2>&1 | tee "$out/run.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
 fi
 if has whatif; then

@@ -3,7 +3,10 @@
  * sizes given as arguments on the sim backend with publish:true, prints its pid and region path on
  * one line, then sleeps until it is killed (SIGKILL, so it cannot remove its region). With
  * HOLDER_CHILD_BYTES=N it first starts a child (as a DataLoader worker would be) that touches N bytes
- * of host memory and dies with its parent, for gpumem top's per-process-tree host memory.
+ * of host memory and dies with its parent, for gpumem top's per-process-tree host memory. With
+ * HOLDER_EXIT=leave it exits at once instead of sleeping, leaving its region behind (as a process that
+ * never destroys its allocator does); with HOLDER_EXIT=destroy it frees the first allocation, destroys
+ * the allocator half a second later (which removes the region) and exits: what `gpumem run` must still report.
  * Usage: publish_holder SIZE...
  */
 #include "gpumem.h"
@@ -57,15 +60,27 @@ int main(int argc, char **argv)
         fprintf(stderr, "publish_holder: %s\n", gm_last_error());
         return 1;
     }
+    void *first = NULL;
     for (int i = 1; i < argc; i++) {
         void *pointer = NULL;
         if (gm_malloc(allocator, (size_t)strtoull(argv[i], NULL, 10), 0, &pointer) != GM_OK) {
             fprintf(stderr, "publish_holder: %s\n", gm_last_error());
             return 1;
         }
+        if (i == 1)
+            first = pointer;
     }
     printf("%ld %s\n", (long)getpid(), path);
     fflush(stdout);
+    const char *exit_mode = getenv("HOLDER_EXIT");
+    if (exit_mode && !strcmp(exit_mode, "leave"))
+        _exit(0);
+    if (exit_mode && !strcmp(exit_mode, "destroy")) {
+        usleep(500000); /* longer than gpumem run's look for new regions (every 50 ms) */
+        gm_free(allocator, first);
+        gm_destroy(allocator, NULL);
+        return 0;
+    }
     for (;;)
         pause();
 }

@@ -205,6 +205,14 @@ def _check(status):
         raise (OutOfMemoryError if status == _OUT_OF_MEMORY else GpumemError)(status, message)
 
 
+def _take_text(text):
+    """A JSON text the library made, as a str; released."""
+    try:
+        return ctypes.string_at(text.value).decode()
+    finally:
+        _library.gm_json_free(text)
+
+
 def _take_json(text):
     """Parse a JSON text the library made, and release it."""
     try:
@@ -334,9 +342,13 @@ class Allocator:
 
     def history(self):
         """The newest events of the history ring (GPUMEM_CONF history:N), as a dict ("gpumem-history")."""
+        return json.loads(self.history_json())
+
+    def history_json(self):
+        """The same, as the library's JSON text (for writing to a file without parsing it)."""
         text = ctypes.c_void_p()
         _check(_library.gm_history_json(self._handle, ctypes.byref(text)))
-        return _take_json(text)
+        return _take_text(text)
 
     def summary(self):
         """The statistics as a table in the layout of torch.cuda.memory_summary()."""

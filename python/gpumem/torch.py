@@ -12,6 +12,7 @@ Or run ``python -m gpumem.torch train.py ARGS``.
 The translation layer is a small C++ extension (torch_adapter.cpp) compiled against the installed
 torch on first use and cached by torch.utils.cpp_extension; all logic stays in libgpumem.
 """
+import json
 import os
 import sys
 
@@ -56,6 +57,23 @@ def install(config=""):
             "tensor, torch.cuda.init() or any torch.cuda memory call (or set GPUMEM_TORCH=1 and put "
             "gpumem's python folder on PYTHONPATH, so that it runs when torch is imported).")
     _adapter().install(config)
+    if os.environ.get("GPUMEM_RUN_OUTPUT"):
+        import atexit
+        atexit.register(_write_run_history, os.environ["GPUMEM_RUN_OUTPUT"])
+
+
+def _write_run_history(folder):
+    """At exit under ``gpumem run --report``: each device's history and final snapshot, for the report."""
+    for device in _extension.created_devices():
+        allocator = gpumem.Allocator.attach(_extension.handle(device))
+        for kind, text in (("history", allocator.history_json), ("snapshot", lambda: json.dumps(allocator.snapshot()))):
+            path = os.path.join(folder, f"{kind}.{os.getpid()}.{device}.json")
+            try:
+                with open(path + ".tmp", "w") as out:
+                    out.write(text())
+                os.replace(path + ".tmp", path)
+            except (OSError, gpumem.GpumemError) as error:
+                print(f"gpumem: cannot write {path} for gpumem run's report: {error}", file=sys.stderr)
 
 
 def is_installed():

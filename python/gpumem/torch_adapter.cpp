@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstdlib>
 #include <ctime>
 #include <mutex>
 #include <string>
@@ -79,6 +80,8 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     allocator = allocators_[device].load(std::memory_order_acquire);
     if (!allocator) {
       std::string config = "backend:cuda,device:" + std::to_string(device);
+      if (!mentions_publish())
+        config += ",publish:true"; // visible to gpumem top by default; publish:false in either turns it off
       if (!config_.empty())
         config += "," + config_;
       gm_status status = gm_create_from_environment(config.c_str(), &allocator);
@@ -299,10 +302,25 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     return result;
   }
 
+  // The devices whose allocators exist.
+  std::vector<int64_t> created_devices() {
+    std::vector<int64_t> devices;
+    for (size_t device = 0; device < kMaxDevices; device++)
+      if (allocators_[device].load(std::memory_order_acquire))
+        devices.push_back(static_cast<int64_t>(device));
+    return devices;
+  }
+
   // The C handle of a device's allocator, for gpumem's Python package.
   uintptr_t handle(c10::DeviceIndex device) { return reinterpret_cast<uintptr_t>(of(device)); }
 
  private:
+  bool mentions_publish() const {
+    const char *environment = std::getenv("GPUMEM_CONF");
+    return config_.find("publish:") != std::string::npos ||
+           (environment && std::string(environment).find("publish:") != std::string::npos);
+  }
+
   static void copy(c10::CachingDeviceAllocator::StatArray &to, const gm_stat from[GM_POOL_COUNT]) {
     static_assert(static_cast<int>(StatType::AGGREGATE) == GM_POOL_ALL &&
                       static_cast<int>(StatType::SMALL_POOL) == GM_POOL_SMALL &&
@@ -492,10 +510,16 @@ uintptr_t handle(int64_t device) {
   return installed->handle(static_cast<c10::DeviceIndex>(device));
 }
 
+std::vector<int64_t> created_devices() {
+  TORCH_CHECK(installed, "gpumem is not installed");
+  return installed->created_devices();
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("install", &install, "Make gpumem the CUDA allocator of this process");
   module.def("is_installed", &is_installed);
   module.def("handle", &handle, "The gm_allocator of a device, as an integer");
+  module.def("created_devices", &created_devices, "The devices whose gm_allocator exists");
 }

@@ -121,7 +121,7 @@ typedef struct process_link {
 } process_link;
 
 /* The parent named in /proc/PID/stat: "PID (COMM) STATE PPID ...", COMM may hold anything. */
-static long parent_of(const char *root, long pid)
+long gm_process_parent(const char *root, long pid)
 {
     char relative[64], path[4096], line[1024];
     snprintf(relative, sizeof relative, "/proc/%ld/stat", pid);
@@ -155,7 +155,7 @@ static process_link *list_processes(const char *root, size_t *count_out)
         if (!isdigit((unsigned char)entry->d_name[0]))
             continue;
         long pid = strtol(entry->d_name, NULL, 10);
-        long parent = parent_of(root, pid);
+        long parent = gm_process_parent(root, pid);
         if (parent < 0)
             continue;
         if (count == capacity) {

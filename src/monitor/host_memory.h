@@ -41,4 +41,7 @@ gm_status gm_host_memory_read(const char *root, gm_host_memory *memory_out);
  * gone. The readings of a descendant that exits meanwhile are left out. */
 gm_status gm_process_memory_read(const char *root, long pid, gm_process_memory *memory_out);
 
+/* The parent of process `pid` under `root`, or -1 when it is gone. */
+long gm_process_parent(const char *root, long pid);
+
 #endif

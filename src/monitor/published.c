@@ -161,10 +161,15 @@ static void copy_header(const gm_region_header *header, gm_published *published)
     published->start_time_ns = header->start_time_ns;
 }
 
-gm_status gm_published_read(const char *path, gm_published *published_out)
+struct gm_published_watch {
+    gm_region *mapping;
+    gm_region_header header;
+    char path[4096];
+};
+
+/* Open, check and map a region; `require_alive`: refuse it when its writer is gone. */
+static gm_status watch_region(const char *path, bool require_alive, gm_published_watch **watch_out)
 {
-    if (!path || !published_out)
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_published_read: an argument is NULL");
     int descriptor = -1;
     struct stat file_status;
     gm_status status = open_region_file(path, &descriptor, &file_status);
@@ -172,24 +177,68 @@ gm_status gm_published_read(const char *path, gm_published *published_out)
         return status;
     gm_region_header header;
     status = read_header(path, descriptor, file_status.st_size, &header);
-    if (status == GM_OK && !gm_published_process_alive((long)header.pid))
+    if (status == GM_OK && require_alive && !gm_published_process_alive((long)header.pid))
         status = gm_fail(GM_ERROR_IO, "process %lld is gone (killed before it could remove %s): the region is stale",
                          (long long)header.pid, path);
     void *mapping = MAP_FAILED;
     if (status == GM_OK && (mapping = mmap(NULL, sizeof(gm_region), PROT_READ, MAP_SHARED, descriptor, 0)) == MAP_FAILED)
         status = gm_fail(GM_ERROR_IO, "cannot map %s: %s", path, strerror(errno));
     close(descriptor);
-    if (status != GM_OK)
+    gm_published_watch *watch = status == GM_OK ? calloc(1, sizeof *watch) : NULL;
+    if (status == GM_OK && !watch)
+        status = gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory to watch %s", path);
+    if (status != GM_OK) {
+        if (mapping != MAP_FAILED)
+            munmap(mapping, sizeof(gm_region));
         return status;
+    }
+    watch->mapping = mapping;
+    watch->header = header;
+    snprintf(watch->path, sizeof watch->path, "%s", path);
+    *watch_out = watch;
+    return GM_OK;
+}
+
+gm_status gm_published_watch_open(const char *path, gm_published_watch **watch_out)
+{
+    if (!path || !watch_out)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_published_watch_open: an argument is NULL");
+    return watch_region(path, false, watch_out);
+}
+
+gm_status gm_published_watch_read(const gm_published_watch *watch, gm_published *published_out)
+{
+    if (!watch || !published_out)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_published_watch_read: an argument is NULL");
     memset(published_out, 0, sizeof *published_out);
-    copy_header(&header, published_out);
+    copy_header(&watch->header, published_out);
     gm_region_cache cache;
-    if (!read_snapshot(mapping, &published_out->stats, &cache))
-        status = gm_fail(GM_ERROR_IO, "%s: its writer never finished an update (sequence stays odd)", path);
-    munmap(mapping, sizeof(gm_region));
+    if (!read_snapshot(watch->mapping, &published_out->stats, &cache))
+        return gm_fail(GM_ERROR_IO, "%s: its writer never finished an update (sequence stays odd)", watch->path);
     complete(&published_out->stats);
     published_out->cached_free_bytes = cache.free_bytes;
     published_out->largest_free_block_bytes = cache.largest_free_block_bytes;
+    return GM_OK;
+}
+
+void gm_published_watch_close(gm_published_watch *watch)
+{
+    if (!watch)
+        return;
+    munmap(watch->mapping, sizeof(gm_region));
+    free(watch);
+}
+
+gm_status gm_published_read(const char *path, gm_published *published_out)
+{
+    if (!path || !published_out)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_published_read: an argument is NULL");
+    gm_published_watch *watch = NULL;
+    gm_status status = watch_region(path, true, &watch);
+    if (status != GM_OK)
+        return status;
+    status = gm_published_watch_read(watch, published_out);
+    gm_published_watch_close(watch);
     return status;
 }
 

@@ -31,6 +31,15 @@ typedef struct gm_published {
  * gm_last_error() names the reason. */
 gm_status gm_published_read(const char *path, gm_published *published_out);
 
+/* A region kept mapped, to read it again and again, and once more after its writer has exited: the
+ * mapping keeps the last numbers even after the file is removed (`gpumem run` reads its command's
+ * final statistics so). Opening checks the file as gm_published_read does, except that its writer
+ * may be gone; reading needs no system call. */
+typedef struct gm_published_watch gm_published_watch;
+gm_status gm_published_watch_open(const char *path, gm_published_watch **watch_out);
+gm_status gm_published_watch_read(const gm_published_watch *watch, gm_published *published_out);
+void gm_published_watch_close(gm_published_watch *watch);
+
 /* The path of process `pid`'s region for `device`, or (device < 0) of its lowest-numbered device.
  * GM_ERROR_IO when it has none. */
 gm_status gm_published_find(long pid, int device, char *path_out, size_t path_size);

@@ -1,0 +1,367 @@
+/*
+ * run_command.c -- gpumem run: the front door. Runs a command with gpumem as PyTorch's allocator.
+ *
+ *   gpumem run [--conf KEY:VALUE,...] [--report FILE] [--] COMMAND [ARGUMENTS...]
+ *
+ * The command gets the environment that gpumem's PyTorch hook needs: gpumem's python folder first
+ * on PYTHONPATH (its sitecustomize installs gpumem when torch is imported), GPUMEM_TORCH=1 unless
+ * set, GPUMEM_LIBRARY when running from a build tree, and publish:true in GPUMEM_CONF, so that
+ * `gpumem top` and `gpumem stats` see it live from another shell. A command that never touches CUDA
+ * (or is not Python) runs all the same.
+ *
+ * The final numbers: while the command runs, every region published by it or its descendants is
+ * kept mapped (gm_published_watch), so that after it exits -- whether its allocators removed their
+ * regions or it was killed -- the mapping still holds the last statistics. They are printed on
+ * standard error (standard output is the command's) as peaks and the memory_summary() table; regions
+ * its dead processes left behind are removed. With --report, the command's allocators also keep a
+ * history ring, which gpumem's Python package writes at exit into a folder named by
+ * GPUMEM_RUN_OUTPUT; the report is made from it.
+ *
+ * The exit status is the command's (128 + N when killed by signal N; 127 when it cannot be run).
+ * Like system(), gpumem run ignores SIGINT and SIGQUIT while the command runs: a Ctrl-C reaches the
+ * command, which decides, and the summary is still printed.
+ */
+#include "gpumem.h"
+
+#include "base/format.h"
+#include "base/options.h"
+#include "commands.h"
+#include "monitor/host_memory.h"
+#include "monitor/published.h"
+#include "run_report.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_WATCHED 64
+#define POLL_NANOSECONDS 50000000L
+#define RUN_HISTORY_EVENTS "262144" /* events kept for the report: a few MiB of host memory */
+
+typedef struct run_state {
+    pid_t child;
+    gm_published_watch *watches[MAX_WATCHED];
+    char paths[MAX_WATCHED][4096];
+    size_t watch_count;
+} run_state;
+
+static int usage(FILE *out, int status)
+{
+    fprintf(out, "usage: gpumem run [--conf KEY:VALUE,...] [--report FILE] [--] COMMAND [ARGUMENTS...]\n"
+                 "  runs COMMAND with gpumem as PyTorch's CUDA allocator, publishing its statistics\n"
+                 "  (see them with gpumem top); at exit prints its peaks and memory summary on stderr,\n"
+                 "  and with --report writes an HTML report of its memory over time\n");
+    return status;
+}
+
+static bool exists(const char *path)
+{
+    struct stat status;
+    return stat(path, &status) == 0;
+}
+
+/* The folder of this executable. */
+static bool executable_folder(char *buffer, size_t size)
+{
+    ssize_t length = readlink("/proc/self/exe", buffer, size - 1);
+    if (length <= 0)
+        return false;
+    buffer[length] = '\0';
+    char *slash = strrchr(buffer, '/');
+    if (!slash)
+        return false;
+    *slash = '\0';
+    return true;
+}
+
+/* gpumem's python folder: GPUMEM_PYTHON_DIR, an installed prefix's share/gpumem/python, or the source
+ * tree's python folder (a build tree's gpumem, whose library is beside it). */
+static bool find_python_folder(char *folder, size_t size, char *library, size_t library_size)
+{
+    char here[PATH_MAX], candidate[PATH_MAX + 64];
+    library[0] = '\0';
+    const char *configured = getenv("GPUMEM_PYTHON_DIR");
+    if (configured && *configured) {
+        snprintf(folder, size, "%s", configured);
+        return true;
+    }
+    if (!executable_folder(here, sizeof here))
+        return false;
+    snprintf(candidate, sizeof candidate, "%s/../share/gpumem/python", here);
+    char marker[PATH_MAX + 96];
+    snprintf(marker, sizeof marker, "%s/gpumem/__init__.py", candidate);
+    if (exists(marker) && realpath(candidate, folder) && strlen(folder) < size)
+        return true;
+    snprintf(marker, sizeof marker, "%s/gpumem/__init__.py", GPUMEM_SOURCE_PYTHON_DIR);
+    if (!exists(marker))
+        return false;
+    snprintf(folder, size, "%s", GPUMEM_SOURCE_PYTHON_DIR);
+    snprintf(candidate, sizeof candidate, "%s/libgpumem.so", here);
+    if (exists(candidate) && strlen(candidate) < library_size)
+        memcpy(library, candidate, strlen(candidate) + 1);
+    return true;
+}
+
+/* "configuration,addition", or "addition" when configuration is empty. */
+static void append_setting(char *configuration, size_t size, const char *addition)
+{
+    size_t length = strlen(configuration);
+    snprintf(configuration + length, size - length, "%s%s", length ? "," : "", addition);
+}
+
+/* The same, unless `key` is set already (by GPUMEM_CONF or --conf). */
+static void default_setting(char *configuration, size_t size, const char *key, const char *addition)
+{
+    if (!strstr(configuration, key))
+        append_setting(configuration, size, addition);
+}
+
+/* The command's environment (in the child, before exec). */
+static bool prepare_environment(const char *conf, const char *output_folder)
+{
+    static char configuration[8192], python_path[16384];
+    char folder[PATH_MAX], library[PATH_MAX];
+    const char *inherited = getenv("GPUMEM_CONF");
+    if (snprintf(configuration, sizeof configuration, "%s", inherited ? inherited : "") >= (int)sizeof configuration)
+        return false;
+    if (conf && *conf)
+        append_setting(configuration, sizeof configuration, conf); /* after GPUMEM_CONF: it wins */
+    default_setting(configuration, sizeof configuration, "publish:", "publish:true");
+    if (output_folder)
+        default_setting(configuration, sizeof configuration, "history:", "history:" RUN_HISTORY_EVENTS);
+    setenv("GPUMEM_CONF", configuration, 1);
+    setenv("GPUMEM_TORCH", "1", 0);
+    if (output_folder)
+        setenv("GPUMEM_RUN_OUTPUT", output_folder, 1);
+    if (!find_python_folder(folder, sizeof folder, library, sizeof library)) {
+        fprintf(stderr, "gpumem run: gpumem's Python package was not found (set GPUMEM_PYTHON_DIR): PyTorch "
+                        "will use its own allocator\n");
+        return true;
+    }
+    const char *old_path = getenv("PYTHONPATH");
+    snprintf(python_path, sizeof python_path, "%s%s%s", folder, old_path && *old_path ? ":" : "",
+             old_path ? old_path : "");
+    setenv("PYTHONPATH", python_path, 1);
+    if (library[0])
+        setenv("GPUMEM_LIBRARY", library, 0);
+    return true;
+}
+
+/* Whether `pid` is the command or one of its descendants. */
+static bool in_command_tree(long pid, pid_t child)
+{
+    for (int depth = 0; depth < 64 && pid > 1; depth++) {
+        if (pid == (long)child)
+            return true;
+        pid = gm_process_parent(NULL, pid);
+    }
+    return false;
+}
+
+static bool watched(const run_state *state, const char *path)
+{
+    for (size_t i = 0; i < state->watch_count; i++)
+        if (!strcmp(state->paths[i], path))
+            return true;
+    return false;
+}
+
+static bool watch_new_region(const char *path, long pid, int device, void *context)
+{
+    run_state *state = context;
+    (void)device;
+    if (state->watch_count == MAX_WATCHED || watched(state, path) || !in_command_tree(pid, state->child))
+        return true;
+    if (gm_published_watch_open(path, &state->watches[state->watch_count]) == GM_OK)
+        snprintf(state->paths[state->watch_count++], sizeof state->paths[0], "%s", path);
+    return true;
+}
+
+/* Wait for the command, watching its regions as they appear; its wait status. */
+static int wait_for_command(run_state *state)
+{
+    int status = 0;
+    for (;;) {
+        gm_published_list(watch_new_region, state);
+        pid_t done = waitpid(state->child, &status, WNOHANG);
+        if (done == state->child)
+            break;
+        if (done < 0 && errno != EINTR)
+            return -1;
+        struct timespec pause = {0, POLL_NANOSECONDS};
+        nanosleep(&pause, NULL);
+    }
+    /* Regions the command left behind (its allocators never destroyed): its pid, now dead. */
+    gm_published_list(watch_new_region, state);
+    return status;
+}
+
+static void print_final(const run_state *state, bool summary)
+{
+    if (!state->watch_count) {
+        fprintf(stderr, "gpumem run: the command made no gpumem allocator (it allocated no device memory "
+                        "through gpumem)\n");
+        return;
+    }
+    for (size_t i = 0; i < state->watch_count; i++) {
+        gm_published published;
+        if (gm_published_watch_read(state->watches[i], &published) != GM_OK) {
+            fprintf(stderr, "gpumem run: %s\n", gm_last_error());
+            continue;
+        }
+        const gm_stats *stats = &published.stats;
+        int64_t peak_allocated = stats->allocated_bytes[GM_POOL_ALL].peak;
+        int64_t peak_reserved = stats->reserved_bytes[GM_POOL_ALL].peak;
+        int64_t calls = 0;
+        for (int kind = 0; kind < GM_CALL_KIND_COUNT; kind++)
+            calls += stats->device_calls[kind];
+        char allocated_text[32], reserved_text[32];
+        fprintf(stderr, "gpumem run: process %ld, %s device %d (%s engine): peak allocated %s, peak reserved %s",
+                published.pid, published.backend, published.device, published.engine,
+                gm_format_bytes(allocated_text, sizeof allocated_text, (uint64_t)peak_allocated),
+                gm_format_bytes(reserved_text, sizeof reserved_text, (uint64_t)peak_reserved));
+        if (peak_allocated > 0)
+            fprintf(stderr, " (%.3fx)", (double)peak_reserved / (double)peak_allocated);
+        fprintf(stderr, ", %" PRId64 " OOMs, %" PRId64 " retries, %" PRId64 " device calls\n", stats->num_ooms,
+                stats->num_alloc_retries, calls);
+        static char table[16384];
+        if (summary && gm_summary_of_stats(stats, published.backend, published.device, table, sizeof table, NULL) ==
+            GM_OK)
+            fputs(table, stderr);
+    }
+}
+
+/* Remove the regions of the command's processes that are gone, and stop watching. */
+static void forget_regions(run_state *state)
+{
+    for (size_t i = 0; i < state->watch_count; i++) {
+        gm_published published;
+        if (gm_published_watch_read(state->watches[i], &published) == GM_OK &&
+            !gm_published_process_alive(published.pid))
+            unlink(state->paths[i]);
+        gm_published_watch_close(state->watches[i]);
+    }
+    state->watch_count = 0;
+}
+
+static int exit_status_of(int status)
+{
+    if (WIFEXITED(status))
+        return WEXITSTATUS(status);
+    if (WIFSIGNALED(status))
+        return 128 + WTERMSIG(status);
+    return GM_EXIT_ERROR;
+}
+
+static void describe_end(char **command, int status, double seconds)
+{
+    if (WIFSIGNALED(status))
+        fprintf(stderr, "gpumem run: '%s' was killed by signal %d after %.1f s\n", command[0], WTERMSIG(status),
+                seconds);
+    else
+        fprintf(stderr, "gpumem run: '%s' exited with status %d after %.1f s\n", command[0], WEXITSTATUS(status),
+                seconds);
+}
+
+static double now_seconds(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + (double)now.tv_nsec / 1e9;
+}
+
+static int run(char **command, const char *conf, const char *report)
+{
+    char output_folder[] = "/tmp/gpumem-run.XXXXXX";
+    if (report && !mkdtemp(output_folder)) {
+        fprintf(stderr, "gpumem run: cannot make a folder for the report's history: %s\n", strerror(errno));
+        return GM_EXIT_ERROR;
+    }
+    struct sigaction ignore = {.sa_handler = SIG_IGN}, old_interrupt, old_quit;
+    sigaction(SIGINT, &ignore, &old_interrupt);
+    sigaction(SIGQUIT, &ignore, &old_quit);
+    double started = now_seconds();
+    static run_state state;
+    memset(&state, 0, sizeof state);
+    state.child = fork();
+    if (state.child == 0) {
+        sigaction(SIGINT, &old_interrupt, NULL);
+        sigaction(SIGQUIT, &old_quit, NULL);
+        if (!prepare_environment(conf, report ? output_folder : NULL)) {
+            fprintf(stderr, "gpumem run: GPUMEM_CONF is too long\n");
+            _exit(GM_EXIT_USAGE);
+        }
+        execvp(command[0], command);
+        fprintf(stderr, "gpumem run: cannot run '%s': %s\n", command[0], strerror(errno));
+        _exit(127);
+    }
+    if (state.child < 0) {
+        fprintf(stderr, "gpumem run: cannot start '%s': %s\n", command[0], strerror(errno));
+        return GM_EXIT_ERROR;
+    }
+    int status = wait_for_command(&state);
+    sigaction(SIGINT, &old_interrupt, NULL);
+    sigaction(SIGQUIT, &old_quit, NULL);
+    bool ran = !(WIFEXITED(status) && WEXITSTATUS(status) == 127 && !state.watch_count);
+    if (ran) {
+        describe_end(command, status, now_seconds() - started);
+        print_final(&state, true);
+    }
+    forget_regions(&state);
+    int exit_status = exit_status_of(status);
+    if (report) {
+        int report_status = ran ? gm_run_report(output_folder, report) : GM_EXIT_ERROR;
+        if (exit_status == 0 && report_status != GM_EXIT_OK)
+            exit_status = report_status;
+        gm_run_report_cleanup(output_folder);
+    }
+    return exit_status;
+}
+
+int gm_command_run(int argc, char **argv)
+{
+    const char *conf = NULL, *report = NULL;
+    int i = 0;
+    for (; i < argc; i++) {
+        if (!strcmp(argv[i], "--")) {
+            i++;
+            break;
+        }
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+            return usage(stdout, GM_EXIT_OK);
+        if ((!strcmp(argv[i], "--conf") || !strcmp(argv[i], "--report")) && i + 1 >= argc) {
+            fprintf(stderr, "gpumem run: %s needs a value\n", argv[i]);
+            return usage(stderr, GM_EXIT_USAGE);
+        }
+        if (!strcmp(argv[i], "--conf")) {
+            conf = argv[++i];
+        } else if (!strcmp(argv[i], "--report")) {
+            report = argv[++i];
+        } else if (argv[i][0] == '-') {
+            fprintf(stderr, "gpumem run: unknown option '%s' (put the command after --)\n", argv[i]);
+            return usage(stderr, GM_EXIT_USAGE);
+        } else {
+            break;
+        }
+    }
+    if (i >= argc) {
+        fprintf(stderr, "gpumem run: no command given\n");
+        return usage(stderr, GM_EXIT_USAGE);
+    }
+    gm_options options; /* a bad --conf is a usage error here, not the command's failure later */
+    gm_options_default(&options);
+    if (conf && gm_options_parse(&options, conf) != GM_OK) {
+        fprintf(stderr, "gpumem run: --conf: %s\n", gm_last_error());
+        return GM_EXIT_USAGE;
+    }
+    return run(argv + i, conf, report);
+}

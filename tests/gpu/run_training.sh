@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# run_training.sh BUILD_DIR -- issue 14's front door on the GPU: a PyTorch training script run with
+# `gpumem run --report`, seen from a second shell while it waits at a quiet point: `gpumem top --once
+# --json` and `gpumem stats PID --json` must show exactly the allocated, reserved and peak bytes of
+# its own torch.cuda.memory_stats(); at exit gpumem run prints its peaks and summary and writes the
+# HTML report of its memory over time.
+set -u
+build=$1
+gpumem=$PWD/$build/gpumem
+work=$(mktemp -d)
+run_pid=
+trap '[ -n "$run_pid" ] && kill -9 "$run_pid" 2>/dev/null; rm -rf "$work"' EXIT
+failed=0
+fail() { echo "FAIL: $*"; failed=1; }
+
+"$gpumem" run --report "$work/report.html" -- python3 tests/gpu/train_under_run.py "$work" >"$work/out" 2>"$work/err" &
+run_pid=$!
+for _ in $(seq 240); do [ -s "$work/stats.json" ] && break; sleep 0.5; done
+[ -s "$work/stats.json" ] || { fail "the training script wrote no statistics: $(tail -20 "$work/err")"; exit 1; }
+"$gpumem" top --once
+"$gpumem" top --once --json >"$work/top.json"
+pid=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["pid"])' "$work/stats.json")
+"$gpumem" stats "$pid" --json >"$work/stats_outside.json"
+python3 - "$work" <<'PYTHON' || failed=1
+import json, sys
+folder = sys.argv[1]
+inside = json.load(open(f"{folder}/stats.json"))
+stats, pid = inside["stats"], inside["pid"]
+top = json.load(open(f"{folder}/top.json"))
+rows = [row for row in top["processes"] if row["pid"] == pid]
+failed = False
+def check(what, seen, expected):
+    global failed
+    if seen != expected:
+        print(f"FAIL: {what} is {seen}, torch.cuda.memory_stats() says {expected}")
+        failed = True
+if not rows:
+    print(f"FAIL: gpumem top does not list the training process {pid}: {top}")
+    sys.exit(1)
+row = rows[0]
+check("top allocated_bytes", row["allocated_bytes"], stats["allocated_bytes.all.current"])
+check("top reserved_bytes", row["reserved_bytes"], stats["reserved_bytes.all.current"])
+check("top peak_allocated_bytes", row["peak_allocated_bytes"], stats["allocated_bytes.all.peak"])
+check("top peak_reserved_bytes", row["peak_reserved_bytes"], stats["reserved_bytes.all.peak"])
+check("top num_ooms", row["num_ooms"], stats["num_ooms"])
+check("top backend", (row["backend"], row["device"]), ("cuda", 0))
+outside = json.load(open(f"{folder}/stats_outside.json"))
+for key in ("allocated_bytes.all.current", "reserved_bytes.all.current", "active_bytes.all.peak",
+            "requested_bytes.all.current", "allocation.all.current", "segment.all.current", "num_alloc_retries"):
+    check(f"gpumem stats {key}", outside.get(key), stats[key])
+if not top["gpus"]:
+    print(f"FAIL: no GPU row from NVML: {top.get('gpu_error')}")
+    failed = True
+if not failed:
+    print(f"ok   gpumem top and stats show training process {pid} as its torch.cuda.memory_stats(): "
+          f"allocated {row['allocated_bytes']}, reserved {row['reserved_bytes']}, peak {row['peak_reserved_bytes']}")
+sys.exit(failed)
+PYTHON
+touch "$work/go"
+wait "$run_pid"
+status=$?
+run_pid=
+cat "$work/err" | grep -v "^|" | tail -5
+[ $status -eq 0 ] || fail "gpumem run exited $status: $(tail -20 "$work/err")"
+grep -q "gpumem run: process $pid, cuda device 0 (pages engine): peak allocated" "$work/err" ||
+    fail "gpumem run printed no final numbers for $pid"
+grep -q "^| gpumem memory summary, cuda device ID 0" "$work/err" || fail "gpumem run printed no summary"
+[ -s "$work/report.html" ] && grep -q 'id="memory-curve"' "$work/report.html" ||
+    fail "gpumem run --report wrote no report with a memory curve"
+[ $failed -eq 0 ] && echo "ok   gpumem run: final numbers, summary and report ($(stat -c %s "$work/report.html") bytes)"
+mkdir -p "${OUT:-gpu-results}/logs" && cp "$work/report.html" "${OUT:-gpu-results}/logs/run_report.html" 2>/dev/null
+exit $failed

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# test_run.sh -- gpumem run: the command's environment (publish:true, gpumem's Python package on
+# PYTHONPATH, GPUMEM_TORCH), its exit status passed through, its final statistics printed whether
+# it leaves its region behind or destroys its allocator, the regions it left removed, the process
+# visible to gpumem top while it runs, and every bad use a clear error.
+# Usage: test_run.sh PATH/TO/gpumem PATH/TO/publish_holder
+set -u
+gpumem=$1
+holder=$2
+work=$(mktemp -d)
+export GPUMEM_SHM_DIR=$work/shm
+mkdir -p "$GPUMEM_SHM_DIR"
+run_pid=
+trap '[ -n "$run_pid" ] && kill -9 "$run_pid" 2>/dev/null; pkill -9 -P "$run_pid" 2>/dev/null; rm -rf "$work"' EXIT
+failures=0
+fail() {
+    echo "FAIL: $*"
+    failures=$((failures + 1))
+}
+unset GPUMEM_CONF GPUMEM_TORCH
+
+# The environment: publish:true added to GPUMEM_CONF, --conf after it, the Python package importable.
+GPUMEM_CONF=engine:segments "$gpumem" run --conf history:16 -- python3 -c '
+import os, gpumem
+print(os.environ["GPUMEM_CONF"]); print(os.environ["GPUMEM_TORCH"]); print(gpumem.library_path())' \
+    >"$work/env.out" 2>"$work/env.err" || fail "gpumem run python3 failed: $(cat "$work/env.err")"
+[ "$(sed -n 1p "$work/env.out")" = "engine:segments,history:16,publish:true" ] ||
+    fail "GPUMEM_CONF under gpumem run is '$(sed -n 1p "$work/env.out")'"
+[ "$(sed -n 2p "$work/env.out")" = 1 ] || fail "GPUMEM_TORCH is not 1 under gpumem run"
+grep -q "libgpumem.so" "$work/env.out" || fail "gpumem's Python package does not find its library under gpumem run"
+grep -q "exited with status 0" "$work/env.err" && grep -q "made no gpumem allocator" "$work/env.err" ||
+    fail "gpumem run's end message for a command without gpumem: $(cat "$work/env.err")"
+GPUMEM_CONF=publish:false "$gpumem" run -- sh -c 'echo "$GPUMEM_CONF"' >"$work/off.out" 2>/dev/null
+[ "$(cat "$work/off.out")" = "publish:false" ] || fail "publish:false in GPUMEM_CONF was overridden: $(cat "$work/off.out")"
+
+# Exit statuses: the command's; 128+N when killed by signal N; 127 when it cannot run.
+"$gpumem" run -- sh -c 'exit 7' 2>/dev/null
+[ $? -eq 7 ] || fail "gpumem run does not pass on exit status 7"
+"$gpumem" run -- sh -c 'kill -TERM $$' 2>"$work/signal.err"
+[ $? -eq 143 ] && grep -q "killed by signal 15" "$work/signal.err" || fail "a command killed by SIGTERM: $(cat "$work/signal.err")"
+"$gpumem" run -- "$work/no-such-command" 2>"$work/missing.err"
+[ $? -eq 127 ] && grep -q "cannot run '$work/no-such-command': No such file" "$work/missing.err" ||
+    fail "a missing command: $(cat "$work/missing.err")"
+
+# Final statistics: 3 MiB + 1 MiB live at the end; whether the region is left behind or removed.
+for mode in leave destroy; do
+    HOLDER_EXIT=$mode "$gpumem" run -- "$holder" 3145728 1048576 >"$work/$mode.out" 2>"$work/$mode.err"
+    [ $? -eq 0 ] || fail "gpumem run of a holder that exits ($mode) failed: $(cat "$work/$mode.err")"
+    read -r pid _ <"$work/$mode.out"
+    grep -q "process $pid, sim device 0 (pages engine): peak allocated 4.00 MiB, peak reserved" "$work/$mode.err" ||
+        fail "gpumem run's final numbers ($mode): $(cat "$work/$mode.err")"
+    grep -Eq "^\| Allocations +\| +[0-9]+ +\| +2 " "$work/$mode.err" || fail "no summary table ($mode): $(cat "$work/$mode.err")"
+    [ -z "$(ls "$GPUMEM_SHM_DIR")" ] || fail "regions left after gpumem run ($mode): $(ls "$GPUMEM_SHM_DIR")"
+done
+
+# Live: gpumem top sees the command (and the children it runs) while it runs.
+"$gpumem" run -- sh -c "'$holder' 1048576; true" >"$work/live.out" 2>"$work/live.err" &
+run_pid=$!
+for _ in $(seq 100); do [ -s "$work/live.out" ] && break; sleep 0.1; done
+read -r pid _ <"$work/live.out"
+"$gpumem" top --once --json >"$work/top.json" 2>&1
+grep -q "\"pid\": $pid, \"device\": 0, \"backend\": \"sim\", \"engine\": \"pages\", \"allocated_bytes\": 1048576," \
+    "$work/top.json" || fail "gpumem top does not show the command's process $pid: $(cat "$work/top.json")"
+kill -9 "$pid"
+wait "$run_pid"
+[ $? -eq 0 ] || fail "gpumem run of sh did not exit 0 after its child was killed"
+run_pid=
+grep -q "process $pid, sim device 0 (pages engine): peak allocated 1.00 MiB" "$work/live.err" ||
+    fail "gpumem run did not report its grandchild $pid: $(cat "$work/live.err")"
+[ -z "$(ls "$GPUMEM_SHM_DIR")" ] || fail "the killed process's region was not removed: $(ls "$GPUMEM_SHM_DIR")"
+
+# Bad use.
+"$gpumem" run >/dev/null 2>"$work/usage.err"
+[ $? -eq 2 ] && grep -q "no command given" "$work/usage.err" || fail "gpumem run without a command: $(cat "$work/usage.err")"
+"$gpumem" run --conf bogus:1 -- true 2>"$work/conf.err"
+[ $? -eq 2 ] && grep -q "unknown key 'bogus'" "$work/conf.err" || fail "a bad --conf: $(cat "$work/conf.err")"
+"$gpumem" run --frobnicate -- true 2>"$work/option.err"
+[ $? -eq 2 ] && grep -q "unknown option '--frobnicate'" "$work/option.err" || fail "an unknown option: $(cat "$work/option.err")"
+
+[ $failures -eq 0 ] && echo "test_run: all checks passed"
+exit $((failures > 0))
