@@ -37,5 +37,6 @@ struct gm_trace;
  * written to output_path; errors on stderr as "gpumem COMMAND: ...". The exit status. */
 int gm_report_of_trace(const struct gm_trace *trace, const char *trace_path, const char *configuration,
                        const char *output_path, const char *command);
+int gm_command_exporter(int argc, char **argv);
 
 #endif

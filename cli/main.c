@@ -9,6 +9,7 @@
  *   gpumem top [-d SECONDS] [--once] [--json]
  *   gpumem summary PID [--device N]
  *   gpumem run [--conf KEY:VALUE,...] [--report FILE] [--] COMMAND [ARGUMENTS...]
+ *   gpumem exporter [--listen HOST:PORT] [--allow-remote] [--textfile DIR [--interval SECONDS] [--once]]
  *   gpumem config
  *   gpumem version
  *
@@ -49,6 +50,9 @@ static void print_usage(FILE *out)
             "  run [--conf KEY:VALUE,...] [--report FILE] [--] COMMAND [ARGUMENTS...]\n"
             "                 run a command (python train.py) with gpumem as PyTorch's allocator, its\n"
             "                 statistics published for gpumem top; at exit its peaks and memory summary\n"
+            "  exporter [--listen HOST:PORT] [--allow-remote] [--textfile DIR [--interval SECONDS] [--once]]\n"
+            "                 Prometheus metrics of those processes, the host and the GPUs: served at\n"
+            "                 http://HOST:PORT/metrics (default 127.0.0.1:9464), or written to DIR/gpumem.prom\n"
             "  config         list the GPUMEM_CONF keys\n"
             "  version        print the version\n");
 }
@@ -74,6 +78,8 @@ int main(int argc, char **argv)
         return gm_command_run(argc - 2, argv + 2);
     if (!strcmp(command, "top"))
         return gm_command_top(argc - 2, argv + 2);
+    if (!strcmp(command, "exporter"))
+        return gm_command_exporter(argc - 2, argv + 2);
     if (!strcmp(command, "config")) {
         fputs(gm_config_help(), stdout);
         return GM_EXIT_OK;
