@@ -25,8 +25,10 @@ pid=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["pid"])' "
 "$gpumem" exporter --listen 127.0.0.1:0 >"$work/exporter.out" 2>&1 &
 exporter_pid=$!
 for _ in $(seq 50); do grep -q "^listening on" "$work/exporter.out" && break; sleep 0.1; done
-python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())' \
-    "$(sed -n 's/^listening on //p' "$work/exporter.out")" >"$work/metrics.txt" || echo "FAIL: no scrape"
+if grep -q "^listening on" "$work/exporter.out"; then
+    python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())' \
+        "$(sed -n 's/^listening on //p' "$work/exporter.out")" >"$work/metrics.txt" || fail "the exporter did not answer"
+fi
 kill "$exporter_pid" 2>/dev/null
 if grep -q "without libmicrohttpd" "$work/exporter.out"; then # a GPU machine without libmicrohttpd-dev
     echo "note: gpumem was built without libmicrohttpd here; checking the exporter's --textfile instead"
