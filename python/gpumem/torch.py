@@ -17,6 +17,7 @@ import os
 import sys
 
 import gpumem
+from gpumem import governor  # noqa: E402  (gpumem.torch.governor; imports torch, touches no device)
 
 _extension = None
 
@@ -87,6 +88,16 @@ def allocator(device=None):
         raise RuntimeError("gpumem is not installed as the CUDA allocator")
     index = torch.cuda.current_device() if device is None else torch.device("cuda", device).index or 0
     return gpumem.Allocator.attach(_extension.handle(index))
+
+
+def adaptive(loss_of, model, **options):
+    """A training step that splits itself into micro-batches when memory is short (gpumem.governor)."""
+    return governor.adaptive(loss_of, model, **options)
+
+
+def watch_leaks(steps=5, warmup=2, log=None):
+    """Warns once when live memory grows at every step boundary (gpumem.governor)."""
+    return governor.watch_leaks(steps, warmup, log)
 
 
 def _main():
