@@ -17,7 +17,6 @@ import os
 import sys
 
 import gpumem
-from gpumem import governor  # noqa: E402  (gpumem.torch.governor; imports torch, touches no device)
 
 _extension = None
 
@@ -92,12 +91,22 @@ def allocator(device=None):
 
 def adaptive(loss_of, model, **options):
     """A training step that splits itself into micro-batches when memory is short (gpumem.governor)."""
+    from gpumem import governor
     return governor.adaptive(loss_of, model, **options)
 
 
 def watch_leaks(steps=5, warmup=2, log=None):
     """Warns once when live memory grows at every step boundary (gpumem.governor)."""
+    from gpumem import governor
     return governor.watch_leaks(steps, warmup, log)
+
+
+def __getattr__(name):
+    """gpumem.torch.governor, imported when first used (it needs torch; this module does not)."""
+    if name == "governor":
+        from gpumem import governor
+        return governor
+    raise AttributeError(f"module 'gpumem.torch' has no attribute '{name}'")
 
 
 def _main():
