@@ -284,9 +284,7 @@ class LeakWatch:
                      key=lambda item: -item[0])
         sites = {}
         for size, frames in new:
-            where = next((f"{frame['filename']}:{frame['line']} in {frame['name']}" for frame in frames
-                          if "gpumem" not in frame.get("filename", "") and frame.get("filename", "").endswith(".py")),
-                         "unknown (record torch's memory history for stacks)")
+            where = _call_site(frames)
             count, total = sites.get((size, where), (0, 0))
             sites[(size, where)] = (count + 1, total + size)
         lines = [f"gpumem.watch_leaks: live memory grew at each of the last {self.window} step boundaries, "
@@ -294,6 +292,22 @@ class LeakWatch:
         for (size, where), (count, total) in sorted(sites.items(), key=lambda item: -item[1][1])[:10]:
             lines.append(f"  {count} x {size:,} bytes allocated at {where}")
         return {"growth_per_step": growth, "live_bytes": live, "sites": sites, "message": "\n".join(lines)}
+
+
+def _call_site(frames):
+    """The innermost frame of the program's own code (not torch's, not gpumem's), with the innermost
+    frame of all when that is elsewhere."""
+    import os
+    library = os.path.dirname(torch.__file__)
+    python = [frame for frame in frames if frame.get("filename", "").endswith(".py")]
+    if not python:
+        return "unknown (record torch's memory history for stacks)"
+    describe = lambda frame: f"{frame['filename']}:{frame['line']} in {frame['name']}"  # noqa: E731
+    own = next((frame for frame in python if not frame["filename"].startswith(library)
+                and "/gpumem/" not in frame["filename"]), None)
+    if own is None:
+        return describe(python[0])
+    return describe(own) if own is python[0] else f"{describe(own)} (in {describe(python[0])})"
 
 
 def watch_leaks(steps=5, warmup=2, log=None):
