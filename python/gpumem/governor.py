@@ -313,3 +313,176 @@ def _call_site(frames):
 def watch_leaks(steps=5, warmup=2, log=None):
     """A LeakWatch: call ``.step()`` at each step boundary."""
     return LeakWatch(steps, warmup, log)
+
+
+class BatchSizeSearch:
+    """The result of find_batch_size: the batch, and how it was found."""
+
+    def __init__(self):
+        self.batch_size = None
+        self.trials = []  # (batch size, fitted, peak allocated or None, peak reserved or None)
+        self.out_of_memory = 0
+        self.predicted = None
+
+    def __repr__(self):
+        return (f"BatchSizeSearch(batch_size={self.batch_size}, trials={len(self.trials)}, "
+                f"out_of_memory={self.out_of_memory}, predicted={self.predicted})")
+
+
+def _events_of_step(step, batch):
+    """Run the step with torch's memory history on; its allocation events (alloc and free) in order."""
+    torch.cuda.memory._record_memory_history(max_entries=1 << 20, context=None, stacks="python")
+    try:
+        step(batch)
+        torch.cuda.synchronize()
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    device = torch.cuda.current_device()
+    traces = snapshot["device_traces"][device] if snapshot["device_traces"] else []
+    return [(event["action"], event["addr"], event["size"]) for event in traces
+            if event["action"] in ("alloc", "free_requested")]
+
+
+def _steady_peak(start_bytes, events):
+    """The step's peak live bytes as if what it leaves allocated (optimizer state made by the first
+    step, say) had existed from its start: live(t) + (bytes allocated after t that outlive the step)."""
+    alive_at_end, last_allocation = {}, {}
+    for index, (action, address, size) in enumerate(events):
+        if action == "alloc":
+            alive_at_end[address] = size
+            last_allocation[address] = index
+        else:
+            alive_at_end.pop(address, None)
+    persistent_ahead = sum(alive_at_end.values())
+    live, peak = start_bytes, start_bytes + persistent_ahead
+    for index, (action, address, size) in enumerate(events):
+        if action == "alloc":
+            live += size
+            if address in alive_at_end and last_allocation[address] == index:
+                persistent_ahead -= size
+        else:
+            live -= size
+        peak = max(peak, live + persistent_ahead)
+    return peak
+
+
+def _memory_limit(limit):
+    if limit is not None:
+        return int(limit)
+    from gpumem import torch as gpumem_torch
+    if gpumem_torch.is_installed():
+        return gpumem_torch.allocator().memory_limit()
+    free, _ = torch.cuda.mem_get_info()
+    return free + torch.cuda.memory_reserved()
+
+
+def find_batch_size(step, make_batch, limit=None, start=2, margin=0.01, maximum=None, state=None, log=None):
+    """The largest batch size whose training step fits in ``limit`` bytes of device memory (default:
+    gpumem's memory limit -- set_per_process_memory_fraction sets it -- or what the device has free).
+
+    ``step(batch)`` runs one training step; ``make_batch(n)`` makes a batch of n samples. Two small
+    trials (``start`` and twice that) fit peak memory = fixed + per-sample x batch, measured from the
+    allocation events as the steady state (the first step's optimizer state counted from its start);
+    the third runs the predicted largest batch (less ``margin`` and scaled by the reserved/allocated
+    ratio seen) to verify it. Only when the prediction is wrong does it bisect. Each trial is a real
+    step: give ``state=(model, optimizer)`` to have their states restored afterwards. Returns a
+    BatchSizeSearch (``.batch_size``, ``.trials``, ``.out_of_memory``)."""
+    log = log or _log_to_stderr
+    budget = _memory_limit(limit)
+    saved = _save_state(state)
+    search = BatchSizeSearch()
+    try:
+        fits = _measured_trials(step, make_batch, start, search)
+        if fits is None:
+            raise torch.OutOfMemoryError(f"gpumem.find_batch_size: even a batch of {start} does not fit")
+        (small, small_peak), (large, large_peak, ratio) = fits
+        per_sample = max((large_peak - small_peak) / (large - small), 1.0)
+        fixed = large_peak - per_sample * large
+        predicted = int((budget * (1 - margin) / ratio - fixed) // per_sample)
+        predicted = max(large, min(predicted, maximum or predicted))
+        search.predicted = predicted
+        log(f"gpumem.find_batch_size: {fixed / 2**20:.0f} MiB + {per_sample / 2**20:.2f} MiB per sample under "
+            f"{budget / 2**20:.0f} MiB: trying {predicted}")
+        if predicted == large or _fits(step, make_batch, predicted, budget, search):
+            search.batch_size = predicted
+        else:
+            search.batch_size = _bisect(step, make_batch, large, predicted, budget, search, log)
+    finally:
+        _restore_state(state, saved)
+    log(f"gpumem.find_batch_size: batch size {search.batch_size} after {len(search.trials)} trials "
+        f"({search.out_of_memory} out of memory)")
+    return search
+
+
+def _measured_trials(step, make_batch, start, search):
+    measured = []
+    for size in (start, 2 * start):
+        batch = make_batch(size)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start_bytes = torch.cuda.memory_allocated()
+        try:
+            events = _events_of_step(step, batch)
+        except torch.OutOfMemoryError:
+            search.out_of_memory += 1
+            search.trials.append((size, False, None, None))
+            return None
+        del batch
+        peak = _steady_peak(start_bytes, events)
+        ratio = max(torch.cuda.max_memory_reserved() / max(torch.cuda.max_memory_allocated(), 1), 1.0)
+        search.trials.append((size, True, peak, torch.cuda.max_memory_reserved()))
+        measured.append((size, peak, ratio))
+    return (measured[0][0], measured[0][1]), measured[1]
+
+
+def _fits(step, make_batch, size, budget, search):
+    """One trial: the step at this size runs without running out and keeps reserved within the budget."""
+    try:
+        batch = make_batch(size)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        step(batch)
+        torch.cuda.synchronize()
+        del batch
+    except torch.OutOfMemoryError:
+        search.out_of_memory += 1
+        search.trials.append((size, False, None, None))
+        return False
+    reserved = torch.cuda.max_memory_reserved()
+    search.trials.append((size, reserved <= budget, torch.cuda.max_memory_allocated(), reserved))
+    return reserved <= budget
+
+
+def _bisect(step, make_batch, low, high, budget, search, log):
+    """Largest fitting size in [low, high): low fits, high does not."""
+    log(f"gpumem.find_batch_size: {high} does not fit; bisecting between {low} and {high}")
+    while high - low > max(1, low // 64):
+        middle = (low + high) // 2
+        if _fits(step, make_batch, middle, budget, search):
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def _to_host(value):
+    """A state dict's tensors copied to host memory (the device's would skew the trials)."""
+    if torch.is_tensor(value):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {key: _to_host(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_host(item) for item in value)
+    return value
+
+
+def _save_state(state):
+    return None if state is None else [_to_host(part.state_dict()) for part in state]
+
+
+def _restore_state(state, saved):
+    if state is None:
+        return
+    for part, values in zip(state, saved):
+        part.load_state_dict(values)

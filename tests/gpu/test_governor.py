@@ -6,6 +6,8 @@
   memory (the live bytes after the step are the unsplit run's), splits, and ends with the unsplit
   run's parameters;
 - with batch-norm, the running statistics equal the unsplit run's;
+- find_batch_size finds, in at most 3 trials, a batch that fits and is at least 95% of the largest
+  that fits (found by doubling and bisection to one sample), and restores the model and optimizer;
 - watch_leaks warns for the classic leak (keeping `loss`), naming the line, and not for `loss.item()`.
 """
 import pytest
@@ -145,3 +147,47 @@ def test_no_leak_no_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error", ResourceWarning)
         assert leaky_loop(keep_tensor=False) == []
+
+
+def test_find_batch_size_in_three_trials():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024),
+                                torch.nn.GELU(), torch.nn.Linear(1024, 10)).cuda()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+
+    def step(batch):
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(model(batch[0]).mean(1), batch[1]).backward()
+        optimizer.step()
+
+    def make_batch(size):
+        return torch.randn(size, 128, 1024, device="cuda"), torch.randint(0, 10, (size,), device="cuda")
+
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_reserved() + 6 * 2**30) / total)
+    try:
+        def fits(size):
+            try:
+                step(make_batch(size))
+                torch.cuda.synchronize()
+                return True
+            except torch.OutOfMemoryError:
+                return False
+        low, high = 2, 4  # doubling, then bisection to one sample: the largest batch that fits
+        while fits(high):
+            low, high = high, high * 2
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if fits(middle) else (low, middle)
+        largest = low
+        parameters_before = [p.detach().clone() for p in model.parameters()]
+        steps_before = [float(value["step"]) for value in optimizer.state_dict()["state"].values()]
+        search = gpumem.torch.find_batch_size(step, make_batch, state=(model, optimizer), log=lambda line: None)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    assert len(search.trials) <= 3, search.trials
+    assert 0.95 * largest <= search.batch_size <= largest, (search, largest)
+    assert search.out_of_memory == 0
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), parameters_before)), "parameters restored"
+    assert [float(value["step"]) for value in optimizer.state_dict()["state"].values()] == steps_before
