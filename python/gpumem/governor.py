@@ -344,27 +344,66 @@ def _events_of_step(step, batch):
             if event["action"] in ("alloc", "free_requested")]
 
 
-def _steady_peak(start_bytes, events):
-    """The step's peak live bytes as if what it leaves allocated (optimizer state made by the first
-    step, say) had existed from its start: live(t) + (bytes allocated after t that outlive the step)."""
-    alive_at_end, last_allocation = {}, {}
+def _curve_of_step(events):
+    """The step's live bytes after each event, in three parts: transient (allocated and freed within the
+    step: activations, temporaries), persistent (allocated and kept: gradients, the first step's
+    optimizer state) and released (freed, allocated before: the last step's gradients). One entry
+    (transient, persistent, released) per transient event, the highest point until the next one: a
+    persistent allocation raises the current entry, a release counts from the next. So two steps that
+    differ only in what they keep (the first step makes the optimizer's state) have matching entries."""
+    freed_later, transient_allocations = set(), set()
+    for index in range(len(events) - 1, -1, -1):
+        action, address, _ = events[index]
+        if action == "free_requested":
+            freed_later.add(address)
+        elif address in freed_later:
+            freed_later.discard(address)
+            transient_allocations.add(index)
+    transient = persistent = released = 0
+    curve, open_transient = [], set()
     for index, (action, address, size) in enumerate(events):
-        if action == "alloc":
-            alive_at_end[address] = size
-            last_allocation[address] = index
-        else:
-            alive_at_end.pop(address, None)
-    persistent_ahead = sum(alive_at_end.values())
-    live, peak = start_bytes, start_bytes + persistent_ahead
-    for index, (action, address, size) in enumerate(events):
-        if action == "alloc":
-            live += size
-            if address in alive_at_end and last_allocation[address] == index:
-                persistent_ahead -= size
-        else:
-            live -= size
-        peak = max(peak, live + persistent_ahead)
-    return peak
+        if action == "alloc" and index in transient_allocations:
+            open_transient.add(address)
+            transient += size
+        elif action == "alloc":  # kept: the entry since the last transient event now holds it too
+            persistent += size
+            if curve:
+                curve[-1] = (transient, persistent, curve[-1][2])
+            continue
+        elif address in open_transient:
+            open_transient.discard(address)
+            transient -= size
+        else:  # released: from here on (the entry before it is the higher point)
+            released += size
+            continue
+        curve.append((transient, persistent, released))
+    return curve
+
+
+def _largest_fitting(small, large, budget):
+    """The largest batch whose steady-state step stays within `budget` bytes, from two measured trials.
+
+    Each trial: (batch size, allocated bytes at the start, bytes of its batch, curve). The transient
+    parts of the two curves are matched event by event (the same operations on batches of different
+    sizes): each event's transient bytes are a + b x batch. The persistent and released parts are
+    the second trial's (the steady state), the fixed bytes its start less its batch; the batch adds
+    its bytes per sample."""
+    (size_1, _, _, curve_1), (size_2, start_2, batch_2, curve_2) = small, large
+    per_sample_input = batch_2 / size_2
+    fixed = start_2 - batch_2
+    if len(curve_1) != len(curve_2):  # the steps differ: only their peaks can be compared
+        curve_1, curve_2 = [max(curve_1, default=(0, 0, 0))], [max(curve_2, default=(0, 0, 0))]
+    best = None
+    for (transient_1, _, _), (transient_2, persistent, released) in zip(curve_1, curve_2):
+        slope = (transient_2 - transient_1) / (size_2 - size_1) + per_sample_input
+        constant = fixed + persistent - released + transient_2 - (slope - per_sample_input) * size_2
+        if slope <= 0:
+            if constant > budget:
+                return 0
+            continue
+        limit = int((budget - constant) // slope)
+        best = limit if best is None else min(best, limit)
+    return best if best is not None else size_2
 
 
 def _memory_limit(limit):
@@ -377,15 +416,16 @@ def _memory_limit(limit):
     return free + torch.cuda.memory_reserved()
 
 
-def find_batch_size(step, make_batch, limit=None, start=2, margin=0.01, maximum=None, state=None, log=None):
+def find_batch_size(step, make_batch, limit=None, start=2, margin=0.03, maximum=None, state=None, log=None):
     """The largest batch size whose training step fits in ``limit`` bytes of device memory (default:
     gpumem's memory limit -- set_per_process_memory_fraction sets it -- or what the device has free).
 
     ``step(batch)`` runs one training step; ``make_batch(n)`` makes a batch of n samples. Two small
-    trials (``start`` and twice that) fit peak memory = fixed + per-sample x batch, measured from the
-    allocation events as the steady state (the first step's optimizer state counted from its start);
-    the third runs the predicted largest batch (less ``margin`` and scaled by the reserved/allocated
-    ratio seen) to verify it. Only when the prediction is wrong does it bisect. Each trial is a real
+    trials (``start`` and twice that) are recorded event by event; at every event the step's memory is
+    fitted as fixed + per-sample x batch (the persistent part as in the steady state: the first step's
+    optimizer state counts from the start), and the predicted largest batch keeps every event within
+    the limit; the third runs the predicted largest batch (``margin`` of the limit left for the allocator's
+    rounding and fragmentation) to verify it. Only when the prediction is wrong does it bisect. Each trial is a real
     step: give ``state=(model, optimizer)`` to have their states restored afterwards. Returns a
     BatchSizeSearch (``.batch_size``, ``.trials``, ``.out_of_memory``)."""
     log = log or _log_to_stderr
@@ -396,14 +436,12 @@ def find_batch_size(step, make_batch, limit=None, start=2, margin=0.01, maximum=
         fits = _measured_trials(step, make_batch, start, search)
         if fits is None:
             raise torch.OutOfMemoryError(f"gpumem.find_batch_size: even a batch of {start} does not fit")
-        (small, small_peak), (large, large_peak, ratio) = fits
-        per_sample = max((large_peak - small_peak) / (large - small), 1.0)
-        fixed = large_peak - per_sample * large
-        predicted = int((budget * (1 - margin) / ratio - fixed) // per_sample)
+        small, large_trial = fits
+        large = large_trial[0]
+        predicted = _largest_fitting(small, large_trial, budget * (1 - margin))
         predicted = max(large, min(predicted, maximum or predicted))
         search.predicted = predicted
-        log(f"gpumem.find_batch_size: {fixed / 2**20:.0f} MiB + {per_sample / 2**20:.2f} MiB per sample under "
-            f"{budget / 2**20:.0f} MiB: trying {predicted}")
+        log(f"gpumem.find_batch_size: within {budget / 2**20:.0f} MiB the model predicts {predicted}: trying it")
         if predicted == large or _fits(step, make_batch, predicted, budget, search):
             search.batch_size = predicted
         else:
@@ -417,7 +455,10 @@ def find_batch_size(step, make_batch, limit=None, start=2, margin=0.01, maximum=
 
 def _measured_trials(step, make_batch, start, search):
     measured = []
+    torch.cuda.empty_cache()  # cached memory of earlier work is not this step's
     for size in (start, 2 * start):
+        torch.cuda.synchronize()
+        before_batch = torch.cuda.memory_allocated()
         batch = make_batch(size)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -429,11 +470,9 @@ def _measured_trials(step, make_batch, start, search):
             search.trials.append((size, False, None, None))
             return None
         del batch
-        peak = _steady_peak(start_bytes, events)
-        ratio = max(torch.cuda.max_memory_reserved() / max(torch.cuda.max_memory_allocated(), 1), 1.0)
-        search.trials.append((size, True, peak, torch.cuda.max_memory_reserved()))
-        measured.append((size, peak, ratio))
-    return (measured[0][0], measured[0][1]), measured[1]
+        search.trials.append((size, True, torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()))
+        measured.append((size, start_bytes, start_bytes - before_batch, _curve_of_step(events)))
+    return measured[0], measured[1]
 
 
 def _fits(step, make_batch, size, budget, search):
