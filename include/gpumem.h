@@ -382,8 +382,8 @@ GM_API void gm_json_free(char *json);
  * level of the moment an allocation would fail.
  *
  * On a rise the allocator runs a ladder: (1) release idle cached memory down to the low watermark;
- * (2) if a signal is still at or above high, release every cached piece it can; (3) call the pressure
- * callbacks (gm_on_pressure). When an allocation still fails after the allocator's own retries (which
+ * (2) if a signal is still at or above high, wait for the frees pending on other streams and release
+ * every cached piece; (3) call the pressure callbacks (gm_on_pressure). When an allocation still fails after the allocator's own retries (which
  * release all cached memory), the callbacks are called with CRITICAL and the allocation is retried once
  * before GM_ERROR_OUT_OF_MEMORY (this needs only a callback, no policy). Each action is counted in
  * gm_stats (num_pressure_*) and recorded in the history (pressure_* events).

@@ -321,6 +321,14 @@ static void process_pending_frees(gm_allocator *allocator, bool wait)
     }
 }
 
+void gm_wait_for_pending_frees_locked(gm_allocator *allocator)
+{
+    if (!allocator->pending_head)
+        return;
+    allocator->arena.stats->num_sync_all_streams++;
+    process_pending_frees(allocator, true);
+}
+
 /* Park `block` until the work queued on `stream` so far has finished. */
 static gm_status defer_free(gm_allocator *allocator, gm_block *block, gm_stream stream)
 {

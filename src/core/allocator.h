@@ -52,6 +52,9 @@ void gm_unlock_arena(gm_allocator *allocator);
  * the reverse: for changes made outside allocator.c (pressure.c). */
 void gm_lock_for_change(gm_allocator *allocator);
 void gm_unlock_after_change(gm_allocator *allocator);
+/* Wait for the streams of every pending cross-stream free, so that their blocks become free memory
+ * (lock held; counted in num_sync_all_streams). */
+void gm_wait_for_pending_frees_locked(gm_allocator *allocator);
 /* gm_get_stats and gm_get_device_info with the lock held. */
 void gm_read_stats_locked(gm_allocator *allocator, gm_stats *stats_out);
 gm_status gm_read_device_info_locked(gm_allocator *allocator, gm_device_info *info_out);

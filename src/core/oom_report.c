@@ -180,7 +180,7 @@ static void remedy_limit(const gm_oom_facts *facts, uint64_t peak_live, byte_tex
 {
     uint64_t need = facts->live + facts->size;
     gm_error_append("  1. Raise the limit to at least %s if this process may use that much of the device "
-                    "(%s).\n", bytes(t, gm_round_up(need, 1ull << 30)), bytes(t, facts->device_total));
+                    "(%s).\n", bytes(t, gm_round_up(need, 1ull << 20)), bytes(t, facts->device_total));
     gm_error_append("  2. Or fit the job under the limit: peak live is %s of %s; halve the micro-batch with "
                     "gradient accumulation, or enable activation checkpointing on the repeated blocks.\n",
                     bytes(t, peak_live), bytes(t, facts->memory_limit));

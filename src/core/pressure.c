@@ -23,8 +23,10 @@
  * The ladder on a rise (run with the allocator's lock held, inside the statistics' seqlock bracket):
  *   1. release idle cached memory until reserved memory is down to the low watermark's target (the
  *      engines' release_cached with a target: the pages engine unmaps idle chunks, the segments
- *      engine frees whole free segments);
- *   2. if a signal is still at or above high, release everything releasable;
+ *      engine frees whole free segments). Cheap: no stream is waited for but those of the chunks moved;
+ *   2. if a signal is still at or above high, release everything releasable: first wait for the
+ *      streams of the frees pending on other streams (gm_record_stream), whose blocks then become
+ *      free, then give back every cached piece. This synchronizes, so it comes second;
  *   3. after the lock is released, call the callbacks.
  * A rise caused only by host signals skips 1 and 2 when the device is not host memory: giving back GPU
  * memory does not help the host. Each step is counted (num_pressure_*) and recorded in the history.
@@ -208,8 +210,10 @@ static void run_ladder(gm_allocator *allocator, gm_pressure_readings *readings)
     uint64_t target = release_target(pressure, readings);
     if (target != UINT64_MAX)
         release_step(allocator, readings, 1, target);
-    if (signals_at_or_above(pressure, readings, true) & releasable)
+    if (signals_at_or_above(pressure, readings, true) & releasable) {
+        gm_wait_for_pending_frees_locked(allocator);
         release_step(allocator, readings, 2, 0);
+    }
 }
 
 /* ---------------------------------------------------------------- evaluation */

@@ -1,0 +1,904 @@
+/*
+ * test_pressure.c -- memory pressure on the sim backend, with exact expectations: watermarks computed
+ * from fractions (and following the memory limit), the level rising at exactly the high watermark and
+ * falling only below the low one, the ladder's order and the bytes each step releases, callbacks
+ * called outside the lock (they allocate, free, read statistics, empty the cache) and never re-entered,
+ * a critical callback that frees memory so that a failing allocation succeeds, registration and
+ * removal (also concurrent with dispatches), the sampled signals (the driver's used memory, host
+ * MemAvailable and PSI from fixture /proc trees), the sampling thread stopping on a policy change and at
+ * destruction, and the counters and history events that record all of it.
+ *
+ * Most tests use the segments engine without release_before_growth: a request of 10 MiB or more gets a
+ * segment of its own size, so reserved bytes move by exactly the sizes asked for.
+ */
+#include "core/allocator.h"
+
+#include "test.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MiB (1ull << 20)
+#define GiB (1ull << 30)
+
+static const char *const segments = "engine:segments,capacity:1GiB,release_before_growth:false,history:256";
+
+static gm_allocator *make(const char *config)
+{
+    gm_allocator *allocator = NULL;
+    CHECK_OK(gm_create(config, &allocator));
+    REQUIRE(allocator != NULL);
+    return allocator;
+}
+
+static void *take(gm_allocator *allocator, uint64_t size, gm_stream stream)
+{
+    void *pointer = NULL;
+    CHECK_OK(gm_malloc(allocator, size, stream, &pointer));
+    return pointer;
+}
+
+static gm_pressure_level level_of(gm_allocator *allocator)
+{
+    gm_pressure_readings readings;
+    CHECK_OK(gm_get_pressure(allocator, &readings));
+    return readings.level;
+}
+
+static gm_stats stats_of(gm_allocator *allocator)
+{
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    return stats;
+}
+
+static gm_status set_policy(gm_allocator *allocator, double high, double low, uint32_t signals, const char *root)
+{
+    gm_pressure_policy policy = {.high = high, .low = low, .signals = signals, .host_root = root};
+    return gm_set_pressure_policy(allocator, &policy);
+}
+
+/* ---------------------------------------------------------------- a callback that records its calls */
+
+typedef struct recorder {
+    pthread_mutex_t lock;
+    int calls;
+    gm_pressure_level levels[64];
+    gm_pressure_readings readings[64];
+    pthread_t threads[64];
+    int depth, deepest; /* callbacks running on the stack now, and at most */
+} recorder;
+
+static void recorder_init(recorder *record)
+{
+    memset(record, 0, sizeof *record);
+    pthread_mutex_init(&record->lock, NULL);
+}
+
+static int calls_of(recorder *record)
+{
+    pthread_mutex_lock(&record->lock);
+    int calls = record->calls;
+    pthread_mutex_unlock(&record->lock);
+    return calls;
+}
+
+static void record_call(recorder *record, gm_pressure_level level, const gm_pressure_readings *readings)
+{
+    pthread_mutex_lock(&record->lock);
+    if (record->calls < 64) {
+        record->levels[record->calls] = level;
+        record->readings[record->calls] = *readings;
+        record->threads[record->calls] = pthread_self();
+    }
+    record->calls++;
+    pthread_mutex_unlock(&record->lock);
+}
+
+static void record(gm_allocator *allocator, gm_pressure_level level, const gm_pressure_readings *readings,
+                   void *context)
+{
+    (void)allocator;
+    record_call(context, level, readings);
+}
+
+/* The events of the history, newest last. */
+static size_t read_history(gm_allocator *allocator, gm_event *events, size_t capacity)
+{
+    size_t count = 0;
+    CHECK_OK(gm_history_read(allocator, events, capacity, &count, NULL));
+    return count;
+}
+
+/* The index of the first event of `kind` at or after `from`, or -1. */
+static long find_event(const gm_event *events, size_t count, size_t from, gm_event_kind kind)
+{
+    for (size_t i = from; i < count; i++)
+        if (events[i].kind == kind)
+            return (long)i;
+    return -1;
+}
+
+/* ---------------------------------------------------------------- watermarks and levels */
+
+static void watermarks_are_fractions_of_the_limit(void)
+{
+    gm_allocator *allocator = make(segments);
+    gm_pressure_readings readings;
+    CHECK_OK(gm_get_pressure(allocator, &readings));
+    CHECK_EQ_INT(readings.level, GM_PRESSURE_NORMAL);
+    CHECK_EQ_INT(readings.high_bytes, 0); /* no policy */
+    CHECK_EQ_INT(readings.limit_bytes, GiB);
+    CHECK(!allocator->pressure.watching);
+    gm_pressure_policy policy;
+    CHECK_OK(gm_get_pressure_policy(allocator, &policy));
+    CHECK(policy.high == 0);
+
+    CHECK_OK(set_policy(allocator, 0.9, 0.8, 0, NULL));
+    CHECK_OK(gm_get_pressure(allocator, &readings));
+    CHECK_EQ_INT(readings.high_bytes, 966367642); /* 0.9 GiB to the nearest byte */
+    CHECK_EQ_INT(readings.low_bytes, 858993459);
+    CHECK(allocator->pressure.watching);
+    CHECK_OK(gm_get_pressure_policy(allocator, &policy)); /* with its defaults filled in */
+    CHECK_EQ_INT(policy.signals, GM_PRESSURE_SIGNAL_RESERVED | GM_PRESSURE_SIGNAL_ALLOCATED);
+    CHECK_EQ_INT(policy.interval_ms, 100);
+    CHECK(policy.psi_high == 10 && policy.psi_low == 5);
+    CHECK(!strcmp(policy.host_root, "/"));
+
+    /* The watermarks follow the memory limit; a limit under the reserved bytes raises the level at once. */
+    void *block = take(allocator, 500 * MiB, 0);
+    CHECK_OK(gm_set_memory_limit(allocator, 600 * MiB));
+    CHECK_OK(gm_get_pressure(allocator, &readings));
+    CHECK_EQ_INT(readings.limit_bytes, 600 * MiB);
+    CHECK_EQ_INT(readings.high_bytes, 566231040); /* 540 MiB */
+    CHECK_EQ_INT(readings.low_bytes, 503316480);  /* 480 MiB */
+    CHECK_EQ_INT(readings.level, GM_PRESSURE_NORMAL); /* 500 MiB */
+    CHECK_OK(gm_set_memory_limit(allocator, 550 * MiB)); /* high 495 MiB: 500 MiB is above it */
+    CHECK_EQ_INT(level_of(allocator), GM_PRESSURE_HIGH);
+    CHECK_EQ_INT(stats_of(allocator).num_pressure_rises, 1);
+    CHECK_OK(gm_free(allocator, block));
+    CHECK_OK(gm_empty_cache(allocator));
+    CHECK_EQ_INT(level_of(allocator), GM_PRESSURE_NORMAL);
+
+    CHECK_OK(gm_set_pressure_policy(allocator, NULL)); /* off again */
+    CHECK(!allocator->pressure.watching);
+    CHECK_OK(gm_get_pressure(allocator, &readings));
+    CHECK_EQ_INT(readings.high_bytes, 0);
+    gm_destroy(allocator, NULL);
+}
+
+static void level_rises_at_high_and_falls_only_below_low(void)
+{
+    gm_allocator *allocator = make(segments);
+    recorder calls;
+    recorder_init(&calls);
+    CHECK_OK(gm_on_pressure(allocator, record, &calls));
+    CHECK_OK(set_policy(allocator, 0.5, 0.25, GM_PRESSURE_SIGNAL_ALLOCATED, NULL)); /* 512 MiB, 256 MiB */
+    void *a = take(allocator, 200 * MiB, 0), *b = take(allocator, 56 * MiB, 0), *c = take(allocator, 254 * MiB, 0);
+    void *d = take(allocator, 2 * MiB - 512, 0);
+    CHECK_EQ_INT(stats_of(allocator).allocated_bytes[GM_POOL_ALL].current, 512 * MiB - 512);
+    CHECK_EQ_INT(level_of(allocator), GM_PRESSURE_NORMAL); /* one allocation unit below high */
+    CHECK_EQ_INT(calls_of(&calls), 0);
+    void *e = take(allocator, 512, 0); /* exactly 512 MiB */
+    CHECK_EQ_INT(level_of(allocator), GM_PRESSURE_HIGH);
+    CHECK_EQ_INT(calls_of(&calls), 1);
+    CHECK_EQ_INT(calls.levels[0], GM_PRESSURE_HIGH);
+    CHECK_EQ_INT(calls.readings[0].allocated_bytes, 512 * MiB);
+    CHECK_EQ_INT(calls.readings[0].signals_high, GM_PRESSURE_SIGNAL_ALLOCATED);
+    CHECK_EQ_INT(calls.readings[0].changes, 1);
+    CHECK(pthread_equal(calls.threads[0], pthread_self())); /* on the thread whose call changed it */
+    CHECK_OK(gm_free(allocator, e)); /* 512 MiB - 512: below high, above low */
+    CHECK_OK(gm_free(allocator, c)); /* 258 MiB - 512 */
+    CHECK_EQ_INT(level_of(allocator), GM_PRESSURE_HIGH);
+    CHECK_OK(gm_free(allocator, d)); /* exactly 256 MiB: not below low */
+    CHECK_EQ_INT(stats_of(allocator).allocated_bytes[GM_POOL_ALL].current, 256 * MiB);
+    CHECK_EQ_INT(level_of(allocator), GM_PRESSURE_HIGH);
+    CHECK_EQ_INT(calls_of(&calls), 1);
+    CHECK_OK(gm_free(allocator, b)); /* 200 MiB */
+    CHECK_EQ_INT(level_of(allocator), GM_PRESSURE_NORMAL);
+    CHECK_EQ_INT(calls_of(&calls), 2);
+    CHECK_EQ_INT(calls.levels[1], GM_PRESSURE_NORMAL);
+    CHECK_EQ_INT(calls.readings[1].allocated_bytes, 200 * MiB);
+    CHECK_EQ_INT(calls.readings[1].changes, 2);
+    /* Up again: a second rise. */
+    void *f = take(allocator, 312 * MiB, 0);
+    CHECK_EQ_INT(level_of(allocator), GM_PRESSURE_HIGH);
+    /* The first rise found nothing cached (every segment had a live block); this one finds the freed
+     * segments, newest first: E's small one (2 MiB), D's (20), C's (254), B's (56): 844 - 332 = 512 MiB. */
+    gm_stats stats = stats_of(allocator);
+    CHECK_EQ_INT(stats.num_pressure_rises, 2);
+    CHECK_EQ_INT(stats.num_pressure_callbacks, 3);
+    CHECK_EQ_INT(stats.num_pressure_releases, 1);
+    CHECK_EQ_INT(stats.pressure_released_bytes, 332 * MiB);
+    CHECK_EQ_INT(stats.reserved_bytes[GM_POOL_ALL].current, 512 * MiB);
+    CHECK_OK(gm_free(allocator, f));
+    CHECK_OK(gm_free(allocator, a));
+    CHECK_OK(gm_validate(allocator));
+    gm_destroy(allocator, NULL);
+}
+
+/* ---------------------------------------------------------------- the ladder */
+
+static void ladder_releases_down_to_the_low_watermark(void)
+{
+    gm_allocator *allocator = make(segments);
+    void *cached[4];
+    for (int i = 0; i < 4; i++)
+        cached[i] = take(allocator, 100 * MiB, 0);
+    for (int i = 0; i < 4; i++)
+        CHECK_OK(gm_free(allocator, cached[i])); /* four free segments of 100 MiB: 400 MiB reserved */
+    recorder calls;
+    recorder_init(&calls);
+    CHECK_OK(gm_on_pressure(allocator, record, &calls));
+    CHECK_OK(set_policy(allocator, 0.5, 0.25, GM_PRESSURE_SIGNAL_RESERVED, NULL));
+    CHECK_EQ_INT(level_of(allocator), GM_PRESSURE_NORMAL);
+    void *big = take(allocator, 150 * MiB, 0); /* a new segment: 550 MiB reserved */
+    /* Step 1: the newest free segments go back until reserved is at most 256 MiB: 450, 350, 250. */
+    gm_stats stats = stats_of(allocator);
+    CHECK_EQ_INT(stats.reserved_bytes[GM_POOL_ALL].current, 250 * MiB);
+    CHECK_EQ_INT(stats.num_pressure_rises, 1);
+    CHECK_EQ_INT(stats.num_pressure_releases, 1);
+    CHECK_EQ_INT(stats.pressure_released_bytes, 300 * MiB);
+    CHECK_EQ_INT(stats.num_pressure_callbacks, 1);
+    CHECK_EQ_INT(stats.num_sync_all_streams, 0); /* step 2 was not needed */
+    CHECK_EQ_INT(calls_of(&calls), 1);
+    CHECK_EQ_INT(calls.levels[0], GM_PRESSURE_HIGH);
+    CHECK_EQ_INT(calls.readings[0].signals_high, GM_PRESSURE_SIGNAL_RESERVED);
+    CHECK_EQ_INT(calls.readings[0].reserved_bytes, 250 * MiB); /* after the ladder */
+    CHECK_EQ_INT(calls.readings[0].released_bytes, 300 * MiB);
+    CHECK_EQ_INT(calls.readings[0].allocated_bytes, 150 * MiB);
+    /* The history: the rise, the three unmaps, the release, then the callbacks. */
+    gm_event events[256];
+    size_t count = read_history(allocator, events, 256);
+    long rise = find_event(events, count, 0, GM_EVENT_PRESSURE_HIGH);
+    REQUIRE(rise >= 0);
+    CHECK_EQ_INT(events[rise].address, GM_PRESSURE_SIGNAL_RESERVED);
+    CHECK_EQ_INT(events[rise].size, 550 * MiB);
+    CHECK_EQ_INT(events[rise - 1].kind, GM_EVENT_ALLOC);
+    for (long i = rise + 1; i <= rise + 3; i++) {
+        CHECK_EQ_INT(events[i].kind, GM_EVENT_SEGMENT_UNMAP);
+        CHECK_EQ_INT(events[i].size, 100 * MiB);
+    }
+    CHECK_EQ_INT(events[rise + 4].kind, GM_EVENT_PRESSURE_RELEASE);
+    CHECK_EQ_INT(events[rise + 4].address, 1);
+    CHECK_EQ_INT(events[rise + 4].size, 300 * MiB);
+    CHECK_EQ_INT(events[rise + 5].kind, GM_EVENT_PRESSURE_CALLBACKS);
+    CHECK_EQ_INT(events[rise + 5].address, GM_PRESSURE_HIGH);
+    CHECK_EQ_INT(events[rise + 5].size, 1);
+    /* Freeing the big block leaves 250 MiB reserved, below 256 MiB: normal, nothing released. */
+    CHECK_OK(gm_free(allocator, big));
+    CHECK_EQ_INT(level_of(allocator), GM_PRESSURE_NORMAL);
+    count = read_history(allocator, events, 256);
+    long fall = find_event(events, count, (size_t)rise, GM_EVENT_PRESSURE_NORMAL);
+    REQUIRE(fall >= 0);
+    CHECK_EQ_INT(events[fall].size, 250 * MiB);
+    CHECK_EQ_INT(stats_of(allocator).num_pressure_releases, 1);
+    CHECK_OK(gm_validate(allocator));
+    gm_destroy(allocator, NULL);
+}
+
+static void ladder_waits_for_pending_frees_when_step_one_is_not_enough(void)
+{
+    gm_allocator *allocator = make(segments);
+    void *pending[3];
+    for (int i = 0; i < 3; i++) {
+        pending[i] = take(allocator, 100 * MiB, 1);
+        CHECK_OK(gm_record_stream(allocator, pending[i], 2));
+    }
+    CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1)); /* stream 2 still uses them */
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(gm_free(allocator, pending[i]));
+    CHECK_OK(gm_free(allocator, take(allocator, 100 * MiB, 1))); /* one free segment */
+    CHECK_EQ_INT(stats_of(allocator).reserved_bytes[GM_POOL_ALL].current, 400 * MiB);
+    CHECK_OK(set_policy(allocator, 0.5, 0.25, GM_PRESSURE_SIGNAL_RESERVED, NULL));
+    void *big = take(allocator, 250 * MiB, 1); /* 650 MiB reserved */
+    /* Step 1 frees the one free segment (550 MiB, still above 512 MiB); step 2 waits for stream 2,
+     * and the three blocks it held go back too. */
+    gm_stats stats = stats_of(allocator);
+    CHECK_EQ_INT(stats.reserved_bytes[GM_POOL_ALL].current, 250 * MiB);
+    CHECK_EQ_INT(stats.num_pressure_releases, 2);
+    CHECK_EQ_INT(stats.pressure_released_bytes, 400 * MiB);
+    CHECK_EQ_INT(stats.num_sync_all_streams, 1);
+    CHECK_EQ_INT(stats.active_bytes[GM_POOL_ALL].current, 250 * MiB); /* nothing pending any more */
+    gm_event events[256];
+    size_t count = read_history(allocator, events, 256);
+    long first = find_event(events, count, 0, GM_EVENT_PRESSURE_RELEASE);
+    REQUIRE(first >= 0);
+    long second = find_event(events, count, (size_t)first + 1, GM_EVENT_PRESSURE_RELEASE);
+    REQUIRE(second >= 0);
+    CHECK_EQ_INT(events[first].address, 1);
+    CHECK_EQ_INT(events[first].size, 100 * MiB);
+    CHECK_EQ_INT(events[second].address, 2);
+    CHECK_EQ_INT(events[second].size, 300 * MiB);
+    /* Below the low watermark now, but the level falls with the next reading (the next call that
+     * changes the bytes): the rise's callbacks hear HIGH with the readings after the ladder. */
+    CHECK_EQ_INT(level_of(allocator), GM_PRESSURE_HIGH);
+    CHECK_OK(gm_free(allocator, big));
+    CHECK_EQ_INT(level_of(allocator), GM_PRESSURE_NORMAL);
+    CHECK_OK(gm_validate(allocator));
+    gm_destroy(allocator, NULL);
+}
+
+static void policy_set_above_high_acts_at_once(void)
+{
+    gm_allocator *allocator = make(segments);
+    void *block = take(allocator, 600 * MiB, 0);
+    CHECK_OK(gm_free(allocator, take(allocator, 100 * MiB, 0)));
+    recorder calls;
+    recorder_init(&calls);
+    CHECK_OK(gm_on_pressure(allocator, record, &calls));
+    CHECK_OK(set_policy(allocator, 0.5, 0.25, 0, NULL)); /* 700 MiB reserved */
+    CHECK_EQ_INT(calls_of(&calls), 1); /* before gm_set_pressure_policy returned */
+    CHECK_EQ_INT(calls.levels[0], GM_PRESSURE_HIGH);
+    CHECK_EQ_INT(calls.readings[0].signals_high, GM_PRESSURE_SIGNAL_RESERVED | GM_PRESSURE_SIGNAL_ALLOCATED);
+    CHECK_EQ_INT(calls.readings[0].released_bytes, 100 * MiB);
+    /* Turning the policy off ends the pressure, and the callbacks hear it. */
+    CHECK_OK(gm_set_pressure_policy(allocator, NULL));
+    CHECK_EQ_INT(calls_of(&calls), 2);
+    CHECK_EQ_INT(calls.levels[1], GM_PRESSURE_NORMAL);
+    CHECK_OK(gm_free(allocator, block));
+    gm_destroy(allocator, NULL);
+}
+
+/* ---------------------------------------------------------------- callbacks */
+
+typedef struct inside_checks {
+    int calls;
+    bool lock_was_free;
+    bool sequence_even;
+    bool allocator_usable;
+    gm_pressure_level level_seen;
+} inside_checks;
+
+/* A callback that uses the allocator it is called for. */
+static void use_the_allocator(gm_allocator *allocator, gm_pressure_level level, const gm_pressure_readings *readings,
+                              void *context)
+{
+    (void)readings;
+    inside_checks *checks = context;
+    checks->calls++;
+    checks->lock_was_free = pthread_mutex_trylock(&allocator->lock) == 0;
+    if (checks->lock_was_free)
+        pthread_mutex_unlock(&allocator->lock);
+    checks->sequence_even = !allocator->published || allocator->published->value % 2 == 0;
+    void *pointer = NULL;
+    gm_stats stats;
+    gm_pressure_readings now;
+    checks->allocator_usable = gm_malloc(allocator, 10 * MiB, 0, &pointer) == GM_OK && pointer &&
+                               gm_free(allocator, pointer) == GM_OK && gm_get_stats(allocator, &stats) == GM_OK &&
+                               gm_get_pressure(allocator, &now) == GM_OK && gm_empty_cache(allocator) == GM_OK;
+    checks->level_seen = level;
+}
+
+static void callbacks_run_outside_the_lock_and_may_use_the_allocator(void)
+{
+    char directory[] = "/tmp/gpumem_pressure_XXXXXX";
+    REQUIRE(mkdtemp(directory));
+    REQUIRE(setenv("GPUMEM_SHM_DIR", directory, 1) == 0);
+    gm_allocator *allocator = make("engine:pages,capacity:1GiB,publish:true");
+    char path[512];
+    CHECK_OK(gm_publish_status(allocator, path, sizeof path));
+    CHECK(allocator->published != NULL);
+    inside_checks checks = {0};
+    CHECK_OK(gm_on_pressure(allocator, use_the_allocator, &checks));
+    CHECK_OK(set_policy(allocator, 0.5, 0.25, GM_PRESSURE_SIGNAL_ALLOCATED, NULL));
+    void *block = take(allocator, 600 * MiB, 0);
+    CHECK_EQ_INT(checks.calls, 1);
+    CHECK(checks.lock_was_free);
+    CHECK(checks.sequence_even); /* not inside the published statistics' seqlock bracket */
+    CHECK(checks.allocator_usable);
+    CHECK_EQ_INT(checks.level_seen, GM_PRESSURE_HIGH);
+    CHECK_OK(gm_free(allocator, block));
+    CHECK_EQ_INT(checks.calls, 2); /* normal again */
+    CHECK(checks.lock_was_free && checks.sequence_even && checks.allocator_usable);
+    CHECK_OK(gm_validate(allocator));
+    gm_destroy(allocator, NULL);
+    unsetenv("GPUMEM_SHM_DIR");
+    rmdir(directory);
+}
+
+typedef struct ballast {
+    void *pointer;
+    int calls;
+    gm_pressure_readings readings;
+    gm_pressure_level level_inside;
+    bool try_huge_first; /* allocate something impossible first (re-entrance) */
+    gm_status huge_status;
+    gm_oom_cause huge_cause;
+} ballast;
+
+static _Thread_local int callback_depth, deepest_callback;
+
+/* On CRITICAL, free the memory the program keeps for such moments. */
+static void free_ballast(gm_allocator *allocator, gm_pressure_level level, const gm_pressure_readings *readings,
+                         void *context)
+{
+    ballast *kept = context;
+    callback_depth++;
+    deepest_callback = callback_depth > deepest_callback ? callback_depth : deepest_callback;
+    kept->calls++;
+    kept->readings = *readings;
+    kept->level_inside = level_of(allocator);
+    if (level == GM_PRESSURE_CRITICAL) {
+        if (kept->try_huge_first) {
+            void *huge = NULL;
+            kept->huge_status = gm_malloc(allocator, 5 * GiB, 0, &huge);
+            kept->huge_cause = gm_last_oom_cause();
+        }
+        if (kept->pointer)
+            CHECK_OK(gm_free(allocator, kept->pointer));
+        kept->pointer = NULL;
+    }
+    callback_depth--;
+}
+
+static void critical_callback_frees_memory_and_the_allocation_succeeds(void)
+{
+    static const char *const configs[] = {"engine:pages,capacity:1GiB,history:256", segments};
+    for (size_t c = 0; c < 2; c++) {
+        gm_allocator *allocator = make(configs[c]); /* no policy: a callback is enough */
+        ballast kept = {.pointer = take(allocator, 900 * MiB, 0)};
+        CHECK_OK(gm_on_pressure(allocator, free_ballast, &kept));
+        void *pointer = NULL;
+        CHECK_OK(gm_malloc(allocator, 300 * MiB, 7, &pointer));
+        CHECK(pointer != NULL);
+        CHECK_EQ_INT(kept.calls, 1);
+        CHECK_EQ_INT(kept.readings.level, GM_PRESSURE_CRITICAL);
+        CHECK_EQ_INT(kept.level_inside, GM_PRESSURE_CRITICAL);
+        CHECK_EQ_INT(kept.readings.request_bytes, 300 * MiB);
+        CHECK_EQ_INT(kept.readings.allocated_bytes, 900 * MiB);
+        CHECK_EQ_INT(level_of(allocator), GM_PRESSURE_NORMAL); /* critical lasts as long as the callbacks */
+        gm_stats stats = stats_of(allocator);
+        CHECK_EQ_INT(stats.num_ooms, 0);
+        CHECK_EQ_INT(stats.num_pressure_criticals, 1);
+        CHECK_EQ_INT(stats.num_pressure_callbacks, 1);
+        CHECK_EQ_INT(stats.num_pressure_rises, 0);
+        CHECK_EQ_INT(stats.allocated_bytes[GM_POOL_ALL].current, 300 * MiB);
+        gm_event events[256];
+        size_t count = read_history(allocator, events, 256);
+        long critical = find_event(events, count, 0, GM_EVENT_PRESSURE_CRITICAL);
+        REQUIRE(critical >= 0);
+        CHECK_EQ_INT(events[critical].size, 300 * MiB);
+        CHECK_EQ_INT(events[critical].stream, 7);
+        long freed = find_event(events, count, (size_t)critical, GM_EVENT_FREE_REQUESTED);
+        long called = find_event(events, count, (size_t)critical, GM_EVENT_PRESSURE_CALLBACKS);
+        long allocated = find_event(events, count, (size_t)critical, GM_EVENT_ALLOC);
+        CHECK(critical < freed && freed < called && called < allocated); /* callback, then the retry */
+        CHECK_EQ_INT(events[called].address, GM_PRESSURE_CRITICAL);
+        CHECK_OK(gm_free(allocator, pointer));
+        CHECK_OK(gm_validate(allocator));
+        gm_destroy(allocator, NULL);
+    }
+}
+
+static void critical_callback_that_cannot_help_is_in_the_report(void)
+{
+    gm_allocator *allocator = make(segments);
+    ballast nothing = {0};
+    CHECK_OK(gm_on_pressure(allocator, free_ballast, &nothing));
+    void *kept = take(allocator, 900 * MiB, 0), *pointer = NULL;
+    CHECK_STATUS(gm_malloc(allocator, 300 * MiB, 0, &pointer), GM_ERROR_OUT_OF_MEMORY);
+    CHECK_EQ_INT(nothing.calls, 1);
+    CHECK_MESSAGE("gpumem: out of memory. Tried to allocate 300.00 MiB");
+    CHECK_MESSAGE("calling the pressure callbacks (level critical) and retrying");
+    CHECK_MESSAGE("(1 pressure callback call)");
+    CHECK_EQ_INT(gm_last_oom_cause(), GM_OOM_CAUSE_CAPACITY);
+    gm_stats stats = stats_of(allocator);
+    CHECK_EQ_INT(stats.num_ooms, 1);
+    CHECK_EQ_INT(stats.num_pressure_criticals, 1);
+    CHECK_EQ_INT(stats.num_alloc_retries, 2); /* before the callbacks and after */
+    CHECK_OK(gm_free(allocator, kept));
+    gm_destroy(allocator, NULL);
+}
+
+static void critical_callbacks_are_not_reentered(void)
+{
+    gm_allocator *allocator = make(segments);
+    ballast kept = {.pointer = take(allocator, 900 * MiB, 0), .try_huge_first = true};
+    CHECK_OK(gm_on_pressure(allocator, free_ballast, &kept));
+    deepest_callback = 0;
+    void *pointer = NULL;
+    CHECK_OK(gm_malloc(allocator, 300 * MiB, 0, &pointer));
+    CHECK_EQ_INT(kept.calls, 1);       /* the callback's own failing allocation did not call it again */
+    CHECK_EQ_INT(deepest_callback, 1);
+    CHECK_EQ_INT(kept.huge_status, GM_ERROR_OUT_OF_MEMORY);
+    CHECK_EQ_INT(kept.huge_cause, GM_OOM_CAUSE_CAPACITY);
+    gm_stats stats = stats_of(allocator);
+    CHECK_EQ_INT(stats.num_pressure_criticals, 1);
+    CHECK_EQ_INT(stats.num_ooms, 1); /* the callback's */
+    CHECK_OK(gm_free(allocator, pointer));
+    gm_destroy(allocator, NULL);
+}
+
+typedef struct releaser {
+    recorder record;
+    void *block;
+} releaser;
+
+/* On HIGH, free a block and empty the cache: pressure ends inside the callback. */
+static void release_on_high(gm_allocator *allocator, gm_pressure_level level, const gm_pressure_readings *readings,
+                            void *context)
+{
+    releaser *self = context;
+    callback_depth++;
+    deepest_callback = callback_depth > deepest_callback ? callback_depth : deepest_callback;
+    record_call(&self->record, level, readings);
+    if (level == GM_PRESSURE_HIGH && self->block) {
+        CHECK_OK(gm_free(allocator, self->block));
+        self->block = NULL;
+        CHECK_OK(gm_empty_cache(allocator));
+        CHECK_EQ_INT(level_of(allocator), GM_PRESSURE_NORMAL); /* changed, but told after this returns */
+        CHECK_EQ_INT(self->record.calls, 1);
+    }
+    callback_depth--;
+}
+
+static void a_change_caused_inside_a_callback_follows_it(void)
+{
+    gm_allocator *allocator = make(segments);
+    releaser self;
+    recorder_init(&self.record);
+    self.block = take(allocator, 400 * MiB, 0);
+    CHECK_OK(gm_on_pressure(allocator, release_on_high, &self));
+    CHECK_OK(set_policy(allocator, 0.5, 0.25, GM_PRESSURE_SIGNAL_RESERVED, NULL));
+    deepest_callback = 0;
+    void *other = take(allocator, 200 * MiB, 0); /* 600 MiB: high; the callback brings it to 200 MiB */
+    CHECK_EQ_INT(calls_of(&self.record), 2);
+    CHECK_EQ_INT(self.record.levels[0], GM_PRESSURE_HIGH);
+    CHECK_EQ_INT(self.record.levels[1], GM_PRESSURE_NORMAL);
+    CHECK_EQ_INT(self.record.readings[1].reserved_bytes, 200 * MiB);
+    CHECK_EQ_INT(deepest_callback, 1);
+    CHECK_EQ_INT(stats_of(allocator).num_pressure_callbacks, 2);
+    CHECK_OK(gm_free(allocator, other));
+    gm_destroy(allocator, NULL);
+}
+
+/* ---------------------------------------------------------------- registration */
+
+static void remove_self(gm_allocator *allocator, gm_pressure_level level, const gm_pressure_readings *readings,
+                        void *context)
+{
+    record_call(context, level, readings);
+    CHECK_OK(gm_remove_pressure_callback(allocator, remove_self, context));
+}
+
+static void registration_rules(void)
+{
+    gm_allocator *allocator = make(segments);
+    recorder first, second, once;
+    recorder_init(&first);
+    recorder_init(&second);
+    recorder_init(&once);
+    CHECK_STATUS(gm_on_pressure(allocator, NULL, &first), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_STATUS(gm_on_pressure(NULL, record, &first), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_OK(gm_on_pressure(allocator, record, &first));
+    CHECK_STATUS(gm_on_pressure(allocator, record, &first), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_MESSAGE("already registered");
+    CHECK_OK(gm_on_pressure(allocator, record, &second));
+    CHECK_OK(gm_on_pressure(allocator, remove_self, &once));
+    CHECK_OK(gm_remove_pressure_callback(allocator, record, &second));
+    CHECK_STATUS(gm_remove_pressure_callback(allocator, record, &second), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_MESSAGE("not registered");
+    CHECK_OK(set_policy(allocator, 0.5, 0.25, 0, NULL));
+    void *block = take(allocator, 600 * MiB, 0);
+    CHECK_OK(gm_free(allocator, block));
+    CHECK_OK(gm_empty_cache(allocator));
+    CHECK_EQ_INT(calls_of(&first), 2); /* high, normal */
+    CHECK_EQ_INT(calls_of(&second), 0);
+    CHECK_EQ_INT(calls_of(&once), 1); /* removed itself in its first call */
+    CHECK_STATUS(gm_remove_pressure_callback(allocator, remove_self, &once), GM_ERROR_INVALID_ARGUMENT);
+    /* At most 16. */
+    recorder many[16];
+    size_t added = 1;
+    for (size_t i = 0; i < 16 && added < 16; i++, added++)
+        CHECK_OK(gm_on_pressure(allocator, record, &many[i]));
+    CHECK_STATUS(gm_on_pressure(allocator, record, &many[15]), GM_ERROR_NOT_SUPPORTED);
+    CHECK_MESSAGE("at most 16 callbacks");
+    gm_destroy(allocator, NULL);
+}
+
+typedef struct churn {
+    gm_allocator *allocator;
+    volatile bool stop;
+    int registrations;
+} churn;
+
+static void count_call(gm_allocator *allocator, gm_pressure_level level, const gm_pressure_readings *readings,
+                       void *context)
+{
+    (void)allocator;
+    (void)level;
+    (void)readings;
+    (*(int *)context)++; /* a use after its removal would touch freed memory: the sanitizers say so */
+}
+
+static void *register_and_remove(void *argument)
+{
+    churn *work = argument;
+    while (!work->stop) {
+        int *counter = calloc(1, sizeof *counter);
+        REQUIRE(counter);
+        CHECK_OK(gm_on_pressure(work->allocator, count_call, counter));
+        CHECK_OK(gm_remove_pressure_callback(work->allocator, count_call, counter));
+        free(counter);
+        work->registrations++;
+    }
+    return NULL;
+}
+
+static void registration_concurrent_with_dispatches_is_safe(void)
+{
+    gm_allocator *allocator = make(segments);
+    CHECK_OK(set_policy(allocator, 0.5, 0.25, GM_PRESSURE_SIGNAL_ALLOCATED, NULL));
+    churn work = {.allocator = allocator};
+    pthread_t threads[2];
+    for (int i = 0; i < 2; i++)
+        REQUIRE(pthread_create(&threads[i], NULL, register_and_remove, &work) == 0);
+    for (int i = 0; i < 300; i++) { /* 600 level changes */
+        void *block = take(allocator, 600 * MiB, 0);
+        CHECK_OK(gm_free(allocator, block));
+    }
+    work.stop = true;
+    for (int i = 0; i < 2; i++)
+        pthread_join(threads[i], NULL);
+    CHECK(work.registrations > 0);
+    CHECK_EQ_INT(stats_of(allocator).num_pressure_rises, 300);
+    CHECK_OK(gm_validate(allocator));
+    gm_destroy(allocator, NULL);
+}
+
+/* ---------------------------------------------------------------- sampled signals */
+
+static char root[256];
+
+/* Write a fixture file whole, then rename it in place: the sampling thread never sees half of one. */
+static void write_fixture(const char *relative, const char *format, ...)
+{
+    char path[512], temporary[520];
+    snprintf(path, sizeof path, "%s%s", root, relative);
+    for (char *slash = strchr(path + strlen(root) + 1, '/'); slash; slash = strchr(slash + 1, '/')) {
+        *slash = '\0';
+        mkdir(path, 0700);
+        *slash = '/';
+    }
+    snprintf(temporary, sizeof temporary, "%s.new", path);
+    FILE *file = fopen(temporary, "w");
+    REQUIRE(file);
+    va_list arguments;
+    va_start(arguments, format);
+    vfprintf(file, format, arguments);
+    va_end(arguments);
+    fclose(file);
+    REQUIRE(rename(temporary, path) == 0);
+}
+
+static void write_meminfo(long available_kb)
+{
+    write_fixture("/proc/meminfo", "MemTotal:       16000000 kB\nMemFree:  100 kB\nMemAvailable:   %ld kB\n"
+                  "SwapTotal:       0 kB\nSwapFree:        0 kB\n", available_kb);
+}
+
+static void write_psi(double some_avg10)
+{
+    write_fixture("/proc/pressure/memory", "some avg10=%.2f avg60=1.00 avg300=0.50 total=12345\n"
+                  "full avg10=0.00 avg60=0.00 avg300=0.00 total=678\n", some_avg10);
+}
+
+static void make_root(void)
+{
+    snprintf(root, sizeof root, "/tmp/gpumem_pressure_root_XXXXXX");
+    REQUIRE(mkdtemp(root));
+}
+
+static void host_memory_signal_from_a_fixture_tree(void)
+{
+    make_root();
+    write_meminfo(8000000); /* half the host used */
+    gm_allocator *allocator = make(segments);
+    CHECK_OK(gm_free(allocator, take(allocator, 100 * MiB, 0))); /* cache that host pressure must not touch */
+    recorder calls;
+    recorder_init(&calls);
+    CHECK_OK(gm_on_pressure(allocator, record, &calls));
+    gm_pressure_policy policy = {.high = 0.9, .low = 0.8, .signals = GM_PRESSURE_SIGNAL_HOST,
+                                 .interval_ms = 3600000, .host_root = root}; /* the thread waits an hour */
+    CHECK_OK(gm_set_pressure_policy(allocator, &policy));
+    CHECK_EQ_INT(level_of(allocator), GM_PRESSURE_NORMAL);
+    CHECK(!allocator->pressure.watching); /* no byte signal: gm_malloc and gm_free compare nothing */
+    write_meminfo(1000000); /* 93.75% used */
+    gm_pressure_readings readings;
+    CHECK_OK(gm_check_pressure(allocator, &readings));
+    CHECK_EQ_INT(readings.level, GM_PRESSURE_HIGH);
+    CHECK_EQ_INT(readings.host_available_bytes, 1000000LL * 1024);
+    CHECK_EQ_INT(readings.host_total_bytes, 16000000LL * 1024);
+    CHECK_EQ_INT(readings.signals_high, GM_PRESSURE_SIGNAL_HOST);
+    CHECK_EQ_INT(calls_of(&calls), 1);
+    CHECK_EQ_INT(calls.levels[0], GM_PRESSURE_HIGH);
+    gm_stats stats = stats_of(allocator);
+    CHECK_EQ_INT(stats.num_pressure_rises, 1);
+    CHECK_EQ_INT(stats.num_pressure_releases, 0); /* GPU memory given back would not help the host */
+    CHECK_EQ_INT(stats.reserved_bytes[GM_POOL_ALL].current, 100 * MiB);
+    write_meminfo(3000000); /* 81.25%: between the watermarks */
+    CHECK_OK(gm_check_pressure(allocator, &readings));
+    CHECK_EQ_INT(readings.level, GM_PRESSURE_HIGH);
+    write_meminfo(4000000); /* 75% */
+    CHECK_OK(gm_check_pressure(allocator, &readings));
+    CHECK_EQ_INT(readings.level, GM_PRESSURE_NORMAL);
+    CHECK_EQ_INT(calls_of(&calls), 2);
+    gm_destroy(allocator, NULL);
+}
+
+static void psi_signal_from_a_fixture_tree(void)
+{
+    make_root();
+    write_meminfo(8000000);
+    write_psi(2.0);
+    gm_allocator *allocator = make(segments);
+    gm_pressure_policy policy = {.high = 0.9, .low = 0.8, .signals = GM_PRESSURE_SIGNAL_PSI, .psi_high = 10,
+                                 .psi_low = 5, .interval_ms = 3600000, .host_root = root};
+    CHECK_OK(gm_set_pressure_policy(allocator, &policy));
+    gm_pressure_readings readings;
+    CHECK_OK(gm_check_pressure(allocator, &readings));
+    CHECK_EQ_INT(readings.level, GM_PRESSURE_NORMAL);
+    CHECK(readings.host_psi_avg10 == 2.0);
+    write_psi(12.5);
+    CHECK_OK(gm_check_pressure(allocator, &readings));
+    CHECK_EQ_INT(readings.level, GM_PRESSURE_HIGH);
+    CHECK_EQ_INT(readings.signals_high, GM_PRESSURE_SIGNAL_PSI);
+    write_psi(7.0); /* below 10, not below 5 */
+    CHECK_OK(gm_check_pressure(allocator, &readings));
+    CHECK_EQ_INT(readings.level, GM_PRESSURE_HIGH);
+    write_psi(4.99);
+    CHECK_OK(gm_check_pressure(allocator, &readings));
+    CHECK_EQ_INT(readings.level, GM_PRESSURE_NORMAL);
+    gm_destroy(allocator, NULL);
+}
+
+static void device_signal_counts_memory_used_elsewhere(void)
+{
+    gm_allocator *allocator = make(segments);
+    void *live = take(allocator, 50 * MiB, 0);
+    CHECK_OK(gm_free(allocator, take(allocator, 100 * MiB, 0))); /* 150 MiB reserved, 100 of it cached */
+    gm_pressure_policy policy = {.high = 0.5, .low = 0.25, .signals = GM_PRESSURE_SIGNAL_DEVICE,
+                                 .interval_ms = 3600000};
+    CHECK_OK(gm_set_pressure_policy(allocator, &policy));
+    gm_pressure_readings readings;
+    CHECK_OK(gm_check_pressure(allocator, &readings));
+    CHECK_EQ_INT(readings.level, GM_PRESSURE_NORMAL);
+    CHECK_EQ_INT(readings.device_used_bytes, 150 * MiB);
+    CHECK_EQ_INT(readings.device_total_bytes, GiB);
+    CHECK_OK(gm_sim_set_used_elsewhere(allocator, 400 * MiB)); /* another process: 550 MiB used */
+    CHECK_OK(gm_check_pressure(allocator, &readings));
+    /* Step 1 aims at 256 MiB used, 294 MiB less: all 100 MiB of cache go; 450 MiB is below high. */
+    CHECK_EQ_INT(readings.level, GM_PRESSURE_HIGH);
+    CHECK_EQ_INT(readings.device_used_bytes, 450 * MiB);
+    CHECK_EQ_INT(readings.reserved_bytes, 50 * MiB);
+    gm_stats stats = stats_of(allocator);
+    CHECK_EQ_INT(stats.pressure_released_bytes, 100 * MiB);
+    CHECK_EQ_INT(stats.num_pressure_releases, 1);
+    CHECK_OK(gm_validate(allocator)); /* the memory used elsewhere is not counted as gpumem's */
+    CHECK_OK(gm_sim_set_used_elsewhere(allocator, 100 * MiB)); /* 150 MiB used: below 256 MiB */
+    CHECK_OK(gm_check_pressure(allocator, &readings));
+    CHECK_EQ_INT(readings.level, GM_PRESSURE_NORMAL);
+    CHECK_STATUS(gm_sim_set_used_elsewhere(allocator, GiB), GM_ERROR_OUT_OF_MEMORY);
+    CHECK_OK(gm_free(allocator, live));
+    gm_destroy(allocator, NULL);
+}
+
+static bool wait_for_calls(recorder *calls, int count)
+{
+    for (int i = 0; i < 5000 && calls_of(calls) < count; i++)
+        usleep(1000);
+    return calls_of(calls) >= count;
+}
+
+static void sampling_thread_acts_and_stops(void)
+{
+    make_root();
+    write_meminfo(8000000);
+    gm_allocator *allocator = make(segments);
+    recorder calls;
+    recorder_init(&calls);
+    CHECK_OK(gm_on_pressure(allocator, record, &calls));
+    gm_pressure_policy policy = {.high = 0.9, .low = 0.8, .signals = GM_PRESSURE_SIGNAL_HOST, .interval_ms = 2,
+                                 .host_root = root};
+    CHECK_OK(gm_set_pressure_policy(allocator, &policy));
+    CHECK(allocator->pressure.sampler_running);
+    write_meminfo(500000);
+    REQUIRE(wait_for_calls(&calls, 1)); /* the thread saw it without any call of ours */
+    CHECK_EQ_INT(calls.levels[0], GM_PRESSURE_HIGH);
+    CHECK(!pthread_equal(calls.threads[0], pthread_self()));
+    write_meminfo(8000000);
+    REQUIRE(wait_for_calls(&calls, 2));
+    CHECK_EQ_INT(calls.levels[1], GM_PRESSURE_NORMAL);
+    /* A policy without sampled signals stops the thread. */
+    CHECK_OK(set_policy(allocator, 0.9, 0.8, GM_PRESSURE_SIGNAL_RESERVED, NULL));
+    CHECK(!allocator->pressure.sampler_running);
+    CHECK_OK(gm_set_pressure_policy(allocator, &policy));
+    CHECK(allocator->pressure.sampler_running);
+    CHECK_OK(gm_set_pressure_policy(allocator, NULL));
+    CHECK(!allocator->pressure.sampler_running);
+    /* Destroying an allocator whose thread runs, and is acting at that moment, joins it. */
+    CHECK_OK(gm_set_pressure_policy(allocator, &policy));
+    write_meminfo(500000);
+    usleep(5000);
+    gm_destroy(allocator, NULL);
+}
+
+/* ---------------------------------------------------------------- arguments, names, statistics */
+
+static void policies_are_checked(void)
+{
+    gm_allocator *allocator = make(segments);
+    static const struct {
+        gm_pressure_policy policy;
+        const char *message;
+    } cases[] = {
+        {{.high = 0, .low = 0}, "high (0) must be in (0, 1]"},
+        {{.high = 1.5, .low = 0.5}, "high (1.5) must be in (0, 1]"},
+        {{.high = 0.5, .low = 0.5}, "low (0.5) must be in (0, high = 0.5)"},
+        {{.high = 0.5, .low = 0}, "low (0) must be in (0, high = 0.5)"},
+        {{.high = 0.5, .low = 0.25, .signals = 1u << 7}, "unknown signal bits 0x80"},
+        {{.high = 0.5, .low = 0.25, .psi_high = 10, .psi_low = 20}, "psi_low below it"},
+        {{.high = 0.5, .low = 0.25, .psi_high = 120}, "psi_high must be in [0, 100]"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        CHECK_STATUS(gm_set_pressure_policy(allocator, &cases[i].policy), GM_ERROR_INVALID_ARGUMENT);
+        CHECK_MESSAGE(cases[i].message);
+    }
+    CHECK_STATUS(gm_set_pressure_policy(NULL, NULL), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_STATUS(gm_get_pressure(allocator, NULL), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_STATUS(gm_get_pressure_policy(NULL, NULL), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_STATUS(gm_check_pressure(NULL, NULL), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_OK(gm_check_pressure(allocator, NULL)); /* no policy: nothing to read */
+    gm_pressure_policy policy;
+    CHECK_OK(gm_get_pressure_policy(allocator, &policy));
+    CHECK(policy.high == 0); /* every refused policy left none */
+    gm_destroy(allocator, NULL);
+}
+
+static void names_statistics_and_history_show_pressure(void)
+{
+    CHECK(!strcmp(gm_pressure_level_name(GM_PRESSURE_NORMAL), "normal"));
+    CHECK(!strcmp(gm_pressure_level_name(GM_PRESSURE_HIGH), "high"));
+    CHECK(!strcmp(gm_pressure_level_name(GM_PRESSURE_CRITICAL), "critical"));
+    CHECK(!strcmp(gm_pressure_level_name((gm_pressure_level)9), "unknown"));
+    static const char *const events[] = {"pressure_high", "pressure_critical", "pressure_normal", "pressure_release",
+                                         "pressure_callbacks"};
+    for (int i = 0; i < 5; i++)
+        CHECK(!strcmp(gm_event_name((gm_event_kind)(GM_EVENT_PRESSURE_HIGH + i)), events[i]));
+    gm_allocator *allocator = make(segments);
+    CHECK_OK(gm_free(allocator, take(allocator, 100 * MiB, 0)));
+    CHECK_OK(set_policy(allocator, 0.5, 0.25, 0, NULL));
+    void *block = take(allocator, 500 * MiB, 0);
+    char table[8192];
+    CHECK_OK(gm_summary(allocator, table, sizeof table, NULL));
+    char row[64];
+    snprintf(row, sizeof row, "| %-21s | %7d ", "Pressure rises", 1);
+    CHECK(strstr(table, row) != NULL);
+    snprintf(row, sizeof row, "| %-21s | %7d ", "Pressure releases", 1);
+    CHECK(strstr(table, row) != NULL);
+    CHECK(strstr(table, "Pressure callbacks") != NULL && strstr(table, "Pressure criticals") != NULL);
+    char *json = NULL;
+    CHECK_OK(gm_history_json(allocator, &json));
+    CHECK(json && strstr(json, "\"action\": \"pressure_high\", \"address\": 1, \"size\": 629145600") != NULL);
+    CHECK(json && strstr(json, "\"action\": \"pressure_release\", \"address\": 1, \"size\": 104857600") != NULL);
+    gm_json_free(json);
+    CHECK_OK(gm_free(allocator, block));
+    gm_destroy(allocator, NULL);
+}
+
+RUN_TESTS(TEST_CASE(watermarks_are_fractions_of_the_limit), TEST_CASE(level_rises_at_high_and_falls_only_below_low),
+          TEST_CASE(ladder_releases_down_to_the_low_watermark),
+          TEST_CASE(ladder_waits_for_pending_frees_when_step_one_is_not_enough),
+          TEST_CASE(policy_set_above_high_acts_at_once),
+          TEST_CASE(callbacks_run_outside_the_lock_and_may_use_the_allocator),
+          TEST_CASE(critical_callback_frees_memory_and_the_allocation_succeeds),
+          TEST_CASE(critical_callback_that_cannot_help_is_in_the_report),
+          TEST_CASE(critical_callbacks_are_not_reentered), TEST_CASE(a_change_caused_inside_a_callback_follows_it),
+          TEST_CASE(registration_rules), TEST_CASE(registration_concurrent_with_dispatches_is_safe),
+          TEST_CASE(host_memory_signal_from_a_fixture_tree), TEST_CASE(psi_signal_from_a_fixture_tree),
+          TEST_CASE(device_signal_counts_memory_used_elsewhere), TEST_CASE(sampling_thread_acts_and_stops),
+          TEST_CASE(policies_are_checked), TEST_CASE(names_statistics_and_history_show_pressure))
