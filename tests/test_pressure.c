@@ -602,8 +602,8 @@ static void registration_rules(void)
 
 typedef struct churn {
     gm_allocator *allocator;
-    volatile bool stop;
-    int registrations;
+    _Atomic bool stop;
+    _Atomic int registrations;
 } churn;
 
 static void count_call(gm_allocator *allocator, gm_pressure_level level, const gm_pressure_readings *readings,
