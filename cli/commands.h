@@ -30,5 +30,13 @@ int gm_command_stats(int argc, char **argv);
 int gm_command_top(int argc, char **argv);
 int gm_command_summary(int argc, char **argv);
 int gm_command_run(int argc, char **argv);
+int gm_command_report(int argc, char **argv);
+
+struct gm_trace;
+/* The HTML report of a loaded trace (report_command.c), replayed on fresh allocators of `configuration`,
+ * written to output_path; errors on stderr as "gpumem COMMAND: ...". The exit status. */
+int gm_report_of_trace(const struct gm_trace *trace, const char *trace_path, const char *configuration,
+                       const char *output_path, const char *command);
+int gm_command_exporter(int argc, char **argv);
 
 #endif

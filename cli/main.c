@@ -2,11 +2,14 @@
  * main.c -- the gpumem command line.
  *
  *   gpumem replay TRACE [--backend sim|host|cuda] [--capacity BYTES] [--conf KEY:VALUE,...] [--json] [--passes N]
+ *                       [--snapshot FILE] [--history FILE] [--report FILE]
+ *   gpumem report TRACE|HISTORY|SNAPSHOT -o FILE [--backend ...] [--capacity ...] [--conf ...]
  *   gpumem info [--backend NAME] [--conf ...]
  *   gpumem stats PID [--device N] [--json]
  *   gpumem top [-d SECONDS] [--once] [--json]
  *   gpumem summary PID [--device N]
  *   gpumem run [--conf KEY:VALUE,...] [--report FILE] [--] COMMAND [ARGUMENTS...]
+ *   gpumem exporter [--listen HOST:PORT] [--allow-remote] [--textfile DIR [--interval SECONDS] [--once]]
  *   gpumem config
  *   gpumem version
  *
@@ -29,8 +32,13 @@ static void print_usage(FILE *out)
             "commands:\n"
             "  replay TRACE [--backend sim|host|cuda] [--capacity BYTES] [--conf KEY:VALUE,...] [--json]\n"
             "               [--passes N]  (N replays on one allocator, each reported: cold, then warm)\n"
+            "               [--snapshot FILE] [--history FILE]  the blocks at the end, the events (JSON)\n"
+            "               [--report FILE]  the HTML report of gpumem report, for this trace\n"
             "                 replay an allocation trace (plain or .gz) and report peak live and\n"
             "                 reserved bytes, their ratio, CPU time per operation and device calls\n"
+            "  report TRACE|HISTORY|SNAPSHOT -o FILE [--backend ...] [--capacity ...] [--conf ...]\n"
+            "                 a self-contained HTML report: memory over time, the memory map at the peak,\n"
+            "                 the largest allocations then and the statistics table\n"
             "  info [--backend NAME] [--conf ...]\n"
             "                 describe the device: driver, memory, virtual-memory support, granularity\n"
             "  stats PID [--device N] [--json]\n"
@@ -42,6 +50,9 @@ static void print_usage(FILE *out)
             "  run [--conf KEY:VALUE,...] [--report FILE] [--] COMMAND [ARGUMENTS...]\n"
             "                 run a command (python train.py) with gpumem as PyTorch's allocator, its\n"
             "                 statistics published for gpumem top; at exit its peaks and memory summary\n"
+            "  exporter [--listen HOST:PORT] [--allow-remote] [--textfile DIR [--interval SECONDS] [--once]]\n"
+            "                 Prometheus metrics of those processes, the host and the GPUs: served at\n"
+            "                 http://HOST:PORT/metrics (default 127.0.0.1:9464), or written to DIR/gpumem.prom\n"
             "  config         list the GPUMEM_CONF keys\n"
             "  version        print the version\n");
 }
@@ -55,6 +66,8 @@ int main(int argc, char **argv)
     const char *command = argv[1];
     if (!strcmp(command, "replay"))
         return gm_command_replay(argc - 2, argv + 2);
+    if (!strcmp(command, "report"))
+        return gm_command_report(argc - 2, argv + 2);
     if (!strcmp(command, "info"))
         return gm_command_info(argc - 2, argv + 2);
     if (!strcmp(command, "stats"))
@@ -65,6 +78,8 @@ int main(int argc, char **argv)
         return gm_command_run(argc - 2, argv + 2);
     if (!strcmp(command, "top"))
         return gm_command_top(argc - 2, argv + 2);
+    if (!strcmp(command, "exporter"))
+        return gm_command_exporter(argc - 2, argv + 2);
     if (!strcmp(command, "config")) {
         fputs(gm_config_help(), stdout);
         return GM_EXIT_OK;

@@ -5,7 +5,9 @@
  * device calls and peaks counted from its start. --snapshot FILE writes the allocator's state at the
  * end of the last pass (before the trace's remaining allocations are freed), --history FILE its
  * events (the newest history:N of them; --history alone keeps up to 1048576), both as JSON
- * (docs/formats.md).
+ * (docs/formats.md). --report FILE writes the HTML report of gpumem report (report_command.c), which
+ * replays the trace again, cold, on fresh allocators of the same configuration, so that sampling the
+ * curve does not slow the measured passes.
  */
 #include "gpumem.h"
 
@@ -77,11 +79,12 @@ static void print_text(const char *trace_path, const gm_device_info *device, con
 
 #define REPLAY_USAGE                                                                                          \
     "usage: gpumem replay TRACE [--backend sim|host|cuda] [--capacity BYTES] [--conf ...] [--json] [--passes N]\n" \
-    "                           [--snapshot FILE] [--history FILE]\n"
+    "                           [--snapshot FILE] [--history FILE] [--report FILE]\n"
 
 typedef struct replay_outputs {
     const char *snapshot_path;
     const char *history_path;
+    const char *report_path;
 } replay_outputs;
 
 /* Write `text` to `path`; 0, or -1 after saying why. */
@@ -192,12 +195,14 @@ int gm_command_replay(int argc, char **argv)
                 fprintf(stderr, "gpumem replay: --passes needs a whole number from 1 to %d\n", MAX_PASSES);
                 return GM_EXIT_USAGE;
             }
-        } else if (!strcmp(argv[i], "--snapshot") || !strcmp(argv[i], "--history")) {
+        } else if (!strcmp(argv[i], "--snapshot") || !strcmp(argv[i], "--history") || !strcmp(argv[i], "--report")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "gpumem replay: %s needs a file name\n", argv[i]);
                 return GM_EXIT_USAGE;
             }
-            *(argv[i][2] == 's' ? &outputs.snapshot_path : &outputs.history_path) = argv[i + 1];
+            *(argv[i][2] == 's' ? &outputs.snapshot_path
+              : argv[i][2] == 'h' ? &outputs.history_path
+                                  : &outputs.report_path) = argv[i + 1];
             i++;
         } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("%s", REPLAY_USAGE);
@@ -216,8 +221,9 @@ int gm_command_replay(int argc, char **argv)
         fprintf(stderr, "%s", REPLAY_USAGE);
         return GM_EXIT_USAGE;
     }
-    char configuration[1024];
+    char configuration[1024], report_configuration[1024];
     gm_device_configuration(&device_arguments, configuration, sizeof configuration);
+    memcpy(report_configuration, configuration, sizeof configuration); /* the report keeps no history */
     if (outputs.history_path && !strstr(configuration, "history:")) /* a ring unless --conf sized one */
         strncat(configuration, ",history:1048576", sizeof configuration - strlen(configuration) - 1);
     gm_trace trace;
@@ -235,6 +241,11 @@ int gm_command_replay(int argc, char **argv)
     }
     int exit_status = replay_passes(allocator, &trace, trace_path, json, passes, &outputs);
     gm_destroy(allocator, NULL);
+    if (outputs.report_path && (exit_status == GM_EXIT_OK || exit_status == GM_EXIT_OUT_OF_MEMORY)) {
+        int report_status = gm_report_of_trace(&trace, trace_path, report_configuration, outputs.report_path, "replay");
+        if (report_status != GM_EXIT_OK && report_status != GM_EXIT_OUT_OF_MEMORY)
+            exit_status = report_status;
+    }
     gm_trace_free(&trace);
     return exit_status;
 }

@@ -69,6 +69,26 @@ grep -q "process $pid, sim device 0 (pages engine): peak allocated 1.00 MiB" "$w
     fail "gpumem run did not report its grandchild $pid: $(cat "$work/live.err")"
 [ -z "$(ls "$GPUMEM_SHM_DIR")" ] || fail "the killed process's region was not removed: $(ls "$GPUMEM_SHM_DIR")"
 
+# --report: the report is made from the history the command's allocators wrote into GPUMEM_RUN_OUTPUT
+# (gpumem.torch does it at exit; this command does what it does, for a sim allocator).
+"$gpumem" run --report "$work/run.html" -- python3 -c '
+import os, gpumem
+assert "history:" in os.environ["GPUMEM_CONF"]
+allocator = gpumem.Allocator("backend:sim,capacity:1GiB")
+blocks = [allocator.malloc(size) for size in (1 << 20, 3 << 20, 5 << 20)]
+allocator.free(blocks[1])
+with open(os.path.join(os.environ["GPUMEM_RUN_OUTPUT"], "history.%d.0.json" % os.getpid()), "w") as out:
+    out.write(allocator.history_json())
+print(os.environ["GPUMEM_RUN_OUTPUT"])' >"$work/report.out" 2>"$work/report.err"
+[ $? -eq 0 ] || fail "gpumem run --report failed: $(cat "$work/report.err")"
+grep -q 'id="memory-curve"' "$work/run.html" 2>/dev/null && grep -q "report written to $work/run.html" "$work/report.err" ||
+    fail "gpumem run --report wrote no report: $(cat "$work/report.err")"
+grep -q 'data-value="9437184"' "$work/run.html" || fail "the report's peak live is not 9 MiB"
+[ -n "$(cat "$work/report.out")" ] && [ ! -e "$(cat "$work/report.out")" ] || fail "gpumem run left its output folder '$(cat "$work/report.out")'"
+"$gpumem" run --report "$work/none.html" -- true 2>"$work/noreport.err"
+[ $? -eq 1 ] && grep -q "no report: the command wrote no gpumem history" "$work/noreport.err" && [ ! -e "$work/none.html" ] ||
+    fail "gpumem run --report of a command without history: $(cat "$work/noreport.err")"
+
 # Bad use.
 "$gpumem" run >/dev/null 2>"$work/usage.err"
 [ $? -eq 2 ] && grep -q "no command given" "$work/usage.err" || fail "gpumem run without a command: $(cat "$work/usage.err")"

@@ -5,7 +5,8 @@
  * CPU time per operation is the allocator's (device calls included, whose modelled cost on "sim"
  * is reported separately as stats.device_call_ns). An allocation that fails with out of memory is
  * counted, its first report kept, and its later free skipped: a trace that does not fit is a
- * result, not a crash.
+ * result, not a crash. Hooks (trace.h) let a caller look at the allocator after any operation or at
+ * the end: a report samples its memory curve and takes a snapshot at the peak that way.
  */
 #include "tools/trace.h"
 
@@ -30,7 +31,14 @@ gm_status gm_replay(gm_allocator *allocator, const gm_trace *trace, gm_replay_re
 gm_status gm_replay_with_hook(gm_allocator *allocator, const gm_trace *trace, gm_replay_result *result_out,
                               gm_status (*at_end)(gm_allocator *allocator, void *context), void *context)
 {
-    if (!allocator || !trace || !result_out)
+    gm_replay_hooks hooks = {.at_end = at_end, .context = context};
+    return gm_replay_with_hooks(allocator, trace, result_out, &hooks);
+}
+
+gm_status gm_replay_with_hooks(gm_allocator *allocator, const gm_trace *trace, gm_replay_result *result_out,
+                               const gm_replay_hooks *hooks)
+{
+    if (!allocator || !trace || !result_out || !hooks)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_replay: an argument is NULL");
     memset(result_out, 0, sizeof *result_out);
     void **pointers = calloc(trace->slot_count ? trace->slot_count : 1, sizeof *pointers);
@@ -64,11 +72,13 @@ gm_status gm_replay_with_hook(gm_allocator *allocator, const gm_trace *trace, gm
             live -= operation->size;
             pointers[operation->slot] = NULL;
         }
+        if (hooks->after_operation && (failure = hooks->after_operation(allocator, i, live, hooks->context)) != GM_OK)
+            break;
     }
     int64_t elapsed = thread_cpu_ns() - started;
     gm_get_stats(allocator, &result_out->stats);
-    if (failure == GM_OK && at_end)
-        failure = at_end(allocator, context);
+    if (failure == GM_OK && hooks->at_end)
+        failure = hooks->at_end(allocator, hooks->context);
     for (size_t slot = 0; slot < trace->slot_count; slot++)
         if (pointers[slot])
             gm_free(allocator, pointers[slot]);

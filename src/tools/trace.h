@@ -58,4 +58,18 @@ gm_status gm_replay(gm_allocator *allocator, const gm_trace *trace, gm_replay_re
 gm_status gm_replay_with_hook(gm_allocator *allocator, const gm_trace *trace, gm_replay_result *result_out,
                               gm_status (*at_end)(gm_allocator *allocator, void *context), void *context);
 
+/* What a replay calls besides the allocator; either function may be NULL. `after_operation` runs after
+ * each operation (a failed allocation included) with its index in the trace and the bytes then live
+ * (requested sizes, as peak_live_bytes counts them) -- to sample a memory curve or to stop and look at
+ * one moment; its time counts in ns_per_operation. `at_end` runs after the last operation, before the
+ * final frees. A hook's failure stops the replay and is its result. */
+typedef struct gm_replay_hooks {
+    gm_status (*after_operation)(gm_allocator *allocator, size_t index, uint64_t live_bytes, void *context);
+    gm_status (*at_end)(gm_allocator *allocator, void *context);
+    void *context;
+} gm_replay_hooks;
+
+gm_status gm_replay_with_hooks(gm_allocator *allocator, const gm_trace *trace, gm_replay_result *result_out,
+                               const gm_replay_hooks *hooks);
+
 #endif

@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# test_report.sh -- gpumem report and gpumem replay --report: HTML reports of a trace, a history and a
+# snapshot that are self-contained, draw the curve and the map, and give the same peaks as
+# gpumem replay --json; bad input and unwritable output fail with the right exit status and message,
+# leaving no file behind.
+# Usage: test_report.sh PATH/TO/gpumem DATA_DIRECTORY
+set -u
+gpumem=$1
+data=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+trace="$data/traces/resnet50.csv.gz"
+
+fail() {
+    echo "FAIL: $*"
+    failures=$((failures + 1))
+}
+ok() {
+    echo "ok   $*"
+}
+
+# expect STATUS PATTERN -- COMMAND...: as in test_cli.sh.
+expect() {
+    local status=$1 pattern=$2
+    shift 3
+    "$@" >"$work/out" 2>&1
+    local got=$?
+    if [ "$got" -ne "$status" ] || ! grep -Eq -- "$pattern" "$work/out"; then
+        fail "$* -> exit $got (wanted $status), output:"
+        sed 's/^/    /' "$work/out" | head -20
+        echo "    (wanted /$pattern/)"
+    else
+        ok "$*"
+    fi
+}
+
+# quiet COMMAND...: the command succeeds and prints nothing.
+quiet() {
+    "$@" >"$work/out" 2>&1
+    local got=$?
+    if [ "$got" -ne 0 ] || [ -s "$work/out" ]; then
+        fail "$* -> exit $got (wanted 0 and no output), output:"
+        sed 's/^/    /' "$work/out" | head -20
+    else
+        ok "$*"
+    fi
+}
+
+# json_number FILE KEY: the number after "KEY": in a one-line JSON text.
+json_number() {
+    grep -o "\"$2\": [0-9.]*" "$1" | head -1 | sed 's/.*: //'
+}
+
+# headline FILE ID: the data-value of the headline row with that id.
+headline() {
+    grep -o "<tr id=\"$2\" data-value=\"[^\"]*\"" "$1" | sed 's/.*data-value="//; s/"$//'
+}
+
+# path_points FILE ID: how many line-to commands the SVG path with that id has.
+path_points() {
+    grep -o "<path id=\"$2\" [^>]*d=\"[^\"]*\"" "$1" | sed 's/.* d="//' | tr -cd 'LHV' | wc -c
+}
+
+# same NAME GOT WANTED
+same() {
+    if [ -n "$2" ] && [ "$2" = "$3" ]; then ok "$1 = $3"; else fail "$1: got '$2', wanted '$3'"; fi
+}
+
+# self_contained FILE: one page, nothing fetched from anywhere.
+self_contained() {
+    local file=$1
+    if [ ! -s "$file" ]; then
+        fail "$file: missing or empty"
+        return
+    fi
+    head -1 "$file" | grep -q '^<!DOCTYPE html>$' || fail "$file: does not start with <!DOCTYPE html>"
+    tail -1 "$file" | grep -q '^</html>$' || fail "$file: does not end with </html>"
+    if grep -Eiq 'https?://|<script[^>]*src=|<link|<img|<iframe|@import|url\(' "$file"; then
+        fail "$file: refers to something outside itself:"
+        grep -Eio '.{0,40}(https?://|<script[^>]*src=|<link|<img|<iframe|@import|url\().{0,40}' "$file" | head -5
+    else
+        ok "$file is self-contained"
+    fi
+}
+
+# ---------------------------------------------------------------- the three inputs
+"$gpumem" replay "$trace" --json --snapshot "$work/snapshot.json" --history "$work/history.json" >"$work/replay.json" ||
+    fail "gpumem replay --json --snapshot --history"
+peak_live=$(json_number "$work/replay.json" peak_live_bytes)
+peak_reserved=$(json_number "$work/replay.json" peak_reserved_bytes)
+ratio=$(json_number "$work/replay.json" ratio)
+calls=$(json_number "$work/replay.json" total)
+ops=$(json_number "$work/replay.json" ops)
+[ -n "$peak_reserved" ] && [ "$peak_reserved" -gt 0 ] || fail "no peak_reserved_bytes in gpumem replay --json"
+
+quiet "$gpumem" report "$trace" -o "$work/trace.html"
+quiet "$gpumem" report "$work/history.json" -o "$work/history.html"
+quiet "$gpumem" report "$work/snapshot.json" -o "$work/snapshot.html"
+for kind in trace history snapshot; do
+    self_contained "$work/$kind.html"
+    same "$kind: peak live" "$(headline "$work/$kind.html" peak-live)" "$peak_live"
+    same "$kind: peak reserved" "$(headline "$work/$kind.html" peak-reserved)" "$peak_reserved"
+    same "$kind: ratio" "$(headline "$work/$kind.html" ratio)" "$ratio"
+    grep -q '<svg id="memory-map"' "$work/$kind.html" || fail "$kind: no memory map"
+    grep -q '<rect class="allocated"' "$work/$kind.html" || fail "$kind: the memory map has no allocated block"
+    grep -q '<table id="largest-allocations">' "$work/$kind.html" || fail "$kind: no table of the largest allocations"
+    [ "$(grep -c '^<tr><td class="number" data-value=' "$work/$kind.html")" -eq 20 ] ||
+        fail "$kind: not 20 rows of largest allocations"
+done
+same "trace: device calls" "$(headline "$work/trace.html" device-calls)" "$calls"
+same "snapshot: device calls" "$(headline "$work/snapshot.html" device-calls)" "$calls"
+same "trace: operations" "$(headline "$work/trace.html" operations)" "$ops"
+
+# The curve: a real path for each series (the trace has 24124 operations, the history more events).
+for kind in trace history; do
+    grep -q '<svg id="memory-curve"' "$work/$kind.html" || fail "$kind: no <svg id=\"memory-curve\">"
+    for series in curve-allocated curve-reserved; do
+        points=$(path_points "$work/$kind.html" "$series")
+        if [ "$points" -ge 300 ] && [ "$points" -le 4000 ]; then ok "$kind: $series has $points points"
+        else fail "$kind: $series has $points points (wanted 300 to 4000: downsampled, not trivial)"; fi
+    done
+    [ "$(path_points "$work/$kind.html" curve-peak-reserved)" -ge 2 ] || fail "$kind: no peak-reserved step line"
+done
+grep -q 'peak reserved 11.00 GiB at operation' "$work/trace.html" || fail "trace: the peak is not marked"
+# The map at the peak holds exactly the peak's reserved memory (the history's map is rebuilt from events).
+for kind in trace history; do
+    same "$kind: memory mapped in the map at the peak" \
+        "$(grep -o 'id="map-totals" data-mapped="[0-9]*"' "$work/$kind.html" | sed 's/.*data-mapped="//; s/"$//')" "$peak_reserved"
+done
+grep -q 'id="no-time-axis" class="note">A snapshot is one moment: it has no time axis' "$work/snapshot.html" &&
+    ! grep -q '<svg id="memory-curve"' "$work/snapshot.html" && ok "snapshot: says it has no time axis" ||
+    fail "snapshot: should say it has no time axis and draw no curve"
+for kind in trace snapshot; do
+    grep -q '<pre id="statistics-table">' "$work/$kind.html" && grep -q '| GPU reserved memory   |' "$work/$kind.html" &&
+        ok "$kind: statistics table" || fail "$kind: no memory_summary() table"
+done
+grep -q 'id="no-statistics"' "$work/history.html" && ok "history: says it has no statistics" ||
+    fail "history: should say it has no statistics"
+
+# gpumem replay --report writes the same report, whatever else the replay does.
+expect 0 '"peak_reserved_bytes": '"$peak_reserved" -- "$gpumem" replay "$trace" --json --report "$work/replayed.html" --history "$work/h2.json"
+cmp -s "$work/trace.html" "$work/replayed.html" && ok "gpumem replay --report = gpumem report" ||
+    fail "gpumem replay --report differs from gpumem report"
+
+# The segments engine, many regions: compact rows, still every allocated block drawn.
+quiet "$gpumem" report "$trace" --conf engine:segments -o "$work/segments.html"
+[ "$(grep -c '<g class="region"' "$work/segments.html")" -ge 17 ] && ok "segments: one row per segment" ||
+    fail "segments: fewer than 17 region rows"
+same "segments: peak reserved" "$(headline "$work/segments.html" peak-reserved)" \
+    "$(GPUMEM_CONF=engine:segments "$gpumem" replay "$trace" --json | grep -o '"peak_reserved_bytes": [0-9]*' | grep -o '[0-9]*$')"
+
+# Strings from input are escaped.
+odd="$work/<b>&\"x'.csv"
+printf 'a,0,3145728,0\na,1,1000,0\nf,0,3145728,0\n' >"$odd"
+quiet "$gpumem" report "$odd" -o "$work/odd.html"
+grep -q "<title>gpumem report: &lt;b&gt;&amp;&quot;x&#39;.csv</title>" "$work/odd.html" && ! grep -q '<b>&' "$work/odd.html" &&
+    ok "the input's name is escaped" || fail "the input's name is not escaped"
+sed 's/"backend": "sim"/"backend": "<script>alert(1)<\/script>"/' "$work/snapshot.json" >"$work/odd_snapshot.json"
+quiet "$gpumem" report "$work/odd_snapshot.json" -o "$work/odd_snapshot.html"
+grep -q 'on the &lt;script&gt;alert(1 backend' "$work/odd_snapshot.html" && ! grep -q '<script>alert' "$work/odd_snapshot.html" &&
+    ok "a snapshot's backend name is escaped" || fail "a snapshot's backend name is not escaped"
+
+# ---------------------------------------------------------------- out of memory: a report, exit 3
+printf 'a,0,2147483648,0\nf,0,2147483648,0\na,1,1024,0\n' >"$work/huge.csv"
+expect 3 "1 allocations failed with out of memory" -- "$gpumem" report "$work/huge.csv" --capacity 1GiB -o "$work/huge.html"
+same "out of memory: failed allocations" "$(headline "$work/huge.html" failed-allocations)" 1
+
+# ---------------------------------------------------------------- bad usage and bad input
+printf 'a,0,100,0\nq,1,5,0\n' >"$work/bad.csv"
+printf '{"format": "gpumem-history", "version": 1, "events": [{"action": "alloc", "size": 1,}]}\n' >"$work/bad.json"
+printf '{"format": "chrome-trace", "version": 1}\n' >"$work/other.json"
+printf '{"format": "gpumem-snapshot", "version": 7, "regions": []}\n' >"$work/future.json"
+head -c 20000 "$work/history.json" >"$work/truncated.json"
+printf '{"format": "gpumem-snapshot", "version": 1, "regions": [{"address": 4096, "size": 512, "blocks": [{"address": 4096, "size": 1024, "state": "free"}]}]}\n' >"$work/outside.json"
+printf '{"format": "gpumem-snapshot", "version": 1, "regions": [{"address": 4096, "size": 512, "blocks": [{"address": 4096, "size": 512, "state": "lost"}]}]}\n' >"$work/state.json"
+expect 2 "usage: gpumem report INPUT -o FILE" -- "$gpumem" report
+expect 0 "usage: gpumem report INPUT -o FILE" -- "$gpumem" report --help
+expect 0 "report TRACE\|HISTORY\|SNAPSHOT -o FILE" -- "$gpumem" help
+expect 2 "-o FILE is needed" -- "$gpumem" report "$trace"
+expect 2 "-o needs a file name" -- "$gpumem" report "$trace" -o
+expect 2 "unknown option '--fast'" -- "$gpumem" report "$trace" -o "$work/x.html" --fast
+expect 2 "one input at a time" -- "$gpumem" report "$trace" "$trace" -o "$work/x.html"
+expect 2 "unknown key 'colour'" -- "$gpumem" report "$trace" --conf colour:red -o "$work/x.html"
+expect 2 "--report needs a file name" -- "$gpumem" replay "$trace" --report
+expect 1 "missing.csv.gz: cannot open: No such file" -- "$gpumem" report "$work/missing.csv.gz" -o "$work/x.html"
+expect 1 "cannot open: it is a directory" -- "$gpumem" report "$work" -o "$work/x.html"
+expect 2 "bad.csv:2: unknown operation 'q'" -- "$gpumem" report "$work/bad.csv" -o "$work/x.html"
+expect 2 "bad.json:1:85: expected a key \(a string\)" -- "$gpumem" report "$work/bad.json" -o "$work/x.html"
+expect 2 "other.json: JSON, but not a gpumem snapshot or history" -- "$gpumem" report "$work/other.json" -o "$work/x.html"
+expect 2 "future.json: gpumem-snapshot version 7 is not supported" -- "$gpumem" report "$work/future.json" -o "$work/x.html"
+expect 2 "truncated.json:[0-9]+:[0-9]+: " -- "$gpumem" report "$work/truncated.json" -o "$work/x.html"
+expect 2 "outside.json:1:[0-9]+: a region with a block outside it" -- "$gpumem" report "$work/outside.json" -o "$work/x.html"
+expect 2 "state.json:1:[0-9]+: a block whose \"state\" is 'lost'" -- "$gpumem" report "$work/state.json" -o "$work/x.html"
+[ -e "$work/x.html" ] && fail "a failed report left $work/x.html" || ok "no report left by bad input"
+
+expect 1 "cannot write the report to '$work/no/such/dir.html': No such file or directory" -- \
+    "$gpumem" report "$work/snapshot.json" -o "$work/no/such/dir.html"
+expect 1 "cannot write the report to '$work': it is a directory" -- "$gpumem" report "$work/snapshot.json" -o "$work"
+expect 1 "gpumem replay: cannot write the report to '$work/no/such/dir.html'" -- \
+    "$gpumem" replay "$trace" --report "$work/no/such/dir.html"
+# A write that fails half-way (a file size limit of 10 KiB): no partial page, no temporary file, and
+# a report already there stays as it was.
+cp "$work/snapshot.html" "$work/kept.html"
+expect 1 "cannot write the report to '$work/kept.html': File too large" -- \
+    bash -c "ulimit -f 10; trap '' XFSZ; exec \"\$0\" report \"\$1\" -o \"\$2\"" "$gpumem" "$trace" "$work/kept.html"
+cmp -s "$work/snapshot.html" "$work/kept.html" && ok "the earlier report is kept whole" || fail "the earlier report was changed"
+expect 1 "cannot write the report to '$work/partial.html': File too large" -- \
+    bash -c "ulimit -f 10; trap '' XFSZ; exec \"\$0\" report \"\$1\" -o \"\$2\"" "$gpumem" "$trace" "$work/partial.html"
+[ -e "$work/partial.html" ] && fail "a failed write left a partial report" || ok "no partial report"
+ls "$work" | grep -q '\.tmp\.' && fail "temporary files left: $(ls "$work" | grep '\.tmp\.')" || ok "no temporary file left"
+# A device is written directly.
+"$gpumem" report "$work/snapshot.json" -o /dev/stdout >"$work/stdout.html" && cmp -s "$work/stdout.html" "$work/snapshot.html" &&
+    ok "-o /dev/stdout" || fail "-o /dev/stdout did not write the report"
+
+if [ "$failures" -ne 0 ]; then
+    echo "$failures check(s) failed"
+    exit 1
+fi
