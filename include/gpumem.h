@@ -468,8 +468,9 @@ GM_API gm_status gm_check_pressure(gm_allocator *allocator, gm_pressure_readings
 GM_API gm_status gm_on_pressure(gm_allocator *allocator, gm_pressure_callback callback, void *context);
 
 /* Remove the registration of `callback` with `context`. Once this returns the callback is not called
- * again, and calls of it on other threads have returned (unless those threads are themselves removing a
- * callback from inside one). May be called from a callback. GM_ERROR_INVALID_ARGUMENT if not registered. */
+ * again, and calls of it on other threads have returned (unless those threads are themselves, from inside
+ * a callback, removing one or changing the policy). May be called from a callback.
+ * GM_ERROR_INVALID_ARGUMENT if not registered. */
 GM_API gm_status gm_remove_pressure_callback(gm_allocator *allocator, gm_pressure_callback callback, void *context);
 
 /* "normal", "high", "critical"; "unknown" otherwise. */

@@ -827,6 +827,64 @@ static void sampling_thread_acts_and_stops(void)
     gm_destroy(allocator, NULL);
 }
 
+typedef struct policy_changer {
+    recorder record;
+    gm_status set_status;   /* what gm_set_pressure_policy returned inside the callback */
+    gm_status check_status; /* and gm_check_pressure */
+    char message[256];
+} policy_changer;
+
+/* On HIGH, turn the policy off (allowed on the program's threads, refused on the sampling thread). */
+static void turn_policy_off(gm_allocator *allocator, gm_pressure_level level, const gm_pressure_readings *readings,
+                            void *context)
+{
+    policy_changer *self = context;
+    if (level == GM_PRESSURE_HIGH) {
+        self->check_status = gm_check_pressure(allocator, NULL);
+        self->set_status = gm_set_pressure_policy(allocator, NULL);
+        snprintf(self->message, sizeof self->message, "%s", gm_last_error());
+    }
+    record_call(&self->record, level, readings); /* last: what the test reads after seeing the call is written */
+}
+
+static void policy_changes_from_callbacks(void)
+{
+    /* On the thread whose call raised the level: allowed; the fall it causes follows. */
+    gm_allocator *allocator = make(segments);
+    policy_changer self = {.set_status = GM_ERROR_DEVICE};
+    recorder_init(&self.record);
+    CHECK_OK(gm_on_pressure(allocator, turn_policy_off, &self));
+    CHECK_OK(set_policy(allocator, 0.5, 0.25, 0, NULL));
+    void *block = take(allocator, 600 * MiB, 0);
+    CHECK_EQ_INT(self.set_status, GM_OK);
+    CHECK_EQ_INT(calls_of(&self.record), 2);
+    CHECK_EQ_INT(self.record.levels[1], GM_PRESSURE_NORMAL);
+    gm_pressure_policy policy;
+    CHECK_OK(gm_get_pressure_policy(allocator, &policy));
+    CHECK(policy.high == 0);
+    CHECK_OK(gm_free(allocator, block));
+    gm_destroy(allocator, NULL);
+    /* On the sampling thread: refused (it would wait for itself); checking the signals is allowed. */
+    make_root();
+    write_meminfo(8000000);
+    allocator = make(segments);
+    recorder_init(&self.record);
+    self.set_status = GM_OK;
+    CHECK_OK(gm_on_pressure(allocator, turn_policy_off, &self));
+    gm_pressure_policy sampled = {.high = 0.9, .low = 0.8, .signals = GM_PRESSURE_SIGNAL_HOST, .interval_ms = 2,
+                                  .host_root = root};
+    CHECK_OK(gm_set_pressure_policy(allocator, &sampled));
+    write_meminfo(500000);
+    for (int i = 0; i < 5000 && calls_of(&self.record) < 1; i++)
+        usleep(1000);
+    REQUIRE(calls_of(&self.record) >= 1);
+    CHECK(!pthread_equal(self.record.threads[0], pthread_self()));
+    CHECK_EQ_INT(self.set_status, GM_ERROR_INVALID_ARGUMENT);
+    CHECK(strstr(self.message, "not from a callback on the sampling thread") != NULL);
+    CHECK_EQ_INT(self.check_status, GM_OK);
+    gm_destroy(allocator, NULL);
+}
+
 /* ---------------------------------------------------------------- arguments, names, statistics */
 
 static void policies_are_checked(void)
@@ -901,4 +959,5 @@ RUN_TESTS(TEST_CASE(watermarks_are_fractions_of_the_limit), TEST_CASE(level_rise
           TEST_CASE(registration_rules), TEST_CASE(registration_concurrent_with_dispatches_is_safe),
           TEST_CASE(host_memory_signal_from_a_fixture_tree), TEST_CASE(psi_signal_from_a_fixture_tree),
           TEST_CASE(device_signal_counts_memory_used_elsewhere), TEST_CASE(sampling_thread_acts_and_stops),
+          TEST_CASE(policy_changes_from_callbacks),
           TEST_CASE(policies_are_checked), TEST_CASE(names_statistics_and_history_show_pressure))

@@ -38,7 +38,8 @@
  * Registrations carry an id; a dispatch copies the list, then calls each entry only if its id is still
  * registered, and a removal waits for dispatches on other threads to end, so once
  * gm_remove_pressure_callback returns its callback is not running anywhere (a dispatcher that is itself
- * waiting in a removal is not waited for: two of them would wait for each other).
+ * waiting, in a removal or in a policy change that stops the sampling thread, is not waited for: the two
+ * would wait for each other).
  */
 #include "core/pressure.h"
 
@@ -393,6 +394,14 @@ gm_status gm_on_pressure(gm_allocator *allocator, gm_pressure_callback callback,
     return status;
 }
 
+/* A thread inside a dispatch is about to wait for another thread (callbacks_lock held): removals on other
+ * threads must not wait for its dispatch, or the two would wait for each other. */
+static void begin_waiting_locked(gm_pressure *pressure)
+{
+    pressure->dispatches_waiting++;
+    pthread_cond_broadcast(&pressure->callbacks_idle);
+}
+
 gm_status gm_remove_pressure_callback(gm_allocator *allocator, gm_pressure_callback callback, void *context)
 {
     if (!allocator || !callback)
@@ -410,16 +419,14 @@ gm_status gm_remove_pressure_callback(gm_allocator *allocator, gm_pressure_callb
             (pressure->callback_count - (size_t)index - 1) * sizeof pressure->callbacks[0]);
     pressure->callback_count--;
     /* Wait for the dispatches of other threads; this thread's own (a callback removing one) and those
-     * of threads waiting here too are not waited for. */
+     * of threads that are themselves waiting (here, or for the sampling thread) are not waited for. */
     bool inside = frame_of(allocator) != NULL;
-    if (inside) {
-        pressure->dispatches_removing++;
-        pthread_cond_broadcast(&pressure->callbacks_idle);
-    }
-    while (pressure->dispatches > pressure->dispatches_removing)
+    if (inside)
+        begin_waiting_locked(pressure);
+    while (pressure->dispatches > pressure->dispatches_waiting)
         pthread_cond_wait(&pressure->callbacks_idle, &pressure->callbacks_lock);
     if (inside)
-        pressure->dispatches_removing--;
+        pressure->dispatches_waiting--;
     pthread_mutex_unlock(&pressure->callbacks_lock);
     return GM_OK;
 }
@@ -511,10 +518,14 @@ static struct timespec deadline_after(uint32_t milliseconds)
     return deadline;
 }
 
+/* The allocator whose sampling thread this is (NULL on every other thread). */
+static _Thread_local const gm_allocator *sampling_for;
+
 static void *sampler_main(void *argument)
 {
     gm_allocator *allocator = argument;
     gm_pressure *pressure = &allocator->pressure;
+    sampling_for = allocator;
     pthread_mutex_lock(&pressure->sampler_lock);
     while (!pressure->sampler_stop) {
         struct timespec deadline = deadline_after(pressure->policy.interval_ms);
@@ -558,9 +569,9 @@ static void stop_sampler(gm_allocator *allocator)
     pressure->sampler_running = false;
 }
 
-static bool on_sampler_thread(const gm_pressure *pressure)
+static bool on_sampler_thread(const gm_allocator *allocator)
 {
-    return pressure->sampler_running && pthread_equal(pthread_self(), pressure->sampler);
+    return sampling_for == allocator;
 }
 
 /* ---------------------------------------------------------------- the policy */
@@ -614,11 +625,24 @@ gm_status gm_set_pressure_policy(gm_allocator *allocator, const gm_pressure_poli
     if (status != GM_OK)
         return status;
     gm_pressure *pressure = &allocator->pressure;
-    if (on_sampler_thread(pressure))
+    if (on_sampler_thread(allocator))
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_set_pressure_policy: not from a callback on the sampling "
                        "thread (it would have to wait for itself)");
+    /* From a callback, this thread may wait for others (policy_lock's holder, the sampling thread) that
+     * wait in a removal for its dispatch: it counts as waiting meanwhile. */
+    bool inside = frame_of(allocator) != NULL;
+    if (inside) {
+        pthread_mutex_lock(&pressure->callbacks_lock);
+        begin_waiting_locked(pressure);
+        pthread_mutex_unlock(&pressure->callbacks_lock);
+    }
     pthread_mutex_lock(&pressure->policy_lock);
     stop_sampler(allocator);
+    if (inside) {
+        pthread_mutex_lock(&pressure->callbacks_lock);
+        pressure->dispatches_waiting--;
+        pthread_mutex_unlock(&pressure->callbacks_lock);
+    }
     gm_lock_for_change(allocator);
     apply_policy(allocator, policy);
     gm_unlock_after_change(allocator);
@@ -661,7 +685,7 @@ gm_status gm_check_pressure(gm_allocator *allocator, gm_pressure_readings *readi
     if (!allocator)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_check_pressure: allocator is NULL");
     gm_pressure *pressure = &allocator->pressure;
-    bool sampler = on_sampler_thread(pressure); /* a callback there: the policy cannot change meanwhile */
+    bool sampler = on_sampler_thread(allocator); /* a callback there: the policy cannot change meanwhile */
     if (!sampler)
         pthread_mutex_lock(&pressure->policy_lock);
     gm_pressure_readings event;

@@ -50,8 +50,8 @@ typedef struct gm_pressure {
     gm_pressure_registration callbacks[GM_PRESSURE_MAX_CALLBACKS];
     size_t callback_count;
     uint64_t next_id;
-    unsigned dispatches;          /* dispatches calling callbacks now, on any thread */
-    unsigned dispatches_removing; /* of those, blocked in gm_remove_pressure_callback */
+    unsigned dispatches;         /* dispatches calling callbacks now, on any thread */
+    unsigned dispatches_waiting; /* of those, blocked in a removal or in stopping the sampling thread */
 
     /* The sampling thread. */
     pthread_mutex_t policy_lock;
