@@ -12,9 +12,9 @@
  * the caller passing them.
  *
  * With a pressure policy watching reserved or allocated bytes (pressure.c), the calls that change them
- * end in finish_under_pressure: a comparison with the watched bounds, and when one is crossed the
- * level's evaluation, its ladder, and the callbacks once the lock is released. Without one the calls
- * pay a single branch on `pressure.watching`.
+ * compare those with the watched bounds (pressure_crossed), and when one is crossed end in
+ * finish_under_pressure: the level's evaluation, its ladder, and the callbacks once the lock is
+ * released. Without a policy the calls pay a single branch on `pressure.watching`.
  *
  * gm_free of a block used on other streams (gm_record_stream) records one event per such stream
  * and parks the block in the pending list; it becomes free memory when all its events complete.
@@ -98,13 +98,19 @@ void gm_unlock_after_change(gm_allocator *allocator)
     pthread_mutex_unlock(&allocator->lock);
 }
 
-/* The end of a call that changed the byte readings while a pressure policy watches them (lock held,
- * statistics open): evaluate when a bound was crossed, then release the lock and tell the callbacks. */
-__attribute__((noinline)) static gm_status finish_under_pressure(gm_allocator *allocator, gm_status status)
+/* Whether a call that changed the byte readings crossed a bound that a pressure policy watches (lock held):
+ * without a policy, one branch. */
+static inline bool pressure_crossed(const gm_allocator *allocator)
+{
+    return GM_UNLIKELY(allocator->pressure.watching) && gm_pressure_crossed(&allocator->pressure, allocator->arena.stats);
+}
+
+/* The end of such a call (lock held, statistics open): evaluate the level (a rise runs the ladder), then
+ * release the lock and tell the callbacks. */
+__attribute__((noinline, cold)) static gm_status finish_under_pressure(gm_allocator *allocator, gm_status status)
 {
     gm_pressure_readings event;
-    bool changed = gm_pressure_crossed(&allocator->pressure, allocator->arena.stats) &&
-                   gm_pressure_evaluate_locked(allocator, &event);
+    bool changed = gm_pressure_evaluate_locked(allocator, &event);
     end_change(allocator);
     pthread_mutex_unlock(&allocator->lock);
     if (changed)
@@ -459,7 +465,7 @@ gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void
         *pointer_out = (void *)block->address;
         gm_history_record(allocator->arena.history, GM_EVENT_ALLOC, block->address, size, stream);
     }
-    if (GM_UNLIKELY(allocator->pressure.watching))
+    if (pressure_crossed(allocator))
         return finish_under_pressure(allocator, status);
     end_change(allocator);
     pthread_mutex_unlock(&allocator->lock);
@@ -511,7 +517,7 @@ gm_status gm_free(gm_allocator *allocator, void *pointer)
     } else if (block->pending_events == 0) {
         retire_block(allocator, block);
     }
-    if (GM_UNLIKELY(allocator->pressure.watching))
+    if (pressure_crossed(allocator))
         return finish_under_pressure(allocator, GM_OK);
     end_change(allocator);
     pthread_mutex_unlock(&allocator->lock);
@@ -576,7 +582,7 @@ gm_status gm_empty_cache(gm_allocator *allocator)
     if (allocator->pending_head)
         process_pending_frees(allocator, false);
     allocator->arena.engine->release_cached(&allocator->arena, 0);
-    if (allocator->pressure.watching)
+    if (pressure_crossed(allocator))
         return finish_under_pressure(allocator, GM_OK);
     end_change(allocator);
     pthread_mutex_unlock(&allocator->lock);
@@ -594,7 +600,7 @@ gm_status gm_set_memory_limit(gm_allocator *allocator, uint64_t bytes)
     if ((uint64_t)gm_stat_total(allocator->arena.stats->reserved_bytes) > allocator->arena.memory_limit)
         allocator->arena.engine->release_cached(&allocator->arena, 0);
     gm_pressure_limit_changed_locked(allocator); /* the watermarks are fractions of the limit */
-    if (allocator->pressure.watching)
+    if (pressure_crossed(allocator))
         return finish_under_pressure(allocator, GM_OK);
     end_change(allocator);
     pthread_mutex_unlock(&allocator->lock);
