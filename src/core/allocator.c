@@ -23,8 +23,9 @@
  * (monitor/publish.c), made by gm_create and removed by gm_destroy; every call that changes them does
  * so between begin_change and end_change, the region's seqlock.
  *
- * One mutex guards everything; no call but gm_create and gm_destroy does I/O, and the steady state
- * allocates no host memory.
+ * One mutex guards everything (pressure.c adds its own, never held with it across a callback); no call
+ * but gm_create and gm_destroy does I/O, except an out-of-memory report (it reads /proc/meminfo), and the
+ * steady state allocates no host memory.
  */
 #include "core/arena.h"
 
