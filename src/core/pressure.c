@@ -123,6 +123,7 @@ static uint32_t signals_at_or_above(const gm_pressure *pressure, const gm_pressu
         readings->device_used_bytes >= watermark(fraction, readings->device_total_bytes))
         found |= GM_PRESSURE_SIGNAL_DEVICE;
     if (readings->host_total_bytes > 0 && readings->host_available_bytes >= 0 &&
+        readings->host_available_bytes <= readings->host_total_bytes &&
         (uint64_t)(readings->host_total_bytes - readings->host_available_bytes) >=
             watermark(fraction, (uint64_t)readings->host_total_bytes))
         found |= GM_PRESSURE_SIGNAL_HOST;
