@@ -298,6 +298,48 @@ static void test_snapshots_consistent(void)
     gm_destroy(allocator, NULL);
 }
 
+/* A process that exits normally without destroying its allocator (as PyTorch's) removes its region;
+ * a forked child that exits or destroys its copy of the allocator removes none of its parent's. */
+static void test_exit_and_fork(void)
+{
+    char path[4096];
+    gm_allocator *allocator = create_publishing("", path, sizeof path);
+    pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        gm_destroy(allocator, NULL);
+        exit(0);
+    }
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(access(path, F_OK) == 0); /* still ours */
+    check_published_equals_stats(allocator, path, 0);
+
+    int ready[2];
+    REQUIRE(pipe(ready) == 0);
+    child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) { /* a process of its own, with an allocator it never destroys */
+        gm_allocator *own = NULL;
+        char own_path[4096] = "";
+        if (gm_create("backend:sim,capacity:1GiB,publish:true", &own) != GM_OK ||
+            gm_publish_status(own, own_path, sizeof own_path) != GM_OK)
+            _exit(2);
+        if (write(ready[1], own_path, strlen(own_path) + 1) < 0)
+            _exit(3);
+        exit(0);
+    }
+    close(ready[1]);
+    char child_path[4096] = "";
+    CHECK(read(ready[0], child_path, sizeof child_path) > 0);
+    close(ready[0]);
+    REQUIRE(waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(child_path[0] && access(child_path, F_OK) != 0 && errno == ENOENT);
+    gm_destroy(allocator, NULL);
+}
+
 static void test_cleanup(void)
 {
     char command[512];
@@ -307,4 +349,5 @@ static void test_cleanup(void)
 
 RUN_TESTS(TEST_CASE(test_exact_numbers), TEST_CASE(test_publication_off_or_taken),
           TEST_CASE(test_stale_region_of_our_pid_replaced), TEST_CASE(test_hostile_regions),
-          TEST_CASE(test_stale_region), TEST_CASE(test_snapshots_consistent), TEST_CASE(test_cleanup))
+          TEST_CASE(test_stale_region), TEST_CASE(test_snapshots_consistent), TEST_CASE(test_exit_and_fork),
+          TEST_CASE(test_cleanup))

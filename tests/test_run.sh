@@ -11,7 +11,8 @@ work=$(mktemp -d)
 export GPUMEM_SHM_DIR=$work/shm
 mkdir -p "$GPUMEM_SHM_DIR"
 run_pid=
-trap '[ -n "$run_pid" ] && kill -9 "$run_pid" 2>/dev/null; pkill -9 -P "$run_pid" 2>/dev/null; rm -rf "$work"' EXIT
+live_pid=
+trap '[ -n "$live_pid" ] && kill -9 "$live_pid" 2>/dev/null; [ -n "$run_pid" ] && kill -9 "$run_pid" 2>/dev/null; rm -rf "$work"' EXIT
 failures=0
 fail() {
     echo "FAIL: $*"
@@ -58,10 +59,12 @@ done
 run_pid=$!
 for _ in $(seq 100); do [ -s "$work/live.out" ] && break; sleep 0.1; done
 read -r pid _ <"$work/live.out"
+live_pid=$pid
 "$gpumem" top --once --json >"$work/top.json" 2>&1
 grep -q "\"pid\": $pid, \"device\": 0, \"backend\": \"sim\", \"engine\": \"pages\", \"allocated_bytes\": 1048576," \
     "$work/top.json" || fail "gpumem top does not show the command's process $pid: $(cat "$work/top.json")"
 kill -9 "$pid"
+live_pid=
 wait "$run_pid"
 [ $? -eq 0 ] || fail "gpumem run of sh did not exit 0 after its child was killed"
 run_pid=

@@ -40,6 +40,7 @@ struct gm_publisher {
     gm_region *region;
     gm_seqlock_writer seqlock;
     gm_publisher *next_open;
+    pid_t owner; /* the process that created it (a forked child inherits the list, not the region) */
     char path[4096];
 };
 
@@ -58,8 +59,29 @@ static bool published_here(const char *path)
     return found;
 }
 
+/* At exit, the regions of allocators never destroyed (PyTorch never destroys its allocator) are
+ * removed, so that processes that end normally leave nothing in /dev/shm. A reader that mapped one
+ * (gpumem run) keeps its last numbers. Registered with atexit, which glibc also runs when a library
+ * loaded with dlopen is unloaded. */
+static void remove_regions_at_exit(void)
+{
+    pthread_mutex_lock(&open_lock);
+    for (gm_publisher *publisher = open_publishers; publisher; publisher = publisher->next_open)
+        if (publisher->owner == getpid())
+            unlink(publisher->path);
+    pthread_mutex_unlock(&open_lock);
+}
+
+static void register_exit_handler(void)
+{
+    atexit(remove_regions_at_exit);
+}
+
 static void remember(gm_publisher *publisher, bool open)
 {
+    static pthread_once_t exit_handler_once = PTHREAD_ONCE_INIT;
+    if (open)
+        pthread_once(&exit_handler_once, register_exit_handler);
     pthread_mutex_lock(&open_lock);
     gm_publisher **link = &open_publishers;
     while (*link && *link != publisher)
@@ -151,6 +173,7 @@ gm_status gm_publisher_open(const gm_publish_identity *identity, const gm_stats 
         return status;
     }
     publisher->seqlock.sequence = &publisher->region->sequence;
+    publisher->owner = getpid();
     memcpy(&publisher->region->stats, stats, sizeof *stats); /* before the magic: nobody reads yet */
     write_header(publisher->region, identity);
     remember(publisher, true);
@@ -185,6 +208,7 @@ void gm_publisher_close(gm_publisher *publisher)
         return;
     remember(publisher, false);
     munmap(publisher->region, sizeof(gm_region));
-    unlink(publisher->path);
+    if (publisher->owner == getpid()) /* not a forked child's copy: the region is its parent's */
+        unlink(publisher->path);
     free(publisher);
 }

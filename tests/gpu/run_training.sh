@@ -21,6 +21,19 @@ for _ in $(seq 240); do [ -s "$work/stats.json" ] && break; sleep 0.5; done
 "$gpumem" top --once --json >"$work/top.json"
 pid=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["pid"])' "$work/stats.json")
 "$gpumem" stats "$pid" --json >"$work/stats_outside.json"
+# The Prometheus exporter, from the same second shell: one scrape.
+"$gpumem" exporter --listen 127.0.0.1:0 >"$work/exporter.out" 2>&1 &
+exporter_pid=$!
+for _ in $(seq 50); do grep -q "^listening on" "$work/exporter.out" && break; sleep 0.1; done
+if grep -q "^listening on" "$work/exporter.out"; then
+    python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())' \
+        "$(sed -n 's/^listening on //p' "$work/exporter.out")" >"$work/metrics.txt" || fail "the exporter did not answer"
+fi
+kill "$exporter_pid" 2>/dev/null
+if grep -q "without libmicrohttpd" "$work/exporter.out"; then # a GPU machine without libmicrohttpd-dev
+    echo "note: gpumem was built without libmicrohttpd here; checking the exporter's --textfile instead"
+    "$gpumem" exporter --textfile "$work" --once && cp "$work/gpumem.prom" "$work/metrics.txt"
+fi
 python3 - "$work" <<'PYTHON' || failed=1
 import json, sys
 folder = sys.argv[1]
@@ -48,6 +61,19 @@ outside = json.load(open(f"{folder}/stats_outside.json"))
 for key in ("allocated_bytes.all.current", "reserved_bytes.all.current", "active_bytes.all.peak",
             "requested_bytes.all.current", "allocation.all.current", "segment.all.current", "num_alloc_retries"):
     check(f"gpumem stats {key}", outside.get(key), stats[key])
+metrics = open(f"{folder}/metrics.txt").read().splitlines()
+def sample(name, *labels):
+    for line in metrics:
+        if line.startswith(name + "{") and all(label in line for label in labels):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return None
+check("exporter gpumem_reserved_bytes", sample("gpumem_reserved_bytes", f'pid="{pid}"', 'pool="all"'),
+      stats["reserved_bytes.all.current"])
+check("exporter gpumem_allocated_bytes", sample("gpumem_allocated_bytes", f'pid="{pid}"', 'pool="all"'),
+      stats["allocated_bytes.all.current"])
+if not any(line.startswith("gpumem_gpu_memory_total_bytes{") for line in metrics):
+    print("FAIL: the exporter has no gpumem_gpu_memory_total_bytes (NVML)")
+    failed = True
 if not top["gpus"]:
     print(f"FAIL: no GPU row from NVML: {top.get('gpu_error')}")
     failed = True
