@@ -48,7 +48,7 @@ if has bench; then
     tail -5 "$out/bench.err"
 fi
 if has python; then
-    PYTHONPATH=python GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 -m pytest -q -x tests/gpu/test_torch.py \
+    PYTHONPATH=python GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 -m pytest -q tests/gpu/test_torch.py tests/gpu/test_governor.py \
         2>&1 | tee "$out/test_torch.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
 fi

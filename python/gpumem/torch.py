@@ -89,6 +89,26 @@ def allocator(device=None):
     return gpumem.Allocator.attach(_extension.handle(index))
 
 
+def adaptive(loss_of, model, **options):
+    """A training step that splits itself into micro-batches when memory is short (gpumem.governor)."""
+    from gpumem import governor
+    return governor.adaptive(loss_of, model, **options)
+
+
+def watch_leaks(steps=5, warmup=2, log=None):
+    """Warns once when live memory grows at every step boundary (gpumem.governor)."""
+    from gpumem import governor
+    return governor.watch_leaks(steps, warmup, log)
+
+
+def __getattr__(name):
+    """gpumem.torch.governor, imported when first used (it needs torch; this module does not)."""
+    if name == "governor":
+        from gpumem import governor
+        return governor
+    raise AttributeError(f"module 'gpumem.torch' has no attribute '{name}'")
+
+
 def _main():
     """python -m gpumem.torch SCRIPT ARGS: run a script with gpumem as the CUDA allocator."""
     import runpy

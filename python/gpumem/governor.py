@@ -1,0 +1,301 @@
+"""Training steps that survive memory pressure, and a leak watch (``gpumem.torch.adaptive``, ``watch_leaks``).
+
+    step = gpumem.torch.adaptive(loss_of, model)   # loss_of(batch) -> the batch's mean loss
+    for batch in loader:
+        optimizer.zero_grad()
+        loss = step(batch)      # forward and backward, split into micro-batches when memory is short
+        optimizer.step()
+
+``adaptive`` runs forward and backward itself so that it can split: a batch of N samples in micro-batches
+of n_i samples gives each micro-batch's mean loss the weight n_i / N, so the accumulated gradients are
+those of the whole batch's mean loss (the same gradients, up to floating-point summation order). When
+the step raises ``torch.OutOfMemoryError`` -- or, when a gpumem pressure source says memory is high,
+before it does -- the partial gradients are dropped, their memory is freed with the failed step's
+graph, and the step runs again split into twice as many micro-batches (2, 4, ... up to the batch
+size). After ``merge_after`` steps in a row without trouble it tries half as many again. When even one
+sample per micro-batch does not fit, the modules named in ``checkpoint`` are switched to activation
+checkpointing (``torch.utils.checkpoint``) and the step is retried once more. Every decision is a log
+line (``log``, default: standard error) and a count in ``step.counts``.
+
+Batch-norm: a micro-batch is normalized with its own statistics, as in any gradient accumulation, so
+with batch-norm the gradients are not exactly the whole batch's. The running statistics are kept exact:
+during a split step each batch-norm module's per-micro-batch mean and variance are recorded, the
+running statistics are restored afterwards and updated once with the whole batch's mean and unbiased
+variance combined from them, as one unsplit step would have done.
+
+``watch_leaks`` looks at the live bytes at step boundaries: when they grow over ``steps`` boundaries
+in a row (after ``warmup`` steps), it warns once, with the growth per step and the allocations made
+during the growth that are still alive (sizes; and Python stacks when torch's memory history is
+recorded). The classic leak -- keeping ``loss`` instead of ``loss.item()`` -- grows by one small block
+a step, so any growth counts: a training loop that does not leak has the same live bytes at every
+boundary.
+"""
+import sys
+import warnings
+
+import torch
+
+
+def _log_to_stderr(line):
+    print(line, file=sys.stderr, flush=True)
+
+
+def _batch_size(batch):
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0]
+    if isinstance(batch, dict):
+        return _batch_size(next(iter(batch.values())))
+    if isinstance(batch, (list, tuple)):
+        return _batch_size(batch[0])
+    raise TypeError(f"gpumem.adaptive cannot split a {type(batch).__name__}: give tensors, or tuples, lists or "
+                    "dicts of them, with the samples along the first dimension")
+
+
+def _slice(batch, start, stop):
+    if isinstance(batch, torch.Tensor):
+        return batch[start:stop]
+    if isinstance(batch, dict):
+        return {key: _slice(value, start, stop) for key, value in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_slice(value, start, stop) for value in batch)
+    return batch
+
+
+def _bounds(size, parts):
+    """(start, stop) of `parts` micro-batches as equal as can be."""
+    edges = [size * i // parts for i in range(parts + 1)]
+    return [(edges[i], edges[i + 1]) for i in range(parts) if edges[i + 1] > edges[i]]
+
+
+class _BatchNormRecorder:
+    """During a split step: each batch-norm module's micro-batch statistics, then one exact update."""
+
+    def __init__(self, modules):
+        self.modules = [m for m in modules if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+                        and m.training and m.track_running_stats]
+        self.saved, self.seen, self.hooks = {}, {}, []
+
+    def __enter__(self):
+        for module in self.modules:
+            self.saved[module] = (module.running_mean.clone(), module.running_var.clone(),
+                                  module.num_batches_tracked.clone())
+            self.seen[module] = []
+            self.hooks.append(module.register_forward_pre_hook(self._record))
+        return self
+
+    def _record(self, module, inputs):
+        with torch.no_grad():
+            values = inputs[0].detach().transpose(0, 1).reshape(inputs[0].shape[1], -1).float()
+            self.seen[module].append((values.shape[1], values.mean(1), values.var(1, unbiased=False)))
+
+    def __exit__(self, *failure):
+        for hook in self.hooks:
+            hook.remove()
+        if failure[0] is not None:
+            for module, (mean, variance, tracked) in self.saved.items():
+                module.running_mean.copy_(mean), module.running_var.copy_(variance)
+                module.num_batches_tracked.copy_(tracked)
+            return False
+        with torch.no_grad():
+            for module, (mean, variance, tracked) in self.saved.items():
+                self._update(module, mean, variance, tracked, self.seen[module])
+        return False
+
+    @staticmethod
+    def _update(module, mean, variance, tracked, seen):
+        total = sum(count for count, _, _ in seen)
+        whole_mean = sum(count * chunk_mean for count, chunk_mean, _ in seen) / total
+        squares = sum(count * (chunk_variance + (chunk_mean - whole_mean) ** 2) for count, chunk_mean, chunk_variance in seen)
+        whole_variance = squares / max(total - 1, 1)
+        tracked = tracked + 1
+        momentum = module.momentum if module.momentum is not None else 1.0 / float(tracked.item())
+        module.running_mean.copy_((1 - momentum) * mean + momentum * whole_mean.to(mean.dtype))
+        module.running_var.copy_((1 - momentum) * variance + momentum * whole_variance.to(variance.dtype))
+        module.num_batches_tracked.copy_(tracked)
+
+
+class Adaptive:
+    """A training step that splits itself into micro-batches when memory is short (see the module's text)."""
+
+    def __init__(self, loss_of, model, micro_batches=1, merge_after=50, checkpoint=(), pressure=None, log=None):
+        self.loss_of = loss_of
+        self.model = model if isinstance(model, torch.nn.Module) else None
+        self.parameters = [p for p in (model.parameters() if self.model is not None else model) if p.requires_grad]
+        self.micro_batches = max(1, int(micro_batches))
+        self.merge_after = merge_after
+        self.checkpoint = list(checkpoint)
+        self.checkpointing = False
+        self.pressure = pressure
+        self.log = log or _log_to_stderr
+        self.steps = 0
+        self.quiet_steps = 0
+        self.counts = {"steps": 0, "out_of_memory": 0, "splits": 0, "merges": 0, "pressure_splits": 0,
+                       "checkpointing": 0, "failed_merges": 0}
+
+    def __call__(self, batch):
+        size = _batch_size(batch)
+        self.steps += 1
+        self.counts["steps"] += 1
+        self._react_to_pressure(size)
+        merging = self._time_to_merge()
+        kept = [p.grad for p in self.parameters]  # gradients accumulated before this step, added back after
+        for p in self.parameters:
+            p.grad = None
+        while True:
+            try:
+                loss = self._run(batch, size)
+                break
+            except torch.OutOfMemoryError as error:
+                message = str(error).splitlines()[0]
+            for p in self.parameters:
+                p.grad = None  # the partial gradients go with the failed step's graph
+            self.counts["out_of_memory"] += 1
+            self.quiet_steps = 0
+            if merging:
+                merging = False
+                self.micro_batches *= 2
+                self.merge_after *= 2
+                self.counts["failed_merges"] += 1
+                self.log(f"gpumem.adaptive: step {self.steps}: merging back ran out of memory; staying at "
+                         f"{self.micro_batches} micro-batches, next try after {self.merge_after} steps")
+                continue
+            self._split_further(size, message)
+        for p, before in zip(self.parameters, kept):
+            if before is not None:
+                p.grad = before if p.grad is None else before.add_(p.grad)
+        self.quiet_steps += 1
+        return loss
+
+    def _run(self, batch, size):
+        parts = _bounds(size, min(self.micro_batches, size))
+        if len(parts) == 1:
+            loss = self.loss_of(batch)
+            loss.backward()
+            return loss.detach()
+        total = None
+        with _BatchNormRecorder(self.model.modules() if self.model is not None else ()):
+            for start, stop in parts:
+                loss = self.loss_of(_slice(batch, start, stop)) * ((stop - start) / size)
+                loss.backward()
+                total = loss.detach() if total is None else total + loss.detach()
+                del loss
+        return total
+
+    def _split_further(self, size, reason):
+        if self.micro_batches < size:
+            self.micro_batches = min(self.micro_batches * 2, size)
+            self.counts["splits"] += 1
+            self.log(f"gpumem.adaptive: step {self.steps}: out of memory ({reason}); retrying with "
+                     f"{self.micro_batches} micro-batches")
+            return
+        if self.checkpoint and not self.checkpointing:
+            self._enable_checkpointing()
+            self.log(f"gpumem.adaptive: step {self.steps}: out of memory with one sample per micro-batch; "
+                     f"activation checkpointing on for {len(self.checkpoint)} modules, retrying")
+            return
+        self.log(f"gpumem.adaptive: step {self.steps}: out of memory with one sample per micro-batch"
+                 f"{' and checkpointing' if self.checkpointing else ''}: giving up")
+        raise torch.OutOfMemoryError(f"gpumem.adaptive: a single sample does not fit ({reason})")
+
+    def _react_to_pressure(self, size):
+        if self.pressure is None or self.micro_batches >= size or not self.pressure():
+            return
+        self.micro_batches *= 2
+        self.quiet_steps = 0
+        self.counts["pressure_splits"] += 1
+        self.log(f"gpumem.adaptive: step {self.steps}: memory pressure is high; splitting into "
+                 f"{self.micro_batches} micro-batches before running out")
+
+    def _time_to_merge(self):
+        if self.micro_batches == 1 or self.quiet_steps < self.merge_after:
+            return False
+        if self.pressure is not None and self.pressure():
+            return False
+        self.micro_batches //= 2
+        self.quiet_steps = 0
+        self.counts["merges"] += 1
+        self.log(f"gpumem.adaptive: step {self.steps}: {self.merge_after} quiet steps; trying "
+                 f"{self.micro_batches} micro-batches")
+        return True
+
+    def _enable_checkpointing(self):
+        from torch.utils.checkpoint import checkpoint
+        for module in self.checkpoint:
+            forward = module.forward
+            module.forward = lambda *inputs, _forward=forward, **named: checkpoint(
+                _forward, *inputs, use_reentrant=False, **named)
+        self.checkpointing = True
+        self.counts["checkpointing"] += 1
+
+
+def adaptive(loss_of, model, micro_batches=1, merge_after=50, checkpoint=(), pressure=None, log=None):
+    """A step function ``step(batch) -> loss`` doing forward and backward of ``loss_of(batch)`` (the
+    batch's mean loss) for the parameters of ``model`` (a module, or an iterable of parameters), split
+    into micro-batches with gradient accumulation when memory runs short. ``pressure``: a callable that
+    says memory is high (split before running out); ``checkpoint``: modules to checkpoint as a last resort."""
+    return Adaptive(loss_of, model, micro_batches, merge_after, checkpoint, pressure, log)
+
+
+class LeakWatch:
+    """Live bytes at step boundaries; warns once when they grow over `steps` boundaries in a row."""
+
+    def __init__(self, steps=5, warmup=2, log=None):
+        self.window = steps
+        self.warmup = warmup
+        self.log = log or _log_to_stderr
+        self.boundaries = []  # (live bytes, addresses live then) at each boundary after the warm-up
+        self.seen = 0
+        self.warned = False
+        self.report = None
+
+    def step(self):
+        """Mark a step boundary (after the optimizer step). Returns the report once it warns, else None."""
+        self.seen += 1
+        if self.seen <= self.warmup or self.warned:
+            return None
+        torch.cuda.synchronize()
+        self.boundaries.append((torch.cuda.memory_allocated(), self._live_blocks()))
+        self.boundaries = self.boundaries[-(self.window + 1):]
+        if len(self.boundaries) <= self.window:
+            return None
+        live = [bytes_live for bytes_live, _ in self.boundaries]
+        if not all(later > earlier for earlier, later in zip(live, live[1:])):
+            return None
+        self.warned = True
+        self.report = self._describe(live)
+        self.log(self.report["message"])
+        warnings.warn(self.report["message"], ResourceWarning, stacklevel=2)
+        return self.report
+
+    @staticmethod
+    def _live_blocks():
+        """address -> (size, frames) of every allocated block, from the allocator's snapshot."""
+        blocks = {}
+        for segment in torch.cuda.memory._snapshot()["segments"]:
+            for block in segment["blocks"]:
+                if block["state"] == "active_allocated":
+                    blocks[block["address"]] = (block.get("requested_size", block["size"]), block.get("frames", []))
+        return blocks
+
+    def _describe(self, live):
+        growth = (live[-1] - live[0]) / self.window
+        first, last = self.boundaries[0][1], self.boundaries[-1][1]
+        new = sorted(((size, frames) for address, (size, frames) in last.items() if address not in first),
+                     key=lambda item: -item[0])
+        sites = {}
+        for size, frames in new:
+            where = next((f"{frame['filename']}:{frame['line']} in {frame['name']}" for frame in frames
+                          if "gpumem" not in frame.get("filename", "") and frame.get("filename", "").endswith(".py")),
+                         "unknown (record torch's memory history for stacks)")
+            count, total = sites.get((size, where), (0, 0))
+            sites[(size, where)] = (count + 1, total + size)
+        lines = [f"gpumem.watch_leaks: live memory grew at each of the last {self.window} step boundaries, "
+                 f"by {growth:,.0f} bytes a step ({live[0]:,} to {live[-1]:,} bytes); still alive from those steps:"]
+        for (size, where), (count, total) in sorted(sites.items(), key=lambda item: -item[1][1])[:10]:
+            lines.append(f"  {count} x {size:,} bytes allocated at {where}")
+        return {"growth_per_step": growth, "live_bytes": live, "sites": sites, "message": "\n".join(lines)}
+
+
+def watch_leaks(steps=5, warmup=2, log=None):
+    """A LeakWatch: call ``.step()`` at each step boundary."""
+    return LeakWatch(steps, warmup, log)

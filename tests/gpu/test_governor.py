@@ -1,0 +1,141 @@
+"""gpumem.torch.adaptive and watch_leaks on a GPU, under gpumem (scripts/gpu-check.sh python):
+    PYTHONPATH=python GPUMEM_LIBRARY=build-gpu/libgpumem.so python3 -m pytest tests/gpu/test_governor.py
+
+- a step split into micro-batches gives the unsplit step's parameters (within float tolerance);
+- under a memory cap that the unsplit step exceeds, adaptive catches the OOM, frees the failed step's
+  memory (the live bytes after the step are the unsplit run's), splits, and ends with the unsplit
+  run's parameters;
+- with batch-norm, the running statistics equal the unsplit run's;
+- watch_leaks warns for the classic leak (keeping `loss`), naming the line, and not for `loss.item()`.
+"""
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+import gpumem.torch  # noqa: E402
+
+gpumem.torch.install()
+F = torch.nn.functional
+
+
+def make_model(width, batchnorm=False):
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(1024, width)]
+    if batchnorm:
+        layers.append(torch.nn.BatchNorm1d(width))
+    layers += [torch.nn.ReLU(), torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 10)]
+    return torch.nn.Sequential(*layers).cuda()
+
+
+def make_batches(count, size):
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    return [(torch.randn(size, 1024, device="cuda", generator=generator),
+             torch.randint(0, 10, (size,), device="cuda", generator=generator)) for _ in range(count)]
+
+
+def train(model, batches, **options):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    step = gpumem.torch.adaptive(lambda batch: F.cross_entropy(model(batch[0]), batch[1]), model,
+                                 log=lambda line: None, **options)
+    losses, live_after = [], []
+    for batch in batches:
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(step(batch).item())
+        optimizer.step()
+        torch.cuda.synchronize()
+        live_after.append(torch.cuda.memory_allocated())
+    return step, losses, live_after
+
+
+def assert_same_parameters(model, reference, rtol=1e-4, atol=1e-5):
+    for (name, value), expected in zip(model.named_parameters(), reference.parameters()):
+        assert torch.allclose(value, expected, rtol=rtol, atol=atol), \
+            f"{name} differs by {(value - expected).abs().max().item()}"
+
+
+def test_split_step_gives_the_unsplit_parameters():
+    batches = make_batches(4, 512)
+    reference = make_model(2048)
+    _, reference_losses, _ = train(reference, batches)
+    model = make_model(2048)
+    step, losses, _ = train(model, batches, micro_batches=4)
+    assert step.micro_batches == 4 and step.counts["out_of_memory"] == 0
+    assert losses == pytest.approx(reference_losses, rel=1e-4)
+    assert_same_parameters(model, reference)
+
+
+def test_out_of_memory_splits_and_ends_as_unsplit():
+    batches = make_batches(3, 16384)
+    reference = make_model(8192)
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    _, reference_losses, reference_live = train(reference, batches)
+    step_peak = torch.cuda.max_memory_allocated() - before
+    reference_parameters = [p.detach().clone() for p in reference.parameters()]
+    del reference
+    torch.cuda.empty_cache()
+    model = make_model(8192)
+    base = torch.cuda.memory_reserved()
+    total = torch.cuda.get_device_properties(0).total_memory
+    # A cap at 60% of what the unsplit steps needed on top of the model: the unsplit step cannot fit.
+    torch.cuda.set_per_process_memory_fraction((base + 0.6 * (step_peak - (base - before))) / total)
+    try:
+        step, losses, live = train(model, batches)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    assert step.counts["out_of_memory"] >= 1 and step.micro_batches >= 2, step.counts
+    assert losses == pytest.approx(reference_losses, rel=1e-4)
+    assert live == reference_live  # the failed step's graph and partial gradients are gone
+    for value, expected in zip(model.parameters(), reference_parameters):
+        assert torch.allclose(value, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_batchnorm_running_statistics_are_the_unsplit_ones():
+    batches = make_batches(3, 512)
+    reference = make_model(1024, batchnorm=True)
+    train(reference, batches)
+    model = make_model(1024, batchnorm=True)
+    train(model, batches, micro_batches=4)
+    norm, expected = model[1], reference[1]
+    assert torch.allclose(norm.running_mean, expected.running_mean, rtol=1e-4, atol=1e-6)
+    assert torch.allclose(norm.running_var, expected.running_var, rtol=1e-4, atol=1e-6)
+    assert int(norm.num_batches_tracked) == int(expected.num_batches_tracked) == 3
+
+
+def leaky_loop(keep_tensor, steps=14):
+    model = make_model(256)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    watch = gpumem.torch.watch_leaks(steps=5, warmup=2, log=lambda line: None)
+    kept, reports = [], []
+    for x, y in make_batches(steps, 64):
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)  # the line the leak report must name
+        loss.backward()
+        optimizer.step()
+        kept.append(loss if keep_tensor else loss.item())
+        report = watch.step()
+        if report:
+            reports.append(report)
+    return reports
+
+
+def test_leak_of_kept_loss_is_reported_with_its_line():
+    torch.cuda.memory._record_memory_history(max_entries=100000)
+    try:
+        with pytest.warns(ResourceWarning, match="live memory grew"):
+            reports = leaky_loop(keep_tensor=True)
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    assert len(reports) == 1, "warns once"
+    report = reports[0]
+    assert report["growth_per_step"] > 0
+    assert any("test_governor.py" in where and "leaky_loop" in where for (_, where) in report["sites"]), report["message"]
+
+
+def test_no_leak_no_warning():
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        assert leaky_loop(keep_tensor=False) == []
