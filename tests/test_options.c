@@ -117,6 +117,7 @@ static void bad_strings_are_refused_with_clear_errors(void)
         {"pressure_high:0.9,pressure_interval_ms:0", "key 'pressure_interval_ms' must be at least 1"},
         {"pressure_high:0.9,pressure_interval_ms:-5", "bad value for key 'pressure_interval_ms'"},
         {"pressure_high:0.9,pressure_psi_high:101", "'101' is not a number in (0, 100] (a percentage)"},
+        {"pressure_high:0.9,pressure_psi_high:20,pressure_psi_low:20", "must be below 'pressure_psi_high'"},
         {"pressure_high:0.9,pressure_psi_high:20,pressure_psi_low:30",
          "key 'pressure_psi_low' (30) must be below 'pressure_psi_high' (20)"},
     };
@@ -170,6 +171,7 @@ static void pressure_keys_are_parsed(void)
     CHECK(options.pressure_high == 0); /* no policy by default */
     CHECK_EQ_INT(options.pressure_signals, GM_PRESSURE_SIGNAL_RESERVED | GM_PRESSURE_SIGNAL_ALLOCATED);
     CHECK_EQ_INT(options.pressure_interval_ms, 100);
+    CHECK(options.pressure_psi_high == 10 && options.pressure_psi_low == 0); /* 0: half of psi_high */
     CHECK_OK(gm_options_parse(&options, "pressure_high:0.9"));
     CHECK(options.pressure_high == 0.9 && options.pressure_low == 0);
     CHECK(gm_options_pressure_low(&options) == 0.9 - 0.1); /* the default low watermark */
@@ -181,7 +183,9 @@ static void pressure_keys_are_parsed(void)
     CHECK_EQ_INT(options.pressure_signals, GM_PRESSURE_SIGNAL_DEVICE | GM_PRESSURE_SIGNAL_HOST |
                                                GM_PRESSURE_SIGNAL_PSI | GM_PRESSURE_SIGNAL_RESERVED);
     CHECK(options.pressure_psi_high == 40 && options.pressure_psi_low == 12.5);
-    CHECK_OK(gm_options_parse(&options, "pressure_high:1,pressure_signals:allocated"));
+    CHECK_OK(gm_options_parse(&options, "pressure_high:1,pressure_signals:allocated,pressure_psi_low:0.5,"
+                                        "pressure_psi_high:3"));
+    CHECK(options.pressure_psi_high == 3 && options.pressure_psi_low == 0.5);
     CHECK(options.pressure_high == 1.0);
     CHECK_EQ_INT(options.pressure_signals, GM_PRESSURE_SIGNAL_ALLOCATED);
     /* An allocator made with them has the policy, with the default low watermark filled in. */
@@ -191,6 +195,7 @@ static void pressure_keys_are_parsed(void)
     gm_pressure_policy policy;
     CHECK_OK(gm_get_pressure_policy(allocator, &policy));
     CHECK(policy.high == 0.75 && policy.low == 0.75 - 0.1);
+    CHECK(policy.psi_high == 10 && policy.psi_low == 5);
     CHECK_EQ_INT(policy.interval_ms, 30);
     CHECK_EQ_INT(policy.signals, GM_PRESSURE_SIGNAL_RESERVED | GM_PRESSURE_SIGNAL_ALLOCATED);
     gm_destroy(allocator, NULL);

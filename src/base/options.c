@@ -98,7 +98,7 @@ static const option_descriptor descriptors[] = {
     {"pressure_psi_high", KIND_PERCENT, FIELD(pressure_psi_high), NULL,
      "host memory PSI (some avg10, percent) that raises pressure (default 10)"},
     {"pressure_psi_low", KIND_PERCENT, FIELD(pressure_psi_low), NULL,
-     "PSI under which pressure may end, less than pressure_psi_high (default 5)"},
+     "PSI under which pressure may end, less than pressure_psi_high (default half of it)"},
 };
 
 static const struct {
@@ -130,7 +130,7 @@ void gm_options_default(gm_options *options)
     options->pressure_signals = GM_PRESSURE_SIGNAL_RESERVED | GM_PRESSURE_SIGNAL_ALLOCATED;
     options->pressure_interval_ms = 100;
     options->pressure_psi_high = 10.0;
-    options->pressure_psi_low = 5.0;
+    options->pressure_psi_low = 0; /* not given: half of pressure_psi_high */
 }
 
 gm_status gm_parse_size(const char *text, uint64_t *bytes_out)
@@ -314,7 +314,7 @@ static gm_status check_pressure(const gm_options *options)
                        options->pressure_low, options->pressure_high);
     if (options->pressure_interval_ms < 1)
         return gm_fail(GM_ERROR_BAD_CONFIG, "key 'pressure_interval_ms' must be at least 1");
-    if (options->pressure_psi_low >= options->pressure_psi_high)
+    if (options->pressure_psi_low && options->pressure_psi_low >= options->pressure_psi_high)
         return gm_fail(GM_ERROR_BAD_CONFIG, "key 'pressure_psi_low' (%g) must be below 'pressure_psi_high' (%g)",
                        options->pressure_psi_low, options->pressure_psi_high);
     return GM_OK;

@@ -39,7 +39,7 @@ typedef struct gm_options {
     uint32_t pressure_signals;   /* GM_PRESSURE_SIGNAL_* bits */
     int pressure_interval_ms;    /* how often the sampled signals are read */
     double pressure_psi_high;    /* host memory PSI percent that raises the level */
-    double pressure_psi_low;     /* and under which it may fall */
+    double pressure_psi_low;     /* and under which it may fall; 0: not given (half of pressure_psi_high) */
 } gm_options;
 
 /* The defaults. */
