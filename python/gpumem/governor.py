@@ -284,9 +284,7 @@ class LeakWatch:
                      key=lambda item: -item[0])
         sites = {}
         for size, frames in new:
-            where = next((f"{frame['filename']}:{frame['line']} in {frame['name']}" for frame in frames
-                          if "gpumem" not in frame.get("filename", "") and frame.get("filename", "").endswith(".py")),
-                         "unknown (record torch's memory history for stacks)")
+            where = _call_site(frames)
             count, total = sites.get((size, where), (0, 0))
             sites[(size, where)] = (count + 1, total + size)
         lines = [f"gpumem.watch_leaks: live memory grew at each of the last {self.window} step boundaries, "
@@ -296,6 +294,234 @@ class LeakWatch:
         return {"growth_per_step": growth, "live_bytes": live, "sites": sites, "message": "\n".join(lines)}
 
 
+def _call_site(frames):
+    """The innermost frame of the program's own code (not torch's, not gpumem's), with the innermost
+    frame of all when that is elsewhere."""
+    import os
+    library = os.path.dirname(torch.__file__)
+    python = [frame for frame in frames if frame.get("filename", "").endswith(".py")]
+    if not python:
+        return "unknown (record torch's memory history for stacks)"
+    describe = lambda frame: f"{frame['filename']}:{frame['line']} in {frame['name']}"  # noqa: E731
+    own = next((frame for frame in python if not frame["filename"].startswith(library)
+                and "/gpumem/" not in frame["filename"]), None)
+    if own is None:
+        return describe(python[0])
+    return describe(own) if own is python[0] else f"{describe(own)} (in {describe(python[0])})"
+
+
 def watch_leaks(steps=5, warmup=2, log=None):
     """A LeakWatch: call ``.step()`` at each step boundary."""
     return LeakWatch(steps, warmup, log)
+
+
+class BatchSizeSearch:
+    """The result of find_batch_size: the batch, and how it was found."""
+
+    def __init__(self):
+        self.batch_size = None
+        self.trials = []  # (batch size, fitted, peak allocated or None, peak reserved or None)
+        self.out_of_memory = 0
+        self.predicted = None
+
+    def __repr__(self):
+        return (f"BatchSizeSearch(batch_size={self.batch_size}, trials={len(self.trials)}, "
+                f"out_of_memory={self.out_of_memory}, predicted={self.predicted})")
+
+
+def _events_of_step(step, batch):
+    """Run the step with torch's memory history on; its allocation events (alloc and free) in order."""
+    torch.cuda.memory._record_memory_history(max_entries=1 << 20, context=None, stacks="python")
+    try:
+        step(batch)
+        torch.cuda.synchronize()
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    device = torch.cuda.current_device()
+    traces = snapshot["device_traces"][device] if snapshot["device_traces"] else []
+    return [(event["action"], event["addr"], event["size"]) for event in traces
+            if event["action"] in ("alloc", "free_requested")]
+
+
+def _curve_of_step(events):
+    """The step's live bytes after each event, in three parts: transient (allocated and freed within the
+    step: activations, temporaries), persistent (allocated and kept: gradients, the first step's
+    optimizer state) and released (freed, allocated before: the last step's gradients). One entry
+    (transient, persistent, released) per transient event, the highest point until the next one: a
+    persistent allocation raises the current entry, a release counts from the next. So two steps that
+    differ only in what they keep (the first step makes the optimizer's state) have matching entries."""
+    freed_later, transient_allocations = set(), set()
+    for index in range(len(events) - 1, -1, -1):
+        action, address, _ = events[index]
+        if action == "free_requested":
+            freed_later.add(address)
+        elif address in freed_later:
+            freed_later.discard(address)
+            transient_allocations.add(index)
+    transient = persistent = released = 0
+    curve, open_transient = [], set()
+    for index, (action, address, size) in enumerate(events):
+        if action == "alloc" and index in transient_allocations:
+            open_transient.add(address)
+            transient += size
+        elif action == "alloc":  # kept: the entry since the last transient event now holds it too
+            persistent += size
+            if curve:
+                curve[-1] = (transient, persistent, curve[-1][2])
+            continue
+        elif address in open_transient:
+            open_transient.discard(address)
+            transient -= size
+        else:  # released: from here on (the entry before it is the higher point)
+            released += size
+            continue
+        curve.append((transient, persistent, released))
+    return curve
+
+
+def _largest_fitting(small, large, budget):
+    """The largest batch whose steady-state step stays within `budget` bytes, from two measured trials.
+
+    Each trial: (batch size, allocated bytes at the start, bytes of its batch, curve). The transient
+    parts of the two curves are matched event by event (the same operations on batches of different
+    sizes): each event's transient bytes are a + b x batch. The persistent and released parts are
+    the second trial's (the steady state), the fixed bytes its start less its batch; the batch adds
+    its bytes per sample."""
+    (size_1, _, _, curve_1), (size_2, start_2, batch_2, curve_2) = small, large
+    per_sample_input = batch_2 / size_2
+    fixed = start_2 - batch_2
+    if len(curve_1) != len(curve_2):  # the steps differ: only their peaks can be compared
+        curve_1, curve_2 = [max(curve_1, default=(0, 0, 0))], [max(curve_2, default=(0, 0, 0))]
+    best = None
+    for (transient_1, _, _), (transient_2, persistent, released) in zip(curve_1, curve_2):
+        slope = (transient_2 - transient_1) / (size_2 - size_1) + per_sample_input
+        constant = fixed + persistent - released + transient_2 - (slope - per_sample_input) * size_2
+        if slope <= 0:
+            if constant > budget:
+                return 0
+            continue
+        limit = int((budget - constant) // slope)
+        best = limit if best is None else min(best, limit)
+    return best if best is not None else size_2
+
+
+def _memory_limit(limit):
+    if limit is not None:
+        return int(limit)
+    from gpumem import torch as gpumem_torch
+    if gpumem_torch.is_installed():
+        return gpumem_torch.allocator().memory_limit()
+    free, _ = torch.cuda.mem_get_info()
+    return free + torch.cuda.memory_reserved()
+
+
+def find_batch_size(step, make_batch, limit=None, start=2, margin=0.03, maximum=None, state=None, log=None):
+    """The largest batch size whose training step fits in ``limit`` bytes of device memory (default:
+    gpumem's memory limit -- set_per_process_memory_fraction sets it -- or what the device has free).
+
+    ``step(batch)`` runs one training step; ``make_batch(n)`` makes a batch of n samples. Two small
+    trials (``start`` and twice that) are recorded event by event; at every event the step's memory is
+    fitted as fixed + per-sample x batch (the persistent part as in the steady state: the first step's
+    optimizer state counts from the start), and the predicted largest batch keeps every event within
+    the limit; the third runs the predicted largest batch (``margin`` of the limit left for the allocator's
+    rounding and fragmentation) to verify it. Only when the prediction is wrong does it bisect. Each trial is a real
+    step: give ``state=(model, optimizer)`` to have their states restored afterwards. Returns a
+    BatchSizeSearch (``.batch_size``, ``.trials``, ``.out_of_memory``)."""
+    log = log or _log_to_stderr
+    budget = _memory_limit(limit)
+    saved = _save_state(state)
+    search = BatchSizeSearch()
+    try:
+        fits = _measured_trials(step, make_batch, start, search)
+        if fits is None:
+            raise torch.OutOfMemoryError(f"gpumem.find_batch_size: even a batch of {start} does not fit")
+        small, large_trial = fits
+        large = large_trial[0]
+        predicted = _largest_fitting(small, large_trial, budget * (1 - margin))
+        predicted = max(large, min(predicted, maximum or predicted))
+        search.predicted = predicted
+        log(f"gpumem.find_batch_size: within {budget / 2**20:.0f} MiB the model predicts {predicted}: trying it")
+        if predicted == large or _fits(step, make_batch, predicted, budget, search):
+            search.batch_size = predicted
+        else:
+            search.batch_size = _bisect(step, make_batch, large, predicted, budget, search, log)
+    finally:
+        _restore_state(state, saved)
+    log(f"gpumem.find_batch_size: batch size {search.batch_size} after {len(search.trials)} trials "
+        f"({search.out_of_memory} out of memory)")
+    return search
+
+
+def _measured_trials(step, make_batch, start, search):
+    measured = []
+    torch.cuda.empty_cache()  # cached memory of earlier work is not this step's
+    for size in (start, 2 * start):
+        torch.cuda.synchronize()
+        before_batch = torch.cuda.memory_allocated()
+        batch = make_batch(size)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start_bytes = torch.cuda.memory_allocated()
+        try:
+            events = _events_of_step(step, batch)
+        except torch.OutOfMemoryError:
+            search.out_of_memory += 1
+            search.trials.append((size, False, None, None))
+            return None
+        del batch
+        search.trials.append((size, True, torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()))
+        measured.append((size, start_bytes, start_bytes - before_batch, _curve_of_step(events)))
+    return measured[0], measured[1]
+
+
+def _fits(step, make_batch, size, budget, search):
+    """One trial: the step at this size runs without running out and keeps reserved within the budget."""
+    try:
+        batch = make_batch(size)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        step(batch)
+        torch.cuda.synchronize()
+        del batch
+    except torch.OutOfMemoryError:
+        search.out_of_memory += 1
+        search.trials.append((size, False, None, None))
+        return False
+    reserved = torch.cuda.max_memory_reserved()
+    search.trials.append((size, reserved <= budget, torch.cuda.max_memory_allocated(), reserved))
+    return reserved <= budget
+
+
+def _bisect(step, make_batch, low, high, budget, search, log):
+    """Largest fitting size in [low, high): low fits, high does not."""
+    log(f"gpumem.find_batch_size: {high} does not fit; bisecting between {low} and {high}")
+    while high - low > max(1, low // 64):
+        middle = (low + high) // 2
+        if _fits(step, make_batch, middle, budget, search):
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def _to_host(value):
+    """A state dict's tensors copied to host memory (the device's would skew the trials)."""
+    if torch.is_tensor(value):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {key: _to_host(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_host(item) for item in value)
+    return value
+
+
+def _save_state(state):
+    return None if state is None else [_to_host(part.state_dict()) for part in state]
+
+
+def _restore_state(state, saved):
+    if state is None:
+        return
+    for part, values in zip(state, saved):
+        part.load_state_dict(values)

@@ -101,6 +101,12 @@ def watch_leaks(steps=5, warmup=2, log=None):
     return governor.watch_leaks(steps, warmup, log)
 
 
+def find_batch_size(step, make_batch, **options):
+    """The largest batch whose step fits, in about three trials (gpumem.governor)."""
+    from gpumem import governor
+    return governor.find_batch_size(step, make_batch, **options)
+
+
 def __getattr__(name):
     """gpumem.torch.governor, imported when first used (it needs torch; this module does not)."""
     if name == "governor":

@@ -6,6 +6,8 @@
   memory (the live bytes after the step are the unsplit run's), splits, and ends with the unsplit
   run's parameters;
 - with batch-norm, the running statistics equal the unsplit run's;
+- find_batch_size finds, in at most 3 trials, a batch that fits and is at least 95% of the largest
+  that fits (found by doubling and bisection to one sample), and restores the model and optimizer;
 - watch_leaks warns for the classic leak (keeping `loss`), naming the line, and not for `loss.item()`.
 """
 import pytest
@@ -68,32 +70,38 @@ def test_split_step_gives_the_unsplit_parameters():
 
 def test_out_of_memory_splits_and_ends_as_unsplit():
     batches = make_batches(3, 16384)
+    start = torch.cuda.memory_allocated()
     reference = make_model(8192)
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    _, reference_losses, reference_live = train(reference, batches)
+    reference_step, reference_losses, reference_live = train(reference, batches)
     step_peak = torch.cuda.max_memory_allocated() - before
     reference_parameters = [p.detach().clone() for p in reference.parameters()]
-    del reference
+    del reference, reference_step
     torch.cuda.empty_cache()
+    model_start = torch.cuda.memory_allocated()
     model = make_model(8192)
     base = torch.cuda.memory_reserved()
     total = torch.cuda.get_device_properties(0).total_memory
     # A cap at 60% of what the unsplit steps needed on top of the model: the unsplit step cannot fit.
-    torch.cuda.set_per_process_memory_fraction((base + 0.6 * (step_peak - (base - before))) / total)
+    torch.cuda.set_per_process_memory_fraction((base + 0.6 * step_peak) / total)
     try:
         step, losses, live = train(model, batches)
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
     assert step.counts["out_of_memory"] >= 1 and step.micro_batches >= 2, step.counts
     assert losses == pytest.approx(reference_losses, rel=1e-4)
-    assert live == reference_live  # the failed step's graph and partial gradients are gone
+    # The failed step's graph and partial gradients are gone: after each step the model holds what
+    # the unsplit run's did (parameters, gradients, momentum).
+    assert [bytes_live - model_start for bytes_live in live] == [bytes_live - start for bytes_live in reference_live]
     for value, expected in zip(model.parameters(), reference_parameters):
         assert torch.allclose(value, expected, rtol=1e-4, atol=1e-5)
 
 
 def test_batchnorm_running_statistics_are_the_unsplit_ones():
-    batches = make_batches(3, 512)
+    # One step: the next would start from parameters that differ (a micro-batch is normalized with
+    # its own statistics, so the gradients are not the whole batch's), and so would the statistics.
+    batches = make_batches(1, 512)
     reference = make_model(1024, batchnorm=True)
     train(reference, batches)
     model = make_model(1024, batchnorm=True)
@@ -101,7 +109,7 @@ def test_batchnorm_running_statistics_are_the_unsplit_ones():
     norm, expected = model[1], reference[1]
     assert torch.allclose(norm.running_mean, expected.running_mean, rtol=1e-4, atol=1e-6)
     assert torch.allclose(norm.running_var, expected.running_var, rtol=1e-4, atol=1e-6)
-    assert int(norm.num_batches_tracked) == int(expected.num_batches_tracked) == 3
+    assert int(norm.num_batches_tracked) == int(expected.num_batches_tracked) == 1
 
 
 def leaky_loop(keep_tensor, steps=14):
@@ -139,3 +147,47 @@ def test_no_leak_no_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error", ResourceWarning)
         assert leaky_loop(keep_tensor=False) == []
+
+
+def test_find_batch_size_in_three_trials():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024),
+                                torch.nn.GELU(), torch.nn.Linear(1024, 10)).cuda()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+
+    def step(batch):
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(model(batch[0]).mean(1), batch[1]).backward()
+        optimizer.step()
+
+    def make_batch(size):
+        return torch.randn(size, 128, 1024, device="cuda"), torch.randint(0, 10, (size,), device="cuda")
+
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_reserved() + 6 * 2**30) / total)
+    try:
+        def fits(size):
+            try:
+                step(make_batch(size))
+                torch.cuda.synchronize()
+                return True
+            except torch.OutOfMemoryError:
+                return False
+        low, high = 2, 4  # doubling, then bisection to one sample: the largest batch that fits
+        while fits(high):
+            low, high = high, high * 2
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if fits(middle) else (low, middle)
+        largest = low
+        parameters_before = [p.detach().clone() for p in model.parameters()]
+        steps_before = [float(value["step"]) for value in optimizer.state_dict()["state"].values()]
+        search = gpumem.torch.find_batch_size(step, make_batch, state=(model, optimizer), log=lambda line: None)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    assert len(search.trials) <= 3, search.trials
+    assert 0.95 * largest <= search.batch_size <= largest, (search, largest)
+    assert search.out_of_memory == 0
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), parameters_before)), "parameters restored"
+    assert [float(value["step"]) for value in optimizer.state_dict()["state"].values()] == steps_before
