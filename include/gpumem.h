@@ -64,6 +64,24 @@ GM_API const char *gm_strerror(gm_status status);
  * (for example the OOM report or "unknown key 'foo' in configuration"). Never NULL. */
 GM_API const char *gm_last_error(void);
 
+/* Why an allocation ran out of memory: the one primary cause that the out-of-memory report names (its
+ * second line, "Cause: ..."), with the remedies that fit it. */
+typedef enum gm_oom_cause {
+    GM_OOM_CAUSE_NONE = 0,            /* no out-of-memory report on this thread yet */
+    GM_OOM_CAUSE_CAPACITY = 1,        /* the live allocations and the request exceed the whole device */
+    GM_OOM_CAUSE_FRAGMENTATION = 2,   /* enough memory is free in total, but not in one piece that fits */
+    GM_OOM_CAUSE_OTHER_PROCESSES = 3, /* it would fit but for the memory used outside this allocator */
+    GM_OOM_CAUSE_MEMORY_LIMIT = 4,    /* it would fit on the device but not under the memory limit set */
+    GM_OOM_CAUSE_HOST = 5             /* host memory ran out (the host backend, or metadata) */
+} gm_oom_cause;
+
+/* The cause of the last out-of-memory report written on this thread (gm_malloc's
+ * GM_ERROR_OUT_OF_MEMORY); GM_OOM_CAUSE_NONE before any. */
+GM_API gm_oom_cause gm_last_oom_cause(void);
+
+/* "none", "capacity", "fragmentation", "other_processes", "memory_limit", "host"; "unknown" otherwise. */
+GM_API const char *gm_oom_cause_name(gm_oom_cause cause);
+
 /* ---------------------------------------------------------------- lifetime */
 
 /* Create an allocator from a configuration string ("backend:sim,capacity:16GiB", NULL or "" for
@@ -178,7 +196,13 @@ GM_API const char *gm_device_call_name(gm_device_call call);
     X(num_device_alloc, NULL, TORCH)       /* segment allocations or physical page creations */    \
     X(num_device_free, NULL, TORCH)        /* segment frees or physical page releases */           \
     X(num_page_maps, "Pages mapped", GPUMEM)     /* pages (of the backend's granularity) mapped */ \
-    X(num_page_unmaps, "Pages unmapped", GPUMEM) /* pages unmapped */
+    X(num_page_unmaps, "Pages unmapped", GPUMEM) /* pages unmapped */                               \
+    X(num_pressure_rises, "Pressure rises", GPUMEM)          /* the pressure level rose to high */ \
+    X(num_pressure_criticals, "Pressure criticals", GPUMEM)  /* failing allocations that called the \
+                                                                pressure callbacks and retried */    \
+    X(num_pressure_releases, "Pressure releases", GPUMEM)    /* ladder steps that released cache */  \
+    X(pressure_released_bytes, NULL, GPUMEM)                 /* bytes those steps gave back */       \
+    X(num_pressure_callbacks, "Pressure callbacks", GPUMEM)  /* pressure callbacks called */
 
 typedef struct gm_stats {
 #define GM_POOL_STATISTIC_FIELD_(field, label, unit, origin) gm_stat field[GM_POOL_COUNT];
@@ -304,6 +328,15 @@ typedef enum gm_event_kind {
     GM_EVENT_SEGMENT_MAP = 3,    /* device memory mapped: a segment allocated or a chunk mapped */
     GM_EVENT_SEGMENT_UNMAP = 4,  /* device memory unmapped: a segment freed or a chunk unmapped */
     GM_EVENT_OOM = 5,            /* gm_malloc failed for lack of memory (address 0) */
+    GM_EVENT_PRESSURE_HIGH = 6,     /* the pressure level rose to high (address: the signals at or above
+                                       the high watermark, size: reserved bytes) */
+    GM_EVENT_PRESSURE_CRITICAL = 7, /* an allocation would fail: the callbacks are called before the
+                                       last retry (address: the signals, size: bytes asked for) */
+    GM_EVENT_PRESSURE_NORMAL = 8,   /* the level fell back to normal (address 0, size: reserved bytes) */
+    GM_EVENT_PRESSURE_RELEASE = 9,  /* a ladder step released cached memory (address: the step, 1 down
+                                       to the low watermark, 2 everything; size: bytes released) */
+    GM_EVENT_PRESSURE_CALLBACKS = 10, /* pressure callbacks were called (address: the level, size: how
+                                         many) */
     GM_EVENT_KIND_COUNT
 } gm_event_kind;
 
@@ -316,7 +349,8 @@ typedef struct gm_event {
     gm_event_kind kind;
 } gm_event;
 
-/* "alloc", "free_requested", "free_completed", "segment_map", "segment_unmap", "oom". */
+/* "alloc", "free_requested", "free_completed", "segment_map", "segment_unmap", "oom", "pressure_high",
+ * "pressure_critical", "pressure_normal", "pressure_release", "pressure_callbacks". */
 GM_API const char *gm_event_name(gm_event_kind kind);
 
 /* Copy the history, oldest first, into `events` (room for `capacity`); *count_out: events copied (with
@@ -340,6 +374,108 @@ GM_API gm_status gm_snapshot_json(const gm_snapshot *snapshot, char **json_out);
 GM_API gm_status gm_history_json(gm_allocator *allocator, char **json_out);
 GM_API void gm_json_free(char *json);
 
+/* ---------------------------------------------------------------- memory pressure */
+
+/* A pressure policy watches signals against two watermarks and acts before memory runs out. The level
+ * rises to HIGH when any signal reaches its high watermark, and falls back to NORMAL only when every
+ * signal is below its low watermark (hysteresis: no flapping around one threshold). CRITICAL is the
+ * level of the moment an allocation would fail.
+ *
+ * On a rise the allocator runs a ladder: (1) release idle cached memory down to the low watermark;
+ * (2) if a signal is still at or above high, wait for the frees pending on other streams and release
+ * every cached piece; (3) call the pressure callbacks (gm_on_pressure). When an allocation still fails after the allocator's own retries (which
+ * release all cached memory), the callbacks are called with CRITICAL and the allocation is retried once
+ * before GM_ERROR_OUT_OF_MEMORY (this needs only a callback, no policy). Each action is counted in
+ * gm_stats (num_pressure_*) and recorded in the history (pressure_* events).
+ *
+ * Without a policy (the default) nothing is watched and gm_malloc and gm_free pay one branch. */
+typedef enum gm_pressure_level {
+    GM_PRESSURE_NORMAL = 0,
+    GM_PRESSURE_HIGH = 1,
+    GM_PRESSURE_CRITICAL = 2 /* an allocation would fail: the callbacks run before its last retry */
+} gm_pressure_level;
+
+/* The signals, as bits of gm_pressure_policy.signals. The byte signals are compared with thresholds
+ * precomputed in bytes after each call that changes them (no division, no system call); the others
+ * cost a driver call or file reads, so a thread of the allocator samples them every interval_ms. */
+enum {
+    GM_PRESSURE_SIGNAL_RESERVED = 1u << 0,  /* reserved bytes, a fraction of the memory limit (or device) */
+    GM_PRESSURE_SIGNAL_ALLOCATED = 1u << 1, /* allocated bytes, a fraction of the memory limit (or device) */
+    GM_PRESSURE_SIGNAL_DEVICE = 1u << 2,    /* the driver's used memory (total - free: every process's),
+                                               a fraction of the device */
+    GM_PRESSURE_SIGNAL_HOST = 1u << 3,      /* the host's used memory (MemTotal - MemAvailable), a
+                                               fraction of MemTotal */
+    GM_PRESSURE_SIGNAL_PSI = 1u << 4        /* the host's memory pressure stall ("some avg10", percent)
+                                               against psi_high and psi_low */
+};
+
+typedef struct gm_pressure_policy {
+    double high;           /* the high watermark, a fraction in (0, 1] */
+    double low;            /* the low watermark, a fraction in (0, high) */
+    uint32_t signals;      /* GM_PRESSURE_SIGNAL_* bits; 0: reserved and allocated bytes */
+    uint32_t interval_ms;  /* the sampled signals (device, host, psi) are read this often; 0: 100 */
+    double psi_high;       /* PSI percent that raises the level; 0: 10 */
+    double psi_low;        /* PSI percent under which it may fall; 0: half of psi_high */
+    const char *host_root; /* where /proc is read: NULL or "/" for this machine, a fixture tree for tests */
+} gm_pressure_policy;
+
+/* The readings behind a level. */
+typedef struct gm_pressure_readings {
+    gm_pressure_level level;
+    uint32_t signals_high;        /* signals at or above their high watermark (GM_PRESSURE_SIGNAL_* bits) */
+    uint64_t reserved_bytes;
+    uint64_t allocated_bytes;
+    uint64_t limit_bytes;         /* the memory limit, or the device's size: what high and low are of */
+    uint64_t high_bytes;          /* the watermarks in bytes (rounded to the nearest byte; 0 without policy) */
+    uint64_t low_bytes;
+    uint64_t device_used_bytes;   /* sampled: the driver's used memory, all processes (0 if not sampled) */
+    uint64_t device_total_bytes;
+    int64_t host_available_bytes; /* sampled: MemAvailable (-1 if not read) */
+    int64_t host_total_bytes;     /* MemTotal (-1 if not read) */
+    double host_psi_avg10;        /* memory PSI "some avg10" in percent (-1 if not read) */
+    uint64_t request_bytes;       /* CRITICAL: the allocation that would fail; else 0 */
+    uint64_t released_bytes;      /* bytes the ladder released at this change */
+    uint64_t changes;             /* level changes so far on this allocator: orders calls made on threads */
+} gm_pressure_readings;
+
+/* Called when the level changes (with the new level; CRITICAL before an allocation's last retry), with
+ * no lock of the allocator held: it may call gm_malloc, gm_free, gm_empty_cache, gm_get_stats, ... on
+ * `allocator`. A change that a callback's own calls cause is not dispatched inside it: it follows once
+ * the callbacks return. Callbacks run on the thread whose call changed the level, or on the allocator's
+ * sampling thread, possibly on several threads at once. They must not destroy the allocator. */
+typedef void (*gm_pressure_callback)(gm_allocator *allocator, gm_pressure_level level,
+                                     const gm_pressure_readings *readings, void *context);
+
+/* Watch memory with `policy` (copied), or stop with NULL. Setting it evaluates the signals at once (a
+ * rise runs the ladder and calls the callbacks before this returns) and, with a sampled signal, starts
+ * the sampling thread (stopped and joined by the next call and by gm_destroy). GPUMEM_CONF keys
+ * pressure_high, pressure_low, ... set one at creation. GM_ERROR_INVALID_ARGUMENT for a bad policy
+ * (low must be below high, both in (0, 1]) or when called from a callback on the sampling thread. */
+GM_API gm_status gm_set_pressure_policy(gm_allocator *allocator, const gm_pressure_policy *policy);
+
+/* The policy in force (high is 0 without one); host_root points into the allocator, valid until the
+ * policy changes. */
+GM_API gm_status gm_get_pressure_policy(gm_allocator *allocator, gm_pressure_policy *policy_out);
+
+/* The current level and the latest readings (the byte signals as of now, sampled ones as last read). */
+GM_API gm_status gm_get_pressure(gm_allocator *allocator, gm_pressure_readings *readings_out);
+
+/* Read the sampled signals now and evaluate, as the sampling thread does (for a program that checks at
+ * its own moments, e.g. between training steps); callbacks run on this thread. readings_out may be NULL. */
+GM_API gm_status gm_check_pressure(gm_allocator *allocator, gm_pressure_readings *readings_out);
+
+/* Register a callback (at most 16); the same function with another context is another registration. */
+GM_API gm_status gm_on_pressure(gm_allocator *allocator, gm_pressure_callback callback, void *context);
+
+/* Remove the registration of `callback` with `context`. Once this returns the callback is not called
+ * again, and calls of it on other threads have returned (unless those threads are themselves, from inside
+ * a callback, removing one or changing the policy). May be called from a callback.
+ * GM_ERROR_INVALID_ARGUMENT if not registered. */
+GM_API gm_status gm_remove_pressure_callback(gm_allocator *allocator, gm_pressure_callback callback, void *context);
+
+/* "normal", "high", "critical"; "unknown" otherwise. */
+GM_API const char *gm_pressure_level_name(gm_pressure_level level);
+
 /* ---------------------------------------------------------------- simulated streams */
 
 /* The "sim" and "host" backends simulate the work queued on streams so that tests can decide when
@@ -348,6 +484,12 @@ GM_API void gm_json_free(char *json);
  * Other backends return GM_ERROR_NOT_SUPPORTED. */
 GM_API gm_status gm_sim_stream_enqueue(gm_allocator *allocator, gm_stream stream, uint64_t units);
 GM_API gm_status gm_sim_stream_complete(gm_allocator *allocator, gm_stream stream);
+
+/* The "sim" and "host" backends' device is the allocator's alone; this makes `bytes` of it used elsewhere
+ * (as by another process, or the CUDA context), from now on: the driver's free memory drops by it and
+ * allocations find that much less room. For tests of the "other processes" cause and the device signal.
+ * GM_ERROR_OUT_OF_MEMORY when the device has not that much free; GM_ERROR_NOT_SUPPORTED on "cuda". */
+GM_API gm_status gm_sim_set_used_elsewhere(gm_allocator *allocator, uint64_t bytes);
 
 #ifdef __cplusplus
 }

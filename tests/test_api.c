@@ -131,7 +131,8 @@ static void out_of_memory_explains_and_recovers(void)
         CHECK_STATUS(gm_malloc(allocator, 2ull << 30, 0, &pointer), GM_ERROR_OUT_OF_MEMORY);
         CHECK(pointer == NULL);
         CHECK_MESSAGE("Tried to allocate 2.00 GiB");
-        CHECK_MESSAGE("Diagnosis: the request alone is larger than the whole device");
+        CHECK_MESSAGE("Cause: capacity. The request alone (2.00 GiB) is larger than the whole device (1.00 GiB)");
+        CHECK_EQ_INT(gm_last_oom_cause(), GM_OOM_CAUSE_CAPACITY);
         CHECK_STATUS(gm_malloc(allocator, SIZE_MAX, 0, &pointer), GM_ERROR_OUT_OF_MEMORY);
         /* Fill the device, fail, free one block, succeed again. */
         void *blocks[64];
@@ -139,7 +140,8 @@ static void out_of_memory_explains_and_recovers(void)
         while (count < 64 && gm_malloc(allocator, 100u << 20, 0, &blocks[count]) == GM_OK)
             count++;
         CHECK(count >= 9 && count < 11);
-        CHECK_MESSAGE("Diagnosis: the live allocations fill the device");
+        CHECK_MESSAGE("Cause: capacity. Live allocations hold");
+        CHECK_EQ_INT(gm_last_oom_cause(), GM_OOM_CAUSE_CAPACITY);
         gm_stats stats;
         CHECK_OK(gm_get_stats(allocator, &stats));
         CHECK_EQ_INT(stats.num_ooms, 3);
@@ -166,7 +168,8 @@ static void fragmentation_is_diagnosed(void)
         CHECK_OK(gm_free(allocator, blocks[i]));
     void *big = NULL;
     CHECK_STATUS(gm_malloc(allocator, 30u << 20, 0, &big), GM_ERROR_OUT_OF_MEMORY);
-    CHECK_MESSAGE("Diagnosis: fragmentation");
+    CHECK_MESSAGE("Cause: fragmentation");
+    CHECK_EQ_INT(gm_last_oom_cause(), GM_OOM_CAUSE_FRAGMENTATION);
     gm_destroy(allocator, NULL);
     /* The pages engine gathers the same free pages into one range and succeeds. */
     allocator = make("engine:pages,capacity:200MiB");
@@ -195,8 +198,9 @@ static void fragmentation_is_diagnosed(void)
         gm_status status = gm_malloc(allocator, 500u << 20, 0, &big);
         if (c == 0) {
             CHECK_STATUS(status, GM_ERROR_OUT_OF_MEMORY);
-            CHECK_MESSAGE("Diagnosis: fragmentation");
+            CHECK_MESSAGE("Cause: fragmentation");
             CHECK_MESSAGE("max_chunk_size");
+            CHECK_EQ_INT(gm_last_oom_cause(), GM_OOM_CAUSE_FRAGMENTATION);
         } else {
             CHECK_OK(status);
         }

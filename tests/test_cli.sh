@@ -63,7 +63,7 @@ expect 0 "GPU reserved memory" -- "$gpumem" replay "$work/small.csv"
 expect 0 '"backend": "host"' -- "$gpumem" replay "$work/small.csv" --backend host --json
 expect 3 '"ooms": 1, ' -- "$gpumem" replay "$work/huge.csv" --capacity 1GiB --json
 expect 3 'Tried to allocate 2.00 GiB' -- "$gpumem" replay "$work/huge.csv" --capacity 1GiB --json
-expect 3 'Diagnosis: the request alone is larger than the whole device' -- "$gpumem" replay "$work/huge.csv" --capacity 1GiB
+expect 3 'Cause: capacity. The request alone \(2.00 GiB\) is larger than the whole device' -- "$gpumem" replay "$work/huge.csv" --capacity 1GiB
 expect 0 "backend +sim" -- "$gpumem" info
 expect 0 "memory +1024.0 MiB total" -- "$gpumem" info --backend host --capacity 1GiB
 expect 2 "unknown argument 'now'" -- "$gpumem" info now

@@ -82,7 +82,8 @@ static void bad_strings_are_refused_with_clear_errors(void)
         const char *message;
     } cases[] = {
         {"colour:blue", "unknown key 'colour'"},
-        {"colour:blue", "max_chunk_size, growth_lane, tail_chunk, history, publish)"}, /* the known keys, from the table */
+        {"colour:blue", "max_chunk_size, growth_lane, tail_chunk, history, publish, pressure_high"}, /* the known keys */
+        {"colour:blue", "pressure_psi_high, pressure_psi_low)"},                                  /* from the table */
         {"max_chunk_size:big", "bad value for key 'max_chunk_size'"},
         {"engine:fast", "bad value 'fast' for key 'engine'"},
         {"backend:opencl", "bad value 'opencl' for key 'backend'"},
@@ -97,6 +98,28 @@ static void bad_strings_are_refused_with_clear_errors(void)
         {"page_size:1KiB", "power of two"},
         {"small_size:4MiB", "small_size"},
         {"min_large_alloc:64MiB", "min_large_alloc"},
+        /* the pressure keys: fractions in (0, 1], low below high, each needs pressure_high */
+        {"pressure_high:0", "bad value for key 'pressure_high': '0' is not a number in (0, 1]"},
+        {"pressure_high:1.5", "bad value for key 'pressure_high': '1.5' is not a number in (0, 1]"},
+        {"pressure_high:-0.5", "bad value for key 'pressure_high'"},
+        {"pressure_high:ninety", "'ninety' is not a number in (0, 1] (a fraction such as 0.9)"},
+        {"pressure_high:0.9x", "bad value for key 'pressure_high'"},
+        {"pressure_high:0.8,pressure_low:0.8", "key 'pressure_low' (0.8) must be below 'pressure_high' (0.8)"},
+        {"pressure_high:0.8,pressure_low:0.9", "key 'pressure_low' (0.9) must be below 'pressure_high' (0.8)"},
+        {"pressure_high:0.05", "key 'pressure_low' is needed when 'pressure_high' is 0.05"},
+        {"pressure_low:0.5", "key 'pressure_low' needs 'pressure_high'"},
+        {"pressure_signals:device", "key 'pressure_signals' needs 'pressure_high'"},
+        {"pressure_interval_ms:50", "key 'pressure_interval_ms' needs 'pressure_high'"},
+        {"pressure_psi_high:20", "key 'pressure_psi_high' needs 'pressure_high'"},
+        {"pressure_high:0.9,pressure_signals:reserved+gpu", "'gpu' is not a pressure signal (use reserved, allocated"},
+        {"pressure_high:0.9,pressure_signals:", "key 'pressure_signals' has no value"},
+        {"pressure_high:0.9,pressure_signals:reserved+", "'' is not a pressure signal"},
+        {"pressure_high:0.9,pressure_interval_ms:0", "key 'pressure_interval_ms' must be at least 1"},
+        {"pressure_high:0.9,pressure_interval_ms:-5", "bad value for key 'pressure_interval_ms'"},
+        {"pressure_high:0.9,pressure_psi_high:101", "'101' is not a number in (0, 100] (a percentage)"},
+        {"pressure_high:0.9,pressure_psi_high:20,pressure_psi_low:20", "must be below 'pressure_psi_high'"},
+        {"pressure_high:0.9,pressure_psi_high:20,pressure_psi_low:30",
+         "key 'pressure_psi_low' (30) must be below 'pressure_psi_high' (20)"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         gm_options options, before;
@@ -141,17 +164,57 @@ static void environment_variable_is_read(void)
     unsetenv("GPUMEM_CONF");
 }
 
+static void pressure_keys_are_parsed(void)
+{
+    gm_options options;
+    gm_options_default(&options);
+    CHECK(options.pressure_high == 0); /* no policy by default */
+    CHECK_EQ_INT(options.pressure_signals, GM_PRESSURE_SIGNAL_RESERVED | GM_PRESSURE_SIGNAL_ALLOCATED);
+    CHECK_EQ_INT(options.pressure_interval_ms, 100);
+    CHECK(options.pressure_psi_high == 10 && options.pressure_psi_low == 0); /* 0: half of psi_high */
+    CHECK_OK(gm_options_parse(&options, "pressure_high:0.9"));
+    CHECK(options.pressure_high == 0.9 && options.pressure_low == 0);
+    CHECK(gm_options_pressure_low(&options) == 0.9 - 0.1); /* the default low watermark */
+    CHECK_OK(gm_options_parse(&options, "pressure_high:0.95,pressure_low:0.5,pressure_interval_ms:25,"
+                                        "pressure_signals:device+host+psi+reserved,pressure_psi_high:40,"
+                                        "pressure_psi_low:12.5"));
+    CHECK(options.pressure_high == 0.95 && gm_options_pressure_low(&options) == 0.5);
+    CHECK_EQ_INT(options.pressure_interval_ms, 25);
+    CHECK_EQ_INT(options.pressure_signals, GM_PRESSURE_SIGNAL_DEVICE | GM_PRESSURE_SIGNAL_HOST |
+                                               GM_PRESSURE_SIGNAL_PSI | GM_PRESSURE_SIGNAL_RESERVED);
+    CHECK(options.pressure_psi_high == 40 && options.pressure_psi_low == 12.5);
+    CHECK_OK(gm_options_parse(&options, "pressure_high:1,pressure_signals:allocated,pressure_psi_low:0.5,"
+                                        "pressure_psi_high:3"));
+    CHECK(options.pressure_psi_high == 3 && options.pressure_psi_low == 0.5);
+    CHECK(options.pressure_high == 1.0);
+    CHECK_EQ_INT(options.pressure_signals, GM_PRESSURE_SIGNAL_ALLOCATED);
+    /* An allocator made with them has the policy, with the default low watermark filled in. */
+    gm_allocator *allocator = NULL;
+    CHECK_OK(gm_create("capacity:1GiB,pressure_high:0.75,pressure_interval_ms:30", &allocator));
+    REQUIRE(allocator != NULL);
+    gm_pressure_policy policy;
+    CHECK_OK(gm_get_pressure_policy(allocator, &policy));
+    CHECK(policy.high == 0.75 && policy.low == 0.75 - 0.1);
+    CHECK(policy.psi_high == 10 && policy.psi_low == 5);
+    CHECK_EQ_INT(policy.interval_ms, 30);
+    CHECK_EQ_INT(policy.signals, GM_PRESSURE_SIGNAL_RESERVED | GM_PRESSURE_SIGNAL_ALLOCATED);
+    gm_destroy(allocator, NULL);
+}
+
 static void help_lists_every_key(void)
 {
     const char *help = gm_config_help();
     static const char *const keys[] = {"backend", "device", "engine", "capacity", "page_size", "memory_limit",
                                        "small_size", "small_segment_size", "large_segment_size",
                                        "min_large_alloc", "release_before_growth", "cost_model",
-                                       "device_credit_ns", "max_chunk_size"};
+                                       "device_credit_ns", "max_chunk_size", "pressure_high", "pressure_low",
+                                       "pressure_signals", "pressure_interval_ms", "pressure_psi_high",
+                                       "pressure_psi_low"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         CHECK(strstr(help, keys[i]) != NULL);
 }
 
 RUN_TESTS(TEST_CASE(defaults_are_documented_values), TEST_CASE(every_key_is_parsed), TEST_CASE(sizes_take_suffixes),
           TEST_CASE(bad_strings_are_refused_with_clear_errors), TEST_CASE(whitespace_and_empty_entries_are_tolerated),
-          TEST_CASE(environment_variable_is_read), TEST_CASE(help_lists_every_key))
+          TEST_CASE(environment_variable_is_read), TEST_CASE(pressure_keys_are_parsed),
+          TEST_CASE(help_lists_every_key))

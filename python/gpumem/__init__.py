@@ -14,13 +14,19 @@ or on the dynamic linker's search path (libgpumem.so.0). ``library_path()`` says
     allocator.free(pointer)
     print(allocator.summary())
     allocator.memory_stats()["allocated_bytes.all.peak"]
+
+Memory pressure (the C library's gm_set_pressure_policy / gm_on_pressure, docs in gpumem.h):
+
+    allocator.set_pressure_policy(high=0.9, low=0.8)          # fractions of the memory limit (or device)
+    allocator.on_pressure(lambda level, readings: ...)        # "high", "normal", "critical"
+    allocator.pressure()["level"]
 """
 import ctypes
 import json
 import os
 
 __all__ = ["Allocator", "GpumemError", "OutOfMemoryError", "config_help", "library_path", "include_path",
-           "STATUS_NAMES"]
+           "STATUS_NAMES", "PRESSURE_LEVELS", "PRESSURE_SIGNALS", "OOM_CAUSES"]
 __version__ = "0.1.0"  # read by pyproject.toml; CMakeLists.txt checks it against the project's version
 
 try:
@@ -36,6 +42,10 @@ STATUS_NAMES = {
 _OUT_OF_MEMORY = 2
 _BUFFER_TOO_SMALL = 11
 _POOLS = ("all", "small_pool", "large_pool")
+# gpumem.h's gm_pressure_level, GM_PRESSURE_SIGNAL_* bits and gm_oom_cause, by name.
+PRESSURE_LEVELS = ("normal", "high", "critical")
+PRESSURE_SIGNALS = {"reserved": 1, "allocated": 2, "device": 4, "host": 8, "psi": 16}
+OOM_CAUSES = ("none", "capacity", "fragmentation", "other_processes", "memory_limit", "host")
 
 
 class GpumemError(RuntimeError):
@@ -47,7 +57,13 @@ class GpumemError(RuntimeError):
 
 
 class OutOfMemoryError(GpumemError):
-    """The device has no room for the request; the message is gpumem's out-of-memory report."""
+    """The device has no room for the request; the message is gpumem's out-of-memory report, and ``cause``
+    its primary cause (one of OOM_CAUSES: "capacity", "fragmentation", "other_processes", "memory_limit",
+    "host")."""
+
+    def __init__(self, status, message, cause="none"):
+        super().__init__(status, message)
+        self.cause = cause
 
 
 class _Stat(ctypes.Structure):
@@ -60,6 +76,47 @@ class _DeviceInfo(ctypes.Structure):
                 ("device_count", ctypes.c_int), ("driver_version", ctypes.c_int),
                 ("total_bytes", ctypes.c_uint64), ("free_bytes", ctypes.c_uint64),
                 ("virtual_memory", ctypes.c_int), ("granularity", ctypes.c_uint64), ("engine", ctypes.c_char * 16)]
+
+
+class _PressurePolicy(ctypes.Structure):
+    _fields_ = [("high", ctypes.c_double), ("low", ctypes.c_double), ("signals", ctypes.c_uint32),
+                ("interval_ms", ctypes.c_uint32), ("psi_high", ctypes.c_double), ("psi_low", ctypes.c_double),
+                ("host_root", ctypes.c_char_p)]
+
+
+class _PressureReadings(ctypes.Structure):
+    _fields_ = [("level", ctypes.c_int), ("signals_high", ctypes.c_uint32), ("reserved_bytes", ctypes.c_uint64),
+                ("allocated_bytes", ctypes.c_uint64), ("limit_bytes", ctypes.c_uint64),
+                ("high_bytes", ctypes.c_uint64), ("low_bytes", ctypes.c_uint64),
+                ("device_used_bytes", ctypes.c_uint64), ("device_total_bytes", ctypes.c_uint64),
+                ("host_available_bytes", ctypes.c_int64), ("host_total_bytes", ctypes.c_int64),
+                ("host_psi_avg10", ctypes.c_double), ("request_bytes", ctypes.c_uint64),
+                ("released_bytes", ctypes.c_uint64), ("changes", ctypes.c_uint64)]
+
+
+# gm_pressure_callback: (allocator, level, readings, context).
+_PRESSURE_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(_PressureReadings),
+                                      ctypes.c_void_p)
+
+
+def _signal_bits(names):
+    bits = 0
+    for name in names:
+        if name not in PRESSURE_SIGNALS:
+            raise ValueError(f"unknown pressure signal {name!r} (known: {', '.join(PRESSURE_SIGNALS)})")
+        bits |= PRESSURE_SIGNALS[name]
+    return bits
+
+
+def _signal_names(bits):
+    return tuple(name for name, bit in PRESSURE_SIGNALS.items() if bits & bit)
+
+
+def _readings_dict(readings):
+    result = {name: getattr(readings, name) for name, _ in _PressureReadings._fields_}
+    result["level"] = PRESSURE_LEVELS[readings.level] if 0 <= readings.level < len(PRESSURE_LEVELS) else "unknown"
+    result["signals_high"] = _signal_names(readings.signals_high)
+    return result
 
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -167,6 +224,14 @@ def _load():
         "gm_summary": (status, [pointer, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
         "gm_validate": (status, [pointer]),
         "gm_get_device_info": (status, [pointer, ctypes.POINTER(_DeviceInfo)]),
+        "gm_last_oom_cause": (ctypes.c_int, []),
+        "gm_set_pressure_policy": (status, [pointer, ctypes.POINTER(_PressurePolicy)]),
+        "gm_get_pressure_policy": (status, [pointer, ctypes.POINTER(_PressurePolicy)]),
+        "gm_get_pressure": (status, [pointer, ctypes.POINTER(_PressureReadings)]),
+        "gm_check_pressure": (status, [pointer, ctypes.POINTER(_PressureReadings)]),
+        "gm_on_pressure": (status, [pointer, _PRESSURE_CALLBACK, ctypes.c_void_p]),
+        "gm_remove_pressure_callback": (status, [pointer, _PRESSURE_CALLBACK, ctypes.c_void_p]),
+        "gm_sim_set_used_elsewhere": (status, [pointer, ctypes.c_uint64]),
     }
     for name, (result, arguments) in signatures.items():
         function = getattr(library, name)
@@ -202,7 +267,10 @@ class _Stats(ctypes.Structure):
 def _check(status):
     if status != 0:
         message = _library.gm_last_error().decode(errors="replace")
-        raise (OutOfMemoryError if status == _OUT_OF_MEMORY else GpumemError)(status, message)
+        if status == _OUT_OF_MEMORY:
+            cause = _library.gm_last_oom_cause()
+            raise OutOfMemoryError(status, message, OOM_CAUSES[cause] if 0 <= cause < len(OOM_CAUSES) else "unknown")
+        raise GpumemError(status, message)
 
 
 def _take_text(text):
@@ -240,12 +308,14 @@ class Allocator:
         _check(create(config.encode(), ctypes.byref(handle)))
         self._handle = handle
         self._owned = True
+        self._pressure_callbacks = {}
 
     @classmethod
     def attach(cls, address):
         allocator = cls.__new__(cls)
         allocator._handle = ctypes.c_void_p(address)
         allocator._owned = False
+        allocator._pressure_callbacks = {}
         return allocator
 
     def close(self):
@@ -359,6 +429,68 @@ class Allocator:
         buffer = ctypes.create_string_buffer(needed.value)
         _check(_library.gm_summary(self._handle, buffer, needed.value, None))
         return buffer.value.decode()
+
+    # ------------------------------------------------------------ memory pressure
+
+    def set_pressure_policy(self, high=None, low=None, signals=("reserved", "allocated"), interval_ms=0,
+                            psi_high=0.0, psi_low=0.0, host_root=None):
+        """Watch memory: the level rises to "high" when a signal reaches `high` (a fraction of the memory limit,
+        or of the device) and falls back to "normal" when every one is below `low` (default high - 0.1). Signals:
+        "reserved", "allocated", "device" (the driver's used memory), "host" (host memory used), "psi" (host
+        memory stalls, against psi_high / psi_low percent). high=None turns the policy off."""
+        if high is None:
+            _check(_library.gm_set_pressure_policy(self._handle, None))
+            return
+        self._pressure_policy = _PressurePolicy(
+            high=high, low=high - 0.1 if low is None else low, signals=_signal_bits(signals), interval_ms=interval_ms,
+            psi_high=psi_high, psi_low=psi_low, host_root=host_root.encode() if host_root else None)
+        _check(_library.gm_set_pressure_policy(self._handle, ctypes.byref(self._pressure_policy)))
+
+    def pressure_policy(self):
+        """The policy in force as a dict (with its defaults filled in), or None."""
+        policy = _PressurePolicy()
+        _check(_library.gm_get_pressure_policy(self._handle, ctypes.byref(policy)))
+        if policy.high == 0:
+            return None
+        return {"high": policy.high, "low": policy.low, "signals": _signal_names(policy.signals),
+                "interval_ms": policy.interval_ms, "psi_high": policy.psi_high, "psi_low": policy.psi_low,
+                "host_root": policy.host_root.decode() if policy.host_root else None}
+
+    def pressure(self):
+        """The current level ("normal", "high", "critical") and the readings behind it, as a dict."""
+        readings = _PressureReadings()
+        _check(_library.gm_get_pressure(self._handle, ctypes.byref(readings)))
+        return _readings_dict(readings)
+
+    def check_pressure(self):
+        """Read the sampled signals now and evaluate (callbacks run on this thread); the readings after."""
+        readings = _PressureReadings()
+        _check(_library.gm_check_pressure(self._handle, ctypes.byref(readings)))
+        return _readings_dict(readings)
+
+    def on_pressure(self, callback):
+        """Call callback(level, readings) on every change of level ("high", "normal"; "critical" before the last
+        retry of an allocation that would fail), with no gpumem lock held: it may allocate and free. Returns
+        `callback`, for remove_pressure_callback."""
+        def trampoline(allocator, level, readings, context):
+            callback(PRESSURE_LEVELS[level] if 0 <= level < len(PRESSURE_LEVELS) else "unknown",
+                     _readings_dict(readings.contents))
+        function = _PRESSURE_CALLBACK(trampoline)
+        _check(_library.gm_on_pressure(self._handle, function, None))
+        self._pressure_callbacks[id(callback)] = function
+        return callback
+
+    def remove_pressure_callback(self, callback):
+        """Stop calling `callback`; once this returns it runs nowhere."""
+        function = self._pressure_callbacks.get(id(callback))
+        if function is None:
+            raise GpumemError(1, "this callback is not registered")
+        _check(_library.gm_remove_pressure_callback(self._handle, function, None))
+        del self._pressure_callbacks[id(callback)]
+
+    def sim_set_used_elsewhere(self, size):
+        """sim/host backends: make `size` bytes of the device used by "other processes"."""
+        _check(_library.gm_sim_set_used_elsewhere(self._handle, size))
 
     def device_info(self):
         info = _DeviceInfo()

@@ -463,7 +463,8 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
         case GM_EVENT_FREE_COMPLETED: action = TraceEntry::FREE_COMPLETED; break;
         case GM_EVENT_SEGMENT_MAP: action = pages ? TraceEntry::SEGMENT_MAP : TraceEntry::SEGMENT_ALLOC; break;
         case GM_EVENT_SEGMENT_UNMAP: action = pages ? TraceEntry::SEGMENT_UNMAP : TraceEntry::SEGMENT_FREE; break;
-        default: action = TraceEntry::OOM; break;
+        case GM_EVENT_OOM: action = TraceEntry::OOM; break;
+        default: continue; // pressure events: PyTorch's trace has no such action
       }
       std::shared_ptr<GatheredContext> stack = stack_of_tag(event.tag);
       TraceEntry entry(action, device, static_cast<size_t>(event.address), static_cast<size_t>(event.size),

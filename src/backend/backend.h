@@ -75,6 +75,11 @@ struct gm_backend {
     int64_t call_ns;            /* total cost of all calls: modelled if charges_cost, else measured */
     int64_t call_ns_by_kind[GM_CALL_KIND_COUNT];
     int64_t modelled_ns;        /* total cost of all calls by the H200 model, on every backend */
+    uint64_t used_elsewhere;    /* sim/host: device memory taken by "other processes" (gm_sim_set_used_elsewhere),
+                                   which the device model counts as used */
+    bool host_memory_failed;    /* a host allocation failed for lack of memory (the host backend's mmap):
+                                   the out-of-memory report names the host; it clears the flag */
+    char pci_bus_id[32];        /* cuda: the device's PCI bus id, to find it in NVML; else empty */
 };
 
 /* Open the backend named by config->name. On failure *backend_out is untouched and

@@ -77,6 +77,7 @@ typedef struct cuda_driver {
     cu_result (*device_get)(cu_device *, int);
     cu_result (*device_get_name)(char *, int, cu_device);
     cu_result (*device_get_attribute)(int *, int, cu_device);
+    cu_result (*device_get_pci_bus_id)(char *, int, cu_device);
     cu_result (*primary_context_retain)(cu_context *, cu_device);
     cu_result (*primary_context_release)(cu_device);
     cu_result (*context_get_current)(cu_context *);
@@ -123,6 +124,7 @@ static void load_driver(void)
         {"cuDeviceGet", offsetof(cuda_driver, device_get)},
         {"cuDeviceGetName", offsetof(cuda_driver, device_get_name)},
         {"cuDeviceGetAttribute", offsetof(cuda_driver, device_get_attribute)},
+        {"cuDeviceGetPCIBusId", offsetof(cuda_driver, device_get_pci_bus_id)},
         {"cuDevicePrimaryCtxRetain", offsetof(cuda_driver, primary_context_retain)},
         {"cuDevicePrimaryCtxRelease_v2", offsetof(cuda_driver, primary_context_release)},
         {"cuCtxGetCurrent", offsetof(cuda_driver, context_get_current)},
@@ -249,6 +251,8 @@ static gm_status open_device(gm_backend *backend, cuda_state *state, int ordinal
                        count == 1 ? "" : "s");
     state->ordinal = ordinal;
     CHECK(driver.device_get(&state->device, ordinal), "cuDeviceGet");
+    if (driver.device_get_pci_bus_id(backend->pci_bus_id, (int)sizeof backend->pci_bus_id, state->device) != CU_SUCCESS)
+        backend->pci_bus_id[0] = '\0'; /* only the out-of-memory report's list of processes needs it */
     CHECK(driver.primary_context_retain(&state->context, state->device), "cuDevicePrimaryCtxRetain");
     int virtual_memory = 0;
     driver.device_get_attribute(&virtual_memory, CU_ATTRIBUTE_VIRTUAL_MEMORY_SUPPORTED, state->device);

@@ -102,9 +102,10 @@ uint64_t gm_device_model_used_bytes(const gm_device_model *model)
 
 gm_status gm_device_model_check_room(gm_device_model *model, uint64_t size)
 {
-    if (size > model->capacity - model->used)
+    uint64_t free_bytes = model->capacity - model->used - model->backend->used_elsewhere;
+    if (size > free_bytes)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "device out of memory: %" PRIu64 " bytes requested, %" PRIu64
-                       " of %" PRIu64 " bytes free", size, model->capacity - model->used, model->capacity);
+                       " of %" PRIu64 " bytes free", size, free_bytes, model->capacity);
     return GM_OK;
 }
 
@@ -437,6 +438,6 @@ void gm_model_close(gm_backend *backend)
 gm_status gm_model_memory_info(gm_backend *backend, uint64_t *free_out, uint64_t *total_out)
 {
     *total_out = backend->total_bytes;
-    *free_out = backend->total_bytes - gm_device_model_used_bytes(model_of(backend));
+    *free_out = backend->total_bytes - gm_device_model_used_bytes(model_of(backend)) - backend->used_elsewhere;
     return GM_OK;
 }

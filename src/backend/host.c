@@ -42,6 +42,16 @@ static gm_status system_failure(const char *what)
     return gm_fail(GM_ERROR_DEVICE, "host backend: %s failed: %s", what, strerror(errno));
 }
 
+/* The host refused memory (mmap failed): out of memory, and the report is to name the host. */
+static gm_status host_memory_failure(gm_backend *backend, const char *what, uint64_t size)
+{
+    int error = errno;
+    if (error == ENOMEM)
+        backend->host_memory_failed = true;
+    return gm_fail(GM_ERROR_OUT_OF_MEMORY, "host backend: %s of %" PRIu64 " bytes failed: %s", what, size,
+                   strerror(error));
+}
+
 static void raise_file_limit(void)
 {
     struct rlimit limit;
@@ -70,7 +80,7 @@ static gm_status host_segment_allocate(gm_backend *backend, uint64_t size, uintp
         return status;
     void *memory = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (memory == MAP_FAILED)
-        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "host backend: mmap of %" PRIu64 " bytes failed: %s", size, strerror(errno));
+        return host_memory_failure(backend, "mmap", size);
     status = gm_device_model_segment_allocate(state->model, (uintptr_t)memory, size);
     if (status != GM_OK) {
         munmap(memory, size);
@@ -96,8 +106,7 @@ static gm_status host_address_reserve(gm_backend *backend, uint64_t size, uintpt
         return gm_fail(GM_ERROR_DEVICE, "host backend: reservation of %" PRIu64 " bytes is not page-aligned", size);
     char *memory = mmap(NULL, size + alignment, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (memory == MAP_FAILED)
-        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "host backend: reserving %" PRIu64 " bytes of addresses failed: %s",
-                       size, strerror(errno));
+        return host_memory_failure(backend, "reserving addresses", size);
     uintptr_t aligned = ((uintptr_t)memory + alignment - 1) / alignment * alignment;
     size_t head = aligned - (uintptr_t)memory, tail = alignment - head;
     if (head)

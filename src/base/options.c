@@ -20,7 +20,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum option_kind { KIND_CHOICE, KIND_SIZE, KIND_INTEGER, KIND_BOOLEAN } option_kind;
+typedef enum option_kind {
+    KIND_CHOICE,
+    KIND_SIZE,
+    KIND_INTEGER,
+    KIND_BOOLEAN,
+    KIND_FRACTION, /* a double in (0, 1] */
+    KIND_PERCENT,  /* a double in (0, 100] */
+    KIND_SIGNALS   /* pressure signal names joined by '+' */
+} option_kind;
 
 typedef struct option_descriptor {
     const char *key;
@@ -75,7 +83,30 @@ static const option_descriptor descriptors[] = {
     {"publish", KIND_BOOLEAN, FIELD(publish), NULL,
      "keep the statistics in /dev/shm/gpumem.<uid>.<pid>.<device> (or GPUMEM_SHM_DIR) for other "
      "processes to read: gpumem stats PID (default false)"},
+    {"pressure_high", KIND_FRACTION, FIELD(pressure_high), NULL,
+     "watch memory pressure: when a signal reaches this fraction (of the memory limit, or the device), "
+     "release cached memory and call the gm_on_pressure callbacks (default: no policy)"},
+    {"pressure_low", KIND_FRACTION, FIELD(pressure_low), NULL,
+     "pressure ends when every signal is below this fraction, less than pressure_high (default "
+     "pressure_high - 0.1)"},
+    {"pressure_signals", KIND_SIGNALS, FIELD(pressure_signals), NULL,
+     "what is watched, joined by '+': reserved, allocated (bytes of gpumem), device (the driver's used "
+     "memory, other processes too), host (host memory used), psi (host memory stalls) (default "
+     "reserved+allocated)"},
+    {"pressure_interval_ms", KIND_INTEGER, FIELD(pressure_interval_ms), NULL,
+     "how often a thread reads the device, host and psi signals, at least 1 (default 100)"},
+    {"pressure_psi_high", KIND_PERCENT, FIELD(pressure_psi_high), NULL,
+     "host memory PSI (some avg10, percent) that raises pressure (default 10)"},
+    {"pressure_psi_low", KIND_PERCENT, FIELD(pressure_psi_low), NULL,
+     "PSI under which pressure may end, less than pressure_psi_high (default half of it)"},
 };
+
+static const struct {
+    const char *name;
+    uint32_t bit;
+} signal_names[] = {{"reserved", GM_PRESSURE_SIGNAL_RESERVED}, {"allocated", GM_PRESSURE_SIGNAL_ALLOCATED},
+                    {"device", GM_PRESSURE_SIGNAL_DEVICE},     {"host", GM_PRESSURE_SIGNAL_HOST},
+                    {"psi", GM_PRESSURE_SIGNAL_PSI}};
 
 #define DESCRIPTOR_COUNT (sizeof descriptors / sizeof descriptors[0])
 
@@ -96,6 +127,10 @@ void gm_options_default(gm_options *options)
     options->growth_lane = true;
     options->tail_chunk = false;
     options->publish = false;
+    options->pressure_signals = GM_PRESSURE_SIGNAL_RESERVED | GM_PRESSURE_SIGNAL_ALLOCATED;
+    options->pressure_interval_ms = 100;
+    options->pressure_psi_high = 10.0;
+    options->pressure_psi_low = 0; /* not given: half of pressure_psi_high */
 }
 
 gm_status gm_parse_size(const char *text, uint64_t *bytes_out)
@@ -146,6 +181,42 @@ static gm_status parse_boolean(const char *text, bool *value_out)
     return gm_fail(GM_ERROR_PARSE, "'%s' is not a boolean (use true or false)", text);
 }
 
+/* A number in (0, maximum]: a fraction (maximum 1) or a percentage (maximum 100). */
+static gm_status parse_bounded(const char *text, double maximum, double *value_out)
+{
+    char *end = NULL;
+    errno = 0;
+    double value = strtod(text, &end);
+    if (errno || end == text || *end || !(value > 0 && value <= maximum))
+        return gm_fail(GM_ERROR_PARSE, "'%s' is not a number in (0, %g]%s", text, maximum,
+                       maximum == 1 ? " (a fraction such as 0.9)" : " (a percentage)");
+    *value_out = value;
+    return GM_OK;
+}
+
+/* Signal names joined by '+', into GM_PRESSURE_SIGNAL_* bits. */
+static gm_status parse_signals(const char *text, uint32_t *signals_out)
+{
+    uint32_t signals = 0;
+    for (const char *start = text;;) {
+        const char *plus = strchr(start, '+');
+        size_t length = plus ? (size_t)(plus - start) : strlen(start);
+        size_t i = 0;
+        while (i < sizeof signal_names / sizeof signal_names[0] &&
+               (strlen(signal_names[i].name) != length || strncmp(signal_names[i].name, start, length)))
+            i++;
+        if (i == sizeof signal_names / sizeof signal_names[0])
+            return gm_fail(GM_ERROR_PARSE, "'%.*s' is not a pressure signal (use reserved, allocated, device, "
+                           "host or psi, joined by '+')", (int)length, start);
+        signals |= signal_names[i].bit;
+        if (!plus)
+            break;
+        start = plus + 1;
+    }
+    *signals_out = signals;
+    return GM_OK;
+}
+
 /* The index of `value` among the "|"-separated `choices`, or -1. */
 static int choice_index(const char *choices, const char *value)
 {
@@ -194,12 +265,58 @@ static gm_status apply_value(gm_options *options, const option_descriptor *descr
     case KIND_BOOLEAN:
         status = parse_boolean(value, (bool *)field);
         break;
+    case KIND_FRACTION:
+        status = parse_bounded(value, 1.0, (double *)field);
+        break;
+    case KIND_PERCENT:
+        status = parse_bounded(value, 100.0, (double *)field);
+        break;
+    case KIND_SIGNALS:
+        status = parse_signals(value, (uint32_t *)field);
+        break;
     }
     if (status != GM_OK) {
         char reason[512];
         snprintf(reason, sizeof reason, "%s", gm_last_error());
         return gm_fail(GM_ERROR_BAD_CONFIG, "bad value for key '%s': %s", descriptor->key, reason);
     }
+    return GM_OK;
+}
+
+double gm_options_pressure_low(const gm_options *options)
+{
+    return options->pressure_low ? options->pressure_low : options->pressure_high - 0.1;
+}
+
+/* The pressure keys: any of them needs pressure_high; the watermarks must be ordered. */
+static gm_status check_pressure(const gm_options *options)
+{
+    gm_options defaults;
+    gm_options_default(&defaults);
+    if (options->pressure_high == 0) {
+        static const char *const dependent[] = {"pressure_low", "pressure_signals", "pressure_interval_ms",
+                                                "pressure_psi_high", "pressure_psi_low"};
+        bool changed[] = {options->pressure_low != 0, options->pressure_signals != defaults.pressure_signals,
+                          options->pressure_interval_ms != defaults.pressure_interval_ms,
+                          options->pressure_psi_high != defaults.pressure_psi_high,
+                          options->pressure_psi_low != defaults.pressure_psi_low};
+        for (size_t i = 0; i < sizeof changed / sizeof changed[0]; i++)
+            if (changed[i])
+                return gm_fail(GM_ERROR_BAD_CONFIG, "key '%s' needs 'pressure_high' (the pressure policy is on only "
+                               "with a high watermark)", dependent[i]);
+        return GM_OK;
+    }
+    if (options->pressure_low == 0 && options->pressure_high <= 0.1)
+        return gm_fail(GM_ERROR_BAD_CONFIG, "key 'pressure_low' is needed when 'pressure_high' is %g (its default, "
+                       "pressure_high - 0.1, would not be above 0)", options->pressure_high);
+    if (options->pressure_low >= options->pressure_high)
+        return gm_fail(GM_ERROR_BAD_CONFIG, "key 'pressure_low' (%g) must be below 'pressure_high' (%g)",
+                       options->pressure_low, options->pressure_high);
+    if (options->pressure_interval_ms < 1)
+        return gm_fail(GM_ERROR_BAD_CONFIG, "key 'pressure_interval_ms' must be at least 1");
+    if (options->pressure_psi_low && options->pressure_psi_low >= options->pressure_psi_high)
+        return gm_fail(GM_ERROR_BAD_CONFIG, "key 'pressure_psi_low' (%g) must be below 'pressure_psi_high' (%g)",
+                       options->pressure_psi_low, options->pressure_psi_high);
     return GM_OK;
 }
 
@@ -215,7 +332,7 @@ static gm_status check_consistency(const gm_options *options)
         options->min_large_alloc > options->large_segment_size)
         return gm_fail(GM_ERROR_BAD_CONFIG, "keys must satisfy small_segment_size <= large_segment_size "
                        "and min_large_alloc <= large_segment_size");
-    return GM_OK;
+    return check_pressure(options);
 }
 
 static gm_status apply_pair(gm_options *options, const char *pair)

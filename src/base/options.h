@@ -34,6 +34,12 @@ typedef struct gm_options {
     bool tail_chunk;             /* pages engine: a growth's last, partly used page is a chunk of its own */
     int history;                 /* events kept in the history ring (0: none) */
     bool publish;                /* keep the statistics in a shared-memory region for other processes */
+    double pressure_high;        /* a pressure policy's high watermark, a fraction; 0: no policy */
+    double pressure_low;         /* its low watermark; 0: not given (gm_options_pressure_low) */
+    uint32_t pressure_signals;   /* GM_PRESSURE_SIGNAL_* bits */
+    int pressure_interval_ms;    /* how often the sampled signals are read */
+    double pressure_psi_high;    /* host memory PSI percent that raises the level */
+    double pressure_psi_low;     /* and under which it may fall; 0: not given (half of pressure_psi_high) */
 } gm_options;
 
 /* The defaults. */
@@ -42,6 +48,9 @@ void gm_options_default(gm_options *options);
 /* Apply the keys of `text` (may be NULL or empty) on top of *options. On error returns
  * GM_ERROR_BAD_CONFIG, sets gm_last_error() and leaves *options unchanged. */
 gm_status gm_options_parse(gm_options *options, const char *text);
+
+/* The pressure policy's low watermark: pressure_low, or pressure_high - 0.1 when it was not given. */
+double gm_options_pressure_low(const gm_options *options);
 
 /* Parse a size such as "512", "2MiB", "16GB" into bytes. */
 gm_status gm_parse_size(const char *text, uint64_t *bytes_out);

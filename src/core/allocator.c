@@ -5,9 +5,16 @@
  * pool (small up to options.small_size) and the stream's heap, completes any frees whose stream
  * events are done, and asks the engine for a block. If the engine finds no room it retries twice:
  * after waiting for the pending cross-stream frees, then after releasing all cached memory
- * (counted in num_alloc_retries); if it still fails the call returns GM_ERROR_OUT_OF_MEMORY with a
- * report that explains why (oom_report.c). The block's address goes into the live map, which is
- * how gm_free finds size, stream and pool without the caller passing them.
+ * (counted in num_alloc_retries); if it still fails and pressure callbacks are registered, they are
+ * called (level critical, the lock released) and the allocation retried once more; if it still fails
+ * the call returns GM_ERROR_OUT_OF_MEMORY with a report that names the cause (oom_report.c). The
+ * block's address goes into the live map, which is how gm_free finds size, stream and pool without
+ * the caller passing them.
+ *
+ * With a pressure policy watching reserved or allocated bytes (pressure.c), the calls that change them
+ * compare those with the watched bounds (pressure_crossed), and when one is crossed end in
+ * finish_under_pressure: the level's evaluation, its ladder, and the callbacks once the lock is
+ * released. Without a policy the calls pay a single branch on `pressure.watching`.
  *
  * gm_free of a block used on other streams (gm_record_stream) records one event per such stream
  * and parks the block in the pending list; it becomes free memory when all its events complete.
@@ -16,8 +23,9 @@
  * (monitor/publish.c), made by gm_create and removed by gm_destroy; every call that changes them does
  * so between begin_change and end_change, the region's seqlock.
  *
- * One mutex guards everything; no call but gm_create and gm_destroy does I/O, and the steady state
- * allocates no host memory.
+ * One mutex guards everything (pressure.c adds its own, never held with it across a callback); no call
+ * but gm_create and gm_destroy does I/O, except an out-of-memory report (it reads /proc/meminfo), and the
+ * steady state allocates no host memory.
  */
 #include "core/arena.h"
 
@@ -35,6 +43,7 @@
 #include <string.h>
 
 #define GM_MAX_REQUEST (1ull << 60)
+#define GM_UNLIKELY(condition) __builtin_expect(!!(condition), 0)
 #define GM_PUBLISH_ALL_EVERY 256 /* calls between publications of the device-call counts without a device call */
 
 /* ---------------------------------------------------------------- publishing (monitor/publish.c) */
@@ -76,6 +85,38 @@ static inline void end_change(gm_allocator *allocator)
     if (allocator->arena.backend->call_ns != allocator->published_call_ns || --allocator->publish_countdown == 0)
         publish_device_calls(allocator);
     gm_publish_end(allocator->published);
+}
+
+void gm_lock_for_change(gm_allocator *allocator)
+{
+    pthread_mutex_lock(&allocator->lock);
+    begin_change(allocator);
+}
+
+void gm_unlock_after_change(gm_allocator *allocator)
+{
+    end_change(allocator);
+    pthread_mutex_unlock(&allocator->lock);
+}
+
+/* Whether a call that changed the byte readings crossed a bound that a pressure policy watches (lock held):
+ * without a policy, one branch. */
+static inline bool pressure_crossed(const gm_allocator *allocator)
+{
+    return GM_UNLIKELY(allocator->pressure.watching) && gm_pressure_crossed(&allocator->pressure, allocator->arena.stats);
+}
+
+/* The end of such a call (lock held, statistics open): evaluate the level (a rise runs the ladder), then
+ * release the lock and tell the callbacks. */
+__attribute__((noinline, cold)) static gm_status finish_under_pressure(gm_allocator *allocator, gm_status status)
+{
+    gm_pressure_readings event;
+    bool changed = gm_pressure_evaluate_locked(allocator, &event);
+    end_change(allocator);
+    pthread_mutex_unlock(&allocator->lock);
+    if (changed)
+        gm_pressure_dispatch(allocator, &event);
+    return status;
 }
 
 static void start_publishing(gm_allocator *allocator)
@@ -165,6 +206,7 @@ static gm_status create_with_options(const gm_options *options, gm_allocator **a
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the allocator");
     }
     pthread_mutex_init(&allocator->lock, NULL);
+    gm_pressure_init(&allocator->pressure);
     if (options->history && !(allocator->arena.history = gm_history_create((size_t)options->history))) {
         gm_destroy(allocator, NULL);
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a history of %d events", options->history);
@@ -175,6 +217,13 @@ static gm_status create_with_options(const gm_options *options, gm_allocator **a
         return status;
     }
     start_publishing(allocator);
+    if (options->pressure_high > 0) {
+        gm_pressure_policy policy = {.high = options->pressure_high, .low = gm_options_pressure_low(options),
+                                     .signals = options->pressure_signals,
+                                     .interval_ms = (uint32_t)options->pressure_interval_ms,
+                                     .psi_high = options->pressure_psi_high, .psi_low = options->pressure_psi_low};
+        gm_set_pressure_policy(allocator, &policy); /* the options were checked: it cannot fail */
+    }
     *allocator_out = allocator;
     return GM_OK;
 }
@@ -279,6 +328,14 @@ static void process_pending_frees(gm_allocator *allocator, bool wait)
     }
 }
 
+void gm_wait_for_pending_frees_locked(gm_allocator *allocator)
+{
+    if (!allocator->pending_head)
+        return;
+    allocator->arena.stats->num_sync_all_streams++;
+    process_pending_frees(allocator, true);
+}
+
 /* Park `block` until the work queued on `stream` so far has finished. */
 static gm_status defer_free(gm_allocator *allocator, gm_block *block, gm_stream stream)
 {
@@ -308,16 +365,15 @@ static gm_status defer_free(gm_allocator *allocator, gm_block *block, gm_stream 
 
 /* ---------------------------------------------------------------- malloc */
 
-static gm_status allocate_with_retries(gm_allocator *allocator, gm_heap *heap, int pool, uint64_t size,
-                                       gm_block **block_out)
+/* The engine found no room: wait for the pending cross-stream frees and retry, then release all cached
+ * memory and retry. */
+static gm_status retry_allocation(gm_allocator *allocator, gm_heap *heap, int pool, uint64_t size,
+                                  gm_block **block_out, gm_oom_attempts *attempts)
 {
     const gm_engine_operations *engine = allocator->arena.engine;
-    gm_status status = engine->allocate(&allocator->arena, heap, pool, size, block_out);
-    if (status != GM_ERROR_OUT_OF_MEMORY)
-        return status;
-    gm_oom_attempts attempts = {0};
+    gm_status status;
     if (allocator->pending_head) {
-        attempts.waited_for_streams = true;
+        attempts->waited_for_streams = true;
         allocator->arena.stats->num_sync_all_streams++;
         process_pending_frees(allocator, true);
         status = engine->allocate(&allocator->arena, heap, pool, size, block_out);
@@ -325,17 +381,49 @@ static gm_status allocate_with_retries(gm_allocator *allocator, gm_heap *heap, i
             return status;
     }
     int64_t reserved_before = gm_stat_total(allocator->arena.stats->reserved_bytes);
-    engine->release_cached(&allocator->arena);
-    attempts.released_bytes = (uint64_t)(reserved_before - gm_stat_total(allocator->arena.stats->reserved_bytes));
-    attempts.retried = true;
+    engine->release_cached(&allocator->arena, 0);
+    attempts->released_bytes += (uint64_t)(reserved_before - gm_stat_total(allocator->arena.stats->reserved_bytes));
+    attempts->retried = true;
     allocator->arena.stats->num_alloc_retries++;
-    status = engine->allocate(&allocator->arena, heap, pool, size, block_out);
+    return engine->allocate(&allocator->arena, heap, pool, size, block_out);
+}
+
+/* After the retries: the pressure callbacks (level critical) with the lock released, one more round of
+ * retries, and if that fails too, the report. The heap stays valid: heaps live as long as the allocator. */
+__attribute__((noinline, cold)) static gm_status allocate_after_failure(gm_allocator *allocator, gm_heap *heap,
+                                                                       int pool, uint64_t size, gm_block **block_out)
+{
+    gm_oom_attempts attempts = {.host_root = allocator->pressure.policy_set ? allocator->pressure.root : NULL};
+    gm_status status = retry_allocation(allocator, heap, pool, size, block_out, &attempts);
+    gm_pressure_readings event;
+    if (status == GM_ERROR_OUT_OF_MEMORY &&
+        gm_pressure_begin_critical_locked(allocator, size, heap->stream, attempts.released_bytes, &event)) {
+        end_change(allocator);
+        pthread_mutex_unlock(&allocator->lock);
+        attempts.callbacks_called = gm_pressure_dispatch(allocator, &event);
+        pthread_mutex_lock(&allocator->lock);
+        begin_change(allocator);
+        gm_pressure_end_critical_locked(allocator);
+        attempts.called_callbacks = true;
+        status = allocator->arena.engine->allocate(&allocator->arena, heap, pool, size, block_out);
+        if (status == GM_ERROR_OUT_OF_MEMORY)
+            status = retry_allocation(allocator, heap, pool, size, block_out, &attempts);
+    }
     if (status == GM_ERROR_OUT_OF_MEMORY) {
         allocator->arena.stats->num_ooms++;
         gm_write_oom_report(&allocator->arena, heap, size, &attempts);
         gm_history_record(allocator->arena.history, GM_EVENT_OOM, 0, size, heap->stream);
     }
     return status;
+}
+
+static gm_status allocate_with_retries(gm_allocator *allocator, gm_heap *heap, int pool, uint64_t size,
+                                       gm_block **block_out)
+{
+    gm_status status = allocator->arena.engine->allocate(&allocator->arena, heap, pool, size, block_out);
+    if (status != GM_ERROR_OUT_OF_MEMORY)
+        return status;
+    return allocate_after_failure(allocator, heap, pool, size, block_out);
 }
 
 static void count_allocation(gm_allocator *allocator, gm_block *block, int64_t sign)
@@ -378,6 +466,8 @@ gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void
         *pointer_out = (void *)block->address;
         gm_history_record(allocator->arena.history, GM_EVENT_ALLOC, block->address, size, stream);
     }
+    if (pressure_crossed(allocator))
+        return finish_under_pressure(allocator, status);
     end_change(allocator);
     pthread_mutex_unlock(&allocator->lock);
     return status;
@@ -428,6 +518,8 @@ gm_status gm_free(gm_allocator *allocator, void *pointer)
     } else if (block->pending_events == 0) {
         retire_block(allocator, block);
     }
+    if (pressure_crossed(allocator))
+        return finish_under_pressure(allocator, GM_OK);
     end_change(allocator);
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
@@ -490,7 +582,9 @@ gm_status gm_empty_cache(gm_allocator *allocator)
     begin_change(allocator);
     if (allocator->pending_head)
         process_pending_frees(allocator, false);
-    allocator->arena.engine->release_cached(&allocator->arena);
+    allocator->arena.engine->release_cached(&allocator->arena, 0);
+    if (pressure_crossed(allocator))
+        return finish_under_pressure(allocator, GM_OK);
     end_change(allocator);
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
@@ -505,7 +599,10 @@ gm_status gm_set_memory_limit(gm_allocator *allocator, uint64_t bytes)
     uint64_t total = allocator->arena.backend->total_bytes;
     allocator->arena.memory_limit = bytes && bytes < total ? bytes : total;
     if ((uint64_t)gm_stat_total(allocator->arena.stats->reserved_bytes) > allocator->arena.memory_limit)
-        allocator->arena.engine->release_cached(&allocator->arena);
+        allocator->arena.engine->release_cached(&allocator->arena, 0);
+    gm_pressure_limit_changed_locked(allocator); /* the watermarks are fractions of the limit */
+    if (pressure_crossed(allocator))
+        return finish_under_pressure(allocator, GM_OK);
     end_change(allocator);
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
@@ -611,6 +708,7 @@ void gm_destroy(gm_allocator *allocator, size_t *live_allocations_out)
         *live_allocations_out = 0;
     if (!allocator)
         return;
+    gm_pressure_stop(allocator); /* joins the sampling thread, which may be waiting for the lock */
     pthread_mutex_lock(&allocator->lock);
     stop_publishing(allocator);
     if (live_allocations_out)
@@ -640,5 +738,6 @@ void gm_destroy(gm_allocator *allocator, size_t *live_allocations_out)
     gm_history_destroy(allocator->arena.history);
     pthread_mutex_unlock(&allocator->lock);
     pthread_mutex_destroy(&allocator->lock);
+    gm_pressure_destroy(&allocator->pressure);
     free(allocator);
 }

@@ -1,7 +1,7 @@
 /*
  * allocator.h -- the front end's state, for the front end's files alone (allocator.c, validate.c,
- * device.c), and what it lends the rest of core: its lock around the arena, and the readings that
- * need it held. The engines never include this header: they see the arena.
+ * device.c, pressure.c), and what it lends the rest of core: its lock around the arena, and the
+ * readings that need it held. The engines never include this header: they see the arena.
  */
 #ifndef GM_ALLOCATOR_H
 #define GM_ALLOCATOR_H
@@ -9,6 +9,7 @@
 #include "core/arena.h"
 
 #include "base/hash_map.h"
+#include "core/pressure.h"
 #include "monitor/publish.h"
 
 #include <pthread.h>
@@ -40,12 +41,20 @@ struct gm_allocator {
     char publish_error[512];
     uint32_t publish_countdown;    /* calls until the device-call counts are published again */
     int64_t published_call_ns;     /* the backend's call_ns when they were published last */
+    gm_pressure pressure;          /* the pressure policy, level and callbacks (pressure.c) */
 };
 
 
 /* Lock the allocator and give its arena; gm_unlock_arena ends it. */
 gm_arena *gm_lock_arena(gm_allocator *allocator);
 void gm_unlock_arena(gm_allocator *allocator);
+/* Lock the allocator and open its statistics for change (the published region's seqlock bracket), and
+ * the reverse: for changes made outside allocator.c (pressure.c). */
+void gm_lock_for_change(gm_allocator *allocator);
+void gm_unlock_after_change(gm_allocator *allocator);
+/* Wait for the streams of every pending cross-stream free, so that their blocks become free memory
+ * (lock held; counted in num_sync_all_streams). */
+void gm_wait_for_pending_frees_locked(gm_allocator *allocator);
 /* gm_get_stats and gm_get_device_info with the lock held. */
 void gm_read_stats_locked(gm_allocator *allocator, gm_stats *stats_out);
 gm_status gm_read_device_info_locked(gm_allocator *allocator, gm_device_info *info_out);

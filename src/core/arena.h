@@ -73,8 +73,9 @@ struct gm_engine_operations {
     gm_status (*allocate)(gm_arena *arena, gm_heap *heap, int pool, uint64_t size, gm_block **block_out);
     /* Take back a block that is no longer allocated nor pending. */
     void (*free_block)(gm_arena *arena, gm_block *block);
-    /* Give every entirely free, cached piece of memory back to the device. */
-    void (*release_cached)(gm_arena *arena);
+    /* Give entirely free, cached pieces of memory back to the device until reserved memory is at most
+     * `keep_bytes` (0: every one), in the order the engine finds them. */
+    void (*release_cached)(gm_arena *arena, uint64_t keep_bytes);
     /* Check the engine's invariants and add the engine's recomputed statistics (reserved, segments,
      * inactive split) to *recomputed. */
     gm_status (*validate)(gm_arena *arena, gm_stats *recomputed);

@@ -1,11 +1,13 @@
 /*
- * device.c -- the device behind an allocator: gm_get_device_info, and the simulated streams that the
- * sim and host backends let tests drive.
+ * device.c -- the device behind an allocator: gm_get_device_info, and what the sim and host backends
+ * let tests drive: the simulated streams, and memory used by "other processes" (the device model counts
+ * it as used: the driver's free memory drops, allocations find less room, gm_validate leaves it out).
  */
 #include "core/allocator.h"
 
 #include "base/error.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -61,3 +63,22 @@ gm_status gm_sim_stream_complete(gm_allocator *allocator, gm_stream stream)
     return status;
 }
 
+
+gm_status gm_sim_set_used_elsewhere(gm_allocator *allocator, uint64_t bytes)
+{
+    if (!allocator)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_sim_set_used_elsewhere: allocator is NULL");
+    gm_backend *backend = allocator->arena.backend;
+    if (!backend->operations->stream_enqueue)
+        return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend's device has real other users", backend->operations->name);
+    pthread_mutex_lock(&allocator->lock);
+    uint64_t free_bytes = 0, total_bytes = 0;
+    gm_status status = gm_backend_memory_info(backend, &free_bytes, &total_bytes);
+    if (status == GM_OK && bytes > free_bytes + backend->used_elsewhere)
+        status = gm_fail(GM_ERROR_OUT_OF_MEMORY, "gm_sim_set_used_elsewhere: %" PRIu64 " bytes do not fit beside the "
+                         "allocator's; %" PRIu64 " could be used elsewhere", bytes, free_bytes + backend->used_elsewhere);
+    if (status == GM_OK)
+        backend->used_elsewhere = bytes;
+    pthread_mutex_unlock(&allocator->lock);
+    return status;
+}

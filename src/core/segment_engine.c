@@ -47,11 +47,13 @@ static void release_segment(gm_arena *arena, gm_region *region)
     free(region);
 }
 
-static void segments_release_cached(gm_arena *arena)
+static void segments_release_cached(gm_arena *arena, uint64_t keep_bytes)
 {
     for (size_t h = 0; h < arena->heap_count; h++) {
         gm_region *region = gm_first_region(arena->heaps[h]);
         while (region) {
+            if ((uint64_t)gm_stat_total(arena->stats->reserved_bytes) <= keep_bytes)
+                return;
             gm_region *next = gm_next_region(region);
             if (region_is_free(region))
                 release_segment(arena, region);
@@ -100,7 +102,7 @@ static gm_status segments_allocate(gm_arena *arena, gm_heap *heap, int pool, uin
         const gm_stat *reserved = arena->stats->reserved_bytes;
         if (arena->options->release_before_growth &&
             gm_stat_total(reserved) + (int64_t)segment_size > reserved[GM_POOL_ALL].peak)
-            segments_release_cached(arena);
+            segments_release_cached(arena, 0);
         gm_status status = new_segment(arena, heap, pool, segment_size, &block);
         if (status != GM_OK)
             return status;
@@ -155,7 +157,7 @@ static gm_status segments_create(gm_arena *arena)
 static void segments_destroy(gm_arena *arena)
 {
     /* The front end has freed every block; what is left are whole free segments. */
-    segments_release_cached(arena);
+    segments_release_cached(arena, 0);
 }
 
 const gm_engine_operations gm_segment_engine = {

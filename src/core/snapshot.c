@@ -103,6 +103,9 @@ const char *gm_event_name(gm_event_kind kind)
         [GM_EVENT_ALLOC] = "alloc",           [GM_EVENT_FREE_REQUESTED] = "free_requested",
         [GM_EVENT_FREE_COMPLETED] = "free_completed", [GM_EVENT_SEGMENT_MAP] = "segment_map",
         [GM_EVENT_SEGMENT_UNMAP] = "segment_unmap",   [GM_EVENT_OOM] = "oom",
+        [GM_EVENT_PRESSURE_HIGH] = "pressure_high",   [GM_EVENT_PRESSURE_CRITICAL] = "pressure_critical",
+        [GM_EVENT_PRESSURE_NORMAL] = "pressure_normal", [GM_EVENT_PRESSURE_RELEASE] = "pressure_release",
+        [GM_EVENT_PRESSURE_CALLBACKS] = "pressure_callbacks",
     };
     return (unsigned)kind < GM_EVENT_KIND_COUNT ? names[kind] : "unknown";
 }

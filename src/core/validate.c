@@ -89,9 +89,10 @@ static gm_status validate_locked(gm_allocator *allocator)
     if (status == GM_OK && allocator->exclusive_device) {
         uint64_t free_bytes = 0, total_bytes = 0;
         gm_backend_memory_info(allocator->arena.backend, &free_bytes, &total_bytes);
-        if (total_bytes - free_bytes != (uint64_t)recorded_copy.reserved_bytes[GM_POOL_ALL].current)
+        uint64_t ours = total_bytes - free_bytes - allocator->arena.backend->used_elsewhere;
+        if (ours != (uint64_t)recorded_copy.reserved_bytes[GM_POOL_ALL].current)
             status = gm_fail(GM_ERROR_CORRUPT, "the device holds %" PRIu64 " bytes but reserved_bytes is %" PRId64,
-                             total_bytes - free_bytes, recorded_copy.reserved_bytes[GM_POOL_ALL].current);
+                             ours, recorded_copy.reserved_bytes[GM_POOL_ALL].current);
     }
     return status;
 }

@@ -1,8 +1,13 @@
 /*
  * nvml.c -- NVML through dlopen: libnvidia-ml.so.1 is looked up when a reading is asked for, so that
  * gpumem builds and runs where there is no driver, and says why its GPU rows are empty. Only plain
- * types cross the boundary (NVML's structs are two or three integers, declared here as NVML
+ * types cross the boundary (NVML's structs are two to four integers, declared here as NVML
  * documents them), and every entry point is checked before use.
+ *
+ * The processes on a GPU (for the out-of-memory report's "other processes" cause) come from
+ * nvmlDeviceGetComputeRunningProcesses: its _v2 form, whose entry is {pid, used memory, GPU instance,
+ * compute instance} in every NVML that has it, else the original form {pid, used memory}. The later _v3
+ * form is not used: its entry's layout changed between NVML releases.
  */
 #include "monitor/nvml.h"
 
@@ -19,6 +24,18 @@ typedef struct nvml_memory {
     unsigned long long used;
 } nvml_memory;
 
+typedef struct nvml_process_v1 {
+    unsigned int pid;
+    unsigned long long used_memory;
+} nvml_process_v1;
+
+typedef struct nvml_process_v2 {
+    unsigned int pid;
+    unsigned long long used_memory;
+    unsigned int gpu_instance;
+    unsigned int compute_instance;
+} nvml_process_v2;
+
 typedef struct nvml_utilization {
     unsigned int gpu;
     unsigned int memory;
@@ -32,6 +49,8 @@ typedef int (*nvml_utilization_fn)(void *, nvml_utilization *);
 typedef int (*nvml_temperature_fn)(void *, int, unsigned int *);
 typedef int (*nvml_name_fn)(void *, char *, unsigned int);
 typedef const char *(*nvml_error_fn)(int);
+typedef int (*nvml_handle_by_bus_fn)(const char *, void **);
+typedef int (*nvml_processes_fn)(void *, unsigned int *, void *);
 
 static struct {
     nvml_count_fn count;
@@ -41,6 +60,9 @@ static struct {
     nvml_temperature_fn temperature;
     nvml_name_fn name;
     nvml_error_fn error;
+    nvml_handle_by_bus_fn handle_by_bus;
+    nvml_processes_fn processes_v2;
+    nvml_processes_fn processes_v1;
     char failure[256];
 } nvml;
 
@@ -61,6 +83,9 @@ static void load_nvml(void)
     nvml.temperature = (nvml_temperature_fn)dlsym(library, "nvmlDeviceGetTemperature");
     nvml.name = (nvml_name_fn)dlsym(library, "nvmlDeviceGetName");
     nvml.error = (nvml_error_fn)dlsym(library, "nvmlErrorString");
+    nvml.handle_by_bus = (nvml_handle_by_bus_fn)dlsym(library, "nvmlDeviceGetHandleByPciBusId_v2");
+    nvml.processes_v2 = (nvml_processes_fn)dlsym(library, "nvmlDeviceGetComputeRunningProcesses_v2");
+    nvml.processes_v1 = (nvml_processes_fn)dlsym(library, "nvmlDeviceGetComputeRunningProcesses");
     int result = -1;
     if (!init || !nvml.count || !nvml.handle || !nvml.memory)
         snprintf(nvml.failure, sizeof nvml.failure, "NVML is not usable (libnvidia-ml.so.1 lacks an entry point)");
@@ -97,6 +122,42 @@ gm_status gm_read_gpus(gm_gpu_reading *gpus, size_t capacity, size_t *count_out)
         gpu->temperature_celsius = nvml.temperature && nvml.temperature(device, 0, &temperature) == 0 ? (int)temperature : -1;
         if (!nvml.name || nvml.name(device, gpu->name, sizeof gpu->name) != 0)
             snprintf(gpu->name, sizeof gpu->name, "GPU %u", index);
+    }
+    return GM_OK;
+}
+
+#define NVML_PROCESSES_MAX 64
+#define NVML_VALUE_NOT_AVAILABLE (~0ull)
+
+static gm_gpu_process process_of(unsigned int pid, unsigned long long used_memory)
+{
+    return (gm_gpu_process){.pid = (long)pid, .used_bytes = used_memory == NVML_VALUE_NOT_AVAILABLE ? 0 : used_memory};
+}
+
+gm_status gm_gpu_processes(const char *pci_bus_id, gm_gpu_process *processes, size_t capacity, size_t *count_out)
+{
+    pthread_once(&nvml_once, load_nvml);
+    *count_out = 0;
+    if (!nvml.count)
+        return gm_fail(GM_ERROR_NO_DEVICE, "%s", nvml.failure);
+    void *device = NULL;
+    if (!pci_bus_id || !*pci_bus_id || !nvml.handle_by_bus || nvml.handle_by_bus(pci_bus_id, &device) != 0)
+        return gm_fail(GM_ERROR_NO_DEVICE, "NVML does not know the GPU at PCI bus id '%s'", pci_bus_id ? pci_bus_id : "");
+    unsigned int found = NVML_PROCESSES_MAX;
+    if (nvml.processes_v2) {
+        nvml_process_v2 entries[NVML_PROCESSES_MAX];
+        if (nvml.processes_v2(device, &found, entries) != 0)
+            return gm_fail(GM_ERROR_NO_DEVICE, "NVML cannot list the GPU's processes");
+        for (unsigned int i = 0; i < found && *count_out < capacity; i++)
+            processes[(*count_out)++] = process_of(entries[i].pid, entries[i].used_memory);
+    } else if (nvml.processes_v1) {
+        nvml_process_v1 entries[NVML_PROCESSES_MAX];
+        if (nvml.processes_v1(device, &found, entries) != 0)
+            return gm_fail(GM_ERROR_NO_DEVICE, "NVML cannot list the GPU's processes");
+        for (unsigned int i = 0; i < found && *count_out < capacity; i++)
+            processes[(*count_out)++] = process_of(entries[i].pid, entries[i].used_memory);
+    } else {
+        return gm_fail(GM_ERROR_NO_DEVICE, "NVML lacks nvmlDeviceGetComputeRunningProcesses");
     }
     return GM_OK;
 }

@@ -22,4 +22,15 @@ typedef struct gm_gpu_reading {
  * in gm_last_error(), when NVML cannot be loaded or initialised (no driver, no GPU). */
 gm_status gm_read_gpus(gm_gpu_reading *gpus, size_t capacity, size_t *count_out);
 
+/* A process using a GPU, as NVML reports it (its pid in NVML's view: the host's pid namespace). */
+typedef struct gm_gpu_process {
+    long pid;
+    uint64_t used_bytes; /* 0 when the driver does not say (for instance under MIG or WDDM) */
+} gm_gpu_process;
+
+/* The compute processes on the GPU with PCI bus id `pci_bus_id` (as cuDeviceGetPCIBusId gives it), up to
+ * `capacity` of them; *count_out: how many were written. GM_ERROR_NO_DEVICE, with the reason, when NVML
+ * is not there or does not know the GPU. */
+gm_status gm_gpu_processes(const char *pci_bus_id, gm_gpu_process *processes, size_t capacity, size_t *count_out);
+
 #endif

@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #define GM_REGION_MAGIC "GMSTATS\0" /* 8 bytes, the last one NUL */
-#define GM_REGION_LAYOUT_VERSION 2u
+#define GM_REGION_LAYOUT_VERSION 3u /* 3: GM_COUNTERS gained the pressure counters */
 #define GM_REGION_NAME_PREFIX "gpumem."
 #define GM_REGION_DEFAULT_DIRECTORY "/dev/shm"
 

@@ -303,6 +303,50 @@ static void empty_cache_gives_memory_back(void)
     }
 }
 
+/* ---------------------------------------------------------------- memory held outside gpumem */
+
+static _Atomic int device_pressure_calls;
+static _Atomic int device_pressure_level = -1;
+
+static void note_device_pressure(gm_allocator *allocator, gm_pressure_level level, const gm_pressure_readings *readings,
+                                 void *context)
+{
+    (void)allocator, (void)readings, (void)context;
+    device_pressure_level = (int)level;
+    device_pressure_calls++;
+}
+
+/* Memory taken with cuMemAlloc beside gpumem: the sampling thread sees the driver's used memory rise, and
+ * an allocation that does not fit names other processes as its cause, with the processes NVML lists. */
+static void memory_used_outside_is_seen_and_named(void)
+{
+    size_t free_bytes = 0, total = 0;
+    CU_CHECK(cu.memory_info(&free_bytes, &total));
+    unsigned long long outside = 0;
+    size_t held = free_bytes - (4ull << 30);
+    CU_CHECK(cu.memory_allocate(&outside, held));
+    gm_allocator *allocator = make("backend:cuda");
+    CHECK_OK(gm_on_pressure(allocator, note_device_pressure, NULL));
+    gm_pressure_policy policy = {.high = 0.5, .low = 0.25, .signals = GM_PRESSURE_SIGNAL_DEVICE, .interval_ms = 5};
+    CHECK_OK(gm_set_pressure_policy(allocator, &policy)); /* evaluated at once, on this thread */
+    CHECK_EQ_INT(device_pressure_level, GM_PRESSURE_HIGH);
+    gm_pressure_readings readings;
+    CHECK_OK(gm_get_pressure(allocator, &readings));
+    CHECK(readings.device_used_bytes >= held && readings.device_total_bytes == total);
+    void *pointer = NULL;
+    CHECK_STATUS(gm_malloc(allocator, 8ull << 30, 0, &pointer), GM_ERROR_OUT_OF_MEMORY);
+    CHECK_EQ_INT(gm_last_oom_cause(), GM_OOM_CAUSE_OTHER_PROCESSES);
+    CHECK_MESSAGE("\nCause: other processes. ");
+    CHECK(strstr(gm_last_error(), "Processes on this GPU (NVML)") || strstr(gm_last_error(), "NVML cannot tell"));
+    printf("     the report:\n%s", gm_last_error());
+    CU_CHECK(cu.memory_free(outside)); /* the other user leaves: the sampling thread sees it */
+    for (int i = 0; i < 2000 && device_pressure_level != GM_PRESSURE_NORMAL; i++)
+        usleep(1000);
+    CHECK_EQ_INT(device_pressure_level, GM_PRESSURE_NORMAL);
+    CHECK(device_pressure_calls == 2);
+    gm_destroy(allocator, NULL);
+}
+
 /* ---------------------------------------------------------------- trace replay */
 
 static void traces_reach_the_sim_peaks(void)
@@ -359,6 +403,7 @@ int main(void)
         TEST_CASE(without_record_stream_the_memory_is_reused),
         TEST_CASE(out_of_memory_is_an_error_and_recoverable),
         TEST_CASE(empty_cache_gives_memory_back),
+        TEST_CASE(memory_used_outside_is_seen_and_named),
         TEST_CASE(traces_reach_the_sim_peaks),
     };
     return run_tests(cases, sizeof cases / sizeof cases[0]);

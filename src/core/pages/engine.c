@@ -67,12 +67,12 @@ static void pages_free_block(gm_arena *arena, gm_block *block)
     gm_index_free_block(arena, pages_merge_alike(arena, block));
 }
 
-static void pages_release_cached(gm_arena *arena)
+static void pages_release_cached(gm_arena *arena, uint64_t keep_bytes)
 {
     page_engine *engine = engine_of(arena);
     size_t count = pages_find_idle_chunks(arena, NULL, 0, 0);
     engine->quiesce_generation++;
-    for (size_t i = 0; i < count; i++) {
+    for (size_t i = 0; i < count && (uint64_t)gm_stat_total(arena->stats->reserved_bytes) > keep_bytes; i++) {
         idle_chunk *candidate = &engine->idle[i];
         if (pages_evict_chunk(arena, candidate->region, candidate->chunk) == GM_OK)
             pages_release_chunk(arena, candidate->region, candidate->chunk);
