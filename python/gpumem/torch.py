@@ -89,9 +89,18 @@ def allocator(device=None):
     return gpumem.Allocator.attach(_extension.handle(index))
 
 
+def pressure_is_high(device=None):
+    """Whether gpumem's pressure level on the device is above normal (a policy must be set:
+    GPUMEM_CONF pressure_high:F, or allocator().set_pressure_policy(...))."""
+    return allocator(device).pressure()["level"] != "normal"
+
+
 def adaptive(loss_of, model, **options):
-    """A training step that splits itself into micro-batches when memory is short (gpumem.governor)."""
+    """A training step that splits itself into micro-batches when memory is short (gpumem.governor).
+    Under gpumem it also splits ahead of trouble when gpumem's pressure level is high."""
     from gpumem import governor
+    if "pressure" not in options and is_installed():
+        options["pressure"] = pressure_is_high
     return governor.adaptive(loss_of, model, **options)
 
 
