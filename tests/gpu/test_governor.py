@@ -191,3 +191,20 @@ def test_find_batch_size_in_three_trials():
     assert search.out_of_memory == 0
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), parameters_before)), "parameters restored"
     assert [float(value["step"]) for value in optimizer.state_dict()["state"].values()] == steps_before
+
+
+def test_pressure_splits_ahead_of_running_out():
+    batches = make_batches(2, 256)
+    model = make_model(1024)
+    allocator = gpumem.torch.allocator()
+    total = torch.cuda.get_device_properties(0).total_memory
+    held = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")  # keeps allocated bytes above the mark
+    allocator.set_pressure_policy(high=max(torch.cuda.memory_allocated() / 2, 1 << 20) / total, low=0.5 / total * (1 << 20))
+    try:
+        torch.empty(1, device="cuda")  # a call that changes the counts: the level rises
+        assert gpumem.torch.pressure_is_high()
+        step, _, _ = train(model, batches)
+    finally:
+        allocator.set_pressure_policy(high=None)
+    assert step.counts["pressure_splits"] >= 1 and step.counts["out_of_memory"] == 0, step.counts
+    del held
