@@ -305,7 +305,7 @@ static void empty_cache_gives_memory_back(void)
 
 /* ---------------------------------------------------------------- memory held outside gpumem */
 
-static _Atomic int device_pressure_calls;
+static _Atomic int device_pressure_calls[3]; /* by level: normal, high, critical */
 static _Atomic int device_pressure_level = -1;
 
 static void note_device_pressure(gm_allocator *allocator, gm_pressure_level level, const gm_pressure_readings *readings,
@@ -313,7 +313,8 @@ static void note_device_pressure(gm_allocator *allocator, gm_pressure_level leve
 {
     (void)allocator, (void)readings, (void)context;
     device_pressure_level = (int)level;
-    device_pressure_calls++;
+    if ((int)level >= 0 && (int)level < 3)
+        device_pressure_calls[level]++;
 }
 
 /* Memory taken with cuMemAlloc beside gpumem: the sampling thread sees the driver's used memory rise, and
@@ -343,7 +344,10 @@ static void memory_used_outside_is_seen_and_named(void)
     for (int i = 0; i < 2000 && device_pressure_level != GM_PRESSURE_NORMAL; i++)
         usleep(1000);
     CHECK_EQ_INT(device_pressure_level, GM_PRESSURE_NORMAL);
-    CHECK(device_pressure_calls == 2);
+    /* high when set, critical before the failing allocation's last retry, normal once it is gone */
+    CHECK_EQ_INT(device_pressure_calls[GM_PRESSURE_HIGH], 1);
+    CHECK_EQ_INT(device_pressure_calls[GM_PRESSURE_CRITICAL], 1);
+    CHECK_EQ_INT(device_pressure_calls[GM_PRESSURE_NORMAL], 1);
     gm_destroy(allocator, NULL);
 }
 
