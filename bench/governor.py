@@ -27,6 +27,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH = {"gpt2": 24, "bert": 96, "llama": 24}
+MARGIN = float(os.environ.get("GOVERNOR_MARGIN", "0.01"))  # find_batch_size's margin below the cap
 
 
 def build(name, device="cuda"):
@@ -142,7 +143,7 @@ def run_finder(name, finder, fraction):
         optimizer.step()
     started = time.perf_counter()
     if finder == "gpumem":
-        search = gpumem.torch.find_batch_size(step, make_batch, state=(model, optimizer))
+        search = gpumem.torch.find_batch_size(step, make_batch, state=(model, optimizer), margin=MARGIN)
         found, trials, ooms = search.batch_size, len(search.trials), search.out_of_memory
     elif finder == "lightning":
         found, trials, ooms = lightning_style(step, make_batch)
@@ -199,6 +200,7 @@ def main():
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--workloads", default="gpt2,bert,llama")
     parser.add_argument("--out")
+    parser.add_argument("--tables", default="cap,finder,leak", help="which tables: cap, finder, leak")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--fraction", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--adaptive", action="store_true", help=argparse.SUPPRESS)
@@ -211,6 +213,23 @@ def main():
     total = torch.cuda.get_device_properties(0).total_memory
     names = arguments.workloads.split(",")
     records = []
+    tables = arguments.tables.split(",")
+    if "cap" in tables:
+        caps = cap_table(names, arguments, total, records)
+    else:  # the caps only: 70% of each workload's uncapped native peak
+        caps = {name: 0.7 * spawn(["--child", "train", name, "--steps", "2"], gpumem=False)["peak_reserved"] / total
+                for name in names}
+    if "finder" in tables:
+        finder_table(names, caps, records)
+    if "leak" in tables:
+        leak_table(names, records)
+    if arguments.out:
+        with open(arguments.out, "w") as out:
+            for record in records:
+                out.write(json.dumps(record) + "\n")
+
+
+def cap_table(names, arguments, total, records):
     print("## Under a cap of 70% of native's peak reserved\n")
     print("| workload | batch | native peak reserved (MiB) | cap (MiB) | native under the cap | gpumem adaptive under "
           "the cap | micro-batches | max loss difference to uncapped native |")
@@ -231,6 +250,10 @@ def main():
         print(f"| {name} | {BATCH[name]} | {native['peak_reserved'] / 2**20:.0f} | {cap / 2**20:.0f} | {native_text} | "
               f"{adaptive_text} | {adaptive.get('micro_batches', '-')} | {difference:.4f} |", flush=True)
         records.append({"table": "cap", "workload": name, "native": native, "capped": capped, "adaptive": adaptive})
+    return caps
+
+
+def finder_table(names, caps, records):
     print("\n## Batch-size finders under the same cap (on gpumem)\n")
     print("| workload | finder | batch found | trials | out of memory | seconds |")
     print("|---|---|---|---|---|---|")
@@ -240,6 +263,9 @@ def main():
             print(f"| {name} | {finder} | {result['batch']} | {result['trials']} | {result['ooms']} | "
                   f"{result['seconds']:.1f} |", flush=True)
             records.append({"table": "finder", "workload": name, "finder": finder, **result})
+
+
+def leak_table(names, records):
     print("\n## Leak detection (watch_leaks: 5 growing boundaries after 2 warm-up steps)\n")
     print("| workload | without a leak: warning | keeping `loss` each step: warned at step |")
     print("|---|---|---|")
@@ -249,10 +275,6 @@ def main():
         print(f"| {name} | {'none' if clean['warned_at_step'] is None else 'at step %d' % clean['warned_at_step']} | "
               f"{leaky['warned_at_step']} |", flush=True)
         records.append({"table": "leak", "workload": name, "clean": clean, "leaky": leaky})
-    if arguments.out:
-        with open(arguments.out, "w") as out:
-            for record in records:
-                out.write(json.dumps(record) + "\n")
 
 
 if __name__ == "__main__":
