@@ -208,3 +208,42 @@ def test_pressure_splits_ahead_of_running_out():
         allocator.set_pressure_policy(high=None)
     assert step.counts["pressure_splits"] >= 1 and step.counts["out_of_memory"] == 0, step.counts
     del held
+
+
+def test_merges_back_after_quiet_steps():
+    batches = make_batches(6, 256)
+    reference = make_model(1024)
+    _, reference_losses, _ = train(reference, batches)
+    model = make_model(1024)
+    step, losses, _ = train(model, batches, micro_batches=4, merge_after=2)
+    assert step.counts["merges"] == 2 and step.micro_batches == 1, step.counts
+    assert losses == pytest.approx(reference_losses, rel=1e-4)
+    assert_same_parameters(model, reference)
+
+
+def test_checkpointing_when_one_sample_does_not_fit():
+    def blocks():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(*[torch.nn.Sequential(*[layer for _ in range(8) for layer in
+                                                           (torch.nn.Linear(4096, 4096), torch.nn.ReLU())])
+                                     for _ in range(2)]).cuda()
+    x = torch.randn(1, 4096, 4096, device="cuda")
+    reference = blocks()
+    expected = reference(x).square().mean()
+    expected.backward()
+    expected_gradient = reference[0][0].weight.grad.clone()
+    del reference, expected
+    torch.cuda.empty_cache()
+    model = blocks()
+    total = torch.cuda.get_device_properties(0).total_memory
+    # Room for the gradients and 1.5 GiB: the activations of one sample (2 GiB) do not fit; with each
+    # block checkpointed (its input kept, one block recomputed at a time) they do.
+    torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_reserved() + 1.1 * 2**30 + 1.5 * 2**30) / total)
+    try:
+        step = gpumem.torch.adaptive(lambda batch: model(batch).square().mean(), model, checkpoint=list(model),
+                                     log=lambda line: None)
+        step(x)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    assert step.counts["checkpointing"] == 1 and step.counts["out_of_memory"] >= 1, step.counts
+    assert torch.allclose(model[0][0].weight.grad, expected_gradient, rtol=1e-4, atol=1e-6)
