@@ -27,7 +27,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH = {"gpt2": 24, "bert": 96, "llama": 24}
-MARGIN = float(os.environ.get("GOVERNOR_MARGIN", "0.01"))  # find_batch_size's margin below the cap
+MARGIN = float(os.environ.get("GOVERNOR_MARGIN", "0.03"))  # find_batch_size's margin below the cap
 
 
 def build(name, device="cuda"):

@@ -416,7 +416,7 @@ def _memory_limit(limit):
     return free + torch.cuda.memory_reserved()
 
 
-def find_batch_size(step, make_batch, limit=None, start=2, margin=0.01, maximum=None, state=None, log=None):
+def find_batch_size(step, make_batch, limit=None, start=2, margin=0.03, maximum=None, state=None, log=None):
     """The largest batch size whose training step fits in ``limit`` bytes of device memory (default:
     gpumem's memory limit -- set_per_process_memory_fraction sets it -- or what the device has free).
 

@@ -224,10 +224,11 @@ def test_merges_back_after_quiet_steps():
 def test_checkpointing_when_one_sample_does_not_fit():
     def blocks():
         torch.manual_seed(0)
-        return torch.nn.Sequential(*[torch.nn.Sequential(*[layer for _ in range(8) for layer in
-                                                           (torch.nn.Linear(4096, 4096), torch.nn.ReLU())])
-                                     for _ in range(2)]).cuda()
-    x = torch.randn(1, 4096, 4096, device="cuda")
+        def block():
+            return torch.nn.Sequential(*[layer for _ in range(4) for layer in
+                                         (torch.nn.Linear(4096, 4096), torch.nn.ReLU())])
+        return torch.nn.Sequential(*[block() for _ in range(4)]).cuda()
+    x = torch.randn(1, 16384, 4096, device="cuda")
     reference = blocks()
     expected = reference(x).square().mean()
     expected.backward()
@@ -236,9 +237,10 @@ def test_checkpointing_when_one_sample_does_not_fit():
     torch.cuda.empty_cache()
     model = blocks()
     total = torch.cuda.get_device_properties(0).total_memory
-    # Room for the gradients and 1.5 GiB: the activations of one sample (2 GiB) do not fit; with each
-    # block checkpointed (its input kept, one block recomputed at a time) they do.
-    torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_reserved() + 1.1 * 2**30 + 1.5 * 2**30) / total)
+    # 3.5 GiB beside the model: what one sample's backward keeps (16 ReLU outputs of 256 MiB, 4 GiB) does
+    # not fit; with each of the 4 blocks checkpointed (its input kept, one block of 4 layers recomputed
+    # at a time, 1 GiB of gradients at most) it does.
+    torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_reserved() + 3.5 * 2**30) / total)
     try:
         step = gpumem.torch.adaptive(lambda batch: model(batch).square().mean(), model, checkpoint=list(model),
                                      log=lambda line: None)
