@@ -9,6 +9,7 @@ operation (device_call_ms / ops, in microseconds) for the cold pass and the warm
 Patterns (each about 20,000 operations):
   alternating   alloc+free pairs alternating 1 MiB and 64 MiB (issue 16's example)
   cycling       alloc+free pairs cycling 512 B, 4 KiB, 64 KiB, 1, 3, 17, 64 MiB
+  bursts        24 small tensors of 512 KiB live at once, all freed, then a 64 MiB alloc+free; repeated
   ascending     a tensor list that grows: 1, 2, ... 48 MiB kept live, then all freed; repeated
   sawtooth      live memory climbs by mixed-size tensors to ~1.5 GiB, then falls back; repeated
   streams       four streams; each allocates on its own stream and frees what the previous stream
@@ -67,6 +68,14 @@ def cycling(trace):
         trace.free(trace.allocate(sizes[i % len(sizes)]))
 
 
+def bursts(trace):
+    for _ in range(400):
+        live = [trace.allocate(512 * KIB) for _ in range(24)]
+        for identity in live:
+            trace.free(identity)
+        trace.free(trace.allocate(64 * MIB))
+
+
 def ascending(trace):
     for _ in range(208):
         live = [trace.allocate(n * MIB) for n in range(1, 49)]
@@ -111,7 +120,7 @@ def random_mix(trace):
         trace.free(identity)
 
 
-PATTERNS = [("alternating", alternating), ("cycling", cycling), ("ascending", ascending),
+PATTERNS = [("alternating", alternating), ("cycling", cycling), ("bursts", bursts), ("ascending", ascending),
             ("sawtooth", sawtooth), ("streams", streams), ("random", random_mix)]
 
 

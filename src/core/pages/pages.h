@@ -30,6 +30,10 @@
 /* Credit never accumulates beyond this, so a burst after a long calm stays bounded. */
 #define CREDIT_LIMIT_NS 200000000
 
+/* A place that gave an idle chunk away within this many allocations and needs pages again takes new
+ * memory rather than moving chunks back, once the device-call credit is spent (growth.c). */
+#define PING_PONG_ALLOCATIONS 256
+
 /* A regrowth: a request at most 1/REGROWTH_FRACTION larger than the block freed right after it (a
  * tensor replaced by a slightly longer copy, as torch.cat grows a KV cache). */
 #define REGROWTH_FRACTION 16
@@ -48,6 +52,7 @@ typedef struct page_chunk {
 typedef struct page_region {
     page_chunk **pages; /* page index -> chunk mapped there, or NULL */
     uint64_t page_count;
+    uint64_t donated_at; /* allocation number when an idle chunk last moved from here elsewhere; 0: never */
     gm_list chunks;
     gm_list unmapped; /* unmapped blocks, through gm_block.link */
 } page_region;
@@ -81,6 +86,7 @@ typedef struct page_engine {
     uint64_t quiesce_generation; /* heaps already waited for in this growth carry this number */
     idle_chunk *idle;            /* scratch list for the growth path */
     size_t idle_capacity;
+    uint64_t allocations;        /* allocations served so far */
     bool keep_peak;              /* placing in a lane: refuse new memory above the peak (lane_place) */
 } page_engine;
 
