@@ -38,6 +38,8 @@ static gm_status pages_allocate(gm_arena *arena, gm_heap *heap, int pool, uint64
     page_engine *engine = engine_of(arena);
     if (engine->credit_ns < CREDIT_LIMIT_NS)
         engine->credit_ns += engine->credit_per_allocation;
+    if (engine->bounce_credit_ns < CREDIT_LIMIT_NS)
+        engine->bounce_credit_ns += BOUNCE_CREDIT_NS;
     engine->allocations++;
     if (!heap->engine_data && pages_new_heap_state(heap) != GM_OK)
         return GM_ERROR_OUT_OF_MEMORY;

@@ -18,10 +18,11 @@
  * are moved only once memory nears the limit, so that a limit set as a precaution costs no device
  * calls per step. Nor does memory bounce: a place (a stream's heap and pool) that gave an idle
  * chunk away within the last PING_PONG_ALLOCATIONS allocations and needs pages again gets new memory
- * instead of taking chunks back, once the device-call credit is spent -- one page or one stream's
- * working set more reserved, rather than a page move at every operation (alternating 1 MiB and
- * 64 MiB requests, streams freeing each other's memory; bench/adversarial.py). An option (tail_chunk, off by default: one more chunk per growth) makes the last
- * page of a growth a chunk of its own when the request ends inside it, so that a block placed after
+ * instead of taking chunks back once such bounces have spent their budget (BOUNCE_CREDIT_NS per
+ * allocation) -- a page or a stream's working set more reserved, rather than a page move at every
+ * operation (alternating 1 MiB and 64 MiB requests, streams freeing each other's memory:
+ * bench/adversarial.py). An option (tail_chunk, off by default: one more chunk per growth) makes the
+ * last page of a growth a chunk of its own when the request ends inside it, so that a block placed after
  * the request pins one page, not the whole growth.
  */
 #include "core/pages/pages.h"
@@ -163,17 +164,23 @@ static bool should_recycle(const gm_arena *arena, uint64_t need)
     return !memory_is_limited(arena) || (uint64_t)after > arena->memory_limit / 10 * 9;
 }
 
+/* Whether idle chunks moved to `region` now would bounce: it gave an idle chunk to another place (not
+ * a lane: the lane and its stream's heap trade chunks by design) within the last
+ * PING_PONG_ALLOCATIONS allocations. */
+static bool is_bounce(const gm_arena *arena, const gm_region *region)
+{
+    uint64_t donated_at = data_of(region)->donated_at;
+    return donated_at && engine_of((gm_arena *)arena)->allocations - donated_at < PING_PONG_ALLOCATIONS;
+}
+
 /* Whether pages for `region` should be new memory although idle chunks could be moved there: the
- * region gave an idle chunk to another place (not a lane: the lane and its stream's heap trade
- * chunks by design) within the last PING_PONG_ALLOCATIONS allocations, so moving memory back would
- * make it bounce; and the device-call credit is spent, so the bouncing is costly; and new memory fits
- * without a memory limit below the device's capacity (capacity is then what the user lacks). */
+ * move would bounce (is_bounce), the bounce budget is spent (moves that bounced cost more than
+ * BOUNCE_CREDIT_NS per allocation), new memory fits, and no memory limit below the device's capacity
+ * is set (capacity is then what the user lacks). */
 static bool is_ping_pong(const gm_arena *arena, const gm_region *region, uint64_t need, uint64_t new_room)
 {
-    const page_engine *engine = engine_of((gm_arena *)arena);
-    uint64_t donated_at = data_of(region)->donated_at;
-    return donated_at && engine->allocations - donated_at < PING_PONG_ALLOCATIONS && engine->credit_ns < 0 &&
-           need <= new_room && !memory_is_limited(arena);
+    return is_bounce(arena, region) && engine_of((gm_arena *)arena)->bounce_credit_ns < 0 && need <= new_room &&
+           !memory_is_limited(arena);
 }
 
 /* Back [from, to), inside an unmapped block, with physical memory: idle chunks first when new memory
@@ -192,8 +199,12 @@ static gm_status back_part(gm_arena *arena, const window *where, uintptr_t from,
     /* Moving idle chunks changes neither reserved memory nor the device's free memory: one reading. */
     uint64_t new_room = room_for_new_memory(arena, engine->page_size);
     gm_status status = GM_OK;
-    if ((should_recycle(arena, need) && !is_ping_pong(arena, region, need, new_room)) || need > new_room)
+    if ((should_recycle(arena, need) && !is_ping_pong(arena, region, need, new_room)) || need > new_room) {
+        int64_t moving_since = arena->backend->modelled_ns;
         mapped = move_idle_chunks(arena, where, from, need, room, &status);
+        if (is_bounce(arena, region))
+            engine->bounce_credit_ns -= arena->backend->modelled_ns - moving_since;
+    }
     if (status == GM_OK && mapped < need && is_lane(region->heap) && should_recycle(arena, need - mapped)) {
         release_idle_for(arena, where, need - mapped);
         if (engine->keep_peak && should_recycle(arena, need - mapped))

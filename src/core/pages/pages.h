@@ -31,8 +31,11 @@
 #define CREDIT_LIMIT_NS 200000000
 
 /* A place that gave an idle chunk away within this many allocations and needs pages again takes new
- * memory rather than moving chunks back, once the device-call credit is spent (growth.c). */
+ * memory rather than moving chunks back, once such moves have spent their budget (growth.c). */
 #define PING_PONG_ALLOCATIONS 256
+/* What each allocation adds to the budget of such moves (modelled device time): a pattern that keeps
+ * moving memory back and forth spends at most about this per allocation before it gets new memory. */
+#define BOUNCE_CREDIT_NS 250
 
 /* A regrowth: a request at most 1/REGROWTH_FRACTION larger than the block freed right after it (a
  * tensor replaced by a slightly longer copy, as torch.cat grows a KV cache). */
@@ -81,6 +84,7 @@ typedef struct page_engine {
     uint64_t region_size;
     int64_t credit_ns;
     int64_t credit_per_allocation;
+    int64_t bounce_credit_ns;    /* BOUNCE_CREDIT_NS per allocation, spent on moves that bounce (growth.c) */
     int64_t page_chunk_cost_ns;  /* what one page-sized chunk costs (create, map, set access) */
     uint64_t max_chunk_size;     /* whole pages; UINT64_MAX: no limit */
     uint64_t quiesce_generation; /* heaps already waited for in this growth carry this number */
