@@ -5,6 +5,8 @@
  *     engine used to move one page at every pair to keep reserved memory at exactly 64 MiB);
  *   - streams that free each other's memory settle, each keeping its own, with no device call after
  *     warm-up;
+ *   - the segments engine's release_before_growth stops freeing and re-making a segment at every
+ *     pair once its budget of device time is spent;
  *   - empty_cache still gives every idle page back, and under a memory limit pages still move to
  *     where a request needs them (the limit is kept, no request fails).
  */
@@ -76,6 +78,21 @@ static void alternating_sizes_settle(void)
     gm_destroy(allocator, NULL);
 }
 
+static void segments_stop_churning(void)
+{
+    gm_allocator *allocator = make("engine:segments,capacity:16GiB");
+    REQUIRE(alternate(allocator, 4000)); /* spends the initial budget (100 ms of modelled time) */
+    int64_t calls = device_calls(allocator);
+    REQUIRE(alternate(allocator, 10000));
+    printf("     warm-up: %lld device calls; next 10000 pairs: %lld\n", (long long)calls,
+           (long long)(device_calls(allocator) - calls));
+    CHECK_EQ_INT(device_calls(allocator) - calls, 0);
+    CHECK(reserved_peak(allocator) <= (int64_t)(66 * MIB));
+    CHECK_OK(gm_empty_cache(allocator));
+    CHECK_EQ_INT(reserved_now(allocator), 0);
+    gm_destroy(allocator, NULL);
+}
+
 /* Four streams; each frees what the previous stream allocated, then allocates on its own stream. */
 static void streams_round(gm_allocator *allocator, void *held[5], int round)
 {
@@ -133,4 +150,4 @@ static void memory_limit_still_moves_pages(void)
 }
 
 RUN_TESTS(TEST_CASE(alternating_sizes_settle), TEST_CASE(streams_freeing_each_other_settle),
-          TEST_CASE(memory_limit_still_moves_pages))
+          TEST_CASE(memory_limit_still_moves_pages), TEST_CASE(segments_stop_churning))

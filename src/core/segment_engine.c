@@ -11,7 +11,12 @@
  * One improvement over PyTorch (release_before_growth, on by default): before a new segment would
  * raise reserved memory above its previous peak, the cached free segments are given back first.
  * This caps the "reserved but unusable" growth that makes PyTorch reserve 3x the live bytes on
- * workloads whose sizes drift (generation with a growing KV cache).
+ * workloads whose sizes drift (generation with a growing KV cache). Releasing costs device calls,
+ * so it is paid from a budget: it starts at RELEASE_CREDIT_INITIAL_NS, each allocation adds
+ * RELEASE_CREDIT_NS, each release and the segment made after it spend their modelled device time,
+ * and while the budget is spent a growth simply makes a new segment above the peak. A pattern that
+ * would free and re-make a segment at every operation (alternating 1 MiB and 64 MiB requests:
+ * bench/adversarial.py) so reserves one segment more instead.
  */
 #include "core/arena.h"
 
@@ -19,6 +24,16 @@
 
 #include <inttypes.h>
 #include <stdlib.h>
+
+/* Budget of device time for release_before_growth: per allocation, its cap, and what a new allocator
+ * starts with (the releases of a program's first steps, which save the most, stay as they were). */
+#define RELEASE_CREDIT_NS 250
+#define RELEASE_CREDIT_LIMIT_NS 200000000
+#define RELEASE_CREDIT_INITIAL_NS 100000000
+
+typedef struct segment_engine {
+    int64_t release_credit_ns;
+} segment_engine;
 
 static uint64_t segment_size_for(const gm_options *options, int pool, uint64_t size)
 {
@@ -94,16 +109,23 @@ static gm_status new_segment(gm_arena *arena, gm_heap *heap, int pool, uint64_t 
 
 static gm_status segments_allocate(gm_arena *arena, gm_heap *heap, int pool, uint64_t size, gm_block **block_out)
 {
+    segment_engine *engine = arena->engine_state;
+    if (engine->release_credit_ns < RELEASE_CREDIT_LIMIT_NS)
+        engine->release_credit_ns += RELEASE_CREDIT_NS;
     gm_block *block = gm_size_index_find(gm_heap_index(heap, pool), size);
     if (block) {
         gm_unindex_free_block(arena, block);
     } else {
         uint64_t segment_size = segment_size_for(arena->options, pool, size);
         const gm_stat *reserved = arena->stats->reserved_bytes;
-        if (arena->options->release_before_growth &&
-            gm_stat_total(reserved) + (int64_t)segment_size > reserved[GM_POOL_ALL].peak)
+        bool release = arena->options->release_before_growth && engine->release_credit_ns >= 0 &&
+                       gm_stat_total(reserved) + (int64_t)segment_size > reserved[GM_POOL_ALL].peak;
+        int64_t spent_before = arena->backend->modelled_ns;
+        if (release)
             segments_release_cached(arena, 0);
         gm_status status = new_segment(arena, heap, pool, segment_size, &block);
+        if (release)
+            engine->release_credit_ns -= arena->backend->modelled_ns - spent_before;
         if (status != GM_OK)
             return status;
     }
@@ -150,7 +172,11 @@ static gm_status segments_validate(gm_arena *arena, gm_stats *recomputed)
 
 static gm_status segments_create(gm_arena *arena)
 {
-    arena->engine_state = NULL;
+    segment_engine *engine = calloc(1, sizeof *engine);
+    if (!engine)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the segments engine");
+    engine->release_credit_ns = RELEASE_CREDIT_INITIAL_NS;
+    arena->engine_state = engine;
     return GM_OK;
 }
 
@@ -158,6 +184,8 @@ static void segments_destroy(gm_arena *arena)
 {
     /* The front end has freed every block; what is left are whole free segments. */
     segments_release_cached(arena, 0);
+    free(arena->engine_state);
+    arena->engine_state = NULL;
 }
 
 const gm_engine_operations gm_segment_engine = {
