@@ -61,7 +61,8 @@ static const option_descriptor descriptors[] = {
     {"min_large_alloc", KIND_SIZE, FIELD(min_large_alloc), NULL,
      "segments engine: requests from this size get a segment of their own size (default 10MiB)"},
     {"release_before_growth", KIND_BOOLEAN, FIELD(release_before_growth), NULL,
-     "segments engine: free cached segments before reserving beyond the previous peak (default true)"},
+     "segments engine: free cached segments before reserving beyond the previous peak, within a budget "
+     "of device time (default true)"},
     {"cost_model", KIND_BOOLEAN, FIELD(cost_model), NULL,
      "sim: charge every device call its cost measured on an H200 (default true)"},
     {"device_credit_ns", KIND_INTEGER, FIELD(device_credit_ns), NULL,
