@@ -16,8 +16,8 @@
  * way. Under a memory limit below the device's capacity every chunk is page-sized -- fitting matters
  * more than device time there, and only page-sized chunks let all free memory move -- and idle chunks
  * are moved only once memory nears the limit, so that a limit set as a precaution costs no device
- * calls per step. Nor does memory bounce: a place (a stream's heap and pool) that gave an idle
- * chunk away within the last PING_PONG_ALLOCATIONS allocations and needs pages again gets new memory
+ * calls per step. Nor does memory bounce: a place (a stream's heap and pool) that gave idle chunks
+ * away within the last PING_PONG_ALLOCATIONS allocations and needs no more than it gave gets new memory
  * instead of taking chunks back once such bounces have spent their budget (BOUNCE_CREDIT_NS per
  * allocation) -- a page or a stream's working set more reserved, rather than a page move at every
  * operation (alternating 1 MiB and 64 MiB requests, streams freeing each other's memory:
@@ -56,8 +56,13 @@ static uint64_t move_idle_chunks(gm_arena *arena, const window *where, uintptr_t
             *status_out = status;
             return mapped;
         }
-        if (candidate->region != target && !is_lane(target->heap) && !is_lane(candidate->region->heap))
-            data_of(candidate->region)->donated_at = engine->allocations;
+        if (candidate->region != target && !is_lane(target->heap) && !is_lane(candidate->region->heap)) {
+            page_region *donor = data_of(candidate->region);
+            if (engine->allocations - donor->donated_at >= PING_PONG_ALLOCATIONS)
+                donor->donated_bytes = 0;
+            donor->donated_at = engine->allocations;
+            donor->donated_bytes += chunk->size;
+        }
         if (candidate->region->pool != target->pool)
             gm_move_reserved(arena, candidate->region->pool, target->pool, chunk->size);
         pages_take_idle_chunk(engine, pick, &first, count);
@@ -164,13 +169,14 @@ static bool should_recycle(const gm_arena *arena, uint64_t need)
     return !memory_is_limited(arena) || (uint64_t)after > arena->memory_limit / 10 * 9;
 }
 
-/* Whether idle chunks moved to `region` now would bounce: it gave an idle chunk to another place (not
- * a lane: the lane and its stream's heap trade chunks by design) within the last
- * PING_PONG_ALLOCATIONS allocations. */
-static bool is_bounce(const gm_arena *arena, const gm_region *region)
+/* Whether moving idle chunks to `region` for `need` bytes would bounce: it gave at least as much to
+ * another place (not a lane: the lane and its stream's heap trade chunks by design) within the last
+ * PING_PONG_ALLOCATIONS allocations, so the move would take back what it gave. */
+static bool is_bounce(const gm_arena *arena, const gm_region *region, uint64_t need)
 {
-    uint64_t donated_at = data_of(region)->donated_at;
-    return donated_at && engine_of((gm_arena *)arena)->allocations - donated_at < PING_PONG_ALLOCATIONS;
+    const page_region *data = data_of(region);
+    return data->donated_at && engine_of((gm_arena *)arena)->allocations - data->donated_at < PING_PONG_ALLOCATIONS &&
+           need <= data->donated_bytes;
 }
 
 /* Whether pages for `region` should be new memory although idle chunks could be moved there: the
@@ -179,7 +185,7 @@ static bool is_bounce(const gm_arena *arena, const gm_region *region)
  * is set (capacity is then what the user lacks). */
 static bool is_ping_pong(const gm_arena *arena, const gm_region *region, uint64_t need, uint64_t new_room)
 {
-    return is_bounce(arena, region) && engine_of((gm_arena *)arena)->bounce_credit_ns < 0 && need <= new_room &&
+    return is_bounce(arena, region, need) && engine_of((gm_arena *)arena)->bounce_credit_ns < 0 && need <= new_room &&
            !memory_is_limited(arena);
 }
 
@@ -202,7 +208,7 @@ static gm_status back_part(gm_arena *arena, const window *where, uintptr_t from,
     if ((should_recycle(arena, need) && !is_ping_pong(arena, region, need, new_room)) || need > new_room) {
         int64_t moving_since = arena->backend->modelled_ns;
         mapped = move_idle_chunks(arena, where, from, need, room, &status);
-        if (is_bounce(arena, region))
+        if (is_bounce(arena, region, need))
             engine->bounce_credit_ns -= arena->backend->modelled_ns - moving_since;
     }
     if (status == GM_OK && mapped < need && is_lane(region->heap) && should_recycle(arena, need - mapped)) {

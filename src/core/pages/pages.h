@@ -30,7 +30,7 @@
 /* Credit never accumulates beyond this, so a burst after a long calm stays bounded. */
 #define CREDIT_LIMIT_NS 200000000
 
-/* A place that gave an idle chunk away within this many allocations and needs pages again takes new
+/* A place that gave idle chunks away within this many allocations and needs no more again takes new
  * memory rather than moving chunks back, once such moves have spent their budget (growth.c). */
 #define PING_PONG_ALLOCATIONS 256
 /* What each allocation adds to the budget of such moves (modelled device time): a pattern that keeps
@@ -55,7 +55,8 @@ typedef struct page_chunk {
 typedef struct page_region {
     page_chunk **pages; /* page index -> chunk mapped there, or NULL */
     uint64_t page_count;
-    uint64_t donated_at; /* allocation number when an idle chunk last moved from here elsewhere; 0: never */
+    uint64_t donated_at;    /* allocation number when an idle chunk last moved from here elsewhere; 0: never */
+    uint64_t donated_bytes; /* bytes moved elsewhere since donated_at's window began */
     gm_list chunks;
     gm_list unmapped; /* unmapped blocks, through gm_block.link */
 } page_region;
