@@ -51,6 +51,8 @@ typedef int (*nvml_name_fn)(void *, char *, unsigned int);
 typedef const char *(*nvml_error_fn)(int);
 typedef int (*nvml_handle_by_bus_fn)(const char *, void **);
 typedef int (*nvml_processes_fn)(void *, unsigned int *, void *);
+typedef int (*nvml_driver_version_fn)(char *, unsigned int);
+typedef int (*nvml_cuda_version_fn)(int *);
 
 static struct {
     nvml_count_fn count;
@@ -63,6 +65,8 @@ static struct {
     nvml_handle_by_bus_fn handle_by_bus;
     nvml_processes_fn processes_v2;
     nvml_processes_fn processes_v1;
+    nvml_driver_version_fn driver_version;
+    nvml_cuda_version_fn cuda_version;
     char failure[256];
 } nvml;
 
@@ -86,6 +90,8 @@ static void load_nvml(void)
     nvml.handle_by_bus = (nvml_handle_by_bus_fn)dlsym(library, "nvmlDeviceGetHandleByPciBusId_v2");
     nvml.processes_v2 = (nvml_processes_fn)dlsym(library, "nvmlDeviceGetComputeRunningProcesses_v2");
     nvml.processes_v1 = (nvml_processes_fn)dlsym(library, "nvmlDeviceGetComputeRunningProcesses");
+    nvml.driver_version = (nvml_driver_version_fn)dlsym(library, "nvmlSystemGetDriverVersion");
+    nvml.cuda_version = (nvml_cuda_version_fn)dlsym(library, "nvmlSystemGetCudaDriverVersion_v2");
     int result = -1;
     if (!init || !nvml.count || !nvml.handle || !nvml.memory)
         snprintf(nvml.failure, sizeof nvml.failure, "NVML is not usable (libnvidia-ml.so.1 lacks an entry point)");
@@ -123,6 +129,21 @@ gm_status gm_read_gpus(gm_gpu_reading *gpus, size_t capacity, size_t *count_out)
         if (!nvml.name || nvml.name(device, gpu->name, sizeof gpu->name) != 0)
             snprintf(gpu->name, sizeof gpu->name, "GPU %u", index);
     }
+    return GM_OK;
+}
+
+gm_status gm_gpu_driver_versions(char *driver, size_t size, int *cuda_version_out)
+{
+    pthread_once(&nvml_once, load_nvml);
+    if (size)
+        snprintf(driver, size, "?");
+    *cuda_version_out = 0;
+    if (!nvml.count)
+        return gm_fail(GM_ERROR_NO_DEVICE, "%s", nvml.failure);
+    if (nvml.driver_version && size && nvml.driver_version(driver, (unsigned int)size) != 0)
+        snprintf(driver, size, "?");
+    if (nvml.cuda_version && nvml.cuda_version(cuda_version_out) != 0)
+        *cuda_version_out = 0;
     return GM_OK;
 }
 
