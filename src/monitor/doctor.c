@@ -18,7 +18,9 @@
  *   limits.memlock     RLIMIT_MEMLOCK < 64 MiB warn (pinned memory)
  *   limits.open_files  RLIMIT_NOFILE < 4096 warn (DataLoader workers pass tensors as file descriptors)
  *   shm.size           /dev/shm < 1 GiB or < 10% of MemTotal warn; used > 80% warn
- *   numa.nodes, memory.total, cgroup.path, gpu.*, process.tree: reported as ok
+ *   gpu.N              PCIe link width below its maximum warn
+ *   process.tree       any swapped memory in the --pid tree warn
+ *   numa.nodes, memory.total, cgroup.path, cgroup.swap_max, gpu.driver: reported as ok
  *
  * Limits: with a pid, /proc/PID/limits; without, getrlimit on the live machine and /proc/self/limits
  * under another root. /dev/shm: statvfs on the live machine; under another root the fixture file
@@ -563,6 +565,11 @@ static void audit_shm(audit *audit)
 
 /* ---- the GPUs ---- */
 
+static const char *on_off(int mode)
+{
+    return mode < 0 ? "?" : mode ? "on" : "off";
+}
+
 static void audit_gpus(audit *audit)
 {
     if (!audit->live) {
@@ -584,11 +591,25 @@ static void audit_gpus(audit *audit)
                 "", "driver %s, CUDA %d.%d, %zu GPU%s", driver, cuda_version / 1000, (cuda_version % 1000) / 10, count,
                 count == 1 ? "" : "s");
     for (size_t i = 0; i < count; i++) {
-        char id[48];
+        char id[48], details_text[160] = "";
         snprintf(id, sizeof id, "gpu.%d", gpus[i].index);
-        add_finding(audit, id, GM_DOCTOR_OK, "the device memory the job shares with other processes on the GPU", "",
-                    "%s, %.1f GiB, %.1f GiB used", gpus[i].name, (double)gpus[i].total_bytes / GIB,
-                    (double)gpus[i].used_bytes / GIB);
+        gm_gpu_details details;
+        bool narrow = false;
+        if (gm_read_gpu_details(gpus[i].index, &details) == GM_OK) {
+            narrow = details.pcie_width > 0 && details.pcie_max_width > 0 && details.pcie_width < details.pcie_max_width;
+            snprintf(details_text, sizeof details_text,
+                     "; persistence %s, ECC %s, MIG %s, PCIe gen%d x%d (max gen%d x%d), %d process%s holding %.1f GiB",
+                     on_off(details.persistence_mode), on_off(details.ecc_mode), on_off(details.mig_mode),
+                     details.pcie_generation, details.pcie_width, details.pcie_max_generation, details.pcie_max_width,
+                     details.processes, details.processes == 1 ? "" : "es", (double)details.processes_bytes / GIB);
+        }
+        add_finding(audit, id, narrow ? GM_DOCTOR_WARN : GM_DOCTOR_OK,
+                    "the device memory the job shares with the other processes on the GPU; a PCIe link narrower than "
+                    "its maximum (warn) slows every host-to-device copy (the generation drops at idle, the width should "
+                    "not); persistence mode off makes each job wait for the driver to start",
+                    narrow ? "reseat the GPU or check the slot and riser (nvidia-smi -q -d PCIE)" : "",
+                    "%s, %.1f GiB, %.1f GiB used%s", gpus[i].name, (double)gpus[i].total_bytes / GIB,
+                    (double)gpus[i].used_bytes / GIB, details_text);
     }
 }
 
