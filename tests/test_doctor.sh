@@ -184,6 +184,13 @@ cgroup.memory_current|ok|1.0 GiB (12.5% of the limit)
 EOF
 check "cgroup v1 limit below RAM" "$cgroup_v1" 4 "$work/cgroup_v1.expected"
 
+# cgroup v2 at the root (a host, not a container): the root cgroup has no memory.max file.
+cgroup_root=$work/cgroup_root
+make_machine "$cgroup_root"
+printf '0::/\n' >"$cgroup_root/proc/self/cgroup"
+printf 'cgroup.path|ok|v2 /\ncgroup.memory_max|ok|max (root cgroup, RAM 64.0 GiB)\n' >"$work/cgroup_root.expected"
+check "cgroup v2 root" "$cgroup_root" 0 "$work/cgroup_root.expected"
+
 # Strict overcommit, THP always, a small min_free_kbytes on a large machine.
 settings=$work/settings
 make_machine "$settings"

@@ -347,7 +347,8 @@ static void audit_cgroup(audit *audit)
             snprintf(v2_path, sizeof v2_path, "%s", second + 1);
         } else {
             *second = '\0';
-            for (char *controller = strtok(first + 1, ","); controller; controller = strtok(NULL, ","))
+            char *saved = NULL;
+            for (char *controller = strtok_r(first + 1, ",", &saved); controller; controller = strtok_r(NULL, ",", &saved))
                 if (!strcmp(controller, "memory")) {
                     v1 = true;
                     snprintf(v1_path, sizeof v1_path, "%s", second + 1);
@@ -381,9 +382,12 @@ static void audit_cgroup(audit *audit)
         current_known = read_integer(audit, current_path, &current);
     }
     add_finding(audit, "cgroup.path", GM_DOCTOR_OK, "the cgroup whose memory limit applies to the job", "",
-                "%s %s", version, !strcmp(version, "v1") ? (v1_path[0] ? v1_path : "/") : (v2_path[0] ? v2_path : "/"));
+                "%s %s", !strcmp(version, "none") && v2 ? "v2" : version, !strcmp(version, "v1") ? (v1_path[0] ? v1_path : "/") : (v2_path[0] ? v2_path : "/"));
     if (!strcmp(version, "none")) {
-        if (v2)
+        if (v2 && !v2_path[0] && audit->memory_known)
+            add_finding(audit, "cgroup.memory_max", GM_DOCTOR_OK, "the root cgroup has no memory limit of its own", "",
+                        "max (root cgroup, RAM %.1f GiB)", (double)audit->memory.total_bytes / GIB);
+        else if (v2)
             add_unreadable(audit, "cgroup.memory_max", max_path, "the cgroup's memory limit (no memory controller here?)");
         return;
     }
