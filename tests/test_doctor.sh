@@ -268,6 +268,16 @@ if [ "$status" -eq 1 ] || [ "$status" -eq 2 ] || ! python3 -c 'import json, sys;
 else
     echo "ok   live --json (exit $status)"
 fi
+# The GPU section: with NVML a gpu.driver finding, without it one "gpu" finding that says why (not a failure).
+if python3 -c '
+import json, sys
+findings = json.load(open(sys.argv[1]))["findings"]
+gpu = [f for f in findings if f["id"] == "gpu" or f["id"].startswith("gpu.")]
+sys.exit(0 if gpu and (gpu[0]["id"] == "gpu.driver" or (gpu[0]["severity"] == "unknown" and gpu[0]["value"])) else 1)' "$work/live.json"; then
+    echo "ok   live GPU section"
+else
+    fail "live GPU section"
+fi
 "$gpumem" doctor >"$work/live.txt" 2>&1
 status=$?
 if [ "$status" -eq 1 ] || [ "$status" -eq 2 ] || ! grep -q '^worst: ' "$work/live.txt" || ! grep -q 'memory.total' "$work/live.txt"; then
