@@ -4,9 +4,12 @@
 # readable, a process tree), checking the exact findings and exit statuses; then on this machine
 # (no exit status 1, JSON that parses, --pid $$ lists the shell) and the errors of a missing root
 # and a bad pid.
-# Usage: test_doctor.sh PATH/TO/gpumem
+# With a second argument, the directory of tests/fake_nvml.c's libnvidia-ml.so.1, the GPU findings
+# are checked on its fake GPU.
+# Usage: test_doctor.sh PATH/TO/gpumem [FAKE_NVML_DIRECTORY]
 set -u
 gpumem=$1
+fake_nvml=${2:-}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 failures=0
@@ -297,6 +300,26 @@ sys.exit(0 if report["processes"][0]["pid"] == int(sys.argv[2]) and report["proc
     cat "$work/err"
 else
     echo "ok   --pid \$\$ lists the shell"
+fi
+
+# The GPU findings on the fake NVML: its PCIe link runs at x8 of x16, which warns.
+if [ -n "$fake_nvml" ]; then
+    LD_LIBRARY_PATH="$fake_nvml${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$gpumem" doctor --json >"$work/fake.json" 2>"$work/err"
+    status=$?
+    if [ "$status" -ne 4 ] && [ "$status" -ne 5 ]; then
+        fail "fake NVML: exit $status (wanted 4 or 5: the narrow link warns)"
+    elif python3 -c '
+import json, sys
+findings = {f["id"]: (f["severity"], f["value"]) for f in json.load(open(sys.argv[1]))["findings"]}
+wanted = {"gpu.driver": ("ok", "driver 550.54.15, CUDA 12.4, 1 GPU"),
+          "gpu.0": ("warn", "Fake H200, 140.0 GiB, 1.0 GiB used; persistence on, ECC on, MIG off, "
+                            "PCIe gen5 x8 (max gen5 x16), 1 process holding 1.0 GiB")}
+bad = {k: findings.get(k) for k in wanted if findings.get(k) != wanted[k]}
+sys.exit(print("    got:", bad) or 1 if bad else 0)' "$work/fake.json"; then
+        echo "ok   fake NVML: the GPU findings"
+    else
+        fail "fake NVML: the GPU findings"
+    fi
 fi
 
 # expect STATUS PATTERN -- COMMAND...
