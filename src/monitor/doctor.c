@@ -219,7 +219,7 @@ static void audit_kernel_settings(audit *audit)
         add_finding(audit, "vm.swappiness", severity,
                     "above 10 on a machine with swap (warn) the kernel swaps out trainer and worker memory while page "
                     "cache from the dataset is kept, and the job stalls on swap-ins",
-                    severity == GM_DOCTOR_OK ? "" : "sysctl -w vm.swappiness=10; echo 'vm.swappiness = 10' > /etc/sysctl.d/90-gpu.conf",
+                    severity == GM_DOCTOR_OK ? "" : "sysctl -w vm.swappiness=10; echo 'vm.swappiness = 10' >> /etc/sysctl.d/90-gpu.conf",
                     "%" PRId64 "%s", swappiness, has_swap ? "" : " (no swap)");
     }
 
