@@ -40,7 +40,7 @@ static void print_bytes_field(const char *name, long long bytes, int last)
 static void print_json(const gm_doctor_report *report, const char *root, long pid)
 {
     gm_doctor_severity worst = gm_doctor_worst(report);
-    printf("{\n  \"root\": ");
+    printf("{\n  \"format\": \"gpumem-doctor\",\n  \"version\": 1,\n  \"root\": ");
     gm_print_json_string(root ? root : "/");
     printf(",\n  \"pid\": ");
     if (pid > 0)

@@ -71,6 +71,8 @@ if exact:
 wanted = [tuple(line.replace("@ROOT", sys.argv[3]).split("|", 2)) for line in lines]
 got = [(f["id"], f["severity"], f["value"]) for f in report["findings"]]
 bad = False
+if report["format"] != "gpumem-doctor" or report["version"] != 1:
+    print("    format/version:", report["format"], report["version"]); bad = True
 if report["exit_status"] != int(sys.argv[4]):
     print("    exit_status in the JSON:", report["exit_status"]); bad = True
 for finding in report["findings"]:
