@@ -6,7 +6,15 @@
 
 #include <stddef.h>
 
-enum { GM_EXIT_OK = 0, GM_EXIT_ERROR = 1, GM_EXIT_USAGE = 2, GM_EXIT_OUT_OF_MEMORY = 3 };
+/* 4 and 5: gpumem doctor's worst finding is warn, fail (cli/doctor_command.c). */
+enum {
+    GM_EXIT_OK = 0,
+    GM_EXIT_ERROR = 1,
+    GM_EXIT_USAGE = 2,
+    GM_EXIT_OUT_OF_MEMORY = 3,
+    GM_EXIT_DOCTOR_WARN = 4,
+    GM_EXIT_DOCTOR_FAIL = 5
+};
 
 /* Options every device-using command accepts; the configuration string they make. */
 typedef struct gm_device_arguments {
@@ -38,5 +46,6 @@ struct gm_trace;
 int gm_report_of_trace(const struct gm_trace *trace, const char *trace_path, const char *configuration,
                        const char *output_path, const char *command);
 int gm_command_exporter(int argc, char **argv);
+int gm_command_doctor(int argc, char **argv);
 
 #endif

@@ -10,11 +10,13 @@
  *   gpumem summary PID [--device N]
  *   gpumem run [--conf KEY:VALUE,...] [--report FILE] [--] COMMAND [ARGUMENTS...]
  *   gpumem exporter [--listen HOST:PORT] [--allow-remote] [--textfile DIR [--interval SECONDS] [--once]]
+ *   gpumem doctor [--json] [--pid PID] [--root DIR]
  *   gpumem config
  *   gpumem version
  *
  * Exit status: 0 success; 1 an error (unreadable file, no device, bad configuration); 2 bad usage
- * or malformed input; 3 the replay ran but some allocations failed with out of memory.
+ * or malformed input; 3 the replay ran but some allocations failed with out of memory; 4 and 5 gpumem
+ * doctor's worst finding is warn, fail.
  * Configuration comes from GPUMEM_CONF, then --conf, then the explicit flags.
  */
 #include "gpumem.h"
@@ -53,6 +55,10 @@ static void print_usage(FILE *out)
             "  exporter [--listen HOST:PORT] [--allow-remote] [--textfile DIR [--interval SECONDS] [--once]]\n"
             "                 Prometheus metrics of those processes, the host and the GPUs: served at\n"
             "                 http://HOST:PORT/metrics (default 127.0.0.1:9464), or written to DIR/gpumem.prom\n"
+            "  doctor [--json] [--pid PID] [--root DIR]\n"
+            "                 audit the host for GPU training: memory, swap, pressure, vm settings, cgroup,\n"
+            "                 memlock, /dev/shm, open files, GPUs; with --pid that process tree's memory;\n"
+            "                 exit 0 all ok, 4 worst is warn, 5 worst is fail\n"
             "  config         list the GPUMEM_CONF keys\n"
             "  version        print the version\n");
 }
@@ -80,6 +86,8 @@ int main(int argc, char **argv)
         return gm_command_top(argc - 2, argv + 2);
     if (!strcmp(command, "exporter"))
         return gm_command_exporter(argc - 2, argv + 2);
+    if (!strcmp(command, "doctor"))
+        return gm_command_doctor(argc - 2, argv + 2);
     if (!strcmp(command, "config")) {
         fputs(gm_config_help(), stdout);
         return GM_EXIT_OK;

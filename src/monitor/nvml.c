@@ -51,6 +51,11 @@ typedef int (*nvml_name_fn)(void *, char *, unsigned int);
 typedef const char *(*nvml_error_fn)(int);
 typedef int (*nvml_handle_by_bus_fn)(const char *, void **);
 typedef int (*nvml_processes_fn)(void *, unsigned int *, void *);
+typedef int (*nvml_driver_version_fn)(char *, unsigned int);
+typedef int (*nvml_cuda_version_fn)(int *);
+typedef int (*nvml_mode_fn)(void *, int *);
+typedef int (*nvml_modes_fn)(void *, int *, int *);
+typedef int (*nvml_unsigned_fn)(void *, unsigned int *);
 
 static struct {
     nvml_count_fn count;
@@ -63,6 +68,11 @@ static struct {
     nvml_handle_by_bus_fn handle_by_bus;
     nvml_processes_fn processes_v2;
     nvml_processes_fn processes_v1;
+    nvml_driver_version_fn driver_version;
+    nvml_cuda_version_fn cuda_version;
+    nvml_mode_fn persistence_mode;
+    nvml_modes_fn ecc_mode, mig_mode;
+    nvml_unsigned_fn pcie_generation, pcie_max_generation, pcie_width, pcie_max_width;
     char failure[256];
 } nvml;
 
@@ -86,6 +96,15 @@ static void load_nvml(void)
     nvml.handle_by_bus = (nvml_handle_by_bus_fn)dlsym(library, "nvmlDeviceGetHandleByPciBusId_v2");
     nvml.processes_v2 = (nvml_processes_fn)dlsym(library, "nvmlDeviceGetComputeRunningProcesses_v2");
     nvml.processes_v1 = (nvml_processes_fn)dlsym(library, "nvmlDeviceGetComputeRunningProcesses");
+    nvml.driver_version = (nvml_driver_version_fn)dlsym(library, "nvmlSystemGetDriverVersion");
+    nvml.cuda_version = (nvml_cuda_version_fn)dlsym(library, "nvmlSystemGetCudaDriverVersion_v2");
+    nvml.persistence_mode = (nvml_mode_fn)dlsym(library, "nvmlDeviceGetPersistenceMode");
+    nvml.ecc_mode = (nvml_modes_fn)dlsym(library, "nvmlDeviceGetEccMode");
+    nvml.mig_mode = (nvml_modes_fn)dlsym(library, "nvmlDeviceGetMigMode");
+    nvml.pcie_generation = (nvml_unsigned_fn)dlsym(library, "nvmlDeviceGetCurrPcieLinkGeneration");
+    nvml.pcie_max_generation = (nvml_unsigned_fn)dlsym(library, "nvmlDeviceGetMaxPcieLinkGeneration");
+    nvml.pcie_width = (nvml_unsigned_fn)dlsym(library, "nvmlDeviceGetCurrPcieLinkWidth");
+    nvml.pcie_max_width = (nvml_unsigned_fn)dlsym(library, "nvmlDeviceGetMaxPcieLinkWidth");
     int result = -1;
     if (!init || !nvml.count || !nvml.handle || !nvml.memory)
         snprintf(nvml.failure, sizeof nvml.failure, "NVML is not usable (libnvidia-ml.so.1 lacks an entry point)");
@@ -126,7 +145,72 @@ gm_status gm_read_gpus(gm_gpu_reading *gpus, size_t capacity, size_t *count_out)
     return GM_OK;
 }
 
+gm_status gm_gpu_driver_versions(char *driver, size_t size, int *cuda_version_out)
+{
+    pthread_once(&nvml_once, load_nvml);
+    if (size)
+        snprintf(driver, size, "?");
+    *cuda_version_out = 0;
+    if (!nvml.count)
+        return gm_fail(GM_ERROR_NO_DEVICE, "%s", nvml.failure);
+    if (nvml.driver_version && size && nvml.driver_version(driver, (unsigned int)size) != 0)
+        snprintf(driver, size, "?");
+    if (nvml.cuda_version && nvml.cuda_version(cuda_version_out) != 0)
+        *cuda_version_out = 0;
+    return GM_OK;
+}
+
 #define NVML_PROCESSES_MAX 64
+
+/* NVML's enums (persistence, ECC, MIG modes) are ints: 1 enabled, 0 disabled. */
+static int mode_of(nvml_mode_fn read, void *device)
+{
+    int mode = 0;
+    return read && read(device, &mode) == 0 ? mode != 0 : -1;
+}
+
+static int current_mode_of(nvml_modes_fn read, void *device)
+{
+    int current = 0, pending = 0;
+    return read && read(device, &current, &pending) == 0 ? current != 0 : -1;
+}
+
+static int unsigned_of(nvml_unsigned_fn read, void *device)
+{
+    unsigned int value = 0;
+    return read && read(device, &value) == 0 ? (int)value : -1;
+}
+
+static gm_status list_processes(void *device, gm_gpu_process *processes, size_t capacity, size_t *count_out);
+
+gm_status gm_read_gpu_details(int index, gm_gpu_details *details_out)
+{
+    pthread_once(&nvml_once, load_nvml);
+    if (!nvml.count)
+        return gm_fail(GM_ERROR_NO_DEVICE, "%s", nvml.failure);
+    void *device = NULL;
+    if (index < 0 || nvml.handle((unsigned int)index, &device) != 0)
+        return gm_fail(GM_ERROR_NO_DEVICE, "NVML does not know GPU %d", index);
+    gm_gpu_details details = {
+        .persistence_mode = mode_of(nvml.persistence_mode, device),
+        .ecc_mode = current_mode_of(nvml.ecc_mode, device),
+        .mig_mode = current_mode_of(nvml.mig_mode, device),
+        .pcie_generation = unsigned_of(nvml.pcie_generation, device),
+        .pcie_max_generation = unsigned_of(nvml.pcie_max_generation, device),
+        .pcie_width = unsigned_of(nvml.pcie_width, device),
+        .pcie_max_width = unsigned_of(nvml.pcie_max_width, device),
+        .processes = -1,
+    };
+    gm_gpu_process processes[NVML_PROCESSES_MAX];
+    size_t count = 0;
+    if (list_processes(device, processes, NVML_PROCESSES_MAX, &count) == GM_OK) {
+        details.processes = (int)count;
+        for (size_t i = 0; i < count; i++)
+            details.processes_bytes += processes[i].used_bytes;
+    }
+    *details_out = details;
+    return GM_OK;
+}
 #define NVML_VALUE_NOT_AVAILABLE (~0ull)
 
 static gm_gpu_process process_of(unsigned int pid, unsigned long long used_memory)
@@ -143,6 +227,12 @@ gm_status gm_gpu_processes(const char *pci_bus_id, gm_gpu_process *processes, si
     void *device = NULL;
     if (!pci_bus_id || !*pci_bus_id || !nvml.handle_by_bus || nvml.handle_by_bus(pci_bus_id, &device) != 0)
         return gm_fail(GM_ERROR_NO_DEVICE, "NVML does not know the GPU at PCI bus id '%s'", pci_bus_id ? pci_bus_id : "");
+    return list_processes(device, processes, capacity, count_out);
+}
+
+static gm_status list_processes(void *device, gm_gpu_process *processes, size_t capacity, size_t *count_out)
+{
+    *count_out = 0;
     unsigned int found = NVML_PROCESSES_MAX;
     if (nvml.processes_v2) {
         nvml_process_v2 entries[NVML_PROCESSES_MAX];

@@ -22,6 +22,25 @@ typedef struct gm_gpu_reading {
  * in gm_last_error(), when NVML cannot be loaded or initialised (no driver, no GPU). */
 gm_status gm_read_gpus(gm_gpu_reading *gpus, size_t capacity, size_t *count_out);
 
+/* The driver's version ("550.54.15") into `driver` and the CUDA version it supports (12040 for 12.4) into
+ * *cuda_version_out; "?" and 0 where NVML does not say. GM_ERROR_NO_DEVICE when NVML is not there. */
+gm_status gm_gpu_driver_versions(char *driver, size_t size, int *cuda_version_out);
+
+/* What gpumem doctor reports of a GPU beyond its memory; -1 where the driver does not say. */
+typedef struct gm_gpu_details {
+    int persistence_mode;               /* 1 on, 0 off */
+    int ecc_mode;                       /* 1 on, 0 off */
+    int mig_mode;                       /* 1 on, 0 off */
+    int pcie_generation, pcie_max_generation;
+    int pcie_width, pcie_max_width;     /* lanes */
+    int processes;                      /* compute processes holding memory on it */
+    uint64_t processes_bytes;           /* their memory, where the driver says */
+} gm_gpu_details;
+
+/* The details of GPU `index` (NVML's index, as in gm_gpu_reading). GM_ERROR_NO_DEVICE when NVML is not
+ * there or does not know the index. */
+gm_status gm_read_gpu_details(int index, gm_gpu_details *details_out);
+
 /* A process using a GPU, as NVML reports it (its pid in NVML's view: the host's pid namespace). */
 typedef struct gm_gpu_process {
     long pid;
