@@ -8,7 +8,7 @@
  *   2. otherwise in the window of free addresses needing the fewest new pages (windows.c), backed
  *      by idle chunks moved from elsewhere or by new memory (growth.c).
  * A freed block merges with its free neighbours; empty_cache unmaps and releases every idle chunk.
- * docs/design.md explains why this reserves less than PyTorch's segments.
+ * docs/engine.md explains why this reserves less than PyTorch's segments.
  */
 #include "core/pages/pages.h"
 
