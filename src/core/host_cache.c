@@ -19,6 +19,8 @@
  *                   the idle blocks back (the pending ones cannot be: copies may still use them), then
  *                   fails with GM_ERROR_OUT_OF_MEMORY and a message with the numbers.
  *   Destroy         gm_destroy waits for every pending event and frees every block, live or idle.
+ *   Failures        if an event cannot be made or recorded, gm_host_free returns that error and the
+ *                   block stays live (never reused while a copy might use it); the caller may retry.
  *
  * Locking: the allocator's mutex, not one of the cache's own. The backend's call counters and its
  * events are guarded by that mutex (allocator.c calls them under it), and the cache calls the backend
