@@ -249,6 +249,40 @@ GM_API gm_status gm_summary_of_stats(const gm_stats *stats, const char *backend,
  * from them. GM_OK if consistent, GM_ERROR_CORRUPT with the first difference in gm_last_error(). */
 GM_API gm_status gm_validate(gm_allocator *allocator);
 
+/* ---------------------------------------------------------------- pinned host memory */
+
+/* A cache of page-locked host memory for copies between host and device (PyTorch's
+ * CachingHostAllocator): sizes are rounded up to a power of two (at least 512 bytes); a freed block
+ * is reused only once the work queued before its free on every stream recorded for it
+ * (gm_host_record_stream) has finished. The memory comes from the backend: cuMemHostAlloc on "cuda",
+ * ordinary memory on "sim" and "host". GPUMEM_CONF's host_limit:BYTES caps the bytes held: beyond it
+ * gm_host_malloc first gives the idle cache back, then fails with GM_ERROR_OUT_OF_MEMORY.
+ * A size of 0 gives *pointer_out = NULL and GM_OK. */
+GM_API gm_status gm_host_malloc(gm_allocator *allocator, size_t size, void **pointer_out);
+/* Free a pointer from gm_host_malloc (NULL: nothing). Anything else, or a second free, is
+ * GM_ERROR_INVALID_POINTER and changes nothing. */
+GM_API gm_status gm_host_free(gm_allocator *allocator, void *pointer);
+/* Mark a live block as used by work on `stream` (a copy): it is not reused before that work is done. */
+GM_API gm_status gm_host_record_stream(gm_allocator *allocator, void *pointer, gm_stream stream);
+/* Give every idle cached block (free, its events done) back to the backend. */
+GM_API gm_status gm_host_empty_cache(gm_allocator *allocator);
+
+/* The pinned host cache's statistics. */
+typedef struct gm_host_stats {
+    gm_stat allocated_bytes;  /* bytes in blocks handed out (rounded sizes) */
+    gm_stat reserved_bytes;   /* bytes held from the backend, handed out or cached */
+    gm_stat allocations;      /* blocks handed out */
+    int64_t requested_bytes;  /* bytes asked for now (unrounded) by the live blocks */
+    int64_t cache_hits;       /* gm_host_malloc served from the cache */
+    int64_t cache_misses;     /* gm_host_malloc that needed a new backend allocation */
+    int64_t host_allocations; /* backend allocations made (cuMemHostAlloc on cuda) */
+    int64_t host_frees;       /* backend frees made (cuMemFreeHost on cuda) */
+    int64_t pending_blocks;   /* freed blocks still waiting for their streams' events */
+    uint64_t limit;           /* host_limit (0: none) */
+} gm_host_stats;
+
+GM_API gm_status gm_host_get_stats(gm_allocator *allocator, gm_host_stats *stats_out);
+
 /* ---------------------------------------------------------------- published statistics */
 
 /* Whether this allocator publishes its statistics for other processes (publish:true): GM_OK with the

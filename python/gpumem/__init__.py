@@ -71,6 +71,14 @@ class _Stat(ctypes.Structure):
                 ("freed", ctypes.c_int64)]
 
 
+class _HostStats(ctypes.Structure):
+    """gm_host_stats (gpumem.h): the pinned host cache's statistics."""
+    _fields_ = [("allocated_bytes", _Stat), ("reserved_bytes", _Stat), ("allocations", _Stat),
+                ("requested_bytes", ctypes.c_int64), ("cache_hits", ctypes.c_int64), ("cache_misses", ctypes.c_int64),
+                ("host_allocations", ctypes.c_int64), ("host_frees", ctypes.c_int64),
+                ("pending_blocks", ctypes.c_int64), ("limit", ctypes.c_uint64)]
+
+
 class _DeviceInfo(ctypes.Structure):
     _fields_ = [("backend", ctypes.c_char * 16), ("name", ctypes.c_char * 128), ("device", ctypes.c_int),
                 ("device_count", ctypes.c_int), ("driver_version", ctypes.c_int),
@@ -232,6 +240,11 @@ def _load():
         "gm_on_pressure": (status, [pointer, _PRESSURE_CALLBACK, ctypes.c_void_p]),
         "gm_remove_pressure_callback": (status, [pointer, _PRESSURE_CALLBACK, ctypes.c_void_p]),
         "gm_sim_set_used_elsewhere": (status, [pointer, ctypes.c_uint64]),
+        "gm_host_malloc": (status, [pointer, ctypes.c_size_t, ctypes.POINTER(pointer)]),
+        "gm_host_free": (status, [pointer, pointer]),
+        "gm_host_record_stream": (status, [pointer, pointer, ctypes.c_size_t]),
+        "gm_host_empty_cache": (status, [pointer]),
+        "gm_host_get_stats": (status, [pointer, ctypes.POINTER(_HostStats)]),
     }
     for name, (result, arguments) in signatures.items():
         function = getattr(library, name)
@@ -362,6 +375,32 @@ class Allocator:
 
     def empty_cache(self):
         _check(_library.gm_empty_cache(self._handle))
+
+    def host_malloc(self, size):
+        """Pinned (page-locked) host memory from the allocator's host cache; an address (0 for size 0)."""
+        pointer = ctypes.c_void_p()
+        _check(_library.gm_host_malloc(self._handle, size, ctypes.byref(pointer)))
+        return pointer.value or 0
+
+    def host_free(self, pointer):
+        _check(_library.gm_host_free(self._handle, ctypes.c_void_p(pointer)))
+
+    def host_record_stream(self, pointer, stream):
+        """The block is used by work on ``stream``: not reused before that work finished."""
+        _check(_library.gm_host_record_stream(self._handle, ctypes.c_void_p(pointer), stream))
+
+    def host_empty_cache(self):
+        _check(_library.gm_host_empty_cache(self._handle))
+
+    def host_stats(self):
+        """The pinned host cache's statistics as a dict: gm_stat readings as dicts, counters as ints."""
+        stats = _HostStats()
+        _check(_library.gm_host_get_stats(self._handle, ctypes.byref(stats)))
+        result = {}
+        for name, kind in _HostStats._fields_:
+            value = getattr(stats, name)
+            result[name] = {field: getattr(value, field) for field, _ in _Stat._fields_} if kind is _Stat else value
+        return result
 
     def set_memory_limit(self, limit_bytes):
         """Never reserve more than this (0: the whole device)."""

@@ -188,3 +188,42 @@ gm_status gm_backend_memory_info(gm_backend *backend, uint64_t *free_out, uint64
 {
     return backend->operations->memory_info(backend, free_out, total_out);
 }
+
+/* ---------------------------------------------------------------- host memory */
+
+gm_status gm_backend_host_allocate(gm_backend *backend, uint64_t size, void **pointer_out)
+{
+    if (!backend->operations->host_allocate)
+        return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend has no page-locked host memory",
+                       backend->operations->name);
+    return backend->operations->host_allocate(backend, size, pointer_out);
+}
+
+gm_status gm_backend_host_free(gm_backend *backend, void *pointer, uint64_t size)
+{
+    if (!backend->operations->host_free)
+        return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend has no page-locked host memory",
+                       backend->operations->name);
+    return backend->operations->host_free(backend, pointer, size);
+}
+
+gm_status gm_plain_host_allocate(gm_backend *backend, uint64_t size, void **pointer_out)
+{
+    (void)backend;
+    /* aligned_alloc wants a multiple of the alignment; the cache's sizes are powers of two >= 512 */
+    uint64_t rounded = (size + 63) & ~(uint64_t)63;
+    void *pointer = aligned_alloc(64, (size_t)rounded);
+    if (!pointer)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for %llu bytes of pinned host memory",
+                       (unsigned long long)size);
+    *pointer_out = pointer;
+    return GM_OK;
+}
+
+gm_status gm_plain_host_free(gm_backend *backend, void *pointer, uint64_t size)
+{
+    (void)backend;
+    (void)size;
+    free(pointer);
+    return GM_OK;
+}

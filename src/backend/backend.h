@@ -56,6 +56,11 @@ typedef struct gm_backend_operations {
     gm_status (*event_query)(gm_backend *backend, uint64_t event, bool *done_out);
     gm_status (*event_synchronize)(gm_backend *backend, uint64_t event);
 
+    /* Page-locked host memory for the pinned host cache (cuda: cuMemHostAlloc / cuMemFreeHost; sim and
+     * host: ordinary memory, gm_plain_host_allocate / gm_plain_host_free). */
+    gm_status (*host_allocate)(gm_backend *backend, uint64_t size, void **pointer_out);
+    gm_status (*host_free)(gm_backend *backend, void *pointer, uint64_t size);
+
     /* Fill name, device_count and driver_version (NULL: a generic description). */
     void (*describe)(gm_backend *backend, gm_device_info *info);
 
@@ -113,6 +118,12 @@ gm_status gm_backend_event_destroy(gm_backend *backend, uint64_t event);
 gm_status gm_backend_event_record(gm_backend *backend, uint64_t event, gm_stream stream);
 gm_status gm_backend_event_query(gm_backend *backend, uint64_t event, bool *done_out);
 gm_status gm_backend_event_synchronize(gm_backend *backend, uint64_t event);
+/* Host memory (not counted in GM_DEVICE_CALLS: the pinned host cache counts them in gm_host_stats). */
+gm_status gm_backend_host_allocate(gm_backend *backend, uint64_t size, void **pointer_out);
+gm_status gm_backend_host_free(gm_backend *backend, void *pointer, uint64_t size);
+/* The sim and host backends' host memory: aligned ordinary memory. */
+gm_status gm_plain_host_allocate(gm_backend *backend, uint64_t size, void **pointer_out);
+gm_status gm_plain_host_free(gm_backend *backend, void *pointer, uint64_t size);
 gm_status gm_backend_memory_info(gm_backend *backend, uint64_t *free_out, uint64_t *total_out);
 
 #endif

@@ -85,6 +85,8 @@ typedef struct cuda_driver {
     cu_result (*memory_get_info)(size_t *, size_t *);
     cu_result (*memory_allocate)(cu_device_pointer *, size_t);
     cu_result (*memory_free)(cu_device_pointer);
+    cu_result (*host_allocate)(void **, size_t, unsigned int);
+    cu_result (*host_free)(void *);
     cu_result (*address_reserve)(cu_device_pointer *, size_t, size_t, cu_device_pointer, unsigned long long);
     cu_result (*address_free)(cu_device_pointer, size_t);
     cu_result (*create)(cu_allocation_handle *, size_t, const cu_allocation_properties *, unsigned long long);
@@ -132,6 +134,8 @@ static void load_driver(void)
         {"cuMemGetInfo_v2", offsetof(cuda_driver, memory_get_info)},
         {"cuMemAlloc_v2", offsetof(cuda_driver, memory_allocate)},
         {"cuMemFree_v2", offsetof(cuda_driver, memory_free)},
+        {"cuMemHostAlloc", offsetof(cuda_driver, host_allocate)},
+        {"cuMemFreeHost", offsetof(cuda_driver, host_free)},
         {"cuMemAddressReserve", offsetof(cuda_driver, address_reserve)},
         {"cuMemAddressFree", offsetof(cuda_driver, address_free)},
         {"cuMemCreate", offsetof(cuda_driver, create)},
@@ -359,6 +363,26 @@ static gm_status cuda_segment_free(gm_backend *backend, uintptr_t address, uint6
     DRIVER_CALL(backend, "cuMemFree", driver.memory_free((cu_device_pointer)address));
 }
 
+/* Page-locked host memory for the pinned host cache, portable to every context (CU_MEMHOSTALLOC_PORTABLE). */
+static gm_status cuda_host_allocate(gm_backend *backend, uint64_t size, void **pointer_out)
+{
+    void *pointer = NULL;
+    gm_status status = GM_OK;
+    IN_CONTEXT(backend, {
+        cu_result result = driver.host_allocate(&pointer, size, 0x01);
+        if (result != CU_SUCCESS)
+            status = driver_error(result, "cuMemHostAlloc");
+    });
+    *pointer_out = pointer;
+    return status;
+}
+
+static gm_status cuda_host_free(gm_backend *backend, void *pointer, uint64_t size)
+{
+    (void)size;
+    DRIVER_CALL(backend, "cuMemFreeHost", driver.host_free(pointer));
+}
+
 static gm_status cuda_address_reserve(gm_backend *backend, uint64_t size, uintptr_t *address_out)
 {
     cu_device_pointer address = 0;
@@ -472,4 +496,6 @@ const gm_backend_operations gm_cuda_backend_operations = {
     .describe = cuda_describe,
     .stream_enqueue = NULL,
     .stream_complete = NULL,
+    .host_allocate = cuda_host_allocate,
+    .host_free = cuda_host_free,
 };

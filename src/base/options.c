@@ -52,6 +52,8 @@ static const option_descriptor descriptors[] = {
      "sim/host: mapping granularity, a power of two >= 4KiB (default 2MiB)"},
     {"memory_limit", KIND_SIZE, FIELD(memory_limit), NULL,
      "never reserve more than this many bytes (default 0: the whole device)"},
+    {"host_limit", KIND_SIZE, FIELD(host_limit), NULL,
+     "never hold more than this many bytes of pinned host memory (gm_host_malloc; default 0: no limit)"},
     {"small_size", KIND_SIZE, FIELD(small_size), NULL,
      "requests up to this size are served from the small pool (default 1MiB)"},
     {"small_segment_size", KIND_SIZE, FIELD(small_segment_size), NULL,

@@ -22,6 +22,7 @@ typedef struct gm_options {
     uint64_t capacity;           /* sim/host: device memory in bytes */
     uint64_t page_size;          /* sim/host: mapping granularity */
     uint64_t memory_limit;       /* cap on reserved bytes, 0 = the device's memory */
+    uint64_t host_limit;         /* cap on the pinned host cache's held bytes, 0 = none */
     uint64_t small_size;         /* requests up to this size use the small pool */
     uint64_t small_segment_size; /* segments engine: segment size of the small pool */
     uint64_t large_segment_size; /* segments engine: segment size for requests below min_large_alloc */

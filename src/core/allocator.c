@@ -207,6 +207,10 @@ static gm_status create_with_options(const gm_options *options, gm_allocator **a
     }
     pthread_mutex_init(&allocator->lock, NULL);
     gm_pressure_init(&allocator->pressure);
+    if (!gm_host_cache_init(&allocator->host_cache, options->host_limit)) {
+        gm_destroy(allocator, NULL);
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the pinned host cache");
+    }
     if (options->history && !(allocator->arena.history = gm_history_create((size_t)options->history))) {
         gm_destroy(allocator, NULL);
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a history of %d events", options->history);
@@ -725,6 +729,7 @@ void gm_destroy(gm_allocator *allocator, size_t *live_allocations_out)
         allocator->arena.engine->destroy(&allocator->arena);
     while (allocator->spare_event_count)
         gm_backend_event_destroy(allocator->arena.backend, allocator->spare_events[--allocator->spare_event_count]);
+    gm_host_cache_destroy(&allocator->host_cache, allocator->arena.backend);
     gm_backend_close(allocator->arena.backend);
     gm_free_heaps(&allocator->arena);
     free(allocator->spare_events);

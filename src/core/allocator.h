@@ -1,6 +1,6 @@
 /*
  * allocator.h -- the front end's state, for the front end's files alone (allocator.c, validate.c,
- * device.c, pressure.c), and what it lends the rest of core: its lock around the arena, and the
+ * device.c, pressure.c, host_cache.c), and what it lends the rest of core: its lock around the arena, and the
  * readings that need it held. The engines never include this header: they see the arena.
  */
 #ifndef GM_ALLOCATOR_H
@@ -9,6 +9,7 @@
 #include "core/arena.h"
 
 #include "base/hash_map.h"
+#include "core/host_cache.h"
 #include "core/pressure.h"
 #include "monitor/publish.h"
 
@@ -42,6 +43,7 @@ struct gm_allocator {
     uint32_t publish_countdown;    /* calls until the device-call counts are published again */
     int64_t published_call_ns;     /* the backend's call_ns when they were published last */
     gm_pressure pressure;          /* the pressure policy, level and callbacks (pressure.c) */
+    gm_host_cache host_cache;      /* the pinned host memory cache (host_cache.c), under `lock` */
 };
 
 

@@ -91,6 +91,23 @@ class PackageTest(unittest.TestCase):
         self.assertIn("bad value 'warp' for key 'engine'", str(caught.exception))
         self.assertEqual(caught.exception.status, 4)
 
+    def test_pinned_host_cache(self):
+        pointer = self.allocator.host_malloc(1000)
+        self.assertNotEqual(pointer, 0)
+        self.allocator.host_record_stream(pointer, 3)
+        self.allocator.host_free(pointer)
+        with self.assertRaises(gpumem.GpumemError) as caught:
+            self.allocator.host_free(pointer)
+        self.assertIn("not a live pinned host allocation", str(caught.exception))
+        stats = self.allocator.host_stats()
+        self.assertEqual(stats["allocated_bytes"]["peak"], 1024)
+        self.assertEqual(stats["reserved_bytes"]["current"], 1024)
+        self.assertEqual(stats["pending_blocks"], 1)
+        self.assertEqual((stats["cache_hits"], stats["cache_misses"], stats["host_allocations"]), (0, 1, 1))
+        self.allocator.host_empty_cache()  # nothing was queued on stream 3: its event is done, the block goes back
+        stats = self.allocator.host_stats()
+        self.assertEqual((stats["reserved_bytes"]["current"], stats["host_frees"], stats["pending_blocks"]), (0, 1, 0))
+
     def test_memory_limit(self):
         self.allocator.set_memory_limit(64 << 20)
         self.assertEqual(self.allocator.memory_limit(), 64 << 20)
