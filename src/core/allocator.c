@@ -378,8 +378,7 @@ static gm_status retry_allocation(gm_allocator *allocator, gm_heap *heap, int po
     gm_status status;
     if (allocator->pending_head) {
         attempts->waited_for_streams = true;
-        allocator->arena.stats->num_sync_all_streams++;
-        process_pending_frees(allocator, true);
+        gm_wait_for_pending_frees_locked(allocator);
         status = engine->allocate(&allocator->arena, heap, pool, size, block_out);
         if (status != GM_ERROR_OUT_OF_MEMORY)
             return status;

@@ -673,18 +673,14 @@ static void read_process(const audit *audit, gm_doctor_process *process)
     fclose(file);
 }
 
-typedef struct pid_link {
-    long pid, parent;
-} pid_link;
-
 static int compare_links(const void *a, const void *b)
 {
-    long left = ((const pid_link *)a)->pid, right = ((const pid_link *)b)->pid;
+    long left = ((const gm_process_link *)a)->pid, right = ((const gm_process_link *)b)->pid;
     return (left > right) - (left < right);
 }
 
 /* The process and its descendants, depth first, children in pid order. */
-static void add_subtree(audit *audit, const pid_link *links, size_t count, long pid, long parent, int depth)
+static void add_subtree(audit *audit, const gm_process_link *links, size_t count, long pid, long parent, int depth)
 {
     gm_doctor_report *report = audit->report;
     if (report->process_count >= GM_DOCTOR_PROCESSES_MAX) {
@@ -706,30 +702,8 @@ static void add_subtree(audit *audit, const pid_link *links, size_t count, long 
 
 static void audit_process_tree(audit *audit)
 {
-    char full[4096];
-    path_of(audit, full, sizeof full, "/proc");
-    DIR *directory = opendir(full);
-    size_t count = 0, capacity = 0;
-    pid_link *links = NULL;
-    struct dirent *entry;
-    while (directory && (entry = readdir(directory))) {
-        if (!isdigit((unsigned char)entry->d_name[0]))
-            continue;
-        long pid = strtol(entry->d_name, NULL, 10);
-        long parent = gm_process_parent(audit->root, pid);
-        if (parent < 0)
-            continue;
-        if (count == capacity) {
-            capacity = capacity ? 2 * capacity : 256;
-            pid_link *grown = realloc(links, capacity * sizeof *links);
-            if (!grown)
-                break;
-            links = grown;
-        }
-        links[count++] = (pid_link){pid, parent};
-    }
-    if (directory)
-        closedir(directory);
+    size_t count = 0;
+    gm_process_link *links = gm_process_list(audit->root, &count);
     if (links)
         qsort(links, count, sizeof *links, compare_links);
     add_subtree(audit, links, count, audit->pid, gm_process_parent(audit->root, audit->pid), 0);

@@ -115,10 +115,6 @@ static bool read_one_process(const char *root, long pid, int64_t *rss, int64_t *
     return true;
 }
 
-typedef struct process_link {
-    long pid, parent;
-    bool in_tree;
-} process_link;
 
 /* The parent named in /proc/PID/stat: "PID (COMM) STATE PPID ...", COMM may hold anything. */
 long gm_process_parent(const char *root, long pid)
@@ -139,8 +135,7 @@ long gm_process_parent(const char *root, long pid)
     return parent;
 }
 
-/* Every process under root/proc with its parent; *count_out entries, the array to free. */
-static process_link *list_processes(const char *root, size_t *count_out)
+gm_process_link *gm_process_list(const char *root, size_t *count_out)
 {
     char path[4096];
     path_under(path, sizeof path, root, "/proc");
@@ -149,7 +144,7 @@ static process_link *list_processes(const char *root, size_t *count_out)
     if (!directory)
         return NULL;
     size_t count = 0, capacity = 0;
-    process_link *links = NULL;
+    gm_process_link *links = NULL;
     struct dirent *entry;
     while ((entry = readdir(directory))) {
         if (!isdigit((unsigned char)entry->d_name[0]))
@@ -160,31 +155,31 @@ static process_link *list_processes(const char *root, size_t *count_out)
             continue;
         if (count == capacity) {
             capacity = capacity ? 2 * capacity : 256;
-            process_link *grown = realloc(links, capacity * sizeof *links);
+            gm_process_link *grown = realloc(links, capacity * sizeof *links);
             if (!grown)
                 break;
             links = grown;
         }
-        links[count++] = (process_link){pid, parent, false};
+        links[count++] = (gm_process_link){pid, parent};
     }
     closedir(directory);
     *count_out = count;
     return links;
 }
 
-/* Mark the descendants of `pid`, a generation per pass, until a pass marks none. */
-static void mark_descendants(process_link *links, size_t count, long pid)
+/* Mark (in_tree[i]) the descendants of `pid`, a generation per pass, until a pass marks none. */
+static void mark_descendants(const gm_process_link *links, bool *in_tree, size_t count, long pid)
 {
     for (bool marked = true; marked;) {
         marked = false;
         for (size_t i = 0; i < count; i++) {
-            if (links[i].in_tree)
+            if (in_tree[i])
                 continue;
             bool parent_in_tree = links[i].parent == pid;
             for (size_t j = 0; j < count && !parent_in_tree; j++)
-                parent_in_tree = links[j].in_tree && links[j].pid == links[i].parent;
+                parent_in_tree = in_tree[j] && links[j].pid == links[i].parent;
             if (parent_in_tree)
-                links[i].in_tree = marked = true;
+                in_tree[i] = marked = true;
         }
     }
 }
@@ -208,17 +203,20 @@ gm_status gm_process_memory_read(const char *root, long pid, gm_process_memory *
     memory.tree_pss_bytes = memory.pss_bytes;
     memory.tree_swap_bytes = memory.swap_bytes;
     size_t count = 0;
-    process_link *links = list_processes(root, &count);
-    mark_descendants(links, count, pid);
-    for (size_t i = 0; i < count; i++) {
+    gm_process_link *links = gm_process_list(root, &count);
+    bool *in_tree = calloc(count ? count : 1, sizeof *in_tree);
+    if (in_tree)
+        mark_descendants(links, in_tree, count, pid);
+    for (size_t i = 0; i < count && in_tree; i++) {
         int64_t rss, pss, swap;
-        if (!links[i].in_tree || !read_one_process(root, links[i].pid, &rss, &pss, &swap))
+        if (!in_tree[i] || !read_one_process(root, links[i].pid, &rss, &pss, &swap))
             continue;
         memory.descendants++;
         add_known(&memory.tree_rss_bytes, rss);
         add_known(&memory.tree_pss_bytes, pss);
         add_known(&memory.tree_swap_bytes, swap);
     }
+    free(in_tree);
     free(links);
     *memory_out = memory;
     return GM_OK;

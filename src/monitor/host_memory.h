@@ -10,6 +10,7 @@
 
 #include "gpumem.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* /proc/meminfo and /proc/pressure/memory. */
@@ -40,6 +41,15 @@ gm_status gm_host_memory_read(const char *root, gm_host_memory *memory_out);
 /* Read process `pid`'s memory and its descendants' under `root`. GM_ERROR_IO when the process is
  * gone. The readings of a descendant that exits meanwhile are left out. */
 gm_status gm_process_memory_read(const char *root, long pid, gm_process_memory *memory_out);
+
+/* A process and its parent. */
+typedef struct gm_process_link {
+    long pid, parent;
+} gm_process_link;
+
+/* Every process under root/proc with its parent, in directory order; *count_out entries. The array is
+ * the caller's to free; NULL (and 0) when /proc cannot be listed. */
+gm_process_link *gm_process_list(const char *root, size_t *count_out);
 
 /* The parent of process `pid` under `root`, or -1 when it is gone. */
 long gm_process_parent(const char *root, long pid);
