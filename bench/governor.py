@@ -27,7 +27,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH = {"gpt2": 24, "bert": 96, "llama": 24}
-MARGIN = float(os.environ.get("GOVERNOR_MARGIN", "0.03"))  # find_batch_size's margin below the cap
+MARGIN = float(os.environ.get("GOVERNOR_MARGIN", "0"))  # find_batch_size's margin below the cap
 
 
 def build(name, device="cuda"):
@@ -141,15 +141,16 @@ def run_finder(name, finder, fraction):
         optimizer.zero_grad(set_to_none=True)
         loss_of(ids).backward()
         optimizer.step()
-    started = time.perf_counter()
+    started, extra = time.perf_counter(), {}
     if finder == "gpumem":
         search = gpumem.torch.find_batch_size(step, make_batch, state=(model, optimizer), margin=MARGIN)
         found, trials, ooms = search.batch_size, len(search.trials), search.out_of_memory
+        extra = {"predicted": search.predicted, "model": search.model}
     elif finder == "lightning":
         found, trials, ooms = lightning_style(step, make_batch)
     else:
         found, trials, ooms = accelerate_style(step, make_batch)
-    return {"batch": found, "trials": trials, "ooms": ooms, "seconds": time.perf_counter() - started}
+    return {"batch": found, "trials": trials, "ooms": ooms, "seconds": time.perf_counter() - started, **extra}
 
 
 def run_leak(name, steps, leak):

@@ -9,6 +9,7 @@
 #   top        a PyTorch process with publish:true seen by gpumem top / gpumem stats from outside
 #   run        a training script under `gpumem run --report`, seen by gpumem top from a second shell
 #   whatif     python -m gpumem.whatif on native snapshots of resnet50 and gpt2, checked against gpumem replay
+#   governor   bench/governor.py: its three tables (under a cap, batch-size finders, leaks; not part of "all": long)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 results=${OUT:-gpu-results}
@@ -21,7 +22,7 @@ steps=${*:-all}
 has() { [[ " $steps " == *" $1 "* || " $steps " == *" all "* ]]; }
 failed=0
 
-if has build || has tests || has memcheck || has bench || has python || has whatif || has top || has run || [[ " $steps " == *" workloads "* ]]; then
+if has build || has tests || has memcheck || has bench || has python || has whatif || has top || has run || [[ " $steps " == *" workloads "* || " $steps " == *" governor "* ]]; then
     { cmake -S . -B $build -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake --build $build -j"$(nproc)"; } >"$out/build.log" 2>&1 \
         || { echo "build failed"; tail -30 "$out/build.log"; exit 1; }
     echo "built"
@@ -76,5 +77,10 @@ fi
 if [[ " $steps " == *" workloads "* ]]; then
     GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 bench/torch_workloads.py --out "$out/torch_workloads.jsonl" \
         ${WORKLOADS_ARGS:-} 2>&1 | tee "$out/torch_workloads.md"
+fi
+if [[ " $steps " == *" governor "* ]]; then
+    PYTHONPATH=python GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 bench/governor.py --out "$out/governor.jsonl" \
+        ${GOVERNOR_ARGS:-} 2>"$out/governor.err" | tee "$out/governor.md"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { failed=1; tail -20 "$out/governor.err"; }
 fi
 exit $failed

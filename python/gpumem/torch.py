@@ -19,6 +19,7 @@ import sys
 import gpumem
 
 _extension = None
+_installed_config = ""
 
 
 def _adapter():
@@ -57,6 +58,8 @@ def install(config=""):
             "tensor, torch.cuda.init() or any torch.cuda memory call (or set GPUMEM_TORCH=1 and put "
             "gpumem's python folder on PYTHONPATH, so that it runs when torch is imported).")
     _adapter().install(config)
+    global _installed_config
+    _installed_config = config
     if os.environ.get("GPUMEM_RUN_OUTPUT"):
         import atexit
         atexit.register(_write_run_history, os.environ["GPUMEM_RUN_OUTPUT"])
@@ -74,6 +77,11 @@ def _write_run_history(folder):
                 os.replace(path + ".tmp", path)
             except (OSError, gpumem.GpumemError) as error:
                 print(f"gpumem: cannot write {path} for gpumem run's report: {error}", file=sys.stderr)
+
+
+def installed_config():
+    """The configuration given to install() (GPUMEM_CONF applies under it)."""
+    return _installed_config
 
 
 def is_installed():
@@ -111,9 +119,9 @@ def watch_leaks(steps=5, warmup=2, log=None):
 
 
 def find_batch_size(step, make_batch, **options):
-    """The largest batch whose step fits, in about three trials (gpumem.governor)."""
-    from gpumem import governor
-    return governor.find_batch_size(step, make_batch, **options)
+    """The largest batch whose step fits, in three trials (gpumem.batch_size)."""
+    from gpumem import batch_size
+    return batch_size.find_batch_size(step, make_batch, **options)
 
 
 def __getattr__(name):

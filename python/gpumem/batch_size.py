@@ -1,0 +1,409 @@
+"""The largest batch whose training step fits, in three trials (``gpumem.torch.find_batch_size``).
+
+    search = gpumem.torch.find_batch_size(step, make_batch, state=(model, optimizer))
+    search.batch_size, search.trials, search.out_of_memory
+
+Finders that only run trials (doubling then bisection, or x0.9 after each "out of memory") need about
+log2(N) full steps, several of them failures. This one needs three, because gpumem can say what a
+step would reserve without running it:
+
+1. Two small trials (``start`` and twice that samples) are recorded allocation by allocation with
+   torch's memory history. Each allocation is classified: *transient* (made and freed within the
+   step: activations, temporaries), *persistent* (made and kept: gradients, the first step's optimizer
+   state) or *released* (made before the step and freed in it: the last step's gradients).
+2. The transient allocations of the two trials are matched in order -- the same operations on batches
+   of different sizes -- so each one's size is a + b x batch. That gives the step's whole allocation
+   sequence at any batch size N (the batch's own tensors scale with N, the rest stays).
+3. The sequence at N is replayed on gpumem's simulated device: the same engine as on the GPU, so the
+   same rounding, caching, fragmentation and releases under a limit. What the replay does not hold
+   (parameters, optimizer state: the memory reserved before the step) is the second trial's measured
+   peak reserved less the replay's at the same size. The largest N whose replay runs within the limit
+   less that is the prediction, found by bisection on the simulator (milliseconds a replay).
+4. The third trial runs the predicted batch to verify it. Only when it does not fit does the search
+   bisect with real trials.
+
+When the two trials' transient allocations cannot be matched (the step does different things at the
+two sizes), the prediction falls back to the live bytes alone, fitted event by event, with ``margin``
+of the limit left for the allocator's rounding. Each trial is a real training step: give
+``state=(model, optimizer)`` to have their states restored afterwards.
+"""
+import os
+import sys
+
+import gpumem
+
+# GPUMEM_CONF keys that change where the engine puts blocks: the replay uses the same.
+_ENGINE_KEYS = ("engine", "page_size", "small_size", "small_segment_size", "large_segment_size",
+                "min_large_alloc", "release_before_growth", "cost_model", "device_credit_ns",
+                "max_chunk_size", "growth_lane", "tail_chunk")
+
+
+_LARGEST = 1 << 24  # batch sizes the search gives up on: a step whose memory does not grow with the batch
+
+
+def _log_to_stderr(line):
+    print(line, file=sys.stderr, flush=True)
+
+
+class BatchSizeSearch:
+    """What find_batch_size found and how: ``batch_size``, ``trials`` (batch size, fitted, peak allocated,
+    peak reserved), ``out_of_memory``, ``predicted`` and ``model`` ("replay" or "live bytes")."""
+
+    def __init__(self):
+        self.batch_size = None
+        self.trials = []
+        self.out_of_memory = 0
+        self.predicted = None
+        self.model = None
+
+    def __repr__(self):
+        return (f"BatchSizeSearch(batch_size={self.batch_size}, trials={len(self.trials)}, "
+                f"out_of_memory={self.out_of_memory}, predicted={self.predicted}, model={self.model!r})")
+
+
+class Trial:
+    """One recorded step: its batch size, allocation events (action, address, size, stream) in order,
+    the sizes of the batch's own device tensors, the allocated bytes at its start (batch included)
+    and the peak reserved bytes measured during it."""
+
+    def __init__(self, size, events, batch_tensors, start_bytes, peak_reserved):
+        self.size = size
+        self.events = events
+        self.batch_tensors = batch_tensors
+        self.start_bytes = start_bytes
+        self.peak_reserved = peak_reserved
+
+    @property
+    def batch_bytes(self):
+        return sum(self.batch_tensors)
+
+
+def _transient_allocations(events):
+    """Indexes of the allocations that the same events free."""
+    open_allocations, transient = {}, set()
+    for index, (action, address, _, _) in enumerate(events):
+        if action == "alloc":
+            open_allocations[address] = index
+        elif address in open_allocations:
+            transient.add(open_allocations.pop(address))
+    return transient
+
+
+class StepModel:
+    """The step's allocation sequence at any batch size, from two trials (see the module's comment)."""
+
+    def __init__(self, small, large):
+        self.small, self.large = small, large
+        transient = _transient_allocations(large.events)
+        self.transient = transient
+        sizes = lambda trial, chosen: [trial.events[i][2] for i in sorted(chosen)]  # noqa: E731
+        small_sizes = sizes(small, _transient_allocations(small.events))
+        large_sizes = sizes(large, transient)
+        self.matched = (len(small_sizes) == len(large_sizes) and small.size != large.size
+                        and len(small.batch_tensors) == len(large.batch_tensors))
+        self.growth = {}  # event index -> bytes per sample
+        if self.matched:
+            per = large.size - small.size
+            for index, small_size, large_size in zip(sorted(transient), small_sizes, large_sizes):
+                self.growth[index] = (large_size - small_size) / per
+
+    def operations(self, size):
+        """("a" | "f", id, bytes, stream) of the step at `size` samples: first what it finds live (the
+        blocks it releases, then the batch), then its own events."""
+        large = self.large
+        streams, ids, early, operations = {}, {}, [], []
+        stream_of = lambda event: streams.setdefault(event[3], len(streams))  # noqa: E731
+        made = {event[1] for event in large.events if event[0] == "alloc"}
+        for event in large.events:  # released: made before the step
+            if event[0] != "alloc" and event[1] not in made and event[1] not in ids:
+                ids[event[1]] = len(early)
+                early.append(("a", len(early), event[2], stream_of(event)))
+        for tensor_bytes in large.batch_tensors:
+            early.append(("a", len(early), max(1, -(-tensor_bytes * size // large.size)), 0))
+        next_id = len(early)
+        for index, (action, address, event_size, stream) in enumerate(large.events):
+            if action == "alloc":
+                grown = event_size + self.growth.get(index, 0.0) * (size - large.size)
+                ids[address] = next_id
+                operations.append(("a", next_id, max(1, int(round(grown))), stream_of(large.events[index])))
+                next_id += 1
+            elif address in ids:
+                operations.append(("f", ids.pop(address), 0, stream_of(large.events[index])))
+        return early + operations
+
+
+def replay_config(config, capacity):
+    """A sim configuration with the engine keys of `config` (GPUMEM_CONF style) and this capacity."""
+    kept = []
+    for item in (config or "").split(","):
+        key = item.split(":", 1)[0].strip()
+        if key in _ENGINE_KEYS:
+            kept.append(item.strip())
+    return ",".join(["backend:sim", f"capacity:{int(capacity)}"] + kept)
+
+
+def replay(operations, config, limit=None):
+    """(runs within the limit, peak reserved bytes) of the operations on gpumem's simulated device."""
+    if limit is not None and limit <= 0:
+        return False, 0
+    extra = f",memory_limit:{int(limit)}" if limit is not None else ""
+    pointers = {}
+    with gpumem.Allocator(config + extra, from_environment=False) as allocator:
+        try:
+            for kind, identity, size, stream in operations:
+                if kind == "a":
+                    pointers[identity] = allocator.malloc(size, stream)
+                else:
+                    allocator.free(pointers.pop(identity))
+        except gpumem.OutOfMemoryError:
+            return False, allocator.memory_stats()["reserved_bytes.all.peak"]
+        return True, allocator.memory_stats()["reserved_bytes.all.peak"]
+
+
+def predict_by_replay(model, budget, config, maximum=None):
+    """The largest batch whose replayed step fits in `budget` with what the step does not hold itself:
+    (batch size, bytes the replay does not see)."""
+    large = model.large
+    _, replayed = replay(model.operations(large.size), config)
+    outside = large.peak_reserved - replayed
+    fits = lambda size: replay(model.operations(size), config, budget - outside)[0]  # noqa: E731
+    low, high = large.size, 2 * large.size
+    while high < _LARGEST and fits(high):  # doubling: a replay is cheap, a trial is not
+        if maximum is not None and high >= maximum:
+            return maximum, outside
+        low, high = high, 2 * high
+    if maximum is not None:
+        high = min(high, maximum + 1)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low, outside
+
+
+def _curve_of_step(events):
+    """The step's live bytes after each event, in three parts: transient (allocated and freed within the
+    step: activations, temporaries), persistent (allocated and kept: gradients, the first step's
+    optimizer state) and released (freed, allocated before: the last step's gradients). One entry
+    (transient, persistent, released) per transient event, the highest point until the next one: a
+    persistent allocation raises the current entry, a release counts from the next. So two steps that
+    differ only in what they keep (the first step makes the optimizer's state) have matching entries."""
+    transient_allocations = _transient_allocations(events)
+    transient = persistent = released = 0
+    curve, open_transient = [], set()
+    for index, (action, address, size, _) in enumerate(events):
+        if action == "alloc" and index in transient_allocations:
+            open_transient.add(address)
+            transient += size
+        elif action == "alloc":  # kept: the entry since the last transient event now holds it too
+            persistent += size
+            if curve:
+                curve[-1] = (transient, persistent, curve[-1][2])
+            continue
+        elif address in open_transient:
+            open_transient.discard(address)
+            transient -= size
+        else:  # released: from here on (the entry before it is the higher point)
+            released += size
+            continue
+        curve.append((transient, persistent, released))
+    return curve
+
+
+def predict_by_live_bytes(small, large, budget):
+    """The largest batch whose steady-state live bytes stay within `budget` at every event. The transient
+    parts of the two trials' curves are matched event by event: each event's transient bytes are
+    a + b x batch. The persistent and released parts are the second trial's (the steady state), the
+    fixed bytes its start less its batch; the batch adds its bytes per sample."""
+    curve_1, curve_2 = _curve_of_step(small.events), _curve_of_step(large.events)
+    size_1, size_2 = small.size, large.size
+    per_sample_input = large.batch_bytes / size_2
+    fixed = large.start_bytes - large.batch_bytes
+    if len(curve_1) != len(curve_2):  # the steps differ: only their peaks can be compared
+        curve_1, curve_2 = [max(curve_1, default=(0, 0, 0))], [max(curve_2, default=(0, 0, 0))]
+    best = None
+    for (transient_1, _, _), (transient_2, persistent, released) in zip(curve_1, curve_2):
+        slope = (transient_2 - transient_1) / (size_2 - size_1) + per_sample_input
+        constant = fixed + persistent - released + transient_2 - (slope - per_sample_input) * size_2
+        if slope <= 0:
+            if constant > budget:
+                return 0
+            continue
+        limit = int((budget - constant) // slope)
+        best = limit if best is None else min(best, limit)
+    return best if best is not None else size_2
+
+
+def find_batch_size(step, make_batch, limit=None, start=2, margin=0.0, maximum=None, state=None, log=None,
+                    config=None):
+    """The largest batch size whose training step fits in ``limit`` bytes of device memory (default:
+    gpumem's memory limit -- set_per_process_memory_fraction sets it -- or what the device has free).
+
+    ``step(batch)`` runs one training step; ``make_batch(n)`` makes a batch of n samples. ``margin`` is
+    a fraction of the limit kept free (the live-bytes fallback always keeps at least 3%). ``config``:
+    the allocator's GPUMEM_CONF keys, for the replay (default: gpumem.torch's). Returns a
+    BatchSizeSearch."""
+    import torch
+    log = log or _log_to_stderr
+    budget = int(_memory_limit(limit) * (1 - margin))
+    saved = _save_state(state)
+    search = BatchSizeSearch()
+    try:
+        trials = _measured_trials(step, make_batch, start, search)
+        if trials is None:
+            raise torch.OutOfMemoryError(f"gpumem.find_batch_size: even a batch of {start} does not fit")
+        small, large = trials
+        predicted = _predict(small, large, budget, config, maximum, search, log)
+        search.predicted = predicted
+        if predicted == large.size or _fits(step, make_batch, predicted, budget, search):
+            search.batch_size = predicted
+        else:
+            search.batch_size = _bisect(step, make_batch, large.size, predicted, budget, search, log)
+    finally:
+        _restore_state(state, saved)
+    log(f"gpumem.find_batch_size: batch size {search.batch_size} after {len(search.trials)} trials "
+        f"({search.out_of_memory} out of memory)")
+    return search
+
+
+def _predict(small, large, budget, config, maximum, search, log):
+    import torch
+    model = StepModel(small, large)
+    if model.matched:
+        capacity = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        sim = replay_config(_installed_config() if config is None else config, capacity)
+        predicted, outside = predict_by_replay(model, budget, sim, maximum)
+        search.model = "replay"
+        log(f"gpumem.find_batch_size: within {budget / 2**20:.0f} MiB ({outside / 2**20:.0f} MiB held outside "
+            f"the step) the replay predicts {predicted}: trying it")
+    else:
+        predicted = predict_by_live_bytes(small, large, budget * 0.97)
+        search.model = "live bytes"
+        log(f"gpumem.find_batch_size: the trials at {small.size} and {large.size} do different allocations; "
+            f"by live bytes within {budget / 2**20:.0f} MiB less 3% it predicts {predicted}: trying it")
+    return max(large.size, min(predicted, maximum or predicted))
+
+
+def _installed_config():
+    from gpumem import torch as gpumem_torch
+    return ",".join(part for part in (os.environ.get("GPUMEM_CONF", ""), gpumem_torch.installed_config()) if part)
+
+
+def _memory_limit(limit):
+    import torch
+    if limit is not None:
+        return int(limit)
+    from gpumem import torch as gpumem_torch
+    if gpumem_torch.is_installed():
+        return gpumem_torch.allocator().memory_limit()
+    free, _ = torch.cuda.mem_get_info()
+    return free + torch.cuda.memory_reserved()
+
+
+def _events_of_step(step, batch):
+    """Run the step with torch's memory history on; its allocation events in order."""
+    import torch
+    torch.cuda.memory._record_memory_history(max_entries=1 << 20, context=None, stacks="python")
+    try:
+        step(batch)
+        torch.cuda.synchronize()
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    device = torch.cuda.current_device()
+    traces = snapshot["device_traces"][device] if snapshot["device_traces"] else []
+    return [(event["action"], event["addr"], event["size"], event.get("stream", 0)) for event in traces
+            if event["action"] in ("alloc", "free_requested")]
+
+
+def _device_tensors(batch, seen=None):
+    """Bytes of each distinct device storage in the batch (tensors, or lists, tuples and dicts of them)."""
+    import torch
+    seen = {} if seen is None else seen
+    if isinstance(batch, torch.Tensor):
+        if batch.is_cuda:
+            storage = batch.untyped_storage()
+            seen.setdefault(storage.data_ptr(), storage.nbytes())
+    elif isinstance(batch, dict):
+        for value in batch.values():
+            _device_tensors(value, seen)
+    elif isinstance(batch, (list, tuple)):
+        for value in batch:
+            _device_tensors(value, seen)
+    return list(seen.values())
+
+
+def _measured_trials(step, make_batch, start, search):
+    import torch
+    measured = []
+    torch.cuda.empty_cache()  # cached memory of earlier work is not this step's
+    for size in (start, 2 * start):
+        batch = make_batch(size)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start_bytes = torch.cuda.memory_allocated()
+        try:
+            events = _events_of_step(step, batch)
+        except torch.OutOfMemoryError:
+            search.out_of_memory += 1
+            search.trials.append((size, False, None, None))
+            return None
+        tensors = _device_tensors(batch)
+        del batch
+        peak_reserved = torch.cuda.max_memory_reserved()
+        search.trials.append((size, True, torch.cuda.max_memory_allocated(), peak_reserved))
+        measured.append(Trial(size, events, tensors, start_bytes, peak_reserved))
+    return measured[0], measured[1]
+
+
+def _fits(step, make_batch, size, budget, search):
+    """One trial: the step at this size runs without running out and keeps reserved within the budget."""
+    import torch
+    try:
+        batch = make_batch(size)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        step(batch)
+        torch.cuda.synchronize()
+        del batch
+    except torch.OutOfMemoryError:
+        search.out_of_memory += 1
+        search.trials.append((size, False, None, None))
+        return False
+    reserved = torch.cuda.max_memory_reserved()
+    search.trials.append((size, reserved <= budget, torch.cuda.max_memory_allocated(), reserved))
+    return reserved <= budget
+
+
+def _bisect(step, make_batch, low, high, budget, search, log):
+    """Largest fitting size in [low, high): low fits, high does not."""
+    log(f"gpumem.find_batch_size: {high} does not fit; bisecting between {low} and {high}")
+    while high - low > max(1, low // 64):
+        middle = (low + high) // 2
+        if _fits(step, make_batch, middle, budget, search):
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def _to_host(value):
+    """A state dict's tensors copied to host memory (the device's would skew the trials)."""
+    import torch
+    if torch.is_tensor(value):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {key: _to_host(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_host(item) for item in value)
+    return value
+
+
+def _save_state(state):
+    return None if state is None else [_to_host(part.state_dict()) for part in state]
+
+
+def _restore_state(state, saved):
+    if state is None:
+        return
+    for part, values in zip(state, saved):
+        part.load_state_dict(values)

@@ -1,0 +1,107 @@
+"""gpumem.batch_size without a GPU: the step model built from two recorded trials, and the prediction by
+replay on the simulated device, checked against brute force over every batch size."""
+import unittest
+
+import gpumem
+from gpumem import batch_size
+
+MIB = 1 << 20
+GRADIENTS = (4 * MIB, 6 * MIB, 512)
+
+
+def step_events(size, first_step=False, activation=3 * MIB + 4096):
+    """A training step's allocation events at `size` samples, as torch's memory history gives them:
+    the last step's gradients released (or the optimizer's state made, on the first step), activations
+    that grow with the batch, temporaries that do not, new gradients kept."""
+    events, address = [], [1 << 40]
+
+    def alloc(nbytes):
+        address[0] += 1 << 30
+        events.append(("alloc", address[0], nbytes, 7))
+        return address[0]
+    free = lambda where, nbytes: events.append(("free_requested", where, nbytes, 7))  # noqa: E731
+    activations = [alloc(activation * size + 512 * layer) for layer in range(4)]
+    scratch = alloc(2 * MIB)
+    free(scratch, 2 * MIB)
+    if first_step:
+        for nbytes in GRADIENTS:
+            alloc(2 * nbytes)  # optimizer state, kept
+    else:
+        for index, nbytes in enumerate(GRADIENTS):
+            free(100 + index, nbytes)  # the last step's gradients, made before this step
+    for layer in reversed(range(4)):
+        temporary = alloc(activation * size // 2 + 1000)
+        free(temporary, activation * size // 2 + 1000)
+        free(activations[layer], activation * size + 512 * layer)
+    for nbytes in GRADIENTS:
+        alloc(nbytes)
+    return events
+
+
+def batch_tensors(size):
+    return [size * 3 * 4096, size * 8]
+
+
+class StepModelTest(unittest.TestCase):
+    def setUp(self):
+        self.config = batch_size.replay_config("", 8 << 30)
+
+    def trial(self, size, first_step=False, outside=0):
+        model = batch_size.StepModel(  # the trial's peak as the device would measure it: replay + outside
+            batch_size.Trial(size, step_events(size), batch_tensors(size), 0, 0),
+            batch_size.Trial(size + 1, step_events(size + 1), batch_tensors(size + 1), 0, 0))
+        _, reserved = batch_size.replay(model.operations(size), self.config)
+        return batch_size.Trial(size, step_events(size, first_step), batch_tensors(size), 0, reserved + outside)
+
+    def test_matched_model_gives_the_step_at_any_size(self):
+        model = batch_size.StepModel(self.trial(2, first_step=True), self.trial(4))
+        self.assertTrue(model.matched)
+        operations = model.operations(10)
+        sizes = sorted(size for kind, _, size, _ in operations if kind == "a")
+        expected = sorted(list(GRADIENTS) + batch_tensors(10)  # released, batch, the step's own
+                          + [e[2] for e in step_events(10) if e[0] == "alloc"])
+        self.assertEqual(sizes, expected)
+        frees = [identity for kind, identity, _, _ in operations if kind == "f"]
+        self.assertEqual(len(frees), len(set(frees)))
+        self.assertEqual(len(frees), 3 + 4 + 4 + 1)
+
+    def test_prediction_equals_the_largest_size_that_fits_on_the_device(self):
+        outside = 40 * MIB  # parameters and optimizer state, held before the step
+        small, large = self.trial(2, first_step=True, outside=outside), self.trial(4, outside=outside)
+        model = batch_size.StepModel(small, large)
+        for budget in (200 * MIB, 333 * MIB, 1 << 30):
+            predicted, seen_outside = batch_size.predict_by_replay(model, budget, self.config)
+            self.assertEqual(seen_outside, outside)
+            exact = lambda size: batch_size.replay(model.operations(size), self.config,  # noqa: E731
+                                                   budget - outside)[0]
+            self.assertTrue(exact(predicted), budget)
+            self.assertFalse(exact(predicted + 1), budget)
+            self.assertFalse(any(exact(size) for size in range(predicted + 1, predicted + 40)), budget)
+        capped, _ = batch_size.predict_by_replay(model, 1 << 30, self.config, maximum=9)
+        self.assertEqual(capped, 9)
+
+    def test_different_steps_are_not_matched(self):
+        small = batch_size.Trial(2, step_events(2)[:-4], batch_tensors(2), 0, 0)
+        large = batch_size.Trial(4, step_events(4), batch_tensors(4), 0, 0)
+        self.assertFalse(batch_size.StepModel(small, large).matched)
+
+    def test_live_bytes_prediction_bounds_the_replay(self):
+        small, large = self.trial(2, first_step=True), self.trial(4)
+        small.start_bytes, large.start_bytes = sum(batch_tensors(2)), sum(batch_tensors(4))
+        model = batch_size.StepModel(small, large)
+        by_live = batch_size.predict_by_live_bytes(small, large, 300 * MIB)
+        by_replay, _ = batch_size.predict_by_replay(model, 300 * MIB, self.config)
+        self.assertGreater(by_replay, 4)
+        self.assertGreaterEqual(by_live, by_replay)  # reserved bytes are never below live bytes
+
+    def test_replay_config_keeps_only_the_engine_keys(self):
+        config = batch_size.replay_config("engine:segments, publish:true,page_size:4MiB,memory_limit:1GiB", 1 << 30)
+        self.assertEqual(config, "backend:sim,capacity:1073741824,engine:segments,page_size:4MiB")
+        self.assertEqual(batch_size.replay([("a", 0, 2 << 30, 0)], config), (False, 0))
+        self.assertEqual(batch_size.replay([("a", 0, 1, 0)], config, limit=0), (False, 0))
+        with self.assertRaises(gpumem.GpumemError):
+            batch_size.replay([], batch_size.replay_config("page_size:3", 1 << 30))
+
+
+if __name__ == "__main__":
+    unittest.main()
