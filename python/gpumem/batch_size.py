@@ -5,28 +5,32 @@
 
 Finders that only run trials (doubling then bisection, or x0.9 after each "out of memory") need about
 log2(N) full steps, several of them failures. This one needs three, because gpumem can say what a
-step would reserve without running it:
+step would reserve without running it: a step's allocation sequence, replayed on gpumem's simulated
+device (the same engine as on the GPU: the same rounding, caching, fragmentation and releases under a
+limit), reserves what the GPU would. What the replay does not hold (parameters, optimizer state: the
+memory reserved before the step) is the trial's measured peak reserved less the replay's.
 
-1. Two small trials (``start`` and twice that samples) are recorded allocation by allocation with
-   torch's memory history. Each allocation is classified: *transient* (made and freed within the
-   step: activations, temporaries), *persistent* (made and kept: gradients, the first step's optimizer
-   state) or *released* (made before the step and freed in it: the last step's gradients).
-2. The transient allocations of the two trials are matched in order -- the same operations on batches
-   of different sizes -- so each one's size is a + b x batch. That gives the step's whole allocation
-   sequence at any batch size N (the batch's own tensors scale with N, the rest stays).
-3. The sequence at N is replayed on gpumem's simulated device: the same engine as on the GPU, so the
-   same rounding, caching, fragmentation and releases under a limit. What the replay does not hold
-   (parameters, optimizer state: the memory reserved before the step) is the second trial's measured
-   peak reserved less the replay's at the same size. The largest N whose replay runs within the limit
-   less that is the prediction, found by bisection on the simulator (milliseconds a replay).
-4. The third trial runs the predicted batch to verify it. Only when it does not fit does the search
-   bisect with real trials.
+1. Trial 1 runs the step at ``start`` samples, recorded allocation by allocation with torch's memory
+   history. Each allocation is *transient* (made and freed within the step: activations,
+   temporaries), *persistent* (made and kept: gradients, the first step's optimizer state) or
+   *released* (made before the step and freed in it: the last step's gradients).
+2. With every transient allocation taken to grow in proportion to the batch (never less than the
+   truth), the replay gives a batch size that surely fits. Trial 2 runs at three quarters of it:
+   large, so that what only large batches allocate (a reduction's staging buffer, a GEMM workspace)
+   is seen and what is left to extrapolate is short.
+3. The two trials' transient allocations are paired (the same operations on batches of different
+   sizes), so each one's size is a + b x batch; one seen only in trial 2 grows in proportion. That is
+   the step's whole allocation sequence at any batch size N (the batch's own tensors scale with N).
+4. The largest N whose replay runs within the limit, less what the replay does not hold, is the
+   prediction (bisection on the simulator: milliseconds a replay). Trial 3 runs it to verify; only
+   when it does not fit does the search bisect with real trials.
 
-When the two trials' transient allocations cannot be matched (the step does different things at the
-two sizes), the prediction falls back to the live bytes alone, fitted event by event, with ``margin``
-of the limit left for the allocator's rounding. Each trial is a real training step: give
-``state=(model, optimizer)`` to have their states restored afterwards.
+When the trials' allocations cannot be paired (the step does different things at the two sizes), the
+prediction falls back to the live bytes alone, fitted event by event, with 3% of the limit left for
+the allocator's rounding. Each trial is a real training step: give ``state=(model, optimizer)`` to
+have their states restored afterwards.
 """
+import difflib
 import os
 import sys
 
@@ -89,23 +93,54 @@ def _transient_allocations(events):
     return transient
 
 
-class StepModel:
-    """The step's allocation sequence at any batch size, from two trials (see the module's comment)."""
+def _match(small_sizes, large_sizes, ratio):
+    """Pairs (i, j): small_sizes[i] and large_sizes[j] are the same allocation at the two batch sizes.
 
-    def __init__(self, small, large):
+    The sizes are a + b x batch, so a pair's sizes grow by at most the ratio of the batch sizes. The
+    steps agree from the start and from the end (forward, backward, the optimizer); where they differ
+    in the middle (the first step of an optimizer does different work) only equal sizes are paired,
+    in order (difflib), and what is left has no counterpart."""
+    grows = lambda i, j: small_sizes[i] <= large_sizes[j] <= small_sizes[i] * ratio + 512  # noqa: E731
+    head = 0
+    while head < min(len(small_sizes), len(large_sizes)) and grows(head, head):
+        head += 1
+    tail = 0
+    while (tail < min(len(small_sizes), len(large_sizes)) - head
+           and grows(len(small_sizes) - 1 - tail, len(large_sizes) - 1 - tail)):
+        tail += 1
+    pairs = [(i, i) for i in range(head)]
+    middle_small = small_sizes[head:len(small_sizes) - tail]
+    middle_large = large_sizes[head:len(large_sizes) - tail]
+    matcher = difflib.SequenceMatcher(None, middle_small, middle_large, autojunk=False)
+    for block in matcher.get_matching_blocks():
+        pairs += [(head + block.a + k, head + block.b + k) for k in range(block.size)]
+    pairs += [(len(small_sizes) - 1 - k, len(large_sizes) - 1 - k) for k in reversed(range(tail))]
+    return pairs
+
+
+class StepModel:
+    """The step's allocation sequence at any batch size, from one trial or two (the module's comment).
+
+    A transient allocation paired with the smaller trial's grows as the pair says; one without a pair
+    (or every one, from a single trial) is taken to grow in proportion to the batch: the safe guess,
+    since a + b x batch never exceeds that for sizes above the trial's. ``matched``: whether the two
+    trials' allocations could be paired (all but a few of the larger's)."""
+
+    def __init__(self, large, small=None):
         self.small, self.large = small, large
-        transient = _transient_allocations(large.events)
-        self.transient = transient
-        sizes = lambda trial, chosen: [trial.events[i][2] for i in sorted(chosen)]  # noqa: E731
-        small_sizes = sizes(small, _transient_allocations(small.events))
-        large_sizes = sizes(large, transient)
-        self.matched = (len(small_sizes) == len(large_sizes) and small.size != large.size
-                        and len(small.batch_tensors) == len(large.batch_tensors))
-        self.growth = {}  # event index -> bytes per sample
-        if self.matched:
-            per = large.size - small.size
-            for index, small_size, large_size in zip(sorted(transient), small_sizes, large_sizes):
-                self.growth[index] = (large_size - small_size) / per
+        large_transient = sorted(_transient_allocations(large.events))
+        large_sizes = [large.events[i][2] for i in large_transient]
+        self.growth = {index: size / large.size for index, size in zip(large_transient, large_sizes)}
+        self.matched = False
+        if small is None or small.size >= large.size or len(small.batch_tensors) != len(large.batch_tensors):
+            return
+        small_transient = sorted(_transient_allocations(small.events))
+        small_sizes = [small.events[i][2] for i in small_transient]
+        pairs = _match(small_sizes, large_sizes, large.size / small.size)
+        self.matched = len(pairs) >= 0.95 * len(large_sizes)
+        per = large.size - small.size
+        for i, j in pairs:
+            self.growth[large_transient[j]] = (large_sizes[j] - small_sizes[i]) / per
 
     def operations(self, size):
         """("a" | "f", id, bytes, stream) of the step at `size` samples: first what it finds live (the
@@ -248,29 +283,44 @@ def find_batch_size(step, make_batch, limit=None, start=2, margin=0.0, maximum=N
     saved = _save_state(state)
     search = BatchSizeSearch()
     try:
-        trials = _measured_trials(step, make_batch, start, search)
-        if trials is None:
-            raise torch.OutOfMemoryError(f"gpumem.find_batch_size: even a batch of {start} does not fit")
-        small, large = trials
-        predicted = _predict(small, large, budget, config, maximum, search, log)
-        search.predicted = predicted
-        if predicted == large.size or _fits(step, make_batch, predicted, budget, search):
-            search.batch_size = predicted
-        else:
-            search.batch_size = _bisect(step, make_batch, large.size, predicted, budget, search, log)
+        search.batch_size = _search(step, make_batch, budget, start, maximum, config, search, log)
     finally:
         _restore_state(state, saved)
+    if search.batch_size is None:
+        raise torch.OutOfMemoryError(f"gpumem.find_batch_size: even a batch of {start} does not fit")
     log(f"gpumem.find_batch_size: batch size {search.batch_size} after {len(search.trials)} trials "
         f"({search.out_of_memory} out of memory)")
     return search
 
 
-def _predict(small, large, budget, config, maximum, search, log):
+def _search(step, make_batch, budget, start, maximum, config, search, log):
+    """Trial 1 at `start`; trial 2 as large as that trial alone says is safe (so that what only large
+    batches allocate is seen); trial 3 at the prediction from both."""
     import torch
-    model = StepModel(small, large)
+    first = _trial(step, make_batch, start, budget, search)
+    if first is None:
+        return None
+    capacity = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    sim = replay_config(_installed_config() if config is None else config, capacity)
+    safe, _ = predict_by_replay(StepModel(first), budget, sim, maximum)
+    second_size = max(2 * start, safe * 3 // 4)
+    if maximum is not None and second_size >= maximum:
+        second_size = max(start, maximum)
+    second = _trial(step, make_batch, second_size, budget, search)
+    if second is None:
+        return _bisect(step, make_batch, start, second_size, budget, search, log)
+    if second_size == maximum:
+        return second_size
+    predicted = _predict(first, second, budget, sim, maximum, search, log)
+    search.predicted = predicted
+    if predicted == second.size or _fits(step, make_batch, predicted, budget, search):
+        return predicted
+    return _bisect(step, make_batch, second.size, predicted, budget, search, log)
+
+
+def _predict(small, large, budget, sim, maximum, search, log):
+    model = StepModel(large, small)
     if model.matched:
-        capacity = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-        sim = replay_config(_installed_config() if config is None else config, capacity)
         predicted, outside = predict_by_replay(model, budget, sim, maximum)
         search.model = "replay"
         log(f"gpumem.find_batch_size: within {budget / 2**20:.0f} MiB ({outside / 2**20:.0f} MiB held outside "
@@ -332,33 +382,34 @@ def _device_tensors(batch, seen=None):
     return list(seen.values())
 
 
-def _measured_trials(step, make_batch, start, search):
+def _trial(step, make_batch, size, budget, search):
+    """A recorded trial (a Trial), or None when the step at this size does not fit."""
     import torch
-    measured = []
-    torch.cuda.empty_cache()  # cached memory of earlier work is not this step's
-    for size in (start, 2 * start):
-        batch = make_batch(size)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        start_bytes = torch.cuda.memory_allocated()
-        try:
-            events = _events_of_step(step, batch)
-        except torch.OutOfMemoryError:
-            search.out_of_memory += 1
-            search.trials.append((size, False, None, None))
-            return None
-        tensors = _device_tensors(batch)
-        del batch
-        peak_reserved = torch.cuda.max_memory_reserved()
-        search.trials.append((size, True, torch.cuda.max_memory_allocated(), peak_reserved))
-        measured.append(Trial(size, events, tensors, start_bytes, peak_reserved))
-    return measured[0], measured[1]
+    torch.cuda.empty_cache()  # every trial starts from the memory the step does not hold, as the model assumes
+    batch = make_batch(size)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start_bytes = torch.cuda.memory_allocated()
+    try:
+        events = _events_of_step(step, batch)
+    except torch.OutOfMemoryError:
+        search.out_of_memory += 1
+        search.trials.append((size, False, None, None))
+        return None
+    tensors = _device_tensors(batch)
+    del batch
+    peak_reserved = torch.cuda.max_memory_reserved()
+    search.trials.append((size, peak_reserved <= budget, torch.cuda.max_memory_allocated(), peak_reserved))
+    if peak_reserved > budget:
+        return None
+    return Trial(size, events, tensors, start_bytes, peak_reserved)
 
 
 def _fits(step, make_batch, size, budget, search):
     """One trial: the step at this size runs without running out and keeps reserved within the budget."""
     import torch
     try:
+        torch.cuda.empty_cache()
         batch = make_batch(size)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()

@@ -47,14 +47,13 @@ class StepModelTest(unittest.TestCase):
         self.config = batch_size.replay_config("", 8 << 30)
 
     def trial(self, size, first_step=False, outside=0):
-        model = batch_size.StepModel(  # the trial's peak as the device would measure it: replay + outside
-            batch_size.Trial(size, step_events(size), batch_tensors(size), 0, 0),
-            batch_size.Trial(size + 1, step_events(size + 1), batch_tensors(size + 1), 0, 0))
+        # The trial's peak as the device would measure it: its own replay, and what it does not hold.
+        model = batch_size.StepModel(batch_size.Trial(size, step_events(size), batch_tensors(size), 0, 0))
         _, reserved = batch_size.replay(model.operations(size), self.config)
         return batch_size.Trial(size, step_events(size, first_step), batch_tensors(size), 0, reserved + outside)
 
     def test_matched_model_gives_the_step_at_any_size(self):
-        model = batch_size.StepModel(self.trial(2, first_step=True), self.trial(4))
+        model = batch_size.StepModel(self.trial(4), self.trial(2, first_step=True))
         self.assertTrue(model.matched)
         operations = model.operations(10)
         sizes = sorted(size for kind, _, size, _ in operations if kind == "a")
@@ -68,7 +67,7 @@ class StepModelTest(unittest.TestCase):
     def test_prediction_equals_the_largest_size_that_fits_on_the_device(self):
         outside = 40 * MIB  # parameters and optimizer state, held before the step
         small, large = self.trial(2, first_step=True, outside=outside), self.trial(4, outside=outside)
-        model = batch_size.StepModel(small, large)
+        model = batch_size.StepModel(large, small)
         for budget in (200 * MIB, 333 * MIB, 1 << 30):
             predicted, seen_outside = batch_size.predict_by_replay(model, budget, self.config)
             self.assertEqual(seen_outside, outside)
@@ -80,15 +79,26 @@ class StepModelTest(unittest.TestCase):
         capped, _ = batch_size.predict_by_replay(model, 1 << 30, self.config, maximum=9)
         self.assertEqual(capped, 9)
 
+    def test_one_trial_gives_a_size_that_fits(self):
+        outside = 40 * MIB
+        first = self.trial(2, first_step=True, outside=outside)
+        exact_model = batch_size.StepModel(self.trial(4, outside=outside), first)
+        for budget in (200 * MIB, 333 * MIB, 1 << 30):
+            safe, _ = batch_size.predict_by_replay(batch_size.StepModel(first), budget, self.config)
+            exact, _ = batch_size.predict_by_replay(exact_model, budget, self.config)
+            self.assertLessEqual(safe, exact, budget)
+            self.assertGreater(safe, exact // 3, budget)  # the fixed parts of this step are small
+
     def test_different_steps_are_not_matched(self):
         small = batch_size.Trial(2, step_events(2)[:-4], batch_tensors(2), 0, 0)
         large = batch_size.Trial(4, step_events(4), batch_tensors(4), 0, 0)
-        self.assertFalse(batch_size.StepModel(small, large).matched)
+        self.assertFalse(batch_size.StepModel(large, small).matched)
+        self.assertFalse(batch_size.StepModel(large).matched)
 
     def test_live_bytes_prediction_bounds_the_replay(self):
         small, large = self.trial(2, first_step=True), self.trial(4)
         small.start_bytes, large.start_bytes = sum(batch_tensors(2)), sum(batch_tensors(4))
-        model = batch_size.StepModel(small, large)
+        model = batch_size.StepModel(large, small)
         by_live = batch_size.predict_by_live_bytes(small, large, 300 * MIB)
         by_replay, _ = batch_size.predict_by_replay(model, 300 * MIB, self.config)
         self.assertGreater(by_replay, 4)
