@@ -25,9 +25,7 @@ memory reserved before the step) is the trial's measured peak reserved less the 
    prediction (bisection on the simulator: milliseconds a replay). Trial 3 runs it to verify; only
    when it does not fit does the search bisect with real trials.
 
-When the trials' allocations cannot be paired (the step does different things at the two sizes), the
-prediction falls back to the live bytes alone, fitted event by event, with 3% of the limit left for
-the allocator's rounding. Each trial is a real training step: give ``state=(model, optimizer)`` to
+Each trial is a real training step: give ``state=(model, optimizer)`` to
 have their states restored afterwards.
 """
 import difflib
@@ -51,35 +49,34 @@ def _log_to_stderr(line):
 
 class BatchSizeSearch:
     """What find_batch_size found and how: ``batch_size``, ``trials`` (batch size, fitted, peak allocated,
-    peak reserved), ``out_of_memory``, ``predicted`` and ``model`` ("replay" or "live bytes")."""
+    peak reserved), ``out_of_memory``, ``predicted``, ``paired`` (the second trial's transient allocations
+    paired with the first's, and their number) and ``outside`` (bytes the replay took as held outside
+    the step)."""
 
     def __init__(self):
         self.batch_size = None
         self.trials = []
         self.out_of_memory = 0
         self.predicted = None
-        self.model = None
+        self.paired = None
+        self.outside = None
 
     def __repr__(self):
         return (f"BatchSizeSearch(batch_size={self.batch_size}, trials={len(self.trials)}, "
-                f"out_of_memory={self.out_of_memory}, predicted={self.predicted}, model={self.model!r})")
+                f"out_of_memory={self.out_of_memory}, predicted={self.predicted}, paired={self.paired})")
 
 
 class Trial:
     """One recorded step: its batch size, allocation events (action, address, size, stream) in order,
-    the sizes of the batch's own device tensors, the allocated bytes at its start (batch included)
-    and the peak reserved bytes measured during it."""
+    the sizes of the batch's own device tensors, and the reserved bytes measured at its start (batch
+    made, cache emptied) and at its peak."""
 
-    def __init__(self, size, events, batch_tensors, start_bytes, peak_reserved):
+    def __init__(self, size, events, batch_tensors, reserved_start, peak_reserved):
         self.size = size
         self.events = events
         self.batch_tensors = batch_tensors
-        self.start_bytes = start_bytes
+        self.reserved_start = reserved_start
         self.peak_reserved = peak_reserved
-
-    @property
-    def batch_bytes(self):
-        return sum(self.batch_tensors)
 
 
 def _transient_allocations(events):
@@ -123,21 +120,21 @@ class StepModel:
 
     A transient allocation paired with the smaller trial's grows as the pair says; one without a pair
     (or every one, from a single trial) is taken to grow in proportion to the batch: the safe guess,
-    since a + b x batch never exceeds that for sizes above the trial's. ``matched``: whether the two
-    trials' allocations could be paired (all but a few of the larger's)."""
+    since a + b x batch never exceeds that for sizes above the trial's. ``paired``: how many of the
+    larger trial's transient allocations have a pair, of how many."""
 
     def __init__(self, large, small=None):
         self.small, self.large = small, large
         large_transient = sorted(_transient_allocations(large.events))
         large_sizes = [large.events[i][2] for i in large_transient]
         self.growth = {index: size / large.size for index, size in zip(large_transient, large_sizes)}
-        self.matched = False
+        self.paired = (0, len(large_sizes))
         if small is None or small.size >= large.size or len(small.batch_tensors) != len(large.batch_tensors):
             return
         small_transient = sorted(_transient_allocations(small.events))
         small_sizes = [small.events[i][2] for i in small_transient]
         pairs = _match(small_sizes, large_sizes, large.size / small.size)
-        self.matched = len(pairs) >= 0.95 * len(large_sizes)
+        self.paired = (len(pairs), len(large_sizes))
         per = large.size - small.size
         for i, j in pairs:
             self.growth[large_transient[j]] = (large_sizes[j] - small_sizes[i]) / per
@@ -155,6 +152,7 @@ class StepModel:
                 early.append(("a", len(early), event[2], stream_of(event)))
         for tensor_bytes in large.batch_tensors:
             early.append(("a", len(early), max(1, -(-tensor_bytes * size // large.size)), 0))
+        self.early = len(early)
         next_id = len(early)
         for index, (action, address, event_size, stream) in enumerate(large.events):
             if action == "alloc":
@@ -177,30 +175,46 @@ def replay_config(config, capacity):
     return ",".join(["backend:sim", f"capacity:{int(capacity)}"] + kept)
 
 
-def replay(operations, config, limit=None):
-    """(runs within the limit, peak reserved bytes) of the operations on gpumem's simulated device."""
+def replay(operations, config, limit=None, mark=0):
+    """(runs within the limit, peak reserved bytes, reserved bytes after the first `mark` operations) of
+    the operations on gpumem's simulated device."""
     if limit is not None and limit <= 0:
-        return False, 0
+        return False, 0, 0
     extra = f",memory_limit:{int(limit)}" if limit is not None else ""
-    pointers = {}
+    pointers, at_mark = {}, 0
     with gpumem.Allocator(config + extra, from_environment=False) as allocator:
+        reserved = lambda name: allocator.memory_stats()[f"reserved_bytes.all.{name}"]  # noqa: E731
         try:
-            for kind, identity, size, stream in operations:
+            for index, (kind, identity, size, stream) in enumerate(operations):
+                if index == mark:
+                    at_mark = reserved("current")
                 if kind == "a":
                     pointers[identity] = allocator.malloc(size, stream)
                 else:
                     allocator.free(pointers.pop(identity))
         except gpumem.OutOfMemoryError:
-            return False, allocator.memory_stats()["reserved_bytes.all.peak"]
-        return True, allocator.memory_stats()["reserved_bytes.all.peak"]
+            return False, reserved("peak"), at_mark
+        return True, reserved("peak"), at_mark if mark < len(operations) else reserved("current")
+
+
+def held_outside(model, budget, config):
+    """Reserved bytes the replay of the model's (larger) trial does not see: parameters, optimizer
+    state, what other code holds. From the trial's peak, when the replay says the limit did not bind
+    there (under the limit the device releases cache, so its peak is no longer the step's); else from
+    the trial's start, a little more (the step's small blocks also fill pages held outside it)."""
+    large = model.large
+    operations = model.operations(large.size)
+    _, peak, at_start = replay(operations, config, mark=model.early)
+    if large.reserved_start is None or peak + large.reserved_start - at_start <= budget:
+        return large.peak_reserved - peak
+    return large.reserved_start - at_start
 
 
 def predict_by_replay(model, budget, config, maximum=None):
     """The largest batch whose replayed step fits in `budget` with what the step does not hold itself:
-    (batch size, bytes the replay does not see)."""
+    (batch size, bytes held outside the step)."""
     large = model.large
-    _, replayed = replay(model.operations(large.size), config)
-    outside = large.peak_reserved - replayed
+    outside = held_outside(model, budget, config)
     fits = lambda size: replay(model.operations(size), config, budget - outside)[0]  # noqa: E731
     low, high = large.size, 2 * large.size
     while high < _LARGEST and fits(high):  # doubling: a replay is cheap, a trial is not
@@ -215,66 +229,13 @@ def predict_by_replay(model, budget, config, maximum=None):
     return low, outside
 
 
-def _curve_of_step(events):
-    """The step's live bytes after each event, in three parts: transient (allocated and freed within the
-    step: activations, temporaries), persistent (allocated and kept: gradients, the first step's
-    optimizer state) and released (freed, allocated before: the last step's gradients). One entry
-    (transient, persistent, released) per transient event, the highest point until the next one: a
-    persistent allocation raises the current entry, a release counts from the next. So two steps that
-    differ only in what they keep (the first step makes the optimizer's state) have matching entries."""
-    transient_allocations = _transient_allocations(events)
-    transient = persistent = released = 0
-    curve, open_transient = [], set()
-    for index, (action, address, size, _) in enumerate(events):
-        if action == "alloc" and index in transient_allocations:
-            open_transient.add(address)
-            transient += size
-        elif action == "alloc":  # kept: the entry since the last transient event now holds it too
-            persistent += size
-            if curve:
-                curve[-1] = (transient, persistent, curve[-1][2])
-            continue
-        elif address in open_transient:
-            open_transient.discard(address)
-            transient -= size
-        else:  # released: from here on (the entry before it is the higher point)
-            released += size
-            continue
-        curve.append((transient, persistent, released))
-    return curve
-
-
-def predict_by_live_bytes(small, large, budget):
-    """The largest batch whose steady-state live bytes stay within `budget` at every event. The transient
-    parts of the two trials' curves are matched event by event: each event's transient bytes are
-    a + b x batch. The persistent and released parts are the second trial's (the steady state), the
-    fixed bytes its start less its batch; the batch adds its bytes per sample."""
-    curve_1, curve_2 = _curve_of_step(small.events), _curve_of_step(large.events)
-    size_1, size_2 = small.size, large.size
-    per_sample_input = large.batch_bytes / size_2
-    fixed = large.start_bytes - large.batch_bytes
-    if len(curve_1) != len(curve_2):  # the steps differ: only their peaks can be compared
-        curve_1, curve_2 = [max(curve_1, default=(0, 0, 0))], [max(curve_2, default=(0, 0, 0))]
-    best = None
-    for (transient_1, _, _), (transient_2, persistent, released) in zip(curve_1, curve_2):
-        slope = (transient_2 - transient_1) / (size_2 - size_1) + per_sample_input
-        constant = fixed + persistent - released + transient_2 - (slope - per_sample_input) * size_2
-        if slope <= 0:
-            if constant > budget:
-                return 0
-            continue
-        limit = int((budget - constant) // slope)
-        best = limit if best is None else min(best, limit)
-    return best if best is not None else size_2
-
-
 def find_batch_size(step, make_batch, limit=None, start=2, margin=0.0, maximum=None, state=None, log=None,
                     config=None):
     """The largest batch size whose training step fits in ``limit`` bytes of device memory (default:
     gpumem's memory limit -- set_per_process_memory_fraction sets it -- or what the device has free).
 
     ``step(batch)`` runs one training step; ``make_batch(n)`` makes a batch of n samples. ``margin`` is
-    a fraction of the limit kept free (the live-bytes fallback always keeps at least 3%). ``config``:
+    a fraction of the limit kept free (default none). ``maximum``: no larger batch is wanted. ``config``:
     the allocator's GPUMEM_CONF keys, for the replay (default: gpumem.torch's). Returns a
     BatchSizeSearch."""
     import torch
@@ -320,16 +281,11 @@ def _search(step, make_batch, budget, start, maximum, config, search, log):
 
 def _predict(small, large, budget, sim, maximum, search, log):
     model = StepModel(large, small)
-    if model.matched:
-        predicted, outside = predict_by_replay(model, budget, sim, maximum)
-        search.model = "replay"
-        log(f"gpumem.find_batch_size: within {budget / 2**20:.0f} MiB ({outside / 2**20:.0f} MiB held outside "
-            f"the step) the replay predicts {predicted}: trying it")
-    else:
-        predicted = predict_by_live_bytes(small, large, budget * 0.97)
-        search.model = "live bytes"
-        log(f"gpumem.find_batch_size: the trials at {small.size} and {large.size} do different allocations; "
-            f"by live bytes within {budget / 2**20:.0f} MiB less 3% it predicts {predicted}: trying it")
+    predicted, outside = predict_by_replay(model, budget, sim, maximum)
+    search.paired, search.outside = model.paired, outside
+    log(f"gpumem.find_batch_size: trials at {small.size} and {large.size} ({model.paired[0]} of "
+        f"{model.paired[1]} allocations paired); within {budget / 2**20:.0f} MiB, {outside / 2**20:.0f} MiB "
+        f"held outside the step, the replay predicts {predicted}: trying it")
     return max(large.size, min(predicted, maximum or predicted))
 
 
@@ -389,7 +345,7 @@ def _trial(step, make_batch, size, budget, search):
     batch = make_batch(size)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    start_bytes = torch.cuda.memory_allocated()
+    reserved_start = torch.cuda.memory_reserved()
     try:
         events = _events_of_step(step, batch)
     except torch.OutOfMemoryError:
@@ -402,7 +358,7 @@ def _trial(step, make_batch, size, budget, search):
     search.trials.append((size, peak_reserved <= budget, torch.cuda.max_memory_allocated(), peak_reserved))
     if peak_reserved > budget:
         return None
-    return Trial(size, events, tensors, start_bytes, peak_reserved)
+    return Trial(size, events, tensors, reserved_start, peak_reserved)
 
 
 def _fits(step, make_batch, size, budget, search):

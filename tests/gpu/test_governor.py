@@ -187,7 +187,6 @@ def test_find_batch_size_in_three_trials():
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
     assert len(search.trials) <= 3, search.trials
-    assert search.model == "replay", search
     assert search.batch_size >= largest, (search, largest)  # and it ran: the third trial verified it
     assert search.out_of_memory == 0 and search.trials[-1][:2] == (search.batch_size, True), search
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), parameters_before)), "parameters restored"

@@ -1,5 +1,6 @@
 """gpumem.batch_size without a GPU: the step model built from two recorded trials, and the prediction by
 replay on the simulated device, checked against brute force over every batch size."""
+import random
 import unittest
 
 import gpumem
@@ -46,15 +47,18 @@ class StepModelTest(unittest.TestCase):
     def setUp(self):
         self.config = batch_size.replay_config("", 8 << 30)
 
-    def trial(self, size, first_step=False, outside=0):
-        # The trial's peak as the device would measure it: its own replay, and what it does not hold.
-        model = batch_size.StepModel(batch_size.Trial(size, step_events(size), batch_tensors(size), 0, 0))
-        _, reserved = batch_size.replay(model.operations(size), self.config)
-        return batch_size.Trial(size, step_events(size, first_step), batch_tensors(size), 0, reserved + outside)
+    def trial(self, size, first_step=False, outside=0, limit=None):
+        """The trial as a device would measure it: `outside` bytes held before the step (parameters),
+        then the step; its reserved bytes at the start and at the peak, under `limit` if given."""
+        model = batch_size.StepModel(batch_size.Trial(size, step_events(size, first_step), batch_tensors(size), 0, 0))
+        operations = [("a", -1, outside, 0)] + model.operations(size) if outside else model.operations(size)
+        ran, peak, at_start = batch_size.replay(operations, self.config, limit, mark=model.early + bool(outside))
+        self.assertTrue(ran)
+        return batch_size.Trial(size, step_events(size, first_step), batch_tensors(size), at_start, peak)
 
-    def test_matched_model_gives_the_step_at_any_size(self):
+    def test_model_gives_the_step_at_any_size(self):
         model = batch_size.StepModel(self.trial(4), self.trial(2, first_step=True))
-        self.assertTrue(model.matched)
+        self.assertEqual(model.paired, (9, 9))
         operations = model.operations(10)
         sizes = sorted(size for kind, _, size, _ in operations if kind == "a")
         expected = sorted(list(GRADIENTS) + batch_tensors(10)  # released, batch, the step's own
@@ -71,13 +75,37 @@ class StepModelTest(unittest.TestCase):
         for budget in (200 * MIB, 333 * MIB, 1 << 30):
             predicted, seen_outside = batch_size.predict_by_replay(model, budget, self.config)
             self.assertEqual(seen_outside, outside)
-            exact = lambda size: batch_size.replay(model.operations(size), self.config,  # noqa: E731
-                                                   budget - outside)[0]
-            self.assertTrue(exact(predicted), budget)
-            self.assertFalse(exact(predicted + 1), budget)
-            self.assertFalse(any(exact(size) for size in range(predicted + 1, predicted + 40)), budget)
+            on_device = lambda size: batch_size.replay(  # noqa: E731
+                [("a", -1, outside, 0)] + model.operations(size), self.config, budget)[0]
+            self.assertTrue(on_device(predicted), budget)
+            self.assertFalse(any(on_device(size) for size in range(predicted + 1, predicted + 40)), budget)
         capped, _ = batch_size.predict_by_replay(model, 1 << 30, self.config, maximum=9)
         self.assertEqual(capped, 9)
+
+    def test_outside_from_the_start_when_the_limit_bound_the_trial(self):
+        """A step of mixed sizes, after which the engine keeps some cache: under a limit the device
+        releases it and reserves less at the peak, so the peak no longer tells what is held outside."""
+        generator, events, live = random.Random(1), [], []
+        for index in range(400):
+            if live and generator.random() < 0.5:
+                address, nbytes = live.pop(generator.randrange(len(live)))
+                events.append(("free_requested", address, nbytes, 0))
+            else:
+                live.append((index, generator.randrange(1, 20) * MIB + generator.randrange(4096)))
+                events.append(("alloc", live[-1][0], live[-1][1], 0))
+        outside, operations = 40 * MIB, batch_size.StepModel(batch_size.Trial(4, events, [], 0, 0)).operations(4)
+        on_device = lambda limit: batch_size.replay([("a", -1, outside, 0)] + operations, self.config,  # noqa: E731
+                                                    limit, mark=1)
+        _, free_peak, start = on_device(None)
+        limit = free_peak - 16 * MIB
+        ran, bound_peak, _ = on_device(limit)
+        self.assertTrue(ran)
+        self.assertLess(bound_peak, free_peak)  # the device released cache to fit
+        for peak, budget in ((free_peak, 1 << 30), (bound_peak, limit)):
+            model = batch_size.StepModel(batch_size.Trial(4, events, [], start, peak))
+            self.assertEqual(batch_size.held_outside(model, budget, self.config), outside)
+        _, replayed, _ = batch_size.replay(operations, self.config)
+        self.assertLess(bound_peak - replayed, outside)  # what the peak alone would have said
 
     def test_one_trial_gives_a_size_that_fits(self):
         outside = 40 * MIB
@@ -89,26 +117,23 @@ class StepModelTest(unittest.TestCase):
             self.assertLessEqual(safe, exact, budget)
             self.assertGreater(safe, exact // 3, budget)  # the fixed parts of this step are small
 
-    def test_different_steps_are_not_matched(self):
-        small = batch_size.Trial(2, step_events(2)[:-4], batch_tensors(2), 0, 0)
+    def test_allocations_without_a_pair_grow_in_proportion(self):
+        events = step_events(2)
+        del events[4:6]  # the small trial made no scratch block
+        small = batch_size.Trial(2, events, batch_tensors(2), 0, 0)
         large = batch_size.Trial(4, step_events(4), batch_tensors(4), 0, 0)
-        self.assertFalse(batch_size.StepModel(large, small).matched)
-        self.assertFalse(batch_size.StepModel(large).matched)
-
-    def test_live_bytes_prediction_bounds_the_replay(self):
-        small, large = self.trial(2, first_step=True), self.trial(4)
-        small.start_bytes, large.start_bytes = sum(batch_tensors(2)), sum(batch_tensors(4))
         model = batch_size.StepModel(large, small)
-        by_live = batch_size.predict_by_live_bytes(small, large, 300 * MIB)
-        by_replay, _ = batch_size.predict_by_replay(model, 300 * MIB, self.config)
-        self.assertGreater(by_replay, 4)
-        self.assertGreaterEqual(by_live, by_replay)  # reserved bytes are never below live bytes
+        self.assertEqual(model.paired, (8, 9))
+        self.assertEqual(batch_size.StepModel(large).paired, (0, 9))
+        self.assertEqual(large.events[4][:3:2], ("alloc", 2 * MIB))
+        self.assertEqual(model.growth[4], 2 * MIB / 4)
+        self.assertEqual(model.growth[0], 3 * MIB + 4096)  # paired: a layer's activation
 
     def test_replay_config_keeps_only_the_engine_keys(self):
         config = batch_size.replay_config("engine:segments, publish:true,page_size:4MiB,memory_limit:1GiB", 1 << 30)
         self.assertEqual(config, "backend:sim,capacity:1073741824,engine:segments,page_size:4MiB")
-        self.assertEqual(batch_size.replay([("a", 0, 2 << 30, 0)], config), (False, 0))
-        self.assertEqual(batch_size.replay([("a", 0, 1, 0)], config, limit=0), (False, 0))
+        self.assertEqual(batch_size.replay([("a", 0, 2 << 30, 0)], config), (False, 0, 0))
+        self.assertEqual(batch_size.replay([("a", 0, 1, 0)], config, limit=0), (False, 0, 0))
         with self.assertRaises(gpumem.GpumemError):
             batch_size.replay([], batch_size.replay_config("page_size:3", 1 << 30))
 
