@@ -147,7 +147,7 @@ def run_finder(name, finder, fraction):
         search = gpumem.torch.find_batch_size(step, make_batch, state=(model, optimizer), margin=MARGIN,
                                               log=lines.append)
         found, trials, ooms = search.batch_size, len(search.trials), search.out_of_memory
-        extra = {"predicted": search.predicted, "paired": search.paired, "outside": search.outside,
+        extra = {"predicted": search.predicted, "paired": search.paired, "outside": search.outside, "peaks": search.peaks,
                  "trial_list": search.trials, "log": lines}
     elif finder == "lightning":
         found, trials, ooms = lightning_style(step, make_batch)

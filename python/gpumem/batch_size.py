@@ -28,7 +28,6 @@ memory reserved before the step) is the trial's measured peak reserved less the 
 Each trial is a real training step: give ``state=(model, optimizer)`` to
 have their states restored afterwards.
 """
-import difflib
 import os
 import sys
 
@@ -60,6 +59,7 @@ class BatchSizeSearch:
         self.predicted = None
         self.paired = None
         self.outside = None
+        self.peaks = None  # the second trial's peak reserved bytes, measured and replayed
 
     def __repr__(self):
         return (f"BatchSizeSearch(batch_size={self.batch_size}, trials={len(self.trials)}, "
@@ -90,37 +90,64 @@ def _transient_allocations(events):
     return transient
 
 
-def _match(small_sizes, large_sizes, ratio):
+def _match(small_sizes, large_sizes, ratio, band=64):
     """Pairs (i, j): small_sizes[i] and large_sizes[j] are the same allocation at the two batch sizes.
 
     The sizes are a + b x batch, so a pair's sizes grow by at most the ratio of the batch sizes. The
-    steps agree from the start and from the end (forward, backward, the optimizer); where they differ
-    in the middle (the first step of an optimizer does different work) only equal sizes are paired,
-    in order (difflib), and what is left has no counterpart."""
-    grows = lambda i, j: small_sizes[i] <= large_sizes[j] <= small_sizes[i] * ratio + 512  # noqa: E731
-    head = 0
-    while head < min(len(small_sizes), len(large_sizes)) and grows(head, head):
-        head += 1
-    tail = 0
-    while (tail < min(len(small_sizes), len(large_sizes)) - head
-           and grows(len(small_sizes) - 1 - tail, len(large_sizes) - 1 - tail)):
-        tail += 1
-    pairs = [(i, i) for i in range(head)]
-    middle_small = small_sizes[head:len(small_sizes) - tail]
-    middle_large = large_sizes[head:len(large_sizes) - tail]
-    matcher = difflib.SequenceMatcher(None, middle_small, middle_large, autojunk=False)
-    for block in matcher.get_matching_blocks():
-        pairs += [(head + block.a + k, head + block.b + k) for k in range(block.size)]
-    pairs += [(len(small_sizes) - 1 - k, len(large_sizes) - 1 - k) for k in reversed(range(tail))]
-    return pairs
+    two steps do the same operations in the same order, except for a few: the optimizer's first step
+    makes other temporaries, a large batch may need a reduction's staging buffer or a GEMM workspace
+    that a small one does not. So the pairing is the longest common subsequence under "may be the same
+    allocation" (ties go to pairing in order), computed within a band around the diagonal, as wide as
+    the difference of the lengths and `band` more."""
+    n, m = len(small_sizes), len(large_sizes)
+    lowest, highest = min(0, m - n) - band, max(0, m - n) + band  # j - i within the band
+    width = highest - lowest + 1
+    unreachable = -1
+    score = [[unreachable] * width for _ in range(n + 1)]  # score[i][j - i - lowest]
+    step = [bytearray(width) for _ in range(n + 1)]  # 1: pair, 2: skip small[i-1], 3: skip large[j-1]
+    for i in range(n + 1):
+        small = small_sizes[i - 1] if i else 0
+        for column in range(width):
+            j = i + lowest + column
+            if j < 0 or j > m:
+                continue
+            if i == 0 or j == 0:
+                score[i][column] = 0
+                continue
+            best, how = unreachable, 0
+            up = score[i - 1][column + 1] if column + 1 < width else unreachable  # (i-1, j)
+            if up > best:
+                best, how = up, 2
+            left = score[i][column - 1] if column else unreachable  # (i, j-1)
+            if left > best:
+                best, how = left, 3
+            large = large_sizes[j - 1]
+            if small <= large <= small * ratio + 512 and score[i - 1][column] >= 0:
+                paired = score[i - 1][column] + 1
+                if paired >= best:
+                    best, how = paired, 1
+            score[i][column], step[i][column] = best, how
+    pairs, i, j = [], n, m
+    while i > 0 and j > 0 and 0 <= j - i - lowest < width:
+        how = step[i][j - i - lowest]
+        if how == 1:
+            pairs.append((i - 1, j - 1))
+            i, j = i - 1, j - 1
+        elif how == 2:
+            i -= 1
+        else:
+            j -= 1
+    return pairs[::-1]
 
 
 class StepModel:
     """The step's allocation sequence at any batch size, from one trial or two (the module's comment).
 
-    A transient allocation paired with the smaller trial's grows as the pair says; one without a pair
-    (or every one, from a single trial) is taken to grow in proportion to the batch: the safe guess,
-    since a + b x batch never exceeds that for sizes above the trial's. ``paired``: how many of the
+    A transient allocation paired with the smaller trial's grows as the pair says. One without a pair
+    keeps its size if the smaller trial made a block of exactly that size too (an optimizer's
+    temporary the size of a parameter); otherwise (and every one, from a single trial) it is taken to
+    grow in proportion to the batch: the safe guess, since a + b x batch never exceeds that for sizes
+    above the trial's. ``paired``: how many of the
     larger trial's transient allocations have a pair, of how many."""
 
     def __init__(self, large, small=None):
@@ -138,6 +165,11 @@ class StepModel:
         per = large.size - small.size
         for i, j in pairs:
             self.growth[large_transient[j]] = (large_sizes[j] - small_sizes[i]) / per
+        made_at_both = {event[2] for event in small.events if event[0] == "alloc"}
+        paired = {large_transient[j] for _, j in pairs}
+        for index, size in zip(large_transient, large_sizes):
+            if index not in paired and size in made_at_both:  # the same bytes at both sizes: not the batch's
+                self.growth[index] = 0.0
 
     def operations(self, size):
         """("a" | "f", id, bytes, stream) of the step at `size` samples: first what it finds live (the
@@ -197,24 +229,23 @@ def replay(operations, config, limit=None, mark=0):
         return True, reserved("peak"), at_mark if mark < len(operations) else reserved("current")
 
 
-def held_outside(model, budget, config):
-    """Reserved bytes the replay of the model's (larger) trial does not see: parameters, optimizer
-    state, what other code holds. From the trial's peak, when the replay says the limit did not bind
-    there (under the limit the device releases cache, so its peak is no longer the step's); else from
-    the trial's start, a little more (the step's small blocks also fill pages held outside it)."""
-    large = model.large
-    operations = model.operations(large.size)
-    _, peak, at_start = replay(operations, config, mark=model.early)
-    if large.reserved_start is None or peak + large.reserved_start - at_start <= budget:
-        return large.peak_reserved - peak
-    return large.reserved_start - at_start
+def held_outside(model, config):
+    """Reserved bytes the replay of the model's (larger) trial does not see -- parameters, optimizer
+    state, what other code holds: the trial's reserved bytes at its start (cache emptied, batch made)
+    less the replay's at the same point. Not from the peaks: the device keeps cache the replay need
+    not keep the same way, and under a limit it releases cache, so the difference of the peaks mixes
+    the engine's slack into what is held. (A little more than the truth: the step's small blocks also
+    fill pages held outside it.)"""
+    operations = model.operations(model.large.size)
+    _, _, at_start = replay(operations, config, mark=model.early)
+    return model.large.reserved_start - at_start
 
 
 def predict_by_replay(model, budget, config, maximum=None):
     """The largest batch whose replayed step fits in `budget` with what the step does not hold itself:
     (batch size, bytes held outside the step)."""
     large = model.large
-    outside = held_outside(model, budget, config)
+    outside = held_outside(model, config)
     fits = lambda size: replay(model.operations(size), config, budget - outside)[0]  # noqa: E731
     low, high = large.size, 2 * large.size
     while high < _LARGEST and fits(high):  # doubling: a replay is cheap, a trial is not
@@ -283,6 +314,7 @@ def _predict(small, large, budget, sim, maximum, search, log):
     model = StepModel(large, small)
     predicted, outside = predict_by_replay(model, budget, sim, maximum)
     search.paired, search.outside = model.paired, outside
+    search.peaks = (large.peak_reserved, replay(model.operations(large.size), sim)[1])
     log(f"gpumem.find_batch_size: trials at {small.size} and {large.size} ({model.paired[0]} of "
         f"{model.paired[1]} allocations paired); within {budget / 2**20:.0f} MiB, {outside / 2**20:.0f} MiB "
         f"held outside the step, the replay predicts {predicted}: trying it")
