@@ -116,6 +116,45 @@ GM_API gm_status gm_record_stream(gm_allocator *allocator, void *pointer, gm_str
 /* Give every cached, entirely free piece of memory back to the device. */
 GM_API gm_status gm_empty_cache(gm_allocator *allocator);
 
+/* ---------------------------------------------------------------- private pools
+
+ * A private pool keeps its memory for one owner: a captured CUDA graph, whose replays write to the
+ * addresses the capture was given, or a torch.cuda.MemPool. While a pool is retained, its memory --
+ * allocated or cached -- is never handed to allocations outside it, and gm_empty_cache keeps it;
+ * blocks freed inside it are reused by its own later allocations. Pools are named by the caller's
+ * pair of numbers (PyTorch's MempoolId_t; {0, 0} names no pool) and counted: the first retain or
+ * begin makes a pool, each one adds a user (graphs may share a pool), each gm_release_pool takes one
+ * away. At no users the pool's free memory goes back to the device at once, and its other blocks'
+ * memory as they are freed. */
+typedef struct gm_pool_id {
+    uint64_t first;
+    uint64_t second;
+} gm_pool_id;
+
+/* Whether an allocation on `stream` goes to the pool being allocated to (called with the allocator's
+ * lock held: it must not call gpumem). NULL as a filter: every stream. */
+typedef int (*gm_stream_filter)(gm_stream stream, void *context);
+
+/* From now on, allocations on streams that `filter` accepts come from `pool` (made if new), until
+ * gm_end_allocate_to_pool. Adds a user, as gm_retain_pool does. Several pools may be allocated to at
+ * once (captures on different streams): the first begun whose filter accepts the stream wins. */
+GM_API gm_status gm_begin_allocate_to_pool(gm_allocator *allocator, gm_pool_id pool, gm_stream_filter filter,
+                                           void *context);
+/* Stop allocating to `pool` (the user stays: the memory is the owner's until gm_release_pool). */
+GM_API gm_status gm_end_allocate_to_pool(gm_allocator *allocator, gm_pool_id pool);
+/* Add a user to `pool`, made if new (torch.cuda.MemPool's creation). */
+GM_API gm_status gm_retain_pool(gm_allocator *allocator, gm_pool_id pool);
+/* Take a user away; GM_ERROR_INVALID_ARGUMENT for a pool that does not exist. */
+GM_API gm_status gm_release_pool(gm_allocator *allocator, gm_pool_id pool);
+
+typedef struct gm_pool_info {
+    uint32_t users;            /* retains and begins not yet released */
+    uint64_t live_allocations; /* its blocks not yet freed (or waiting for a recorded stream) */
+    uint64_t reserved_bytes;   /* device memory its heaps hold, allocated or cached */
+} gm_pool_info;
+/* A pool's state; GM_ERROR_INVALID_ARGUMENT when no pool of that name exists (any more). */
+GM_API gm_status gm_get_pool_info(gm_allocator *allocator, gm_pool_id pool, gm_pool_info *info_out);
+
 /* Never reserve more than `bytes` of device memory from now on (0: the whole device); what is already
  * reserved beyond it is given back as it becomes free (torch.cuda.set_per_process_memory_fraction). */
 GM_API gm_status gm_set_memory_limit(gm_allocator *allocator, uint64_t bytes);

@@ -300,7 +300,10 @@ static void retire_block(gm_allocator *allocator, gm_block *block)
     block->recorded_count = 0;
     gm_history_record(allocator->arena.history, GM_EVENT_FREE_COMPLETED, block->address, block->requested,
                       block->heap->stream);
+    gm_private_pool *pool = block->heap->private_pool; /* the engine may merge the block away */
     allocator->arena.engine->free_block(&allocator->arena, block);
+    if (pool)
+        gm_pool_block_retired_locked(allocator, pool);
 }
 
 /* Complete pending frees whose events are done; with `wait`, wait for all of them first. */
@@ -401,11 +404,13 @@ __attribute__((noinline, cold)) static gm_status allocate_after_failure(gm_alloc
     gm_pressure_readings event;
     if (status == GM_ERROR_OUT_OF_MEMORY &&
         gm_pressure_begin_critical_locked(allocator, size, heap->stream, attempts.released_bytes, &event)) {
+        allocator->unlocked_allocations++; /* keeps `heap` (a private pool's, perhaps) from being dropped */
         end_change(allocator);
         pthread_mutex_unlock(&allocator->lock);
         attempts.callbacks_called = gm_pressure_dispatch(allocator, &event);
         pthread_mutex_lock(&allocator->lock);
         begin_change(allocator);
+        allocator->unlocked_allocations--;
         gm_pressure_end_critical_locked(allocator);
         attempts.called_callbacks = true;
         status = allocator->arena.engine->allocate(&allocator->arena, heap, pool, size, block_out);
@@ -453,7 +458,8 @@ gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void
     begin_change(allocator);
     if (allocator->pending_head)
         process_pending_frees(allocator, false);
-    gm_heap *heap = gm_heap_for_stream(&allocator->arena, stream);
+    gm_heap *heap = allocator->pool_route_count ? gm_heap_for_request_locked(allocator, stream)
+                                                : gm_heap_for_stream(&allocator->arena, stream);
     gm_block *block = NULL;
     gm_status status = heap ? allocate_with_retries(allocator, heap, pool, rounded, &block)
                             : gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a stream heap");
@@ -468,7 +474,11 @@ gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void
         gm_stat_change(allocator->arena.stats->active_bytes, pool, (int64_t)block->size);
         *pointer_out = (void *)block->address;
         gm_history_record(allocator->arena.history, GM_EVENT_ALLOC, block->address, size, stream);
+        if (heap->private_pool)
+            heap->private_pool->live_blocks++;
     }
+    if (allocator->pools_to_forget && !allocator->unlocked_allocations)
+        gm_forget_gone_pools_locked(allocator);
     if (pressure_crossed(allocator))
         return finish_under_pressure(allocator, status);
     end_change(allocator);
@@ -626,6 +636,8 @@ static void cache_info_locked(gm_allocator *allocator, uint64_t *free_bytes_out,
     *free_bytes_out = 0;
     *largest_block_out = 0;
     for (size_t h = 0; h < allocator->arena.heap_count; h++) {
+        if (!gm_heap_memory_available(allocator->arena.heaps[h], NULL))
+            continue; /* a private pool's: not for other allocations */
         for (int pool = GM_POOL_SMALL; pool <= GM_POOL_LARGE; pool++) {
             const gm_size_index *index = gm_heap_index(allocator->arena.heaps[h], pool);
             const gm_block *largest = gm_size_index_largest(index);
@@ -713,6 +725,7 @@ void gm_destroy(gm_allocator *allocator, size_t *live_allocations_out)
         return;
     gm_pressure_stop(allocator); /* joins the sampling thread, which may be waiting for the lock */
     pthread_mutex_lock(&allocator->lock);
+    allocator->destroying = true;
     stop_publishing(allocator);
     if (live_allocations_out)
         *live_allocations_out = allocator->live_blocks.count;
@@ -731,6 +744,7 @@ void gm_destroy(gm_allocator *allocator, size_t *live_allocations_out)
     gm_host_cache_destroy(&allocator->host_cache, allocator->arena.backend);
     gm_backend_close(allocator->arena.backend);
     gm_free_heaps(&allocator->arena);
+    gm_free_private_pools(allocator);
     free(allocator->spare_events);
     while (allocator->spare_pending) {
         gm_pending_free *next = allocator->spare_pending->next;

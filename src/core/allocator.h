@@ -1,6 +1,6 @@
 /*
  * allocator.h -- the front end's state, for the front end's files alone (allocator.c, validate.c,
- * device.c, pressure.c, host_cache.c), and what it lends the rest of core: its lock around the arena, and the
+ * device.c, pressure.c, host_cache.c, private_pool.c), and what it lends the rest of core: its lock around the arena, and the
  * readings that need it held. The engines never include this header: they see the arena.
  */
 #ifndef GM_ALLOCATOR_H
@@ -21,6 +21,13 @@ typedef struct gm_pending_free {
     uint64_t event;
     struct gm_pending_free *next;
 } gm_pending_free;
+
+/* A private pool being allocated to (gm_begin_allocate_to_pool), with its stream filter. */
+typedef struct gm_pool_route {
+    gm_private_pool *pool;
+    gm_stream_filter filter;
+    void *context;
+} gm_pool_route;
 
 /* The front end's state: the arena the engine works on, and what only the front end knows. */
 struct gm_allocator {
@@ -44,6 +51,13 @@ struct gm_allocator {
     int64_t published_call_ns;     /* the backend's call_ns when they were published last */
     gm_pressure pressure;          /* the pressure policy, level and callbacks (pressure.c) */
     gm_host_cache host_cache;      /* the pinned host memory cache (host_cache.c), under `lock` */
+    gm_private_pool *private_pools; /* every private pool that exists (private_pool.c) */
+    gm_pool_route *pool_routes;     /* the pools being allocated to, in the order begun */
+    size_t pool_route_count;
+    size_t pool_route_capacity;
+    uint32_t unlocked_allocations; /* allocations waiting for pressure callbacks, lock released */
+    bool pools_to_forget;          /* a gone pool waits for those to finish */
+    bool destroying;               /* gm_destroy: no pool is forgotten one by one */
 };
 
 
@@ -57,6 +71,15 @@ void gm_unlock_after_change(gm_allocator *allocator);
 /* Wait for the streams of every pending cross-stream free, so that their blocks become free memory
  * (lock held; counted in num_sync_all_streams). */
 void gm_wait_for_pending_frees_locked(gm_allocator *allocator);
+/* The heap a request on `stream` is served from: a private pool's when one being allocated to
+ * accepts the stream, else the stream's own; NULL without host memory (private_pool.c). */
+gm_heap *gm_heap_for_request_locked(gm_allocator *allocator, gm_stream stream);
+/* A block of `pool` went back to the engine; the pool may be gone now. */
+void gm_pool_block_retired_locked(gm_allocator *allocator, gm_private_pool *pool);
+/* Drop the pools that are gone but had to wait (pools_to_forget). */
+void gm_forget_gone_pools_locked(gm_allocator *allocator);
+/* Free the pool structs and routes (gm_destroy, after the engine gave everything back). */
+void gm_free_private_pools(gm_allocator *allocator);
 /* gm_get_stats and gm_get_device_info with the lock held. */
 void gm_read_stats_locked(gm_allocator *allocator, gm_stats *stats_out);
 gm_status gm_read_device_info_locked(gm_allocator *allocator, gm_device_info *info_out);

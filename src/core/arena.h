@@ -38,8 +38,18 @@ struct gm_region {
     void *engine_data;
 };
 
+/* A private pool (gpumem.h): its heaps' memory belongs to it while it has users. The front end
+ * (private_pool.c) owns these; heaps point at theirs. */
+typedef struct gm_private_pool {
+    gm_pool_id id;
+    uint32_t users;           /* retains and begins not yet released */
+    uint64_t live_blocks;     /* blocks allocated in it and not yet retired */
+    struct gm_private_pool *next;
+} gm_private_pool;
+
 struct gm_heap {
     gm_stream stream;
+    gm_private_pool *private_pool; /* NULL: the shared memory of the stream */
     gm_size_index free_blocks[GM_POOL_COUNT]; /* [GM_POOL_SMALL], [GM_POOL_LARGE] */
     gm_list regions;
     void *engine_data;
@@ -79,6 +89,10 @@ struct gm_engine_operations {
     /* Check the engine's invariants and add the engine's recomputed statistics (reserved, segments,
      * inactive split) to *recomputed. */
     gm_status (*validate)(gm_arena *arena, gm_stats *recomputed);
+    /* Give back every region of `heap` (and of heaps the engine made for it), all of whose blocks are
+     * free, and drop the heaps from the arena (gm_remove_heap): a private pool that is gone. On a failed
+     * device call the heap stays, whole, and the status says why. */
+    gm_status (*forget_heap)(gm_arena *arena, gm_heap *heap);
 };
 
 extern const gm_engine_operations gm_segment_engine;
@@ -98,8 +112,20 @@ static inline gm_heap *gm_heap_for_stream(gm_arena *arena, gm_stream stream)
 /* A new heap for `stream`, listed with the arena's heaps (so statistics, snapshots, validation and
  * empty_cache see its regions); NULL without host memory. */
 gm_heap *gm_add_heap(gm_arena *arena, gm_stream stream);
+/* The heap of `stream` in private pool `pool`, made on first use; NULL without host memory. */
+gm_heap *gm_find_pool_heap(gm_arena *arena, gm_stream stream, gm_private_pool *pool);
+/* Drop `heap` from the arena's list and free it (its regions are the engine's and already gone). */
+void gm_remove_heap(gm_arena *arena, gm_heap *heap);
 /* Free every heap struct (their regions are the engine's and already gone). */
 void gm_free_heaps(gm_arena *arena);
+
+/* Whether free memory of `heap` may serve `requester` (NULL: may be given back to the device): not
+ * while it belongs to a private pool with users, except to that pool's own heaps. */
+static inline bool gm_heap_memory_available(const gm_heap *heap, const gm_heap *requester)
+{
+    const gm_private_pool *pool = heap->private_pool;
+    return !pool || pool->users == 0 || (requester && requester->private_pool == pool);
+}
 
 /* The heap's size index for a pool. */
 static inline gm_size_index *gm_heap_index(gm_heap *heap, int pool)
@@ -135,6 +161,8 @@ void gm_unindex_free_block(gm_arena *arena, gm_block *block);
 gm_status gm_validate_region_blocks(const gm_region *region, gm_stats *recomputed,
                                     gm_status (*check)(const gm_region *region, const gm_block *block, void *context),
                                     void *context);
+/* The device memory a region holds: its blocks but the unmapped ones (which are whole pages). */
+uint64_t gm_region_reserved_bytes(const gm_region *region);
 /* Whether reserving `size` more bytes keeps within memory_limit. */
 bool gm_may_reserve(const gm_arena *arena, uint64_t size);
 /* Record reserved memory coming (positive) or going (negative) in a pool, as `segments` segments. */

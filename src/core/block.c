@@ -166,3 +166,12 @@ void gm_move_reserved(gm_arena *arena, int from_pool, int to_pool, uint64_t byte
     gm_stat_add(&arena->stats->segment[from_pool], -1);
     gm_stat_add(&arena->stats->segment[to_pool], 1);
 }
+
+uint64_t gm_region_reserved_bytes(const gm_region *region)
+{
+    uint64_t bytes = 0;
+    for (const gm_block *block = region->first_block; block; block = block->next)
+        if (block->state != GM_BLOCK_UNMAPPED)
+            bytes += block->size;
+    return bytes;
+}

@@ -62,9 +62,13 @@ static void release_segment(gm_arena *arena, gm_region *region)
     free(region);
 }
 
-static void segments_release_cached(gm_arena *arena, uint64_t keep_bytes)
+/* Free segments back to the device until reserved memory is at most `keep_bytes`; with `pools`, those
+ * of private pools that still have users too (only when the allocator is destroyed). */
+static void release_free_segments(gm_arena *arena, uint64_t keep_bytes, bool pools)
 {
     for (size_t h = 0; h < arena->heap_count; h++) {
+        if (!pools && !gm_heap_memory_available(arena->heaps[h], NULL))
+            continue;
         gm_region *region = gm_first_region(arena->heaps[h]);
         while (region) {
             if ((uint64_t)gm_stat_total(arena->stats->reserved_bytes) <= keep_bytes)
@@ -75,6 +79,11 @@ static void segments_release_cached(gm_arena *arena, uint64_t keep_bytes)
             region = next;
         }
     }
+}
+
+static void segments_release_cached(gm_arena *arena, uint64_t keep_bytes)
+{
+    release_free_segments(arena, keep_bytes, false);
 }
 
 static gm_status new_segment(gm_arena *arena, gm_heap *heap, int pool, uint64_t size, gm_block **block_out)
@@ -170,6 +179,19 @@ static gm_status segments_validate(gm_arena *arena, gm_stats *recomputed)
     return GM_OK;
 }
 
+/* A private pool's heap, all of whose blocks are free: its segments go back, then the heap. */
+static gm_status segments_forget_heap(gm_arena *arena, gm_heap *heap)
+{
+    while (heap->regions.first) {
+        gm_region *region = gm_first_region(heap);
+        if (!region_is_free(region))
+            return gm_fail(GM_ERROR_CORRUPT, "a segment of a forgotten heap still has an allocated block");
+        release_segment(arena, region);
+    }
+    gm_remove_heap(arena, heap);
+    return GM_OK;
+}
+
 static gm_status segments_create(gm_arena *arena)
 {
     segment_engine *engine = calloc(1, sizeof *engine);
@@ -183,7 +205,7 @@ static gm_status segments_create(gm_arena *arena)
 static void segments_destroy(gm_arena *arena)
 {
     /* The front end has freed every block; what is left are whole free segments. */
-    segments_release_cached(arena, 0);
+    release_free_segments(arena, 0, true);
     free(arena->engine_state);
     arena->engine_state = NULL;
 }
@@ -196,4 +218,5 @@ const gm_engine_operations gm_segment_engine = {
     .free_block = segments_free_block,
     .release_cached = segments_release_cached,
     .validate = segments_validate,
+    .forget_heap = segments_forget_heap,
 };

@@ -154,6 +154,57 @@ static gm_status pages_create(gm_arena *arena)
     return GM_OK;
 }
 
+/* Give back a region none of whose blocks is allocated: its chunks, its addresses, its blocks. */
+static gm_status drop_free_region(gm_arena *arena, gm_region *region)
+{
+    page_region *data = data_of(region);
+    while (data->chunks.first) {
+        page_chunk *chunk = gm_list_item(data->chunks.first, page_chunk, link);
+        gm_status status = pages_evict_chunk(arena, region, chunk);
+        if (status != GM_OK)
+            return status;
+        pages_release_chunk(arena, region, chunk);
+    }
+    gm_backend_address_free(arena->backend, region->base, region->size);
+    for (gm_block *block = region->first_block; block;) {
+        gm_block *next = block->next;
+        if (block->indexed)
+            gm_unindex_free_block(arena, block);
+        gm_block_delete(&arena->block_pool, block);
+        block = next;
+    }
+    gm_list_remove(&region->heap->regions, &region->link);
+    free(data->pages);
+    free(data);
+    free(region);
+    return GM_OK;
+}
+
+static gm_status forget_one_heap(gm_arena *arena, gm_heap *heap)
+{
+    while (heap->regions.first) {
+        gm_status status = drop_free_region(arena, gm_first_region(heap));
+        if (status != GM_OK)
+            return status;
+    }
+    free(heap->engine_data);
+    heap->engine_data = NULL;
+    gm_remove_heap(arena, heap);
+    return GM_OK;
+}
+
+static gm_status pages_forget_heap(gm_arena *arena, gm_heap *heap)
+{
+    gm_heap *lane = heap->engine_data ? state_of(heap)->lane : NULL;
+    if (lane) {
+        gm_status status = forget_one_heap(arena, lane);
+        if (status != GM_OK)
+            return status;
+        state_of(heap)->lane = NULL;
+    }
+    return forget_one_heap(arena, heap);
+}
+
 static void pages_destroy(gm_arena *arena)
 {
     page_engine *engine = engine_of(arena);
@@ -199,4 +250,5 @@ const gm_engine_operations gm_page_engine = {
     .free_block = pages_free_block,
     .release_cached = pages_release_cached,
     .validate = pages_validate,
+    .forget_heap = pages_forget_heap,
 };

@@ -1,0 +1,288 @@
+/*
+ * test_private_pool.c -- private pools (CUDA graphs, MemPools) on the sim, both engines: requests
+ * routed by the stream filter, a pool's memory kept from other allocations and from empty_cache while
+ * it has users, reuse inside the pool, shared pools, the pool gone (and its heaps dropped) once it has
+ * no users and no live block, data integrity on the host backend, statistics exact throughout
+ * (gm_validate), and bad calls.
+ */
+#include "test.h"
+
+static const char *const configs[] = {"backend:sim,capacity:1GiB", "backend:sim,capacity:1GiB,engine:segments"};
+enum { config_count = 2 };
+static const gm_pool_id graph_pool = {0, 1}, other_pool = {0, 2};
+
+#define MIB (1u << 20)
+
+static int64_t reserved(gm_allocator *allocator)
+{
+    gm_stats stats;
+    REQUIRE(gm_get_stats(allocator, &stats) == GM_OK);
+    return stats.reserved_bytes[GM_POOL_ALL].current;
+}
+
+static gm_pool_info pool_info(gm_allocator *allocator, gm_pool_id pool)
+{
+    gm_pool_info info = {0};
+    CHECK_OK(gm_get_pool_info(allocator, pool, &info));
+    return info;
+}
+
+static int only_stream_7(gm_stream stream, void *context)
+{
+    (*(int *)context)++;
+    return stream == 7;
+}
+
+static void requests_follow_the_filter(void)
+{
+    for (size_t c = 0; c < config_count; c++) {
+        gm_allocator *allocator = NULL;
+        REQUIRE(gm_create(configs[c], &allocator) == GM_OK);
+        int calls = 0;
+        CHECK_OK(gm_begin_allocate_to_pool(allocator, graph_pool, only_stream_7, &calls));
+        void *captured = NULL, *elsewhere = NULL;
+        CHECK_OK(gm_malloc(allocator, 3 * MIB, 7, &captured));
+        CHECK_OK(gm_malloc(allocator, 3 * MIB, 8, &elsewhere));
+        CHECK_EQ_INT(calls, 2);
+        gm_pool_info info = pool_info(allocator, graph_pool);
+        CHECK_EQ_INT(info.users, 1);
+        CHECK_EQ_INT(info.live_allocations, 1);
+        CHECK(info.reserved_bytes >= 3 * MIB);
+        CHECK_OK(gm_end_allocate_to_pool(allocator, graph_pool));
+        void *after = NULL;
+        CHECK_OK(gm_malloc(allocator, 3 * MIB, 7, &after)); /* no longer routed */
+        CHECK_EQ_INT(calls, 2);
+        CHECK_EQ_INT(pool_info(allocator, graph_pool).live_allocations, 1);
+        CHECK_OK(gm_validate(allocator));
+        CHECK_OK(gm_free(allocator, captured));
+        CHECK_OK(gm_free(allocator, elsewhere));
+        CHECK_OK(gm_free(allocator, after));
+        CHECK_OK(gm_release_pool(allocator, graph_pool));
+        gm_destroy(allocator, NULL);
+    }
+}
+
+/* A block the capture freed is the graph's: another allocation of that size gets new memory, and
+ * empty_cache keeps the pool's cache while the pool has users. */
+static void pool_memory_is_kept_for_the_pool(void)
+{
+    for (size_t c = 0; c < config_count; c++) {
+        gm_allocator *allocator = NULL;
+        REQUIRE(gm_create(configs[c], &allocator) == GM_OK);
+        CHECK_OK(gm_begin_allocate_to_pool(allocator, graph_pool, NULL, NULL));
+        void *captured = NULL;
+        CHECK_OK(gm_malloc(allocator, 40 * MIB, 0, &captured));
+        CHECK_OK(gm_free(allocator, captured));
+        CHECK_OK(gm_end_allocate_to_pool(allocator, graph_pool));
+        int64_t pool_bytes = reserved(allocator);
+        CHECK(pool_bytes >= 40 * MIB);
+        CHECK_OK(gm_empty_cache(allocator));
+        CHECK_EQ_INT(reserved(allocator), pool_bytes);
+        uint64_t free_bytes = 1, largest = 1;
+        CHECK_OK(gm_cache_info(allocator, &free_bytes, &largest));
+        CHECK_EQ_INT(free_bytes, 0); /* the pool's cache is not for others */
+        void *outside = NULL;
+        CHECK_OK(gm_malloc(allocator, 40 * MIB, 0, &outside));
+        CHECK(outside != captured);
+        CHECK(reserved(allocator) >= pool_bytes + 40 * MIB);
+        CHECK_OK(gm_validate(allocator));
+        CHECK_OK(gm_free(allocator, outside));
+        /* Inside the pool the freed block is reused. */
+        CHECK_OK(gm_begin_allocate_to_pool(allocator, graph_pool, NULL, NULL));
+        void *again = NULL;
+        CHECK_OK(gm_malloc(allocator, 40 * MIB, 0, &again));
+        CHECK(again == captured);
+        CHECK_OK(gm_end_allocate_to_pool(allocator, graph_pool));
+        CHECK_EQ_INT(pool_info(allocator, graph_pool).users, 2);
+        CHECK_OK(gm_free(allocator, again));
+        CHECK_OK(gm_release_pool(allocator, graph_pool));
+        CHECK_OK(gm_release_pool(allocator, graph_pool));
+        CHECK_OK(gm_validate(allocator));
+        gm_destroy(allocator, NULL);
+    }
+}
+
+/* No users and no live block: the pool is gone and its memory given back; a live block keeps it until
+ * its free. */
+static void a_released_pool_goes_away_with_its_last_block(void)
+{
+    for (size_t c = 0; c < config_count; c++) {
+        gm_allocator *allocator = NULL;
+        REQUIRE(gm_create(configs[c], &allocator) == GM_OK);
+        CHECK_OK(gm_retain_pool(allocator, graph_pool)); /* a MemPool */
+        CHECK_OK(gm_begin_allocate_to_pool(allocator, graph_pool, NULL, NULL));
+        void *kept = NULL, *dropped = NULL;
+        CHECK_OK(gm_malloc(allocator, 5 * MIB, 3, &kept));
+        CHECK_OK(gm_malloc(allocator, 700, 3, &dropped));
+        CHECK_OK(gm_end_allocate_to_pool(allocator, graph_pool));
+        CHECK_OK(gm_free(allocator, dropped));
+        CHECK_OK(gm_release_pool(allocator, graph_pool));
+        CHECK_EQ_INT(pool_info(allocator, graph_pool).users, 1);
+        CHECK_OK(gm_release_pool(allocator, graph_pool));
+        gm_pool_info info = pool_info(allocator, graph_pool); /* still there: `kept` is live */
+        CHECK_EQ_INT(info.users, 0);
+        CHECK_EQ_INT(info.live_allocations, 1);
+        CHECK_OK(gm_empty_cache(allocator)); /* its free memory is ordinary cache now */
+        CHECK_OK(gm_validate(allocator));
+        CHECK_OK(gm_free(allocator, kept));
+        gm_pool_info gone;
+        CHECK_STATUS(gm_get_pool_info(allocator, graph_pool, &gone), GM_ERROR_INVALID_ARGUMENT);
+        CHECK_MESSAGE("no private pool (0, 1)");
+        CHECK_EQ_INT(reserved(allocator), 0);
+        CHECK_OK(gm_validate(allocator));
+        /* The same name again makes a new pool. */
+        CHECK_OK(gm_begin_allocate_to_pool(allocator, graph_pool, NULL, NULL));
+        void *next = NULL;
+        CHECK_OK(gm_malloc(allocator, 5 * MIB, 3, &next));
+        CHECK_OK(gm_end_allocate_to_pool(allocator, graph_pool));
+        CHECK_OK(gm_release_pool(allocator, graph_pool));
+        CHECK_OK(gm_free(allocator, next));
+        CHECK_EQ_INT(reserved(allocator), 0);
+        gm_destroy(allocator, NULL);
+    }
+}
+
+/* Graph after graph, each in a pool of its own and released: nothing piles up. */
+static void many_graphs_leave_nothing_behind(void)
+{
+    for (size_t c = 0; c < config_count; c++) {
+        gm_allocator *allocator = NULL;
+        REQUIRE(gm_create(configs[c], &allocator) == GM_OK);
+        for (uint64_t graph = 1; graph <= 2000; graph++) {
+            gm_pool_id pool = {0, graph};
+            REQUIRE(gm_begin_allocate_to_pool(allocator, pool, NULL, NULL) == GM_OK);
+            void *pointer = NULL;
+            REQUIRE(gm_malloc(allocator, (graph % 7 + 1) * MIB, graph % 3, &pointer) == GM_OK);
+            REQUIRE(gm_end_allocate_to_pool(allocator, pool) == GM_OK);
+            REQUIRE(gm_release_pool(allocator, pool) == GM_OK);
+            REQUIRE(gm_free(allocator, pointer) == GM_OK);
+        }
+        CHECK_EQ_INT(reserved(allocator), 0);
+        CHECK_OK(gm_validate(allocator));
+        gm_destroy(allocator, NULL);
+    }
+}
+
+/* Two captures at once on different streams, each into its own pool; a pool shared by two graphs. */
+static void pools_at_once_and_shared(void)
+{
+    for (size_t c = 0; c < config_count; c++) {
+        gm_allocator *allocator = NULL;
+        REQUIRE(gm_create(configs[c], &allocator) == GM_OK);
+        int calls = 0;
+        CHECK_OK(gm_begin_allocate_to_pool(allocator, graph_pool, only_stream_7, &calls));
+        CHECK_OK(gm_begin_allocate_to_pool(allocator, other_pool, NULL, NULL));
+        void *first = NULL, *second = NULL;
+        CHECK_OK(gm_malloc(allocator, 2 * MIB, 7, &first));
+        CHECK_OK(gm_malloc(allocator, 2 * MIB, 9, &second));
+        CHECK_EQ_INT(pool_info(allocator, graph_pool).live_allocations, 1);
+        CHECK_EQ_INT(pool_info(allocator, other_pool).live_allocations, 1);
+        CHECK_OK(gm_end_allocate_to_pool(allocator, graph_pool));
+        CHECK_OK(gm_end_allocate_to_pool(allocator, other_pool));
+        /* A second graph shares the first one's pool, and reuses what the first freed. */
+        CHECK_OK(gm_free(allocator, first));
+        CHECK_OK(gm_begin_allocate_to_pool(allocator, graph_pool, NULL, NULL));
+        void *shared = NULL;
+        CHECK_OK(gm_malloc(allocator, 2 * MIB, 7, &shared));
+        CHECK(shared == first);
+        CHECK_OK(gm_end_allocate_to_pool(allocator, graph_pool));
+        CHECK_EQ_INT(pool_info(allocator, graph_pool).users, 2);
+        CHECK_OK(gm_release_pool(allocator, graph_pool)); /* the first graph goes */
+        CHECK_EQ_INT(pool_info(allocator, graph_pool).users, 1);
+        CHECK_OK(gm_validate(allocator));
+        CHECK_OK(gm_free(allocator, shared));
+        CHECK_OK(gm_free(allocator, second));
+        CHECK_OK(gm_release_pool(allocator, graph_pool));
+        CHECK_OK(gm_release_pool(allocator, other_pool));
+        CHECK_EQ_INT(reserved(allocator), 0);
+        gm_destroy(allocator, NULL);
+    }
+}
+
+/* Frees recorded on another stream wait for it, then return to the pool. */
+static void cross_stream_frees_return_to_the_pool(void)
+{
+    gm_allocator *allocator = NULL;
+    REQUIRE(gm_create("backend:sim,capacity:1GiB", &allocator) == GM_OK);
+    CHECK_OK(gm_begin_allocate_to_pool(allocator, graph_pool, NULL, NULL));
+    void *pointer = NULL;
+    CHECK_OK(gm_malloc(allocator, 4 * MIB, 1, &pointer));
+    CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1000));
+    CHECK_OK(gm_record_stream(allocator, pointer, 2));
+    CHECK_OK(gm_free(allocator, pointer));
+    CHECK_OK(gm_release_pool(allocator, graph_pool));
+    CHECK_OK(gm_end_allocate_to_pool(allocator, graph_pool));
+    CHECK_EQ_INT(pool_info(allocator, graph_pool).live_allocations, 1); /* waits for stream 2 */
+    CHECK_OK(gm_sim_stream_complete(allocator, 2));
+    void *other = NULL;
+    CHECK_OK(gm_malloc(allocator, 512, 1, &other)); /* processes the pending free */
+    gm_pool_info gone;
+    CHECK_STATUS(gm_get_pool_info(allocator, graph_pool, &gone), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_OK(gm_free(allocator, other));
+    CHECK_OK(gm_validate(allocator));
+    gm_destroy(allocator, NULL);
+}
+
+static void data_survives_in_a_pool(void)
+{
+    gm_allocator *allocator = NULL;
+    REQUIRE(gm_create("backend:host,capacity:64MiB", &allocator) == GM_OK);
+    CHECK_OK(gm_begin_allocate_to_pool(allocator, graph_pool, NULL, NULL));
+    unsigned char *pool_bytes = NULL;
+    CHECK_OK(gm_malloc(allocator, 3 * MIB, 0, (void **)&pool_bytes));
+    CHECK_OK(gm_end_allocate_to_pool(allocator, graph_pool));
+    memset(pool_bytes, 0xab, 3 * MIB);
+    unsigned char *outside = NULL;
+    CHECK_OK(gm_malloc(allocator, 3 * MIB, 0, (void **)&outside));
+    memset(outside, 0x11, 3 * MIB);
+    CHECK(pool_bytes[0] == 0xab && pool_bytes[3 * MIB - 1] == 0xab);
+    CHECK_OK(gm_free(allocator, outside));
+    CHECK_OK(gm_empty_cache(allocator));
+    CHECK(pool_bytes[12345] == 0xab);
+    CHECK_OK(gm_free(allocator, pool_bytes));
+    CHECK_OK(gm_release_pool(allocator, graph_pool));
+    gm_destroy(allocator, NULL);
+}
+
+/* Destroying the allocator with pools alive frees everything (ASan would see a leak). */
+static void destroy_with_pools_alive(void)
+{
+    for (size_t c = 0; c < config_count; c++) {
+        gm_allocator *allocator = NULL;
+        REQUIRE(gm_create(configs[c], &allocator) == GM_OK);
+        CHECK_OK(gm_begin_allocate_to_pool(allocator, graph_pool, NULL, NULL));
+        void *pointer = NULL;
+        CHECK_OK(gm_malloc(allocator, 9 * MIB, 0, &pointer));
+        CHECK_OK(gm_retain_pool(allocator, other_pool));
+        size_t live = 0;
+        gm_destroy(allocator, &live);
+        CHECK_EQ_INT(live, 1);
+    }
+}
+
+static void bad_calls_are_clear_errors(void)
+{
+    gm_allocator *allocator = NULL;
+    REQUIRE(gm_create("backend:sim,capacity:1GiB", &allocator) == GM_OK);
+    gm_pool_id none = {0, 0};
+    CHECK_STATUS(gm_begin_allocate_to_pool(allocator, none, NULL, NULL), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_MESSAGE("(0, 0) names no pool");
+    CHECK_STATUS(gm_begin_allocate_to_pool(NULL, graph_pool, NULL, NULL), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_STATUS(gm_end_allocate_to_pool(allocator, graph_pool), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_MESSAGE("nothing is being allocated to pool (0, 1)");
+    CHECK_STATUS(gm_release_pool(allocator, graph_pool), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_MESSAGE("no private pool (0, 1) exists");
+    CHECK_STATUS(gm_retain_pool(allocator, none), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_STATUS(gm_get_pool_info(allocator, graph_pool, NULL), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_OK(gm_retain_pool(allocator, graph_pool));
+    CHECK_OK(gm_release_pool(allocator, graph_pool));
+    CHECK_STATUS(gm_release_pool(allocator, graph_pool), GM_ERROR_INVALID_ARGUMENT); /* gone */
+    CHECK_OK(gm_validate(allocator));
+    gm_destroy(allocator, NULL);
+}
+
+RUN_TESTS(TEST_CASE(requests_follow_the_filter), TEST_CASE(pool_memory_is_kept_for_the_pool),
+          TEST_CASE(a_released_pool_goes_away_with_its_last_block), TEST_CASE(many_graphs_leave_nothing_behind),
+          TEST_CASE(pools_at_once_and_shared), TEST_CASE(cross_stream_frees_return_to_the_pool),
+          TEST_CASE(data_survives_in_a_pool), TEST_CASE(destroy_with_pools_alive),
+          TEST_CASE(bad_calls_are_clear_errors))
