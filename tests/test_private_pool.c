@@ -163,6 +163,38 @@ static void many_graphs_leave_nothing_behind(void)
     }
 }
 
+/* A tensor that keeps growing inside a pool (a KV cache in a captured decoder) opens the pages engine's
+ * growth lane for the pool's heap; the lane is the pool's memory too and goes with it. */
+static void a_pool_with_a_growth_lane_goes_away_whole(void)
+{
+    gm_allocator *allocator = NULL;
+    REQUIRE(gm_create("backend:sim,capacity:1GiB", &allocator) == GM_OK);
+    CHECK_OK(gm_begin_allocate_to_pool(allocator, graph_pool, NULL, NULL));
+    void *cache = NULL;
+    CHECK_OK(gm_malloc(allocator, 4 * MIB, 0, &cache));
+    for (uint64_t step = 1; step <= 120; step++) {
+        void *grown = NULL, *scratch = NULL;
+        CHECK_OK(gm_malloc(allocator, 4 * MIB + step * 64 * 1024, 0, &grown));
+        CHECK_OK(gm_malloc(allocator, 3 * MIB, 0, &scratch));
+        CHECK_OK(gm_free(allocator, cache));
+        CHECK_OK(gm_free(allocator, scratch));
+        cache = grown;
+    }
+    CHECK_OK(gm_end_allocate_to_pool(allocator, graph_pool));
+    void *outside = NULL;
+    CHECK_OK(gm_malloc(allocator, 8 * MIB, 0, &outside));
+    CHECK_OK(gm_validate(allocator));
+    CHECK_OK(gm_release_pool(allocator, graph_pool));
+    CHECK_OK(gm_free(allocator, cache));
+    gm_pool_info gone;
+    CHECK_STATUS(gm_get_pool_info(allocator, graph_pool, &gone), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_OK(gm_validate(allocator));
+    CHECK_OK(gm_free(allocator, outside));
+    CHECK_OK(gm_empty_cache(allocator));
+    CHECK_EQ_INT(reserved(allocator), 0);
+    gm_destroy(allocator, NULL);
+}
+
 /* Two captures at once on different streams, each into its own pool; a pool shared by two graphs. */
 static void pools_at_once_and_shared(void)
 {
@@ -283,6 +315,7 @@ static void bad_calls_are_clear_errors(void)
 
 RUN_TESTS(TEST_CASE(requests_follow_the_filter), TEST_CASE(pool_memory_is_kept_for_the_pool),
           TEST_CASE(a_released_pool_goes_away_with_its_last_block), TEST_CASE(many_graphs_leave_nothing_behind),
+          TEST_CASE(a_pool_with_a_growth_lane_goes_away_whole),
           TEST_CASE(pools_at_once_and_shared), TEST_CASE(cross_stream_frees_return_to_the_pool),
           TEST_CASE(data_survives_in_a_pool), TEST_CASE(destroy_with_pools_alive),
           TEST_CASE(bad_calls_are_clear_errors))
