@@ -557,6 +557,10 @@ GM_API const char *gm_pressure_level_name(gm_pressure_level level);
  * Other backends return GM_ERROR_NOT_SUPPORTED. */
 GM_API gm_status gm_sim_stream_enqueue(gm_allocator *allocator, gm_stream stream, uint64_t units);
 GM_API gm_status gm_sim_stream_complete(gm_allocator *allocator, gm_stream stream);
+/* Mark a simulated stream as being captured into a CUDA graph (1) or not (0), for tests of what the
+ * allocator does during capture: as on a GPU, an event recorded on it meanwhile can never be queried
+ * or waited for (the query fails, as CUDA's invalidates the capture). */
+GM_API gm_status gm_sim_stream_set_capturing(gm_allocator *allocator, gm_stream stream, int capturing);
 
 /* The "sim" and "host" backends' device is the allocator's alone; this makes `bytes` of it used elsewhere
  * (as by another process, or the CUDA context), from now on: the driver's free memory drops by it and

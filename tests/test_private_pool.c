@@ -255,6 +255,71 @@ static void cross_stream_frees_return_to_the_pool(void)
     gm_destroy(allocator, NULL);
 }
 
+/* During a capture nothing may wait for a capturing stream (its work runs only when the graph does):
+ * a free used on another stream waits without an event until the capture ends, then as usual. */
+static void frees_during_capture_wait_for_its_end(void)
+{
+    gm_allocator *allocator = NULL;
+    REQUIRE(gm_create("backend:sim,capacity:1GiB", &allocator) == GM_OK);
+    CHECK_OK(gm_sim_stream_set_capturing(allocator, 5, 1));
+    CHECK_OK(gm_sim_stream_set_capturing(allocator, 6, 1)); /* joined into the capture */
+    CHECK_OK(gm_begin_allocate_to_pool(allocator, graph_pool, NULL, NULL));
+    void *shared = NULL, *plain = NULL, *next = NULL;
+    CHECK_OK(gm_malloc(allocator, 6 * MIB, 5, &shared));
+    CHECK_OK(gm_record_stream(allocator, shared, 6));
+    CHECK_OK(gm_malloc(allocator, 6 * MIB, 5, &plain));
+    CHECK_OK(gm_free(allocator, shared));
+    CHECK_OK(gm_free(allocator, plain)); /* stream-ordered: reusable in the capture at once */
+    CHECK_OK(gm_malloc(allocator, 6 * MIB, 5, &next));
+    CHECK(next == plain);
+    CHECK_EQ_INT(pool_info(allocator, graph_pool).live_allocations, 2); /* `shared` is held */
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    CHECK_EQ_INT(stats.active[GM_POOL_ALL].current, 2);
+    CHECK_EQ_INT(stats.num_sync_all_streams, 0);
+    CHECK_OK(gm_validate(allocator));
+    CHECK_OK(gm_sim_stream_set_capturing(allocator, 5, 0)); /* the capture ends */
+    CHECK_OK(gm_sim_stream_set_capturing(allocator, 6, 0));
+    CHECK_OK(gm_sim_stream_enqueue(allocator, 6, 10));
+    CHECK_OK(gm_end_allocate_to_pool(allocator, graph_pool)); /* records the held free's event */
+    CHECK_OK(gm_validate(allocator));
+    CHECK_EQ_INT(pool_info(allocator, graph_pool).live_allocations, 2);
+    CHECK_OK(gm_sim_stream_complete(allocator, 6));
+    CHECK_OK(gm_free(allocator, next));
+    CHECK_OK(gm_empty_cache(allocator)); /* completes the pending free */
+    CHECK_EQ_INT(pool_info(allocator, graph_pool).live_allocations, 0);
+    CHECK_OK(gm_release_pool(allocator, graph_pool));
+    CHECK_EQ_INT(reserved(allocator), 0);
+    CHECK_OK(gm_validate(allocator));
+    gm_destroy(allocator, NULL);
+}
+
+/* A pool growing during its capture takes no idle memory of a capturing stream's heap: moving it would
+ * wait for that stream. */
+static void growth_during_capture_waits_for_no_capturing_stream(void)
+{
+    gm_allocator *allocator = NULL;
+    REQUIRE(gm_create("backend:sim,capacity:1GiB", &allocator) == GM_OK);
+    void *before = NULL;
+    CHECK_OK(gm_malloc(allocator, 64 * MIB, 5, &before));
+    CHECK_OK(gm_free(allocator, before)); /* idle memory in stream 5's heap */
+    CHECK_OK(gm_sim_stream_enqueue(allocator, 5, 1)); /* work queued before the capture */
+    CHECK_OK(gm_sim_stream_set_capturing(allocator, 5, 1));
+    CHECK_OK(gm_begin_allocate_to_pool(allocator, graph_pool, NULL, NULL));
+    void *captured = NULL;
+    CHECK_OK(gm_malloc(allocator, 48 * MIB, 5, &captured));
+    CHECK_OK(gm_end_allocate_to_pool(allocator, graph_pool));
+    CHECK_OK(gm_sim_stream_set_capturing(allocator, 5, 0));
+    CHECK(reserved(allocator) >= 112 * MIB); /* new memory, not stream 5's idle chunks */
+    CHECK_OK(gm_validate(allocator));
+    CHECK_OK(gm_free(allocator, captured));
+    CHECK_OK(gm_release_pool(allocator, graph_pool));
+    CHECK_OK(gm_sim_stream_complete(allocator, 5));
+    CHECK_OK(gm_empty_cache(allocator));
+    CHECK_EQ_INT(reserved(allocator), 0);
+    gm_destroy(allocator, NULL);
+}
+
 static void data_survives_in_a_pool(void)
 {
     gm_allocator *allocator = NULL;
@@ -317,5 +382,7 @@ RUN_TESTS(TEST_CASE(requests_follow_the_filter), TEST_CASE(pool_memory_is_kept_f
           TEST_CASE(a_released_pool_goes_away_with_its_last_block), TEST_CASE(many_graphs_leave_nothing_behind),
           TEST_CASE(a_pool_with_a_growth_lane_goes_away_whole),
           TEST_CASE(pools_at_once_and_shared), TEST_CASE(cross_stream_frees_return_to_the_pool),
+          TEST_CASE(frees_during_capture_wait_for_its_end),
+          TEST_CASE(growth_during_capture_waits_for_no_capturing_stream),
           TEST_CASE(data_survives_in_a_pool), TEST_CASE(destroy_with_pools_alive),
           TEST_CASE(bad_calls_are_clear_errors))

@@ -64,9 +64,14 @@ typedef struct gm_backend_operations {
     /* Fill name, device_count and driver_version (NULL: a generic description). */
     void (*describe)(gm_backend *backend, gm_device_info *info);
 
+    /* Whether `stream` is being captured into a CUDA graph: work queued on it then does not run, so an
+     * event recorded on it cannot be waited for (NULL: never). */
+    bool (*stream_is_capturing)(gm_backend *backend, gm_stream stream);
+
     /* Simulated streams (sim, host); NULL elsewhere. */
     gm_status (*stream_enqueue)(gm_backend *backend, gm_stream stream, uint64_t units);
     gm_status (*stream_complete)(gm_backend *backend, gm_stream stream);
+    gm_status (*stream_set_capturing)(gm_backend *backend, gm_stream stream, bool capturing);
 } gm_backend_operations;
 
 struct gm_backend {
@@ -118,6 +123,11 @@ gm_status gm_backend_event_destroy(gm_backend *backend, uint64_t event);
 gm_status gm_backend_event_record(gm_backend *backend, uint64_t event, gm_stream stream);
 gm_status gm_backend_event_query(gm_backend *backend, uint64_t event, bool *done_out);
 gm_status gm_backend_event_synchronize(gm_backend *backend, uint64_t event);
+/* Whether `stream` is being captured (a query, not a counted device call). */
+static inline bool gm_backend_stream_is_capturing(gm_backend *backend, gm_stream stream)
+{
+    return backend->operations->stream_is_capturing && backend->operations->stream_is_capturing(backend, stream);
+}
 /* Host memory (not counted in GM_DEVICE_CALLS: the pinned host cache counts them in gm_host_stats). */
 gm_status gm_backend_host_allocate(gm_backend *backend, uint64_t size, void **pointer_out);
 gm_status gm_backend_host_free(gm_backend *backend, void *pointer, uint64_t size);

@@ -12,6 +12,11 @@
  * Memory: plain segments (cuMemAlloc/cuMemFree) and the virtual-memory path (cuMemAddressReserve,
  * cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease) with the device's minimum
  * granularity as page size. Events are created without timing, and pooled by the front end.
+ * CUDA graphs: every call runs in the relaxed stream-capture mode (cuThreadExchangeStreamCaptureMode),
+ * as PyTorch's allocator does around cudaMalloc: a capture under way in this or another thread must
+ * not make memory calls fail (a graph's private pool grows during its capture). Whether a stream is
+ * being captured is asked with cuStreamIsCapturing, so that nothing waits for work that only a graph
+ * holds. Drivers without these two entry points (older than CUDA 10.1) run without them.
  */
 #include "backend/backend.h"
 
@@ -67,6 +72,8 @@ enum {
     CU_GRANULARITY_MINIMUM = 0,
     CU_ATTRIBUTE_VIRTUAL_MEMORY_SUPPORTED = 102,
     CU_EVENT_DISABLE_TIMING = 2,
+    CU_STREAM_CAPTURE_STATUS_NONE = 0,
+    CU_STREAM_CAPTURE_MODE_RELAXED = 2,
 };
 
 /* The driver entry points, resolved once per process. */
@@ -101,6 +108,8 @@ typedef struct cuda_driver {
     cu_result (*event_query)(cu_event);
     cu_result (*event_synchronize)(cu_event);
     cu_result (*get_error_string)(cu_result, const char **);
+    cu_result (*exchange_capture_mode)(int *); /* optional: cuThreadExchangeStreamCaptureMode */
+    cu_result (*stream_is_capturing)(cu_stream, int *); /* optional: cuStreamIsCapturing */
 } cuda_driver;
 
 static cuda_driver driver;
@@ -161,6 +170,10 @@ static void load_driver(void)
         }
         memcpy((char *)&loaded + entries[i].offset, &address, sizeof address);
     }
+    void *exchange = dlsym(library, "cuThreadExchangeStreamCaptureMode");
+    void *is_capturing = dlsym(library, "cuStreamIsCapturing");
+    memcpy(&loaded.exchange_capture_mode, &exchange, sizeof exchange);
+    memcpy(&loaded.stream_is_capturing, &is_capturing, sizeof is_capturing);
     cu_result result = loaded.init(0);
     if (result != CU_SUCCESS) {
         const char *text = "unknown error";
@@ -223,12 +236,29 @@ static void leave(cuda_state *state, cu_context previous)
         driver.context_set_current(previous);
 }
 
-/* Run `body` (which sets `status`) inside the primary context. */
+/* Switch this thread to the relaxed stream-capture mode; returns the mode to restore (-1: none). */
+static int relax_capture(void)
+{
+    int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    if (!driver.exchange_capture_mode || driver.exchange_capture_mode(&mode) != CU_SUCCESS)
+        return -1;
+    return mode;
+}
+
+static void restore_capture(int mode)
+{
+    if (mode >= 0)
+        driver.exchange_capture_mode(&mode);
+}
+
+/* Run `body` (which sets `status`) inside the primary context, in the relaxed capture mode. */
 #define IN_CONTEXT(backend, body)                                                                                  \
     do {                                                                                                           \
         cuda_state *state_ = state_of(backend);                                                                    \
         cu_context previous_ = enter(state_);                                                                      \
+        int capture_mode_ = relax_capture();                                                                       \
         body;                                                                                                      \
+        restore_capture(capture_mode_);                                                                            \
         leave(state_, previous_);                                                                                  \
     } while (0)
 
@@ -474,6 +504,18 @@ static gm_status cuda_event_synchronize(gm_backend *backend, uint64_t event)
     DRIVER_CALL(backend, "cuEventSynchronize", driver.event_synchronize((cu_event)(uintptr_t)event));
 }
 
+static bool cuda_stream_is_capturing(gm_backend *backend, gm_stream stream)
+{
+    int status = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (!driver.stream_is_capturing)
+        return false;
+    IN_CONTEXT(backend, {
+        if (driver.stream_is_capturing((cu_stream)stream, &status) != CU_SUCCESS)
+            status = CU_STREAM_CAPTURE_STATUS_NONE;
+    });
+    return status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 const gm_backend_operations gm_cuda_backend_operations = {
     .name = "cuda",
     .open = cuda_open,
@@ -493,6 +535,7 @@ const gm_backend_operations gm_cuda_backend_operations = {
     .event_record = cuda_event_record,
     .event_query = cuda_event_query,
     .event_synchronize = cuda_event_synchronize,
+    .stream_is_capturing = cuda_stream_is_capturing,
     .describe = cuda_describe,
     .stream_enqueue = NULL,
     .stream_complete = NULL,

@@ -30,6 +30,7 @@ typedef struct simulated_stream {
     gm_stream stream;
     uint64_t enqueued;
     uint64_t completed;
+    bool capturing;
 } simulated_stream;
 
 typedef struct simulated_event {
@@ -37,6 +38,7 @@ typedef struct simulated_event {
     uint64_t target;
     bool in_use;
     bool recorded;
+    bool captured; /* recorded while its stream was being captured: never completes */
 } simulated_event;
 
 struct gm_device_model {
@@ -306,7 +308,7 @@ static simulated_stream *find_stream(gm_device_model *model, gm_stream stream, b
     if (!grown)
         return NULL;
     model->streams = grown;
-    grown[model->stream_count] = (simulated_stream){stream, 0, 0};
+    grown[model->stream_count] = (simulated_stream){.stream = stream};
     return &grown[model->stream_count++];
 }
 
@@ -327,7 +329,7 @@ gm_status gm_model_event_create(gm_backend *backend, uint64_t *event_out)
     gm_device_model *model = model_of(backend);
     for (size_t i = 0; i < model->event_count; i++) {
         if (!model->events[i].in_use) {
-            model->events[i] = (simulated_event){0, 0, true, false};
+            model->events[i] = (simulated_event){.in_use = true};
             *event_out = i + 1;
             return GM_OK;
         }
@@ -336,7 +338,7 @@ gm_status gm_model_event_create(gm_backend *backend, uint64_t *event_out)
     if (!grown)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for an event");
     model->events = grown;
-    grown[model->event_count++] = (simulated_event){0, 0, true, false};
+    grown[model->event_count++] = (simulated_event){.in_use = true};
     *event_out = model->event_count;
     return GM_OK;
 }
@@ -361,6 +363,7 @@ gm_status gm_model_event_record(gm_backend *backend, uint64_t event, gm_stream s
     found->stream_index = (size_t)(queue - model->streams);
     found->target = queue->enqueued;
     found->recorded = true;
+    found->captured = queue->capturing;
     return GM_OK;
 }
 
@@ -370,6 +373,9 @@ gm_status gm_model_event_query(gm_backend *backend, uint64_t event, bool *done_o
     simulated_event *found = find_event(model, event);
     if (!found)
         return gm_fail(GM_ERROR_DEVICE, "query of event %" PRIu64 ", which does not exist", event);
+    if (found->captured)
+        return gm_fail(GM_ERROR_DEVICE, "query of event %" PRIu64 ", recorded while its stream was being captured "
+                       "(the capture is invalid now)", event);
     *done_out = !found->recorded || model->streams[found->stream_index].completed >= found->target;
     return GM_OK;
 }
@@ -380,6 +386,9 @@ gm_status gm_model_event_synchronize(gm_backend *backend, uint64_t event)
     simulated_event *found = find_event(model, event);
     if (!found)
         return gm_fail(GM_ERROR_DEVICE, "synchronize on event %" PRIu64 ", which does not exist", event);
+    if (found->captured)
+        return gm_fail(GM_ERROR_DEVICE, "synchronize on event %" PRIu64 ", recorded while its stream was being "
+                       "captured (the capture is invalid now)", event);
     if (found->recorded) {
         simulated_stream *queue = &model->streams[found->stream_index];
         if (queue->completed < found->target)
@@ -406,6 +415,21 @@ gm_status gm_model_stream_complete(gm_backend *backend, gm_stream stream)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a stream");
     queue->completed = queue->enqueued;
     return GM_OK;
+}
+
+gm_status gm_model_stream_set_capturing(gm_backend *backend, gm_stream stream, bool capturing)
+{
+    simulated_stream *queue = find_stream(model_of(backend), stream, true);
+    if (!queue)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a stream");
+    queue->capturing = capturing;
+    return GM_OK;
+}
+
+bool gm_model_stream_is_capturing(gm_backend *backend, gm_stream stream)
+{
+    const simulated_stream *queue = find_stream(model_of(backend), stream, false);
+    return queue && queue->capturing;
 }
 
 /* ---------------------------------------------------------------- model-only backend operations */

@@ -51,5 +51,9 @@ gm_status gm_model_event_query(gm_backend *backend, uint64_t event, bool *done_o
 gm_status gm_model_event_synchronize(gm_backend *backend, uint64_t event);
 gm_status gm_model_stream_enqueue(gm_backend *backend, gm_stream stream, uint64_t units);
 gm_status gm_model_stream_complete(gm_backend *backend, gm_stream stream);
+/* A stream being captured (gm_sim_stream_set_capturing): an event recorded on it meanwhile fails to be
+ * queried or waited for, as CUDA's does (the work it marks is in a graph, not running). */
+gm_status gm_model_stream_set_capturing(gm_backend *backend, gm_stream stream, bool capturing);
+bool gm_model_stream_is_capturing(gm_backend *backend, gm_stream stream);
 
 #endif

@@ -213,6 +213,8 @@ const gm_backend_operations gm_host_backend_operations = {
     .event_synchronize = gm_model_event_synchronize,
     .stream_enqueue = gm_model_stream_enqueue,
     .stream_complete = gm_model_stream_complete,
+    .stream_is_capturing = gm_model_stream_is_capturing,
+    .stream_set_capturing = gm_model_stream_set_capturing,
     .host_allocate = gm_plain_host_allocate,
     .host_free = gm_plain_host_free,
 };

@@ -262,114 +262,6 @@ gm_status gm_create_from_environment(const char *overrides, gm_allocator **alloc
     return create_with_options(&options, allocator_out);
 }
 
-/* ---------------------------------------------------------------- events */
-
-static gm_status take_event(gm_allocator *allocator, uint64_t *event_out)
-{
-    if (allocator->spare_event_count) {
-        *event_out = allocator->spare_events[--allocator->spare_event_count];
-        return GM_OK;
-    }
-    return gm_backend_event_create(allocator->arena.backend, event_out);
-}
-
-static void return_event(gm_allocator *allocator, uint64_t event)
-{
-    if (allocator->spare_event_count == allocator->spare_event_capacity) {
-        size_t capacity = allocator->spare_event_capacity ? allocator->spare_event_capacity * 2 : 16;
-        uint64_t *grown = realloc(allocator->spare_events, capacity * sizeof *grown);
-        if (!grown) {
-            gm_backend_event_destroy(allocator->arena.backend, event);
-            return;
-        }
-        allocator->spare_events = grown;
-        allocator->spare_event_capacity = capacity;
-    }
-    allocator->spare_events[allocator->spare_event_count++] = event;
-}
-
-/* ---------------------------------------------------------------- freeing */
-
-/* A block that is neither allocated nor awaited any more: its memory goes back to the engine. */
-static void retire_block(gm_allocator *allocator, gm_block *block)
-{
-    gm_stat_change(allocator->arena.stats->active, block->pool, -1);
-    gm_stat_change(allocator->arena.stats->active_bytes, block->pool, -(int64_t)block->size);
-    free(block->recorded_streams);
-    block->recorded_streams = NULL;
-    block->recorded_count = 0;
-    gm_history_record(allocator->arena.history, GM_EVENT_FREE_COMPLETED, block->address, block->requested,
-                      block->heap->stream);
-    gm_private_pool *pool = block->heap->private_pool; /* the engine may merge the block away */
-    allocator->arena.engine->free_block(&allocator->arena, block);
-    if (pool)
-        gm_pool_block_retired_locked(allocator, pool);
-}
-
-/* Complete pending frees whose events are done; with `wait`, wait for all of them first. */
-static void process_pending_frees(gm_allocator *allocator, bool wait)
-{
-    gm_pending_free **link = &allocator->pending_head;
-    gm_pending_free *previous = NULL;
-    while (*link) {
-        gm_pending_free *pending = *link;
-        bool done = false;
-        if (wait)
-            done = gm_backend_event_synchronize(allocator->arena.backend, pending->event) == GM_OK;
-        else if (gm_backend_event_query(allocator->arena.backend, pending->event, &done) != GM_OK)
-            done = false;
-        if (!done) {
-            previous = pending;
-            link = &pending->next;
-            continue;
-        }
-        *link = pending->next;
-        if (allocator->pending_tail == pending)
-            allocator->pending_tail = previous;
-        return_event(allocator, pending->event);
-        gm_block *block = pending->block;
-        pending->next = allocator->spare_pending;
-        allocator->spare_pending = pending;
-        if (--block->pending_events == 0)
-            retire_block(allocator, block);
-    }
-}
-
-void gm_wait_for_pending_frees_locked(gm_allocator *allocator)
-{
-    if (!allocator->pending_head)
-        return;
-    allocator->arena.stats->num_sync_all_streams++;
-    process_pending_frees(allocator, true);
-}
-
-/* Park `block` until the work queued on `stream` so far has finished. */
-static gm_status defer_free(gm_allocator *allocator, gm_block *block, gm_stream stream)
-{
-    gm_pending_free *pending = allocator->spare_pending;
-    if (pending)
-        allocator->spare_pending = pending->next;
-    else if (!(pending = malloc(sizeof *pending)))
-        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory to defer a free");
-    gm_status status = take_event(allocator, &pending->event);
-    if (status == GM_OK)
-        status = gm_backend_event_record(allocator->arena.backend, pending->event, stream);
-    if (status != GM_OK) {
-        pending->next = allocator->spare_pending;
-        allocator->spare_pending = pending;
-        return status;
-    }
-    pending->block = block;
-    pending->next = NULL;
-    if (allocator->pending_tail)
-        allocator->pending_tail->next = pending;
-    else
-        allocator->pending_head = pending;
-    allocator->pending_tail = pending;
-    block->pending_events++;
-    return GM_OK;
-}
-
 /* ---------------------------------------------------------------- malloc */
 
 /* The engine found no room: wait for the pending cross-stream frees and retry, then release all cached
@@ -457,7 +349,7 @@ gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void
     pthread_mutex_lock(&allocator->lock);
     begin_change(allocator);
     if (allocator->pending_head)
-        process_pending_frees(allocator, false);
+        gm_process_pending_frees_locked(allocator, false);
     gm_heap *heap = allocator->pool_route_count ? gm_heap_for_request_locked(allocator, stream)
                                                 : gm_heap_for_stream(&allocator->arena, stream);
     gm_block *block = NULL;
@@ -514,6 +406,13 @@ gm_status gm_free(gm_allocator *allocator, void *pointer)
         pthread_mutex_unlock(&allocator->lock);
         return not_live("gm_free", pointer);
     }
+    /* While a graph is captured no event can be waited for: a block used on other streams waits for
+     * the capture to end before its events are recorded (pending_frees.c). */
+    bool held = block->recorded_count && allocator->pool_route_count;
+    if (held && gm_hold_free_for_capture_locked(allocator, block) != GM_OK) {
+        pthread_mutex_unlock(&allocator->lock);
+        return GM_ERROR_OUT_OF_MEMORY; /* nothing changed */
+    }
     gm_hash_map_remove(&allocator->live_blocks, (uint64_t)(uintptr_t)pointer, NULL);
     begin_change(allocator);
     count_allocation(allocator, block, -1);
@@ -521,15 +420,17 @@ gm_status gm_free(gm_allocator *allocator, void *pointer)
     gm_history_record(allocator->arena.history, GM_EVENT_FREE_REQUESTED, block->address, block->requested,
                       block->heap->stream);
     gm_status deferred = GM_OK;
-    for (uint32_t i = 0; i < block->recorded_count && deferred == GM_OK; i++)
-        deferred = defer_free(allocator, block, block->recorded_streams[i]);
-    if (deferred != GM_OK && block->pending_events) {
+    for (uint32_t i = 0; i < block->recorded_count && deferred == GM_OK && !held; i++)
+        deferred = gm_defer_free_locked(allocator, block, block->recorded_streams[i]);
+    if (held) {
+        /* counted as pending; released by gm_end_allocate_to_pool */
+    } else if (deferred != GM_OK && block->pending_events) {
         /* An event could not be had: wait for every pending free (this block's too) rather than
          * risk reuse while a stream still runs. */
         allocator->arena.stats->num_sync_all_streams++;
-        process_pending_frees(allocator, true);
+        gm_process_pending_frees_locked(allocator, true);
     } else if (block->pending_events == 0) {
-        retire_block(allocator, block);
+        gm_retire_block_locked(allocator, block);
     }
     if (pressure_crossed(allocator))
         return finish_under_pressure(allocator, GM_OK);
@@ -594,7 +495,7 @@ gm_status gm_empty_cache(gm_allocator *allocator)
     pthread_mutex_lock(&allocator->lock);
     begin_change(allocator);
     if (allocator->pending_head)
-        process_pending_frees(allocator, false);
+        gm_process_pending_frees_locked(allocator, false);
     allocator->arena.engine->release_cached(&allocator->arena, 0);
     if (pressure_crossed(allocator))
         return finish_under_pressure(allocator, GM_OK);
@@ -734,9 +635,10 @@ void gm_destroy(gm_allocator *allocator, size_t *live_allocations_out)
             continue;
         gm_block *block = (gm_block *)(uintptr_t)allocator->live_blocks.entries[i].value;
         count_allocation(allocator, block, -1);
-        retire_block(allocator, block);
+        gm_retire_block_locked(allocator, block);
     }
-    process_pending_frees(allocator, true);
+    gm_release_frees_held_for_capture_locked(allocator);
+    gm_process_pending_frees_locked(allocator, true);
     if (allocator->arena.engine)
         allocator->arena.engine->destroy(&allocator->arena);
     while (allocator->spare_event_count)

@@ -58,6 +58,8 @@ struct gm_allocator {
     uint32_t unlocked_allocations; /* allocations waiting for pressure callbacks, lock released */
     bool pools_to_forget;          /* a gone pool waits for those to finish */
     bool destroying;               /* gm_destroy: no pool is forgotten one by one */
+    gm_pending_free *held_for_capture; /* frees with recorded streams made while a pool was allocated to:
+                                          their events wait for the end of the capture (event 0) */
 };
 
 
@@ -68,6 +70,15 @@ void gm_unlock_arena(gm_allocator *allocator);
  * the reverse: for changes made outside allocator.c (pressure.c). */
 void gm_lock_for_change(gm_allocator *allocator);
 void gm_unlock_after_change(gm_allocator *allocator);
+/* Freeing (pending_frees.c), lock held. A block neither allocated nor awaited any more goes back to
+ * the engine (retire). A free used on other streams waits for an event recorded on each (defer);
+ * pending frees whose events are done are completed (process; with `wait`, after waiting for all).
+ * During a capture the events wait too (hold), until the last pool stops being allocated to (release). */
+void gm_retire_block_locked(gm_allocator *allocator, gm_block *block);
+gm_status gm_defer_free_locked(gm_allocator *allocator, gm_block *block, gm_stream stream);
+void gm_process_pending_frees_locked(gm_allocator *allocator, bool wait);
+gm_status gm_hold_free_for_capture_locked(gm_allocator *allocator, gm_block *block);
+void gm_release_frees_held_for_capture_locked(gm_allocator *allocator);
 /* Wait for the streams of every pending cross-stream free, so that their blocks become free memory
  * (lock held; counted in num_sync_all_streams). */
 void gm_wait_for_pending_frees_locked(gm_allocator *allocator);

@@ -63,6 +63,18 @@ gm_status gm_sim_stream_complete(gm_allocator *allocator, gm_stream stream)
     return status;
 }
 
+gm_status gm_sim_stream_set_capturing(gm_allocator *allocator, gm_stream stream, int capturing)
+{
+    if (!allocator)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_sim_stream_set_capturing: allocator is NULL");
+    if (!allocator->arena.backend->operations->stream_set_capturing)
+        return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend has real streams", allocator->arena.backend->operations->name);
+    pthread_mutex_lock(&allocator->lock);
+    gm_status status = allocator->arena.backend->operations->stream_set_capturing(allocator->arena.backend, stream,
+                                                                                 capturing != 0);
+    pthread_mutex_unlock(&allocator->lock);
+    return status;
+}
 
 gm_status gm_sim_set_used_elsewhere(gm_allocator *allocator, uint64_t bytes)
 {

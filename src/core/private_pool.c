@@ -193,6 +193,8 @@ gm_status gm_end_allocate_to_pool(gm_allocator *allocator, gm_pool_id id)
         for (; i + 1 < allocator->pool_route_count; i++)
             allocator->pool_routes[i] = allocator->pool_routes[i + 1];
         allocator->pool_route_count--;
+        if (!allocator->pool_route_count)
+            gm_release_frees_held_for_capture_locked(allocator); /* their events can be recorded now */
     }
     pthread_mutex_unlock(&allocator->lock);
     return status;

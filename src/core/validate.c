@@ -75,6 +75,19 @@ static gm_status validate_locked(gm_allocator *allocator)
             gm_stat_change(recomputed.active_bytes, block->pool, (int64_t)block->size);
         }
     }
+    for (gm_pending_free *held = allocator->held_for_capture; held; held = held->next) {
+        gm_block *block = held->block;
+        if (block->state != GM_BLOCK_PENDING)
+            return gm_fail(GM_ERROR_CORRUPT, "free held for a capture of block 0x%" PRIxPTR " in state %d",
+                           block->address, block->state);
+        bool also_pending = false; /* a block is held once, and has no event while held */
+        for (gm_pending_free *pending = allocator->pending_head; pending; pending = pending->next)
+            also_pending = also_pending || pending->block == block;
+        if (also_pending)
+            return gm_fail(GM_ERROR_CORRUPT, "block 0x%" PRIxPTR " is held for a capture and has events", block->address);
+        gm_stat_change(recomputed.active, block->pool, 1);
+        gm_stat_change(recomputed.active_bytes, block->pool, (int64_t)block->size);
+    }
     gm_status status = validate_indexes(allocator);
     if (status == GM_OK)
         status = allocator->arena.engine->validate(&allocator->arena, &recomputed);

@@ -197,7 +197,8 @@ static bool remember_idle(page_engine *engine, size_t *count, page_chunk *chunk,
 
 /* Collect into engine->idle every chunk that lies wholly inside a free block, in every heap and
  * pool, except in [keep_start, keep_end) of `keep_region` (the run a growth is using) and in heaps
- * whose memory is a private pool's (unless keep_region is that pool's). One pass over the free
+ * whose memory is a private pool's (unless keep_region is that pool's) or whose stream is being
+ * captured into a CUDA graph (moving a chunk waits for the stream: quiesce). One pass over the free
  * blocks, following the page table from chunk to chunk. */
 size_t pages_find_idle_chunks(gm_arena *arena, const gm_region *keep_region, uintptr_t keep_start,
                                uintptr_t keep_end)
@@ -207,8 +208,9 @@ size_t pages_find_idle_chunks(gm_arena *arena, const gm_region *keep_region, uin
     size_t count = 0;
     const gm_heap *requester = keep_region ? keep_region->heap : NULL;
     for (size_t h = 0; h < arena->heap_count; h++) {
-        if (!gm_heap_memory_available(arena->heaps[h], requester))
-            continue;
+        if (!gm_heap_memory_available(arena->heaps[h], requester) ||
+            gm_backend_stream_is_capturing(arena->backend, arena->heaps[h]->stream))
+            continue; /* a pool's memory; or a stream in capture, which moving a chunk would wait for */
         for (int pool = GM_POOL_SMALL; pool <= GM_POOL_LARGE; pool++) {
             gm_index_cursor blocks;
             const gm_size_index *index = gm_heap_index(arena->heaps[h], pool);

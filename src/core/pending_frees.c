@@ -1,0 +1,169 @@
+/*
+ * pending_frees.c -- freed blocks that must wait before their memory is reused.
+ *
+ * A block used on other streams than its own (gm_record_stream) may still be read or written there
+ * when it is freed: an event is recorded on each of those streams at the free, and the block's memory
+ * returns to the engine only once every event has completed (PyTorch's record_stream semantics).
+ * Events are pooled: creating one is a driver call.
+ *
+ * During a CUDA graph capture (a private pool being allocated to) no event can be waited for: work
+ * queued on a capturing stream does not run, it becomes part of the graph. As PyTorch does, such frees
+ * wait without an event until no pool is being allocated to any more; then their events are recorded
+ * and they continue as above.
+ */
+#include "core/allocator.h"
+
+#include "base/error.h"
+
+#include <stdlib.h>
+
+/* ---------------------------------------------------------------- events */
+
+static gm_status take_event(gm_allocator *allocator, uint64_t *event_out)
+{
+    if (allocator->spare_event_count) {
+        *event_out = allocator->spare_events[--allocator->spare_event_count];
+        return GM_OK;
+    }
+    return gm_backend_event_create(allocator->arena.backend, event_out);
+}
+
+static void return_event(gm_allocator *allocator, uint64_t event)
+{
+    if (allocator->spare_event_count == allocator->spare_event_capacity) {
+        size_t capacity = allocator->spare_event_capacity ? allocator->spare_event_capacity * 2 : 16;
+        uint64_t *grown = realloc(allocator->spare_events, capacity * sizeof *grown);
+        if (!grown) {
+            gm_backend_event_destroy(allocator->arena.backend, event);
+            return;
+        }
+        allocator->spare_events = grown;
+        allocator->spare_event_capacity = capacity;
+    }
+    allocator->spare_events[allocator->spare_event_count++] = event;
+}
+
+/* ---------------------------------------------------------------- freeing */
+
+/* A block that is neither allocated nor awaited any more: its memory goes back to the engine. */
+void gm_retire_block_locked(gm_allocator *allocator, gm_block *block)
+{
+    gm_stat_change(allocator->arena.stats->active, block->pool, -1);
+    gm_stat_change(allocator->arena.stats->active_bytes, block->pool, -(int64_t)block->size);
+    free(block->recorded_streams);
+    block->recorded_streams = NULL;
+    block->recorded_count = 0;
+    gm_history_record(allocator->arena.history, GM_EVENT_FREE_COMPLETED, block->address, block->requested,
+                      block->heap->stream);
+    gm_private_pool *pool = block->heap->private_pool; /* the engine may merge the block away */
+    allocator->arena.engine->free_block(&allocator->arena, block);
+    if (pool)
+        gm_pool_block_retired_locked(allocator, pool);
+}
+
+/* Complete pending frees whose events are done; with `wait`, wait for all of them first. */
+void gm_process_pending_frees_locked(gm_allocator *allocator, bool wait)
+{
+    gm_pending_free **link = &allocator->pending_head;
+    gm_pending_free *previous = NULL;
+    while (*link) {
+        gm_pending_free *pending = *link;
+        bool done = false;
+        if (wait)
+            done = gm_backend_event_synchronize(allocator->arena.backend, pending->event) == GM_OK;
+        else if (gm_backend_event_query(allocator->arena.backend, pending->event, &done) != GM_OK)
+            done = false;
+        if (!done) {
+            previous = pending;
+            link = &pending->next;
+            continue;
+        }
+        *link = pending->next;
+        if (allocator->pending_tail == pending)
+            allocator->pending_tail = previous;
+        return_event(allocator, pending->event);
+        gm_block *block = pending->block;
+        pending->next = allocator->spare_pending;
+        allocator->spare_pending = pending;
+        if (--block->pending_events == 0)
+            gm_retire_block_locked(allocator, block);
+    }
+}
+
+void gm_wait_for_pending_frees_locked(gm_allocator *allocator)
+{
+    if (!allocator->pending_head)
+        return;
+    allocator->arena.stats->num_sync_all_streams++;
+    gm_process_pending_frees_locked(allocator, true);
+}
+
+static gm_pending_free *take_node(gm_allocator *allocator)
+{
+    gm_pending_free *node = allocator->spare_pending;
+    if (node)
+        allocator->spare_pending = node->next;
+    else
+        node = malloc(sizeof *node);
+    return node;
+}
+
+gm_status gm_defer_free_locked(gm_allocator *allocator, gm_block *block, gm_stream stream)
+{
+    gm_pending_free *pending = take_node(allocator);
+    if (!pending)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory to defer a free");
+    gm_status status = take_event(allocator, &pending->event);
+    if (status == GM_OK)
+        status = gm_backend_event_record(allocator->arena.backend, pending->event, stream);
+    if (status != GM_OK) {
+        pending->next = allocator->spare_pending;
+        allocator->spare_pending = pending;
+        return status;
+    }
+    pending->block = block;
+    pending->next = NULL;
+    if (allocator->pending_tail)
+        allocator->pending_tail->next = pending;
+    else
+        allocator->pending_head = pending;
+    allocator->pending_tail = pending;
+    block->pending_events++;
+    return GM_OK;
+}
+
+/* ---------------------------------------------------------------- frees held during capture */
+
+gm_status gm_hold_free_for_capture_locked(gm_allocator *allocator, gm_block *block)
+{
+    gm_pending_free *node = take_node(allocator);
+    if (!node)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory to defer a free during a graph capture");
+    node->block = block;
+    node->event = 0;
+    node->next = allocator->held_for_capture;
+    allocator->held_for_capture = node;
+    block->pending_events++;
+    return GM_OK;
+}
+
+void gm_release_frees_held_for_capture_locked(gm_allocator *allocator)
+{
+    while (allocator->held_for_capture) {
+        gm_pending_free *node = allocator->held_for_capture;
+        allocator->held_for_capture = node->next;
+        gm_block *block = node->block;
+        node->next = allocator->spare_pending;
+        allocator->spare_pending = node;
+        block->pending_events--;
+        gm_status deferred = GM_OK;
+        for (uint32_t i = 0; i < block->recorded_count && deferred == GM_OK; i++)
+            deferred = gm_defer_free_locked(allocator, block, block->recorded_streams[i]);
+        if (deferred != GM_OK && block->pending_events) {
+            allocator->arena.stats->num_sync_all_streams++;
+            gm_process_pending_frees_locked(allocator, true);
+        } else if (block->pending_events == 0) {
+            gm_retire_block_locked(allocator, block);
+        }
+    }
+}
