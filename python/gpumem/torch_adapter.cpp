@@ -298,6 +298,13 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
       TORCH_WARN("gpumem: ", gm_last_error());
   }
 
+  // MemPool(use_on_oom=True) lets other allocations fall back to a pool's memory when the device is full;
+  // gpumem keeps a pool's memory to the pool, so the flag only warns (the destructor clears it: quiet).
+  void setUseOnOOM(c10::DeviceIndex, c10::cuda::MempoolId_t, bool use_on_oom) override {
+    if (use_on_oom)
+      TORCH_WARN_ONCE("gpumem: MemPool(use_on_oom=True) is not supported; the pool's memory stays its own");
+  }
+
   int getPoolUseCount(c10::DeviceIndex device, c10::cuda::MempoolId_t id) override {
     gm_pool_info info;
     return gm_get_pool_info(of(device), pool_of(id), &info) == GM_OK ? static_cast<int>(info.users) : 0;

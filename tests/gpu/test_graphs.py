@@ -92,14 +92,6 @@ def test_mem_pool_takes_allocations_and_gives_them_back():
     assert torch.cuda.memory_reserved() <= before + (2 << 20)
 
 
-def test_compile_reduce_overhead_matches_eager():
-    model, data = model_and_data()
-    compiled = torch.compile(model, mode="reduce-overhead")
-    for _ in range(4):
-        result = compiled(data)
-    torch.testing.assert_close(result, model(data))
-
-
 def test_process_stays_usable_after_a_failed_capture():
     model, data = model_and_data()
     graph = torch.cuda.CUDAGraph()
@@ -112,3 +104,11 @@ def test_process_stays_usable_after_a_failed_capture():
     loss.backward()
     optimizer.step()
     assert torch.isfinite(loss)
+
+
+def test_compile_reduce_overhead_matches_eager():
+    model, data = model_and_data()
+    compiled = torch.compile(model, mode="reduce-overhead")
+    for _ in range(4):
+        result = compiled(data)
+    torch.testing.assert_close(result, model(data))
