@@ -14,8 +14,10 @@
 //     gpumem's regions and history ring (gm_snapshot_take, gm_set_history); the adapter keeps only the
 //     Python stacks torch's context recorder gathers, in a ring as long as the history, each found
 //     through the tag gpumem stores with every event.
-// CUDA graph capture asks the allocator for a private pool; gpumem does not provide one yet, so
-// capture fails with a clear error rather than risking memory that the graph still uses.
+//   - CUDA graphs (torch.cuda.graph, make_graphed_callables, torch.compile's cudagraphs) and
+//     torch.cuda.MemPool get gpumem's private pools: beginAllocateToPool / endAllocateToPool /
+//     createOrIncrefPool / releasePool / getPoolUseCount map to gm_begin_allocate_to_pool and its
+//     kin; torch's stream filter (which streams belong to the capture) is called by gpumem.
 // Compiled on first use by gpumem.torch (torch.utils.cpp_extension) against the installed torch.
 
 #include <torch/extension.h>
@@ -53,10 +55,22 @@ uint64_t current_tag_of(void *) { return current_tag; }
 using torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
 
 constexpr size_t kMaxDevices = 64;
-constexpr const char *kNoGraphs =
-    "gpumem does not support CUDA graph capture yet (it has no private memory pools for graphs). "
-    "Capture graphs with PyTorch's own allocator, or run this part without torch.cuda.graph / "
-    "torch.compile(mode='reduce-overhead').";
+
+using StreamFilter = std::function<bool(cudaStream_t)>;
+
+gm_pool_id pool_of(c10::cuda::MempoolId_t id) {
+  return gm_pool_id{static_cast<uint64_t>(id.first), static_cast<uint64_t>(id.second)};
+}
+
+// gpumem's filter callback: torch's filter for the pool being allocated to. An exception must not
+// cross gpumem's C frames: a filter that throws accepts nothing.
+int accept_stream(gm_stream stream, void *context) {
+  try {
+    return (*static_cast<StreamFilter *>(context))(reinterpret_cast<cudaStream_t>(stream)) ? 1 : 0;
+  } catch (...) {
+    return 0;
+  }
+}
 
 void *unused_alloc(size_t, int, cudaStream_t) { return nullptr; }
 void unused_free(void *, size_t, int, cudaStream_t) {}
@@ -251,18 +265,50 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
 
   void resetPeakStats(c10::DeviceIndex device) override { gm_reset_peak_stats(of(device)); }
 
-  void beginAllocateToPool(c10::DeviceIndex, c10::cuda::MempoolId_t, std::function<bool(cudaStream_t)>) override {
-    TORCH_CHECK(false, kNoGraphs);
+  // Private pools. The filters live here, in the order their routes were begun, as gpumem keeps them:
+  // ending a pool removes the first route of that pool there and the first filter of it here.
+  void beginAllocateToPool(c10::DeviceIndex device, c10::cuda::MempoolId_t id, StreamFilter filter) override {
+    gm_allocator *allocator = of(device);
+    auto owned = std::make_shared<StreamFilter>(std::move(filter));
+    {
+      std::lock_guard<std::mutex> guard(pool_mutex_);
+      pool_filters_.push_back(PoolFilter{device, id, owned});
+    }
+    if (gm_begin_allocate_to_pool(allocator, pool_of(id), accept_stream, owned.get()) != GM_OK) {
+      std::string reason = gm_last_error();
+      drop_filter(device, id);
+      TORCH_CHECK(false, "gpumem: ", reason);
+    }
   }
 
-  void createOrIncrefPool(c10::DeviceIndex, c10::cuda::MempoolId_t,
+  void endAllocateToPool(c10::DeviceIndex device, c10::cuda::MempoolId_t id) override {
+    gm_status status = gm_end_allocate_to_pool(of(device), pool_of(id));
+    drop_filter(device, id);
+    TORCH_CHECK(status == GM_OK, "gpumem: ", gm_last_error());
+  }
+
+  void createOrIncrefPool(c10::DeviceIndex device, c10::cuda::MempoolId_t id,
                           std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator>) override {
-    TORCH_CHECK(false, kNoGraphs);
+    TORCH_CHECK(gm_retain_pool(of(device), pool_of(id)) == GM_OK, "gpumem: ", gm_last_error());
   }
 
-  void endAllocateToPool(c10::DeviceIndex, c10::cuda::MempoolId_t) override {}
+  // Called from destructors (a graph's, a MemPool's): warns, never throws.
+  void releasePool(c10::DeviceIndex device, c10::cuda::MempoolId_t id) override {
+    if (gm_release_pool(of(device), pool_of(id)) != GM_OK)
+      TORCH_WARN("gpumem: ", gm_last_error());
+  }
 
-  void releasePool(c10::DeviceIndex, c10::cuda::MempoolId_t) override {}
+  // MemPool(use_on_oom=True) lets other allocations fall back to a pool's memory when the device is full;
+  // gpumem keeps a pool's memory to the pool, so the flag only warns (the destructor clears it: quiet).
+  void setUseOnOOM(c10::DeviceIndex, c10::cuda::MempoolId_t, bool use_on_oom) override {
+    if (use_on_oom)
+      TORCH_WARN_ONCE("gpumem: MemPool(use_on_oom=True) is not supported; the pool's memory stays its own");
+  }
+
+  int getPoolUseCount(c10::DeviceIndex device, c10::cuda::MempoolId_t id) override {
+    gm_pool_info info;
+    return gm_get_pool_info(of(device), pool_of(id), &info) == GM_OK ? static_cast<int>(info.users) : 0;
+  }
 
   std::string name() override { return "gpumem"; }
 
@@ -315,6 +361,23 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   uintptr_t handle(c10::DeviceIndex device) { return reinterpret_cast<uintptr_t>(of(device)); }
 
  private:
+  struct PoolFilter {
+    c10::DeviceIndex device;
+    c10::cuda::MempoolId_t id;
+    std::shared_ptr<StreamFilter> filter;
+  };
+
+  // The first filter of pool `id` on `device` is no longer used by gpumem.
+  void drop_filter(c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
+    std::lock_guard<std::mutex> guard(pool_mutex_);
+    for (auto it = pool_filters_.begin(); it != pool_filters_.end(); ++it) {
+      if (it->device == device && it->id == id) {
+        pool_filters_.erase(it);
+        return;
+      }
+    }
+  }
+
   bool mentions_publish() const {
     const char *environment = std::getenv("GPUMEM_CONF");
     return config_.find("publish:") != std::string::npos ||
@@ -488,6 +551,8 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   std::atomic<int> created_{0};      // allocators made so far
   std::atomic<gm_allocator *> single_{nullptr}; // the first one made (the only one while created_ is 1)
   std::mutex create_mutex_;
+  std::mutex pool_mutex_;
+  std::vector<PoolFilter> pool_filters_;
 };
 
 std::shared_ptr<GpumemAllocator> installed;
