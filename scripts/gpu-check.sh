@@ -4,7 +4,8 @@
 # cuda backend, and the side-by-side GPU benchmark (bench/gpu_replay.py). Logs and results go to
 # $OUT (the device tool's output folder) or ./gpu-results, as gpu-results.tgz and gpu_replay.md.
 # Usage: scripts/gpu-check.sh [build|tests|memcheck|bench|python|workloads|top|run|whatif|all]...   (default: all)
-#   python     the PyTorch/CuPy integration tests (tests/gpu/test_torch.py, pytest)
+#   python     the PyTorch/CuPy integration tests (tests/gpu/test_torch.py, test_governor.py, test_graphs.py,
+#              test_torch_conformance.py: each torch.cuda memory behaviour under native and under gpumem)
 #   workloads  bench/torch_workloads.py: real models under every allocator (not part of "all": long)
 #   top        a PyTorch process with publish:true seen by gpumem top / gpumem stats from outside
 #   run        a training script under `gpumem run --report`, seen by gpumem top from a second shell
@@ -58,6 +59,9 @@ if has python; then
     [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
     PYTHONPATH=python GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 -m pytest -q tests/gpu/test_graphs.py \
         2>&1 | tee "$out/test_graphs.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
+    PYTHONPATH=python GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 -m pytest -q -rs tests/gpu/test_torch_conformance.py \
+        2>&1 | tee "$out/test_torch_conformance.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
 fi
 if has top; then

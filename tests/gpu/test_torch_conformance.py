@@ -1,0 +1,317 @@
+"""Conformance: every torch.cuda memory behaviour that works with PyTorch's own allocator works under gpumem.
+
+    PYTHONPATH=python GPUMEM_LIBRARY=build-gpu/libgpumem.so python3 -m pytest tests/gpu/test_torch_conformance.py
+
+Each check below runs twice, in two fresh processes: one with PyTorch's native caching allocator and
+one with gpumem installed (GPUMEM_TORCH=1). A check that passes under native must pass under gpumem;
+the checks that return a value (the training loop's losses) must return the same value. Checks run in
+one process per allocator, in order, each caught on its own; the one that may leave CUDA state behind
+(a failed graph capture) runs last.
+"""
+import json
+import os
+import subprocess
+import sys
+import threading
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MIB = 1 << 20
+CHECKS = []
+
+
+def check(function):
+    CHECKS.append(function)
+    return function
+
+
+# ---------------------------------------------------------------- the checks (run in the child)
+
+@check
+def statistics_round_like_native(torch):
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    tensors = [torch.empty(size, dtype=torch.uint8, device="cuda") for size in (1, 511, 512, 513, MIB + 1)]
+    grown = torch.cuda.memory_allocated() - base
+    assert grown == 512 + 512 + 512 + 1024 + (MIB + 512), grown
+    stats = torch.cuda.memory_stats()
+    for key in ("allocated_bytes.all.current", "reserved_bytes.all.peak", "active_bytes.large_pool.current",
+                "requested_bytes.all.current", "inactive_split_bytes.all.current", "num_alloc_retries", "num_ooms",
+                "segment.all.current", "allocation.small_pool.allocated"):
+        assert key in stats, key
+    del tensors
+
+
+@check
+def peaks_and_resets(torch):
+    big = torch.empty(64 * MIB, dtype=torch.uint8, device="cuda")
+    peak = torch.cuda.max_memory_allocated()
+    del big
+    assert torch.cuda.max_memory_allocated() == peak
+    torch.cuda.reset_peak_memory_stats()
+    assert torch.cuda.max_memory_allocated() == torch.cuda.memory_allocated()
+    assert torch.cuda.max_memory_reserved() == torch.cuda.memory_reserved()
+
+
+@check
+def empty_cache_returns_memory_to_the_driver(torch):
+    torch.cuda.synchronize()
+    tensor = torch.empty(512 * MIB, dtype=torch.uint8, device="cuda")
+    del tensor
+    torch.cuda.synchronize()
+    free_before, _ = torch.cuda.mem_get_info()
+    torch.cuda.empty_cache()
+    free_after, _ = torch.cuda.mem_get_info()
+    assert free_after >= free_before + 500 * MIB, (free_before, free_after)
+
+
+@check
+def out_of_memory_is_catchable_and_counted(torch):
+    ooms = torch.cuda.memory_stats().get("num_ooms", 0)
+    try:
+        torch.empty(1 << 50, dtype=torch.uint8, device="cuda")
+        raise AssertionError("no error")
+    except RuntimeError as error:  # torch.OutOfMemoryError is a RuntimeError
+        assert isinstance(error, torch.OutOfMemoryError), type(error)
+    assert torch.cuda.memory_stats()["num_ooms"] == ooms + 1
+    assert torch.ones(4, device="cuda").sum().item() == 4
+
+
+@check
+def memory_fraction_caps_the_process(torch):
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction(0.05)
+    try:
+        try:
+            torch.empty(int(0.06 * total), dtype=torch.uint8, device="cuda")
+            raise AssertionError("the cap let a larger tensor through")
+        except torch.OutOfMemoryError:
+            pass
+        small = torch.empty(int(0.01 * total), dtype=torch.uint8, device="cuda")
+        del small
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+
+
+@check
+def record_stream_defers_reuse(torch):
+    side = torch.cuda.Stream()
+    tensor = torch.empty(16 * MIB, dtype=torch.uint8, device="cuda")
+    address = tensor.data_ptr()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # long work on the side stream that uses the tensor
+        tensor.add_(1)
+    tensor.record_stream(side)
+    del tensor
+    again = torch.empty(16 * MIB, dtype=torch.uint8, device="cuda")
+    assert again.data_ptr() != address, "reused while the side stream still used it"
+    side.synchronize()
+
+
+@check
+def cross_stream_use(torch):
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        made = torch.full((1024,), 3.0, device="cuda")
+    torch.cuda.current_stream().wait_stream(side)
+    assert made.sum().item() == 3 * 1024
+    made.record_stream(torch.cuda.current_stream())
+    del made
+
+
+@check
+def zero_size_tensors(torch):
+    empty = torch.empty(0, device="cuda")
+    assert empty.numel() == 0
+    assert torch.cat([empty, torch.ones(2, device="cuda")]).sum().item() == 2
+
+
+@check
+def caching_allocator_alloc_and_delete(torch):
+    pointer = torch.cuda.caching_allocator_alloc(4096)
+    assert pointer != 0
+    torch.cuda.caching_allocator_delete(pointer)
+
+
+@check
+def many_python_threads(torch):
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    failures = []
+
+    def work(seed):
+        try:
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                for step in range(200):
+                    tensors = [torch.empty((seed * 7919 + step * 104729) % (4 * MIB) + 1, dtype=torch.uint8,
+                                           device="cuda") for _ in range(3)]
+                    del tensors
+            stream.synchronize()
+        except Exception as error:  # noqa: BLE001 -- reported below
+            failures.append(repr(error))
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == base
+
+
+@check
+def graph_capture_and_replay(torch):
+    static = torch.ones(1024, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static.mul_(2)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert static.sum().item() == 2048
+
+
+@check
+def compile_default(torch):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)).cuda()
+    data = torch.randn(32, 64, device="cuda")
+    torch.testing.assert_close(torch.compile(model)(data), model(data))
+
+
+@check
+def compile_reduce_overhead(torch):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)).cuda()
+    data = torch.randn(32, 64, device="cuda")
+    compiled = torch.compile(model, mode="reduce-overhead")
+    for _ in range(4):
+        result = compiled(data)
+    torch.testing.assert_close(result, model(data))
+
+
+@check
+def mem_pool(torch):
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        inside = torch.empty(8 * MIB, dtype=torch.uint8, device="cuda")
+    outside = torch.empty(8 * MIB, dtype=torch.uint8, device="cuda")
+    assert inside.data_ptr() != outside.data_ptr()
+    assert pool.use_count() >= 1
+    del inside, outside, pool
+
+
+@check
+def pinned_copies(torch):
+    host = torch.arange(1 << 20, dtype=torch.float32).pin_memory()
+    assert host.is_pinned()
+    device = host.to("cuda", non_blocking=True)
+    back = device.to("cpu", non_blocking=True)
+    torch.cuda.synchronize()
+    assert torch.equal(back, host)
+
+
+@check
+def profiler_memory_columns(torch):
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], profile_memory=True) as profiler:
+        tensor = torch.empty(4 * MIB, dtype=torch.uint8, device="cuda")
+        del tensor
+    events = [event for event in profiler.key_averages() if getattr(event, "device_memory_usage", 0)]
+    assert events, "no event with device memory usage"
+
+
+@check
+def snapshots(torch):
+    torch.cuda.memory._record_memory_history(max_entries=10000)
+    try:
+        tensor = torch.empty(3 * MIB, dtype=torch.uint8, device="cuda")
+        snapshot = torch.cuda.memory._snapshot()
+        del tensor
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    assert snapshot["segments"], "no segments"
+    actions = {entry["action"] for trace in snapshot["device_traces"] for entry in trace}
+    assert "alloc" in actions, actions
+
+
+@check
+def training_losses(torch):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    losses = []
+    for _ in range(20):
+        data = torch.randn(64, 128, device="cuda", generator=generator)
+        target = torch.randint(0, 10, (64,), device="cuda", generator=generator)
+        optimizer.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(data), target)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+@check
+def usable_after_a_failed_capture(torch):
+    model = torch.nn.Linear(64, 64).cuda()
+    data = torch.ones(8, 64, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            model(data)
+            torch.cuda.synchronize()  # not allowed during a capture
+    except Exception:  # noqa: BLE001 -- the capture is meant to fail
+        pass
+    model(data).sum().backward()
+    assert torch.isfinite(model.weight.grad).all()
+
+
+# ---------------------------------------------------------------- child and parent
+
+def run_checks():
+    import torch
+    results = {}
+    for function in CHECKS:
+        try:
+            value = function(torch)
+            results[function.__name__] = {"ok": True, "value": value}
+        except Exception as error:  # noqa: BLE001 -- every failure is a result
+            results[function.__name__] = {"ok": False, "error": f"{type(error).__name__}: {error}"[:500]}
+    print("RESULTS " + json.dumps(results), flush=True)
+
+
+def results_under(allocator):
+    environment = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    environment.pop("GPUMEM_TORCH", None)
+    if allocator == "gpumem":
+        environment["GPUMEM_TORCH"] = "1"
+    run = subprocess.run([sys.executable, os.path.abspath(__file__), "--child"], env=environment,
+                         capture_output=True, text=True, timeout=900)
+    for line in run.stdout.splitlines():
+        if line.startswith("RESULTS "):
+            return json.loads(line[8:])
+    raise RuntimeError(f"the {allocator} child failed (status {run.returncode}):\n{run.stderr[-3000:]}")
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--child"]:
+    run_checks()
+else:
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device", allow_module_level=True)
+
+    @pytest.fixture(scope="module")
+    def both():
+        return results_under("native"), results_under("gpumem")
+
+    @pytest.mark.parametrize("name", [function.__name__ for function in CHECKS])
+    def test_conforms(both, name):
+        native, gpumem = both
+        if not native[name]["ok"]:
+            pytest.skip(f"fails under PyTorch's own allocator too: {native[name]['error']}")
+        assert gpumem[name]["ok"], gpumem[name]["error"]
+        assert gpumem[name].get("value") == native[name].get("value")
