@@ -149,7 +149,45 @@ static void empty_cache_keeps_pending_blocks(void)
     gm_destroy(allocator, NULL);
 }
 
-RUN_TESTS(TEST_CASE(freed_block_is_reused_on_its_stream), TEST_CASE(streams_do_not_share_cached_blocks),
+/* A stream per request (servers, CuPy's and external streams): idle streams' heaps are forgotten, so
+ * neither addresses nor host memory run out, and a busy stream's blocks are untouched. */
+static void thousands_of_streams_come_and_go(void)
+{
+    static const char *const configs[] = {"backend:sim", "backend:sim,engine:segments",
+                                          "backend:sim,capacity:1TiB"}; /* the last: addresses run out first */
+    for (size_t c = 0; c < sizeof configs / sizeof configs[0]; c++) {
+        gm_allocator *allocator = NULL;
+        REQUIRE(gm_create(configs[c], &allocator) == GM_OK);
+        void *kept = NULL;
+        CHECK_OK(gm_malloc(allocator, 3 << 20, 1, &kept));
+        for (gm_stream stream = 2; stream < 1000; stream++) {
+            void *pointer = NULL;
+            gm_status status = gm_malloc(allocator, 4 << 20, stream, &pointer);
+            if (status != GM_OK) {
+                fprintf(stderr, "%s: stream %lu: %s\n", configs[c], (unsigned long)stream, gm_last_error());
+                CHECK_OK(status);
+                break;
+            }
+            CHECK_OK(gm_free(allocator, pointer));
+        }
+        size_t size = 0;
+        CHECK_OK(gm_allocation_size(allocator, kept, &size));
+        CHECK_EQ_INT(size, 3 << 20);
+        CHECK_OK(gm_validate(allocator));
+        gm_stats stats;
+        CHECK_OK(gm_get_stats(allocator, &stats));
+        /* At most the idle heaps kept before forgetting, each with its cache (a 20 MiB segment at most),
+         * not one per stream ever seen. */
+        CHECK(stats.reserved_bytes[GM_POOL_ALL].current <= (int64_t)(130ull * (20 << 20)));
+        CHECK_OK(gm_free(allocator, kept));
+        CHECK_OK(gm_empty_cache(allocator));
+        CHECK_OK(gm_get_stats(allocator, &stats));
+        CHECK_EQ_INT(stats.reserved_bytes[GM_POOL_ALL].current, 0);
+        gm_destroy(allocator, NULL);
+    }
+}
+
+RUN_TESTS(TEST_CASE(freed_block_is_reused_on_its_stream), TEST_CASE(thousands_of_streams_come_and_go), TEST_CASE(streams_do_not_share_cached_blocks),
           TEST_CASE(recorded_stream_delays_reuse_until_its_work_finishes),
           TEST_CASE(work_queued_after_the_free_does_not_delay_reuse),
           TEST_CASE(several_recorded_streams_all_must_finish), TEST_CASE(out_of_memory_waits_for_pending_frees),

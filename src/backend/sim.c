@@ -18,10 +18,17 @@
 #define SIM_ADDRESS_LIMIT 0x7f0000000000ull
 #define SIM_DEFAULT_CAPACITY (143771ull << 20)
 
+typedef struct address_range {
+    uintptr_t base;
+    uint64_t size;
+} address_range;
+
 typedef struct sim_state {
     gm_device_model *model;
     uintptr_t next_address;
     uint64_t page_size;
+    address_range *returned; /* ranges given back, reused once no fresh addresses are left */
+    size_t returned_count;
 } sim_state;
 
 static sim_state *state_of(gm_backend *backend)
@@ -40,15 +47,48 @@ static gm_status sim_open(gm_backend *backend, const gm_backend_config *config)
                                  config->page_size, config->cost_model);
 }
 
-/* Fresh, never-used fake addresses, page-aligned. */
+/* Fake addresses, page-aligned: fresh ones while there are (a stale pointer then points nowhere), then,
+ * as a driver does, ranges given back before. */
 static gm_status take_addresses(sim_state *state, uint64_t size, uintptr_t *address_out)
 {
     uint64_t rounded = (size + state->page_size - 1) / state->page_size * state->page_size;
-    if (rounded < size || rounded > SIM_ADDRESS_LIMIT - state->next_address)
+    if (rounded < size)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "sim: fake address space exhausted");
-    *address_out = state->next_address;
-    state->next_address += rounded;
-    return GM_OK;
+    if (rounded <= SIM_ADDRESS_LIMIT - state->next_address) {
+        *address_out = state->next_address;
+        state->next_address += rounded;
+        return GM_OK;
+    }
+    for (size_t i = 0; i < state->returned_count; i++) {
+        address_range *range = &state->returned[i];
+        if (range->size < rounded)
+            continue;
+        *address_out = range->base;
+        range->base += rounded;
+        range->size -= rounded;
+        if (!range->size)
+            *range = state->returned[--state->returned_count];
+        return GM_OK;
+    }
+    return gm_fail(GM_ERROR_OUT_OF_MEMORY, "sim: fake address space exhausted");
+}
+
+/* Keep a range given back for reuse (without host memory for the list, it is simply not reused). */
+static void return_addresses(sim_state *state, uintptr_t base, uint64_t size)
+{
+    uint64_t rounded = (size + state->page_size - 1) / state->page_size * state->page_size;
+    address_range *grown = realloc(state->returned, (state->returned_count + 1) * sizeof *grown);
+    if (!grown)
+        return;
+    state->returned = grown;
+    grown[state->returned_count++] = (address_range){base, rounded};
+}
+
+static void sim_close(gm_backend *backend)
+{
+    if (backend->state)
+        free(state_of(backend)->returned);
+    gm_model_close(backend);
 }
 
 static gm_status sim_segment_allocate(gm_backend *backend, uint64_t size, uintptr_t *address_out)
@@ -67,7 +107,10 @@ static gm_status sim_segment_allocate(gm_backend *backend, uint64_t size, uintpt
 
 static gm_status sim_segment_free(gm_backend *backend, uintptr_t address, uint64_t size)
 {
-    return gm_device_model_segment_free(state_of(backend)->model, address, size);
+    gm_status status = gm_device_model_segment_free(state_of(backend)->model, address, size);
+    if (status == GM_OK)
+        return_addresses(state_of(backend), address, size);
+    return status;
 }
 
 static gm_status sim_address_reserve(gm_backend *backend, uint64_t size, uintptr_t *address_out)
@@ -84,7 +127,10 @@ static gm_status sim_address_reserve(gm_backend *backend, uint64_t size, uintptr
 
 static gm_status sim_address_free(gm_backend *backend, uintptr_t address, uint64_t size)
 {
-    return gm_device_model_address_free(state_of(backend)->model, address, size);
+    gm_status status = gm_device_model_address_free(state_of(backend)->model, address, size);
+    if (status == GM_OK)
+        return_addresses(state_of(backend), address, size);
+    return status;
 }
 
 static gm_status sim_physical_create(gm_backend *backend, uint64_t size, uint64_t *handle_out)
@@ -120,7 +166,7 @@ static gm_status sim_unmap(gm_backend *backend, uintptr_t address, uint64_t size
 const gm_backend_operations gm_sim_backend_operations = {
     .name = "sim",
     .open = sim_open,
-    .close = gm_model_close,
+    .close = sim_close,
     .memory_info = gm_model_memory_info,
     .segment_allocate = sim_segment_allocate,
     .segment_free = sim_segment_free,

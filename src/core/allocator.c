@@ -45,6 +45,11 @@
 #define GM_MAX_REQUEST (1ull << 60)
 #define GM_UNLIKELY(condition) __builtin_expect(!!(condition), 0)
 #define GM_PUBLISH_ALL_EVERY 256 /* calls between publications of the device-call counts without a device call */
+/* Idle stream heaps are forgotten, least recently used first, once there are more heaps than this
+ * (lanes and private pools' included), down to IDLE_HEAPS_KEPT idle ones: in batches, so that a
+ * program cycling through many streams does not pay device calls on every request. */
+#define HEAPS_BEFORE_FORGETTING 128
+#define IDLE_HEAPS_KEPT 64
 
 /* ---------------------------------------------------------------- publishing (monitor/publish.c) */
 
@@ -280,6 +285,8 @@ static gm_status retry_allocation(gm_allocator *allocator, gm_heap *heap, int po
     }
     int64_t reserved_before = gm_stat_total(allocator->arena.stats->reserved_bytes);
     engine->release_cached(&allocator->arena, 0);
+    if (!allocator->unlocked_allocations) /* addresses too: other streams' idle heaps go */
+        gm_forget_idle_heaps(&allocator->arena, heap, 0);
     attempts->released_bytes += (uint64_t)(reserved_before - gm_stat_total(allocator->arena.stats->reserved_bytes));
     attempts->retried = true;
     allocator->arena.stats->num_alloc_retries++;
@@ -352,6 +359,8 @@ gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void
         gm_process_pending_frees_locked(allocator, false);
     gm_heap *heap = allocator->pool_route_count ? gm_heap_for_request_locked(allocator, stream)
                                                 : gm_heap_for_stream(&allocator->arena, stream);
+    if (allocator->arena.heap_count > HEAPS_BEFORE_FORGETTING && heap && !allocator->unlocked_allocations)
+        gm_forget_idle_heaps(&allocator->arena, heap, IDLE_HEAPS_KEPT);
     gm_block *block = NULL;
     gm_status status = heap ? allocate_with_retries(allocator, heap, pool, rounded, &block)
                             : gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a stream heap");
@@ -366,6 +375,8 @@ gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void
         gm_stat_change(allocator->arena.stats->active_bytes, pool, (int64_t)block->size);
         *pointer_out = (void *)block->address;
         gm_history_record(allocator->arena.history, GM_EVENT_ALLOC, block->address, size, stream);
+        heap->live_blocks++;
+        heap->last_used = ++allocator->arena.clock;
         if (heap->private_pool)
             heap->private_pool->live_blocks++;
     }

@@ -55,6 +55,9 @@ struct gm_heap {
     void *engine_data;
     bool engine_private; /* made by the engine for its own placement (the pages engine's growth lane):
                             never the heap that a stream's requests are looked up in */
+    gm_heap *serves;     /* an engine-private heap: the heap whose requests it takes; else NULL */
+    uint64_t live_blocks; /* blocks allocated through this heap (or its engine-private ones), not retired */
+    uint64_t last_used;  /* the arena's clock at its last request: the least recently used goes first */
 };
 
 typedef struct gm_engine_operations gm_engine_operations;
@@ -71,6 +74,7 @@ typedef struct gm_arena {
     gm_heap **heaps;
     size_t heap_count;
     gm_heap *last_heap; /* the stream's heap found last */
+    uint64_t clock;     /* counts requests, for gm_heap.last_used */
     gm_history *history; /* the event ring, NULL when history is off */
 } gm_arena;
 
@@ -118,6 +122,11 @@ gm_heap *gm_find_pool_heap(gm_arena *arena, gm_stream stream, gm_private_pool *p
 void gm_remove_heap(gm_arena *arena, gm_heap *heap);
 /* Free every heap struct (their regions are the engine's and already gone). */
 void gm_free_heaps(gm_arena *arena);
+/* Forget the least recently used idle stream heaps (no live or pending block; not a private pool's),
+ * other than `keep`, until at most `idle_kept` idle ones are left: their memory and addresses go back
+ * (engine.forget_heap), their structs are freed. A heap whose memory cannot be given back now (a
+ * failed device call) stays. Returns how many were forgotten. */
+size_t gm_forget_idle_heaps(gm_arena *arena, const gm_heap *keep, size_t idle_kept);
 
 /* Whether free memory of `heap` may serve `requester` (NULL: may be given back to the device): not
  * while it belongs to a private pool with users, except to that pool's own heaps. */

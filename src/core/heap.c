@@ -3,6 +3,11 @@
  * stream and private pool (CUDA graphs, MemPools; dropped when the pool is gone), and engine-private
  * ones (the pages engine's growth lanes) added beside them.
  *
+ * Streams come and go (a server may make one per request; CuPy and external streams), but nothing
+ * says when a stream is gone. So idle stream heaps -- no live block -- are forgotten, least recently
+ * used first: when many have piled up, and when an allocation fails (each heap of the pages engine
+ * holds a range of addresses twice the device's size, and addresses run out before memory does).
+ *
  * Every heap is listed in the arena, so whatever walks the arena (statistics, validation,
  * empty_cache, reports) sees every region. Lookup remembers the heap found last: a workload that
  * allocates on one stream finds its heap without a search.
@@ -65,6 +70,37 @@ void gm_remove_heap(gm_arena *arena, gm_heap *heap)
     if (arena->last_heap == heap)
         arena->last_heap = NULL;
     free(heap);
+}
+
+static bool is_idle_stream_heap(const gm_heap *heap, const gm_heap *keep)
+{
+    return heap != keep && !heap->engine_private && !heap->private_pool && heap->live_blocks == 0;
+}
+
+size_t gm_forget_idle_heaps(gm_arena *arena, const gm_heap *keep, size_t idle_kept)
+{
+    size_t idle = 0, forgotten = 0;
+    for (size_t i = 0; i < arena->heap_count; i++)
+        idle += is_idle_stream_heap(arena->heaps[i], keep);
+    uint64_t failed_before = UINT64_MAX; /* heaps that failed are not tried again in this call */
+    while (idle > idle_kept) {
+        gm_heap *oldest = NULL;
+        for (size_t i = 0; i < arena->heap_count; i++) {
+            gm_heap *heap = arena->heaps[i];
+            if (is_idle_stream_heap(heap, keep) && heap->last_used < failed_before &&
+                (!oldest || heap->last_used < oldest->last_used))
+                oldest = heap;
+        }
+        if (!oldest)
+            break;
+        uint64_t last_used = oldest->last_used;
+        if (arena->engine->forget_heap(arena, oldest) == GM_OK)
+            forgotten++;
+        else
+            failed_before = last_used;
+        idle--;
+    }
+    return forgotten;
 }
 
 void gm_free_heaps(gm_arena *arena)

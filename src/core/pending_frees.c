@@ -56,6 +56,8 @@ void gm_retire_block_locked(gm_allocator *allocator, gm_block *block)
     gm_history_record(allocator->arena.history, GM_EVENT_FREE_COMPLETED, block->address, block->requested,
                       block->heap->stream);
     gm_private_pool *pool = block->heap->private_pool; /* the engine may merge the block away */
+    gm_heap *home = block->heap->serves ? block->heap->serves : block->heap;
+    home->live_blocks--;
     allocator->arena.engine->free_block(&allocator->arena, block);
     if (pool)
         gm_pool_block_retired_locked(allocator, pool);

@@ -41,6 +41,7 @@ gm_heap *pages_lane_of(gm_arena *arena, gm_heap *heap)
     lane->engine_data = lane_state;
     lane->engine_private = true;
     lane->private_pool = heap->private_pool; /* a pool's lane is the pool's memory too */
+    lane->serves = heap;
     return state->lane = lane;
 }
 
