@@ -478,18 +478,24 @@ enum {
                                                a fraction of the device */
     GM_PRESSURE_SIGNAL_HOST = 1u << 3,      /* the host's used memory (MemTotal - MemAvailable), a
                                                fraction of MemTotal */
-    GM_PRESSURE_SIGNAL_PSI = 1u << 4        /* the host's memory pressure stall ("some avg10", percent)
+    GM_PRESSURE_SIGNAL_PSI = 1u << 4,       /* the host's memory pressure stall ("some avg10", percent)
                                                against psi_high and psi_low */
+    GM_PRESSURE_SIGNAL_CGROUP = 1u << 5     /* this process's memory cgroup: memory.current (v1:
+                                               usage_in_bytes) a fraction of the lower of memory.max and
+                                               memory.high, where the container is throttled or killed
+                                               first; never reached without a cgroup limit. The kernel
+                                               counts page cache in it, which it reclaims before killing */
 };
 
 typedef struct gm_pressure_policy {
     double high;           /* the high watermark, a fraction in (0, 1] */
     double low;            /* the low watermark, a fraction in (0, high) */
     uint32_t signals;      /* GM_PRESSURE_SIGNAL_* bits; 0: reserved and allocated bytes */
-    uint32_t interval_ms;  /* the sampled signals (device, host, psi) are read this often; 0: 100 */
+    uint32_t interval_ms;  /* the sampled signals (device, host, psi, cgroup) are read this often; 0: 100 */
     double psi_high;       /* PSI percent that raises the level; 0: 10 */
     double psi_low;        /* PSI percent under which it may fall; 0: half of psi_high */
-    const char *host_root; /* where /proc is read: NULL or "/" for this machine, a fixture tree for tests */
+    const char *host_root; /* where /proc and /sys/fs/cgroup are read: NULL or "/" for this machine, a
+                              fixture tree for tests */
 } gm_pressure_policy;
 
 /* The readings behind a level. */
@@ -509,6 +515,8 @@ typedef struct gm_pressure_readings {
     uint64_t request_bytes;       /* CRITICAL: the allocation that would fail; else 0 */
     uint64_t released_bytes;      /* bytes the ladder released at this change */
     uint64_t changes;             /* level changes so far on this allocator: orders calls made on threads */
+    int64_t cgroup_current_bytes; /* sampled: this process's memory cgroup's memory.current (-1 if not read) */
+    int64_t cgroup_limit_bytes;   /* the lower of its memory.max and memory.high (-1 if not read or no limit) */
 } gm_pressure_readings;
 
 /* Called when the level changes (with the new level; CRITICAL before an allocation's last retry), with

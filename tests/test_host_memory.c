@@ -1,8 +1,11 @@
 /*
- * test_host_memory.c -- the host-memory readers against fixture /proc trees made here: meminfo and
- * memory pressure; a process with a child and a grandchild (counted in its tree) and an unrelated
+ * test_host_memory.c -- the host-memory readers against fixture /proc and /sys trees made here: meminfo
+ * and memory pressure; a process with a child and a grandchild (counted in its tree) and an unrelated
  * process (not counted); a process whose smaps_rollup is missing (RSS from status, PSS unknown); a
- * machine without PSI; a root with no meminfo; a process that is gone.
+ * machine without PSI; a root with no meminfo; a process that is gone. The memory cgroup: v2 with
+ * memory.max and memory.high, v2 with only memory.high, the v2 root cgroup (no limit), v1 with a limit
+ * and without one (its huge number), a hybrid host, files that do not hold a number, a process whose
+ * cgroup file is missing, and bad arguments.
  */
 #include "monitor/host_memory.h"
 
@@ -124,6 +127,154 @@ static void test_this_machine(void)
     gm_process_memory memory;
     CHECK_OK(gm_process_memory_read("/", (long)getpid(), &memory));
     CHECK(memory.rss_bytes > 0 && memory.tree_rss_bytes >= memory.rss_bytes);
+    gm_cgroup_memory cgroup;
+    CHECK_OK(gm_cgroup_memory_read(NULL, (long)getpid(), &cgroup));
+    CHECK(cgroup.path[0] == '/');
+    CHECK(cgroup.version == GM_CGROUP_NONE || cgroup.max_known);
+}
+
+/* ---------------------------------------------------------------- the memory cgroup */
+
+static void write_cgroup_process(long pid, const char *cgroup_lines)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%ld/cgroup", pid);
+    write_file(path, "%s", cgroup_lines);
+}
+
+static void test_cgroup_v2_with_max_and_high(void)
+{
+    write_cgroup_process(200, "0::/user.slice/job\n");
+    write_file("/sys/fs/cgroup/user.slice/job/memory.max", "17179869184\n");
+    write_file("/sys/fs/cgroup/user.slice/job/memory.high", "15032385536\n");
+    write_file("/sys/fs/cgroup/user.slice/job/memory.current", "16106127360\n");
+    write_file("/sys/fs/cgroup/user.slice/job/memory.swap.max", "0\n");
+    gm_cgroup_memory cgroup;
+    CHECK_OK(gm_cgroup_memory_read(root, 200, &cgroup));
+    CHECK_EQ_INT(cgroup.version, GM_CGROUP_V2);
+    CHECK(cgroup.v2_listed);
+    CHECK(!strcmp(cgroup.path, "/user.slice/job"));
+    CHECK(!strcmp(cgroup.max_file, "/sys/fs/cgroup/user.slice/job/memory.max"));
+    CHECK(!strcmp(cgroup.current_file, "/sys/fs/cgroup/user.slice/job/memory.current"));
+    CHECK(cgroup.max_known && cgroup.high_known && cgroup.current_known && cgroup.swap_max_known);
+    CHECK_EQ_INT(cgroup.max_bytes, 16LL << 30);
+    CHECK_EQ_INT(cgroup.high_bytes, 14LL << 30);
+    CHECK_EQ_INT(cgroup.current_bytes, 15LL << 30);
+    CHECK_EQ_INT(cgroup.swap_max_bytes, 0);
+    CHECK_EQ_INT(gm_cgroup_memory_limit(&cgroup), 14LL << 30); /* memory.high comes first */
+
+    /* memory.max "max": the limit is memory.high alone; memory.high "max" too: no limit at all. */
+    write_file("/sys/fs/cgroup/user.slice/job/memory.max", "max\n");
+    CHECK_OK(gm_cgroup_memory_read(root, 200, &cgroup));
+    CHECK(cgroup.max_known);
+    CHECK_EQ_INT(cgroup.max_bytes, -1);
+    CHECK_EQ_INT(gm_cgroup_memory_limit(&cgroup), 14LL << 30);
+    write_file("/sys/fs/cgroup/user.slice/job/memory.high", "max\n");
+    write_file("/sys/fs/cgroup/user.slice/job/memory.swap.max", "max\n");
+    CHECK_OK(gm_cgroup_memory_read(root, 200, &cgroup));
+    CHECK(cgroup.high_known && cgroup.swap_max_known);
+    CHECK_EQ_INT(cgroup.high_bytes, -1);
+    CHECK_EQ_INT(cgroup.swap_max_bytes, -1);
+    CHECK_EQ_INT(gm_cgroup_memory_limit(&cgroup), -1);
+    CHECK_EQ_INT(cgroup.current_bytes, 15LL << 30); /* usage is read whether or not there is a limit */
+
+    /* Files that do not hold a number are not known; the readings stay -1. */
+    write_file("/sys/fs/cgroup/user.slice/job/memory.high", "lots\n");
+    write_file("/sys/fs/cgroup/user.slice/job/memory.current", "\n");
+    CHECK_OK(gm_cgroup_memory_read(root, 200, &cgroup));
+    CHECK_EQ_INT(cgroup.version, GM_CGROUP_V2);
+    CHECK(!cgroup.high_known && !cgroup.current_known);
+    CHECK_EQ_INT(cgroup.high_bytes, -1);
+    CHECK_EQ_INT(cgroup.current_bytes, -1);
+}
+
+static void test_cgroup_v2_root_without_limit(void)
+{
+    write_cgroup_process(201, "0::/\n");
+    gm_cgroup_memory cgroup;
+    CHECK_OK(gm_cgroup_memory_read(root, 201, &cgroup)); /* not an error: the usual case on a host */
+    CHECK_EQ_INT(cgroup.version, GM_CGROUP_NONE);
+    CHECK(cgroup.v2_listed);
+    CHECK(!strcmp(cgroup.path, "/"));
+    CHECK(!strcmp(cgroup.max_file, "/sys/fs/cgroup/memory.max"));
+    CHECK(!cgroup.max_known && !cgroup.high_known && !cgroup.current_known && !cgroup.swap_max_known);
+    CHECK_EQ_INT(cgroup.max_bytes, -1);
+    CHECK_EQ_INT(cgroup.high_bytes, -1);
+    CHECK_EQ_INT(cgroup.current_bytes, -1);
+    CHECK_EQ_INT(cgroup.swap_max_bytes, -1);
+    CHECK_EQ_INT(gm_cgroup_memory_limit(&cgroup), -1);
+
+    /* No memory cgroup listed at all (only other v1 controllers, lines without two colons). */
+    write_cgroup_process(205, "junk\n3:cpu,cpuacct:/x\n");
+    CHECK_OK(gm_cgroup_memory_read(root, 205, &cgroup));
+    CHECK_EQ_INT(cgroup.version, GM_CGROUP_NONE);
+    CHECK(!cgroup.v2_listed);
+    CHECK(!strcmp(cgroup.path, "/"));
+    CHECK_EQ_INT(gm_cgroup_memory_limit(&cgroup), -1);
+}
+
+static void test_cgroup_v1(void)
+{
+    /* The memory controller shares its line with others; the v2 line of a hybrid host has no memory.max. */
+    write_cgroup_process(202, "5:cpu,memory,blkio:/docker/abc\n1:name=systemd:/docker/abc\n0::/\n");
+    write_file("/sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes", "8589934592\n");
+    write_file("/sys/fs/cgroup/memory/docker/abc/memory.usage_in_bytes", "1073741824\n");
+    gm_cgroup_memory cgroup;
+    CHECK_OK(gm_cgroup_memory_read(root, 202, &cgroup));
+    CHECK_EQ_INT(cgroup.version, GM_CGROUP_V1);
+    CHECK(cgroup.v2_listed);
+    CHECK(!strcmp(cgroup.path, "/docker/abc"));
+    CHECK(!strcmp(cgroup.max_file, "/sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes"));
+    CHECK(!strcmp(cgroup.current_file, "/sys/fs/cgroup/memory/docker/abc/memory.usage_in_bytes"));
+    CHECK(cgroup.max_known && cgroup.current_known);
+    CHECK(!cgroup.high_known && !cgroup.swap_max_known); /* v1 has neither file */
+    CHECK_EQ_INT(cgroup.max_bytes, 8LL << 30);
+    CHECK_EQ_INT(cgroup.current_bytes, 1LL << 30);
+    CHECK_EQ_INT(cgroup.high_bytes, -1);
+    CHECK_EQ_INT(gm_cgroup_memory_limit(&cgroup), 8LL << 30);
+
+    /* v1 without a limit shows the largest page multiple below 2^63. */
+    write_file("/sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes", "9223372036854771712\n");
+    CHECK_OK(gm_cgroup_memory_read(root, 202, &cgroup));
+    CHECK(cgroup.max_known);
+    CHECK_EQ_INT(cgroup.max_bytes, -1);
+    CHECK_EQ_INT(gm_cgroup_memory_limit(&cgroup), -1);
+
+    /* A hybrid host whose memory controller is on v2: v2 is taken. */
+    write_cgroup_process(203, "4:memory:/docker/abc\n0::/kubepods/pod1\n");
+    write_file("/sys/fs/cgroup/kubepods/pod1/memory.max", "2147483648\n");
+    CHECK_OK(gm_cgroup_memory_read(root, 203, &cgroup));
+    CHECK_EQ_INT(cgroup.version, GM_CGROUP_V2);
+    CHECK(!strcmp(cgroup.path, "/kubepods/pod1"));
+    CHECK_EQ_INT(cgroup.max_bytes, 2LL << 30);
+    CHECK(!cgroup.current_known); /* no memory.current in this fixture */
+    CHECK_EQ_INT(cgroup.current_bytes, -1);
+}
+
+static void test_cgroup_unreadable(void)
+{
+    gm_cgroup_memory cgroup;
+    char expected[512];
+    snprintf(expected, sizeof expected, "cannot read %s/proc/4242/cgroup", root);
+    CHECK_STATUS(gm_cgroup_memory_read(root, 4242, &cgroup), GM_ERROR_IO);
+    CHECK_MESSAGE(expected);
+    snprintf(expected, sizeof expected, "cannot read %s/proc/self/cgroup", root);
+    CHECK_STATUS(gm_cgroup_memory_read(root, 0, &cgroup), GM_ERROR_IO); /* 0: /proc/self */
+    CHECK_MESSAGE(expected);
+    write_file("/proc/self/cgroup", "0::/user.slice/job\n");
+    CHECK_OK(gm_cgroup_memory_read(root, 0, &cgroup));
+    CHECK(!strcmp(cgroup.path, "/user.slice/job"));
+    /* A v1 memory cgroup whose files are missing: v1, nothing known. */
+    write_cgroup_process(204, "4:memory:/gone\n");
+    CHECK_OK(gm_cgroup_memory_read(root, 204, &cgroup));
+    CHECK_EQ_INT(cgroup.version, GM_CGROUP_V1);
+    CHECK(!cgroup.max_known && !cgroup.current_known);
+    CHECK_EQ_INT(gm_cgroup_memory_limit(&cgroup), -1);
+
+    CHECK_STATUS(gm_cgroup_memory_read(root, -1, &cgroup), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_MESSAGE("gm_cgroup_memory_read: the pid is negative");
+    CHECK_STATUS(gm_cgroup_memory_read(root, 200, NULL), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_MESSAGE("gm_cgroup_memory_read: cgroup_out is NULL");
 }
 
 static void remove_machine(void)
@@ -139,6 +290,10 @@ static void test_all(void)
     test_host();
     test_process_tree();
     test_missing();
+    test_cgroup_v2_with_max_and_high();
+    test_cgroup_v2_root_without_limit();
+    test_cgroup_v1();
+    test_cgroup_unreadable();
     remove_machine();
     test_this_machine();
 }

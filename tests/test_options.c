@@ -112,6 +112,8 @@ static void bad_strings_are_refused_with_clear_errors(void)
         {"pressure_interval_ms:50", "key 'pressure_interval_ms' needs 'pressure_high'"},
         {"pressure_psi_high:20", "key 'pressure_psi_high' needs 'pressure_high'"},
         {"pressure_high:0.9,pressure_signals:reserved+gpu", "'gpu' is not a pressure signal (use reserved, allocated"},
+        {"pressure_high:0.9,pressure_signals:cgroups", "'cgroups' is not a pressure signal (use reserved, allocated, "
+                                                       "device, host, psi or cgroup, joined by '+')"},
         {"pressure_high:0.9,pressure_signals:", "key 'pressure_signals' has no value"},
         {"pressure_high:0.9,pressure_signals:reserved+", "'' is not a pressure signal"},
         {"pressure_high:0.9,pressure_interval_ms:0", "key 'pressure_interval_ms' must be at least 1"},
@@ -188,6 +190,8 @@ static void pressure_keys_are_parsed(void)
     CHECK(options.pressure_psi_high == 3 && options.pressure_psi_low == 0.5);
     CHECK(options.pressure_high == 1.0);
     CHECK_EQ_INT(options.pressure_signals, GM_PRESSURE_SIGNAL_ALLOCATED);
+    CHECK_OK(gm_options_parse(&options, "pressure_signals:cgroup+host"));
+    CHECK_EQ_INT(options.pressure_signals, GM_PRESSURE_SIGNAL_CGROUP | GM_PRESSURE_SIGNAL_HOST);
     /* An allocator made with them has the policy, with the default low watermark filled in. */
     gm_allocator *allocator = NULL;
     CHECK_OK(gm_create("capacity:1GiB,pressure_high:0.75,pressure_interval_ms:30", &allocator));

@@ -1,11 +1,15 @@
 /*
  * test_pressure_signals.c -- the sampled pressure signals, with exact expectations: host MemAvailable and
- * memory PSI read from fixture /proc trees (gm_check_pressure, and the sampling thread on its own), the
- * driver's used memory with memory used elsewhere on the sim device, a host-only rise that releases no
- * GPU memory, the sampling thread stopping on policy changes and at destruction, and policy changes from
- * callbacks (refused on the sampling thread, which would wait for itself).
+ * memory PSI read from fixture /proc trees (gm_check_pressure, and the sampling thread on its own), this
+ * process's memory cgroup from a fixture /proc and /sys/fs/cgroup tree (its usage of the lower of
+ * memory.max and memory.high, hysteresis, the thread; a cgroup without a limit never raising the level),
+ * the driver's used memory with memory used elsewhere on the sim device, a host-only rise that releases
+ * no GPU memory, the sampling thread stopping on policy changes and at destruction, and policy changes
+ * from callbacks (refused on the sampling thread, which would wait for itself).
  */
 #include "pressure_test.h"
+
+#include "base/error.h"
 
 #include <stdarg.h>
 #include <sys/stat.h>
@@ -48,8 +52,24 @@ static void write_psi(double some_avg10)
                   "full avg10=0.00 avg60=0.00 avg300=0.00 total=678\n", some_avg10);
 }
 
+/* The previous test's tree (its allocator, and so its sampling thread, is gone by then) and, at exit,
+ * the last one are removed. */
+static void remove_root(void)
+{
+    if (!root[0])
+        return;
+    char command[300];
+    snprintf(command, sizeof command, "rm -rf '%s'", root);
+    CHECK(system(command) == 0);
+    root[0] = '\0';
+}
+
 static void make_root(void)
 {
+    static bool registered;
+    if (!registered)
+        registered = atexit(remove_root) == 0;
+    remove_root();
     snprintf(root, sizeof root, "/tmp/gpumem_pressure_root_XXXXXX");
     REQUIRE(mkdtemp(root));
 }
@@ -114,6 +134,122 @@ static void psi_signal_from_a_fixture_tree(void)
     write_psi(4.99);
     CHECK_OK(gm_check_pressure(allocator, &readings));
     CHECK_EQ_INT(readings.level, GM_PRESSURE_NORMAL);
+    gm_destroy(allocator, NULL);
+}
+
+/* This process's cgroup in the fixture tree: /proc/PID/cgroup naming /job, and its memory files. */
+static void write_cgroup(const char *max, const char *high, uint64_t current_bytes)
+{
+    char relative[64];
+    snprintf(relative, sizeof relative, "/proc/%ld/cgroup", (long)getpid());
+    write_fixture(relative, "0::/job\n");
+    write_fixture("/sys/fs/cgroup/job/memory.max", "%s\n", max);
+    write_fixture("/sys/fs/cgroup/job/memory.high", "%s\n", high);
+    write_fixture("/sys/fs/cgroup/job/memory.current", "%llu\n", (unsigned long long)current_bytes);
+}
+
+static void cgroup_signal_from_a_fixture_tree(void)
+{
+    make_root();
+    /* memory.high (1 GiB) is below memory.max (2 GiB): the limit is 1 GiB, high at 0.9 of it is
+     * 966367642 bytes (rounded), low at 0.8 is 858993459. */
+    write_cgroup("2147483648", "1073741824", 512 * MiB);
+    gm_allocator *allocator = make(segments);
+    CHECK_OK(gm_free(allocator, take(allocator, 100 * MiB, 0))); /* GPU cache giving back would not help */
+    recorder calls;
+    recorder_init(&calls);
+    CHECK_OK(gm_on_pressure(allocator, record, &calls));
+    gm_pressure_policy policy = {.high = 0.9, .low = 0.8, .signals = GM_PRESSURE_SIGNAL_CGROUP,
+                                 .interval_ms = 3600000, .host_root = root}; /* the thread waits an hour */
+    CHECK_OK(gm_set_pressure_policy(allocator, &policy));
+    CHECK(allocator->pressure.sampler_running); /* a sampled signal: file reads, not on the hot path */
+    CHECK(!allocator->pressure.watching);
+    gm_pressure_readings readings;
+    CHECK_OK(gm_get_pressure(allocator, &readings));
+    CHECK_EQ_INT(readings.level, GM_PRESSURE_NORMAL);
+    CHECK_EQ_INT(readings.cgroup_current_bytes, 512 * MiB);
+    CHECK_EQ_INT(readings.cgroup_limit_bytes, GiB);
+    CHECK_EQ_INT(readings.host_total_bytes, -1); /* the host signal is not watched: meminfo is not read */
+
+    write_cgroup("2147483648", "1073741824", 1020054733); /* 95% of memory.high, 47.5% of memory.max */
+    CHECK_OK(gm_check_pressure(allocator, &readings));
+    CHECK_EQ_INT(readings.level, GM_PRESSURE_HIGH);
+    CHECK_EQ_INT(readings.signals_high, GM_PRESSURE_SIGNAL_CGROUP);
+    CHECK_EQ_INT(readings.cgroup_current_bytes, 1020054733);
+    CHECK_EQ_INT(readings.cgroup_limit_bytes, GiB);
+    CHECK_EQ_INT(calls_of(&calls), 1);
+    CHECK_EQ_INT(calls.levels[0], GM_PRESSURE_HIGH);
+    CHECK_EQ_INT(calls.readings[0].signals_high, GM_PRESSURE_SIGNAL_CGROUP);
+    CHECK_EQ_INT(calls.readings[0].cgroup_current_bytes, 1020054733);
+    gm_stats stats = stats_of(allocator);
+    CHECK_EQ_INT(stats.num_pressure_rises, 1);
+    CHECK_EQ_INT(stats.num_pressure_releases, 0); /* a host signal: the GPU cache stays */
+    CHECK_EQ_INT(stats.reserved_bytes[GM_POOL_ALL].current, 100 * MiB);
+
+    write_cgroup("2147483648", "1073741824", 858993459); /* exactly the low watermark: still at or above it */
+    CHECK_OK(gm_check_pressure(allocator, &readings));
+    CHECK_EQ_INT(readings.level, GM_PRESSURE_HIGH);
+    CHECK_EQ_INT(readings.signals_high, 0);
+    write_cgroup("2147483648", "1073741824", 858993458); /* one byte below it */
+    CHECK_OK(gm_check_pressure(allocator, &readings));
+    CHECK_EQ_INT(readings.level, GM_PRESSURE_NORMAL);
+    CHECK_EQ_INT(calls_of(&calls), 2);
+    CHECK_EQ_INT(calls.levels[1], GM_PRESSURE_NORMAL);
+
+    /* memory.high unset: memory.max is the limit; 966367642 bytes is 45% of it. */
+    write_cgroup("2147483648", "max", 966367642);
+    CHECK_OK(gm_check_pressure(allocator, &readings));
+    CHECK_EQ_INT(readings.level, GM_PRESSURE_NORMAL);
+    CHECK_EQ_INT(readings.cgroup_limit_bytes, 2 * GiB);
+
+    /* The sampling thread reads it on its own. */
+    write_cgroup("1073741824", "max", 966367642);
+    policy.interval_ms = 2;
+    CHECK_OK(gm_set_pressure_policy(allocator, &policy)); /* evaluates at once: exactly the high watermark */
+    CHECK_EQ_INT(level_of(allocator), GM_PRESSURE_HIGH);
+    write_cgroup("1073741824", "max", 100 * MiB);
+    for (int i = 0; i < 5000 && calls_of(&calls) < 4; i++)
+        usleep(1000);
+    REQUIRE(calls_of(&calls) >= 4);
+    CHECK_EQ_INT(calls.levels[2], GM_PRESSURE_HIGH);
+    CHECK_EQ_INT(calls.levels[3], GM_PRESSURE_NORMAL);
+    CHECK(!pthread_equal(calls.threads[3], pthread_self()));
+
+    /* The bit after the last signal is refused. */
+    policy.signals = GM_PRESSURE_SIGNAL_CGROUP << 1;
+    CHECK_STATUS(gm_set_pressure_policy(allocator, &policy), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_MESSAGE("unknown signal bits 0x40");
+    gm_destroy(allocator, NULL);
+}
+
+static void cgroup_without_limit_never_raises(void)
+{
+    make_root();
+    write_cgroup("max", "max", 64 * GiB); /* any amount in use: there is no limit to be near */
+    gm_allocator *allocator = make(segments);
+    gm_pressure_policy policy = {.high = 0.01, .low = 0.005, .signals = GM_PRESSURE_SIGNAL_CGROUP,
+                                 .interval_ms = 3600000, .host_root = root};
+    CHECK_OK(gm_set_pressure_policy(allocator, &policy));
+    gm_fail(GM_OK, "no error yet");
+    gm_pressure_readings readings;
+    CHECK_OK(gm_check_pressure(allocator, &readings));
+    CHECK_EQ_INT(readings.level, GM_PRESSURE_NORMAL);
+    CHECK_EQ_INT(readings.signals_high, 0);
+    CHECK_EQ_INT(readings.cgroup_current_bytes, 64 * GiB);
+    CHECK_EQ_INT(readings.cgroup_limit_bytes, -1);
+    CHECK(!strcmp(gm_last_error(), "no error yet")); /* no limit is not an error */
+
+    /* The v2 root cgroup (no memory.max file): nothing known, nothing raised. */
+    char relative[64];
+    snprintf(relative, sizeof relative, "/proc/%ld/cgroup", (long)getpid());
+    write_fixture(relative, "0::/\n");
+    CHECK_OK(gm_check_pressure(allocator, &readings));
+    CHECK_EQ_INT(readings.level, GM_PRESSURE_NORMAL);
+    CHECK_EQ_INT(readings.cgroup_current_bytes, -1);
+    CHECK_EQ_INT(readings.cgroup_limit_bytes, -1);
+    CHECK(!strcmp(gm_last_error(), "no error yet"));
+    gm_stats stats = stats_of(allocator);
+    CHECK_EQ_INT(stats.num_pressure_rises, 0);
     gm_destroy(allocator, NULL);
 }
 
@@ -247,5 +383,6 @@ static void policy_changes_from_callbacks(void)
 }
 
 RUN_TESTS(TEST_CASE(host_memory_signal_from_a_fixture_tree), TEST_CASE(psi_signal_from_a_fixture_tree),
+          TEST_CASE(cgroup_signal_from_a_fixture_tree), TEST_CASE(cgroup_without_limit_never_raises),
           TEST_CASE(device_signal_counts_memory_used_elsewhere), TEST_CASE(sampling_thread_acts_and_stops),
           TEST_CASE(policy_changes_from_callbacks))

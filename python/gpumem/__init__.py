@@ -44,7 +44,7 @@ _BUFFER_TOO_SMALL = 11
 _POOLS = ("all", "small_pool", "large_pool")
 # gpumem.h's gm_pressure_level, GM_PRESSURE_SIGNAL_* bits and gm_oom_cause, by name.
 PRESSURE_LEVELS = ("normal", "high", "critical")
-PRESSURE_SIGNALS = {"reserved": 1, "allocated": 2, "device": 4, "host": 8, "psi": 16}
+PRESSURE_SIGNALS = {"reserved": 1, "allocated": 2, "device": 4, "host": 8, "psi": 16, "cgroup": 32}
 OOM_CAUSES = ("none", "capacity", "fragmentation", "other_processes", "memory_limit", "host")
 
 
@@ -99,7 +99,8 @@ class _PressureReadings(ctypes.Structure):
                 ("device_used_bytes", ctypes.c_uint64), ("device_total_bytes", ctypes.c_uint64),
                 ("host_available_bytes", ctypes.c_int64), ("host_total_bytes", ctypes.c_int64),
                 ("host_psi_avg10", ctypes.c_double), ("request_bytes", ctypes.c_uint64),
-                ("released_bytes", ctypes.c_uint64), ("changes", ctypes.c_uint64)]
+                ("released_bytes", ctypes.c_uint64), ("changes", ctypes.c_uint64),
+                ("cgroup_current_bytes", ctypes.c_int64), ("cgroup_limit_bytes", ctypes.c_int64)]
 
 
 # gm_pressure_callback: (allocator, level, readings, context).
@@ -476,7 +477,9 @@ class Allocator:
         """Watch memory: the level rises to "high" when a signal reaches `high` (a fraction of the memory limit,
         or of the device) and falls back to "normal" when every one is below `low` (default high - 0.1). Signals:
         "reserved", "allocated", "device" (the driver's used memory), "host" (host memory used), "psi" (host
-        memory stalls, against psi_high / psi_low percent). high=None turns the policy off."""
+        memory stalls, against psi_high / psi_low percent), "cgroup" (this process's memory cgroup: its usage
+        of the lower of memory.max and memory.high; never high without such a limit). host_root: where /proc
+        and /sys/fs/cgroup are read (a fixture tree in tests). high=None turns the policy off."""
         if high is None:
             _check(_library.gm_set_pressure_policy(self._handle, None))
             return

@@ -94,10 +94,11 @@ static const option_descriptor descriptors[] = {
      "pressure_high - 0.1)"},
     {"pressure_signals", KIND_SIGNALS, FIELD(pressure_signals), NULL,
      "what is watched, joined by '+': reserved, allocated (bytes of gpumem), device (the driver's used "
-     "memory, other processes too), host (host memory used), psi (host memory stalls) (default "
-     "reserved+allocated)"},
+     "memory, other processes too), host (host memory used), psi (host memory stalls), cgroup (this "
+     "process's memory cgroup: its usage of the lower of memory.max and memory.high; never high without "
+     "such a limit) (default reserved+allocated)"},
     {"pressure_interval_ms", KIND_INTEGER, FIELD(pressure_interval_ms), NULL,
-     "how often a thread reads the device, host and psi signals, at least 1 (default 100)"},
+     "how often a thread reads the device, host, psi and cgroup signals, at least 1 (default 100)"},
     {"pressure_psi_high", KIND_PERCENT, FIELD(pressure_psi_high), NULL,
      "host memory PSI (some avg10, percent) that raises pressure (default 10)"},
     {"pressure_psi_low", KIND_PERCENT, FIELD(pressure_psi_low), NULL,
@@ -109,7 +110,7 @@ static const struct {
     uint32_t bit;
 } signal_names[] = {{"reserved", GM_PRESSURE_SIGNAL_RESERVED}, {"allocated", GM_PRESSURE_SIGNAL_ALLOCATED},
                     {"device", GM_PRESSURE_SIGNAL_DEVICE},     {"host", GM_PRESSURE_SIGNAL_HOST},
-                    {"psi", GM_PRESSURE_SIGNAL_PSI}};
+                    {"psi", GM_PRESSURE_SIGNAL_PSI},           {"cgroup", GM_PRESSURE_SIGNAL_CGROUP}};
 
 #define DESCRIPTOR_COUNT (sizeof descriptors / sizeof descriptors[0])
 
@@ -210,7 +211,7 @@ static gm_status parse_signals(const char *text, uint32_t *signals_out)
             i++;
         if (i == sizeof signal_names / sizeof signal_names[0])
             return gm_fail(GM_ERROR_PARSE, "'%.*s' is not a pressure signal (use reserved, allocated, device, "
-                           "host or psi, joined by '+')", (int)length, start);
+                           "host, psi or cgroup, joined by '+')", (int)length, start);
         signals |= signal_names[i].bit;
         if (!plus)
             break;

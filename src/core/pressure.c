@@ -12,13 +12,15 @@
  *     changes them: two comparisons with bounds precomputed in bytes (gm_pressure_crossed), no
  *     division, no system call. The bounds follow the level: while NORMAL the high watermark is
  *     watched, while HIGH the low one, so an evaluation runs only when a bound is crossed.
- *   - the driver's used memory (a device call; other processes count) and the host's MemAvailable and
- *     memory PSI (file reads) cost microseconds, too much for every call, so a thread samples them every
- *     interval_ms. A thread rather than a sample taken on some slow path: the hot path would need a
- *     clock reading to know when to sample, and a training loop in its steady state has no slow path at
- *     all (it makes no device call), yet the host may run out of memory meanwhile. The thread exists
- *     only while a policy with such a signal is set; it is stopped and joined on every policy change
- *     and by gm_destroy. It sleeps on a condition variable, so stopping it never waits an interval.
+ *   - the driver's used memory (a device call; other processes count), and the host's MemAvailable,
+ *     memory PSI and this process's memory cgroup (file reads; in a container the cgroup's limit, the
+ *     lower of memory.max and memory.high, not the host's RAM, is where the job is throttled or killed)
+ *     cost microseconds, too much for every call, so a thread samples them every interval_ms. A thread
+ *     rather than a sample taken on some slow path: the hot path would need a clock reading to know
+ *     when to sample, and a training loop in its steady state has no slow path at all (it makes no
+ *     device call), yet the host may run out of memory meanwhile. The thread exists only while a
+ *     policy with such a signal is set; it is stopped and joined on every policy change and by
+ *     gm_destroy. It sleeps on a condition variable, so stopping it never waits an interval.
  *
  * The ladder on a rise (run with the allocator's lock held, inside the statistics' seqlock bracket):
  *   1. release idle cached memory until reserved memory is down to the low watermark's target (the
@@ -28,8 +30,9 @@
  *      streams of the frees pending on other streams (gm_record_stream), whose blocks then become
  *      free, then give back every cached piece. This synchronizes, so it comes second;
  *   3. after the lock is released, call the callbacks.
- * A rise caused only by host signals skips 1 and 2 when the device is not host memory: giving back GPU
- * memory does not help the host. Each step is counted (num_pressure_*) and recorded in the history.
+ * A rise caused only by host signals (host, psi, cgroup) skips 1 and 2 when the device is not host
+ * memory: giving back GPU memory does not help the host, nor is it charged to the cgroup. Each step is
+ * counted (num_pressure_*) and recorded in the history.
  *
  * Callbacks never run with a lock held: the level change is decided under the lock, and
  * gm_pressure_dispatch runs after it is released, so a callback may allocate, free or empty the cache
@@ -54,14 +57,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define DEFAULT_INTERVAL_MS 100
 #define DEFAULT_PSI_HIGH 10.0
 #define DISPATCH_ROUNDS 8 /* deferred changes delivered after one dispatch, at most */
 
 static const uint32_t byte_signals = GM_PRESSURE_SIGNAL_RESERVED | GM_PRESSURE_SIGNAL_ALLOCATED;
-static const uint32_t sampled_signals = GM_PRESSURE_SIGNAL_DEVICE | GM_PRESSURE_SIGNAL_HOST | GM_PRESSURE_SIGNAL_PSI;
-static const uint32_t host_signals = GM_PRESSURE_SIGNAL_HOST | GM_PRESSURE_SIGNAL_PSI;
+static const uint32_t sampled_signals =
+    GM_PRESSURE_SIGNAL_DEVICE | GM_PRESSURE_SIGNAL_HOST | GM_PRESSURE_SIGNAL_PSI | GM_PRESSURE_SIGNAL_CGROUP;
+static const uint32_t host_signals = GM_PRESSURE_SIGNAL_HOST | GM_PRESSURE_SIGNAL_PSI | GM_PRESSURE_SIGNAL_CGROUP;
 
 const char *gm_pressure_level_name(gm_pressure_level level)
 {
@@ -86,6 +91,7 @@ static void clear_samples(gm_pressure_readings *sampled)
     sampled->device_used_bytes = sampled->device_total_bytes = 0;
     sampled->host_available_bytes = sampled->host_total_bytes = -1;
     sampled->host_psi_avg10 = -1;
+    sampled->cgroup_current_bytes = sampled->cgroup_limit_bytes = -1;
 }
 
 /* The byte readings as of now, the sampled ones as last read (lock held). */
@@ -129,6 +135,9 @@ static uint32_t signals_at_or_above(const gm_pressure *pressure, const gm_pressu
         found |= GM_PRESSURE_SIGNAL_HOST;
     if (readings->host_psi_avg10 >= 0 && readings->host_psi_avg10 >= (high ? policy->psi_high : policy->psi_low))
         found |= GM_PRESSURE_SIGNAL_PSI;
+    if (readings->cgroup_limit_bytes > 0 && readings->cgroup_current_bytes >= 0 &&
+        (uint64_t)readings->cgroup_current_bytes >= watermark(fraction, (uint64_t)readings->cgroup_limit_bytes))
+        found |= GM_PRESSURE_SIGNAL_CGROUP;
     return found & policy->signals;
 }
 
@@ -460,18 +469,25 @@ void gm_pressure_end_critical_locked(gm_allocator *allocator)
 
 /* ---------------------------------------------------------------- sampling */
 
-/* The host's memory, read without any lock (file reads), into the sample's host fields. */
+/* The host's memory and this process's memory cgroup, read without any lock (file reads), into the
+ * sample's host and cgroup fields; only what a watched signal needs is read. A process without a
+ * cgroup limit reads as such (limit -1), which no watermark reaches: nothing to report. */
 static void sample_host(const gm_pressure_policy *policy, gm_pressure_readings *sample)
 {
+    clear_samples(sample);
     gm_host_memory host;
-    if (!(policy->signals & host_signals) || gm_host_memory_read(policy->host_root, &host) != GM_OK) {
-        sample->host_available_bytes = sample->host_total_bytes = -1;
-        sample->host_psi_avg10 = -1;
-        return;
+    if ((policy->signals & (GM_PRESSURE_SIGNAL_HOST | GM_PRESSURE_SIGNAL_PSI)) &&
+        gm_host_memory_read(policy->host_root, &host) == GM_OK) {
+        sample->host_available_bytes = host.available_bytes;
+        sample->host_total_bytes = host.total_bytes;
+        sample->host_psi_avg10 = host.pressure_some_avg10;
     }
-    sample->host_available_bytes = host.available_bytes;
-    sample->host_total_bytes = host.total_bytes;
-    sample->host_psi_avg10 = host.pressure_some_avg10;
+    gm_cgroup_memory cgroup;
+    if ((policy->signals & GM_PRESSURE_SIGNAL_CGROUP) &&
+        gm_cgroup_memory_read(policy->host_root, (long)getpid(), &cgroup) == GM_OK) {
+        sample->cgroup_current_bytes = cgroup.current_known ? cgroup.current_bytes : -1;
+        sample->cgroup_limit_bytes = gm_cgroup_memory_limit(&cgroup);
+    }
 }
 
 /* The driver's memory, lock held (the backend is not to be called concurrently). */
@@ -481,6 +497,8 @@ static void sample_device(gm_allocator *allocator, const gm_pressure_readings *h
     sample->host_available_bytes = host->host_available_bytes;
     sample->host_total_bytes = host->host_total_bytes;
     sample->host_psi_avg10 = host->host_psi_avg10;
+    sample->cgroup_current_bytes = host->cgroup_current_bytes;
+    sample->cgroup_limit_bytes = host->cgroup_limit_bytes;
     uint64_t free_bytes = 0, total_bytes = 0;
     if (!(allocator->pressure.policy.signals & GM_PRESSURE_SIGNAL_DEVICE) ||
         gm_backend_memory_info(allocator->arena.backend, &free_bytes, &total_bytes) != GM_OK || free_bytes > total_bytes) {

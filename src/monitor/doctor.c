@@ -22,6 +22,9 @@
  *   process.tree       any swapped memory in the --pid tree warn
  *   numa.nodes, memory.total, cgroup.path, cgroup.swap_max, gpu.driver: reported as ok
  *
+ * The cgroup is read by host_memory.c (gm_cgroup_memory_read), which the pressure policy's cgroup signal
+ * shares; this file only judges its readings.
+ *
  * Limits: with a pid, /proc/PID/limits; without, getrlimit on the live machine and /proc/self/limits
  * under another root. /dev/shm: statvfs on the live machine; under another root the fixture file
  * ROOT/.statvfs/dev/shm with the lines "total BYTES" and "available BYTES". The GPUs are read through
@@ -114,29 +117,12 @@ static void path_of(const audit *audit, char *buffer, size_t size, const char *p
 /* The first line of a file under the root, without its newline; false if unreadable or empty. */
 static bool read_line(const audit *audit, const char *path, char *buffer, size_t size)
 {
-    char full[4096];
-    path_of(audit, full, sizeof full, path);
-    FILE *file = fopen(full, "r");
-    if (!file)
-        return false;
-    bool read = fgets(buffer, (int)size, file) != NULL;
-    fclose(file);
-    if (!read)
-        return false;
-    buffer[strcspn(buffer, "\n")] = '\0';
-    return true;
+    return gm_read_first_line(audit->root, path, buffer, size);
 }
 
 static bool read_integer(const audit *audit, const char *path, int64_t *value)
 {
-    char line[128], *end;
-    if (!read_line(audit, path, line, sizeof line))
-        return false;
-    long long parsed = strtoll(line, &end, 10);
-    if (end == line)
-        return false;
-    *value = parsed;
-    return true;
+    return gm_read_integer_file(audit->root, path, value);
 }
 
 static double percent(int64_t part, int64_t whole)
@@ -308,91 +294,35 @@ static void format_limit(char *buffer, size_t size, int64_t bytes)
         format_bytes(buffer, size, bytes);
 }
 
-/* A cgroup limit file: "max" (v2) or a huge number (v1 without limit) is -1. False if unreadable. */
-static bool read_limit(const audit *audit, const char *path, int64_t *bytes)
-{
-    char line[128];
-    if (!read_line(audit, path, line, sizeof line))
-        return false;
-    if (!strncmp(line, "max", 3)) {
-        *bytes = -1;
-        return true;
-    }
-    char *end;
-    long long value = strtoll(line, &end, 10);
-    if (end == line)
-        return false;
-    *bytes = value >= (1ll << 62) ? -1 : value;
-    return true;
-}
-
+/* The cgroup as gm_cgroup_memory_read finds it (v2 when its memory.max reads, else v1's memory
+ * controller): a finding per reading, none for a file the hierarchy does not have. */
 static void audit_cgroup(audit *audit)
 {
-    char relative[64], full[4096], line[1024], v2_path[1024] = "", v1_path[1024] = "";
+    char relative[64];
     snprintf(relative, sizeof relative, "%s/cgroup", audit->process_directory);
-    path_of(audit, full, sizeof full, relative);
-    FILE *file = fopen(full, "r");
-    if (!file) {
+    gm_cgroup_memory cgroup;
+    if (gm_cgroup_memory_read(audit->root, audit->pid, &cgroup) != GM_OK) {
         add_unreadable(audit, "cgroup.path", relative, "the cgroup whose memory limit applies to the job");
         return;
     }
-    bool v2 = false, v1 = false;
-    while (fgets(line, sizeof line, file)) {
-        line[strcspn(line, "\n")] = '\0';
-        char *first = strchr(line, ':'), *second = first ? strchr(first + 1, ':') : NULL;
-        if (!first || !second)
-            continue;
-        if (!strncmp(line, "0::", 3)) {
-            v2 = true;
-            snprintf(v2_path, sizeof v2_path, "%s", second + 1);
-        } else {
-            *second = '\0';
-            char *saved = NULL;
-            for (char *controller = strtok_r(first + 1, ",", &saved); controller; controller = strtok_r(NULL, ",", &saved))
-                if (!strcmp(controller, "memory")) {
-                    v1 = true;
-                    snprintf(v1_path, sizeof v1_path, "%s", second + 1);
-                }
-        }
-    }
-    fclose(file);
-    if (!strcmp(v2_path, "/"))
-        v2_path[0] = '\0';
-    if (!strcmp(v1_path, "/"))
-        v1_path[0] = '\0';
-
-    char max_path[1200], high_path[1200], current_path[1200], swap_path[1200];
-    int64_t limit = -1, high = -1, current = -1, swap = -1;
-    bool limit_known = false, high_known = false, current_known = false, swap_known = false;
-    const char *version = "none";
-    snprintf(max_path, sizeof max_path, "/sys/fs/cgroup%s/memory.max", v2_path);
-    if (v2 && (limit_known = read_limit(audit, max_path, &limit))) {
-        version = "v2";
-        snprintf(high_path, sizeof high_path, "/sys/fs/cgroup%s/memory.high", v2_path);
-        snprintf(current_path, sizeof current_path, "/sys/fs/cgroup%s/memory.current", v2_path);
-        snprintf(swap_path, sizeof swap_path, "/sys/fs/cgroup%s/memory.swap.max", v2_path);
-        high_known = read_limit(audit, high_path, &high);
-        current_known = read_integer(audit, current_path, &current);
-        swap_known = read_limit(audit, swap_path, &swap);
-    } else if (v1) {
-        snprintf(max_path, sizeof max_path, "/sys/fs/cgroup/memory%s/memory.limit_in_bytes", v1_path);
-        snprintf(current_path, sizeof current_path, "/sys/fs/cgroup/memory%s/memory.usage_in_bytes", v1_path);
-        version = "v1";
-        limit_known = read_limit(audit, max_path, &limit);
-        current_known = read_integer(audit, current_path, &current);
-    }
-    add_finding(audit, "cgroup.path", GM_DOCTOR_OK, "the cgroup whose memory limit applies to the job", "",
-                "%s %s", !strcmp(version, "none") && v2 ? "v2" : version, !strcmp(version, "v1") ? (v1_path[0] ? v1_path : "/") : (v2_path[0] ? v2_path : "/"));
-    if (!strcmp(version, "none")) {
-        if (v2 && !v2_path[0] && audit->memory_known)
+    static const char *const version_names[] = {[GM_CGROUP_NONE] = "none", [GM_CGROUP_V1] = "v1",
+                                                [GM_CGROUP_V2] = "v2"};
+    bool none = cgroup.version == GM_CGROUP_NONE;
+    /* A v2 cgroup without memory files (the root cgroup, or no memory controller) is still named v2. */
+    add_finding(audit, "cgroup.path", GM_DOCTOR_OK, "the cgroup whose memory limit applies to the job", "", "%s %s",
+                none && cgroup.v2_listed ? "v2" : version_names[cgroup.version], cgroup.path);
+    if (none) {
+        if (cgroup.v2_listed && !strcmp(cgroup.path, "/") && audit->memory_known)
             add_finding(audit, "cgroup.memory_max", GM_DOCTOR_OK, "the root cgroup has no memory limit of its own", "",
                         "max (root cgroup, RAM %.1f GiB)", (double)audit->memory.total_bytes / GIB);
-        else if (v2)
-            add_unreadable(audit, "cgroup.memory_max", max_path, "the cgroup's memory limit (no memory controller here?)");
+        else if (cgroup.v2_listed)
+            add_unreadable(audit, "cgroup.memory_max", cgroup.max_file,
+                           "the cgroup's memory limit (no memory controller here?)");
         return;
     }
-    if (!limit_known) {
-        add_unreadable(audit, "cgroup.memory_max", max_path, "the cgroup's memory limit");
+    int64_t limit = cgroup.max_bytes, high = cgroup.high_bytes, current = cgroup.current_bytes;
+    if (!cgroup.max_known) {
+        add_unreadable(audit, "cgroup.memory_max", cgroup.max_file, "the cgroup's memory limit");
     } else {
         int64_t total = audit->memory_known ? audit->memory.total_bytes : -1;
         bool below = limit >= 0 && total > 0 && limit < total;
@@ -405,7 +335,7 @@ static void audit_cgroup(audit *audit)
                             "systemctl set-property UNIT MemoryMax=..., Kubernetes resources.limits.memory" : "",
                     "%s (RAM %.1f GiB)", text, total > 0 ? (double)total / GIB : 0.0);
     }
-    if (high_known) {
+    if (cgroup.high_known) {
         bool throttles = high >= 0 && (limit < 0 || high < limit) &&
                          (!audit->memory_known || high < audit->memory.total_bytes);
         char text[64];
@@ -416,7 +346,7 @@ static void audit_cgroup(audit *audit)
                     throttles ? "raise it: systemctl set-property UNIT MemoryHigh=... or echo max > memory.high" : "",
                     "%s", text);
     }
-    if (current_known && limit_known) {
+    if (cgroup.current_known && cgroup.max_known) {
         double used = limit > 0 ? percent(current, limit) : 0.0;
         char current_text[64];
         format_bytes(current_text, sizeof current_text, current);
@@ -429,12 +359,12 @@ static void audit_cgroup(audit *audit)
                     "allocation triggers reclaim or the OOM killer",
                     severity == GM_DOCTOR_OK ? "" : "free memory in the cgroup or raise its limit",
                     "%s (%s)", current_text, share);
-    } else if (!current_known) {
-        add_unreadable(audit, "cgroup.memory_current", current_path, "the cgroup's memory in use");
+    } else if (!cgroup.current_known) {
+        add_unreadable(audit, "cgroup.memory_current", cgroup.current_file, "the cgroup's memory in use");
     }
-    if (swap_known) {
+    if (cgroup.swap_max_known) {
         char text[64];
-        format_limit(text, sizeof text, swap);
+        format_limit(text, sizeof text, cgroup.swap_max_bytes);
         add_finding(audit, "cgroup.swap_max", GM_DOCTOR_OK,
                     "how much the cgroup may swap: 0 means it is killed, not slowed, at its limit", "", "%s", text);
     }

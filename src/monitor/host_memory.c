@@ -1,5 +1,6 @@
 /*
- * host_memory.c -- the host's memory (meminfo, memory pressure) and a process tree's (smaps_rollup).
+ * host_memory.c -- the host's memory (meminfo, memory pressure), a process tree's (smaps_rollup) and a
+ * process's memory cgroup (its limits and usage).
  *
  * A process's own numbers come from /proc/PID/smaps_rollup, which gives the proportional set size
  * (PSS): the fair share of pages shared with other processes. It is the number that adds up across
@@ -9,6 +10,12 @@
  *
  * The tree: every /proc/PID/stat names its parent; one pass over /proc collects (pid, parent) pairs
  * and the descendants of a process are found by repeatedly marking the children of marked ones.
+ *
+ * The cgroup: /proc/PID/cgroup lists one line per hierarchy. Under cgroup v2 it is "0::PATH" and the
+ * files are in /sys/fs/cgroup/PATH; under v1 the line whose controllers include "memory" names the
+ * cgroup in /sys/fs/cgroup/memory. A hybrid host lists both; v2 is taken when its memory.max reads,
+ * since there the memory controller is on v2 and the v1 line is a leftover. The v2 root cgroup has no
+ * memory.max: a process there has no limit but the machine's.
  */
 #include "monitor/host_memory.h"
 
@@ -220,4 +227,138 @@ gm_status gm_process_memory_read(const char *root, long pid, gm_process_memory *
     free(links);
     *memory_out = memory;
     return GM_OK;
+}
+
+/* ---------------------------------------------------------------- the memory cgroup */
+
+bool gm_read_first_line(const char *root, const char *path, char *buffer, size_t size)
+{
+    char full[4096];
+    path_under(full, sizeof full, root, path);
+    FILE *file = fopen(full, "r");
+    if (!file)
+        return false;
+    bool read = fgets(buffer, (int)size, file) != NULL;
+    fclose(file);
+    if (!read)
+        return false;
+    buffer[strcspn(buffer, "\n")] = '\0';
+    return true;
+}
+
+bool gm_read_integer_file(const char *root, const char *path, int64_t *value)
+{
+    char line[128], *end;
+    if (!gm_read_first_line(root, path, line, sizeof line))
+        return false;
+    long long parsed = strtoll(line, &end, 10);
+    if (end == line)
+        return false;
+    *value = parsed;
+    return true;
+}
+
+/* A limit file: "max" (v2) is -1, and so is a number of 2^62 or more (v1 shows "no limit" as the
+ * largest page multiple below 2^63) or a negative one (no kernel writes it). False if unreadable or
+ * not a number: then *bytes is left as it was. */
+static bool read_limit_file(const char *root, const char *path, int64_t *bytes)
+{
+    char line[128];
+    if (!gm_read_first_line(root, path, line, sizeof line))
+        return false;
+    if (!strncmp(line, "max", 3)) {
+        *bytes = -1;
+        return true;
+    }
+    char *end;
+    long long value = strtoll(line, &end, 10);
+    if (end == line)
+        return false;
+    *bytes = value >= (1ll << 62) || value < 0 ? -1 : value;
+    return true;
+}
+
+/* The v2 line ("0::PATH") and the v1 memory line ("N:CONTROLLERS:PATH", CONTROLLERS including
+ * "memory") of an open /proc/PID/cgroup; the last of each wins. The root cgroup's "/" becomes "". */
+static void read_membership(FILE *file, bool *v2, char *v2_path, bool *v1, char *v1_path)
+{
+    char line[GM_CGROUP_PATH_SIZE];
+    *v2 = *v1 = false;
+    v2_path[0] = v1_path[0] = '\0';
+    while (fgets(line, sizeof line, file)) {
+        line[strcspn(line, "\n")] = '\0';
+        char *first = strchr(line, ':'), *second = first ? strchr(first + 1, ':') : NULL;
+        if (!first || !second)
+            continue;
+        if (!strncmp(line, "0::", 3)) {
+            *v2 = true;
+            snprintf(v2_path, GM_CGROUP_PATH_SIZE, "%s", second + 1);
+            continue;
+        }
+        *second = '\0';
+        char *saved = NULL;
+        for (char *controller = strtok_r(first + 1, ",", &saved); controller; controller = strtok_r(NULL, ",", &saved))
+            if (!strcmp(controller, "memory")) {
+                *v1 = true;
+                snprintf(v1_path, GM_CGROUP_PATH_SIZE, "%s", second + 1);
+            }
+    }
+    if (!strcmp(v2_path, "/"))
+        v2_path[0] = '\0';
+    if (!strcmp(v1_path, "/"))
+        v1_path[0] = '\0';
+}
+
+gm_status gm_cgroup_memory_read(const char *root, long pid, gm_cgroup_memory *cgroup_out)
+{
+    if (!cgroup_out || pid < 0)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_cgroup_memory_read: %s",
+                       cgroup_out ? "the pid is negative" : "cgroup_out is NULL");
+    char relative[64], path[4096];
+    if (pid)
+        snprintf(relative, sizeof relative, "/proc/%ld/cgroup", pid);
+    else
+        snprintf(relative, sizeof relative, "/proc/self/cgroup");
+    path_under(path, sizeof path, root, relative);
+    FILE *file = fopen(path, "r");
+    if (!file)
+        return gm_fail(GM_ERROR_IO, "cannot read %s", path);
+    bool v2, v1;
+    char v2_path[GM_CGROUP_PATH_SIZE], v1_path[GM_CGROUP_PATH_SIZE];
+    read_membership(file, &v2, v2_path, &v1, v1_path);
+    fclose(file);
+
+    gm_cgroup_memory *cgroup = cgroup_out;
+    memset(cgroup, 0, sizeof *cgroup);
+    cgroup->v2_listed = v2;
+    cgroup->max_bytes = cgroup->high_bytes = cgroup->current_bytes = cgroup->swap_max_bytes = -1;
+    snprintf(cgroup->max_file, sizeof cgroup->max_file, "/sys/fs/cgroup%s/memory.max", v2_path);
+    snprintf(cgroup->current_file, sizeof cgroup->current_file, "/sys/fs/cgroup%s/memory.current", v2_path);
+    if (v2 && (cgroup->max_known = read_limit_file(root, cgroup->max_file, &cgroup->max_bytes))) {
+        cgroup->version = GM_CGROUP_V2;
+        char high_file[GM_CGROUP_FILE_SIZE], swap_file[GM_CGROUP_FILE_SIZE];
+        snprintf(high_file, sizeof high_file, "/sys/fs/cgroup%s/memory.high", v2_path);
+        snprintf(swap_file, sizeof swap_file, "/sys/fs/cgroup%s/memory.swap.max", v2_path);
+        cgroup->high_known = read_limit_file(root, high_file, &cgroup->high_bytes);
+        cgroup->current_known = gm_read_integer_file(root, cgroup->current_file, &cgroup->current_bytes);
+        cgroup->swap_max_known = read_limit_file(root, swap_file, &cgroup->swap_max_bytes);
+    } else if (v1) {
+        cgroup->version = GM_CGROUP_V1;
+        snprintf(cgroup->max_file, sizeof cgroup->max_file, "/sys/fs/cgroup/memory%s/memory.limit_in_bytes", v1_path);
+        snprintf(cgroup->current_file, sizeof cgroup->current_file, "/sys/fs/cgroup/memory%s/memory.usage_in_bytes",
+                 v1_path);
+        cgroup->max_known = read_limit_file(root, cgroup->max_file, &cgroup->max_bytes);
+        cgroup->current_known = gm_read_integer_file(root, cgroup->current_file, &cgroup->current_bytes);
+    }
+    const char *named = cgroup->version == GM_CGROUP_V1 ? v1_path : v2_path;
+    snprintf(cgroup->path, sizeof cgroup->path, "%s", named[0] ? named : "/");
+    return GM_OK;
+}
+
+int64_t gm_cgroup_memory_limit(const gm_cgroup_memory *cgroup)
+{
+    int64_t limit = cgroup->max_known ? cgroup->max_bytes : -1;
+    if (cgroup->high_known && cgroup->high_bytes >= 0 && (limit < 0 || cgroup->high_bytes < limit))
+        limit = cgroup->high_bytes;
+    return limit;
 }

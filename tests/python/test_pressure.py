@@ -1,5 +1,9 @@
 """Memory pressure and out-of-memory causes from Python: the ctypes layer over gm_set_pressure_policy,
-gm_on_pressure, gm_get_pressure and gm_last_oom_cause, on the sim backend (no GPU, no PyTorch)."""
+gm_on_pressure, gm_get_pressure and gm_last_oom_cause, on the sim backend (no GPU, no PyTorch); the cgroup
+signal on a fixture tree of /proc and /sys/fs/cgroup."""
+import os
+import shutil
+import tempfile
 import unittest
 
 import gpumem
@@ -92,6 +96,41 @@ class PressureTest(unittest.TestCase):
         readings = self.allocator.check_pressure()
         self.assertEqual((readings["level"], readings["device_used_bytes"]), ("high", 600 * MiB))
         self.assertEqual(readings["signals_high"], ("device",))
+
+    def test_cgroup_signal_round_trip(self):
+        root = tempfile.mkdtemp(prefix="gpumem_cgroup_")
+        self.addCleanup(shutil.rmtree, root)
+
+        def write(relative, text):
+            path = os.path.join(root, relative.lstrip("/"))
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as file:
+                file.write(text)
+
+        write(f"/proc/{os.getpid()}/cgroup", "0::/job\n")
+        write("/sys/fs/cgroup/job/memory.max", "1073741824\n")
+        write("/sys/fs/cgroup/job/memory.high", "max\n")
+        write("/sys/fs/cgroup/job/memory.current", "536870912\n")
+        self.assertEqual(gpumem.PRESSURE_SIGNALS["cgroup"], 32)
+        self.allocator.set_pressure_policy(high=0.9, low=0.8, signals=("cgroup", "reserved"), interval_ms=3600000,
+                                           host_root=root)
+        policy = self.allocator.pressure_policy()
+        self.assertEqual(policy["signals"], ("reserved", "cgroup"))
+        self.assertEqual(policy["host_root"], root)
+        readings = self.allocator.check_pressure()
+        self.assertEqual((readings["level"], readings["cgroup_current_bytes"], readings["cgroup_limit_bytes"]),
+                         ("normal", 512 * MiB, 1024 * MiB))
+        write("/sys/fs/cgroup/job/memory.current", "1020054733\n")  # 95% of memory.max
+        readings = self.allocator.check_pressure()
+        self.assertEqual((readings["level"], readings["signals_high"]), ("high", ("cgroup",)))
+        self.assertEqual(readings["changes"], 1)  # the fields before the cgroup ones are where they were
+        write("/sys/fs/cgroup/job/memory.max", "max\n")  # no limit: the level falls, nothing raises it
+        readings = self.allocator.check_pressure()
+        self.assertEqual((readings["level"], readings["cgroup_limit_bytes"]), ("normal", -1))
+        with self.assertRaises(ValueError) as caught:
+            self.allocator.set_pressure_policy(high=0.9, signals=("cgroups",))
+        self.assertIn("unknown pressure signal 'cgroups'", str(caught.exception))
+        self.assertIn("cgroup", str(caught.exception).split("known:")[1])
 
 
 if __name__ == "__main__":
