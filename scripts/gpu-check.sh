@@ -11,6 +11,7 @@
 #   run        a training script under `gpumem run --report`, seen by gpumem top from a second shell
 #   whatif     python -m gpumem.whatif on native snapshots of resnet50 and gpt2, checked against gpumem replay
 #   governor   bench/governor.py: its three tables (under a cap, batch-size finders, leaks; not part of "all": long)
+#   latency    bench/torch_latency.py: time per torch.empty/del by allocation pattern, every allocator (not in "all")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 results=${OUT:-gpu-results}
@@ -23,7 +24,7 @@ steps=${*:-all}
 has() { [[ " $steps " == *" $1 "* || " $steps " == *" all "* ]]; }
 failed=0
 
-if has build || has tests || has memcheck || has bench || has python || has whatif || has top || has run || [[ " $steps " == *" workloads "* || " $steps " == *" governor "* ]]; then
+if has build || has tests || has memcheck || has bench || has python || has whatif || has top || has run || [[ " $steps " == *" workloads "* || " $steps " == *" governor "* || " $steps " == *" latency "* ]]; then
     { cmake -S . -B $build -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake --build $build -j"$(nproc)"; } >"$out/build.log" 2>&1 \
         || { echo "build failed"; tail -30 "$out/build.log"; exit 1; }
     echo "built"
@@ -84,6 +85,11 @@ fi
 if [[ " $steps " == *" workloads "* ]]; then
     GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 bench/torch_workloads.py --out "$out/torch_workloads.jsonl" \
         ${WORKLOADS_ARGS:-} 2>&1 | tee "$out/torch_workloads.md"
+fi
+if [[ " $steps " == *" latency "* ]]; then
+    PYTHONPATH=python GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 bench/torch_latency.py --out "$out/torch_latency.jsonl" \
+        ${LATENCY_ARGS:-} 2>"$out/torch_latency.err" | tee "$out/torch_latency.md"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { failed=1; tail -20 "$out/torch_latency.err"; }
 fi
 if [[ " $steps " == *" governor "* ]]; then
     PYTHONPATH=python GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 bench/governor.py --out "$out/governor.jsonl" \
