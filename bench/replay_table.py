@@ -18,9 +18,12 @@ ANCHORS = ["torch-native", "torch-expandable", "cuda-async"]
 def replay(gpumem, path, engine, repeat):
     runs = []
     for _ in range(repeat):
-        out = subprocess.run([gpumem, "replay", path, "--json", "--conf", f"engine:{engine}"],
-                             check=True, capture_output=True, text=True).stdout
-        runs.append(json.loads(out))
+        run = subprocess.run([gpumem, "replay", path, "--json", "--conf", f"engine:{engine}"],
+                             capture_output=True, text=True)
+        if run.returncode != 0:  # gpumem's own message says why; a traceback would hide it
+            sys.exit(f"bench/replay.sh: gpumem replay {path} (engine {engine}) failed with exit status "
+                     f"{run.returncode}:\n{run.stderr.strip()}")
+        runs.append(json.loads(run.stdout))
     result = dict(runs[0])
     result["ns_per_op"] = statistics.median(r["ns_per_op"] for r in runs)
     return result
@@ -28,8 +31,13 @@ def replay(gpumem, path, engine, repeat):
 
 def main():
     gpumem, directory, anchors_path, repeat = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    anchors = json.load(open(anchors_path))["traces"]
+    anchors = {}
+    if os.path.isfile(anchors_path):  # bench/replay.sh says when they are missing
+        with open(anchors_path) as anchors_file:
+            anchors = json.load(anchors_file)["traces"]
     names = sorted(f for f in os.listdir(directory) if f.endswith((".csv", ".csv.gz")))
+    if not names:
+        sys.exit(f"bench/replay.sh: no traces (.csv or .csv.gz files) in {directory}")
     header = ["trace", "peak live MiB"]
     for engine in ENGINES:
         header += [f"{engine} ratio", f"{engine} ns/op", f"{engine} device ms"]

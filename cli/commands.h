@@ -26,8 +26,10 @@ typedef struct gm_device_arguments {
 /* If argv[*index] is a device option, consume it (and its value) and return 1; 0 if it is not one;
  * -1 after printing an error if its value is missing. */
 int gm_take_device_argument(gm_device_arguments *arguments, int argc, char **argv, int *index);
-/* "conf,backend:X,capacity:Y" into buffer. */
-void gm_device_configuration(const gm_device_arguments *arguments, char *buffer, size_t size);
+/* "conf,backend:X,capacity:Y", then ",`addition`" when it is not NULL: a string of its own length (no
+ * fixed buffer truncates a long --conf and drops the flags after it), to free(); NULL, after saying so on
+ * stderr, when there is no host memory for it. */
+char *gm_device_configuration(const gm_device_arguments *arguments, const char *addition);
 
 /* Print `text` as a JSON string literal (quotes, backslashes and control characters escaped). */
 void gm_print_json_string(const char *text);

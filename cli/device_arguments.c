@@ -30,11 +30,17 @@ int gm_take_device_argument(gm_device_arguments *arguments, int argc, char **arg
     return 0;
 }
 
-void gm_device_configuration(const gm_device_arguments *arguments, char *buffer, size_t size)
+char *gm_device_configuration(const gm_device_arguments *arguments, const char *addition)
 {
-    snprintf(buffer, size, "%s%s%s%s%s", arguments->conf ? arguments->conf : "",
-             arguments->backend ? ",backend:" : "", arguments->backend ? arguments->backend : "",
-             arguments->capacity ? ",capacity:" : "", arguments->capacity ? arguments->capacity : "");
+    char *configuration = NULL;
+    if (asprintf(&configuration, "%s%s%s%s%s%s%s", arguments->conf ? arguments->conf : "",
+                 arguments->backend ? ",backend:" : "", arguments->backend ? arguments->backend : "",
+                 arguments->capacity ? ",capacity:" : "", arguments->capacity ? arguments->capacity : "",
+                 addition ? "," : "", addition ? addition : "") < 0) {
+        fprintf(stderr, "gpumem: no host memory for the configuration\n");
+        return NULL;
+    }
+    return configuration;
 }
 
 void gm_print_json_string(const char *text)

@@ -7,6 +7,7 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int gm_command_info(int argc, char **argv)
@@ -25,10 +26,12 @@ int gm_command_info(int argc, char **argv)
             return GM_EXIT_USAGE;
         }
     }
-    char configuration[1024];
-    gm_device_configuration(&device_arguments, configuration, sizeof configuration);
+    char *configuration = gm_device_configuration(&device_arguments, NULL);
+    if (!configuration)
+        return GM_EXIT_ERROR;
     gm_allocator *allocator = NULL;
     gm_status status = gm_create_from_environment(configuration, &allocator);
+    free(configuration);
     if (status != GM_OK) {
         fprintf(stderr, "gpumem info: %s: %s\n", gm_strerror(status), gm_last_error());
         return status == GM_ERROR_BAD_CONFIG ? GM_EXIT_USAGE : GM_EXIT_ERROR;

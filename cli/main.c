@@ -12,7 +12,7 @@
  *   gpumem exporter [--listen HOST:PORT] [--allow-remote] [--textfile DIR [--interval SECONDS] [--once]]
  *   gpumem doctor [--json] [--pid PID] [--root DIR]
  *   gpumem config
- *   gpumem version
+ *   gpumem version | --version     (the CMake project's version, GPUMEM_PROJECT_VERSION)
  *
  * Exit status: 0 success; 1 an error (unreadable file, no device, bad configuration); 2 bad usage
  * or malformed input; 3 the replay ran but some allocations failed with out of memory; 4 and 5 gpumem
@@ -33,7 +33,8 @@ static void print_usage(FILE *out)
             "\n"
             "commands:\n"
             "  replay TRACE [--backend sim|host|cuda] [--capacity BYTES] [--conf KEY:VALUE,...] [--json]\n"
-            "               [--passes N]  (N replays on one allocator, each reported: cold, then warm)\n"
+            "               [--passes N]  (N replays on one allocator, each reported: cold, then warm; with --json\n"
+            "                              one JSON object per pass, one per line (JSON lines))\n"
             "               [--snapshot FILE] [--history FILE]  the blocks at the end, the events (JSON)\n"
             "               [--report FILE]  the HTML report of gpumem report, for this trace\n"
             "                 replay an allocation trace (plain or .gz) and report peak live and\n"
@@ -60,7 +61,8 @@ static void print_usage(FILE *out)
             "                 memlock, /dev/shm, open files, GPUs; with --pid that process tree's memory;\n"
             "                 exit 0 all ok, 4 worst is warn, 5 worst is fail\n"
             "  config         list the GPUMEM_CONF keys\n"
-            "  version        print the version\n");
+            "  version, --version\n"
+            "                 print the version\n");
 }
 
 int main(int argc, char **argv)
@@ -92,8 +94,8 @@ int main(int argc, char **argv)
         fputs(gm_config_help(), stdout);
         return GM_EXIT_OK;
     }
-    if (!strcmp(command, "version")) {
-        printf("gpumem %s\n", GPUMEM_VERSION);
+    if (!strcmp(command, "version") || !strcmp(command, "--version")) {
+        printf("gpumem %s\n", GPUMEM_PROJECT_VERSION);
         return GM_EXIT_OK;
     }
     fprintf(stderr, "gpumem: unknown command '%s'\n\n", command);

@@ -7,7 +7,8 @@
  * events (the newest history:N of them; --history alone keeps up to 1048576), both as JSON
  * (docs/formats.md). --report FILE writes the HTML report of gpumem report (report_command.c), which
  * replays the trace again, cold, on fresh allocators of the same configuration, so that sampling the
- * curve does not slow the measured passes.
+ * curve does not slow the measured passes. With --json each pass is one JSON object on a line of its
+ * own (JSON lines), as bench scripts read them.
  */
 #include "gpumem.h"
 
@@ -73,13 +74,20 @@ static void print_text(const char *trace_path, const gm_device_info *device, con
            strcmp(device->backend, "sim") ? " (measured)" : " (H200 cost model)");
     printf("out of memory   %zu allocations failed\n", result->failed_allocations);
     char table[8192];
-    if (gm_summary(allocator, table, sizeof table, NULL) == GM_OK)
-        printf("\nafter the replay, once everything was freed:\n%s", table);
+    if (gm_summary(allocator, table, sizeof table, NULL) != GM_OK)
+        return;
+    printf("\nafter the replay, once everything was freed:\n");
+    gm_stats now; /* reserved memory in a table of freed memory looks like a leak unless it is named */
+    if (gm_get_stats(allocator, &now) == GM_OK && now.reserved_bytes[GM_POOL_ALL].current > 0)
+        printf("(the GPU reserved memory still counted, %.1f MiB, is the cache kept for reuse; gm_empty_cache "
+               "releases it)\n", (double)now.reserved_bytes[GM_POOL_ALL].current / 1048576.0);
+    printf("%s", table);
 }
 
 #define REPLAY_USAGE                                                                                          \
     "usage: gpumem replay TRACE [--backend sim|host|cuda] [--capacity BYTES] [--conf ...] [--json] [--passes N]\n" \
-    "                           [--snapshot FILE] [--history FILE] [--report FILE]\n"
+    "                           [--snapshot FILE] [--history FILE] [--report FILE]\n"                              \
+    "  --json prints one JSON object per pass, one per line (JSON lines), not one JSON document\n"
 
 typedef struct replay_outputs {
     const char *snapshot_path;
@@ -139,14 +147,32 @@ static int parse_passes(const char *text)
     return text && *text && !*end && value >= 1 && value <= MAX_PASSES ? (int)value : 0;
 }
 
-/* Replay `passes` times on one allocator, reporting each pass; the exit status. */
+/* A replay on sim or host that failed because the trace alone needs more than the device: the capacity is
+ * the user's to choose (the host backend's default is only 1 GiB), so say how, with a size that leaves a
+ * quarter of room for the cache's fragmentation. */
+static void suggest_capacity(const gm_device_info *device, const gm_trace *trace)
+{
+    bool capacity_is_chosen = !strcmp(device->backend, "sim") || !strcmp(device->backend, "host");
+    if (!capacity_is_chosen || trace->peak_live_bytes <= device->total_bytes)
+        return;
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    uint64_t suggested_gib = (trace->peak_live_bytes + trace->peak_live_bytes / 4 + (1ull << 30) - 1) >> 30;
+    fprintf(stderr, "gpumem replay: this trace's live allocations alone peak at %.2f GiB, more than the %s "
+            "device's %.2f GiB: raise it with --capacity, e.g. --capacity %" PRIu64 "GiB%s\n",
+            (double)trace->peak_live_bytes / gib, device->backend, (double)device->total_bytes / gib, suggested_gib,
+            strcmp(device->backend, "host") ? "" : " (the host backend's default is 1GiB)");
+}
+
+/* Replay `passes` times on one allocator, reporting each pass; the exit status. A pass that runs out of
+ * memory is the last: the passes after it would measure a replay that failed, not a warm one. */
 static int replay_passes(gm_allocator *allocator, const gm_trace *trace, const char *trace_path, int json, int passes,
                          replay_outputs *outputs)
 {
     gm_device_info device;
     gm_get_device_info(allocator, &device);
     int exit_status = GM_EXIT_OK;
-    for (int pass = 0; pass < passes && exit_status == GM_EXIT_OK; pass++) {
+    int pass = 0;
+    for (; pass < passes && exit_status == GM_EXIT_OK; pass++) {
         if (pass) { /* each pass counts its own device calls and peaks */
             gm_reset_accumulated_stats(allocator);
             gm_reset_peak_stats(allocator);
@@ -168,8 +194,15 @@ static int replay_passes(gm_allocator *allocator, const gm_trace *trace, const c
         if (result.failed_allocations) {
             fprintf(stderr, "gpumem replay: %zu allocations failed with out of memory; the first:\n%s\n",
                     result.failed_allocations, result.first_failure);
+            suggest_capacity(&device, trace);
             exit_status = GM_EXIT_OUT_OF_MEMORY;
         }
+    }
+    if (pass < passes) {
+        char skipped[48];
+        snprintf(skipped, sizeof skipped, pass + 1 == passes ? "pass %d was" : "passes %d to %d were", pass + 1,
+                 passes);
+        fprintf(stderr, "gpumem replay: %s not run: pass %d ran out of memory\n", skipped, pass);
     }
     if (outputs->history_path && write_history(allocator, outputs->history_path) != 0)
         return GM_EXIT_ERROR;
@@ -221,22 +254,30 @@ int gm_command_replay(int argc, char **argv)
         fprintf(stderr, "%s", REPLAY_USAGE);
         return GM_EXIT_USAGE;
     }
-    char configuration[1024], report_configuration[1024];
-    gm_device_configuration(&device_arguments, configuration, sizeof configuration);
-    memcpy(report_configuration, configuration, sizeof configuration); /* the report keeps no history */
-    if (outputs.history_path && !strstr(configuration, "history:")) /* a ring unless --conf sized one */
-        strncat(configuration, ",history:1048576", sizeof configuration - strlen(configuration) - 1);
+    /* The report keeps no history; the replay keeps a ring unless --conf sized one. */
+    char *report_configuration = gm_device_configuration(&device_arguments, NULL);
+    bool add_history = outputs.history_path && report_configuration && !strstr(report_configuration, "history:");
+    char *configuration = gm_device_configuration(&device_arguments, add_history ? "history:1048576" : NULL);
+    if (!configuration || !report_configuration) {
+        free(configuration);
+        free(report_configuration);
+        return GM_EXIT_ERROR;
+    }
     gm_trace trace;
     gm_status status = gm_trace_load(trace_path, &trace);
     if (status != GM_OK) {
         fprintf(stderr, "gpumem replay: %s\n", gm_last_error());
+        free(configuration);
+        free(report_configuration);
         return status == GM_ERROR_PARSE ? GM_EXIT_USAGE : GM_EXIT_ERROR;
     }
     gm_allocator *allocator = NULL;
     status = gm_create_from_environment(configuration, &allocator);
+    free(configuration);
     if (status != GM_OK) {
         fprintf(stderr, "gpumem replay: cannot create the allocator: %s: %s\n", gm_strerror(status), gm_last_error());
         gm_trace_free(&trace);
+        free(report_configuration);
         return status == GM_ERROR_BAD_CONFIG ? GM_EXIT_USAGE : GM_EXIT_ERROR;
     }
     int exit_status = replay_passes(allocator, &trace, trace_path, json, passes, &outputs);
@@ -246,6 +287,7 @@ int gm_command_replay(int argc, char **argv)
         if (report_status != GM_EXIT_OK && report_status != GM_EXIT_OUT_OF_MEMORY)
             exit_status = report_status;
     }
+    free(report_configuration);
     gm_trace_free(&trace);
     return exit_status;
 }

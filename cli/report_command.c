@@ -342,16 +342,21 @@ int gm_command_report(int argc, char **argv)
     } else if (input.kind == GM_INPUT_SNAPSHOT) {
         exit_status = report_of_snapshot(&input, output_path);
     } else {
-        char configuration[1024];
-        gm_device_configuration(&device_arguments, configuration, sizeof configuration);
+        char *configuration = gm_device_configuration(&device_arguments, NULL);
+        if (!configuration) {
+            gm_input_close(&input);
+            return GM_EXIT_ERROR;
+        }
         gm_trace trace;
         status = gm_trace_load(input_path, &trace);
         if (status != GM_OK) {
             fprintf(stderr, "gpumem report: %s\n", gm_last_error());
+            free(configuration);
             gm_input_close(&input);
             return exit_status_of(status);
         }
         exit_status = gm_report_of_trace(&trace, input_path, configuration, output_path, "report");
+        free(configuration);
         gm_trace_free(&trace);
     }
     gm_input_close(&input);

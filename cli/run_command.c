@@ -111,18 +111,23 @@ static bool find_python_folder(char *folder, size_t size, char *library, size_t 
     return true;
 }
 
-/* "configuration,addition", or "addition" when configuration is empty. */
-static void append_setting(char *configuration, size_t size, const char *addition)
+/* "configuration,addition", or "addition" when configuration is empty; false, the configuration
+ * unchanged, when that does not fit in `size` (a cut configuration would silently lose its last keys). */
+static bool append_setting(char *configuration, size_t size, const char *addition)
 {
     size_t length = strlen(configuration);
-    snprintf(configuration + length, size - length, "%s%s", length ? "," : "", addition);
+    int written = snprintf(configuration + length, size - length, "%s%s", length ? "," : "", addition);
+    if (written < 0 || (size_t)written >= size - length) {
+        configuration[length] = '\0';
+        return false;
+    }
+    return true;
 }
 
 /* The same, unless `key` is set already (by GPUMEM_CONF or --conf). */
-static void default_setting(char *configuration, size_t size, const char *key, const char *addition)
+static bool default_setting(char *configuration, size_t size, const char *key, const char *addition)
 {
-    if (!strstr(configuration, key))
-        append_setting(configuration, size, addition);
+    return strstr(configuration, key) || append_setting(configuration, size, addition);
 }
 
 /* The command's environment (in the child, before exec). */
@@ -133,11 +138,13 @@ static bool prepare_environment(const char *conf, const char *output_folder)
     const char *inherited = getenv("GPUMEM_CONF");
     if (snprintf(configuration, sizeof configuration, "%s", inherited ? inherited : "") >= (int)sizeof configuration)
         return false;
-    if (conf && *conf)
-        append_setting(configuration, sizeof configuration, conf); /* after GPUMEM_CONF: it wins */
-    default_setting(configuration, sizeof configuration, "publish:", "publish:true");
-    if (output_folder)
-        default_setting(configuration, sizeof configuration, "history:", "history:" RUN_HISTORY_EVENTS);
+    if (conf && *conf && !append_setting(configuration, sizeof configuration, conf)) /* after GPUMEM_CONF: it wins */
+        return false;
+    if (!default_setting(configuration, sizeof configuration, "publish:", "publish:true"))
+        return false;
+    if (output_folder &&
+        !default_setting(configuration, sizeof configuration, "history:", "history:" RUN_HISTORY_EVENTS))
+        return false;
     setenv("GPUMEM_CONF", configuration, 1);
     setenv("GPUMEM_TORCH", "1", 0);
     if (output_folder)
@@ -297,7 +304,7 @@ static int run(char **command, const char *conf, const char *report)
         sigaction(SIGINT, &old_interrupt, NULL);
         sigaction(SIGQUIT, &old_quit, NULL);
         if (!prepare_environment(conf, report ? output_folder : NULL)) {
-            fprintf(stderr, "gpumem run: GPUMEM_CONF is too long\n");
+            fprintf(stderr, "gpumem run: GPUMEM_CONF with --conf is too long (more than 8191 characters)\n");
             _exit(GM_EXIT_USAGE);
         }
         execvp(command[0], command);

@@ -102,7 +102,9 @@ GM_API const char *gm_config_help(void);
 /* ---------------------------------------------------------------- front end */
 
 /* Allocate `size` bytes for use on `stream`. A size of 0 gives *pointer_out = NULL and GM_OK.
- * On GM_ERROR_OUT_OF_MEMORY, gm_last_error() holds a report that explains the failure. */
+ * On GM_ERROR_OUT_OF_MEMORY, gm_last_error() holds a report that explains the failure. A size above
+ * 2^60 bytes fits no device: GM_ERROR_OUT_OF_MEMORY at once (cause capacity, nothing released or
+ * retried), its report giving the size asked for. */
 GM_API gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void **pointer_out);
 
 /* Free a pointer returned by gm_malloc. NULL is accepted and does nothing. A pointer that is not a

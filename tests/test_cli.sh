@@ -82,6 +82,40 @@ expect 1 "cannot write the history to '$work/no/such/dir.json'" -- "$gpumem" rep
 expect 2 "--snapshot needs a file name" -- "$gpumem" replay "$work/small.csv" --snapshot
 expect 2 "bad value for key 'history'" -- "$gpumem" replay "$work/small.csv" --conf history:-1
 
+# Input that once crashed, hung or was misread (issue 18): binary data, a truncated gzip file, sizes and
+# capacities beyond what the engines address, a --conf longer than any fixed buffer.
+printf 'a,0,100,0\na,1,200,0\0a,2,300,0\n' >"$work/nul.csv"
+head -c 20000 "$data/traces/resnet50.csv.gz" >"$work/cut.csv.gz"
+printf 'a,0,9223372036854775808,0\n' >"$work/eight_exbibytes.csv"
+long_conf=$(printf 'engine:pages,%.0s' $(seq 100))cost_model:true
+expect 2 "nul.csv:2: a NUL byte at column 10" -- "$gpumem" replay "$work/nul.csv"
+expect 2 "/dev/zero:1: a NUL byte at column 1" -- timeout 60 "$gpumem" replay /dev/zero
+expect 1 "cut.csv.gz: truncated or corrupt gzip data" -- "$gpumem" replay "$work/cut.csv.gz"
+expect 3 "Tried to allocate 8.00 EiB \(9223372036854775808 bytes\)" -- "$gpumem" replay "$work/eight_exbibytes.csv"
+expect 2 "bad value for key 'capacity': it must be positive" -- "$gpumem" replay "$work/small.csv" --capacity 0
+expect 2 "bad value for key 'capacity': 24TiB is more than the 1TiB supported" -- "$gpumem" replay "$work/small.csv" --capacity 24TiB
+expect 2 "bad value for key 'page_size': 1TiB is more than the 1GiB supported" -- "$gpumem" replay "$work/small.csv" --conf page_size:1TiB
+expect 2 "in pages of 4.00 KiB is 36805376 pages" -- "$gpumem" replay "$work/small.csv" --conf page_size:4KiB
+expect 1 "sim backend: device 5 does not exist" -- "$gpumem" replay "$work/small.csv" --conf device:5
+expect 0 '"backend": "host"' -- "$gpumem" replay "$work/small.csv" --conf "$long_conf" --backend host --capacity 2GiB --json
+expect 0 "memory +2048.0 MiB total" -- "$gpumem" info --conf "$long_conf" --backend host --capacity 2GiB
+expect 2 "gpumem run: GPUMEM_CONF with --conf is too long" -- "$gpumem" run --conf "$(printf 'engine:pages,%.0s' $(seq 700))cost_model:true" -- true
+
+# Newcomer friction (issue 18, item 6): the README's trace on the host backend says how to make it fit;
+# a pass that runs out of memory says the later passes were not run; --help says --json prints JSON
+# lines; --version; the summary says the reserved memory left is the cache.
+expect 3 "peak at 10.98 GiB, more than the host device's 1.00 GiB: raise it with --capacity, e.g. --capacity 14GiB" -- "$gpumem" replay "$data/traces/resnet50.csv.gz" --backend host
+expect 3 "passes 2 to 3 were not run: pass 1 ran out of memory" -- "$gpumem" replay "$work/huge.csv" --capacity 1GiB --passes 3
+expect 0 "one JSON object per pass, one per line \(JSON lines\)" -- "$gpumem" replay --help
+expect 0 "one JSON object per pass, one per line \(JSON lines\)" -- "$gpumem" help
+expect 0 "^gpumem [0-9]+\.[0-9]+\.[0-9]+$" -- "$gpumem" --version
+expect 0 "the GPU reserved memory still counted, [0-9.]+ MiB, is the cache kept for reuse; gm_empty_cache releases it" -- "$gpumem" replay "$work/small.csv"
+bench_replay="$(dirname "$0")/../bench/replay.sh"
+expect 2 "bench/replay.sh: no trace directory '$work/no/traces'" -- env GPUMEM="$gpumem" "$bench_replay" "$work/no/traces"
+mkdir -p "$work/traces" && cp "$work/small.csv" "$work/traces/small.csv"
+expect 0 "no anchors at '$work/no/anchors.json'" -- env GPUMEM="$gpumem" REPEAT=1 "$bench_replay" "$work/traces" "$work/no/anchors.json"
+if grep -q Traceback "$work/out"; then echo "FAIL: bench/replay.sh printed a traceback"; failures=$((failures + 1)); fi
+
 # The cuda backend: without a GPU a clear error and a non-zero exit; with one, a working device.
 if "$gpumem" info --backend cuda >/dev/null 2>&1; then
     expect 0 "backend +cuda" -- "$gpumem" info --backend cuda

@@ -98,6 +98,16 @@ static void bad_strings_are_refused_with_clear_errors(void)
         {"page_size:1KiB", "power of two"},
         {"small_size:4MiB", "small_size"},
         {"min_large_alloc:64MiB", "min_large_alloc"},
+        /* capacity 0 once meant the backend's default; sizes beyond what the engines can address once made
+         * every allocation fail, or wrapped the address range to 0 bytes */
+        {"capacity:0", "bad value for key 'capacity': it must be positive (leave the key out for the backend's "
+                       "default)"},
+        {"capacity:1025GiB", "bad value for key 'capacity': 1025GiB is more than the 1TiB supported"},
+        {"capacity:24TiB", "is more than the 1TiB supported"},
+        {"capacity:9223372036854775808", "is more than the 1TiB supported"},
+        {"capacity:999999900MiB", "is more than the 1TiB supported"},
+        {"page_size:1TiB", "bad value for key 'page_size': 1TiB is more than the 1GiB supported"},
+        {"page_size:2GiB", "is more than the 1GiB supported"},
         /* the pressure keys: fractions in (0, 1], low below high, each needs pressure_high */
         {"pressure_high:0", "bad value for key 'pressure_high': '0' is not a number in (0, 1]"},
         {"pressure_high:1.5", "bad value for key 'pressure_high': '1.5' is not a number in (0, 1]"},
@@ -135,6 +145,17 @@ static void bad_strings_are_refused_with_clear_errors(void)
         CHECK_MESSAGE(cases[i].message);
         CHECK(!memcmp(&options, &before, sizeof options));
     }
+}
+
+static void size_bounds_are_inclusive(void)
+{
+    gm_options options;
+    gm_options_default(&options);
+    CHECK_OK(gm_options_parse(&options, "capacity:1TiB,page_size:1GiB"));
+    CHECK_EQ_INT(options.capacity, 1ull << 40);
+    CHECK_EQ_INT(options.page_size, 1ull << 30);
+    CHECK_OK(gm_options_parse(&options, "capacity:1,page_size:4KiB"));
+    CHECK_EQ_INT(options.capacity, 1);
 }
 
 static void whitespace_and_empty_entries_are_tolerated(void)
@@ -219,6 +240,7 @@ static void help_lists_every_key(void)
 }
 
 RUN_TESTS(TEST_CASE(defaults_are_documented_values), TEST_CASE(every_key_is_parsed), TEST_CASE(sizes_take_suffixes),
-          TEST_CASE(bad_strings_are_refused_with_clear_errors), TEST_CASE(whitespace_and_empty_entries_are_tolerated),
+          TEST_CASE(bad_strings_are_refused_with_clear_errors), TEST_CASE(size_bounds_are_inclusive),
+          TEST_CASE(whitespace_and_empty_entries_are_tolerated),
           TEST_CASE(environment_variable_is_read), TEST_CASE(pressure_keys_are_parsed),
           TEST_CASE(help_lists_every_key))

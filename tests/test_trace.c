@@ -1,6 +1,7 @@
 /*
  * test_trace.c -- loading traces: plain and gzip files, comments, and a clear "FILE:LINE: reason"
- * for each kind of malformed line; an unreadable file is an I/O error. Nothing is loaded from a bad
+ * for each kind of malformed line, binary data (NUL bytes, no newline) included; an unreadable or
+ * truncated file is an I/O error. Nothing is loaded from a bad
  * trace.
  */
 #include "test.h"
@@ -12,7 +13,8 @@
 
 static char directory[256];
 
-static const char *write_file(const char *name, const char *text, int compressed)
+/* `length` bytes (NULs included) into a file of the test folder, gzip-compressed when asked. */
+static const char *write_bytes(const char *name, const char *data, size_t length, int compressed)
 {
     static char path[512];
     snprintf(path, sizeof path, "%s/%s", directory, name);
@@ -21,15 +23,20 @@ static const char *write_file(const char *name, const char *text, int compressed
         snprintf(command, sizeof command, "gzip -c > '%s'", path);
         FILE *pipe = popen(command, "w");
         REQUIRE(pipe);
-        fputs(text, pipe);
+        REQUIRE(fwrite(data, 1, length, pipe) == length);
         REQUIRE(pclose(pipe) == 0);
     } else {
-        FILE *file = fopen(path, "w");
+        FILE *file = fopen(path, "wb");
         REQUIRE(file);
-        fputs(text, file);
+        REQUIRE(fwrite(data, 1, length, file) == length);
         fclose(file);
     }
     return path;
+}
+
+static const char *write_file(const char *name, const char *text, int compressed)
+{
+    return write_bytes(name, text, strlen(text), compressed);
 }
 
 static void good_trace_loads(void)
@@ -88,6 +95,37 @@ static void malformed_lines_are_located(void)
     CHECK_MESSAGE(":1: line too long");
 }
 
+/* Binary data is refused at its first NUL, with the line and column, plain or gzip: a NUL once ended the
+ * line early for the parser (the rest of the line was dropped or read as a line of its own), and a
+ * stream of NULs without a newline (/dev/zero) was read as empty lines forever. */
+static void binary_input_is_refused(void)
+{
+    static const char nul_inside[] = "a,0,100,0\na,1,200,0\0a,2,300,0\nf,0,100,0\n";
+    for (int compressed = 0; compressed < 2; compressed++) {
+        gm_trace trace;
+        const char *path = write_bytes(compressed ? "nul.csv.gz" : "nul.csv", nul_inside, sizeof nul_inside - 1,
+                                       compressed);
+        CHECK_STATUS(gm_trace_load(path, &trace), GM_ERROR_PARSE);
+        CHECK_MESSAGE(":2: a NUL byte at column 10");
+        CHECK(trace.operations == NULL && trace.count == 0);
+    }
+    static const char nul_at_end[] = "a,0,100,0\nf,0,100,0\0";
+    gm_trace trace;
+    CHECK_STATUS(gm_trace_load(write_bytes("nul_end.csv", nul_at_end, sizeof nul_at_end - 1, 0), &trace),
+                 GM_ERROR_PARSE);
+    CHECK_MESSAGE(":2: a NUL byte at column 10");
+    alarm(60); /* a loader that loops on /dev/zero ends the test here instead of hanging it */
+    CHECK_STATUS(gm_trace_load("/dev/zero", &trace), GM_ERROR_PARSE);
+    CHECK_MESSAGE("/dev/zero:1: a NUL byte at column 1");
+    alarm(0);
+    /* Text without any newline stops at the line-length limit, not at the end of the file. */
+    static char no_newline[100000];
+    memset(no_newline, '7', sizeof no_newline);
+    CHECK_STATUS(gm_trace_load(write_bytes("no_newline.csv", no_newline, sizeof no_newline, 0), &trace),
+                 GM_ERROR_PARSE);
+    CHECK_MESSAGE(":1: line too long");
+}
+
 static void unreadable_files_are_io_errors(void)
 {
     gm_trace trace;
@@ -95,15 +133,43 @@ static void unreadable_files_are_io_errors(void)
     CHECK_MESSAGE("/nonexistent/trace.csv.gz: cannot open");
     CHECK_STATUS(gm_trace_load(directory, &trace), GM_ERROR_IO); /* a directory */
     CHECK_STATUS(gm_trace_load(NULL, &trace), GM_ERROR_INVALID_ARGUMENT);
-    /* A truncated gzip stream: the header promises more than there is. */
-    const char *path = write_file("cut.csv.gz", "a,0,100,0\nf,0,100,0\n", 1);
+}
+
+/* Cut `path` to `length` bytes. */
+static void truncate_file(const char *path, off_t length)
+{
     FILE *file = fopen(path, "r+b");
     REQUIRE(file);
-    REQUIRE(ftruncate(fileno(file), 15) == 0);
+    REQUIRE(ftruncate(fileno(file), length) == 0);
     fclose(file);
-    gm_status status = gm_trace_load(path, &trace);
-    CHECK(status == GM_ERROR_IO || status == GM_ERROR_PARSE);
+}
+
+/* A truncated gzip file is an I/O error that says so, whether it ends inside the header or after many
+ * good lines; it was reported as a malformed line one past the last line read, exit status 2. */
+static void truncated_gzip_is_an_io_error(void)
+{
+    gm_trace trace;
+    const char *path = write_file("cut.csv.gz", "a,0,100,0\nf,0,100,0\n", 1);
+    truncate_file(path, 15);
+    CHECK_STATUS(gm_trace_load(path, &trace), GM_ERROR_IO);
     CHECK_MESSAGE(path);
+    CHECK_MESSAGE("truncated or corrupt gzip");
+    CHECK(trace.operations == NULL && trace.count == 0);
+    /* Many lines, cut in the middle: the partial last line is not parsed as a (malformed) line. */
+    static char text[200000];
+    size_t used = 0;
+    uint64_t random_state = 7;
+    for (int id = 0; used + 64 < sizeof text; id++)
+        used += (size_t)snprintf(text + used, sizeof text - used, "a,%d,%" PRIu64 ",0\nf,%d,0,0\n", id,
+                                 test_random(&random_state) % 100000000, id);
+    path = write_file("cut_long.csv.gz", text, 1);
+    struct stat status;
+    REQUIRE(stat(path, &status) == 0);
+    truncate_file(path, status.st_size / 2);
+    CHECK_STATUS(gm_trace_load(path, &trace), GM_ERROR_IO);
+    CHECK_MESSAGE("truncated or corrupt gzip");
+    CHECK(strstr(gm_last_error(), "malformed") == NULL && strstr(gm_last_error(), "fields") == NULL);
+    CHECK(trace.operations == NULL && trace.count == 0);
 }
 
 static void replay_reports_what_it_measured(void)
@@ -135,7 +201,8 @@ int main(void)
     snprintf(directory, sizeof directory, "/tmp/gpumem-test-trace-%d", (int)getpid());
     REQUIRE(mkdir(directory, 0700) == 0);
     static const test_case cases[] = {TEST_CASE(good_trace_loads), TEST_CASE(malformed_lines_are_located),
-                                      TEST_CASE(unreadable_files_are_io_errors),
+                                      TEST_CASE(binary_input_is_refused), TEST_CASE(unreadable_files_are_io_errors),
+                                      TEST_CASE(truncated_gzip_is_an_io_error),
                                       TEST_CASE(replay_reports_what_it_measured)};
     int result = run_tests(cases, sizeof cases / sizeof cases[0]);
     char command[600];

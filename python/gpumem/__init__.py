@@ -23,6 +23,7 @@ Memory pressure (the C library's gm_set_pressure_policy / gm_on_pressure, docs i
 """
 import ctypes
 import json
+import operator
 import os
 
 __all__ = ["Allocator", "GpumemError", "OutOfMemoryError", "config_help", "library_path", "include_path",
@@ -201,8 +202,17 @@ def include_path():
     return None
 
 
+def _where(path):
+    """How the user named `path`, for messages: GPUMEM_LIBRARY=path when it came from there."""
+    return f"GPUMEM_LIBRARY={path}" if os.environ.get("GPUMEM_LIBRARY") else path
+
+
 def _load():
-    library = ctypes.CDLL(library_path())
+    path = library_path()
+    try:
+        library = ctypes.CDLL(path)
+    except OSError as error:  # not a shared library, or one for another machine
+        raise ImportError(f"gpumem: {_where(path)} cannot be loaded: {error}") from None
     pointer, status = ctypes.c_void_p, ctypes.c_int
     signatures = {
         "gm_strerror": (ctypes.c_char_p, [status]),
@@ -247,6 +257,11 @@ def _load():
         "gm_host_empty_cache": (status, [pointer]),
         "gm_host_get_stats": (status, [pointer, ctypes.POINTER(_HostStats)]),
     }
+    missing = [name for name in signatures if not hasattr(library, name)]
+    if missing:  # another library, or a libgpumem older than this package
+        raise ImportError(f"gpumem: {_where(path)} is not libgpumem: it lacks {', '.join(missing[:3])}"
+                          f"{f' and {len(missing) - 3} more' if len(missing) > 3 else ''} (a libgpumem.so "
+                          f"of version {__version__} is needed)")
     for name, (result, arguments) in signatures.items():
         function = getattr(library, name)
         function.restype = result
@@ -276,6 +291,23 @@ class _Stats(ctypes.Structure):
         ("device_calls", ctypes.c_int64 * len(_CALL_KINDS)), ("device_call_ns", ctypes.c_int64),
         ("device_call_ns_by_kind", ctypes.c_int64 * len(_CALL_KINDS)),
         ("device_total_bytes", ctypes.c_uint64), ("page_size", ctypes.c_uint64)]
+
+
+_SIZE_LIMIT = 2**64 - 1  # size_t and uint64_t: ctypes would wrap larger values silently, negative ones too
+
+
+def _unsigned(value, what):
+    """`value` as an int for a size_t / uint64_t argument named `what`; ValueError or OverflowError instead
+    of the wrapped number ctypes would pass (2**64 + 4096 as 4096, -1 as 2**64 - 1)."""
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(f"gpumem: {what} must be an integer, not {type(value).__name__}") from None
+    if number < 0:
+        raise ValueError(f"gpumem: {what} must not be negative (got {number})")
+    if number > _SIZE_LIMIT:
+        raise OverflowError(f"gpumem: {what} must be at most 2**64 - 1 (got {number})")
+    return number
 
 
 def _check(status):
@@ -359,6 +391,7 @@ class Allocator:
         return self._handle.value
 
     def malloc(self, size, stream=0):
+        size, stream = _unsigned(size, "size"), _unsigned(stream, "stream")
         pointer = ctypes.c_void_p()
         _check(_library.gm_malloc(self._handle, size, stream, ctypes.byref(pointer)))
         return pointer.value or 0
@@ -367,6 +400,7 @@ class Allocator:
         _check(_library.gm_free(self._handle, ctypes.c_void_p(pointer)))
 
     def record_stream(self, pointer, stream):
+        stream = _unsigned(stream, "stream")
         _check(_library.gm_record_stream(self._handle, ctypes.c_void_p(pointer), stream))
 
     def allocation_size(self, pointer):
@@ -379,6 +413,7 @@ class Allocator:
 
     def host_malloc(self, size):
         """Pinned (page-locked) host memory from the allocator's host cache; an address (0 for size 0)."""
+        size = _unsigned(size, "size")
         pointer = ctypes.c_void_p()
         _check(_library.gm_host_malloc(self._handle, size, ctypes.byref(pointer)))
         return pointer.value or 0
@@ -388,6 +423,7 @@ class Allocator:
 
     def host_record_stream(self, pointer, stream):
         """The block is used by work on ``stream``: not reused before that work finished."""
+        stream = _unsigned(stream, "stream")
         _check(_library.gm_host_record_stream(self._handle, ctypes.c_void_p(pointer), stream))
 
     def host_empty_cache(self):
@@ -405,6 +441,7 @@ class Allocator:
 
     def set_memory_limit(self, limit_bytes):
         """Never reserve more than this (0: the whole device)."""
+        limit_bytes = _unsigned(limit_bytes, "limit_bytes")
         _check(_library.gm_set_memory_limit(self._handle, limit_bytes))
 
     def memory_limit(self):
@@ -532,6 +569,7 @@ class Allocator:
 
     def sim_set_used_elsewhere(self, size):
         """sim/host backends: make `size` bytes of the device used by "other processes"."""
+        size = _unsigned(size, "size")
         _check(_library.gm_sim_set_used_elsewhere(self._handle, size))
 
     def device_info(self):

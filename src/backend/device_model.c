@@ -8,7 +8,9 @@
 #include "backend/device_model.h"
 
 #include "base/error.h"
+#include "base/format.h"
 #include "base/hash_map.h"
+#include "base/options.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -434,15 +436,47 @@ bool gm_model_stream_is_capturing(gm_backend *backend, gm_stream stream)
 
 /* ---------------------------------------------------------------- model-only backend operations */
 
-gm_status gm_model_backend_open(gm_backend *backend, void *state, uint64_t capacity, uint64_t page_size,
-                                bool charges_cost)
+/* What a simulated device cannot be; GM_OK if it can be. */
+static gm_status check_device(const gm_backend *backend, const gm_backend_config *config, uint64_t capacity)
 {
+    const char *name = backend->operations->name;
+    if (config->device != 0)
+        return gm_fail(GM_ERROR_NO_DEVICE, "%s backend: device %d does not exist (the %s backend has one device, 0)",
+                       name, config->device, name);
+    if (config->page_size == 0)
+        return gm_fail(GM_ERROR_BAD_CONFIG, "%s backend: a page size of 0 bytes", name);
+    char capacity_text[32], page_text[32];
+    gm_format_bytes(capacity_text, sizeof capacity_text, capacity);
+    gm_format_bytes(page_text, sizeof page_text, config->page_size);
+    if (config->page_size > capacity)
+        return gm_fail(GM_ERROR_BAD_CONFIG, "%s backend: page_size (%s) is larger than the capacity (%s): no page "
+                       "could be made", name, page_text, capacity_text);
+    /* The pages engine keeps an entry for every page of each address range it reserves (twice the
+     * device): the bound keeps those tables small enough to allocate at once. */
+    uint64_t pages = capacity / config->page_size;
+    if (pages > GM_MAX_DEVICE_PAGES)
+        return gm_fail(GM_ERROR_BAD_CONFIG, "%s backend: a capacity of %s in pages of %s is %" PRIu64 " pages, more "
+                       "than the %llu supported: raise page_size or lower capacity", name, capacity_text, page_text,
+                       pages, GM_MAX_DEVICE_PAGES);
+    return GM_OK;
+}
+
+gm_status gm_model_backend_open(gm_backend *backend, void *state, const gm_backend_config *config,
+                                uint64_t default_capacity, bool charges_cost)
+{
+    uint64_t capacity = config->capacity ? config->capacity : default_capacity;
+    uint64_t page_size = config->page_size;
+    gm_status status = check_device(backend, config, capacity);
+    if (status != GM_OK) {
+        free(state);
+        return status;
+    }
     backend->state = state;
     backend->total_bytes = capacity;
     backend->page_size = page_size;
     backend->supports_virtual_memory = true;
     backend->charges_cost = charges_cost;
-    gm_status status = gm_device_model_create(backend, capacity, page_size, (gm_device_model **)state);
+    status = gm_device_model_create(backend, capacity, page_size, (gm_device_model **)state);
     if (status != GM_OK) {
         free(state);
         backend->state = NULL;

@@ -39,9 +39,11 @@ gm_status gm_device_model_unmap(gm_device_model *model, uintptr_t address, uint6
 /* Backend operations that only consult the model, for any backend whose state begins with a
  * gm_device_model pointer (sim and host share them). */
 /* Make `state` (allocated by the caller, first member a gm_device_model pointer) the backend's state
- * and give it a model of `capacity` and `page_size`; on failure `state` is freed. */
-gm_status gm_model_backend_open(gm_backend *backend, void *state, uint64_t capacity, uint64_t page_size,
-                                bool charges_cost);
+ * and give it a model of config's capacity (default_capacity when it is 0) and page size; on failure
+ * `state` is freed. Refused, with the reason: a device other than 0 (such a backend has one), a page
+ * larger than the device, more than GM_MAX_DEVICE_PAGES pages. */
+gm_status gm_model_backend_open(gm_backend *backend, void *state, const gm_backend_config *config,
+                                uint64_t default_capacity, bool charges_cost);
 void gm_model_close(gm_backend *backend);
 gm_status gm_model_memory_info(gm_backend *backend, uint64_t *free_out, uint64_t *total_out);
 gm_status gm_model_event_create(gm_backend *backend, uint64_t *event_out);

@@ -68,8 +68,7 @@ static gm_status host_open(gm_backend *backend, const gm_backend_config *config)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the host backend");
     state->page_size = config->page_size;
     raise_file_limit(); /* each physical allocation holds a file descriptor */
-    return gm_model_backend_open(backend, state, config->capacity ? config->capacity : HOST_DEFAULT_CAPACITY,
-                                 config->page_size, false);
+    return gm_model_backend_open(backend, state, config, HOST_DEFAULT_CAPACITY, false);
 }
 
 static gm_status host_segment_allocate(gm_backend *backend, uint64_t size, uintptr_t *address_out)

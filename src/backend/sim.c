@@ -43,8 +43,7 @@ static gm_status sim_open(gm_backend *backend, const gm_backend_config *config)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the sim backend");
     state->page_size = config->page_size;
     state->next_address = SIM_ADDRESS_BASE;
-    return gm_model_backend_open(backend, state, config->capacity ? config->capacity : SIM_DEFAULT_CAPACITY,
-                                 config->page_size, config->cost_model);
+    return gm_model_backend_open(backend, state, config, SIM_DEFAULT_CAPACITY, config->cost_model);
 }
 
 /* Fake addresses, page-aligned: fresh ones while there are (a stale pointer then points nowhere), then,

@@ -8,7 +8,7 @@
 
 char *gm_format_bytes(char *buffer, size_t size, uint64_t bytes)
 {
-    static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+    static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}; /* 2^64 - 1 is 16 EiB */
     if (bytes < 1024) {
         snprintf(buffer, size, "%" PRIu64 " B", bytes);
         return buffer;

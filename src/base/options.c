@@ -47,9 +47,9 @@ static const option_descriptor descriptors[] = {
     {"engine", KIND_CHOICE, FIELD(engine), "pages|segments",
      "allocation engine: page-mapped virtual ranges, or PyTorch-style segments (default pages)"},
     {"capacity", KIND_SIZE, FIELD(capacity), NULL,
-     "sim/host: device memory size (default 143771MiB for sim, as an H200; 1GiB for host)"},
+     "sim/host: device memory size, at most 1TiB (default 143771MiB for sim, as an H200; 1GiB for host)"},
     {"page_size", KIND_SIZE, FIELD(page_size), NULL,
-     "sim/host: mapping granularity, a power of two >= 4KiB (default 2MiB)"},
+     "sim/host: mapping granularity, a power of two from 4KiB to 1GiB (default 2MiB)"},
     {"memory_limit", KIND_SIZE, FIELD(memory_limit), NULL,
      "never reserve more than this many bytes (default 0: the whole device)"},
     {"host_limit", KIND_SIZE, FIELD(host_limit), NULL,
@@ -103,6 +103,20 @@ static const option_descriptor descriptors[] = {
      "host memory PSI (some avg10, percent) that raises pressure (default 10)"},
     {"pressure_psi_low", KIND_PERCENT, FIELD(pressure_psi_low), NULL,
      "PSI under which pressure may end, less than pressure_psi_high (default half of it)"},
+};
+
+/* Sizes with bounds beyond the parser's: 0 refused where it would silently mean a default, and a maximum
+ * where larger values would make the engines fail on every allocation (GM_MAX_* in options.h). */
+static const struct {
+    size_t offset;
+    bool positive;
+    uint64_t maximum;
+    const char *maximum_reason;
+} size_bounds[] = {
+    {FIELD(capacity), true, GM_MAX_CAPACITY, "the pages engine reserves twice the capacity of addresses for each "
+                                             "stream and pool, and the simulated device has 95 TiB of addresses"},
+    {FIELD(page_size), false, GM_MAX_PAGE_SIZE, "a page is the smallest piece of memory mapped, and GPUs map 2 MiB "
+                                                "pages"},
 };
 
 static const struct {
@@ -170,6 +184,21 @@ gm_status gm_parse_size(const char *text, uint64_t *bytes_out)
     }
     return gm_fail(GM_ERROR_PARSE, "size '%s' has an unknown suffix '%s' (use B, KiB, MiB, GiB or TiB)",
                    text, end);
+}
+
+/* A size in the largest binary unit that divides it ("1TiB", "1GiB", "3000"), as the parser reads it. */
+static const char *exact_size_text(char *buffer, size_t size, uint64_t bytes)
+{
+    static const char *const units[] = {"TiB", "GiB", "MiB", "KiB"};
+    for (unsigned i = 0; i < sizeof units / sizeof units[0]; i++) {
+        unsigned shift = 40 - 10 * i;
+        if (bytes && bytes % (1ull << shift) == 0) {
+            snprintf(buffer, size, "%" PRIu64 "%s", bytes >> shift, units[i]);
+            return buffer;
+        }
+    }
+    snprintf(buffer, size, "%" PRIu64, bytes);
+    return buffer;
 }
 
 static gm_status parse_boolean(const char *text, bool *value_out)
@@ -253,9 +282,27 @@ static gm_status apply_value(gm_options *options, const option_descriptor *descr
             *(gm_engine_kind *)field = (gm_engine_kind)index;
         return GM_OK;
     }
-    case KIND_SIZE:
-        status = gm_parse_size(value, (uint64_t *)field);
+    case KIND_SIZE: {
+        uint64_t bytes = 0;
+        status = gm_parse_size(value, &bytes);
+        if (status != GM_OK)
+            break;
+        for (size_t i = 0; i < sizeof size_bounds / sizeof size_bounds[0]; i++) {
+            if (size_bounds[i].offset != descriptor->offset)
+                continue;
+            if (size_bounds[i].positive && bytes == 0)
+                return gm_fail(GM_ERROR_BAD_CONFIG, "bad value for key '%s': it must be positive (leave the key out "
+                               "for the backend's default)", descriptor->key);
+            if (bytes > size_bounds[i].maximum) {
+                char maximum[32];
+                return gm_fail(GM_ERROR_BAD_CONFIG, "bad value for key '%s': %s is more than the %s supported (%s)",
+                               descriptor->key, value, exact_size_text(maximum, sizeof maximum, size_bounds[i].maximum),
+                               size_bounds[i].maximum_reason);
+            }
+        }
+        *(uint64_t *)field = bytes;
         break;
+    }
     case KIND_INTEGER: {
         char *end = NULL;
         errno = 0;

@@ -13,6 +13,16 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* The largest device the sim and host backends make: the pages engine reserves an address range of twice
+ * the capacity for each stream and pool, and these ranges must fit the simulated device's fake addresses
+ * (95 TiB) and the host's (128 TiB) for a few dozen streams. */
+#define GM_MAX_CAPACITY (1ull << 40)
+/* The largest page: a page is the smallest piece of memory mapped (GPUs map 2 MiB pages). */
+#define GM_MAX_PAGE_SIZE (1ull << 30)
+/* The most pages a device may have: the pages engine keeps a table with an entry for each page of each
+ * address range (twice the device), so this bounds each table at 64 MiB of host memory. */
+#define GM_MAX_DEVICE_PAGES (1ull << 22)
+
 typedef enum gm_engine_kind { GM_ENGINE_PAGES = 0, GM_ENGINE_SEGMENTS = 1 } gm_engine_kind;
 
 typedef struct gm_options {

@@ -341,6 +341,21 @@ static void count_allocation(gm_allocator *allocator, gm_block *block, int64_t s
     gm_stat_change(allocator->arena.stats->requested_bytes, pool, sign * (int64_t)block->requested);
 }
 
+/* A request above GM_MAX_REQUEST fits no device: it is refused as out of memory (what PyTorch reports for
+ * it too) with its real size, before any engine rounds it or the cache is released for nothing. */
+__attribute__((noinline, cold)) static gm_status refuse_impossible_request(gm_allocator *allocator, uint64_t size,
+                                                                          gm_stream stream)
+{
+    pthread_mutex_lock(&allocator->lock);
+    begin_change(allocator);
+    allocator->arena.stats->num_ooms++;
+    gm_write_impossible_request_report(&allocator->arena, stream, size, GM_MAX_REQUEST);
+    gm_history_record(allocator->arena.history, GM_EVENT_OOM, 0, size, stream);
+    end_change(allocator);
+    pthread_mutex_unlock(&allocator->lock);
+    return GM_ERROR_OUT_OF_MEMORY;
+}
+
 gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void **pointer_out)
 {
     if (!allocator || !pointer_out)
@@ -348,8 +363,8 @@ gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void
     *pointer_out = NULL;
     if (size == 0)
         return GM_OK;
-    if (size > GM_MAX_REQUEST)
-        size = GM_MAX_REQUEST; /* cannot fit anywhere: reported as out of memory below */
+    if (GM_UNLIKELY(size > GM_MAX_REQUEST))
+        return refuse_impossible_request(allocator, size, stream);
     uint64_t rounded = gm_round_up(size, 512);
     int pool = rounded <= allocator->options.small_size ? GM_POOL_SMALL : GM_POOL_LARGE;
 

@@ -377,3 +377,21 @@ void gm_write_oom_report(gm_arena *arena, gm_heap *heap, uint64_t size, const gm
     default: remedy_fragmentation(arena, &pieces, t); break;
     }
 }
+
+void gm_write_impossible_request_report(gm_arena *arena, gm_stream stream, uint64_t size, uint64_t largest_request)
+{
+    byte_texts texts = {.used = 0};
+    byte_texts *t = &texts;
+    uint64_t device_free = 0, device_total = 0;
+    gm_backend_memory_info(arena->backend, &device_free, &device_total);
+    last_cause = GM_OOM_CAUSE_CAPACITY;
+    gm_fail(GM_ERROR_OUT_OF_MEMORY,
+            "gpumem: out of memory. Tried to allocate %s (%" PRIu64 " bytes) on stream %" PRIuPTR " of %s device %d.\n",
+            bytes(t, size), size, (uintptr_t)stream, arena->backend->operations->name, arena->options->device);
+    gm_error_append("Cause: capacity. No device has %s: gpumem serves at most %s in one request (this device has "
+                    "%s).\n", bytes(t, size), bytes(t, largest_request), bytes(t, device_total));
+    gm_error_append("Nothing was released or retried: no memory could make room for it.\n");
+    gm_error_append("What to do, in order:\n");
+    gm_error_append("  1. Check how the size was computed: one this large is usually a negative number converted "
+                    "to an unsigned size, or a product of dimensions that overflowed.\n");
+}

@@ -4,10 +4,11 @@
  * gzip is read through zlib where the build found it, else through a `gzip -dc` pipe (zlib reads
  * plain files too; without it, plain files are read directly).
  *
- * Each line is checked: the operation letter, four fields, numbers that parse, an allocation id
- * that is not already live, a free of an id that is. Ids become slots (reused after a free) so
- * that replay indexes an array; streams become a short table. The first bad line stops loading
- * with "FILE:LINE: reason".
+ * Each line is checked: no NUL bytes (binary data), a newline within 512 bytes, the operation letter,
+ * four fields, numbers that parse, an allocation id that is not already live, a free of an id that
+ * is. Ids become slots (reused after a free) so that replay indexes an array; streams become a short
+ * table. The first bad line stops loading with "FILE:LINE: reason". A gzip stream that ends early or
+ * fails its checks is an I/O error naming the last good line, never a malformed line.
  */
 #include "tools/trace.h"
 
@@ -16,10 +17,12 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #ifdef GPUMEM_HAVE_ZLIB
 #include <zlib.h>
 #endif
@@ -189,13 +192,24 @@ static gm_status parse_line(loader *state, char *line)
     return GM_OK;
 }
 
-/* A line source: zlib, or a plain stream (a file, or a `gzip -dc` pipe). */
+/* The longest line read, newline included: a valid line ("a,ID,BYTES,STREAM" with 20-digit numbers) is
+ * under 70 bytes, so anything longer is not a trace; the limit also bounds what is read before a binary
+ * file without newlines (/dev/zero) is refused. */
+#define MAX_LINE_BYTES 512
+#define READ_BUFFER_BYTES 65536
+
+/* A line source: zlib, or a plain stream (a file, or a `gzip -dc` pipe), read in blocks so that a line's
+ * length is known exactly -- NUL bytes included, which string functions would take for its end. */
 typedef struct line_source {
 #ifdef GPUMEM_HAVE_ZLIB
     gzFile compressed;
 #endif
     FILE *plain;
     bool piped;
+    bool at_end;     /* the source gave everything it had, and ended cleanly */
+    size_t start;    /* the unread bytes are buffer[start, end) */
+    size_t end;
+    char buffer[READ_BUFFER_BYTES];
 } line_source;
 
 #ifndef GPUMEM_HAVE_ZLIB
@@ -208,7 +222,7 @@ static bool is_gzip_name(const char *path)
 
 static gm_status open_source(const char *path, line_source *source)
 {
-    memset(source, 0, sizeof *source);
+    memset(source, 0, offsetof(line_source, buffer));
     struct stat status;
     if (stat(path, &status) != 0)
         return gm_fail(GM_ERROR_IO, "%s: cannot open: %s", path, strerror(errno));
@@ -236,55 +250,140 @@ static gm_status open_source(const char *path, line_source *source)
 #endif
 }
 
-static char *read_line(line_source *source, char *buffer, int size)
+/* The source ended or failed: GM_OK if it ended cleanly, else an I/O error that says why. `lines` is the
+ * count of lines read so far; a gzip stream that stops early is named as such, because the lines before
+ * the cut were good and the cut line is not malformed but missing. */
+static gm_status end_of_source(const char *path, line_source *source, unsigned long lines)
 {
-#ifdef GPUMEM_HAVE_ZLIB
-    if (source->compressed)
-        return gzgets(source->compressed, buffer, size);
-#endif
-    return fgets(buffer, size, source->plain);
-}
-
-/* Close the source; GM_OK if everything was read cleanly. */
-static gm_status close_source(const char *path, line_source *source, unsigned long line)
-{
-    gm_status status = GM_OK;
+    char where[48] = "before its first line";
+    if (lines)
+        snprintf(where, sizeof where, "after line %lu", lines);
 #ifdef GPUMEM_HAVE_ZLIB
     if (source->compressed) {
         int error_number = 0;
         const char *message = gzerror(source->compressed, &error_number);
+        size_t path_length = strlen(path); /* zlib's message starts with the path, said already */
+        if (!strncmp(message, path, path_length) && !strncmp(message + path_length, ": ", 2))
+            message += path_length + 2;
+        if (error_number == Z_ERRNO)
+            return gm_fail(GM_ERROR_IO, "%s: cannot read %s: %s", path, where, strerror(errno));
         if (error_number != Z_OK && error_number != Z_STREAM_END)
-            status = gm_fail(GM_ERROR_IO, "%s:%lu: cannot read: %s", path, line + 1,
-                             error_number == Z_ERRNO ? strerror(errno) : message);
-        gzclose(source->compressed);
-        return status;
+            return gm_fail(GM_ERROR_IO, "%s: truncated or corrupt gzip data %s: %s", path, where, message);
+        return GM_OK;
     }
 #endif
     if (ferror(source->plain))
-        status = gm_fail(GM_ERROR_IO, "%s:%lu: cannot read: %s", path, line + 1, strerror(errno));
-    int closed = source->piped ? pclose(source->plain) : fclose(source->plain);
-    if (status == GM_OK && source->piped && closed != 0)
-        status = gm_fail(GM_ERROR_IO, "%s:%lu: cannot read: gzip -dc failed (exit status %d)", path, line + 1, closed);
+        return gm_fail(GM_ERROR_IO, "%s: cannot read %s: %s", path, where, strerror(errno));
+    if (source->piped) { /* gzip's exit status is the only word on the data's integrity */
+        int closed = pclose(source->plain);
+        source->plain = NULL;
+        if (closed != 0)
+            return gm_fail(GM_ERROR_IO, "%s: truncated or corrupt gzip data %s (gzip -dc failed, exit status %d)",
+                           path, where, closed > 0 && WIFEXITED(closed) ? WEXITSTATUS(closed) : closed);
+    }
+    return GM_OK;
+}
+
+/* More bytes into the buffer; at the end of the source, at_end, or the source's error. */
+static gm_status fill_buffer(const char *path, line_source *source, unsigned long lines)
+{
+    if (source->start > 0) {
+        memmove(source->buffer, source->buffer + source->start, source->end - source->start);
+        source->end -= source->start;
+        source->start = 0;
+    }
+    size_t room = sizeof source->buffer - source->end;
+    size_t got;
+#ifdef GPUMEM_HAVE_ZLIB
+    if (source->compressed) {
+        int read = gzread(source->compressed, source->buffer + source->end, (unsigned)room);
+        got = read > 0 ? (size_t)read : 0;
+    } else
+#endif
+    {
+        got = fread(source->buffer + source->end, 1, room, source->plain);
+    }
+    source->end += got;
+    if (got > 0)
+        return GM_OK;
+    gm_status status = end_of_source(path, source, lines);
+    source->at_end = status == GM_OK;
     return status;
+}
+
+/* The next line (without its newline) and its length, NUL bytes included; *line_out is NULL at the end.
+ * A line without a newline within MAX_LINE_BYTES comes back as its first MAX_LINE_BYTES bytes with
+ * *too_long set, before more of it is read. */
+static gm_status next_line(const loader *state, line_source *source, char **line_out, size_t *length_out,
+                           bool *too_long)
+{
+    *too_long = false;
+    for (;;) {
+        char *first = source->buffer + source->start;
+        size_t available = source->end - source->start;
+        size_t scanned = available < MAX_LINE_BYTES ? available : MAX_LINE_BYTES;
+        char *newline = memchr(first, '\n', scanned);
+        bool last_without_newline = source->at_end && available > 0 && available < MAX_LINE_BYTES;
+        if (newline || last_without_newline || available >= MAX_LINE_BYTES) {
+            size_t length = newline ? (size_t)(newline - first) : scanned;
+            *too_long = !newline && !last_without_newline;
+            source->start += newline ? length + 1 : length;
+            *line_out = first;
+            *length_out = length;
+            return GM_OK;
+        }
+        if (source->at_end) {
+            *line_out = NULL;
+            return GM_OK;
+        }
+        gm_status status = fill_buffer(state->path, source, state->line);
+        if (status != GM_OK)
+            return status;
+    }
+}
+
+static void close_source(line_source *source)
+{
+#ifdef GPUMEM_HAVE_ZLIB
+    if (source->compressed) {
+        gzclose(source->compressed);
+        return;
+    }
+#endif
+    if (source->plain && source->piped)
+        pclose(source->plain);
+    else if (source->plain)
+        fclose(source->plain);
 }
 
 static gm_status read_lines(loader *state, line_source *source)
 {
-    char line[512];
-    while (read_line(source, line, sizeof line)) {
+    for (;;) {
+        char *line = NULL;
+        size_t length = 0;
+        bool too_long = false;
+        gm_status status = next_line(state, source, &line, &length, &too_long);
+        if (status != GM_OK || !line)
+            return status;
         state->line++;
-        size_t length = strlen(line);
-        if (length == sizeof line - 1 && line[length - 1] != '\n')
-            return malformed(state, "line too long");
-        while (length && (line[length - 1] == '\n' || line[length - 1] == '\r'))
-            line[--length] = '\0';
+        const char *nul = memchr(line, '\0', length);
+        if (nul) { /* binary data: said first, since it is also why a line seems too long */
+            char reason[96];
+            snprintf(reason, sizeof reason, "a NUL byte at column %zu (binary data, not a text trace)",
+                     (size_t)(nul - line) + 1);
+            return malformed(state, reason);
+        }
+        if (too_long)
+            return malformed(state, "line too long (no newline within 512 bytes: not a trace)");
+        while (length && line[length - 1] == '\r')
+            length--;
+        line[length] = '\0'; /* the newline's place, or inside the buffer after a last line without one */
         if (length == 0 || line[0] == '#')
             continue;
-        gm_status status = parse_line(state, line);
+        status = parse_line(state, line);
         if (status != GM_OK)
             return status;
     }
-    return GM_OK;
 }
 
 gm_status gm_trace_load(const char *path, gm_trace *trace_out)
@@ -292,16 +391,19 @@ gm_status gm_trace_load(const char *path, gm_trace *trace_out)
     if (!path || !trace_out)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_trace_load: an argument is NULL");
     memset(trace_out, 0, sizeof *trace_out);
-    line_source source;
-    gm_status status = open_source(path, &source);
-    if (status != GM_OK)
+    line_source *source = malloc(sizeof *source); /* its read buffer is too large for the stack */
+    if (!source)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "%s: no host memory to read the trace", path);
+    gm_status status = open_source(path, source);
+    if (status != GM_OK) {
+        free(source);
         return status;
+    }
     loader state = {.path = path, .trace = trace_out};
-    status = gm_hash_map_init(&state.live_ids, 4096) ? read_lines(&state, &source)
+    status = gm_hash_map_init(&state.live_ids, 4096) ? read_lines(&state, source)
                                                      : gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory");
-    gm_status closed = close_source(path, &source, state.line);
-    if (status == GM_OK)
-        status = closed;
+    close_source(source);
+    free(source);
     gm_hash_map_free(&state.live_ids);
     free(state.free_slots);
     free(state.slot_sizes);

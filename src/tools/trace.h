@@ -33,8 +33,9 @@ typedef struct gm_trace {
     uint64_t peak_live_bytes; /* the trace's true peak of requested live bytes */
 } gm_trace;
 
-/* Load a trace. A malformed line gives GM_ERROR_PARSE with "FILE:LINE: reason" in gm_last_error();
- * an unreadable file gives GM_ERROR_IO. */
+/* Load a trace. A malformed line (binary data, a line over 512 bytes included) gives GM_ERROR_PARSE with
+ * "FILE:LINE: reason" in gm_last_error(); an unreadable file, or a truncated or corrupt gzip file, gives
+ * GM_ERROR_IO. */
 gm_status gm_trace_load(const char *path, gm_trace *trace_out);
 void gm_trace_free(gm_trace *trace);
 

@@ -91,6 +91,31 @@ class PackageTest(unittest.TestCase):
         self.assertIn("bad value 'warp' for key 'engine'", str(caught.exception))
         self.assertEqual(caught.exception.status, 4)
 
+    def test_sizes_and_streams_out_of_range_are_refused(self):
+        # ctypes wrapped them: malloc(2**64 + 4096) gave a 4096-byte block, stream -1 became 2**64 - 1.
+        for call in (lambda: self.allocator.malloc(2**64 + 4096), lambda: self.allocator.malloc(2**64),
+                     lambda: self.allocator.host_malloc(2**70), lambda: self.allocator.set_memory_limit(2**64)):
+            with self.assertRaises(OverflowError) as caught:
+                call()
+            self.assertIn("at most 2**64 - 1", str(caught.exception))
+        with self.assertRaises(ValueError) as caught:
+            self.allocator.malloc(-4096)
+        self.assertIn("size must not be negative", str(caught.exception))
+        with self.assertRaises(ValueError) as caught:
+            self.allocator.malloc(4096, stream=-1)
+        self.assertIn("stream must not be negative", str(caught.exception))
+        with self.assertRaises(OverflowError):
+            self.allocator.malloc(4096, stream=2**64)
+        pointer = self.allocator.malloc(4096)
+        with self.assertRaises(ValueError):
+            self.allocator.record_stream(pointer, -2)
+        with self.assertRaises(TypeError):
+            self.allocator.malloc(4096.0)
+        self.allocator.free(pointer)
+        self.assertEqual(self.allocator.memory_stats()["allocation.all.allocated"], 1)  # nothing else was made
+        with self.assertRaises(gpumem.OutOfMemoryError):
+            self.allocator.malloc(2**64 - 1)  # representable: the library's answer
+
     def test_pinned_host_cache(self):
         pointer = self.allocator.host_malloc(1000)
         self.assertNotEqual(pointer, 0)
@@ -148,6 +173,23 @@ class PackageTest(unittest.TestCase):
         run = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True)
         self.assertNotEqual(run.returncode, 0)
         self.assertIn("libgpumem.so not found", run.stderr)
+
+    def test_library_that_is_not_gpumem_is_a_clear_error(self):
+        # A GPUMEM_LIBRARY that is not libgpumem gave a raw OSError or AttributeError.
+        import _ctypes  # a shared library that loads but is not gpumem (unless built into the interpreter)
+        with tempfile.TemporaryDirectory() as folder:
+            text_file = os.path.join(folder, "libgpumem.so")
+            with open(text_file, "w") as file:
+                file.write("not a library\n")
+            cases = [(text_file, "cannot be loaded")]
+            if getattr(_ctypes, "__file__", None):
+                cases.append((_ctypes.__file__, "is not libgpumem: it lacks gm_strerror"))
+            for path, reason in cases:
+                run = subprocess.run([sys.executable, "-c", "import gpumem"], capture_output=True, text=True,
+                                     env=dict(os.environ, GPUMEM_LIBRARY=path))
+                self.assertNotEqual(run.returncode, 0)
+                self.assertIn(f"ImportError: gpumem: GPUMEM_LIBRARY={path} {reason}", run.stderr)
+                self.assertNotIn("AttributeError", run.stderr)
 
     def _run_copy(self, code, install_paths=None, **environment):
         """Run `code` with a copy of the package outside the repository (no GPUMEM_LIBRARY), with an
