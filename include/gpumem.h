@@ -559,6 +559,12 @@ GM_API gm_status gm_remove_pressure_callback(gm_allocator *allocator, gm_pressur
 /* "normal", "high", "critical"; "unknown" otherwise. */
 GM_API const char *gm_pressure_level_name(gm_pressure_level level);
 
+/* The stream named `name` on the allocator's device, for tools that replay a recorded program's
+ * streams (gpumem replay): on sim and host the name itself (any number names a simulated stream); on
+ * cuda name 0 is the default stream and any other a CUDA stream made on its first use and destroyed
+ * with the allocator. */
+GM_API gm_status gm_named_stream(gm_allocator *allocator, uint64_t name, gm_stream *stream_out);
+
 /* ---------------------------------------------------------------- simulated streams */
 
 /* The "sim" and "host" backends simulate the work queued on streams so that tests can decide when

@@ -500,7 +500,21 @@ static void small_tensors_pin_one_chunk_not_a_whole_block(void)
     }
 }
 
-RUN_TESTS(TEST_CASE(small_tensors_pin_one_chunk_not_a_whole_block), TEST_CASE(memory_limit_changes_at_run_time), TEST_CASE(create_and_destroy), TEST_CASE(cuda_backend_without_gpu_is_a_clear_error),
+static void named_streams_are_their_names_on_sim(void)
+{
+    gm_allocator *allocator = NULL;
+    REQUIRE(gm_create("backend:sim", &allocator) == GM_OK);
+    gm_stream stream = 0;
+    CHECK_OK(gm_named_stream(allocator, 123456, &stream));
+    CHECK_EQ_INT(stream, 123456);
+    CHECK_OK(gm_named_stream(allocator, 0, &stream));
+    CHECK_EQ_INT(stream, 0);
+    CHECK_STATUS(gm_named_stream(allocator, 1, NULL), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_STATUS(gm_named_stream(NULL, 1, &stream), GM_ERROR_INVALID_ARGUMENT);
+    gm_destroy(allocator, NULL);
+}
+
+RUN_TESTS(TEST_CASE(named_streams_are_their_names_on_sim), TEST_CASE(small_tensors_pin_one_chunk_not_a_whole_block), TEST_CASE(memory_limit_changes_at_run_time), TEST_CASE(create_and_destroy), TEST_CASE(cuda_backend_without_gpu_is_a_clear_error),
           TEST_CASE(malloc_and_free_basics), TEST_CASE(invalid_pointers_change_nothing),
           TEST_CASE(out_of_memory_explains_and_recovers), TEST_CASE(fragmentation_is_diagnosed),
           TEST_CASE(memory_limit_is_diagnosed), TEST_CASE(empty_cache_returns_memory),

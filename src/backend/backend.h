@@ -67,6 +67,9 @@ typedef struct gm_backend_operations {
     /* Whether `stream` is being captured into a CUDA graph: work queued on it then does not run, so an
      * event recorded on it cannot be waited for (NULL: never). */
     bool (*stream_is_capturing)(gm_backend *backend, gm_stream stream);
+    /* A new stream of the device, and its end (cuda); NULL where any number names a stream (sim, host). */
+    gm_status (*stream_create)(gm_backend *backend, gm_stream *stream_out);
+    gm_status (*stream_destroy)(gm_backend *backend, gm_stream stream);
 
     /* Simulated streams (sim, host); NULL elsewhere. */
     gm_status (*stream_enqueue)(gm_backend *backend, gm_stream stream, uint64_t units);

@@ -110,6 +110,8 @@ typedef struct cuda_driver {
     cu_result (*get_error_string)(cu_result, const char **);
     cu_result (*exchange_capture_mode)(int *); /* optional: cuThreadExchangeStreamCaptureMode */
     cu_result (*stream_is_capturing)(cu_stream, int *); /* optional: cuStreamIsCapturing */
+    cu_result (*stream_create)(cu_stream *, unsigned int); /* optional: cuStreamCreate */
+    cu_result (*stream_destroy)(cu_stream);                /* optional: cuStreamDestroy_v2 */
 } cuda_driver;
 
 static cuda_driver driver;
@@ -174,6 +176,9 @@ static void load_driver(void)
     void *is_capturing = dlsym(library, "cuStreamIsCapturing");
     memcpy(&loaded.exchange_capture_mode, &exchange, sizeof exchange);
     memcpy(&loaded.stream_is_capturing, &is_capturing, sizeof is_capturing);
+    void *create_stream = dlsym(library, "cuStreamCreate"), *destroy_stream = dlsym(library, "cuStreamDestroy_v2");
+    memcpy(&loaded.stream_create, &create_stream, sizeof create_stream);
+    memcpy(&loaded.stream_destroy, &destroy_stream, sizeof destroy_stream);
     cu_result result = loaded.init(0);
     if (result != CU_SUCCESS) {
         const char *text = "unknown error";
@@ -516,6 +521,26 @@ static bool cuda_stream_is_capturing(gm_backend *backend, gm_stream stream)
     return status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+static gm_status cuda_stream_create(gm_backend *backend, gm_stream *stream_out)
+{
+    if (!driver.stream_create || !driver.stream_destroy)
+        return gm_fail(GM_ERROR_NOT_SUPPORTED, "cuda backend: the driver lacks cuStreamCreate");
+    cu_stream stream = NULL;
+    gm_status status = GM_OK;
+    IN_CONTEXT(backend, {
+        cu_result result = driver.stream_create(&stream, 1 /* CU_STREAM_NON_BLOCKING */);
+        if (result != CU_SUCCESS)
+            status = driver_error(result, "cuStreamCreate");
+    });
+    *stream_out = (gm_stream)stream;
+    return status;
+}
+
+static gm_status cuda_stream_destroy(gm_backend *backend, gm_stream stream)
+{
+    DRIVER_CALL(backend, "cuStreamDestroy", driver.stream_destroy((cu_stream)stream));
+}
+
 const gm_backend_operations gm_cuda_backend_operations = {
     .name = "cuda",
     .open = cuda_open,
@@ -536,6 +561,8 @@ const gm_backend_operations gm_cuda_backend_operations = {
     .event_query = cuda_event_query,
     .event_synchronize = cuda_event_synchronize,
     .stream_is_capturing = cuda_stream_is_capturing,
+    .stream_create = cuda_stream_create,
+    .stream_destroy = cuda_stream_destroy,
     .describe = cuda_describe,
     .stream_enqueue = NULL,
     .stream_complete = NULL,

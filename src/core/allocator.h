@@ -58,6 +58,8 @@ struct gm_allocator {
     uint32_t unlocked_allocations; /* allocations waiting for pressure callbacks, lock released */
     bool pools_to_forget;          /* a gone pool waits for those to finish */
     bool destroying;               /* gm_destroy: no pool is forgotten one by one */
+    struct gm_named_stream_entry *named_streams; /* gm_named_stream's streams (device.c) */
+    size_t named_stream_count;
     gm_pending_free *held_for_capture; /* frees with recorded streams made while a pool was allocated to:
                                           their events wait for the end of the capture (event 0) */
 };
@@ -91,6 +93,8 @@ void gm_pool_block_retired_locked(gm_allocator *allocator, gm_private_pool *pool
 void gm_forget_gone_pools_locked(gm_allocator *allocator);
 /* Free the pool structs and routes (gm_destroy, after the engine gave everything back). */
 void gm_free_private_pools(gm_allocator *allocator);
+/* Destroy the streams gm_named_stream made (gm_destroy, before the backend closes). */
+void gm_destroy_named_streams(gm_allocator *allocator);
 /* gm_get_stats and gm_get_device_info with the lock held. */
 void gm_read_stats_locked(gm_allocator *allocator, gm_stats *stats_out);
 gm_status gm_read_device_info_locked(gm_allocator *allocator, gm_device_info *info_out);

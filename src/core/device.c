@@ -1,6 +1,7 @@
 /*
- * device.c -- the device behind an allocator: gm_get_device_info, and what the sim and host backends
- * let tests drive: the simulated streams, and memory used by "other processes" (the device model counts
+ * device.c -- the device behind an allocator: gm_get_device_info; named streams (a recorded program's
+ * stream ids turned into the device's streams, for replays); and what the sim and host backends let
+ * tests drive: the simulated streams, and memory used by "other processes" (the device model counts
  * it as used: the driver's free memory drops, allocations find less room, gm_validate leaves it out).
  */
 #include "core/allocator.h"
@@ -9,6 +10,7 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 gm_status gm_read_device_info_locked(gm_allocator *allocator, gm_device_info *info_out)
@@ -93,4 +95,50 @@ gm_status gm_sim_set_used_elsewhere(gm_allocator *allocator, uint64_t bytes)
         backend->used_elsewhere = bytes;
     pthread_mutex_unlock(&allocator->lock);
     return status;
+}
+
+/* ---------------------------------------------------------------- named streams */
+
+struct gm_named_stream_entry {
+    uint64_t name;
+    gm_stream stream;
+};
+
+gm_status gm_named_stream(gm_allocator *allocator, uint64_t name, gm_stream *stream_out)
+{
+    if (!allocator || !stream_out)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_named_stream: %s is NULL", allocator ? "stream_out" : "allocator");
+    gm_backend *backend = allocator->arena.backend;
+    if (!backend->operations->stream_create || name == 0) {
+        *stream_out = (gm_stream)name;
+        return GM_OK;
+    }
+    gm_status status = GM_OK;
+    pthread_mutex_lock(&allocator->lock);
+    size_t i = 0;
+    while (i < allocator->named_stream_count && allocator->named_streams[i].name != name)
+        i++;
+    if (i == allocator->named_stream_count) {
+        struct gm_named_stream_entry *grown =
+            realloc(allocator->named_streams, (allocator->named_stream_count + 1) * sizeof *grown);
+        gm_stream stream = 0;
+        if (!grown)
+            status = gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a named stream");
+        else if ((allocator->named_streams = grown, status = backend->operations->stream_create(backend, &stream)) == GM_OK)
+            grown[allocator->named_stream_count++] = (struct gm_named_stream_entry){name, stream};
+    }
+    if (status == GM_OK)
+        *stream_out = allocator->named_streams[i].stream;
+    pthread_mutex_unlock(&allocator->lock);
+    return status;
+}
+
+void gm_destroy_named_streams(gm_allocator *allocator)
+{
+    gm_backend *backend = allocator->arena.backend;
+    for (size_t i = 0; i < allocator->named_stream_count; i++)
+        backend->operations->stream_destroy(backend, allocator->named_streams[i].stream);
+    free(allocator->named_streams);
+    allocator->named_streams = NULL;
+    allocator->named_stream_count = 0;
 }

@@ -6,7 +6,8 @@
  * is reported separately as stats.device_call_ns). An allocation that fails with out of memory is
  * counted, its first report kept, and its later free skipped: a trace that does not fit is a
  * result, not a crash. Hooks (trace.h) let a caller look at the allocator after any operation or at
- * the end: a report samples its memory curve and takes a snapshot at the peak that way.
+ * the end: a report samples its memory curve and takes a snapshot at the peak that way. The trace's
+ * stream ids are names (gm_named_stream): the same numbers on sim and host, real streams on a GPU.
  */
 #include "tools/trace.h"
 
@@ -42,8 +43,21 @@ gm_status gm_replay_with_hooks(gm_allocator *allocator, const gm_trace *trace, g
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_replay: an argument is NULL");
     memset(result_out, 0, sizeof *result_out);
     void **pointers = calloc(trace->slot_count ? trace->slot_count : 1, sizeof *pointers);
-    if (!pointers)
+    gm_stream *streams = malloc((trace->stream_count ? trace->stream_count : 1) * sizeof *streams);
+    if (!pointers || !streams) {
+        free(pointers);
+        free(streams);
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the replay");
+    }
+    /* The trace's stream ids are names, not handles: on a GPU each becomes a real stream. */
+    for (size_t i = 0; i < trace->stream_count; i++) {
+        gm_status status = gm_named_stream(allocator, (uint64_t)trace->streams[i], &streams[i]);
+        if (status != GM_OK) {
+            free(pointers);
+            free(streams);
+            return status;
+        }
+    }
     gm_status failure = GM_OK;
     uint64_t live = 0, peak_live = 0;
     size_t failed = 0;
@@ -51,7 +65,7 @@ gm_status gm_replay_with_hooks(gm_allocator *allocator, const gm_trace *trace, g
     for (size_t i = 0; i < trace->count; i++) {
         const gm_trace_operation *operation = &trace->operations[i];
         if (operation->kind == GM_TRACE_ALLOCATE) {
-            gm_status status = gm_malloc(allocator, operation->size, trace->streams[operation->stream_index],
+            gm_status status = gm_malloc(allocator, operation->size, streams[operation->stream_index],
                                          &pointers[operation->slot]);
             if (status == GM_OK) {
                 live += operation->size;
@@ -83,6 +97,7 @@ gm_status gm_replay_with_hooks(gm_allocator *allocator, const gm_trace *trace, g
         if (pointers[slot])
             gm_free(allocator, pointers[slot]);
     free(pointers);
+    free(streams);
     if (failure != GM_OK)
         return failure;
     result_out->operations = trace->count;

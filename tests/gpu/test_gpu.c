@@ -389,6 +389,42 @@ static void traces_reach_the_sim_peaks(void)
     }
 }
 
+/* A trace's stream ids are names: on the GPU each is a real stream (the ids used to be passed as
+ * CUstream pointers, and libcuda crashed on the first one that was not 0). */
+static void trace_streams_become_real_streams(void)
+{
+    char path[] = "/tmp/gpumem-streams-XXXXXX";
+    int descriptor = mkstemp(path);
+    REQUIRE(descriptor >= 0);
+    FILE *file = fdopen(descriptor, "w");
+    REQUIRE(file != NULL);
+    for (int i = 0; i < 300; i++) {
+        unsigned stream = i % 3 == 0 ? 0u : i % 3 == 1 ? 7u : 123456u;
+        fprintf(file, "a,%d,%d,%u\n", i, (i % 17 + 1) << 20, stream);
+        if (i >= 4)
+            fprintf(file, "f,%d,%d,%u\n", i - 4, ((i - 4) % 17 + 1) << 20, stream);
+    }
+    fclose(file);
+    gm_trace trace;
+    CHECK_OK(gm_trace_load(path, &trace));
+    unlink(path);
+    gm_allocator *allocator = make("backend:cuda");
+    gm_replay_result result;
+    for (int pass = 0; pass < 2; pass++) { /* the same names, the same streams */
+        CHECK_OK(gm_replay(allocator, &trace, &result));
+        CHECK_EQ_INT(result.failed_allocations, 0);
+    }
+    gm_stream first = 0, again = 0, zero = 1;
+    CHECK_OK(gm_named_stream(allocator, 7, &first));
+    CHECK_OK(gm_named_stream(allocator, 7, &again));
+    CHECK_OK(gm_named_stream(allocator, 0, &zero));
+    CHECK(first != 0 && first != 7 && first == again);
+    CHECK(zero == 0);
+    CHECK_OK(gm_validate(allocator));
+    gm_destroy(allocator, NULL);
+    gm_trace_free(&trace);
+}
+
 int main(void)
 {
     gm_allocator *allocator = NULL;
@@ -409,6 +445,7 @@ int main(void)
         TEST_CASE(empty_cache_gives_memory_back),
         TEST_CASE(memory_used_outside_is_seen_and_named),
         TEST_CASE(traces_reach_the_sim_peaks),
+        TEST_CASE(trace_streams_become_real_streams),
     };
     return run_tests(cases, sizeof cases / sizeof cases[0]);
 }
