@@ -559,6 +559,13 @@ GM_API gm_status gm_remove_pressure_callback(gm_allocator *allocator, gm_pressur
 /* "normal", "high", "critical"; "unknown" otherwise. */
 GM_API const char *gm_pressure_level_name(gm_pressure_level level);
 
+/* For tests of failure paths, on any backend: after `after_calls` more successful device calls of kind
+ * `call`, the next `failures` ones fail with GM_ERROR_DEVICE (the device is not asked). 0 failures
+ * cancels. A failed device call never corrupts the allocator: the call that needed it fails (or
+ * finds another way) and everything else stays exact (gm_validate). */
+GM_API gm_status gm_inject_device_failures(gm_allocator *allocator, gm_device_call call, uint64_t after_calls,
+                                           uint64_t failures);
+
 /* The stream named `name` on the allocator's device, for tools that replay a recorded program's
  * streams (gpumem replay): on sim and host the name itself (any number names a simulated stream); on
  * cuda name 0 is the default stream and any other a CUDA stream made on its first use and destroyed

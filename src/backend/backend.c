@@ -101,8 +101,24 @@ int64_t gm_device_call_cost_ns(gm_device_call kind, uint64_t size)
 
 /* Run `call` on `size` bytes, count it as `kind`, add its modelled cost and its cost: the modelled
  * one on a backend that charges the model (sim), the measured wall time elsewhere. */
+/* Whether this call of `kind` is one that gm_inject_device_failures asked to fail. */
+static bool injected_failure(gm_backend *backend, gm_device_call kind)
+{
+    if (!backend->failures_to_inject[kind])
+        return false;
+    if (backend->succeed_before_failing[kind]) {
+        backend->succeed_before_failing[kind]--;
+        return false;
+    }
+    backend->failures_to_inject[kind]--;
+    return true;
+}
+
 #define COUNTED_CALL(backend, kind, size, call)                                                            \
     do {                                                                                                   \
+        if ((backend)->failures_to_inject[kind] && injected_failure(backend, kind))                        \
+            return gm_fail(GM_ERROR_DEVICE, "%s failed (injected by gm_inject_device_failures)",            \
+                           gm_device_call_name(kind));                                                     \
         int64_t started = (backend)->charges_cost ? 0 : monotonic_ns();                                   \
         gm_status status_ = (call);                                                                        \
         int64_t modelled_ = gm_device_call_cost_ns(kind, size);                                           \

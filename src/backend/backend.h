@@ -93,6 +93,8 @@ struct gm_backend {
     bool host_memory_failed;    /* a host allocation failed for lack of memory (the host backend's mmap):
                                    the out-of-memory report names the host; it clears the flag */
     char pci_bus_id[32];        /* cuda: the device's PCI bus id, to find it in NVML; else empty */
+    uint64_t succeed_before_failing[GM_CALL_KIND_COUNT]; /* gm_inject_device_failures: calls left to pass */
+    uint64_t failures_to_inject[GM_CALL_KIND_COUNT];     /* then this many fail */
 };
 
 /* Open the backend named by config->name. On failure *backend_out is untouched and

@@ -97,6 +97,22 @@ gm_status gm_sim_set_used_elsewhere(gm_allocator *allocator, uint64_t bytes)
     return status;
 }
 
+/* ---------------------------------------------------------------- injected failures */
+
+gm_status gm_inject_device_failures(gm_allocator *allocator, gm_device_call call, uint64_t after_calls,
+                                    uint64_t failures)
+{
+    if (!allocator)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_inject_device_failures: allocator is NULL");
+    if ((unsigned)call >= GM_CALL_KIND_COUNT)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_inject_device_failures: no device call of kind %d", (int)call);
+    pthread_mutex_lock(&allocator->lock);
+    allocator->arena.backend->succeed_before_failing[call] = after_calls;
+    allocator->arena.backend->failures_to_inject[call] = failures;
+    pthread_mutex_unlock(&allocator->lock);
+    return GM_OK;
+}
+
 /* ---------------------------------------------------------------- named streams */
 
 struct gm_named_stream_entry {
