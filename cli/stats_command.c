@@ -4,7 +4,8 @@
  * or as the memory_summary table (gm_summary_of_stats).
  *
  * Prints every pool statistic (under torch.cuda.memory_stats() names such as
- * "allocated_bytes.all.current"), the counters and the device calls, as a table or one JSON object.
+ * "allocated_bytes.all.current"), the counters, the device calls and the pinned host memory cache
+ * (gm_host_malloc: page-locked host memory the process holds), as a table or one JSON object.
  * The names come from the library's own lists (gm_stat_name, gm_counter_name, gm_device_call_name),
  * never from a list here. Exit 1, with the reason, when the process has no region, is gone (a stale
  * region) or its region is refused (another owner, a symbolic link, wrong size, magic or layout).
@@ -50,7 +51,27 @@ static void print_json(gm_published *published)
         printf(", \"device_calls.%s\": %" PRId64 ", \"device_call_ns.%s\": %" PRId64,
                gm_device_call_name((gm_device_call)kind), published->stats.device_calls[kind],
                gm_device_call_name((gm_device_call)kind), published->stats.device_call_ns_by_kind[kind]);
-    printf(", \"device_call_ns\": %" PRId64 "}\n", published->stats.device_call_ns);
+    printf(", \"device_call_ns\": %" PRId64, published->stats.device_call_ns);
+    const gm_published_pinned_host *pinned = &published->pinned_host;
+    printf(", \"pinned_host\": {\"allocated_bytes\": %" PRIu64 ", \"allocated_bytes_peak\": %" PRIu64
+           ", \"reserved_bytes\": %" PRIu64 ", \"reserved_bytes_peak\": %" PRIu64 ", \"allocations\": %" PRIu64
+           ", \"requested_bytes\": %" PRIu64 ", \"cache_hits\": %" PRIu64 ", \"cache_misses\": %" PRIu64
+           ", \"host_frees\": %" PRIu64 ", \"pending_blocks\": %" PRIu64 ", \"limit_bytes\": %" PRIu64 "}}\n",
+           pinned->allocated_bytes, pinned->allocated_bytes_peak, pinned->reserved_bytes, pinned->reserved_bytes_peak,
+           pinned->allocations, pinned->requested_bytes, pinned->cache_hits, pinned->cache_misses, pinned->host_frees,
+           pinned->pending_blocks, pinned->limit_bytes);
+}
+
+/* One line: page-locked host memory held by the process's pinned cache (gm_host_malloc). */
+static void print_pinned_host_line(const gm_published_pinned_host *pinned)
+{
+    printf("\npinned host: %" PRIu64 " bytes reserved (peak %" PRIu64 "), %" PRIu64 " allocated in %" PRIu64
+           " block%s, %" PRIu64 " hits, %" PRIu64 " misses, %" PRIu64 " pending", pinned->reserved_bytes,
+           pinned->reserved_bytes_peak, pinned->allocated_bytes, pinned->allocations,
+           pinned->allocations == 1 ? "" : "s", pinned->cache_hits, pinned->cache_misses, pinned->pending_blocks);
+    if (pinned->limit_bytes)
+        printf(", host_limit %" PRIu64, pinned->limit_bytes);
+    printf("\n");
 }
 
 static void print_table(gm_published *published)
@@ -78,6 +99,7 @@ static void print_table(gm_published *published)
     for (size_t kind = 0; kind < gm_device_call_count(); kind++)
         printf("%-22s %10" PRId64 " %18" PRId64 "\n", gm_device_call_name((gm_device_call)kind),
                published->stats.device_calls[kind], published->stats.device_call_ns_by_kind[kind]);
+    print_pinned_host_line(&published->pinned_host);
 }
 
 static int usage(FILE *out, int status)

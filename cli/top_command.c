@@ -6,7 +6,8 @@
  * Each GPU has a row from its driver (NVML, loaded at run time): memory total and used, utilisation,
  * temperature; without NVML the GPU rows say why. Each process that publishes its statistics (publish:true) has a row: allocated, reserved and peak
  * reserved bytes, fragmentation (reserved memory not allocated, and its largest free piece), OOMs,
- * retries, device calls, and the host memory of the process with its children (DataLoader workers):
+ * retries, device calls, the page-locked host memory its pinned cache holds (gm_host_malloc), and the
+ * host memory of the process with its children (DataLoader workers):
  * resident, proportional (PSS, which adds up across processes that share pages) and swapped; and the
  * host's available memory, swap and memory pressure (PSI). The numbers come from
  * the regions (src/monitor/published.c, which refuses hostile ones) and /proc. Regions whose process
@@ -127,6 +128,9 @@ static void print_json(const top_view *view)
                stats->reserved_bytes[GM_POOL_ALL].peak, stats->allocated_bytes[GM_POOL_ALL].peak,
                row->cached_free_bytes, row->largest_free_block_bytes, stats->num_ooms,
                stats->num_alloc_retries, total_device_calls(stats));
+        printf(", \"pinned_host_reserved_bytes\": %" PRIu64 ", \"pinned_host_reserved_bytes_peak\": %" PRIu64
+               ", \"pinned_host_allocated_bytes\": %" PRIu64, row->pinned_host.reserved_bytes,
+               row->pinned_host.reserved_bytes_peak, row->pinned_host.allocated_bytes);
         printf(", \"host_rss_bytes\": %" PRId64 ", \"host_pss_bytes\": %" PRId64 ", \"host_swap_bytes\": %" PRId64
                ", \"descendants\": %d, \"tree_rss_bytes\": %" PRId64 ", \"tree_pss_bytes\": %" PRId64
                ", \"tree_swap_bytes\": %" PRId64 "}",
@@ -192,9 +196,9 @@ static void print_table(const top_view *view)
 {
     print_host_line(view);
     print_gpu_rows(view);
-    printf("%8s %3s %-10s %10s %10s %10s %9s %9s %4s %7s %9s %9s %9s %8s\n", "PID", "DEV", "BACKEND", "ALLOC MiB",
-           "RESERV MiB", "PEAK MiB", "FRAG MiB", "LFREE MiB", "OOMS", "RETRIES", "DEV CALLS", "RSS MiB", "PSS MiB",
-           "SWAP MiB");
+    printf("%8s %3s %-10s %10s %10s %10s %9s %9s %4s %7s %9s %8s %9s %9s %8s\n", "PID", "DEV", "BACKEND",
+           "ALLOC MiB", "RESERV MiB", "PEAK MiB", "FRAG MiB", "LFREE MiB", "OOMS", "RETRIES", "DEV CALLS", "PIN MiB",
+           "RSS MiB", "PSS MiB", "SWAP MiB");
     for (size_t i = 0; i < view->count; i++) {
         const gm_published *row = &view->rows[i];
         const gm_stats *stats = &row->stats;
@@ -202,17 +206,19 @@ static void print_table(const top_view *view)
         int64_t reserved = stats->reserved_bytes[GM_POOL_ALL].current;
         char backend[32];
         snprintf(backend, sizeof backend, "%s/%s", row->backend, row->engine);
-        printf("%8ld %3d %-10.10s %10.1f %10.1f %10.1f %9.1f %9.1f %4" PRId64 " %7" PRId64 " %9" PRId64, row->pid,
-               row->device, backend, mib(allocated), mib(reserved), mib(stats->reserved_bytes[GM_POOL_ALL].peak),
-               mib(reserved - allocated), mib((int64_t)row->largest_free_block_bytes), stats->num_ooms,
-               stats->num_alloc_retries, total_device_calls(stats));
+        printf("%8ld %3d %-10.10s %10.1f %10.1f %10.1f %9.1f %9.1f %4" PRId64 " %7" PRId64 " %9" PRId64 " %8.1f",
+               row->pid, row->device, backend, mib(allocated), mib(reserved),
+               mib(stats->reserved_bytes[GM_POOL_ALL].peak), mib(reserved - allocated),
+               mib((int64_t)row->largest_free_block_bytes), stats->num_ooms, stats->num_alloc_retries,
+               total_device_calls(stats), mib((int64_t)row->pinned_host.reserved_bytes));
         print_host_columns(row->pid);
     }
     if (!view->count)
         printf("(no gpumem process publishes its statistics: run it with GPUMEM_CONF=publish:true)\n");
     else
-        printf("\nFRAG: reserved but not allocated; LFREE: its largest free piece; RSS, PSS, SWAP: host memory of "
-               "the process and its children (+N)\n");
+        printf("\nFRAG: reserved but not allocated; LFREE: its largest free piece; PIN: page-locked host memory "
+               "its pinned cache holds (gm_host_malloc); RSS, PSS, SWAP: host memory of the process and its "
+               "children (+N)\n");
 }
 
 static int show(bool json)

@@ -7,6 +7,9 @@
  * HOLDER_EXIT=leave it exits at once instead of sleeping, leaving its region behind (as a process that
  * never destroys its allocator does); with HOLDER_EXIT=destroy it frees the first allocation, destroys
  * the allocator half a second later (which removes the region) and exits: what `gpumem run` must still report.
+ * With HOLDER_PINNED_BYTES=N it also takes N bytes of pinned host memory (gm_host_malloc) and keeps them;
+ * with HOLDER_PINNED_FREED_BYTES=M it takes M more and frees them, so that they stay idle in the pinned
+ * cache (reserved, not allocated): what gpumem stats, top and the exporter must show of the host cache.
  * Usage: publish_holder SIZE...
  */
 #include "gpumem.h"
@@ -45,6 +48,22 @@ static void start_child(size_t bytes)
         pause();
 }
 
+/* The pinned host allocations HOLDER_PINNED_BYTES and HOLDER_PINNED_FREED_BYTES ask for. */
+static gm_status take_pinned(gm_allocator *allocator)
+{
+    const char *kept_bytes = getenv("HOLDER_PINNED_BYTES");
+    const char *freed_bytes = getenv("HOLDER_PINNED_FREED_BYTES");
+    void *kept = NULL, *freed = NULL;
+    gm_status status = GM_OK;
+    if (kept_bytes)
+        status = gm_host_malloc(allocator, (size_t)strtoull(kept_bytes, NULL, 10), &kept);
+    if (status == GM_OK && freed_bytes)
+        status = gm_host_malloc(allocator, (size_t)strtoull(freed_bytes, NULL, 10), &freed);
+    if (status == GM_OK && freed)
+        status = gm_host_free(allocator, freed);
+    return status;
+}
+
 int main(int argc, char **argv)
 {
     const char *child_bytes = getenv("HOLDER_CHILD_BYTES");
@@ -69,6 +88,10 @@ int main(int argc, char **argv)
         }
         if (i == 1)
             first = pointer;
+    }
+    if (take_pinned(allocator) != GM_OK) {
+        fprintf(stderr, "publish_holder: %s\n", gm_last_error());
+        return 1;
     }
     printf("%ld %s\n", (long)getpid(), path);
     fflush(stdout);

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # test_exporter.sh -- gpumem exporter from outside, as Prometheus would use it: a process that
 # publishes known allocations (publish_holder), the exporter serving it on a free loopback port, its
-# /metrics fetched over HTTP (exact bytes, headers, promtool's lint), 404 and 405, a stale and two
-# hostile regions counted, non-loopback and malformed addresses refused, a port in use, SIGTERM and
-# SIGINT; the textfile mode once and every --interval, and an unwritable directory; then a real
-# Prometheus scraping the exporter every second, whose query API must return the holder's reserved
-# bytes exactly as `gpumem stats PID --json` gives them.
+# /metrics fetched over HTTP (exact bytes of device memory and of the pinned host cache, headers,
+# promtool's lint), 404 and 405, a stale and two hostile regions counted, non-loopback and malformed
+# addresses refused, a port in use, SIGTERM and SIGINT; the textfile mode once and every --interval,
+# and an unwritable directory; then a real Prometheus scraping the exporter every second, whose query
+# API must return the holder's reserved bytes exactly as `gpumem stats PID --json` gives them.
 # Usage: test_exporter.sh PATH/TO/gpumem PATH/TO/publish_holder HTTP
 #   HTTP: "http" (built with libmicrohttpd), "off" (built with -DGPUMEM_WITH_MICROHTTPD=OFF: the
 #   listen mode must say so), "missing" (wanted but not found: checked like "off", then skipped, 77).
@@ -91,7 +91,9 @@ expected=0
 for size in $sizes; do
     expected=$((expected + (size + 511) / 512 * 512))
 done
-HOLDER_CHILD_BYTES=$((8 << 20)) "$holder" $sizes >"$work/holder.out" 2>&1 &
+# Pinned host memory: 3000 bytes kept (a 4096-byte block), 100000 freed (a 131072-byte block, idle).
+HOLDER_CHILD_BYTES=$((8 << 20)) HOLDER_PINNED_BYTES=3000 HOLDER_PINNED_FREED_BYTES=100000 \
+    "$holder" $sizes >"$work/holder.out" 2>&1 &
 holder_pid=$!
 pids+=("$holder_pid")
 for _ in $(seq 100); do
@@ -114,6 +116,13 @@ check_metrics() {
     grep -qE "^gpumem_host_memory_total_bytes [1-9][0-9]*$" "$1" || fail "$2: no host memory"
     grep -qxE "gpumem_gpu_available [01]" "$1" || fail "$2: no gpumem_gpu_available"
     grep -qE "^gpumem_device_calls_total\{$labels,call=\"map\"\} [1-9]" "$1" || fail "$2: no map calls"
+    grep -qxF "gpumem_pinned_host_reserved_bytes{$labels} $((4096 + 131072))" "$1" ||
+        fail "$2: gpumem_pinned_host_reserved_bytes is not $((4096 + 131072)): $(grep "^gpumem_pinned_host" "$1")"
+    grep -qxF "gpumem_pinned_host_allocated_bytes{$labels} 4096" "$1" || fail "$2: gpumem_pinned_host_allocated_bytes is not 4096"
+    grep -qxF "gpumem_pinned_host_cache_misses_total{$labels} 2" "$1" || fail "$2: gpumem_pinned_host_cache_misses_total is not 2"
+    if grep -q "^gpumem_pinned_host_limit_bytes" "$1"; then
+        fail "$2: gpumem_pinned_host_limit_bytes without a host_limit"
+    fi
 }
 
 # check_lint FILE WHAT: promtool accepts the text, with no lint problem.

@@ -1,6 +1,7 @@
 /*
  * test_prometheus.c -- the Prometheus renderer on fixed readings: exact sample lines for a process's
- * statistics, counters, device calls, host memory, GPUs and the exporter's own numbers; HELP and
+ * statistics, counters, device calls, pinned host cache, host memory, GPUs and the exporter's own
+ * numbers; HELP and
  * TYPE once per family, before its samples, which stay together; label values with a double quote,
  * a backslash and a line feed escaped; unknown readings (-1) and families without samples left out;
  * counters, and only counters, ending in _total; the statistic lists of gpumem.h all exported; a
@@ -29,6 +30,10 @@ static gm_published make_region(long pid, int device, const char *backend)
     region.stats.device_call_ns_by_kind[GM_CALL_MAP] = 1234567890;
     region.cached_free_bytes = 100;
     region.largest_free_block_bytes = 50;
+    region.pinned_host = (gm_published_pinned_host){.allocated_bytes = 4096, .allocated_bytes_peak = 135168,
+                                                    .reserved_bytes = 135168, .reserved_bytes_peak = 266240,
+                                                    .allocations = 1, .requested_bytes = 3000, .cache_hits = 11,
+                                                    .cache_misses = 2, .host_frees = 1, .pending_blocks = 3};
     return region;
 }
 
@@ -169,6 +174,48 @@ static void test_process_statistics(void)
     CHECK_LINE(text, "# TYPE gpumem_device_calls_total counter");
     CHECK_LINE(text, "# HELP gpumem_reserved_bytes GPU reserved memory, now, in bytes, per pool "
                      "(torch.cuda.memory_stats() key reserved_bytes.POOL.current)");
+    free(text);
+}
+
+/* The pinned host cache's part: gauges and counters with the per-process labels; the limit only when set. */
+static void test_pinned_host(void)
+{
+    gm_published regions[2] = {make_region(4242, 1, "sim"), make_region(4243, 0, "cuda")};
+    regions[1].pinned_host.limit_bytes = 1 << 30;
+    gm_prometheus_readings readings = {.regions = regions, .region_count = 2};
+    char *text = render(&readings);
+    check_structure(text);
+    const char *labels = "pid=\"4242\",device=\"1\",backend=\"sim\",engine=\"pages\"";
+    const struct {
+        const char *name;
+        const char *type;
+        const char *value;
+    } expected[] = {
+        {"gpumem_pinned_host_reserved_bytes", "gauge", "135168"},
+        {"gpumem_pinned_host_reserved_bytes_peak", "gauge", "266240"},
+        {"gpumem_pinned_host_allocated_bytes", "gauge", "4096"},
+        {"gpumem_pinned_host_allocated_bytes_peak", "gauge", "135168"},
+        {"gpumem_pinned_host_requested_bytes", "gauge", "3000"},
+        {"gpumem_pinned_host_allocations", "gauge", "1"},
+        {"gpumem_pinned_host_pending_blocks", "gauge", "3"},
+        {"gpumem_pinned_host_cache_hits_total", "counter", "11"},
+        {"gpumem_pinned_host_cache_misses_total", "counter", "2"},
+        {"gpumem_pinned_host_backend_frees_total", "counter", "1"},
+    };
+    char line[512];
+    for (size_t i = 0; i < sizeof expected / sizeof expected[0]; i++) {
+        snprintf(line, sizeof line, "%s{%s} %s", expected[i].name, labels, expected[i].value);
+        CHECK_LINE(text, line);
+        snprintf(line, sizeof line, "# TYPE %s %s", expected[i].name, expected[i].type);
+        CHECK_LINE(text, line);
+        snprintf(line, sizeof line, "\n%s{", expected[i].name);
+        CHECK_EQ_INT(occurrences(text, line), 2); /* both processes */
+    }
+    CHECK_LINE(text, "# HELP gpumem_pinned_host_reserved_bytes Page-locked host memory the process's pinned cache "
+                     "holds (gm_host_malloc): handed out, idle or waiting for streams");
+    CHECK_LINE(text, "gpumem_pinned_host_limit_bytes{pid=\"4243\",device=\"0\",backend=\"cuda\",engine=\"pages\"} "
+                     "1073741824");
+    CHECK_EQ_INT(occurrences(text, "\ngpumem_pinned_host_limit_bytes{"), 1); /* 4242 has no host_limit */
     free(text);
 }
 
@@ -349,6 +396,7 @@ static void test_text_buffer(void)
     CHECK(buffer.text == NULL && buffer.length == 0);
 }
 
-RUN_TESTS(TEST_CASE(test_process_statistics), TEST_CASE(test_names_follow_the_lists), TEST_CASE(test_families_once),
+RUN_TESTS(TEST_CASE(test_process_statistics), TEST_CASE(test_pinned_host), TEST_CASE(test_names_follow_the_lists),
+          TEST_CASE(test_families_once),
           TEST_CASE(test_label_escaping), TEST_CASE(test_host_memory), TEST_CASE(test_unknown_readings_left_out),
           TEST_CASE(test_nothing_read), TEST_CASE(test_large_scrape_not_truncated), TEST_CASE(test_text_buffer))

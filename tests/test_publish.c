@@ -1,9 +1,9 @@
 /*
  * test_publish.c -- published statistics (publish:true): the region a process keeps for others, read
- * back through the reader of src/monitor; its numbers exact after every call and consistent while
- * another thread allocates; its file's name, mode and removal; and the reader refusing what it must:
- * a symbolic link, a short file, a bad magic, another layout version, a wrong size, another owner, and
- * a region whose process is gone (stale).
+ * back through the reader of src/monitor; its numbers exact after every call (the pinned host cache's
+ * too) and consistent while another thread allocates; its file's name, mode and removal; and the reader
+ * refusing what it must: a symbolic link, a short file, a bad magic, another layout version (older or
+ * newer), a wrong size, another owner, and a region whose process is gone (stale).
  */
 #include "test.h"
 
@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -94,6 +95,107 @@ static void test_exact_numbers(void)
     CHECK(largest_block > 0 && largest_block <= free_bytes);
     CHECK_OK(gm_reset_accumulated_stats(allocator));
     check_published_equals_stats(allocator, path, allocated);
+    gm_destroy(allocator, NULL);
+    CHECK(access(path, F_OK) != 0 && errno == ENOENT);
+}
+
+/* ---------------------------------------------------------------- the pinned host cache's part */
+
+typedef struct pinned_expectation {
+    uint64_t allocated, allocated_peak, reserved, reserved_peak, allocations, requested, hits, misses, host_frees,
+        pending;
+} pinned_expectation;
+
+/* The region's pinned host part: the numbers expected, and the same as gm_host_get_stats. */
+static void check_pinned(gm_allocator *allocator, const char *path, pinned_expectation expected, uint64_t limit)
+{
+    gm_published published;
+    CHECK_OK(gm_published_read(path, &published));
+    const gm_published_pinned_host *pinned = &published.pinned_host;
+    CHECK_EQ_INT(pinned->allocated_bytes, expected.allocated);
+    CHECK_EQ_INT(pinned->allocated_bytes_peak, expected.allocated_peak);
+    CHECK_EQ_INT(pinned->reserved_bytes, expected.reserved);
+    CHECK_EQ_INT(pinned->reserved_bytes_peak, expected.reserved_peak);
+    CHECK_EQ_INT(pinned->allocations, expected.allocations);
+    CHECK_EQ_INT(pinned->requested_bytes, expected.requested);
+    CHECK_EQ_INT(pinned->cache_hits, expected.hits);
+    CHECK_EQ_INT(pinned->cache_misses, expected.misses);
+    CHECK_EQ_INT(pinned->host_frees, expected.host_frees);
+    CHECK_EQ_INT(pinned->pending_blocks, expected.pending);
+    CHECK_EQ_INT(pinned->limit_bytes, limit);
+    gm_host_stats stats;
+    CHECK_OK(gm_host_get_stats(allocator, &stats));
+    CHECK_EQ_INT(pinned->allocated_bytes, stats.allocated_bytes.current);
+    CHECK_EQ_INT(pinned->allocated_bytes_peak, stats.allocated_bytes.peak);
+    CHECK_EQ_INT(pinned->reserved_bytes, stats.reserved_bytes.current);
+    CHECK_EQ_INT(pinned->reserved_bytes_peak, stats.reserved_bytes.peak);
+    CHECK_EQ_INT(pinned->allocations, stats.allocations.current);
+    CHECK_EQ_INT(pinned->requested_bytes, stats.requested_bytes);
+    CHECK_EQ_INT(pinned->cache_hits, stats.cache_hits);
+    CHECK_EQ_INT(pinned->cache_misses, stats.cache_misses);
+    CHECK_EQ_INT(pinned->host_frees, stats.host_frees);
+    CHECK_EQ_INT(pinned->pending_blocks, stats.pending_blocks);
+    CHECK_EQ_INT(pinned->limit_bytes, stats.limit);
+}
+
+/* Blocks are powers of two of at least 512 bytes: 3000 takes 4096, 100000 and 70000 take 131072. */
+static void test_pinned_host_published(void)
+{
+    CHECK_EQ_INT(offsetof(gm_region, pinned_host), 1320); /* docs/formats.md's offsets */
+    CHECK_EQ_INT(sizeof(gm_region_pinned_host), 88);
+    CHECK_EQ_INT(sizeof(gm_region), 1408);
+    char path[4096];
+    const uint64_t limit = 1 << 20;
+    gm_allocator *allocator = create_publishing(",host_limit:1MiB", path, sizeof path);
+    check_pinned(allocator, path, (pinned_expectation){0}, limit); /* the limit is there from the start */
+
+    void *small = NULL, *large = NULL, *reused = NULL, *recorded = NULL, *too_large = NULL;
+    CHECK_OK(gm_host_malloc(allocator, 3000, &small));
+    check_pinned(allocator, path, (pinned_expectation){.allocated = 4096, .allocated_peak = 4096, .reserved = 4096,
+                                                       .reserved_peak = 4096, .allocations = 1, .requested = 3000,
+                                                       .misses = 1}, limit);
+    CHECK_OK(gm_host_malloc(allocator, 100000, &large));
+    pinned_expectation both = {.allocated = 135168, .allocated_peak = 135168, .reserved = 135168,
+                               .reserved_peak = 135168, .allocations = 2, .requested = 103000, .misses = 2};
+    check_pinned(allocator, path, both, limit);
+
+    CHECK_OK(gm_host_free(allocator, large)); /* idle in the cache: still reserved */
+    check_pinned(allocator, path, (pinned_expectation){.allocated = 4096, .allocated_peak = 135168, .reserved = 135168,
+                                                       .reserved_peak = 135168, .allocations = 1, .requested = 3000,
+                                                       .misses = 2}, limit);
+
+    CHECK_OK(gm_host_malloc(allocator, 70000, &reused)); /* the idle block: a hit */
+    pinned_expectation hit = {.allocated = 135168, .allocated_peak = 135168, .reserved = 135168,
+                              .reserved_peak = 135168, .allocations = 2, .requested = 73000, .hits = 1, .misses = 2};
+    check_pinned(allocator, path, hit, limit);
+
+    CHECK_STATUS(gm_host_malloc(allocator, 2 << 20, &too_large), GM_ERROR_OUT_OF_MEMORY); /* past host_limit */
+    check_pinned(allocator, path, hit, limit); /* nothing was idle to give back */
+
+    CHECK_OK(gm_host_free(allocator, reused));
+    CHECK_OK(gm_host_empty_cache(allocator)); /* the idle block given back */
+    check_pinned(allocator, path, (pinned_expectation){.allocated = 4096, .allocated_peak = 135168, .reserved = 4096,
+                                                       .reserved_peak = 135168, .allocations = 1, .requested = 3000,
+                                                       .hits = 1, .misses = 2, .host_frees = 1}, limit);
+
+    /* A block recorded on a stream waits for its event after the free: pending. */
+    CHECK_OK(gm_host_malloc(allocator, 512, &recorded));
+    CHECK_OK(gm_host_record_stream(allocator, recorded, 7));
+    CHECK_OK(gm_host_free(allocator, recorded));
+    check_pinned(allocator, path, (pinned_expectation){.allocated = 4096, .allocated_peak = 135168,
+                                                       .reserved = 4096 + 512, .reserved_peak = 135168,
+                                                       .allocations = 1, .requested = 3000, .hits = 1, .misses = 3,
+                                                       .host_frees = 1, .pending = 1}, limit);
+
+    CHECK_OK(gm_host_free(allocator, small));
+    /* The device part's pool statistics and counters, exact after every call, are untouched by the host
+     * calls (their stream events are device calls, published with the sampled device-call part). */
+    gm_published published;
+    CHECK_OK(gm_published_read(path, &published));
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    CHECK(memcmp(&published.stats, &stats, offsetof(gm_stats, device_calls)) == 0);
+    CHECK_EQ_INT(stats.allocated_bytes[GM_POOL_ALL].peak, 0);
     gm_destroy(allocator, NULL);
     CHECK(access(path, F_OK) != 0 && errno == ENOENT);
 }
@@ -202,8 +304,19 @@ static void test_hostile_regions(void)
     region.header.layout_version = GM_REGION_LAYOUT_VERSION + 1;
     close(write_region(pid, 14, &region, sizeof region, path, sizeof path));
     char version_reason[64];
-    snprintf(version_reason, sizeof version_reason, "layout version %u", GM_REGION_LAYOUT_VERSION + 1);
+    snprintf(version_reason, sizeof version_reason, "layout version %u (written by a newer gpumem)",
+             GM_REGION_LAYOUT_VERSION + 1);
     expect_refused(path, GM_ERROR_NOT_SUPPORTED, version_reason);
+
+    /* A region of the layout before this one (version 3: no pinned host part, 1320 bytes), as a process
+     * running an older gpumem writes it: refused by its version, whatever its size. */
+    region = valid_for(19);
+    region.header.layout_version = 3;
+    region.header.total_size = offsetof(gm_region, pinned_host);
+    close(write_region(pid, 19, &region, offsetof(gm_region, pinned_host), path, sizeof path));
+    expect_refused(path, GM_ERROR_NOT_SUPPORTED, "layout version 3 (written by an older gpumem); this gpumem reads "
+                                                 "version 4");
+    CHECK_EQ_INT(GM_REGION_LAYOUT_VERSION, 4);
 
     region = valid_for(15);
     int descriptor = write_region(pid, 15, &region, sizeof region, path, sizeof path);
@@ -298,6 +411,47 @@ static void test_snapshots_consistent(void)
     gm_destroy(allocator, NULL);
 }
 
+/* The pinned host part under a writer thread: every block is 512 bytes (100 asked for), so a torn copy
+ * would show bytes that are not 512 per block, or asked-for bytes that are not 100 per block. */
+static volatile int host_writer_done;
+
+static void *host_allocate_and_free(void *argument)
+{
+    gm_allocator *allocator = argument;
+    void *pointers[16] = {0};
+    for (int i = 0; i < 100000; i++) {
+        void **slot = &pointers[i % 16];
+        if (*slot)
+            gm_host_free(allocator, *slot);
+        gm_host_malloc(allocator, 100, slot);
+    }
+    host_writer_done = 1;
+    return NULL;
+}
+
+static void test_pinned_host_snapshots_consistent(void)
+{
+    char path[4096];
+    gm_allocator *allocator = create_publishing("", path, sizeof path);
+    pthread_t writer;
+    REQUIRE(pthread_create(&writer, NULL, host_allocate_and_free, allocator) == 0);
+    int reads = 0, torn = 0;
+    while (!host_writer_done || reads < 100) {
+        gm_published published;
+        if (gm_published_read(path, &published) != GM_OK)
+            break;
+        reads++;
+        const gm_published_pinned_host *pinned = &published.pinned_host;
+        torn += pinned->allocated_bytes != 512 * pinned->allocations;
+        torn += pinned->requested_bytes != 100 * pinned->allocations;
+        torn += pinned->reserved_bytes < pinned->allocated_bytes;
+    }
+    pthread_join(writer, NULL);
+    CHECK(reads >= 100);
+    CHECK_EQ_INT(torn, 0);
+    gm_destroy(allocator, NULL);
+}
+
 /* A process that exits normally without destroying its allocator (as PyTorch's) removes its region;
  * a forked child that exits or destroys its copy of the allocator removes none of its parent's. */
 static void test_exit_and_fork(void)
@@ -349,5 +503,6 @@ static void test_cleanup(void)
 
 RUN_TESTS(TEST_CASE(test_exact_numbers), TEST_CASE(test_publication_off_or_taken),
           TEST_CASE(test_stale_region_of_our_pid_replaced), TEST_CASE(test_hostile_regions),
-          TEST_CASE(test_stale_region), TEST_CASE(test_snapshots_consistent), TEST_CASE(test_exit_and_fork),
+          TEST_CASE(test_stale_region), TEST_CASE(test_snapshots_consistent), TEST_CASE(test_pinned_host_published),
+          TEST_CASE(test_pinned_host_snapshots_consistent), TEST_CASE(test_exit_and_fork),
           TEST_CASE(test_cleanup))

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test_stats_cli.sh -- gpumem stats PID from outside a running process: exact published numbers while
-# it runs, a clear refusal once it is killed (its region is stale), and for a process with no region.
+# it runs (device memory and the pinned host cache), a clear refusal once it is killed (its region is
+# stale), and for a process with no region.
 # Usage: test_stats_cli.sh PATH/TO/gpumem PATH/TO/publish_holder
 set -u
 gpumem=$1
@@ -24,7 +25,15 @@ for size in $sizes; do
     expected=$((expected + (size + 511) / 512 * 512))
 done
 
-HOLDER_CHILD_BYTES=$((32 << 20)) "$holder" $sizes >"$work/holder.out" 2>&1 &
+# Pinned host memory (gm_host_malloc): 3000 bytes kept, 100000 taken and freed (idle in the cache). The
+# cache's blocks are powers of two of at least 512 bytes: 4096 and 131072 bytes.
+pinned_kept=3000
+pinned_freed=100000
+pinned_allocated=4096
+pinned_reserved=$((4096 + 131072))
+
+HOLDER_CHILD_BYTES=$((32 << 20)) HOLDER_PINNED_BYTES=$pinned_kept HOLDER_PINNED_FREED_BYTES=$pinned_freed \
+    "$holder" $sizes >"$work/holder.out" 2>&1 &
 holder_pid=$!
 for _ in $(seq 100); do
     [ -s "$work/holder.out" ] && break
@@ -46,8 +55,16 @@ grep -q "\"pid\": $holder_pid, \"device\": 0, \"backend\": \"sim\", \"engine\": 
     fail "header fields wrong: $(head -c 200 "$work/stats.json")"
 python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$work/stats.json" 2>/dev/null ||
     { command -v python3 >/dev/null && fail "the output is not one JSON object"; }
+pinned_json="\"pinned_host\": {\"allocated_bytes\": $pinned_allocated, \"allocated_bytes_peak\": $pinned_reserved, \
+\"reserved_bytes\": $pinned_reserved, \"reserved_bytes_peak\": $pinned_reserved, \"allocations\": 1, \
+\"requested_bytes\": $pinned_kept, \"cache_hits\": 0, \"cache_misses\": 2, \"host_frees\": 0, \"pending_blocks\": 0, \
+\"limit_bytes\": 0}}"
+grep -qF "$pinned_json" "$work/stats.json" ||
+    fail "gpumem stats --json's pinned host part is not $pinned_json: $(grep -o '"pinned_host": {[^}]*}' "$work/stats.json")"
 
 "$gpumem" stats "$holder_pid" >"$work/stats.txt" 2>&1 || fail "gpumem stats $holder_pid (table) failed"
+grep -qxF "pinned host: $pinned_reserved bytes reserved (peak $pinned_reserved), $pinned_allocated allocated in 1 block, \
+0 hits, 2 misses, 0 pending" "$work/stats.txt" || fail "the table's pinned host line: $(grep "^pinned host" "$work/stats.txt")"
 
 "$gpumem" summary "$holder_pid" >"$work/summary.txt" 2>&1 || fail "gpumem summary $holder_pid failed"
 grep -q "gpumem memory summary, sim device ID 0" "$work/summary.txt" && grep -Eq "^\| Allocations +\| +5 " "$work/summary.txt" ||
@@ -70,11 +87,19 @@ host = view["host"]
 assert 0 < host["memory_available_bytes"] <= host["memory_total_bytes"], host
 assert row["largest_free_block_bytes"] <= row["cached_free_bytes"] <= row["reserved_bytes"], row
 PYTHON
+grep -qF "\"pinned_host_reserved_bytes\": $pinned_reserved, \"pinned_host_reserved_bytes_peak\": $pinned_reserved, \
+\"pinned_host_allocated_bytes\": $pinned_allocated," "$work/top.json" ||
+    fail "gpumem top --json's pinned host bytes are not $pinned_reserved reserved, $pinned_allocated allocated: $(cat "$work/top.json")"
+
 # GPUs: the driver's rows, or (no NVML here) why there are none.
 grep -Eq '"gpus": \[\{"index": 0, |"gpus": \[\], "gpu_error": "NVML is not available: ' "$work/top.json" ||
     fail "gpumem top --json has neither GPU rows nor the reason: $(cat "$work/top.json")"
 "$gpumem" top --once >"$work/top.txt" 2>&1 || fail "gpumem top --once failed"
 grep -Eq "^ *$holder_pid +0 +sim/pages " "$work/top.txt" || fail "gpumem top's table lacks $holder_pid: $(cat "$work/top.txt")"
+# The PIN MiB column (the 12th): 135168 bytes is 0.1 MiB.
+pin_column=$(awk -v pid="$holder_pid" '$1 == pid { print $12 }' "$work/top.txt")
+[ "$pin_column" = 0.1 ] || fail "gpumem top's PIN MiB of $holder_pid is '$pin_column', not 0.1: $(cat "$work/top.txt")"
+grep -q "^ *PID .* DEV CALLS  PIN MiB " "$work/top.txt" || fail "gpumem top's header lacks PIN MiB: $(cat "$work/top.txt")"
 # In a real terminal (tmux; CI installs it): the live view redraws and shows the holder.
 if command -v tmux >/dev/null; then
     session=gpumem-top-test-$$

@@ -137,7 +137,8 @@ static void start_publishing(gm_allocator *allocator)
                                     .engine = allocator->arena.engine->name, .page_size = backend->page_size,
                                     .device_total_bytes = backend->total_bytes};
     add_device_calls(backend, allocator->arena.stats);
-    allocator->publish_status = gm_publisher_open(&identity, allocator->arena.stats, &allocator->publisher);
+    allocator->publish_status = gm_publisher_open(&identity, allocator->arena.stats, &allocator->host_cache.stats,
+                                                  &allocator->publisher);
     if (allocator->publish_status != GM_OK) {
         snprintf(allocator->publish_error, sizeof allocator->publish_error, "%s", gm_last_error());
         return;

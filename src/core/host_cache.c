@@ -29,6 +29,13 @@
  *
  * The backend's host allocations and frees are counted in gm_host_stats (host_allocations,
  * host_frees), not in GM_DEVICE_CALLS, so that the published region's layout stays as it is.
+ *
+ * Publishing (publish:true): the calls that change the statistics (gm_host_malloc, gm_host_free,
+ * gm_host_empty_cache) run inside the published region's seqlock bracket (gm_lock_for_change) and copy
+ * gm_host_stats into the region's pinned host part before closing it, so `gpumem stats PID`, `gpumem
+ * top` and the exporter see how much page-locked memory the process holds, exact after each call. The
+ * statistics stay here rather than in the region (as gm_stats do) because the copy is a few stores on
+ * calls far rarer than gm_malloc, and gm_host_get_stats keeps reading the public struct.
  */
 #include "core/allocator.h"
 
@@ -144,6 +151,15 @@ void gm_host_cache_destroy(gm_host_cache *cache, gm_backend *backend)
 
 /* ---------------------------------------------------------------- the calls */
 
+/* The end of a call that changed the statistics, locked with gm_lock_for_change: with publish:true the
+ * region's readers retry until they are copied in and the bracket closes. */
+static void unlock_after_change(gm_allocator *allocator)
+{
+    if (allocator->publisher)
+        gm_publisher_set_pinned_host(allocator->publisher, &allocator->host_cache.stats);
+    gm_unlock_after_change(allocator);
+}
+
 static gm_status take_block_locked(gm_allocator *allocator, size_t size, void **pointer_out)
 {
     gm_host_cache *cache = &allocator->host_cache;
@@ -205,9 +221,9 @@ gm_status gm_host_malloc(gm_allocator *allocator, size_t size, void **pointer_ou
         return GM_OK;
     if ((uint64_t)size > ((uint64_t)1 << 62))
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_host_malloc: %zu bytes is too large", size);
-    pthread_mutex_lock(&allocator->lock);
+    gm_lock_for_change(allocator);
     gm_status status = take_block_locked(allocator, size, pointer_out);
-    pthread_mutex_unlock(&allocator->lock);
+    unlock_after_change(allocator); /* a failed call may have given idle blocks back: published too */
     return status;
 }
 
@@ -255,7 +271,7 @@ gm_status gm_host_free(gm_allocator *allocator, void *pointer)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_host_free: allocator is NULL");
     if (!pointer)
         return GM_OK;
-    pthread_mutex_lock(&allocator->lock);
+    gm_lock_for_change(allocator);
     gm_host_cache *cache = &allocator->host_cache;
     gm_host_block *block = NULL;
     gm_status status = find_live_locked(allocator, "gm_host_free", pointer, &block);
@@ -274,7 +290,7 @@ gm_status gm_host_free(gm_allocator *allocator, void *pointer)
             push_free(cache, block);
         }
     }
-    pthread_mutex_unlock(&allocator->lock);
+    unlock_after_change(allocator);
     return status;
 }
 
@@ -310,9 +326,9 @@ gm_status gm_host_empty_cache(gm_allocator *allocator)
 {
     if (!allocator)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_host_empty_cache: allocator is NULL");
-    pthread_mutex_lock(&allocator->lock);
+    gm_lock_for_change(allocator);
     release_idle(&allocator->host_cache, allocator->arena.backend);
-    pthread_mutex_unlock(&allocator->lock);
+    unlock_after_change(allocator);
     return GM_OK;
 }
 

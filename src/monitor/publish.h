@@ -31,10 +31,11 @@ typedef struct gm_seqlock_writer {
     uint64_t value;             /* its value: we are its only writer */
 } gm_seqlock_writer;
 
-/* Create the region of this process and device, holding a copy of `stats`. On failure nothing is
- * created, *publisher_out is NULL and gm_last_error() says why. */
+/* Create the region of this process and device, holding a copy of `stats` and of the pinned host
+ * cache's `pinned_host`. On failure nothing is created, *publisher_out is NULL and gm_last_error()
+ * says why. */
 gm_status gm_publisher_open(const gm_publish_identity *identity, const gm_stats *stats,
-                            gm_publisher **publisher_out);
+                            const gm_host_stats *pinned_host, gm_publisher **publisher_out);
 
 /* The region's gm_stats: the writer keeps its statistics there, changing them only between
  * gm_publish_begin and gm_publish_end. */
@@ -42,6 +43,10 @@ gm_stats *gm_publisher_stats(gm_publisher *publisher);
 
 /* Publish the cache's free bytes and largest free block (between gm_publish_begin and _end). */
 void gm_publisher_set_cache(gm_publisher *publisher, uint64_t free_bytes, uint64_t largest_free_block_bytes);
+
+/* Publish the pinned host cache's statistics (between gm_publish_begin and _end): a copy of eleven
+ * numbers, no system call. */
+void gm_publisher_set_pinned_host(gm_publisher *publisher, const gm_host_stats *pinned_host);
 
 /* The region's seqlock. */
 gm_seqlock_writer *gm_publisher_seqlock(gm_publisher *publisher);

@@ -89,8 +89,10 @@ static gm_status check_header(const char *path, const gm_region_header *header, 
     if (memcmp(header->magic, GM_REGION_MAGIC, sizeof header->magic) != 0)
         return gm_fail(GM_ERROR_CORRUPT, "%s has a bad magic number: not a gpumem statistics region", path);
     if (header->layout_version != GM_REGION_LAYOUT_VERSION)
-        return gm_fail(GM_ERROR_NOT_SUPPORTED, "%s has layout version %u; this gpumem reads version %u", path,
-                       header->layout_version, GM_REGION_LAYOUT_VERSION);
+        return gm_fail(GM_ERROR_NOT_SUPPORTED, "%s has layout version %u (written by %s gpumem); this gpumem reads "
+                       "version %u: read it with the gpumem that the process uses", path, header->layout_version,
+                       header->layout_version < GM_REGION_LAYOUT_VERSION ? "an older" : "a newer",
+                       GM_REGION_LAYOUT_VERSION);
     if (header->header_size != sizeof *header || header->total_size != sizeof(gm_region) ||
         (uint64_t)file_size != sizeof(gm_region))
         return gm_fail(GM_ERROR_CORRUPT, "%s has the wrong size (%lld bytes, header %u, total %llu; a region "
@@ -122,13 +124,15 @@ static gm_status read_header(const char *path, int descriptor, off_t file_size, 
 }
 
 /* Copy the statistics under the seqlock. */
-static bool read_snapshot(gm_region *region, gm_stats *stats_out, gm_region_cache *cache_out)
+static bool read_snapshot(gm_region *region, gm_stats *stats_out, gm_region_cache *cache_out,
+                          gm_region_pinned_host *pinned_host_out)
 {
     for (long attempt = 0; attempt < READ_ATTEMPTS; attempt++) {
         uint64_t before = atomic_load_explicit(&region->sequence, memory_order_acquire);
         if (!(before & 1)) {
             memcpy(stats_out, &region->stats, sizeof *stats_out);
             memcpy(cache_out, &region->cache, sizeof *cache_out);
+            memcpy(pinned_host_out, &region->pinned_host, sizeof *pinned_host_out);
             atomic_thread_fence(memory_order_acquire);
             if (atomic_load_explicit(&region->sequence, memory_order_relaxed) == before)
                 return true;
@@ -159,6 +163,22 @@ static void copy_header(const gm_region_header *header, gm_published *published)
     published->page_size = header->page_size;
     published->device_total_bytes = header->device_total_bytes;
     published->start_time_ns = header->start_time_ns;
+}
+
+/* Field by field: the reader's struct is its own, not the file's layout. */
+static void copy_pinned_host(const gm_region_pinned_host *part, gm_published_pinned_host *out)
+{
+    out->allocated_bytes = part->allocated_bytes;
+    out->allocated_bytes_peak = part->allocated_bytes_peak;
+    out->reserved_bytes = part->reserved_bytes;
+    out->reserved_bytes_peak = part->reserved_bytes_peak;
+    out->allocations = part->allocations;
+    out->requested_bytes = part->requested_bytes;
+    out->cache_hits = part->cache_hits;
+    out->cache_misses = part->cache_misses;
+    out->host_frees = part->host_frees;
+    out->pending_blocks = part->pending_blocks;
+    out->limit_bytes = part->limit_bytes;
 }
 
 struct gm_published_watch {
@@ -213,11 +233,13 @@ gm_status gm_published_watch_read(const gm_published_watch *watch, gm_published 
     memset(published_out, 0, sizeof *published_out);
     copy_header(&watch->header, published_out);
     gm_region_cache cache;
-    if (!read_snapshot(watch->mapping, &published_out->stats, &cache))
+    gm_region_pinned_host pinned_host;
+    if (!read_snapshot(watch->mapping, &published_out->stats, &cache, &pinned_host))
         return gm_fail(GM_ERROR_IO, "%s: its writer never finished an update (sequence stays odd)", watch->path);
     complete(&published_out->stats);
     published_out->cached_free_bytes = cache.free_bytes;
     published_out->largest_free_block_bytes = cache.largest_free_block_bytes;
+    copy_pinned_host(&pinned_host, &published_out->pinned_host);
     return GM_OK;
 }
 

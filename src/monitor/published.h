@@ -10,6 +10,22 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The pinned host memory cache's numbers in a region (region.h's gm_region_pinned_host): page-locked
+ * host memory the process holds through gm_host_malloc. */
+typedef struct gm_published_pinned_host {
+    uint64_t allocated_bytes;      /* in blocks handed out now (power-of-two sizes) */
+    uint64_t allocated_bytes_peak;
+    uint64_t reserved_bytes;       /* held from the backend: handed out, idle or waiting for streams */
+    uint64_t reserved_bytes_peak;
+    uint64_t allocations;          /* blocks handed out now */
+    uint64_t requested_bytes;      /* what the live blocks asked for */
+    uint64_t cache_hits;
+    uint64_t cache_misses;
+    uint64_t host_frees;           /* blocks given back to the backend */
+    uint64_t pending_blocks;       /* freed blocks waiting for their streams' events */
+    uint64_t limit_bytes;          /* host_limit; 0: none */
+} gm_published_pinned_host;
+
 /* One consistent snapshot of a region. */
 typedef struct gm_published {
     long pid;
@@ -22,6 +38,7 @@ typedef struct gm_published {
     gm_stats stats; /* complete: the all-pools readings summed as gm_get_stats gives them */
     uint64_t cached_free_bytes;        /* free in reserved memory, as gm_cache_info says (sampled) */
     uint64_t largest_free_block_bytes; /* the largest free piece of it (sampled) */
+    gm_published_pinned_host pinned_host; /* exact after every gm_host_malloc, gm_host_free, gm_host_empty_cache */
 } gm_published;
 
 /* Open the region at `path`, check it (a regular file, not a symbolic link, of this user, of the

@@ -4,7 +4,8 @@
  * An allocator created with publish:true keeps a copy of its statistics in a small file,
  * <directory>/gpumem.<uid>.<pid>.<device> (directory: GPUMEM_SHM_DIR, default /dev/shm), which other
  * processes of the same user map read-only (`gpumem stats PID`). The file is a header saying what
- * wrote it and how the rest is laid out, a seqlock sequence number, and a gm_stats. docs/formats.md
+ * wrote it and how the rest is laid out, a seqlock sequence number, a gm_stats, the cache's shape and
+ * the pinned host memory cache's numbers. docs/formats.md
  * ("Published statistics") describes the bytes; this header is their single definition.
  */
 #ifndef GM_REGION_H
@@ -18,7 +19,7 @@
 #include <stdint.h>
 
 #define GM_REGION_MAGIC "GMSTATS\0" /* 8 bytes, the last one NUL */
-#define GM_REGION_LAYOUT_VERSION 3u /* 3: GM_COUNTERS gained the pressure counters */
+#define GM_REGION_LAYOUT_VERSION 4u /* 4: the pinned host cache part; 3: GM_COUNTERS gained the pressure counters */
 #define GM_REGION_NAME_PREFIX "gpumem."
 #define GM_REGION_DEFAULT_DIRECTORY "/dev/shm"
 
@@ -56,13 +57,34 @@ typedef struct gm_region_cache {
     uint64_t largest_free_block_bytes; /* the largest of them in one piece */
 } gm_region_cache;
 
-/* The whole file. `sequence` is the seqlock: odd while the writer is changing `stats` or `cache`. */
+/* The pinned host memory cache (core/host_cache.c: gm_host_malloc, gm_host_free, gm_host_empty_cache),
+ * current after every one of those calls. Its own fields rather than a copy of the public gm_host_stats,
+ * so that the public struct may grow without changing the file: a field added here is a new layout
+ * version. Page-locked memory cannot be swapped and counts against RLIMIT_MEMLOCK, so what a process
+ * holds in this cache (reserved_bytes) is host memory the rest of the machine cannot have. */
+typedef struct gm_region_pinned_host {
+    uint64_t allocated_bytes;      /* bytes in blocks handed out now (their power-of-two sizes) */
+    uint64_t allocated_bytes_peak; /* the most ever handed out at once */
+    uint64_t reserved_bytes;       /* page-locked bytes held from the backend: handed out, idle or pending */
+    uint64_t reserved_bytes_peak;  /* the most ever held at once */
+    uint64_t allocations;          /* blocks handed out now */
+    uint64_t requested_bytes;      /* bytes the live blocks asked for (unrounded) */
+    uint64_t cache_hits;           /* gm_host_malloc served from the cache */
+    uint64_t cache_misses;         /* gm_host_malloc that needed a new backend allocation */
+    uint64_t host_frees;           /* blocks given back to the backend (gm_host_empty_cache, host_limit) */
+    uint64_t pending_blocks;       /* freed blocks waiting for their streams' events */
+    uint64_t limit_bytes;          /* host_limit; 0: none */
+} gm_region_pinned_host;
+
+/* The whole file. `sequence` is the seqlock: odd while the writer is changing `stats`, `cache` or
+ * `pinned_host`. */
 typedef struct gm_region {
     gm_region_header header;
     _Atomic uint64_t sequence;
     uint64_t padding;
     gm_stats stats;
     gm_region_cache cache;
+    gm_region_pinned_host pinned_host;
 } gm_region;
 
 /* The directory regions live in: GPUMEM_SHM_DIR, else /dev/shm. */

@@ -12,6 +12,9 @@
  *   device call kind       map               gpumem_device_calls_total{call="map"},
  *                                            gpumem_device_call_seconds_total{call="map"}
  *
+ * The pinned host cache's numbers (the region's own part, not a gpumem.h list) are named one by one:
+ * gpumem_pinned_host_reserved_bytes and the rest (render_pinned_host).
+ *
  * Readings the kernel or the driver did not give (-1) are left out, never written as -1. Label
  * values are escaped as the format says (backslash, double quote, line feed); so is help text.
  */
@@ -293,17 +296,82 @@ static int64_t device_memory_bytes(const gm_published *region) { return (int64_t
 static int64_t page_size_bytes(const gm_published *region) { return (int64_t)region->page_size; }
 static int64_t start_time_ns(const gm_published *region) { return region->start_time_ns; }
 
-static void render_region_gauge(const gm_prometheus_readings *readings, gm_text_buffer *buffer, const char *name,
-                                const char *help, region_reading reading, bool nanoseconds)
+/* A negative reading (none: a pinned cache without host_limit) is left out. */
+static void render_region_family(const gm_prometheus_readings *readings, gm_text_buffer *buffer, const char *type,
+                                 const char *name, const char *help, region_reading reading, bool nanoseconds)
 {
-    family family = make_family("gauge", name, help);
+    family family = make_family(type, name, help);
     for (size_t i = 0; i < readings->region_count; i++) {
+        if (reading(&readings->regions[i]) < 0)
+            continue;
         label_set labels = region_labels(&readings->regions[i]);
         if (nanoseconds)
             write_seconds(buffer, &family, &labels, reading(&readings->regions[i]));
         else
             write_integer(buffer, &family, &labels, reading(&readings->regions[i]));
     }
+}
+
+static void render_region_gauge(const gm_prometheus_readings *readings, gm_text_buffer *buffer, const char *name,
+                                const char *help, region_reading reading, bool nanoseconds)
+{
+    render_region_family(readings, buffer, "gauge", name, help, reading, nanoseconds);
+}
+
+/* The pinned host memory cache (gm_host_malloc): page-locked host memory, which the kernel cannot swap
+ * and which counts against RLIMIT_MEMLOCK. */
+#define PINNED_READING(field) \
+    static int64_t pinned_##field(const gm_published *region) { return (int64_t)region->pinned_host.field; }
+PINNED_READING(reserved_bytes)
+PINNED_READING(reserved_bytes_peak)
+PINNED_READING(allocated_bytes)
+PINNED_READING(allocated_bytes_peak)
+PINNED_READING(requested_bytes)
+PINNED_READING(allocations)
+PINNED_READING(pending_blocks)
+PINNED_READING(cache_hits)
+PINNED_READING(cache_misses)
+PINNED_READING(host_frees)
+#undef PINNED_READING
+static int64_t pinned_limit_bytes(const gm_published *region)
+{
+    return region->pinned_host.limit_bytes ? (int64_t)region->pinned_host.limit_bytes : -1;
+}
+
+static void render_pinned_host(const gm_prometheus_readings *readings, gm_text_buffer *buffer)
+{
+    static const struct {
+        const char *type, *name, *help;
+        region_reading reading;
+    } families[] = {
+        {"gauge", "gpumem_pinned_host_reserved_bytes",
+         "Page-locked host memory the process's pinned cache holds (gm_host_malloc): handed out, idle or waiting "
+         "for streams", pinned_reserved_bytes},
+        {"gauge", "gpumem_pinned_host_reserved_bytes_peak", "The most page-locked host memory the pinned cache held",
+         pinned_reserved_bytes_peak},
+        {"gauge", "gpumem_pinned_host_allocated_bytes",
+         "Page-locked host memory handed out by gm_host_malloc and not yet freed (power-of-two block sizes)",
+         pinned_allocated_bytes},
+        {"gauge", "gpumem_pinned_host_allocated_bytes_peak", "The most page-locked host memory handed out at once",
+         pinned_allocated_bytes_peak},
+        {"gauge", "gpumem_pinned_host_requested_bytes", "Bytes the live pinned blocks were asked for (unrounded)",
+         pinned_requested_bytes},
+        {"gauge", "gpumem_pinned_host_allocations", "Pinned blocks handed out now", pinned_allocations},
+        {"gauge", "gpumem_pinned_host_pending_blocks", "Freed pinned blocks waiting for their streams' copies",
+         pinned_pending_blocks},
+        {"gauge", "gpumem_pinned_host_limit_bytes", "The pinned cache's cap (host_limit; left out without one)",
+         pinned_limit_bytes},
+        {"counter", "gpumem_pinned_host_cache_hits_total", "gm_host_malloc calls served from the pinned cache",
+         pinned_cache_hits},
+        {"counter", "gpumem_pinned_host_cache_misses_total",
+         "gm_host_malloc calls that needed a new page-locked allocation (cuMemHostAlloc on cuda)", pinned_cache_misses},
+        {"counter", "gpumem_pinned_host_backend_frees_total",
+         "Pinned blocks given back to the backend (cuMemFreeHost on cuda): emptied or over host_limit",
+         pinned_host_frees},
+    };
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+        render_region_family(readings, buffer, families[i].type, families[i].name, families[i].help,
+                             families[i].reading, false);
 }
 
 static void render_regions(const gm_prometheus_readings *readings, gm_text_buffer *buffer)
@@ -328,6 +396,7 @@ static void render_regions(const gm_prometheus_readings *readings, gm_text_buffe
     render_region_gauge(readings, buffer, "gpumem_process_start_time_seconds",
                         "When the process's allocator for this device was created and started publishing, in "
                         "seconds since the Unix epoch", start_time_ns, true);
+    render_pinned_host(readings, buffer);
 }
 
 /* ---------------------------------------------------------------- host memory of each process tree */
