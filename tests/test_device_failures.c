@@ -12,6 +12,157 @@
 #include "test.h"
 
 #define MIB (1ull << 20)
+enum { SLOTS = 24 };
+
+typedef struct run {
+    gm_allocator *allocator;
+    void *slots[SLOTS];
+    int unclean; /* a result other than OK, out of memory or device error */
+    int invalid; /* gm_validate failed */
+} run;
+
+static void note(run *r, gm_status status, const char *what)
+{
+    if (status != GM_OK && status != GM_ERROR_OUT_OF_MEMORY && status != GM_ERROR_DEVICE) {
+        fprintf(stderr, "[%s] %s: %s (%s)\n", test_current, what, gm_strerror(status), gm_last_error());
+        r->unclean++;
+    }
+    gm_status valid = gm_validate(r->allocator);
+    if (valid != GM_OK) {
+        if (!r->invalid)
+            fprintf(stderr, "[%s] after %s: %s\n", test_current, what, gm_last_error());
+        r->invalid++;
+    }
+}
+
+static void release_slot(run *r, int slot)
+{
+    if (r->slots[slot]) {
+        gm_status status = gm_free(r->allocator, r->slots[slot]);
+        note(r, status, "free");
+        if (status == GM_OK)
+            r->slots[slot] = NULL;
+    }
+}
+
+static void take_slot(run *r, int slot, uint64_t size, gm_stream stream)
+{
+    release_slot(r, slot);
+    if (!r->slots[slot])
+        note(r, gm_malloc(r->allocator, size, stream, &r->slots[slot]), "malloc");
+}
+
+static void workload(run *r)
+{
+    uint64_t state = 7;
+    for (int step = 0; step < 160; step++) {
+        int slot = (int)(test_random(&state) % SLOTS);
+        uint64_t size = (test_random(&state) % 3 == 0) ? 512 * (1 + test_random(&state) % 64)
+                                                        : MIB * (1 + test_random(&state) % 24) + 4096;
+        gm_stream stream = 1 + test_random(&state) % 3;
+        take_slot(r, slot, size, stream);
+        if (step % 11 == 0 && r->slots[slot]) {
+            note(r, gm_sim_stream_enqueue(r->allocator, 9, 1), "enqueue");
+            note(r, gm_record_stream(r->allocator, r->slots[slot], 9), "record_stream");
+        }
+        if (step % 17 == 0)
+            note(r, gm_sim_stream_complete(r->allocator, 9), "complete");
+        if (step % 29 == 0)
+            note(r, gm_empty_cache(r->allocator), "empty_cache");
+        if (step == 80)
+            note(r, gm_set_memory_limit(r->allocator, 160 * MIB), "memory limit");
+    }
+    note(r, gm_set_memory_limit(r->allocator, 0), "memory limit off");
+    for (int slot = 0; slot < SLOTS; slot++)
+        release_slot(r, slot);
+    note(r, gm_sim_stream_complete(r->allocator, 9), "complete");
+    note(r, gm_empty_cache(r->allocator), "empty_cache");
+}
+
+static int64_t reserved(gm_allocator *allocator)
+{
+    gm_stats stats;
+    REQUIRE(gm_get_stats(allocator, &stats) == GM_OK);
+    return stats.reserved_bytes[GM_POOL_ALL].current;
+}
+
+/* One workload with call `kind` failing at `position` (or none when position < 0), then a clean one. */
+static void run_with_failure(const char *config, gm_device_call kind, int64_t position, int64_t *calls_out)
+{
+    run r = {0};
+    REQUIRE(gm_create(config, &r.allocator) == GM_OK);
+    if (position >= 0)
+        CHECK_OK(gm_inject_device_failures(r.allocator, kind, (uint64_t)position, 1));
+    workload(&r);
+    if (calls_out) {
+        gm_stats stats;
+        REQUIRE(gm_get_stats(r.allocator, &stats) == GM_OK);
+        *calls_out = stats.device_calls[kind];
+    }
+    CHECK_OK(gm_inject_device_failures(r.allocator, kind, 0, 0));
+    memset(r.slots, 0, sizeof r.slots); /* what failed was already freed or never made */
+    workload(&r);
+    if (r.unclean || r.invalid || reserved(r.allocator) != 0)
+        fprintf(stderr, "[%s] %s: %s failing at call %" PRId64 ": %d unclean, %d invalid, %" PRId64
+                " bytes left reserved\n", test_current, config, gm_device_call_name(kind), position, r.unclean,
+                r.invalid, reserved(r.allocator));
+    CHECK_EQ_INT(r.unclean, 0);
+    CHECK_EQ_INT(r.invalid, 0);
+    CHECK_EQ_INT(reserved(r.allocator), 0);
+    size_t live = 1;
+    gm_destroy(r.allocator, &live);
+    CHECK_EQ_INT(live, 0);
+}
+
+static void every_call_may_fail(const char *config)
+{
+    for (int kind = 0; kind < GM_CALL_KIND_COUNT; kind++) {
+        int64_t calls = 0;
+        run_with_failure(config, (gm_device_call)kind, -1, &calls);
+        int64_t step = calls > 40 ? calls / 40 : 1; /* about 40 positions per kind, first and last included */
+        for (int64_t position = 0; position < calls; position += step)
+            run_with_failure(config, (gm_device_call)kind, position, NULL);
+        if (calls > 1)
+            run_with_failure(config, (gm_device_call)kind, calls - 1, NULL);
+    }
+}
+
+static void pages_engine_on_sim(void)
+{
+    every_call_may_fail("backend:sim,capacity:4GiB");
+}
+
+static void segments_engine_on_sim(void)
+{
+    every_call_may_fail("backend:sim,capacity:4GiB,engine:segments");
+}
+
+static void pages_engine_on_host(void)
+{
+    every_call_may_fail("backend:host,capacity:512MiB");
+}
+
+/* A device that stops working for good (every call of a kind failing from some point on, until and
+ * during gm_destroy): clean errors, exact books, and a destroy that frees everything once (the unmap
+ * that failed used to leave a freed chunk in its region's list: a double free at destroy). */
+static void failures_until_destroy(void)
+{
+    static const char *const configs[] = {"backend:sim,capacity:4GiB", "backend:sim,capacity:4GiB,engine:segments",
+                                          "backend:host,capacity:512MiB"};
+    for (size_t c = 0; c < 3; c++) {
+        for (int kind = 0; kind < GM_CALL_KIND_COUNT; kind++) {
+            for (uint64_t after = 0; after < 40; after += 13) {
+                run r = {0};
+                REQUIRE(gm_create(configs[c], &r.allocator) == GM_OK);
+                CHECK_OK(gm_inject_device_failures(r.allocator, (gm_device_call)kind, after, UINT64_MAX));
+                workload(&r);
+                CHECK_EQ_INT(r.unclean, 0);
+                CHECK_EQ_INT(r.invalid, 0);
+                gm_destroy(r.allocator, NULL);
+            }
+        }
+    }
+}
 
 static void bad_injection_calls(void)
 {
@@ -32,4 +183,5 @@ static void bad_injection_calls(void)
     gm_destroy(allocator, NULL);
 }
 
-RUN_TESTS(TEST_CASE(bad_injection_calls))
+RUN_TESTS(TEST_CASE(bad_injection_calls), TEST_CASE(pages_engine_on_sim), TEST_CASE(segments_engine_on_sim),
+          TEST_CASE(pages_engine_on_host), TEST_CASE(failures_until_destroy))

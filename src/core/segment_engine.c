@@ -49,17 +49,21 @@ static bool region_is_free(const gm_region *region)
     return region->first_block->state == GM_BLOCK_FREE && region->first_block->size == region->size;
 }
 
-static void release_segment(gm_arena *arena, gm_region *region)
+/* Give a free segment back to the device; if the device refuses, the segment stays, free, as it was. */
+static gm_status release_segment(gm_arena *arena, gm_region *region)
 {
+    gm_status status = gm_backend_segment_free(arena->backend, region->base, region->size);
+    if (status != GM_OK)
+        return status;
     gm_block *block = region->first_block;
     gm_unindex_free_block(arena, block);
     gm_block_delete(&arena->block_pool, block);
-    gm_backend_segment_free(arena->backend, region->base, region->size);
     gm_history_record(arena->history, GM_EVENT_SEGMENT_UNMAP, region->base, region->size, region->heap->stream);
     gm_count_reserved(arena, region->pool, -(int64_t)region->size, -1);
     arena->stats->num_device_free++;
     gm_list_remove(&region->heap->regions, &region->link);
     free(region);
+    return GM_OK;
 }
 
 /* Free segments back to the device until reserved memory is at most `keep_bytes`; with `pools`, those
@@ -75,7 +79,7 @@ static void release_free_segments(gm_arena *arena, uint64_t keep_bytes, bool poo
                 return;
             gm_region *next = gm_next_region(region);
             if (region_is_free(region))
-                release_segment(arena, region);
+                release_segment(arena, region); /* a refused one stays cached; the others may go */
             region = next;
         }
     }
@@ -186,7 +190,9 @@ static gm_status segments_forget_heap(gm_arena *arena, gm_heap *heap)
         gm_region *region = gm_first_region(heap);
         if (!region_is_free(region))
             return gm_fail(GM_ERROR_CORRUPT, "a segment of a forgotten heap still has an allocated block");
-        release_segment(arena, region);
+        gm_status status = release_segment(arena, region);
+        if (status != GM_OK)
+            return status;
     }
     gm_remove_heap(arena, heap);
     return GM_OK;
@@ -204,8 +210,23 @@ static gm_status segments_create(gm_arena *arena)
 
 static void segments_destroy(gm_arena *arena)
 {
-    /* The front end has freed every block; what is left are whole free segments. */
+    /* The front end has freed every block; what is left are whole free segments. One the device
+     * refuses to free is dropped from the books anyway: the allocator goes. */
     release_free_segments(arena, 0, true);
+    for (size_t h = 0; h < arena->heap_count; h++) {
+        while (arena->heaps[h]->regions.first) {
+            gm_region *region = gm_first_region(arena->heaps[h]);
+            for (gm_block *block = region->first_block; block;) {
+                gm_block *next = block->next;
+                if (block->indexed)
+                    gm_unindex_free_block(arena, block);
+                gm_block_delete(&arena->block_pool, block);
+                block = next;
+            }
+            gm_list_remove(&arena->heaps[h]->regions, &region->link);
+            free(region);
+        }
+    }
     free(arena->engine_state);
     arena->engine_state = NULL;
 }

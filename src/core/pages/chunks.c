@@ -116,12 +116,35 @@ gm_status pages_create_chunk(gm_arena *arena, gm_region *region, uintptr_t addre
     return GM_OK;
 }
 
-void pages_release_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk)
+static bool release_now(gm_arena *arena, page_chunk *chunk, int pool)
 {
-    gm_backend_physical_release(arena->backend, chunk->handle, chunk->size);
-    gm_count_reserved(arena, region->pool, -(int64_t)chunk->size, -1);
+    if (gm_backend_physical_release(arena->backend, chunk->handle, chunk->size) != GM_OK)
+        return false;
+    gm_count_reserved(arena, pool, -(int64_t)chunk->size, -1);
     arena->stats->num_device_free++;
     free(chunk);
+    return true;
+}
+
+void pages_release_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk)
+{
+    if (release_now(arena, chunk, region->pool))
+        return;
+    chunk->pool = region->pool; /* the device still holds it: so do the books */
+    gm_list_push_front(&engine_of(arena)->unreleased, &chunk->link);
+}
+
+void pages_retry_releases(gm_arena *arena)
+{
+    page_engine *engine = engine_of(arena);
+    for (gm_link *link = engine->unreleased.first; link;) {
+        gm_link *next = link->next;
+        page_chunk *chunk = gm_list_item(link, page_chunk, link);
+        gm_list_remove(&engine->unreleased, link);
+        if (!release_now(arena, chunk, chunk->pool))
+            gm_list_push_front(&engine->unreleased, link); /* the list is walked from `next` on: no loop */
+        link = next;
+    }
 }
 
 /* Wait until the work queued so far on `heap`'s stream has finished (once per growth and heap). */

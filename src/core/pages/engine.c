@@ -73,6 +73,7 @@ static void pages_free_block(gm_arena *arena, gm_block *block)
 static void pages_release_cached(gm_arena *arena, uint64_t keep_bytes)
 {
     page_engine *engine = engine_of(arena);
+    pages_retry_releases(arena);
     size_t count = pages_find_idle_chunks(arena, NULL, 0, 0);
     engine->quiesce_generation++;
     for (size_t i = 0; i < count && (uint64_t)gm_stat_total(arena->stats->reserved_bytes) > keep_bytes; i++) {
@@ -119,6 +120,11 @@ static gm_status validate_region(gm_arena *arena, gm_region *region, gm_stats *r
 
 static gm_status pages_validate(gm_arena *arena, gm_stats *recomputed)
 {
+    for (gm_link *link = engine_of(arena)->unreleased.first; link; link = link->next) {
+        const page_chunk *chunk = gm_list_item(link, page_chunk, link);
+        gm_stat_change(recomputed->reserved_bytes, chunk->pool, (int64_t)chunk->size);
+        gm_stat_change(recomputed->segment, chunk->pool, 1);
+    }
     for (size_t h = 0; h < arena->heap_count; h++) {
         const gm_heap *heap = arena->heaps[h];
         if (heap->engine_private && heap->engine_data) {
@@ -214,10 +220,12 @@ static void pages_destroy(gm_arena *arena)
         gm_region *region = gm_first_region(arena->heaps[h]);
         while (region) {
             page_region *data = data_of(region);
-            while (data->chunks.first) {
+            while (data->chunks.first) { /* the allocator goes: a failed call changes nothing here */
                 page_chunk *chunk = gm_list_item(data->chunks.first, page_chunk, link);
-                pages_unmap_chunk(arena, region, chunk);
-                pages_release_chunk(arena, region, chunk);
+                if (pages_unmap_chunk(arena, region, chunk) != GM_OK)
+                    gm_list_remove(&data->chunks, &chunk->link);
+                gm_backend_physical_release(arena->backend, chunk->handle, chunk->size);
+                free(chunk);
             }
             gm_backend_address_free(arena->backend, region->base, region->size);
             for (gm_block *block = region->first_block; block;) {
@@ -236,6 +244,12 @@ static void pages_destroy(gm_arena *arena)
         arena->heaps[h]->regions = (gm_list){0};
         free(arena->heaps[h]->engine_data);
         arena->heaps[h]->engine_data = NULL;
+    }
+    while (engine->unreleased.first) {
+        page_chunk *chunk = gm_list_item(engine->unreleased.first, page_chunk, link);
+        gm_list_remove(&engine->unreleased, &chunk->link);
+        gm_backend_physical_release(arena->backend, chunk->handle, chunk->size);
+        free(chunk);
     }
     free(engine->idle);
     free(engine);

@@ -50,9 +50,13 @@ static uint64_t move_idle_chunks(gm_arena *arena, const window *where, uintptr_t
         idle_chunk *candidate = &engine->idle[pick];
         page_chunk *chunk = candidate->chunk;
         gm_status status = pages_evict_chunk(arena, candidate->region, chunk);
-        if (status == GM_OK)
-            status = pages_map_chunk(arena, target, chunk, address + mapped);
         if (status != GM_OK) {
+            *status_out = status;
+            return mapped;
+        }
+        status = pages_map_chunk(arena, target, chunk, address + mapped);
+        if (status != GM_OK) { /* out of its old place and not in the new one: it goes back to the device */
+            pages_release_chunk(arena, candidate->region, chunk);
             *status_out = status;
             return mapped;
         }

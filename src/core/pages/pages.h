@@ -48,7 +48,8 @@ typedef struct page_chunk {
     uintptr_t address; /* where it is mapped */
     uint64_t size;
     uint64_t handle;
-    gm_link link; /* in the region's list of chunks */
+    gm_link link; /* in the region's list of chunks, or in the engine's unreleased list */
+    uint8_t pool; /* unreleased: the pool its reserved bytes are counted in */
 } page_chunk;
 
 /* The engine's part of a region (region->engine_data). */
@@ -93,6 +94,7 @@ typedef struct page_engine {
     size_t idle_capacity;
     uint64_t allocations;        /* allocations served so far */
     bool keep_peak;              /* placing in a lane: refuse new memory above the peak (lane_place) */
+    gm_list unreleased;          /* chunks unmapped whose release failed: still reserved, released later */
 } page_engine;
 
 static inline page_engine *engine_of(gm_arena *arena)
@@ -155,7 +157,11 @@ gm_status pages_map_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk,
 gm_status pages_unmap_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk);
 /* Make a chunk of `size` bytes and map it at `address` (the caller has checked the room for it). */
 gm_status pages_create_chunk(gm_arena *arena, gm_region *region, uintptr_t address, uint64_t size);
+/* Give an unmapped chunk (no longer in a region) back to the device. If the device refuses, the chunk
+ * waits in the engine's unreleased list, still counted as reserved, for pages_retry_releases. */
 void pages_release_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk);
+/* Try again to release the chunks whose release failed (before memory is given back or made). */
+void pages_retry_releases(gm_arena *arena);
 /* Unmap an idle chunk from the free block around it; its addresses become unmapped. The chunk keeps
  * its handle and leaves the region. */
 gm_status pages_evict_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk);
