@@ -164,6 +164,34 @@ static void failures_until_destroy(void)
     }
 }
 
+/* fault_rate in GPUMEM_CONF: a share of all device calls fail, drawn from a seed. */
+static void random_faults_keep_the_books_exact(void)
+{
+    static const char *const configs[] = {"backend:sim,capacity:4GiB,fault_rate:0.05,fault_seed:%d",
+                                          "backend:sim,capacity:4GiB,engine:segments,fault_rate:0.05,fault_seed:%d",
+                                          "backend:host,capacity:512MiB,fault_rate:0.02,fault_seed:%d"};
+    for (size_t c = 0; c < 3; c++) {
+        for (int seed = 1; seed <= 8; seed++) {
+            char config[128];
+            snprintf(config, sizeof config, configs[c], seed);
+            run r = {0};
+            REQUIRE(gm_create(config, &r.allocator) == GM_OK);
+            workload(&r);
+            if (r.unclean || r.invalid)
+                fprintf(stderr, "[%s] %s\n", test_current, config);
+            CHECK_EQ_INT(r.unclean, 0);
+            CHECK_EQ_INT(r.invalid, 0);
+            gm_stats stats;
+            CHECK_OK(gm_get_stats(r.allocator, &stats));
+            CHECK_EQ_INT(stats.allocation[GM_POOL_ALL].current, 0);
+            gm_destroy(r.allocator, NULL);
+        }
+    }
+    gm_allocator *allocator = NULL;
+    CHECK_STATUS(gm_create("backend:sim,fault_rate:0", &allocator), GM_ERROR_BAD_CONFIG);
+    CHECK_STATUS(gm_create("backend:sim,fault_rate:1.5", &allocator), GM_ERROR_BAD_CONFIG);
+}
+
 static void bad_injection_calls(void)
 {
     gm_allocator *allocator = NULL;
@@ -175,7 +203,7 @@ static void bad_injection_calls(void)
     void *first = NULL, *second = NULL, *third = NULL;
     CHECK_OK(gm_malloc(allocator, 4 * MIB, 0, &first));
     CHECK_STATUS(gm_malloc(allocator, 64 * MIB, 0, &second), GM_ERROR_DEVICE);
-    CHECK_MESSAGE("physical_create failed (injected");
+    CHECK_MESSAGE("physical_create failed (injected: fault_rate or gm_inject_device_failures)");
     CHECK_OK(gm_malloc(allocator, 64 * MIB, 0, &third));
     CHECK_OK(gm_validate(allocator));
     CHECK_OK(gm_free(allocator, first));
@@ -184,4 +212,5 @@ static void bad_injection_calls(void)
 }
 
 RUN_TESTS(TEST_CASE(bad_injection_calls), TEST_CASE(pages_engine_on_sim), TEST_CASE(segments_engine_on_sim),
-          TEST_CASE(pages_engine_on_host), TEST_CASE(failures_until_destroy))
+          TEST_CASE(pages_engine_on_host), TEST_CASE(failures_until_destroy),
+          TEST_CASE(random_faults_keep_the_books_exact))

@@ -50,6 +50,11 @@ gm_status gm_backend_open(const gm_backend_config *config, gm_backend **backend_
     if (!backend)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the backend");
     backend->operations = operations;
+    if (config->fault_rate > 0) {
+        backend->faults_armed = true;
+        backend->fault_threshold = config->fault_rate >= 1 ? UINT64_MAX : (uint64_t)(config->fault_rate * 18446744073709551616.0);
+        backend->fault_state = config->fault_seed * 0x9e3779b97f4a7c15ull + 1;
+    }
     gm_status status = operations->open(backend, config);
     if (status != GM_OK) {
         free(backend);
@@ -101,9 +106,18 @@ int64_t gm_device_call_cost_ns(gm_device_call kind, uint64_t size)
 
 /* Run `call` on `size` bytes, count it as `kind`, add its modelled cost and its cost: the modelled
  * one on a backend that charges the model (sim), the measured wall time elsewhere. */
-/* Whether this call of `kind` is one that gm_inject_device_failures asked to fail. */
+/* Whether this call of `kind` is one to fail: by gm_inject_device_failures, or drawn at fault_rate. */
 static bool injected_failure(gm_backend *backend, gm_device_call kind)
 {
+    if (backend->fault_threshold) {
+        uint64_t x = backend->fault_state; /* xorshift64* */
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        backend->fault_state = x;
+        if (x * 2685821657736338717ull < backend->fault_threshold)
+            return true;
+    }
     if (!backend->failures_to_inject[kind])
         return false;
     if (backend->succeed_before_failing[kind]) {
@@ -116,8 +130,8 @@ static bool injected_failure(gm_backend *backend, gm_device_call kind)
 
 #define COUNTED_CALL(backend, kind, size, call)                                                            \
     do {                                                                                                   \
-        if ((backend)->failures_to_inject[kind] && injected_failure(backend, kind))                        \
-            return gm_fail(GM_ERROR_DEVICE, "%s failed (injected by gm_inject_device_failures)",            \
+        if ((backend)->faults_armed && injected_failure(backend, kind))                                    \
+            return gm_fail(GM_ERROR_DEVICE, "%s failed (injected: fault_rate or gm_inject_device_failures)",\
                            gm_device_call_name(kind));                                                     \
         int64_t started = (backend)->charges_cost ? 0 : monotonic_ns();                                   \
         gm_status status_ = (call);                                                                        \

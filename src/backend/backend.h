@@ -31,6 +31,8 @@ typedef struct gm_backend_config {
     uint64_t capacity;  /* sim/host: device memory in bytes (0: the backend's default) */
     uint64_t page_size; /* sim/host: mapping granularity */
     bool cost_model;    /* sim: charge each call its modelled H200 cost */
+    double fault_rate;  /* the share of calls made to fail (fault_rate in GPUMEM_CONF) */
+    uint64_t fault_seed;
 } gm_backend_config;
 
 typedef struct gm_backend_operations {
@@ -95,6 +97,9 @@ struct gm_backend {
     char pci_bus_id[32];        /* cuda: the device's PCI bus id, to find it in NVML; else empty */
     uint64_t succeed_before_failing[GM_CALL_KIND_COUNT]; /* gm_inject_device_failures: calls left to pass */
     uint64_t failures_to_inject[GM_CALL_KIND_COUNT];     /* then this many fail */
+    bool faults_armed;          /* any of the above, or fault_rate: calls look at injected_failure */
+    uint64_t fault_threshold;   /* a draw below it fails: fault_rate of 2^64 */
+    uint64_t fault_state;       /* the draws' generator */
 };
 
 /* Open the backend named by config->name. On failure *backend_out is untouched and

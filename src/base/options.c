@@ -103,6 +103,9 @@ static const option_descriptor descriptors[] = {
      "host memory PSI (some avg10, percent) that raises pressure (default 10)"},
     {"pressure_psi_low", KIND_PERCENT, FIELD(pressure_psi_low), NULL,
      "PSI under which pressure may end, less than pressure_psi_high (default half of it)"},
+    {"fault_rate", KIND_FRACTION, FIELD(fault_rate), NULL,
+     "for tests of failure paths: this share of device calls fail, drawn at random (default none)"},
+    {"fault_seed", KIND_INTEGER, FIELD(fault_seed), NULL, "the seed of fault_rate's draws (default 0)"},
 };
 
 /* Sizes with bounds beyond the parser's: 0 refused where it would silently mean a default, and a maximum
@@ -403,7 +406,7 @@ static gm_status apply_pair(gm_options *options, const char *pair)
     for (size_t i = 0; i < DESCRIPTOR_COUNT; i++)
         if (!strcmp(descriptors[i].key, key))
             return apply_value(options, &descriptors[i], value);
-    char known[512] = "";
+    char known[1024] = "";
     for (size_t i = 0, used = 0; i < DESCRIPTOR_COUNT && used < sizeof known; i++)
         used += (size_t)snprintf(known + used, sizeof known - used, "%s%s", i ? ", " : "", descriptors[i].key);
     return gm_fail(GM_ERROR_BAD_CONFIG, "unknown key '%s' (known keys: %s)", key, known);

@@ -51,6 +51,8 @@ typedef struct gm_options {
     int pressure_interval_ms;    /* how often the sampled signals are read */
     double pressure_psi_high;    /* host memory PSI percent that raises the level */
     double pressure_psi_low;     /* and under which it may fall; 0: not given (half of pressure_psi_high) */
+    double fault_rate;           /* tests: the share of device calls made to fail; 0: none */
+    int fault_seed;              /* and the seed of the draws */
 } gm_options;
 
 /* The defaults. */

@@ -190,7 +190,8 @@ static gm_status create_with_options(const gm_options *options, gm_allocator **a
     allocator->arena.options = &allocator->options;
     gm_backend_config backend_config = {.name = options->backend, .device = options->device,
                                         .capacity = options->capacity, .page_size = options->page_size,
-                                        .cost_model = options->cost_model};
+                                        .cost_model = options->cost_model, .fault_rate = options->fault_rate,
+                                        .fault_seed = (uint64_t)options->fault_seed};
     gm_status status = gm_backend_open(&backend_config, &allocator->arena.backend);
     if (status != GM_OK) {
         free(allocator);

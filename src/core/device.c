@@ -109,6 +109,7 @@ gm_status gm_inject_device_failures(gm_allocator *allocator, gm_device_call call
     pthread_mutex_lock(&allocator->lock);
     allocator->arena.backend->succeed_before_failing[call] = after_calls;
     allocator->arena.backend->failures_to_inject[call] = failures;
+    allocator->arena.backend->faults_armed = true;
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
 }

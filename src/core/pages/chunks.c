@@ -69,8 +69,10 @@ gm_status pages_map_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk,
     gm_status status = gm_backend_map(arena->backend, address, chunk->size, chunk->handle);
     if (status == GM_OK) {
         status = gm_backend_set_access(arena->backend, address, chunk->size);
-        if (status != GM_OK)
-            gm_backend_unmap(arena->backend, address, chunk->size);
+        if (status != GM_OK && gm_backend_unmap(arena->backend, address, chunk->size) != GM_OK) {
+            chunk->address = address;
+            chunk->stray = true;
+        }
     }
     if (status != GM_OK)
         return status;
@@ -102,22 +104,25 @@ gm_status pages_create_chunk(gm_arena *arena, gm_region *region, uintptr_t addre
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a chunk");
     chunk->size = size;
     gm_status status = gm_backend_physical_create(arena->backend, size, &chunk->handle);
-    if (status == GM_OK) {
-        status = pages_map_chunk(arena, region, chunk, address);
-        if (status != GM_OK)
-            gm_backend_physical_release(arena->backend, chunk->handle, chunk->size);
-    }
     if (status != GM_OK) {
         free(chunk);
         return status;
     }
     gm_count_reserved(arena, region->pool, (int64_t)size, 1);
     arena->stats->num_device_alloc++;
-    return GM_OK;
+    status = pages_map_chunk(arena, region, chunk, address);
+    if (status != GM_OK) /* made but not mapped: back to the device (or, refused, to the unreleased list) */
+        pages_release_chunk(arena, region, chunk);
+    return status;
 }
 
 static bool release_now(gm_arena *arena, page_chunk *chunk, int pool)
 {
+    if (chunk->stray) {
+        if (gm_backend_unmap(arena->backend, chunk->address, chunk->size) != GM_OK)
+            return false;
+        chunk->stray = false;
+    }
     if (gm_backend_physical_release(arena->backend, chunk->handle, chunk->size) != GM_OK)
         return false;
     gm_count_reserved(arena, pool, -(int64_t)chunk->size, -1);

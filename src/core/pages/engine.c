@@ -248,6 +248,8 @@ static void pages_destroy(gm_arena *arena)
     while (engine->unreleased.first) {
         page_chunk *chunk = gm_list_item(engine->unreleased.first, page_chunk, link);
         gm_list_remove(&engine->unreleased, &chunk->link);
+        if (chunk->stray)
+            gm_backend_unmap(arena->backend, chunk->address, chunk->size);
         gm_backend_physical_release(arena->backend, chunk->handle, chunk->size);
         free(chunk);
     }

@@ -50,6 +50,8 @@ typedef struct page_chunk {
     uint64_t handle;
     gm_link link; /* in the region's list of chunks, or in the engine's unreleased list */
     uint8_t pool; /* unreleased: the pool its reserved bytes are counted in */
+    bool stray;   /* still mapped at `address` though no region holds it (an unmap that failed in
+                     the cleanup of a failed map): unmapped before it is released */
 } page_chunk;
 
 /* The engine's part of a region (region->engine_data). */
