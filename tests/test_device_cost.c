@@ -8,7 +8,9 @@
  *   - the segments engine's release_before_growth stops freeing and re-making a segment at every
  *     pair once its budget of device time is spent;
  *   - empty_cache still gives every idle page back, and under a memory limit pages still move to
- *     where a request needs them (the limit is kept, no request fails).
+ *     where a request needs them (the limit is kept, no request fails);
+ *   - generate calls replayed on the same allocator (a KV cache in a growth lane, prefill temporaries
+ *     taking turns with it) map almost no page in the warm pass.
  */
 #include "test.h"
 
@@ -149,5 +151,88 @@ static void memory_limit_still_moves_pages(void)
     gm_destroy(allocator, NULL);
 }
 
+/* ---------------------------------------------------------------- generate calls, replayed */
+
+#define LAYERS 48
+#define PREFILL_TEMPORARIES 6
+
+static int64_t page_maps(gm_allocator *allocator)
+{
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    return stats.num_page_maps;
+}
+
+static int64_t device_ns(gm_allocator *allocator)
+{
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    return stats.device_call_ns;
+}
+
+/* One generate call: a prefill (the KV cache's first tensors, and temporaries that take turns with the
+ * cache for the same memory), then `steps` decode steps, each replacing every KV tensor by a copy
+ * 64 KiB longer (allocated, then the old one freed, as torch.cat does); the cache is freed at the end. */
+static void generate(gm_allocator *allocator, uint64_t prompt, int steps)
+{
+    void *cache[LAYERS], *temporaries[PREFILL_TEMPORARIES];
+    uint64_t size = prompt;
+    for (int layer = 0; layer < LAYERS; layer++)
+        CHECK_OK(gm_malloc(allocator, size, 0, &cache[layer]));
+    for (int index = 0; index < PREFILL_TEMPORARIES; index++)
+        CHECK_OK(gm_malloc(allocator, 24 * MIB + 512 * (uint64_t)index, 0, &temporaries[index]));
+    for (int index = 0; index < PREFILL_TEMPORARIES; index++)
+        CHECK_OK(gm_free(allocator, temporaries[index]));
+    for (int step = 0; step < steps; step++) {
+        for (int layer = 0; layer < LAYERS; layer++) {
+            void *copy = NULL;
+            CHECK_OK(gm_malloc(allocator, size + (64 << 10), 0, &copy));
+            CHECK_OK(gm_free(allocator, cache[layer]));
+            cache[layer] = copy;
+        }
+        size += 64 << 10;
+    }
+    for (int layer = 0; layer < LAYERS; layer++)
+        CHECK_OK(gm_free(allocator, cache[layer]));
+}
+
+/* Weights, then generate calls of different prompt lengths; everything freed at the end. */
+static void generate_pass(gm_allocator *allocator)
+{
+    void *weights[8];
+    for (int index = 0; index < 8; index++)
+        CHECK_OK(gm_malloc(allocator, 24 * MIB, 0, &weights[index]));
+    for (int call = 0; call < 4; call++)
+        generate(allocator, 2 * MIB + (uint64_t)(call % 2 ? 3 : 1) * (256 << 10), call % 2 ? 30 : 60);
+    for (int index = 0; index < 8; index++)
+        CHECK_OK(gm_free(allocator, weights[index]));
+}
+
+/* A KV cache's growth lane and the prefill's temporaries take turns with the same memory. Replayed
+ * on the same allocator, the generate calls find their pages where the first pass left them: the
+ * temporaries borrow the lane's idle memory in place and the lane's ring comes back to its own pages,
+ * so the warm pass maps almost no page and reserves no more than the first. (Pages moved between the
+ * lane and the stream's heap at every change of phase, and a conveyor that took new pages at every
+ * decode step, mapped as many pages in the warm pass as in the first.) */
+static void generate_calls_replayed_reuse_their_pages(void)
+{
+    gm_allocator *allocator = make("engine:pages,capacity:16GiB");
+    generate_pass(allocator);
+    int64_t maps = page_maps(allocator), ns = device_ns(allocator), peak = reserved_peak(allocator);
+    generate_pass(allocator);
+    int64_t warm_maps = page_maps(allocator) - maps, warm_ns = device_ns(allocator) - ns;
+    printf("     cold pass: %lld pages mapped, %.1f ms of device calls, peak reserved %lld MiB; warm pass: %lld "
+           "pages mapped, %.1f ms\n", (long long)maps, (double)ns / 1e6, (long long)(peak / (int64_t)MIB),
+           (long long)warm_maps, (double)warm_ns / 1e6);
+    CHECK(warm_maps <= 16);
+    CHECK(warm_ns * 20 <= ns);
+    CHECK_EQ_INT(reserved_peak(allocator), peak);
+    CHECK_OK(gm_validate(allocator));
+    CHECK_OK(gm_empty_cache(allocator));
+    CHECK_EQ_INT(reserved_now(allocator), 0);
+    gm_destroy(allocator, NULL);
+}
+
 RUN_TESTS(TEST_CASE(alternating_sizes_settle), TEST_CASE(streams_freeing_each_other_settle),
-          TEST_CASE(memory_limit_still_moves_pages), TEST_CASE(segments_stop_churning))
+          TEST_CASE(memory_limit_still_moves_pages), TEST_CASE(segments_stop_churning),
+          TEST_CASE(generate_calls_replayed_reuse_their_pages))

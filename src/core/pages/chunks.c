@@ -78,6 +78,7 @@ gm_status pages_map_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk,
         return status;
     chunk->address = address;
     gm_list_push_front(&data_of(region)->chunks, &chunk->link);
+    data_of(region)->mapped_bytes += chunk->size;
     gm_history_record(arena->history, GM_EVENT_SEGMENT_MAP, address, chunk->size, region->heap->stream);
     record_chunk_pages(region, chunk, chunk, engine_of(arena)->page_size);
     arena->stats->num_page_maps += (int64_t)(chunk->size / engine_of(arena)->page_size);
@@ -90,6 +91,7 @@ gm_status pages_unmap_chunk(gm_arena *arena, gm_region *region, page_chunk *chun
     if (status != GM_OK)
         return status;
     gm_list_remove(&data_of(region)->chunks, &chunk->link);
+    data_of(region)->mapped_bytes -= chunk->size;
     gm_history_record(arena->history, GM_EVENT_SEGMENT_UNMAP, chunk->address, chunk->size, region->heap->stream);
     record_chunk_pages(region, chunk, NULL, engine_of(arena)->page_size);
     arena->stats->num_page_unmaps += (int64_t)(chunk->size / engine_of(arena)->page_size);

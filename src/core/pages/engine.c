@@ -5,9 +5,11 @@
  * A request is served, in order of cost:
  *   0. a request of a size its stream keeps regrowing goes to the stream's growth lane (lane.c);
  *   1. from a free mapped block of the stream's heap: TLSF good fit, no device call;
- *   2. otherwise in the window of free addresses needing the fewest new pages (windows.c), backed
- *      by idle chunks moved from elsewhere or by new memory (growth.c).
- * A freed block merges with its free neighbours; empty_cache unmaps and releases every idle chunk.
+ *   2. otherwise in the window of free addresses needing the fewest new pages (windows.c) -- perhaps
+ *      in the lane's range, when the lane has mapped memory to lend (lane_sharing.c) -- backed by
+ *      idle chunks moved from elsewhere or by new memory (growth.c).
+ * A freed block merges with its free neighbours and belongs to its region's heap again; empty_cache
+ * unmaps and releases every idle chunk.
  * docs/engine.md explains why this reserves less than PyTorch's segments.
  */
 #include "core/pages/pages.h"
@@ -17,14 +19,18 @@
 #include <inttypes.h>
 #include <stdlib.h>
 
-/* A free block of exactly `size` bytes in `heap`'s `pool`, detached: a fit, else growth. */
+/* A free block of exactly `size` bytes in `heap`'s `pool`, detached: a fit, else growth in the window
+ * needing the fewest new pages -- perhaps one the stream's lane lends (lane_sharing.c). */
 static gm_status fit_or_grow(gm_arena *arena, gm_heap *heap, int pool, uint64_t size, gm_block **block_out)
 {
     gm_block *block = gm_size_index_find(gm_heap_index(heap, pool), size);
     if (block)
         gm_unindex_free_block(arena, block);
     else {
-        gm_status status = pages_grow(arena, heap, pool, size, &block);
+        uint64_t page_size = engine_of(arena)->page_size;
+        window where = pages_choose_window(heap, pool, size, page_size, NULL);
+        where = pages_window_with_lane(heap, pool, size, page_size, where);
+        gm_status status = pages_grow(arena, heap, pool, size, where, &block);
         if (status != GM_OK)
             return status;
     }
@@ -49,8 +55,11 @@ static gm_status pages_allocate(gm_arena *arena, gm_heap *heap, int pool, uint64
     gm_status status = lane ? pages_lane_place(arena, heap, lane, size, &block) : GM_ERROR_OUT_OF_MEMORY;
     if (status != GM_OK && status != GM_ERROR_OUT_OF_MEMORY) /* a fault, not a lack of room */
         return status;
-    if (status != GM_OK && (status = fit_or_grow(arena, heap, pool, size, &block)) != GM_OK) /* the stream's own heap */
-        return status;
+    if (status != GM_OK) { /* the stream's own heap */
+        if ((status = fit_or_grow(arena, heap, pool, size, &block)) != GM_OK)
+            return status;
+        block->heap = heap; /* the block may lie in the lane's range: it is the stream's while allocated */
+    }
     block->state = GM_BLOCK_ALLOCATED;
     if (pool == GM_POOL_LARGE && size >= engine->page_size)
         state->last_large = block;
@@ -66,6 +75,7 @@ static void pages_free_block(gm_arena *arena, gm_block *block)
         state = state_of(state->owner);
     }
     pages_watch_free(state, block, engine_of(arena)->page_size);
+    block->heap = block->region->heap; /* free memory belongs to the heap of its range */
     block->state = GM_BLOCK_FREE;
     gm_index_free_block(arena, pages_merge_alike(arena, block));
 }
@@ -88,6 +98,9 @@ static gm_status check_block_pages(const gm_region *region, const gm_block *bloc
 {
     uint64_t page_size = *(const uint64_t *)context;
     const page_region *data = data_of(region);
+    if (gm_block_is_vacant(block) && block->heap != region->heap)
+        return gm_fail(GM_ERROR_CORRUPT, "vacant block 0x%" PRIxPTR " belongs to another heap than its region",
+                       block->address);
     uint64_t first = page_index(region, block->address, page_size);
     uint64_t last = page_index(region, block->address + block->size - 1, page_size);
     bool mapped_expected = block->state != GM_BLOCK_UNMAPPED;
@@ -105,8 +118,10 @@ static gm_status validate_region(gm_arena *arena, gm_region *region, gm_stats *r
     gm_status status = gm_validate_region_blocks(region, recomputed, check_block_pages, &engine->page_size);
     if (status != GM_OK)
         return status;
+    uint64_t mapped = 0;
     for (gm_link *link = data->chunks.first; link; link = link->next) {
         const page_chunk *chunk = gm_list_item(link, page_chunk, link);
+        mapped += chunk->size;
         gm_stat_change(recomputed->reserved_bytes, region->pool, (int64_t)chunk->size);
         gm_stat_change(recomputed->segment, region->pool, 1);
         uint64_t first = page_index(region, chunk->address, engine->page_size);
@@ -114,6 +129,9 @@ static gm_status validate_region(gm_arena *arena, gm_region *region, gm_stats *r
             if (data->pages[page] != chunk)
                 return gm_fail(GM_ERROR_CORRUPT, "page %" PRIu64 " does not point at its chunk", page);
     }
+    if (mapped != data->mapped_bytes)
+        return gm_fail(GM_ERROR_CORRUPT, "region 0x%" PRIxPTR " counts %" PRIu64 " mapped bytes, holds %" PRIu64,
+                       region->base, data->mapped_bytes, mapped);
     return GM_OK;
 }
 

@@ -246,8 +246,21 @@ static gm_status back_part(gm_arena *arena, const window *where, uintptr_t from,
     return status;
 }
 
-/* Map what the window `where` needs for `size` bytes; *block_out is the free block (detached) that
- * starts at or before the window and covers it. */
+/* The free block that holds the window [start, end) of the run from `run_first`, detached; NULL if
+ * no one free block holds it. */
+static gm_block *take_free_block_holding(gm_arena *arena, gm_block *run_first, uintptr_t start, uintptr_t end)
+{
+    gm_block *block = run_first;
+    while (block->address + block->size <= start)
+        block = block->next;
+    if (block->state != GM_BLOCK_FREE || block->address + block->size < end)
+        return NULL;
+    gm_unindex_free_block(arena, block);
+    return block;
+}
+
+/* Map what the window `where` needs for `size` bytes (perhaps nothing: a window inside one free
+ * block); *block_out is the free block (detached) that starts at or before the window and covers it. */
 gm_status pages_open_window(gm_arena *arena, window where, uint64_t size, gm_block **block_out)
 {
     page_engine *engine = engine_of(arena);
@@ -255,6 +268,10 @@ gm_status pages_open_window(gm_arena *arena, window where, uint64_t size, gm_blo
     engine->quiesce_generation++;
     where.request_end = where.start + size;
     uintptr_t end = where.start + size, last_page_end = page_ceiling(end, page_size);
+    if (!pages_needed(where.run_first, where.start, end, page_size)) {
+        *block_out = take_free_block_holding(arena, where.run_first, where.start, end);
+        return *block_out ? GM_OK : gm_fail(GM_ERROR_CORRUPT, "a window needing no page is not one free block");
+    }
     gm_block *opened = NULL;
     /* The unmapped blocks of the run that the window needs, in address order. Backing one turns it
      * into free space merged with its neighbours (`opened`); the walk goes on after that. */
@@ -284,11 +301,10 @@ gm_status pages_open_window(gm_arena *arena, window where, uint64_t size, gm_blo
 }
 
 
-/* Map the window for `size` bytes that needs the fewest new pages (a new region if none has room);
- * *block_out as for open_window. */
-gm_status pages_grow(gm_arena *arena, gm_heap *heap, int pool, uint64_t size, gm_block **block_out)
+/* Map the window `where` for `size` bytes of `heap`'s `pool` -- a new region's first addresses when
+ * it has none (no region had room); *block_out as for open_window. */
+gm_status pages_grow(gm_arena *arena, gm_heap *heap, int pool, uint64_t size, window where, gm_block **block_out)
 {
-    window where = pages_choose_window(heap, pool, size, engine_of(arena)->page_size);
     if (!where.region) {
         gm_region *region = NULL;
         gm_status status = pages_add_region(arena, heap, pool, size, &region);

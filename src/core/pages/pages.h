@@ -1,19 +1,22 @@
 /*
  * pages.h -- the pages engine's shared state and the operations its files offer one another.
  *
- * The engine is five files, each using only those before it:
+ * The engine is seven files, each using only those before it:
  *   block_states.c  the four block states and the moves between them (carving, merging)
  *   chunks.c        regions, chunks of physical memory (made, mapped, unmapped, released) and
  *                   finding idle ones
  *   windows.c       where a request could go in free address space, and what that needs backed
  *   growth.c        backing a window with pages: idle chunks moved, new memory made
  *   lane.c          the growth lane for tensors that keep being replaced by larger copies
+ *   lane_sharing.c  a stream's heap borrowing its lane's mapped memory in place
  *   engine.c        the engine operations the front end calls
  *
  * Invariants (checked by pages_validate): the blocks of a region tile it; a block's pages are mapped
  * exactly when it is not unmapped; every chunk is mapped at one place and the page table points at it
- * from each of its pages; every free block is in its heap's size index and every unmapped block in its
- * region's unmapped list; a lane lists exactly its allocated and pending blocks, oldest first.
+ * from each of its pages; a free or unmapped block belongs to its region's heap, an allocated or pending
+ * one to the heap that asked for it (a stream's block may lie in its lane's region: lane_sharing.c);
+ * every free block is in its heap's size index and every unmapped block in its region's unmapped list;
+ * a lane lists exactly its allocated and pending blocks, oldest first.
  */
 #ifndef GM_PAGES_H
 #define GM_PAGES_H
@@ -43,6 +46,15 @@
 #define REGROWTH_SIZES 64       /* recent regrowth sizes remembered per stream */
 #define LANE_AFTER_REGROWTHS 48 /* regrowths seen on a stream before its lane opens */
 
+/* A lane copy that would need new pages where the ring goes on moves instead to a free block of the
+ * lane's own mapped memory holding at least this many copies (lane.c): fewer would scatter the ring
+ * over slivers it cannot reuse. */
+#define RING_JUMP_COPIES 5
+
+/* A stream's heap may borrow its lane's mapped memory while the lane's live blocks take at most
+ * 1/LANE_LENDS_BELOW of it (lane_sharing.c). */
+#define LANE_LENDS_BELOW 4
+
 /* Physical memory made by one cuMemCreate, mapped at exactly one place. */
 typedef struct page_chunk {
     uintptr_t address; /* where it is mapped */
@@ -58,6 +70,7 @@ typedef struct page_chunk {
 typedef struct page_region {
     page_chunk **pages; /* page index -> chunk mapped there, or NULL */
     uint64_t page_count;
+    uint64_t mapped_bytes;  /* the chunks mapped in it */
     uint64_t donated_at;    /* allocation number when an idle chunk last moved from here elsewhere; 0: never */
     uint64_t donated_bytes; /* bytes moved elsewhere since donated_at's window began */
     gm_list chunks;
@@ -71,7 +84,7 @@ typedef struct idle_chunk {
 
 /* The engine's state for one heap (heap->engine_data). A stream's heap watches for regrowths and,
  * once LANE_AFTER_REGROWTHS were seen, owns a lane: an engine-private heap of the same stream whose
- * live blocks are kept in allocation order. */
+ * live blocks are kept in allocation order and placed as a ring below its top (lane.c). */
 typedef struct page_heap {
     uint64_t quiesce_generation; /* this heap's stream was waited for in growth number ... */
     gm_heap *owner;              /* lane: the stream's heap it serves; NULL for a stream's heap */
@@ -81,6 +94,8 @@ typedef struct page_heap {
     uint64_t regrowths;
     gm_queue order; /* lane: live (allocated or pending) blocks, oldest first, through gm_block.order */
     uint64_t live;
+    uint64_t live_bytes; /* lane: the bytes of those blocks */
+    uintptr_t top;       /* lane: the ring's upper end, 0 until its region is made */
 } page_heap;
 
 typedef struct page_engine {
@@ -205,18 +220,20 @@ bool pages_part_to_back(const gm_block *block, uintptr_t start, uintptr_t end, u
                         uintptr_t *to);
 /* The unmapped pages that [start, end) needs backed, in the run from `first`. */
 uint64_t pages_needed(const gm_block *first, uintptr_t start, uintptr_t end, uint64_t page_size);
-/* The window for `size` bytes needing the fewest new pages, over every run of the heap's pool;
- * region NULL if none has room. */
-window pages_choose_window(gm_heap *heap, int pool, uint64_t size, uint64_t page_size);
+/* Whether a run (first to last block) may take a request; NULL accepts every run. */
+typedef bool (*run_filter)(const gm_block *first, const gm_block *last);
+/* The window for `size` bytes needing the fewest new pages, over every run of the heap's pool that
+ * `accept` accepts; region NULL if none has room. */
+window pages_choose_window(gm_heap *heap, int pool, uint64_t size, uint64_t page_size, run_filter accept);
 
 /* ---------------------------------------------------------------- growth.c */
 
-/* Map what the window `where` needs for `size` bytes; *block_out is the free block (detached) that
- * starts at or before the window and covers it. */
+/* Map what the window `where` needs for `size` bytes (perhaps nothing: a window inside one free
+ * block); *block_out is the free block (detached) that starts at or before the window and covers it. */
 gm_status pages_open_window(gm_arena *arena, window where, uint64_t size, gm_block **block_out);
-/* Map the window for `size` bytes that needs the fewest new pages (a new region if none has room);
- * *block_out as for pages_open_window. */
-gm_status pages_grow(gm_arena *arena, gm_heap *heap, int pool, uint64_t size, gm_block **block_out);
+/* Map the window `where` for `size` bytes of `heap`'s `pool` -- a new region's first addresses when
+ * it has none (no region had room); *block_out as for pages_open_window. */
+gm_status pages_grow(gm_arena *arena, gm_heap *heap, int pool, uint64_t size, window where, gm_block **block_out);
 /* Cut the detached free block `block` to `size` bytes; the rest goes back to the index. */
 static inline void pages_trim_to_size(gm_arena *arena, gm_block *block, uint64_t size)
 {
@@ -269,5 +286,11 @@ gm_status pages_lane_place(gm_arena *arena, gm_heap *heap, gm_heap *lane, uint64
 void pages_lane_remove(page_heap *lane, gm_block *block);
 /* A lane's allocation-order list holds exactly its allocated and pending blocks. */
 gm_status pages_validate_lane(const gm_heap *heap);
+
+/* ---------------------------------------------------------------- lane_sharing.c */
+
+/* The window for a request of the stream's heap `heap`: `own`, the best window of its own regions,
+ * or one of its lane's region that needs fewer new pages, when the lane has memory to lend. */
+window pages_window_with_lane(gm_heap *heap, int pool, uint64_t size, uint64_t page_size, window own);
 
 #endif

@@ -77,8 +77,9 @@ static void consider_run(gm_region *region, gm_block *first, gm_block *last, uin
     consider_window(best, &candidate);
 }
 
-/* The window for `size` bytes needing the fewest new pages, over every run of the heap's pool. */
-window pages_choose_window(gm_heap *heap, int pool, uint64_t size, uint64_t page_size)
+/* The window for `size` bytes needing the fewest new pages, over every run of the heap's pool that
+ * `accept` accepts (NULL: every run). */
+window pages_choose_window(gm_heap *heap, int pool, uint64_t size, uint64_t page_size, run_filter accept)
 {
     window best = {0};
     for (gm_region *region = gm_first_region(heap); region; region = gm_next_region(region)) {
@@ -92,8 +93,11 @@ window pages_choose_window(gm_heap *heap, int pool, uint64_t size, uint64_t page
                 first = first->previous;
                 lowest = lowest && first->state != GM_BLOCK_UNMAPPED;
             }
-            if (lowest)
-                consider_run(region, first, pages_run_end_of(hole), size, page_size, &best);
+            if (!lowest)
+                continue;
+            gm_block *last = pages_run_end_of(hole);
+            if (!accept || accept(first, last))
+                consider_run(region, first, last, size, page_size, &best);
         }
     }
     return best;
