@@ -374,6 +374,15 @@ static void bad_calls_are_clear_errors(void)
     CHECK_OK(gm_retain_pool(allocator, graph_pool));
     CHECK_OK(gm_release_pool(allocator, graph_pool));
     CHECK_STATUS(gm_release_pool(allocator, graph_pool), GM_ERROR_INVALID_ARGUMENT); /* gone */
+    /* Released while still allocated to: the route must not point at a dropped pool (found by fuzzing). */
+    CHECK_OK(gm_begin_allocate_to_pool(allocator, graph_pool, NULL, NULL));
+    CHECK_OK(gm_release_pool(allocator, graph_pool));
+    void *routed = NULL;
+    CHECK_OK(gm_malloc(allocator, 4096, 0, &routed));
+    CHECK_OK(gm_free(allocator, routed));
+    CHECK_OK(gm_end_allocate_to_pool(allocator, graph_pool));
+    gm_pool_info gone;
+    CHECK_STATUS(gm_get_pool_info(allocator, graph_pool, &gone), GM_ERROR_INVALID_ARGUMENT);
     CHECK_OK(gm_validate(allocator));
     gm_destroy(allocator, NULL);
 }

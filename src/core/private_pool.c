@@ -72,10 +72,20 @@ static void unlink_pool(gm_allocator *allocator, gm_private_pool *pool)
     }
 }
 
-/* Drop the pool if it is gone (no users, no live block) and no allocation holds one of its heaps. */
+/* Whether requests are still routed to the pool (between gm_begin_allocate_to_pool and its end). */
+static bool allocated_to(const gm_allocator *allocator, const gm_private_pool *pool)
+{
+    for (size_t i = 0; i < allocator->pool_route_count; i++)
+        if (allocator->pool_routes[i].pool == pool)
+            return true;
+    return false;
+}
+
+/* Drop the pool if it is gone (no users, no live block, not allocated to: a pool released before its
+ * gm_end_allocate_to_pool stays until then) and no allocation holds one of its heaps. */
 static void forget_if_gone(gm_allocator *allocator, gm_private_pool *pool)
 {
-    if (pool->users || pool->live_blocks || allocator->destroying)
+    if (pool->users || pool->live_blocks || allocator->destroying || allocated_to(allocator, pool))
         return;
     if (allocator->unlocked_allocations) {
         allocator->pools_to_forget = true;
@@ -195,6 +205,7 @@ gm_status gm_end_allocate_to_pool(gm_allocator *allocator, gm_pool_id id)
         allocator->pool_route_count--;
         if (!allocator->pool_route_count)
             gm_release_frees_held_for_capture_locked(allocator); /* their events can be recorded now */
+        gm_forget_gone_pools_locked(allocator); /* one released before its end may be gone now */
     }
     pthread_mutex_unlock(&allocator->lock);
     return status;
