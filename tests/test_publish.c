@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -370,7 +371,9 @@ static void test_stale_region(void)
 
 /* ---------------------------------------------------------------- consistency under a writer */
 
-static volatile int writer_done;
+/* Set by the writer thread when it is done, read by the main thread: atomic, not volatile (a volatile
+ * flag shared by two threads is a data race; ThreadSanitizer reported it). */
+static atomic_int writer_done;
 
 static void *allocate_and_free(void *argument)
 {
@@ -382,7 +385,7 @@ static void *allocate_and_free(void *argument)
             gm_free(allocator, *slot);
         gm_malloc(allocator, 512 * (size_t)(1 + i % 7), 0, slot);
     }
-    writer_done = 1;
+    atomic_store(&writer_done, 1);
     return NULL;
 }
 
@@ -393,7 +396,7 @@ static void test_snapshots_consistent(void)
     pthread_t writer;
     REQUIRE(pthread_create(&writer, NULL, allocate_and_free, allocator) == 0);
     int reads = 0, torn = 0;
-    while (!writer_done || reads < 100) {
+    while (!atomic_load(&writer_done) || reads < 100) {
         gm_published published;
         if (gm_published_read(path, &published) != GM_OK)
             break;
@@ -413,7 +416,7 @@ static void test_snapshots_consistent(void)
 
 /* The pinned host part under a writer thread: every block is 512 bytes (100 asked for), so a torn copy
  * would show bytes that are not 512 per block, or asked-for bytes that are not 100 per block. */
-static volatile int host_writer_done;
+static atomic_int host_writer_done;
 
 static void *host_allocate_and_free(void *argument)
 {
@@ -425,7 +428,7 @@ static void *host_allocate_and_free(void *argument)
             gm_host_free(allocator, *slot);
         gm_host_malloc(allocator, 100, slot);
     }
-    host_writer_done = 1;
+    atomic_store(&host_writer_done, 1);
     return NULL;
 }
 
@@ -436,7 +439,7 @@ static void test_pinned_host_snapshots_consistent(void)
     pthread_t writer;
     REQUIRE(pthread_create(&writer, NULL, host_allocate_and_free, allocator) == 0);
     int reads = 0, torn = 0;
-    while (!host_writer_done || reads < 100) {
+    while (!atomic_load(&host_writer_done) || reads < 100) {
         gm_published published;
         if (gm_published_read(path, &published) != GM_OK)
             break;

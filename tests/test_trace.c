@@ -74,6 +74,8 @@ static void malformed_lines_are_located(void)
         {"# header\na,0,1,0\na,0,1,0\n", ":3: allocation id 0 is already live (allocated at line 2)"},
         {"a,0,1,0\nf,1,1,0\n", ":2: free of id 1, which is not live"},
         {"a,0,99999999999999999999999,0\n", ":1: size '99999999999999999999999' is not a non-negative integer"},
+        /* Found by fuzz_trace: live sizes past 2^64 once wrapped around, and peak_live_bytes was wrong. */
+        {"a,0,18446744073709551615,0\na,1,1,0\n", ":2: the live allocations add up to more than 2^64 bytes"},
         {"# only a comment\n", ":1: the trace holds no operations"},
         {"", ":0: the trace holds no operations"},
     };

@@ -667,6 +667,7 @@ void gm_destroy(gm_allocator *allocator, size_t *live_allocations_out)
     }
     gm_release_frees_held_for_capture_locked(allocator);
     gm_process_pending_frees_locked(allocator, true);
+    gm_drop_pending_frees_locked(allocator); /* those whose events could not be waited for */
     if (allocator->arena.engine)
         allocator->arena.engine->destroy(&allocator->arena);
     while (allocator->spare_event_count)

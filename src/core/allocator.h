@@ -81,6 +81,9 @@ gm_status gm_defer_free_locked(gm_allocator *allocator, gm_block *block, gm_stre
 void gm_process_pending_frees_locked(gm_allocator *allocator, bool wait);
 gm_status gm_hold_free_for_capture_locked(gm_allocator *allocator, gm_block *block);
 void gm_release_frees_held_for_capture_locked(gm_allocator *allocator);
+/* At gm_destroy: complete the pending frees whose events could not be waited for (a stream still
+ * capturing, a device that fails), so that nothing is left behind. */
+void gm_drop_pending_frees_locked(gm_allocator *allocator);
 /* Wait for the streams of every pending cross-stream free, so that their blocks become free memory
  * (lock held; counted in num_sync_all_streams). */
 void gm_wait_for_pending_frees_locked(gm_allocator *allocator);

@@ -18,7 +18,8 @@
  *   Limit           host_limit caps the bytes held (reserved). A miss that would pass it first gives
  *                   the idle blocks back (the pending ones cannot be: copies may still use them), then
  *                   fails with GM_ERROR_OUT_OF_MEMORY and a message with the numbers.
- *   Destroy         gm_destroy waits for every pending event and frees every block, live or idle.
+ *   Destroy         gm_destroy waits for every pending event and frees every block, live or idle
+ *                   (a pending one whose events cannot be waited for too).
  *   Failures        if an event cannot be made or recorded, gm_host_free returns that error and the
  *                   block stays live (never reused while a copy might use it); the caller may retry.
  *
@@ -145,6 +146,14 @@ void gm_host_cache_destroy(gm_host_cache *cache, gm_backend *backend)
         release_block(cache, backend, block);
     }
     process_pending(cache, backend, true);
+    while (cache->pending) { /* events that could not be waited for (a capturing stream, a failing device) */
+        gm_host_block *block = cache->pending;
+        cache->pending = block->next;
+        while (block->event_count)
+            gm_backend_event_destroy(backend, block->events[--block->event_count]);
+        cache->stats.pending_blocks--;
+        release_block(cache, backend, block);
+    }
     release_idle(cache, backend);
     gm_hash_map_free(&cache->live_blocks);
 }

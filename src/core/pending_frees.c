@@ -92,6 +92,21 @@ void gm_process_pending_frees_locked(gm_allocator *allocator, bool wait)
     }
 }
 
+void gm_drop_pending_frees_locked(gm_allocator *allocator)
+{
+    while (allocator->pending_head) {
+        gm_pending_free *pending = allocator->pending_head;
+        allocator->pending_head = pending->next;
+        return_event(allocator, pending->event);
+        gm_block *block = pending->block;
+        pending->next = allocator->spare_pending;
+        allocator->spare_pending = pending;
+        if (--block->pending_events == 0)
+            gm_retire_block_locked(allocator, block);
+    }
+    allocator->pending_tail = NULL;
+}
+
 void gm_wait_for_pending_frees_locked(gm_allocator *allocator)
 {
     if (!allocator->pending_head)

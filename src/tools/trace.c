@@ -6,9 +6,10 @@
  *
  * Each line is checked: no NUL bytes (binary data), a newline within 512 bytes, the operation letter,
  * four fields, numbers that parse, an allocation id that is not already live, a free of an id that
- * is. Ids become slots (reused after a free) so that replay indexes an array; streams become a short
- * table. The first bad line stops loading with "FILE:LINE: reason". A gzip stream that ends early or
- * fails its checks is an I/O error naming the last good line, never a malformed line.
+ * is, live sizes that add up to at most 2^64 - 1 bytes. Ids become slots (reused after a free) so that
+ * replay indexes an array; streams become a short table. The first bad line stops loading with
+ * "FILE:LINE: reason". A gzip stream that ends early or fails its checks is an I/O error naming the
+ * last good line, never a malformed line.
  */
 #include "tools/trace.h"
 
@@ -165,6 +166,8 @@ static gm_status parse_line(loader *state, char *line)
                      id, entry & 0xffffffffu);
             return malformed(state, reason);
         }
+        if (size > UINT64_MAX - state->live_bytes) /* else live_bytes and peak_live_bytes would wrap around */
+            return malformed(state, "the live allocations add up to more than 2^64 bytes");
         status = take_slot(state, size, &operation->slot);
         if (status != GM_OK)
             return status;

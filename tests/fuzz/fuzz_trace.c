@@ -1,0 +1,263 @@
+/*
+ * fuzz_trace.c -- libFuzzer harness for the trace reader (src/tools/trace.c), in two variants.
+ *
+ * gm_trace_load reads only paths, so each input is written to a memory file (memfd) and loaded
+ * through /proc/self/fd/N, the way a user's file is read: zlib's reader, its line splitting and every
+ * check of a line.
+ *
+ *   fuzz_trace       the bytes as they are: text, binary, and (starting with gzip's magic bytes) gzip
+ *                    data straight into zlib's decoder, corrupt or truncated as the fuzzer makes it.
+ *   fuzz_trace_gzip  (FUZZ_TRACE_GZIP) the bytes after the first, gzip-compressed by the harness, so
+ *                    that mutations reach the parser through valid gzip; the first byte's low bit
+ *                    asks for the compressed file to be cut short (by up to 128 bytes, its other bits).
+ *
+ * What must hold, else abort() (a finding):
+ *   - the status is GM_OK, GM_ERROR_PARSE, GM_ERROR_IO or GM_ERROR_OUT_OF_MEMORY, with a message;
+ *   - a loaded trace is consistent: every operation's stream and slot in range, an allocation only
+ *     into a free slot, a free only of a live slot with that slot's size, the counts and
+ *     peak_live_bytes (the true peak, computed here without overflow) as the operations say;
+ *   - gzip variant: the compressed file loads exactly as the plain one (same status, message and
+ *     operations); cut short, it is an I/O error, or the plain file's own parse error (a malformed
+ *     line before the cut), never GM_OK;
+ *   - plain variant: a loaded trace with few streams replays on the simulated device (either engine,
+ *     by the input's length) and the allocator validates afterwards.
+ */
+#include "tools/trace.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#ifdef FUZZ_TRACE_GZIP
+#include <zlib.h>
+#endif
+
+/* Replays are for small traces: each stream of the pages engine reserves its own address range. */
+#define REPLAY_MAX_STREAMS 8
+#define REPLAY_MAX_OPERATIONS 20000
+
+static int memory_file = -1;
+static char memory_file_path[64];
+
+static void fail(const char *what, const char *detail)
+{
+    fprintf(stderr, "fuzz_trace: %s%s%s\n", what, detail ? ": " : "", detail ? detail : "");
+    abort();
+}
+
+/* Replace the memory file's contents with `size` bytes. */
+static void write_memory_file(const uint8_t *data, size_t size)
+{
+    if (memory_file < 0) {
+        memory_file = memfd_create("fuzz_trace", 0);
+        if (memory_file < 0)
+            fail("memfd_create failed", NULL);
+        snprintf(memory_file_path, sizeof memory_file_path, "/proc/self/fd/%d", memory_file);
+    }
+    if (ftruncate(memory_file, 0) != 0)
+        fail("ftruncate failed", NULL);
+    size_t written = 0;
+    while (written < size) {
+        ssize_t result = pwrite(memory_file, data + written, size - written, (off_t)written);
+        if (result <= 0)
+            fail("pwrite failed", NULL);
+        written += (size_t)result;
+    }
+}
+
+/* The result of one load: its status, its message and (on GM_OK) the trace. */
+typedef struct load_result {
+    gm_status status;
+    char message[1024];
+    gm_trace trace;
+} load_result;
+
+static void load(const uint8_t *data, size_t size, load_result *result)
+{
+    write_memory_file(data, size);
+    result->status = gm_trace_load(memory_file_path, &result->trace);
+    snprintf(result->message, sizeof result->message, "%s", result->status == GM_OK ? "" : gm_last_error());
+    if (result->status != GM_OK && result->status != GM_ERROR_PARSE && result->status != GM_ERROR_IO &&
+        result->status != GM_ERROR_OUT_OF_MEMORY)
+        fail("gm_trace_load returned an unexpected status", gm_strerror(result->status));
+    if (result->status != GM_OK && result->message[0] == '\0')
+        fail("gm_trace_load failed without a message", gm_strerror(result->status));
+    if (result->status != GM_OK && (result->trace.operations || result->trace.streams || result->trace.count))
+        fail("gm_trace_load failed but left a trace behind", result->message);
+}
+
+/* Everything the loader promises about a trace it returns. */
+static void check_trace(const gm_trace *trace)
+{
+    if (trace->count == 0 || !trace->operations)
+        fail("a loaded trace has no operations", NULL);
+    bool *slot_live = calloc(trace->slot_count ? trace->slot_count : 1, sizeof *slot_live);
+    uint64_t *slot_size = calloc(trace->slot_count ? trace->slot_count : 1, sizeof *slot_size);
+    if (!slot_live || !slot_size)
+        fail("no memory for the check", NULL);
+    unsigned __int128 live = 0, peak = 0;
+    size_t allocations = 0;
+    for (size_t i = 0; i < trace->count; i++) {
+        const gm_trace_operation *operation = &trace->operations[i];
+        if (operation->stream_index >= trace->stream_count)
+            fail("an operation's stream index is out of range", NULL);
+        if (operation->slot >= trace->slot_count)
+            fail("an operation's slot is out of range", NULL);
+        if (operation->kind == GM_TRACE_ALLOCATE) {
+            if (slot_live[operation->slot])
+                fail("an allocation into a live slot", NULL);
+            slot_live[operation->slot] = true;
+            slot_size[operation->slot] = operation->size;
+            live += operation->size;
+            peak = live > peak ? live : peak;
+            allocations++;
+        } else if (operation->kind == GM_TRACE_FREE) {
+            if (!slot_live[operation->slot])
+                fail("a free of a slot that is not live", NULL);
+            if (slot_size[operation->slot] != operation->size)
+                fail("a free's size differs from its allocation's", NULL);
+            slot_live[operation->slot] = false;
+            live -= operation->size;
+        } else {
+            fail("an operation of unknown kind", NULL);
+        }
+    }
+    free(slot_live);
+    free(slot_size);
+    if (allocations != trace->allocation_count)
+        fail("allocation_count differs from the allocations", NULL);
+    if (peak != trace->peak_live_bytes)
+        fail("peak_live_bytes is not the peak of the live bytes", NULL);
+    for (size_t i = 0; i < trace->stream_count; i++)
+        for (size_t j = i + 1; j < trace->stream_count; j++)
+            if (trace->streams[i] == trace->streams[j])
+                fail("a stream appears twice in the stream table", NULL);
+}
+
+#ifdef FUZZ_TRACE_GZIP
+
+static bool same_trace(const gm_trace *a, const gm_trace *b)
+{
+    if (a->count != b->count || a->allocation_count != b->allocation_count || a->slot_count != b->slot_count ||
+        a->stream_count != b->stream_count || a->peak_live_bytes != b->peak_live_bytes)
+        return false;
+    for (size_t i = 0; i < a->count; i++) {
+        const gm_trace_operation *x = &a->operations[i], *y = &b->operations[i];
+        if (x->size != y->size || x->slot != y->slot || x->stream_index != y->stream_index || x->kind != y->kind)
+            return false;
+    }
+    return a->stream_count == 0 || memcmp(a->streams, b->streams, a->stream_count * sizeof *a->streams) == 0;
+}
+
+/* `size` bytes gzip-compressed (with gzip's header and trailer) into a new buffer. */
+static uint8_t *gzip_compress(const uint8_t *data, size_t size, size_t *compressed_size_out)
+{
+    z_stream stream;
+    memset(&stream, 0, sizeof stream);
+    if (deflateInit2(&stream, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK)
+        fail("deflateInit2 failed", NULL);
+    size_t capacity = deflateBound(&stream, (uLong)size) + 32;
+    uint8_t *compressed = malloc(capacity);
+    if (!compressed)
+        fail("no memory for the compressed input", NULL);
+    stream.next_in = (Bytef *)(uintptr_t)data;
+    stream.avail_in = (uInt)size;
+    stream.next_out = compressed;
+    stream.avail_out = (uInt)capacity;
+    if (deflate(&stream, Z_FINISH) != Z_STREAM_END)
+        fail("deflate did not finish", NULL);
+    *compressed_size_out = stream.total_out;
+    deflateEnd(&stream);
+    return compressed;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size == 0)
+        return 0;
+    uint8_t control = data[0];
+    data++;
+    size--;
+    size_t compressed_size = 0;
+    uint8_t *compressed = gzip_compress(data, size, &compressed_size);
+    size_t cut = control & 1 ? 1 + (size_t)(control >> 1) : 0;
+    if (cut > compressed_size)
+        cut = compressed_size;
+    load_result *packed = calloc(1, sizeof *packed), *plain = calloc(1, sizeof *plain);
+    if (!packed || !plain)
+        fail("no memory for the results", NULL);
+    load(compressed, compressed_size - cut, packed);
+    free(compressed);
+    if (packed->status == GM_OK)
+        check_trace(&packed->trace);
+    /* Plain bytes that start with gzip's magic are read as gzip, not as the text the harness compressed. */
+    bool comparable = !(size >= 2 && data[0] == 0x1f && data[1] == 0x8b);
+    if (comparable) {
+        load(data, size, plain);
+        if (cut == 0) {
+            if (packed->status != plain->status || strcmp(packed->message, plain->message) != 0)
+                fail("the gzip file loads differently from the plain one", packed->message);
+            if (packed->status == GM_OK && !same_trace(&packed->trace, &plain->trace))
+                fail("the gzip file gives other operations than the plain one", NULL);
+        } else if (compressed_size - cut >= 2) { /* gzip's magic is there: zlib decodes, and finds the cut */
+            bool cut_reported = packed->status == GM_ERROR_IO;
+            bool earlier_parse_error = packed->status == GM_ERROR_PARSE && plain->status == GM_ERROR_PARSE &&
+                                       strcmp(packed->message, plain->message) == 0;
+            if (!cut_reported && !earlier_parse_error && packed->status != GM_ERROR_OUT_OF_MEMORY)
+                fail("a gzip file cut short was not reported as such", packed->message);
+        }
+    }
+    gm_trace_free(&packed->trace);
+    gm_trace_free(&plain->trace);
+    free(packed);
+    free(plain);
+    return 0;
+}
+
+#else
+
+/* Replay a small loaded trace on the simulated device and validate the allocator afterwards. */
+static void replay(const gm_trace *trace, bool segments_engine)
+{
+    if (trace->stream_count > REPLAY_MAX_STREAMS || trace->count > REPLAY_MAX_OPERATIONS)
+        return;
+    gm_allocator *allocator = NULL;
+    const char *config = segments_engine ? "backend:sim,capacity:1GiB,engine:segments" : "backend:sim,capacity:1GiB";
+    if (gm_create(config, &allocator) != GM_OK)
+        fail("gm_create failed", gm_last_error());
+    gm_replay_result *result = calloc(1, sizeof *result);
+    if (!result)
+        fail("no memory for the replay result", NULL);
+    gm_status status = gm_replay(allocator, trace, result);
+    if (status != GM_OK)
+        fail("the replay failed", gm_last_error());
+    if (result->operations != trace->count || result->failed_allocations > result->allocations)
+        fail("the replay's counts differ from the trace's", NULL);
+    if (gm_validate(allocator) != GM_OK)
+        fail("gm_validate failed after the replay", gm_last_error());
+    size_t live = 0;
+    gm_destroy(allocator, &live);
+    if (live != 0)
+        fail("allocations were left live after the replay", NULL);
+    free(result);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    load_result *result = calloc(1, sizeof *result);
+    if (!result)
+        fail("no memory for the result", NULL);
+    load(data, size, result);
+    if (result->status == GM_OK) {
+        check_trace(&result->trace);
+        replay(&result->trace, size % 2 == 1);
+    }
+    gm_trace_free(&result->trace);
+    free(result);
+    return 0;
+}
+
+#endif
