@@ -170,6 +170,8 @@ void gm_unindex_free_block(gm_arena *arena, gm_block *block);
 gm_status gm_validate_region_blocks(const gm_region *region, gm_stats *recomputed,
                                     gm_status (*check)(const gm_region *region, const gm_block *block, void *context),
                                     void *context);
+/* Delete every block of a region that is going away (unindexing the free ones). */
+void gm_delete_region_blocks(gm_arena *arena, gm_region *region);
 /* The device memory a region holds: its blocks but the unmapped ones (which are whole pages). */
 uint64_t gm_region_reserved_bytes(const gm_region *region);
 /* Whether reserving `size` more bytes keeps within memory_limit. */

@@ -175,3 +175,15 @@ uint64_t gm_region_reserved_bytes(const gm_region *region)
             bytes += block->size;
     return bytes;
 }
+
+void gm_delete_region_blocks(gm_arena *arena, gm_region *region)
+{
+    for (gm_block *block = region->first_block; block;) {
+        gm_block *next = block->next;
+        if (block->indexed)
+            gm_unindex_free_block(arena, block);
+        gm_block_delete(&arena->block_pool, block);
+        block = next;
+    }
+    region->first_block = NULL;
+}

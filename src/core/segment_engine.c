@@ -216,13 +216,7 @@ static void segments_destroy(gm_arena *arena)
     for (size_t h = 0; h < arena->heap_count; h++) {
         while (arena->heaps[h]->regions.first) {
             gm_region *region = gm_first_region(arena->heaps[h]);
-            for (gm_block *block = region->first_block; block;) {
-                gm_block *next = block->next;
-                if (block->indexed)
-                    gm_unindex_free_block(arena, block);
-                gm_block_delete(&arena->block_pool, block);
-                block = next;
-            }
+            gm_delete_region_blocks(arena, region);
             gm_list_remove(&arena->heaps[h]->regions, &region->link);
             free(region);
         }

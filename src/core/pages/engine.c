@@ -190,13 +190,7 @@ static gm_status drop_free_region(gm_arena *arena, gm_region *region)
         pages_release_chunk(arena, region, chunk);
     }
     gm_backend_address_free(arena->backend, region->base, region->size);
-    for (gm_block *block = region->first_block; block;) {
-        gm_block *next = block->next;
-        if (block->indexed)
-            gm_unindex_free_block(arena, block);
-        gm_block_delete(&arena->block_pool, block);
-        block = next;
-    }
+    gm_delete_region_blocks(arena, region);
     gm_list_remove(&region->heap->regions, &region->link);
     free(data->pages);
     free(data);
@@ -246,13 +240,7 @@ static void pages_destroy(gm_arena *arena)
                 free(chunk);
             }
             gm_backend_address_free(arena->backend, region->base, region->size);
-            for (gm_block *block = region->first_block; block;) {
-                gm_block *next = block->next;
-                if (block->indexed)
-                    gm_unindex_free_block(arena, block);
-                gm_block_delete(&arena->block_pool, block);
-                block = next;
-            }
+            gm_delete_region_blocks(arena, region);
             gm_region *next = gm_next_region(region);
             free(data->pages);
             free(data);
