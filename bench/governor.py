@@ -147,6 +147,11 @@ def run_finder(name, finder, fraction):
         search = gpumem.torch.find_batch_size(step, make_batch, state=(model, optimizer), margin=MARGIN,
                                               log=lines.append)
         found, trials, ooms = search.batch_size, len(search.trials), search.out_of_memory
+        if os.environ.get("GOVERNOR_DUMP"):  # the recorded trials, to study the prediction offline
+            import pickle
+            with open(os.path.join(os.environ["GOVERNOR_DUMP"], f"{name}-trials.pickle"), "wb") as file:
+                pickle.dump({"budget": int(search.budget), "trials": [vars(t) for t in search.recorded],
+                             "config": gpumem.torch.installed_config()}, file)
         extra = {"predicted": search.predicted, "paired": search.paired, "outside": search.outside, "peaks": search.peaks,
                  "trial_list": search.trials, "log": lines}
     elif finder == "lightning":

@@ -60,6 +60,8 @@ class BatchSizeSearch:
         self.paired = None
         self.outside = None
         self.peaks = None  # the second trial's peak reserved bytes, measured and replayed
+        self.budget = None  # the bytes the step had to fit in
+        self.recorded = []  # the recorded Trials the prediction came from (to study a prediction offline)
 
     def __repr__(self):
         return (f"BatchSizeSearch(batch_size={self.batch_size}, trials={len(self.trials)}, "
@@ -274,6 +276,7 @@ def find_batch_size(step, make_batch, limit=None, start=2, margin=0.0, maximum=N
     budget = int(_memory_limit(limit) * (1 - margin))
     saved = _save_state(state)
     search = BatchSizeSearch()
+    search.budget = budget
     try:
         search.batch_size = _search(step, make_batch, budget, start, maximum, config, search, log)
     finally:
@@ -303,6 +306,7 @@ def _search(step, make_batch, budget, start, maximum, config, search, log):
         return _bisect(step, make_batch, start, second_size, budget, search, log)
     if second_size == maximum:
         return second_size
+    search.recorded = [first, second]
     predicted = _predict(first, second, budget, sim, maximum, search, log)
     search.predicted = predicted
     if predicted == second.size or _fits(step, make_batch, predicted, budget, search):
