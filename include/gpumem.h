@@ -156,6 +156,12 @@ typedef struct gm_pool_info {
 } gm_pool_info;
 /* A pool's state; GM_ERROR_INVALID_ARGUMENT when no pool of that name exists (any more). */
 GM_API gm_status gm_get_pool_info(gm_allocator *allocator, gm_pool_id pool, gm_pool_info *info_out);
+/* The addresses of the pool's allocated blocks (not those freed and waiting for a recorded stream), at
+ * most `capacity` of them into `addresses` (NULL when capacity is 0), in no particular order; how many
+ * there are goes to *count_out (more than capacity: call again with room for them). A pool that does
+ * not exist has none. */
+GM_API gm_status gm_get_pool_allocations(gm_allocator *allocator, gm_pool_id pool, uint64_t *addresses,
+                                         size_t capacity, size_t *count_out);
 
 /* Never reserve more than `bytes` of device memory from now on (0: the whole device); what is already
  * reserved beyond it is given back as it becomes free (torch.cuda.set_per_process_memory_fraction). */

@@ -379,6 +379,54 @@ static void destroy_during_a_capture(void)
     }
 }
 
+static int holds_address(const uint64_t *addresses, size_t count, const void *pointer)
+{
+    for (size_t i = 0; i < count; i++)
+        if (addresses[i] == (uint64_t)(uintptr_t)pointer)
+            return 1;
+    return 0;
+}
+
+/* The pool's allocated blocks, exactly (torch.compile's cudagraph trees check them against the tensors
+ * they know to be alive): not blocks outside the pool, not freed ones, not ones waiting for a stream. */
+static void a_pools_allocations_are_listed(void)
+{
+    for (size_t c = 0; c < config_count; c++) {
+        gm_allocator *allocator = NULL;
+        REQUIRE(gm_create(configs[c], &allocator) == GM_OK);
+        size_t count = 99;
+        CHECK_OK(gm_get_pool_allocations(allocator, graph_pool, NULL, 0, &count));
+        CHECK_EQ_INT(count, 0); /* no such pool: none */
+        void *outside = NULL, *inside[4] = {NULL};
+        CHECK_OK(gm_malloc(allocator, 2 * MIB, 0, &outside));
+        CHECK_OK(gm_begin_allocate_to_pool(allocator, graph_pool, NULL, NULL));
+        const size_t sizes[4] = {512, 3 * MIB, 40 * MIB, 4096};
+        for (int i = 0; i < 4; i++)
+            CHECK_OK(gm_malloc(allocator, sizes[i], 0, &inside[i]));
+        CHECK_OK(gm_end_allocate_to_pool(allocator, graph_pool));
+        CHECK_OK(gm_free(allocator, inside[1]));
+        CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1000));
+        CHECK_OK(gm_record_stream(allocator, inside[2], 2));
+        CHECK_OK(gm_free(allocator, inside[2])); /* waits for stream 2: not allocated any more */
+        uint64_t addresses[4] = {0};
+        CHECK_OK(gm_get_pool_allocations(allocator, graph_pool, addresses, 1, &count));
+        CHECK_EQ_INT(count, 2); /* the count even when there is room for fewer */
+        CHECK_OK(gm_get_pool_allocations(allocator, graph_pool, addresses, 4, &count));
+        CHECK_EQ_INT(count, 2);
+        CHECK(holds_address(addresses, count, inside[0]) && holds_address(addresses, count, inside[3]));
+        CHECK(!holds_address(addresses, count, outside));
+        CHECK_STATUS(gm_get_pool_allocations(allocator, graph_pool, NULL, 4, &count), GM_ERROR_INVALID_ARGUMENT);
+        CHECK_STATUS(gm_get_pool_allocations(allocator, graph_pool, addresses, 4, NULL), GM_ERROR_INVALID_ARGUMENT);
+        CHECK_OK(gm_sim_stream_complete(allocator, 2));
+        CHECK_OK(gm_free(allocator, inside[0]));
+        CHECK_OK(gm_free(allocator, inside[3]));
+        CHECK_OK(gm_free(allocator, outside));
+        CHECK_OK(gm_release_pool(allocator, graph_pool));
+        CHECK_OK(gm_validate(allocator));
+        gm_destroy(allocator, NULL);
+    }
+}
+
 static void bad_calls_are_clear_errors(void)
 {
     gm_allocator *allocator = NULL;
@@ -416,4 +464,5 @@ RUN_TESTS(TEST_CASE(requests_follow_the_filter), TEST_CASE(pool_memory_is_kept_f
           TEST_CASE(frees_during_capture_wait_for_its_end),
           TEST_CASE(growth_during_capture_waits_for_no_capturing_stream),
           TEST_CASE(data_survives_in_a_pool), TEST_CASE(destroy_with_pools_alive),
-          TEST_CASE(destroy_during_a_capture), TEST_CASE(bad_calls_are_clear_errors))
+          TEST_CASE(destroy_during_a_capture), TEST_CASE(a_pools_allocations_are_listed),
+          TEST_CASE(bad_calls_are_clear_errors))

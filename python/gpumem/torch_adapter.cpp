@@ -36,6 +36,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "gpumem.h"
@@ -75,6 +76,13 @@ int accept_stream(gm_stream stream, void *context) {
 void *unused_alloc(size_t, int, cudaStream_t) { return nullptr; }
 void unused_free(void *, size_t, int, cudaStream_t) {}
 void delete_pointer(void *pointer);
+
+// A graph pool's allocations at one moment (getCheckpointState), sorted.
+struct PoolCheckpoint final : c10::cuda::CUDACachingAllocator::AllocatorState {
+  c10::DeviceIndex device = 0;
+  c10::cuda::MempoolId_t id{0, 0};
+  std::vector<uint64_t> allocations;
+};
 
 class GpumemAllocator final : public CUDAPluggableAllocator {
  public:
@@ -305,9 +313,68 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
       TORCH_WARN_ONCE("gpumem: MemPool(use_on_oom=True) is not supported; the pool's memory stays its own");
   }
 
+  std::vector<uint64_t> pool_allocations(c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
+    gm_allocator *allocator = of(device);
+    std::vector<uint64_t> addresses;
+    size_t count = 0;
+    do {
+      addresses.resize(count);
+      TORCH_CHECK(gm_get_pool_allocations(allocator, pool_of(id), addresses.data(), addresses.size(), &count) == GM_OK,
+                  "gpumem: ", gm_last_error());
+    } while (count > addresses.size());
+    addresses.resize(count);
+    return addresses;
+  }
+
   int getPoolUseCount(c10::DeviceIndex device, c10::cuda::MempoolId_t id) override {
     gm_pool_info info;
     return gm_get_pool_info(of(device), pool_of(id), &info) == GM_OK ? static_cast<int>(info.users) : 0;
+  }
+
+  // torch.compile's cudagraph trees check that a graph pool holds exactly the tensors they know to be
+  // alive (after each recording, with slow_path_cudagraph_asserts, torch's default), as native does.
+  bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::cuda::MempoolId_t id,
+                                const std::unordered_set<void *> &expected_live_allocations) override {
+    std::vector<uint64_t> addresses = pool_allocations(device, id);
+    if (addresses.size() != expected_live_allocations.size())
+      return false;
+    for (uint64_t address : addresses)
+      if (!expected_live_allocations.count(reinterpret_cast<void *>(static_cast<uintptr_t>(address))))
+        return false;
+    return true;
+  }
+
+  // Cudagraph trees take a checkpoint of the graph pool after each recording, to restore it when they
+  // record a new branch after replaying (replays do not go through the allocator).
+  std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> getCheckpointState(
+      c10::DeviceIndex device, c10::cuda::MempoolId_t id) override {
+    auto state = std::make_shared<PoolCheckpoint>();
+    state->device = device;
+    state->id = id;
+    state->allocations = pool_allocations(device, id);
+    std::sort(state->allocations.begin(), state->allocations.end());
+    return state;
+  }
+
+  // Restoring a checkpoint whose allocations are the pool's now changes nothing. Any other restore would
+  // need blocks placed at given addresses, which gpumem cannot do yet: a clear error, nothing changed.
+  c10::cuda::CUDACachingAllocator::CheckpointDelta setCheckpointPoolState(
+      c10::DeviceIndex device, std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> state) override {
+    auto checkpoint = std::dynamic_pointer_cast<PoolCheckpoint>(state);
+    TORCH_CHECK(checkpoint && checkpoint->device == device, "gpumem: not a checkpoint of gpumem's pool on cuda:", device);
+    std::vector<uint64_t> now = pool_allocations(device, checkpoint->id);
+    std::sort(now.begin(), now.end());
+    TORCH_CHECK(now == checkpoint->allocations,
+                "gpumem: restoring a CUDA graph pool to an earlier checkpoint (torch.compile's cudagraph trees "
+                "recording a new branch after a replay) is not supported yet; the pool is unchanged. "
+                "Workaround: torch._inductor.config.triton.cudagraph_trees = False");
+    c10::cuda::CUDACachingAllocator::CheckpointDelta delta;
+    for (uint64_t address : now) {
+      void *pointer = reinterpret_cast<void *>(static_cast<uintptr_t>(address));
+      delta.ptrs_freed.push_back(pointer);
+      delta.dataptrs_allocd.emplace_back(pointer, pointer, &delete_pointer, c10::Device(c10::DeviceType::CUDA, device));
+    }
+    return delta;
   }
 
   std::string name() override { return "gpumem"; }

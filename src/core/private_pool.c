@@ -263,3 +263,27 @@ gm_status gm_get_pool_info(gm_allocator *allocator, gm_pool_id id, gm_pool_info 
     pthread_mutex_unlock(&allocator->lock);
     return status;
 }
+
+gm_status gm_get_pool_allocations(gm_allocator *allocator, gm_pool_id id, uint64_t *addresses, size_t capacity,
+                                  size_t *count_out)
+{
+    gm_status status = check_arguments("gm_get_pool_allocations", allocator, id);
+    if (status == GM_OK && (!count_out || (capacity && !addresses)))
+        status = gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_pool_allocations: count_out or addresses is NULL");
+    if (status != GM_OK)
+        return status;
+    size_t count = 0;
+    pthread_mutex_lock(&allocator->lock);
+    gm_private_pool *pool = find_pool(allocator, id);
+    for (size_t h = 0; pool && h < allocator->arena.heap_count; h++) {
+        const gm_heap *heap = allocator->arena.heaps[h];
+        for (const gm_region *region = heap->private_pool == pool ? gm_first_region(heap) : NULL; region;
+             region = gm_next_region(region))
+            for (const gm_block *block = region->first_block; block; block = block->next)
+                if (block->state == GM_BLOCK_ALLOCATED && count++ < capacity)
+                    addresses[count - 1] = block->address;
+    }
+    pthread_mutex_unlock(&allocator->lock);
+    *count_out = count;
+    return GM_OK;
+}

@@ -95,17 +95,27 @@ def memory_fraction_caps_the_process(torch):
 
 @check
 def record_stream_defers_reuse(torch):
+    """As PyTorch's own test_record_stream: a block used on another stream (record_stream) is not handed
+    out again on its stream until that stream's work is done."""
     side = torch.cuda.Stream()
     tensor = torch.empty(16 * MIB, dtype=torch.uint8, device="cuda")
     address = tensor.data_ptr()
+    torch.cuda.synchronize()
+    side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        torch.cuda._sleep(200_000_000)  # long work on the side stream that uses the tensor
+        torch.cuda._sleep(2_000_000_000)  # about a second of work on the side stream that uses the tensor
         tensor.add_(1)
+        done = torch.cuda.Event()
+        done.record(side)
     tensor.record_stream(side)
     del tensor
     again = torch.empty(16 * MIB, dtype=torch.uint8, device="cuda")
-    assert again.data_ptr() != address, "reused while the side stream still used it"
+    busy = not done.query()
+    reused = again.data_ptr() == address
     side.synchronize()
+    assert busy, "the side stream finished before the check could look (no conclusion)"
+    assert not reused, "reused while the side stream still used it"
+    del again
 
 
 @check
