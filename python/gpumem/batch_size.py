@@ -70,15 +70,17 @@ class BatchSizeSearch:
 
 class Trial:
     """One recorded step: its batch size, allocation events (action, address, size, stream) in order,
-    the sizes of the batch's own device tensors, and the reserved bytes measured at its start (batch
-    made, cache emptied) and at its peak."""
+    the sizes of the batch's own device tensors, the reserved bytes measured at its start (batch made,
+    cache emptied) and at its peak, and the sizes of the blocks held outside the step at its start
+    (parameters, optimizer state: live then, neither the batch nor freed by the step)."""
 
-    def __init__(self, size, events, batch_tensors, reserved_start, peak_reserved):
+    def __init__(self, size, events, batch_tensors, reserved_start, peak_reserved, outside_blocks=None):
         self.size = size
         self.events = events
         self.batch_tensors = batch_tensors
         self.reserved_start = reserved_start
         self.peak_reserved = peak_reserved
+        self.outside_blocks = outside_blocks or []
 
 
 def _transient_allocations(events):
@@ -175,9 +177,11 @@ class StepModel:
 
     def operations(self, size):
         """("a" | "f", id, bytes, stream) of the step at `size` samples: first what it finds live (the
-        blocks it releases, then the batch), then its own events."""
+        blocks held outside it, those it releases, then the batch), then its own events. The blocks
+        held outside share pages with the step's blocks on the device, so the replay holds them too."""
         large = self.large
-        streams, ids, early, operations = {}, {}, [], []
+        streams, ids, operations = {}, {}, []
+        early = [("a", index, block_size, 0) for index, block_size in enumerate(large.outside_blocks)]
         stream_of = lambda event: streams.setdefault(event[3], len(streams))  # noqa: E731
         made = {event[1] for event in large.events if event[0] == "alloc"}
         for event in large.events:  # released: made before the step
@@ -232,15 +236,16 @@ def replay(operations, config, limit=None, mark=0):
 
 
 def held_outside(model, config):
-    """Reserved bytes the replay of the model's (larger) trial does not see -- parameters, optimizer
-    state, what other code holds: the trial's reserved bytes at its start (cache emptied, batch made)
-    less the replay's at the same point. Not from the peaks: the device keeps cache the replay need
-    not keep the same way, and under a limit it releases cache, so the difference of the peaks mixes
-    the engine's slack into what is held. (A little more than the truth: the step's small blocks also
-    fill pages held outside it.)"""
+    """Reserved bytes the replay of the model's (larger) trial does not hold: the trial's reserved bytes
+    at its start (cache emptied, batch made) less the replay's at the same point, where the replay
+    holds the blocks that were live then. What is left is the device's looser packing of those blocks
+    (made over the program's life, not in a row), or memory held outside gpumem's statistics' view;
+    never less than nothing, so the replay's own packing is not trusted beyond the device's. Not from
+    the peaks: the device keeps cache the replay need not keep the same way, and under a limit it
+    releases cache, so the difference of the peaks mixes the engine's slack into what is held."""
     operations = model.operations(model.large.size)
     _, _, at_start = replay(operations, config, mark=model.early)
-    return model.large.reserved_start - at_start
+    return max(0, model.large.reserved_start - at_start)
 
 
 def predict_by_replay(model, budget, config, maximum=None):
@@ -357,8 +362,29 @@ def _events_of_step(step, batch):
             if event["action"] in ("alloc", "free_requested")]
 
 
+def _live_blocks():
+    """{address: bytes} of the blocks allocated (or freed and waiting for a stream) now."""
+    import torch
+    live = {}
+    for segment in torch.cuda.memory_snapshot():
+        address = segment["address"]
+        for block in segment["blocks"]:
+            if block["state"] in ("active_allocated", "active_pending_free"):
+                live[address] = block["size"]
+            address += block["size"]
+    return live
+
+
+def _outside_blocks(live, events, batch_storages):
+    """Sizes of the blocks live at the step's start that are neither the batch nor freed by the step."""
+    made = {event[1] for event in events if event[0] == "alloc"}
+    released = {event[1] for event in events if event[0] != "alloc" and event[1] not in made}
+    return [size for address, size in sorted(live.items()) if address not in released and address not in batch_storages]
+
+
 def _device_tensors(batch, seen=None):
-    """Bytes of each distinct device storage in the batch (tensors, or lists, tuples and dicts of them)."""
+    """{data pointer: bytes} of each distinct device storage in the batch (tensors, or lists, tuples and
+    dicts of them)."""
     import torch
     seen = {} if seen is None else seen
     if isinstance(batch, torch.Tensor):
@@ -371,7 +397,7 @@ def _device_tensors(batch, seen=None):
     elif isinstance(batch, (list, tuple)):
         for value in batch:
             _device_tensors(value, seen)
-    return list(seen.values())
+    return seen
 
 
 def _trial(step, make_batch, size, budget, search):
@@ -382,19 +408,21 @@ def _trial(step, make_batch, size, budget, search):
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     reserved_start = torch.cuda.memory_reserved()
+    live_at_start = _live_blocks()
     try:
         events = _events_of_step(step, batch)
     except torch.OutOfMemoryError:
         search.out_of_memory += 1
         search.trials.append((size, False, None, None))
         return None
-    tensors = _device_tensors(batch)
+    storages = _device_tensors(batch)
     del batch
     peak_reserved = torch.cuda.max_memory_reserved()
     search.trials.append((size, peak_reserved <= budget, torch.cuda.max_memory_allocated(), peak_reserved))
     if peak_reserved > budget:
         return None
-    return Trial(size, events, tensors, reserved_start, peak_reserved)
+    return Trial(size, events, list(storages.values()), reserved_start, peak_reserved,
+                 _outside_blocks(live_at_start, events, storages))
 
 
 def _fits(step, make_batch, size, budget, search):

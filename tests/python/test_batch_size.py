@@ -108,6 +108,36 @@ class StepModelTest(unittest.TestCase):
         _, replayed, _ = batch_size.replay(operations, self.config)
         self.assertLess(bound_peak - replayed, outside)  # what the peaks alone would have said
 
+    def test_blocks_held_outside_are_replayed_with_the_step(self):
+        """Small blocks held outside the step (biases, norms) leave room in their pages that the step's
+        small blocks fill on the device: the replay holds them, so it counts only what the device
+        reserved beyond its own packing of them, and predicts more than counting their pages would."""
+        outside_blocks = [3 * 1024] * 300 + [6 * MIB] * 4  # about 1 MiB of small blocks, 24 MiB of large
+        events, address = [], 1000
+        for _ in range(50):  # the step: small temporaries, a large activation per sample
+            events.append(("alloc", address, 64 * 1024, 0))
+            events.append(("alloc", address + 1, 4 * MIB, 0))
+            events.append(("free_requested", address, 64 * 1024, 0))
+            address += 2
+        for freed in range(1001, address, 2):
+            events.append(("free_requested", freed, 4 * MIB, 0))
+        with_blocks = batch_size.Trial(4, events, [], 0, 0, outside_blocks)
+        _, _, start = batch_size.replay(batch_size.StepModel(with_blocks).operations(4), self.config,
+                                        mark=len(outside_blocks))
+        for slack in (0, 10 * MIB):  # the device packed them as the replay does, or looser
+            model = batch_size.StepModel(batch_size.Trial(4, events, [], start + slack, 0, outside_blocks))
+            self.assertEqual(batch_size.held_outside(model, self.config), slack)
+        counted = batch_size.StepModel(batch_size.Trial(4, events, [], start, 0))  # pages counted as held
+        self.assertEqual(batch_size.held_outside(counted, self.config), start)
+        budget = 400 * MIB
+        exact, _ = batch_size.predict_by_replay(batch_size.StepModel(with_blocks), budget, self.config)
+        looser, _ = batch_size.predict_by_replay(counted, budget, self.config)
+        self.assertGreaterEqual(exact, looser)
+        fits = lambda size: batch_size.replay(batch_size.StepModel(with_blocks).operations(size),  # noqa: E731
+                                              self.config, budget)[0]
+        self.assertTrue(fits(exact))
+        self.assertFalse(fits(exact + 1))
+
     def test_one_trial_gives_a_size_that_fits(self):
         outside = 40 * MIB
         first = self.trial(2, first_step=True, outside=outside)
