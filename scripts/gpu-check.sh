@@ -3,7 +3,8 @@
 # `gpumem info`, the GPU tests, the GPU tests under compute-sanitizer memcheck, trace replay on the
 # cuda backend, and the side-by-side GPU benchmark (bench/gpu_replay.py). Logs and results go to
 # $OUT (the device tool's output folder) or ./gpu-results, as gpu-results.tgz and gpu_replay.md.
-# Usage: scripts/gpu-check.sh [build|tests|memcheck|bench|python|workloads|top|run|whatif|all]...   (default: all)
+# Usage: scripts/gpu-check.sh [build|tests|memcheck|bench|python|workloads|top|run|whatif|governor|latency|host|all]...
+#        (default: all)
 #   python     the PyTorch/CuPy integration tests (tests/gpu/test_torch.py, test_governor.py, test_graphs.py,
 #              test_torch_conformance.py: each torch.cuda memory behaviour under native and under gpumem)
 #   workloads  bench/torch_workloads.py: real models under every allocator (not part of "all": long)
@@ -12,6 +13,10 @@
 #   whatif     python -m gpumem.whatif on native snapshots of resnet50 and gpt2, checked against gpumem replay
 #   governor   bench/governor.py: its three tables (under a cap, batch-size finders, leaks; not part of "all": long)
 #   latency    bench/torch_latency.py: time per torch.empty/del by allocation pattern, every allocator (not in "all")
+#   host       host memory and pinned memory (not in "all"): `gpumem doctor` and `--json`, doctor --pid on a
+#              PyTorch trainer with 4 DataLoader workers (tests/gpu/doctor_dataloader.sh), CuPy's pinned memory
+#              through gpumem (tests/gpu/test_cupy_pinned.py), and bench/pinned_host.py's table of pinned
+#              allocators (pinned_host.md, pinned_host.jsonl)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 results=${OUT:-gpu-results}
@@ -24,7 +29,8 @@ steps=${*:-all}
 has() { [[ " $steps " == *" $1 "* || " $steps " == *" all "* ]]; }
 failed=0
 
-if has build || has tests || has memcheck || has bench || has python || has whatif || has top || has run || [[ " $steps " == *" workloads "* || " $steps " == *" governor "* || " $steps " == *" latency "* ]]; then
+if has build || has tests || has memcheck || has bench || has python || has whatif || has top || has run || [[ " $steps " == *" workloads "* || " $steps " == *" governor "* || " $steps " == *" latency "* \
+    || " $steps " == *" host "* ]]; then
     { cmake -S . -B $build -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake --build $build -j"$(nproc)"; } >"$out/build.log" 2>&1 \
         || { echo "build failed"; tail -30 "$out/build.log"; exit 1; }
     echo "built"
@@ -95,5 +101,19 @@ if [[ " $steps " == *" governor "* ]]; then
     PYTHONPATH=python GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 bench/governor.py --out "$out/governor.jsonl" \
         ${GOVERNOR_ARGS:-} 2>"$out/governor.err" | tee "$out/governor.md"
     [ "${PIPESTATUS[0]}" -eq 0 ] || { failed=1; tail -20 "$out/governor.err"; }
+fi
+if [[ " $steps " == *" host "* ]]; then
+    $build/gpumem doctor | tee "$out/doctor.txt"
+    [[ "${PIPESTATUS[0]}" =~ ^(0|4|5)$ ]] || failed=1  # 4, 5: the worst finding is warn, fail; 1, 2: errors
+    $build/gpumem doctor --json >"$out/doctor.json"
+    [[ "$?" =~ ^(0|4|5)$ ]] || failed=1
+    tests/gpu/doctor_dataloader.sh $build 2>&1 | tee "$out/doctor_dataloader.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
+    PYTHONPATH=python GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 -m pytest -q -rs tests/gpu/test_cupy_pinned.py \
+        2>&1 | tee "$out/test_cupy_pinned.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
+    PYTHONPATH=python GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 bench/pinned_host.py --out "$out/pinned_host.jsonl" \
+        2>"$out/pinned_host.err" | tee "$out/pinned_host.md"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { failed=1; tail -20 "$out/pinned_host.err"; }
 fi
 exit $failed

@@ -1,15 +1,41 @@
-"""gpumem as CuPy's device memory allocator.
+"""gpumem as CuPy's device memory allocator and as its pinned host memory allocator.
 
     import gpumem.cupy
-    gpumem.cupy.install()        # CuPy arrays now live in gpumem's memory
+    gpumem.cupy.install()              # CuPy arrays live in gpumem's memory, pinned buffers in its host cache
+    gpumem.cupy.install(pinned=False)  # device memory only: CuPy keeps its own pinned memory pool
+    gpumem.cupy.allocator().host_stats()   # the current device's gpumem.Allocator
 
-One gpumem allocator per device (backend cuda; GPUMEM_CONF plus `config` apply). An allocation that
-does not fit raises cupy.cuda.memory.OutOfMemoryError carrying gpumem's report. CuPy frees memory by
-dropping its owner object, which gives the block back to gpumem on the stream it was allocated on.
+One gpumem allocator per device (backend cuda; GPUMEM_CONF plus `config` apply), made on first use.
+
+Device memory: an allocation that does not fit raises cupy.cuda.memory.OutOfMemoryError carrying
+gpumem's report. CuPy frees memory by dropping its owner object, which gives the block back to gpumem on
+the stream it was allocated on.
+
+Pinned host memory (cupy.cuda.alloc_pinned_memory, cupyx.empty_pinned, and the staging buffers that
+cupy.asarray / cupy.array fill from NumPy arrays) comes from the pinned host cache of the current
+device's allocator: gm_host_malloc, page-locked with cuMemHostAlloc (portable to every device), sizes
+rounded up to powers of two, freed blocks kept for reuse. CuPy's callers get a PinnedMemoryPointer whose
+memory object gives the block back when CuPy drops it.
+
+When may a dropped pinned block be reused? CuPy's own transfers keep the PinnedMemoryPointer alive until
+an event recorded after their asynchronous copy has completed (cupy.cuda.pinned_memory._add_to_watch_list),
+but a user may drop an array of cupyx.empty_pinned while a copy from it is still queued, and CuPy's
+PinnedMemoryPool reuses a freed block at once. gpumem does better: on the drop it records for the block
+(gm_host_record_stream) the device's stream current then and the stream that was current at the
+allocation (kept alive by the block until then), and gm_host_free records an event on each; the cache
+hands the block out again only once those events have completed, so a copy queued on either stream
+before the drop finishes first. Work queued on any other stream is the caller's to order.
+
+A pinned request the cache cannot serve (host_limit, or cuMemHostAlloc failing) raises
+cupy.cuda.runtime.CUDARuntimeError with status cudaErrorMemoryAllocation, what CuPy's transfer code
+expects (it then copies synchronously), with gpumem's message as its text.
 """
+import sys
+
 import gpumem
 
 _allocators = {}
+_settings = {"config": ""}
 
 
 class _Block:
@@ -25,16 +51,61 @@ class _Block:
         self.allocator.free(self.pointer)
 
 
+class _PinnedBlock:
+    """One block of gpumem's pinned host cache as the memory of a cupy.cuda.PinnedMemoryPointer (which
+    reads `ptr` and `size`); dropping it gives the block back once the streams it may be used on are done."""
+
+    __slots__ = ("allocator", "ptr", "size", "device", "stream", "current_stream")
+
+    def __init__(self, allocator, pointer, size, device, stream, current_stream):
+        self.allocator = allocator
+        self.ptr = pointer
+        self.size = size
+        self.device = device
+        self.stream = stream  # the cupy Stream current at the allocation, alive until the free
+        self.current_stream = current_stream  # how to ask CuPy for a device's current stream
+
+    def __int__(self):
+        return self.ptr
+
+    def __del__(self):
+        if not self.ptr or sys.is_finalizing():  # size 0, or CUDA may be gone already
+            return
+        for stream_pointer in {self.stream.ptr, self._stream_at_free()}:
+            if stream_pointer is not None:
+                self.allocator.host_record_stream(self.ptr, stream_pointer)
+        self.allocator.host_free(self.ptr)
+
+    def _stream_at_free(self):
+        """The pointer of the block's device's current stream, or None if CuPy cannot say it."""
+        try:
+            return self.current_stream(self.device).ptr
+        except Exception:
+            return None
+
+
 def _allocator(device):
     if device not in _allocators:
-        _allocators[device] = gpumem.Allocator(f"backend:cuda,device:{device}" +
-                                               (f",{_allocators['config']}" if _allocators.get("config") else ""))
+        config = f"backend:cuda,device:{device}" + (f",{_settings['config']}" if _settings["config"] else "")
+        _allocators[device] = gpumem.Allocator(config)
     return _allocators[device]
 
 
-def install(config=""):
-    """Make gpumem CuPy's allocator for every device."""
-    import cupy
+def _current_stream_getter(cupy):
+    """A function device -> that device's current cupy Stream. CuPy's get_current_stream takes a
+    device_id in the versions that have it; in older ones only the current device's stream is known."""
+    def current_stream(device):
+        try:
+            return cupy.cuda.get_current_stream(device)
+        except TypeError:
+            if cupy.cuda.runtime.getDevice() != device:
+                raise LookupError("this CuPy reads the current device's stream only") from None
+            return cupy.cuda.get_current_stream()
+    return current_stream
+
+
+def _device_allocate(cupy):
+    """CuPy's device allocator: size -> cupy.cuda.MemoryPointer."""
 
     class OutOfMemoryError(cupy.cuda.memory.OutOfMemoryError):
         def __init__(self, size, report):
@@ -43,8 +114,6 @@ def install(config=""):
 
         def __str__(self):
             return self.report
-
-    _allocators["config"] = config
 
     def allocate(size):
         device = cupy.cuda.runtime.getDevice()
@@ -56,9 +125,53 @@ def install(config=""):
         memory = cupy.cuda.UnownedMemory(pointer, size, _Block(allocator, pointer), device)
         return cupy.cuda.MemoryPointer(memory, 0)
 
-    cupy.cuda.set_allocator(allocate)
+    return allocate
 
 
-def allocator(device=0):
-    """The gpumem.Allocator behind a CuPy device."""
+def _pinned_allocate(cupy):
+    """CuPy's pinned memory allocator: size -> cupy.cuda.PinnedMemoryPointer."""
+    runtime = cupy.cuda.runtime
+    memory_allocation_error = getattr(runtime, "errorMemoryAllocation", 2)  # cudaErrorMemoryAllocation
+
+    class PinnedOutOfMemoryError(runtime.CUDARuntimeError):
+        def __init__(self, report):
+            super().__init__(memory_allocation_error)
+            self.report = report
+
+        def __str__(self):
+            return self.report
+
+    current_stream = _current_stream_getter(cupy)
+
+    def allocate(size):
+        device = runtime.getDevice()
+        allocator = _allocator(device)
+        try:
+            pointer = allocator.host_malloc(size)
+        except gpumem.OutOfMemoryError as error:
+            raise PinnedOutOfMemoryError(str(error)) from None
+        block = _PinnedBlock(allocator, pointer, size, device, cupy.cuda.get_current_stream(), current_stream)
+        return cupy.cuda.PinnedMemoryPointer(block, 0)
+
+    return allocate
+
+
+def install(config="", pinned=True):
+    """Make gpumem CuPy's device memory allocator for every device and, with `pinned`, its pinned host
+    memory allocator too (with pinned=False CuPy's pinned allocator is left as it is). `config` applies to
+    allocators made from now on."""
+    import cupy
+
+    _settings["config"] = config
+    cupy.cuda.set_allocator(_device_allocate(cupy))
+    if pinned:
+        cupy.cuda.set_pinned_memory_allocator(_pinned_allocate(cupy))
+
+
+def allocator(device=None):
+    """The gpumem.Allocator behind a CuPy device (None: the current device): memory_stats() for device
+    memory, host_stats() for the pinned host cache."""
+    if device is None:
+        import cupy
+        device = cupy.cuda.runtime.getDevice()
     return _allocator(device)
