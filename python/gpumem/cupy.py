@@ -9,7 +9,8 @@ One gpumem allocator per device (backend cuda; GPUMEM_CONF plus `config` apply),
 
 Device memory: an allocation that does not fit raises cupy.cuda.memory.OutOfMemoryError carrying
 gpumem's report. CuPy frees memory by dropping its owner object, which gives the block back to gpumem on
-the stream it was allocated on.
+the stream it was allocated on. The streams gpumem has allocated on are kept alive (gpumem may record
+events on them later), as many as the program made.
 
 Pinned host memory (cupy.cuda.alloc_pinned_memory, cupyx.empty_pinned, and the staging buffers that
 cupy.asarray / cupy.array fill from NumPy arrays) comes from the pinned host cache of the current
@@ -35,6 +36,10 @@ import sys
 import gpumem
 
 _allocators = {}
+# Every CuPy stream gpumem has allocated on, kept alive: gpumem keeps cached memory per stream and may
+# record an event on the stream later (to move its idle memory to another stream), which a destroyed
+# stream's handle must not receive. (CuPy destroys a Stream when its last reference goes.)
+_streams = {}
 _settings = {"config": ""}
 
 
@@ -118,8 +123,11 @@ def _device_allocate(cupy):
     def allocate(size):
         device = cupy.cuda.runtime.getDevice()
         allocator = _allocator(device)
+        stream = cupy.cuda.get_current_stream()
+        if stream.ptr:
+            _streams.setdefault((device, stream.ptr), stream)
         try:
-            pointer = allocator.malloc(size, cupy.cuda.get_current_stream().ptr)
+            pointer = allocator.malloc(size, stream.ptr)
         except gpumem.OutOfMemoryError as error:
             raise OutOfMemoryError(size, str(error)) from None
         memory = cupy.cuda.UnownedMemory(pointer, size, _Block(allocator, pointer), device)
