@@ -13,6 +13,7 @@
 #   whatif     python -m gpumem.whatif on native snapshots of resnet50 and gpt2, checked against gpumem replay
 #   governor   bench/governor.py: its three tables (under a cap, batch-size finders, leaks; not part of "all": long)
 #   latency    bench/torch_latency.py: time per torch.empty/del by allocation pattern, every allocator (not in "all")
+#   multi      bench/multi_gpu.py: DDP and FSDP2 on two GPUs (torchrun), native vs gpumem (not in "all"; 2 GPUs)
 #   host       host memory and pinned memory (not in "all"): `gpumem doctor` and `--json`, doctor --pid on a
 #              PyTorch trainer with 4 DataLoader workers (tests/gpu/doctor_dataloader.sh), CuPy's pinned memory
 #              through gpumem (tests/gpu/test_cupy_pinned.py), and bench/pinned_host.py's table of pinned
@@ -30,7 +31,7 @@ has() { [[ " $steps " == *" $1 "* || " $steps " == *" all "* ]]; }
 failed=0
 
 if has build || has tests || has memcheck || has bench || has python || has whatif || has top || has run || [[ " $steps " == *" workloads "* || " $steps " == *" governor "* || " $steps " == *" latency "* \
-    || " $steps " == *" host "* ]]; then
+    || " $steps " == *" host "* || " $steps " == *" multi "* ]]; then
     { cmake -S . -B $build -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake --build $build -j"$(nproc)"; } >"$out/build.log" 2>&1 \
         || { echo "build failed"; tail -30 "$out/build.log"; exit 1; }
     echo "built"
@@ -96,6 +97,10 @@ if [[ " $steps " == *" latency "* ]]; then
     PYTHONPATH=python GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 bench/torch_latency.py --out "$out/torch_latency.jsonl" \
         ${LATENCY_ARGS:-} 2>"$out/torch_latency.err" | tee "$out/torch_latency.md"
     [ "${PIPESTATUS[0]}" -eq 0 ] || { failed=1; tail -20 "$out/torch_latency.err"; }
+fi
+if [[ " $steps " == *" multi "* ]]; then
+    python3 bench/multi_gpu.py --out "$out/multi_gpu.jsonl" ${MULTI_ARGS:-} 2>"$out/multi_gpu.err" | tee "$out/multi_gpu.md"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { failed=1; tail -20 "$out/multi_gpu.err"; }
 fi
 if [[ " $steps " == *" governor "* ]]; then
     PYTHONPATH=python GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 bench/governor.py --out "$out/governor.jsonl" \

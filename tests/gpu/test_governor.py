@@ -186,6 +186,7 @@ def test_find_batch_size_in_three_trials():
         search = gpumem.torch.find_batch_size(step, make_batch, state=(model, optimizer), log=lambda line: None)
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
+    print(f"find_batch_size found {search.batch_size} in {search.trials}; bisection found {largest}")
     assert len(search.trials) <= 3, search.trials
     # Below the bisection's, by a few percent: at large batches this step allocates reduction staging
     # buffers that the small trials do not show, assumed to grow in proportion to the batch (docs/benchmarks.md).
