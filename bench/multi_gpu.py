@@ -10,7 +10,9 @@ fp32, the same seed and batches everywhere): DDP wraps it whole; FSDP2 shards ea
 model (`fully_shard`). A rank's step time is its median over the steps after 5 of warm-up; the table
 gives, per mode and allocator, the median of the launches' step times (the slower rank of each) and
 their spread, the largest peak allocated and peak reserved of any rank and launch, and whether rank 0's
-losses equal native's bit for bit. NVLink multicast stays off (NCCL_NVLS_ENABLE=0), as the machine asks.
+losses equal native's first launch bit for bit (for native: whether its launches agree with each other,
+which says whether bit equality can be asked at all). gpumem's device-call counters over the steps
+after warm-up go to --out. NVLink multicast stays off (NCCL_NVLS_ENABLE=0), as the machine asks.
 """
 import argparse
 import json
@@ -52,8 +54,10 @@ def child(arguments):
     batches = [torch.randint(0, 50257, (8, 1024), device="cuda", generator=generator) for _ in range(4)]
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    times, losses = [], []
+    times, losses, counters = [], [], {}
     for step in range(arguments.steps):
+        if step == WARM_UP:
+            counters = _device_counters(arguments.allocator)
         ids = batches[step % len(batches)]
         started = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
@@ -64,13 +68,26 @@ def child(arguments):
         times.append(time.perf_counter() - started)
         losses.append(loss.item())
     mine = {"rank": rank, "step_ms": 1000 * statistics.median(times[WARM_UP:]), "losses": losses,
-            "peak_allocated": torch.cuda.max_memory_allocated(), "peak_reserved": torch.cuda.max_memory_reserved()}
+            "peak_allocated": torch.cuda.max_memory_allocated(), "peak_reserved": torch.cuda.max_memory_reserved(),
+            "device_calls_after_warm_up": {key: value - counters.get(key, 0)
+                                           for key, value in _device_counters(arguments.allocator).items()}}
     everyone = [None] * distributed.get_world_size()
     distributed.all_gather_object(everyone, mine)
     if rank == 0:
         with open(arguments.out, "w") as out:
             json.dump(everyone, out)
     distributed.destroy_process_group()
+
+
+def _device_counters(allocator):
+    """gpumem's device-call counters (calls and nanoseconds by kind, syncs of all streams), to see what the
+    steps after warm-up cost the engine; nothing under native."""
+    if allocator != "gpumem":
+        return {}
+    import gpumem.torch
+    stats = gpumem.torch.allocator().memory_stats()
+    return {key: value for key, value in stats.items()
+            if key.startswith(("device_call", "num_device", "num_page", "num_sync"))}
 
 
 def launch(mode, allocator, steps):
@@ -98,12 +115,14 @@ def summarize(mode, allocator, runs, native_losses):
     if not good:
         return {"mode": mode, "allocator": allocator, "error": runs[0] if runs else "no run"}
     step_times = [max(rank["step_ms"] for rank in run) for run in good]
+    reference = native_losses if native_losses is not None else good[0][0]["losses"]
     return {"mode": mode, "allocator": allocator, "launches": len(good), "step_ms": statistics.median(step_times),
             "spread_ms": max(step_times) - min(step_times),
             "peak_allocated": max(rank["peak_allocated"] for run in good for rank in run),
             "peak_reserved": max(rank["peak_reserved"] for run in good for rank in run),
             "losses": good[0][0]["losses"],
-            "same_losses": native_losses is None or all(run[0]["losses"] == native_losses for run in good),
+            "same_losses": all(run[0]["losses"] == reference for run in good),
+            "device_calls_after_warm_up": [rank["device_calls_after_warm_up"] for run in good for rank in run],
             "errors": [run for run in runs if not isinstance(run, list)]}
 
 
@@ -128,7 +147,7 @@ def main():
                 runs[(mode, allocator)].append(launch(mode, allocator, arguments.steps))
                 print(f"repeat {repeat + 1}: {mode} {allocator} done", file=sys.stderr, flush=True)
     print("| mode | allocator | step ms (median of launches) | spread | peak allocated MiB | peak reserved MiB "
-          "| losses equal native's |")
+          "| losses equal native's (native: its launches agree) |")
     print("|---|---|---|---|---|---|---|")
     failed = False
     for mode in modes:
