@@ -156,12 +156,24 @@ typedef struct gm_pool_info {
 } gm_pool_info;
 /* A pool's state; GM_ERROR_INVALID_ARGUMENT when no pool of that name exists (any more). */
 GM_API gm_status gm_get_pool_info(gm_allocator *allocator, gm_pool_id pool, gm_pool_info *info_out);
-/* The addresses of the pool's allocated blocks (not those freed and waiting for a recorded stream), at
- * most `capacity` of them into `addresses` (NULL when capacity is 0), in no particular order; how many
- * there are goes to *count_out (more than capacity: call again with room for them). A pool that does
- * not exist has none. */
-GM_API gm_status gm_get_pool_allocations(gm_allocator *allocator, gm_pool_id pool, uint64_t *addresses,
+typedef struct gm_pool_allocation {
+    uint64_t address;
+    uint64_t size;      /* the block's bytes */
+    uint64_t requested; /* bytes asked for */
+} gm_pool_allocation;
+/* The pool's allocated blocks (not those freed and waiting for a recorded stream), at most `capacity`
+ * of them into `allocations` (NULL when capacity is 0), in no particular order; how many there are
+ * goes to *count_out (more than capacity: call again with room for them). A pool that does not exist
+ * has none. */
+GM_API gm_status gm_get_pool_allocations(gm_allocator *allocator, gm_pool_id pool, gm_pool_allocation *allocations,
                                          size_t capacity, size_t *count_out);
+/* Allocate exactly [address, address + size) of the pool's free memory, for `requested` bytes (as
+ * gm_malloc would have): how a CUDA graph pool is put back to a checkpoint (torch.compile's cudagraph
+ * trees restore the allocations of a recorded graph before recording a new branch). `size` is the
+ * block's size, a multiple of 512. The range must lie in one free, mapped block of the pool's own
+ * memory; anything else is GM_ERROR_INVALID_ARGUMENT and changes nothing. Free it with gm_free. */
+GM_API gm_status gm_pool_allocate_at(gm_allocator *allocator, gm_pool_id pool, uint64_t address, uint64_t size,
+                                     size_t requested);
 
 /* Never reserve more than `bytes` of device memory from now on (0: the whole device); what is already
  * reserved beyond it is given back as it becomes free (torch.cuda.set_per_process_memory_fraction). */

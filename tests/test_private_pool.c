@@ -379,10 +379,10 @@ static void destroy_during_a_capture(void)
     }
 }
 
-static int holds_address(const uint64_t *addresses, size_t count, const void *pointer)
+static int holds_address(const gm_pool_allocation *allocations, size_t count, const void *pointer)
 {
     for (size_t i = 0; i < count; i++)
-        if (addresses[i] == (uint64_t)(uintptr_t)pointer)
+        if (allocations[i].address == (uint64_t)(uintptr_t)pointer)
             return 1;
     return 0;
 }
@@ -408,12 +408,14 @@ static void a_pools_allocations_are_listed(void)
         CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1000));
         CHECK_OK(gm_record_stream(allocator, inside[2], 2));
         CHECK_OK(gm_free(allocator, inside[2])); /* waits for stream 2: not allocated any more */
-        uint64_t addresses[4] = {0};
+        gm_pool_allocation addresses[4] = {{0}};
         CHECK_OK(gm_get_pool_allocations(allocator, graph_pool, addresses, 1, &count));
         CHECK_EQ_INT(count, 2); /* the count even when there is room for fewer */
         CHECK_OK(gm_get_pool_allocations(allocator, graph_pool, addresses, 4, &count));
         CHECK_EQ_INT(count, 2);
         CHECK(holds_address(addresses, count, inside[0]) && holds_address(addresses, count, inside[3]));
+        for (size_t i = 0; i < count; i++)
+            CHECK(addresses[i].size == 512 ? addresses[i].requested == 512 : addresses[i].requested == 4096);
         CHECK(!holds_address(addresses, count, outside));
         CHECK_STATUS(gm_get_pool_allocations(allocator, graph_pool, NULL, 4, &count), GM_ERROR_INVALID_ARGUMENT);
         CHECK_STATUS(gm_get_pool_allocations(allocator, graph_pool, addresses, 4, NULL), GM_ERROR_INVALID_ARGUMENT);
@@ -424,6 +426,80 @@ static void a_pools_allocations_are_listed(void)
         CHECK_OK(gm_release_pool(allocator, graph_pool));
         CHECK_OK(gm_validate(allocator));
         gm_destroy(allocator, NULL);
+    }
+}
+
+static uint64_t address_of(const void *pointer)
+{
+    return (uint64_t)(uintptr_t)pointer;
+}
+
+/* A pool put back to a checkpoint (cudagraph trees): blocks freed since are placed again at their
+ * addresses, the statistics count them as allocations, and they free as any other. */
+static void a_pool_is_put_back_to_a_checkpoint(void)
+{
+    for (size_t c = 0; c < config_count; c++) {
+        gm_allocator *allocator = NULL;
+        REQUIRE(gm_create(configs[c], &allocator) == GM_OK);
+        void *outside = NULL, *kept = NULL, *large = NULL, *small = NULL, *whole = NULL;
+        CHECK_OK(gm_malloc(allocator, 6 * MIB, 0, &outside));
+        CHECK_OK(gm_begin_allocate_to_pool(allocator, graph_pool, NULL, NULL));
+        CHECK_OK(gm_malloc(allocator, MIB, 0, &kept));
+        CHECK_OK(gm_malloc(allocator, 3 * MIB + 100, 0, &large));
+        CHECK_OK(gm_malloc(allocator, 700, 0, &small));
+        CHECK_OK(gm_malloc(allocator, 8 * MIB, 0, &whole));
+        CHECK_OK(gm_end_allocate_to_pool(allocator, graph_pool));
+        gm_stats before;
+        CHECK_OK(gm_get_stats(allocator, &before));
+        CHECK_OK(gm_free(allocator, large));
+        CHECK_OK(gm_free(allocator, small));
+        CHECK_OK(gm_free(allocator, whole));
+        CHECK_OK(gm_pool_allocate_at(allocator, graph_pool, address_of(large), 3 * MIB + 512, 3 * MIB + 100));
+        CHECK_OK(gm_pool_allocate_at(allocator, graph_pool, address_of(small), 1024, 700));
+        /* a piece in the middle of a free block: the pieces around it stay free memory of the pool */
+        CHECK_OK(gm_pool_allocate_at(allocator, graph_pool, address_of(whole) + 2 * MIB, 2 * MIB, 2 * MIB));
+        CHECK_OK(gm_validate(allocator));
+        gm_stats after;
+        CHECK_OK(gm_get_stats(allocator, &after));
+        CHECK_EQ_INT(after.allocation[GM_POOL_ALL].current, before.allocation[GM_POOL_ALL].current);
+        CHECK_EQ_INT(after.requested_bytes[GM_POOL_ALL].current,
+                     before.requested_bytes[GM_POOL_ALL].current - 8 * MIB + 2 * MIB);
+        CHECK_EQ_INT(after.reserved_bytes[GM_POOL_ALL].current, before.reserved_bytes[GM_POOL_ALL].current);
+        size_t count = 0;
+        CHECK_OK(gm_get_pool_allocations(allocator, graph_pool, NULL, 0, &count));
+        CHECK_EQ_INT(count, 4);
+        /* what is not free memory of the pool is refused, and nothing changes */
+        CHECK_STATUS(gm_pool_allocate_at(allocator, graph_pool, address_of(kept), MIB, MIB), GM_ERROR_INVALID_ARGUMENT);
+        CHECK_MESSAGE("is not free memory of pool (0, 1)");
+        CHECK_STATUS(gm_pool_allocate_at(allocator, graph_pool, address_of(whole) + 2 * MIB, 512, 512),
+                     GM_ERROR_INVALID_ARGUMENT);
+        CHECK_STATUS(gm_pool_allocate_at(allocator, graph_pool, address_of(outside), MIB, MIB),
+                     GM_ERROR_INVALID_ARGUMENT);
+        CHECK_STATUS(gm_pool_allocate_at(allocator, graph_pool, address_of(whole), 1000, 1000),
+                     GM_ERROR_INVALID_ARGUMENT);
+        CHECK_MESSAGE("is not a block gpumem makes");
+        CHECK_STATUS(gm_pool_allocate_at(allocator, graph_pool, address_of(whole), 512, 1024), GM_ERROR_INVALID_ARGUMENT);
+        CHECK_STATUS(gm_pool_allocate_at(allocator, other_pool, address_of(whole), 512, 512), GM_ERROR_INVALID_ARGUMENT);
+        CHECK_MESSAGE("no private pool (0, 2) exists");
+        CHECK_OK(gm_get_pool_allocations(allocator, graph_pool, NULL, 0, &count));
+        CHECK_EQ_INT(count, 4);
+        /* the pool's routed requests still find the free pieces around the placed block */
+        CHECK_OK(gm_begin_allocate_to_pool(allocator, graph_pool, NULL, NULL));
+        void *front = NULL;
+        CHECK_OK(gm_malloc(allocator, 2 * MIB, 0, &front));
+        CHECK_OK(gm_end_allocate_to_pool(allocator, graph_pool));
+        CHECK_OK(gm_release_pool(allocator, graph_pool)); /* begun twice: two users */
+        CHECK_OK(gm_validate(allocator));
+        void *placed[] = {kept, large, small, (void *)(uintptr_t)(address_of(whole) + 2 * MIB), front, outside};
+        for (size_t i = 0; i < sizeof placed / sizeof placed[0]; i++)
+            CHECK_OK(gm_free(allocator, placed[i]));
+        CHECK_OK(gm_release_pool(allocator, graph_pool));
+        gm_pool_info gone;
+        CHECK_STATUS(gm_get_pool_info(allocator, graph_pool, &gone), GM_ERROR_INVALID_ARGUMENT);
+        CHECK_OK(gm_validate(allocator));
+        size_t live = 99;
+        gm_destroy(allocator, &live);
+        CHECK_EQ_INT(live, 0);
     }
 }
 
@@ -465,4 +541,5 @@ RUN_TESTS(TEST_CASE(requests_follow_the_filter), TEST_CASE(pool_memory_is_kept_f
           TEST_CASE(growth_during_capture_waits_for_no_capturing_stream),
           TEST_CASE(data_survives_in_a_pool), TEST_CASE(destroy_with_pools_alive),
           TEST_CASE(destroy_during_a_capture), TEST_CASE(a_pools_allocations_are_listed),
+          TEST_CASE(a_pool_is_put_back_to_a_checkpoint),
           TEST_CASE(bad_calls_are_clear_errors))

@@ -18,6 +18,9 @@
 //     torch.cuda.MemPool get gpumem's private pools: beginAllocateToPool / endAllocateToPool /
 //     createOrIncrefPool / releasePool / getPoolUseCount map to gm_begin_allocate_to_pool and its
 //     kin; torch's stream filter (which streams belong to the capture) is called by gpumem.
+//     torch.compile's cudagraph trees check a pool's live blocks (checkPoolLiveAllocations) and take and
+//     restore checkpoints of it (getCheckpointState / setCheckpointPoolState: gm_get_pool_allocations,
+//     gm_pool_allocate_at).
 // Compiled on first use by gpumem.torch (torch.utils.cpp_extension) against the installed torch.
 
 #include <torch/extension.h>
@@ -34,6 +37,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <mutex>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -77,12 +81,14 @@ void *unused_alloc(size_t, int, cudaStream_t) { return nullptr; }
 void unused_free(void *, size_t, int, cudaStream_t) {}
 void delete_pointer(void *pointer);
 
-// A graph pool's allocations at one moment (getCheckpointState), sorted.
+// A graph pool's allocations at one moment (getCheckpointState).
 struct PoolCheckpoint final : c10::cuda::CUDACachingAllocator::AllocatorState {
   c10::DeviceIndex device = 0;
   c10::cuda::MempoolId_t id{0, 0};
-  std::vector<uint64_t> allocations;
+  std::vector<gm_pool_allocation> allocations;
 };
+
+void *pointer_of(uint64_t address) { return reinterpret_cast<void *>(static_cast<uintptr_t>(address)); }
 
 class GpumemAllocator final : public CUDAPluggableAllocator {
  public:
@@ -313,17 +319,18 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
       TORCH_WARN_ONCE("gpumem: MemPool(use_on_oom=True) is not supported; the pool's memory stays its own");
   }
 
-  std::vector<uint64_t> pool_allocations(c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
+  std::vector<gm_pool_allocation> pool_allocations(c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
     gm_allocator *allocator = of(device);
-    std::vector<uint64_t> addresses;
+    std::vector<gm_pool_allocation> allocations;
     size_t count = 0;
     do {
-      addresses.resize(count);
-      TORCH_CHECK(gm_get_pool_allocations(allocator, pool_of(id), addresses.data(), addresses.size(), &count) == GM_OK,
+      allocations.resize(count);
+      TORCH_CHECK(gm_get_pool_allocations(allocator, pool_of(id), allocations.data(), allocations.size(), &count) ==
+                      GM_OK,
                   "gpumem: ", gm_last_error());
-    } while (count > addresses.size());
-    addresses.resize(count);
-    return addresses;
+    } while (count > allocations.size());
+    allocations.resize(count);
+    return allocations;
   }
 
   int getPoolUseCount(c10::DeviceIndex device, c10::cuda::MempoolId_t id) override {
@@ -335,44 +342,53 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   // alive (after each recording, with slow_path_cudagraph_asserts, torch's default), as native does.
   bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::cuda::MempoolId_t id,
                                 const std::unordered_set<void *> &expected_live_allocations) override {
-    std::vector<uint64_t> addresses = pool_allocations(device, id);
-    if (addresses.size() != expected_live_allocations.size())
+    std::vector<gm_pool_allocation> allocations = pool_allocations(device, id);
+    if (allocations.size() != expected_live_allocations.size())
       return false;
-    for (uint64_t address : addresses)
-      if (!expected_live_allocations.count(reinterpret_cast<void *>(static_cast<uintptr_t>(address))))
+    for (const gm_pool_allocation &allocation : allocations)
+      if (!expected_live_allocations.count(pointer_of(allocation.address)))
         return false;
     return true;
   }
 
-  // Cudagraph trees take a checkpoint of the graph pool after each recording, to restore it when they
-  // record a new branch after replaying (replays do not go through the allocator).
+  // Cudagraph trees take a checkpoint of the graph pool after each recording, and put the pool back to
+  // one before they record a new branch after replays (which do not go through the allocator).
   std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> getCheckpointState(
       c10::DeviceIndex device, c10::cuda::MempoolId_t id) override {
     auto state = std::make_shared<PoolCheckpoint>();
     state->device = device;
     state->id = id;
     state->allocations = pool_allocations(device, id);
-    std::sort(state->allocations.begin(), state->allocations.end());
     return state;
   }
 
-  // Restoring a checkpoint whose allocations are the pool's now changes nothing. Any other restore would
-  // need blocks placed at given addresses, which gpumem cannot do yet: a clear error, nothing changed.
+  // As native: every allocation of the pool now is freed and every one of the checkpoint made, the
+  // delta says so (torch moves the deleters of the tensors that stay). Blocks in both stay as they are;
+  // the others are freed, and the checkpoint's are placed at their addresses (gm_pool_allocate_at).
   c10::cuda::CUDACachingAllocator::CheckpointDelta setCheckpointPoolState(
       c10::DeviceIndex device, std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> state) override {
     auto checkpoint = std::dynamic_pointer_cast<PoolCheckpoint>(state);
     TORCH_CHECK(checkpoint && checkpoint->device == device, "gpumem: not a checkpoint of gpumem's pool on cuda:", device);
-    std::vector<uint64_t> now = pool_allocations(device, checkpoint->id);
-    std::sort(now.begin(), now.end());
-    TORCH_CHECK(now == checkpoint->allocations,
-                "gpumem: restoring a CUDA graph pool to an earlier checkpoint (torch.compile's cudagraph trees "
-                "recording a new branch after a replay) is not supported yet; the pool is unchanged. "
-                "Workaround: torch._inductor.config.triton.cudagraph_trees = False");
+    gm_allocator *allocator = of(device);
+    std::vector<gm_pool_allocation> now = pool_allocations(device, checkpoint->id);
+    std::set<std::pair<uint64_t, uint64_t>> kept, placed;
+    for (const gm_pool_allocation &allocation : checkpoint->allocations)
+      kept.insert({allocation.address, allocation.size});
     c10::cuda::CUDACachingAllocator::CheckpointDelta delta;
-    for (uint64_t address : now) {
-      void *pointer = reinterpret_cast<void *>(static_cast<uintptr_t>(address));
-      delta.ptrs_freed.push_back(pointer);
-      delta.dataptrs_allocd.emplace_back(pointer, pointer, &delete_pointer, c10::Device(c10::DeviceType::CUDA, device));
+    for (const gm_pool_allocation &allocation : now) {
+      delta.ptrs_freed.push_back(pointer_of(allocation.address));
+      if (kept.count({allocation.address, allocation.size}))
+        placed.insert({allocation.address, allocation.size});
+      else
+        free_pointer(pointer_of(allocation.address));
+    }
+    for (const gm_pool_allocation &allocation : checkpoint->allocations) {
+      if (!placed.count({allocation.address, allocation.size}))
+        TORCH_CHECK(gm_pool_allocate_at(allocator, pool_of(checkpoint->id), allocation.address, allocation.size,
+                                        allocation.requested) == GM_OK,
+                    "gpumem: cannot put the CUDA graph pool back to its checkpoint: ", gm_last_error());
+      delta.dataptrs_allocd.emplace_back(pointer_of(allocation.address), pointer_of(allocation.address),
+                                         &delete_pointer, c10::Device(c10::DeviceType::CUDA, device));
     }
     return delta;
   }

@@ -343,6 +343,20 @@ static void count_allocation(gm_allocator *allocator, gm_block *block, int64_t s
     gm_stat_change(allocator->arena.stats->requested_bytes, pool, sign * (int64_t)block->requested);
 }
 
+void gm_count_new_allocation_locked(gm_allocator *allocator, gm_heap *heap, gm_block *block, size_t requested,
+                                    gm_stream stream)
+{
+    block->requested = requested;
+    count_allocation(allocator, block, 1);
+    gm_stat_change(allocator->arena.stats->active, block->pool, 1);
+    gm_stat_change(allocator->arena.stats->active_bytes, block->pool, (int64_t)block->size);
+    gm_history_record(allocator->arena.history, GM_EVENT_ALLOC, block->address, requested, stream);
+    heap->live_blocks++;
+    heap->last_used = ++allocator->arena.clock;
+    if (heap->private_pool)
+        heap->private_pool->live_blocks++;
+}
+
 /* A request above GM_MAX_REQUEST fits no device: it is refused as out of memory (what PyTorch reports for
  * it too) with its real size, before any engine rounds it or the cache is released for nothing. */
 __attribute__((noinline, cold)) static gm_status refuse_impossible_request(gm_allocator *allocator, uint64_t size,
@@ -386,16 +400,8 @@ gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void
         status = gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory to record the allocation");
     }
     if (status == GM_OK) {
-        block->requested = size;
-        count_allocation(allocator, block, 1);
-        gm_stat_change(allocator->arena.stats->active, pool, 1);
-        gm_stat_change(allocator->arena.stats->active_bytes, pool, (int64_t)block->size);
+        gm_count_new_allocation_locked(allocator, heap, block, size, stream);
         *pointer_out = (void *)block->address;
-        gm_history_record(allocator->arena.history, GM_EVENT_ALLOC, block->address, size, stream);
-        heap->live_blocks++;
-        heap->last_used = ++allocator->arena.clock;
-        if (heap->private_pool)
-            heap->private_pool->live_blocks++;
     }
     if (allocator->pools_to_forget && !allocator->unlocked_allocations)
         gm_forget_gone_pools_locked(allocator);

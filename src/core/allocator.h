@@ -98,6 +98,10 @@ void gm_forget_gone_pools_locked(gm_allocator *allocator);
 void gm_free_private_pools(gm_allocator *allocator);
 /* Destroy the streams gm_named_stream made (gm_destroy, before the backend closes). */
 void gm_destroy_named_streams(gm_allocator *allocator);
+/* The books of a block the engine just allocated in `heap` for `requested` bytes on `stream`: statistics,
+ * history, the heap's and its pool's live counts (lock held, statistics open for change). */
+void gm_count_new_allocation_locked(gm_allocator *allocator, gm_heap *heap, gm_block *block, size_t requested,
+                                    gm_stream stream);
 /* gm_get_stats and gm_get_device_info with the lock held. */
 void gm_read_stats_locked(gm_allocator *allocator, gm_stats *stats_out);
 gm_status gm_read_device_info_locked(gm_allocator *allocator, gm_device_info *info_out);

@@ -19,6 +19,11 @@
  * (engine.forget_heap) and are dropped, so programs that capture many graphs do not pile up heaps.
  * A heap is never dropped while an allocation waits, lock released, for pressure callbacks: then the
  * pool is marked and dropped at the end of that allocation.
+ *
+ * Checkpoints: torch.compile's cudagraph trees replay graphs without the allocator and, to record a new
+ * branch after a replay, put the pool back to the allocations it had after a recording. The pool's
+ * allocations can be listed (gm_get_pool_allocations) and a block placed at a given address of the
+ * pool's free memory (gm_pool_allocate_at): the free block holding it is cut in three.
  */
 #include "core/allocator.h"
 
@@ -264,12 +269,12 @@ gm_status gm_get_pool_info(gm_allocator *allocator, gm_pool_id id, gm_pool_info 
     return status;
 }
 
-gm_status gm_get_pool_allocations(gm_allocator *allocator, gm_pool_id id, uint64_t *addresses, size_t capacity,
-                                  size_t *count_out)
+gm_status gm_get_pool_allocations(gm_allocator *allocator, gm_pool_id id, gm_pool_allocation *allocations,
+                                  size_t capacity, size_t *count_out)
 {
     gm_status status = check_arguments("gm_get_pool_allocations", allocator, id);
-    if (status == GM_OK && (!count_out || (capacity && !addresses)))
-        status = gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_pool_allocations: count_out or addresses is NULL");
+    if (status == GM_OK && (!count_out || (capacity && !allocations)))
+        status = gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_pool_allocations: count_out or allocations is NULL");
     if (status != GM_OK)
         return status;
     size_t count = 0;
@@ -281,9 +286,89 @@ gm_status gm_get_pool_allocations(gm_allocator *allocator, gm_pool_id id, uint64
              region = gm_next_region(region))
             for (const gm_block *block = region->first_block; block; block = block->next)
                 if (block->state == GM_BLOCK_ALLOCATED && count++ < capacity)
-                    addresses[count - 1] = block->address;
+                    allocations[count - 1] = (gm_pool_allocation){block->address, block->size, block->requested};
     }
     pthread_mutex_unlock(&allocator->lock);
     *count_out = count;
     return GM_OK;
+}
+
+/* The pool's free block (mapped, in a heap of the pool that requests are served from) that holds
+ * [address, address + size), or NULL. */
+static gm_block *pool_free_block_holding(gm_arena *arena, const gm_private_pool *pool, uint64_t address,
+                                         uint64_t size)
+{
+    for (size_t h = 0; h < arena->heap_count; h++) {
+        const gm_heap *heap = arena->heaps[h];
+        if (heap->private_pool != pool || heap->engine_private)
+            continue;
+        for (gm_region *region = gm_first_region(heap); region; region = gm_next_region(region)) {
+            if (address < region->base || address - region->base >= region->size)
+                continue;
+            for (gm_block *block = region->first_block; block; block = block->next)
+                if (block->address <= address && address - block->address < block->size)
+                    return block->state == GM_BLOCK_FREE && size <= block->address + block->size - address ? block
+                                                                                                          : NULL;
+        }
+    }
+    return NULL;
+}
+
+/* Cut [address, address + size) out of the free block `block`: the pieces before and after stay free
+ * (indexed), the middle is returned, detached. NULL without host memory for the pieces (nothing
+ * changed then). */
+static gm_block *cut_out(gm_arena *arena, gm_block *block, uint64_t address, uint64_t size)
+{
+    gm_unindex_free_block(arena, block);
+    gm_block *middle = block;
+    if (address > block->address && !(middle = gm_split_block(&arena->block_pool, block, address - block->address))) {
+        gm_index_free_block(arena, block);
+        return NULL;
+    }
+    if (middle->size > size) {
+        gm_block *tail = gm_split_block(&arena->block_pool, middle, size);
+        if (!tail) {
+            if (middle != block)
+                gm_absorb_next(&arena->block_pool, block);
+            gm_index_free_block(arena, block);
+            return NULL;
+        }
+        gm_index_free_block(arena, tail);
+    }
+    if (middle != block)
+        gm_index_free_block(arena, block);
+    return middle;
+}
+
+gm_status gm_pool_allocate_at(gm_allocator *allocator, gm_pool_id id, uint64_t address, uint64_t size,
+                              size_t requested)
+{
+    gm_status status = check_arguments("gm_pool_allocate_at", allocator, id);
+    if (status == GM_OK && (size == 0 || size % 512 || requested > size || address % 512))
+        status = gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_pool_allocate_at: a block of %" PRIu64 " bytes at 0x%" PRIx64
+                         " for %zu requested bytes is not a block gpumem makes", size, address, requested);
+    if (status != GM_OK)
+        return status;
+    gm_lock_for_change(allocator);
+    gm_arena *arena = &allocator->arena;
+    gm_private_pool *pool = find_pool(allocator, id);
+    gm_block *block = pool ? pool_free_block_holding(arena, pool, address, size) : NULL;
+    if (!pool)
+        status = no_such_pool("gm_pool_allocate_at", id);
+    else if (!block)
+        status = gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_pool_allocate_at: [0x%" PRIx64 ", +%" PRIu64 ") is not free "
+                         "memory of pool (%" PRIu64 ", %" PRIu64 ")", address, size, id.first, id.second);
+    else if (!(block = cut_out(arena, block, address, size)))
+        status = gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for block metadata");
+    else if (!gm_hash_map_put(&allocator->live_blocks, block->address, (uint64_t)(uintptr_t)block)) {
+        arena->engine->free_block(arena, block);
+        status = gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory to record the allocation");
+    } else {
+        gm_heap *heap = block->region->heap;
+        block->heap = heap;
+        block->state = GM_BLOCK_ALLOCATED;
+        gm_count_new_allocation_locked(allocator, heap, block, requested, heap->stream);
+    }
+    gm_unlock_after_change(allocator);
+    return status;
 }

@@ -6,7 +6,8 @@
 - make_graphed_callables: a training step's parameters equal eager's;
 - torch.cuda.MemPool / use_mem_pool: allocations land in the pool, use_count counts, the memory goes
   back when the pool and its tensors are gone;
-- torch.compile(mode="reduce-overhead"): the same results as eager;
+- torch.compile(mode="reduce-overhead"): the same results as eager, also when a new branch is recorded
+  after replays (the graph pool put back to a checkpoint);
 - a failed capture leaves the process usable: a normal training step follows (as with PyTorch's own
   allocator, its random generator stays unusable after a failed capture: that test runs last).
 """
@@ -99,6 +100,33 @@ def test_compile_reduce_overhead_matches_eager():
     for _ in range(4):
         result = compiled(data)
     torch.testing.assert_close(result, model(data))
+
+
+def test_compile_reduce_overhead_new_branch_after_replays():
+    """A function first seen after replays (a new input shape, so a new compiled function): cudagraph
+    trees put the graph pool back to the checkpoint of the replayed path (setCheckpointPoolState) before
+    they warm it up and record it; every result equals eager's, forward and backward, and the pool holds
+    exactly the tensors the trees know to be alive (checkPoolLiveAllocations, asserted by torch's
+    slow-path checks, on by default)."""
+    torch._dynamo.reset()
+    model, _ = model_and_data()
+    compiled = torch.compile(model, mode="reduce-overhead", dynamic=False)
+    shapes = [64] * 4 + [128] * 4 + [64] * 2 + [128] * 2
+    for index, rows in enumerate(shapes):
+        x = torch.randn(rows, 256, device="cuda", generator=torch.Generator("cuda").manual_seed(index))
+        model.zero_grad(set_to_none=True)
+        out = compiled(x)
+        out.square().sum().backward()
+        result, gradient = out.detach().clone(), model[0].weight.grad.clone()
+        model.zero_grad(set_to_none=True)
+        expected = model(x)
+        expected.square().sum().backward()
+        torch.testing.assert_close(result, expected.detach())
+        torch.testing.assert_close(gradient, model[0].weight.grad)
+    with torch.no_grad():  # inference branches after the training ones
+        for rows in (32, 64, 32):
+            x = torch.randn(rows, 256, device="cuda")
+            torch.testing.assert_close(compiled(x).clone(), model(x))
 
 
 def test_process_stays_usable_after_a_failed_capture():
