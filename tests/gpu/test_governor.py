@@ -10,6 +10,8 @@
   that doubling and bisection to one sample find, and restores the model and optimizer;
 - watch_leaks warns for the classic leak (keeping `loss`), naming the line, and not for `loss.item()`.
 """
+import os
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -187,6 +189,11 @@ def test_find_batch_size_in_three_trials():
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
     print(f"find_batch_size found {search.batch_size} in {search.trials}; bisection found {largest}")
+    if os.environ.get("GOVERNOR_DUMP"):  # the recorded trials, to study the prediction offline
+        import pickle
+        with open(os.path.join(os.environ["GOVERNOR_DUMP"], "mlp-trials.pickle"), "wb") as file:
+            pickle.dump({"budget": int(search.budget), "largest": largest, "trials": [vars(t) for t in search.recorded],
+                         "config": gpumem.torch.installed_config()}, file)
     assert len(search.trials) <= 3, search.trials
     # Below the bisection's, by a few percent: at large batches this step allocates reduction staging
     # buffers that the small trials do not show, assumed to grow in proportion to the batch (docs/benchmarks.md).
