@@ -187,8 +187,54 @@ static void thousands_of_streams_come_and_go(void)
     }
 }
 
+static int64_t event_queries(gm_allocator *allocator)
+{
+    gm_stats stats;
+    REQUIRE(gm_get_stats(allocator, &stats) == GM_OK);
+    return stats.device_calls[GM_CALL_EVENT_QUERY];
+}
+
+/* Hundreds of frees waiting for a busy stream (a communication stream's long collective): an
+ * allocation asks about one of its events, not every one, since a stream runs its work in order;
+ * once the stream is done, every waiting free completes. Frees waiting on a stream that is done are
+ * not held up by a busy one recorded before them. */
+static void waiting_frees_cost_one_query_per_busy_stream(void)
+{
+    for (size_t e = 0; e < 2; e++) {
+        gm_allocator *allocator = NULL;
+        CHECK_OK(gm_create(engines[e], &allocator));
+        enum { waiting = 300 };
+        void *blocks[waiting] = {NULL}, *probe = NULL, *quick = NULL;
+        CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1)); /* busy until completed */
+        for (int i = 0; i < waiting; i++) {
+            CHECK_OK(gm_malloc(allocator, 4096, 1, &blocks[i]));
+            CHECK_OK(gm_record_stream(allocator, blocks[i], i == waiting / 2 ? 3 : 2));
+            CHECK_OK(gm_free(allocator, blocks[i]));
+        }
+        CHECK_OK(gm_malloc(allocator, 8192, 1, &probe));
+        CHECK_OK(gm_free(allocator, probe));
+        int64_t before = event_queries(allocator);
+        CHECK_OK(gm_malloc(allocator, 8192, 1, &probe)); /* stream 3 was idle: its free completed above */
+        CHECK_EQ_INT(event_queries(allocator) - before, 1);
+        gm_stats stats;
+        CHECK_OK(gm_get_stats(allocator, &stats));
+        CHECK_EQ_INT(stats.active[GM_POOL_ALL].current, waiting - 1 + 1);
+        CHECK_OK(gm_validate(allocator));
+        CHECK_OK(gm_sim_stream_complete(allocator, 2));
+        before = event_queries(allocator);
+        CHECK_OK(gm_malloc(allocator, 4096, 1, &quick));
+        CHECK_EQ_INT(event_queries(allocator) - before, waiting - 1);
+        CHECK_OK(gm_get_stats(allocator, &stats));
+        CHECK_EQ_INT(stats.active[GM_POOL_ALL].current, 2);
+        CHECK_OK(gm_validate(allocator));
+        CHECK_OK(gm_free(allocator, quick));
+        CHECK_OK(gm_free(allocator, probe));
+        gm_destroy(allocator, NULL);
+    }
+}
+
 RUN_TESTS(TEST_CASE(freed_block_is_reused_on_its_stream), TEST_CASE(thousands_of_streams_come_and_go), TEST_CASE(streams_do_not_share_cached_blocks),
           TEST_CASE(recorded_stream_delays_reuse_until_its_work_finishes),
           TEST_CASE(work_queued_after_the_free_does_not_delay_reuse),
           TEST_CASE(several_recorded_streams_all_must_finish), TEST_CASE(out_of_memory_waits_for_pending_frees),
-          TEST_CASE(empty_cache_keeps_pending_blocks))
+          TEST_CASE(empty_cache_keeps_pending_blocks), TEST_CASE(waiting_frees_cost_one_query_per_busy_stream))

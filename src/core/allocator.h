@@ -19,6 +19,7 @@
 typedef struct gm_pending_free {
     gm_block *block;
     uint64_t event;
+    gm_stream stream; /* where the event was recorded */
     struct gm_pending_free *next;
 } gm_pending_free;
 

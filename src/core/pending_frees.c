@@ -4,7 +4,11 @@
  * A block used on other streams than its own (gm_record_stream) may still be read or written there
  * when it is freed: an event is recorded on each of those streams at the free, and the block's memory
  * returns to the engine only once every event has completed (PyTorch's record_stream semantics).
- * Events are pooled: creating one is a driver call.
+ * Events are pooled: creating one is a driver call. The waiting frees are kept in the order their events
+ * were recorded, and a stream runs its work in order, so once one event of a stream is not done, the
+ * later ones of that stream are not either: each check asks the driver about the done ones and at most
+ * one per busy stream, not about every waiting free (a program that frees hundreds of blocks used on a
+ * busy communication stream would otherwise pay hundreds of queries at every allocation).
  *
  * During a CUDA graph capture (a private pool being allocated to) no event can be waited for: work
  * queued on a capturing stream does not run, it becomes part of the graph. As PyTorch does, such frees
@@ -63,19 +67,48 @@ void gm_retire_block_locked(gm_allocator *allocator, gm_block *block)
         gm_pool_block_retired_locked(allocator, pool);
 }
 
+/* Streams found busy during one pass over the pending frees; beyond BUSY_STREAMS_KEPT, events are
+ * simply asked about. */
+#define BUSY_STREAMS_KEPT 16
+typedef struct busy_streams {
+    gm_stream streams[BUSY_STREAMS_KEPT];
+    size_t count;
+} busy_streams;
+
+static bool is_busy(const busy_streams *busy, gm_stream stream)
+{
+    for (size_t i = 0; i < busy->count; i++)
+        if (busy->streams[i] == stream)
+            return true;
+    return false;
+}
+
+/* Whether the event of `pending` is done: waited for with `wait`; else asked, unless an earlier event
+ * of its stream is not done (then neither is this one). */
+static bool event_done(gm_allocator *allocator, const gm_pending_free *pending, bool wait, busy_streams *busy)
+{
+    gm_backend *backend = allocator->arena.backend;
+    if (wait)
+        return gm_backend_event_synchronize(backend, pending->event) == GM_OK;
+    if (is_busy(busy, pending->stream))
+        return false;
+    bool done = false;
+    if (gm_backend_event_query(backend, pending->event, &done) != GM_OK)
+        done = false;
+    if (!done && busy->count < BUSY_STREAMS_KEPT)
+        busy->streams[busy->count++] = pending->stream;
+    return done;
+}
+
 /* Complete pending frees whose events are done; with `wait`, wait for all of them first. */
 void gm_process_pending_frees_locked(gm_allocator *allocator, bool wait)
 {
     gm_pending_free **link = &allocator->pending_head;
     gm_pending_free *previous = NULL;
+    busy_streams busy = {.count = 0};
     while (*link) {
         gm_pending_free *pending = *link;
-        bool done = false;
-        if (wait)
-            done = gm_backend_event_synchronize(allocator->arena.backend, pending->event) == GM_OK;
-        else if (gm_backend_event_query(allocator->arena.backend, pending->event, &done) != GM_OK)
-            done = false;
-        if (!done) {
+        if (!event_done(allocator, pending, wait, &busy)) {
             previous = pending;
             link = &pending->next;
             continue;
@@ -139,6 +172,7 @@ gm_status gm_defer_free_locked(gm_allocator *allocator, gm_block *block, gm_stre
         return status;
     }
     pending->block = block;
+    pending->stream = stream;
     pending->next = NULL;
     if (allocator->pending_tail)
         allocator->pending_tail->next = pending;
