@@ -97,16 +97,20 @@ def memory_fraction_caps_the_process(torch):
 def record_stream_defers_reuse(torch):
     """As PyTorch's own test_record_stream: a block used on another stream (record_stream) is not handed
     out again on its stream until that stream's work is done."""
+    import time
     side = torch.cuda.Stream()
     tensor = torch.empty(16 * MIB, dtype=torch.uint8, device="cuda")
     address = tensor.data_ptr()
+    torch.cuda._sleep(1000)  # the sleep kernel loaded before it is timed
     torch.cuda.synchronize()
     side.wait_stream(torch.cuda.current_stream())
+    started = time.perf_counter()
     with torch.cuda.stream(side):
-        torch.cuda._sleep(2_000_000_000)  # about a second of work on the side stream that uses the tensor
+        torch.cuda._sleep(4_000_000_000)  # about two seconds of work on the side stream that uses the tensor
         tensor.add_(1)
         done = torch.cuda.Event()
         done.record(side)
+    busy_at_launch = not done.query()
     tensor.record_stream(side)
     del tensor
     busy_before = not done.query()
@@ -115,8 +119,10 @@ def record_stream_defers_reuse(torch):
     # the side stream is done and reuse is right. Only while it is still busy must the block stay out.
     busy_after = not done.query()
     reused = again.data_ptr() == address
+    elapsed = time.perf_counter() - started
     side.synchronize()
-    assert busy_before, "the side stream finished before the check could look (no conclusion)"
+    assert busy_before, (f"the side stream finished before the check could look (no conclusion): busy at launch "
+                         f"{busy_at_launch}, {elapsed:.3f} s after launch, {time.perf_counter() - started:.3f} s to finish")
     assert not (busy_after and reused), "reused while the side stream still used it"
     del again
 
