@@ -434,6 +434,16 @@ bool gm_model_stream_is_capturing(gm_backend *backend, gm_stream stream)
     return queue && queue->capturing;
 }
 
+gm_model_footprint gm_model_footprint_of(gm_backend *backend)
+{
+    gm_device_model *model = model_of(backend);
+    gm_model_footprint footprint = {.streams = model->stream_count, .reservations = model->reservation_count,
+                                    .returned_ranges = gm_sim_returned_range_count(backend)};
+    for (size_t i = 0; i < model->event_count; i++)
+        footprint.events += model->events[i].in_use;
+    return footprint;
+}
+
 /* ---------------------------------------------------------------- model-only backend operations */
 
 /* What a simulated device cannot be; GM_OK if it can be. */

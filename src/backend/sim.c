@@ -83,6 +83,11 @@ static void return_addresses(sim_state *state, uintptr_t base, uint64_t size)
     grown[state->returned_count++] = (address_range){base, rounded};
 }
 
+size_t gm_sim_returned_range_count(gm_backend *backend)
+{
+    return backend->operations == &gm_sim_backend_operations ? state_of(backend)->returned_count : 0;
+}
+
 static void sim_close(gm_backend *backend)
 {
     if (backend->state)
