@@ -153,6 +153,47 @@ static void many_streams(const char *config, int check_data)
     CHECK_EQ_INT(live, 0);
 }
 
+static size_t snapshot_regions(gm_allocator *allocator)
+{
+    gm_snapshot *snapshot = NULL;
+    REQUIRE(gm_snapshot_take(allocator, &snapshot) == GM_OK);
+    size_t regions = snapshot->region_count;
+    gm_snapshot_free(snapshot);
+    return regions;
+}
+
+/* Address frees that fail while idle heaps are forgotten: the heap keeps its region (and its
+ * reservation) until one succeeds, so the device never holds a reservation the allocator forgot. */
+static void reservations_outlive_failed_address_frees(void)
+{
+    static const char *const configs[] = {"backend:sim,capacity:8GiB", "backend:host,capacity:1GiB"};
+    for (size_t c = 0; c < 2; c++) {
+        gm_allocator *allocator = NULL;
+        REQUIRE(gm_create(configs[c], &allocator) == GM_OK);
+        CHECK_OK(gm_inject_device_failures(allocator, GM_CALL_ADDRESS_FREE, 0, UINT64_MAX));
+        int failures = 0;
+        for (size_t i = 0; i < 400; i++)
+            failures += use_one_stream(allocator, FIRST_STREAM + i, i, 0);
+        CHECK_EQ_INT(failures, 0);
+        gm_arena *arena = gm_lock_arena(allocator);
+        size_t reservations = gm_model_footprint_of(arena->backend).reservations;
+        gm_unlock_arena(allocator);
+        CHECK_EQ_INT(reservations, snapshot_regions(allocator));
+        CHECK_OK(gm_inject_device_failures(allocator, GM_CALL_ADDRESS_FREE, 0, 0));
+        for (size_t i = 400; i < 800; i++)
+            failures += use_one_stream(allocator, FIRST_STREAM + i, i, 0);
+        CHECK_EQ_INT(failures, 0);
+        arena = gm_lock_arena(allocator);
+        reservations = gm_model_footprint_of(arena->backend).reservations;
+        size_t heaps = arena->heap_count;
+        gm_unlock_arena(allocator);
+        CHECK_EQ_INT(reservations, snapshot_regions(allocator));
+        CHECK(heaps <= HEAP_BOUND);
+        CHECK_OK(gm_validate(allocator));
+        gm_destroy(allocator, NULL);
+    }
+}
+
 static void pages_engine_on_sim(void)
 {
     many_streams("backend:sim,capacity:8GiB", 0);
@@ -173,5 +214,5 @@ static void segments_engine_on_host(void)
     many_streams("backend:host,capacity:1GiB,engine:segments", 1);
 }
 
-RUN_TESTS(TEST_CASE(pages_engine_on_sim), TEST_CASE(segments_engine_on_sim), TEST_CASE(pages_engine_on_host),
+RUN_TESTS(TEST_CASE(reservations_outlive_failed_address_frees), TEST_CASE(pages_engine_on_sim), TEST_CASE(segments_engine_on_sim), TEST_CASE(pages_engine_on_host),
           TEST_CASE(segments_engine_on_host))
