@@ -140,7 +140,7 @@ static void allocate(soak_worker *self)
     if (block->size < requested || block->size % 512)
         soak_violation(run, "a block of %zu bytes for a request of %zu", block->size, requested);
     if (run->options.check_data)
-        pattern_stamp(pointer, requested, block->identity);
+        soak_stamp(pointer, requested, block->identity);
 }
 
 /* Free the live block at `index`; with `cross_stream`, first mark it used on another stream that has
@@ -150,7 +150,7 @@ static void release(soak_worker *self, size_t index, bool cross_stream)
     soak_run *run = self->run;
     soak_block block = self->live[index];
     self->live[index] = self->live[--self->live_count];
-    if (run->options.check_data && !pattern_intact(block.pointer, block.requested, block.identity))
+    if (run->options.check_data && !soak_intact(block.pointer, block.requested, block.identity))
         soak_violation(run, "the data of block %p (%zu bytes) changed before its free", block.pointer, block.requested);
     if (cross_stream) {
         gm_stream other = some_stream(self);

@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #define SOAK_MAX_THREADS 256
 #define SOAK_RECENT_STREAMS 8 /* a thread's abandoned streams still named as other streams */
@@ -82,6 +83,50 @@ struct soak_run {
     size_t max_model_streams;
     double peak_rss_mib;
 };
+
+/* The host backend's data check. A block's pattern is a word every 512 bytes (blocks start on 512-byte
+ * boundaries, so two overlapping blocks stamp a shared word, and the later stamp breaks the earlier
+ * block's pattern), except in the middle of a large block, where only the 64 KiB-aligned words are
+ * stamped: touching every page of every large block would make the soak run an order of magnitude
+ * slower. A block handed out twice is then still caught unless it is small and lies wholly between two
+ * such words of a large block. */
+#define SOAK_DENSE_BYTES (64u * 1024)
+
+static inline bool soak_stamped_offset(uintptr_t base, size_t size, size_t offset)
+{
+    return size <= 16 * SOAK_DENSE_BYTES || offset < SOAK_DENSE_BYTES || size - offset <= SOAK_DENSE_BYTES ||
+           (base + offset) % SOAK_DENSE_BYTES == 0;
+}
+
+/* The next stamped offset after `offset`. */
+static inline size_t soak_next_offset(uintptr_t base, size_t size, size_t offset)
+{
+    size_t next = offset + 512;
+    if (soak_stamped_offset(base, size, next) || next >= size)
+        return next;
+    size_t aligned = (size_t)((base + next + SOAK_DENSE_BYTES - 1) / SOAK_DENSE_BYTES * SOAK_DENSE_BYTES - base);
+    size_t tail = size > SOAK_DENSE_BYTES ? (size - SOAK_DENSE_BYTES + 511) / 512 * 512 : 0;
+    return aligned < tail ? aligned : tail;
+}
+
+static inline void soak_stamp(char *pointer, size_t size, uint64_t identity)
+{
+    for (size_t offset = 0; offset + 8 <= size; offset = soak_next_offset((uintptr_t)pointer, size, offset)) {
+        uint64_t word = pattern_word(identity, offset);
+        memcpy(pointer + offset, &word, 8);
+    }
+}
+
+static inline bool soak_intact(const char *pointer, size_t size, uint64_t identity)
+{
+    for (size_t offset = 0; offset + 8 <= size; offset = soak_next_offset((uintptr_t)pointer, size, offset)) {
+        uint64_t word;
+        memcpy(&word, pointer + offset, 8);
+        if (word != pattern_word(identity, offset))
+            return false;
+    }
+    return true;
+}
 
 /* Count a violation and print the first few. */
 void soak_violation(soak_run *run, const char *format, ...) __attribute__((format(printf, 2, 3)));

@@ -51,7 +51,7 @@ static live_totals check_live_blocks(soak_run *run)
             if (size != block->size)
                 soak_violation(run, "block %p is %zu bytes now, %zu at its allocation", (void *)block->pointer, size,
                                block->size);
-            if (run->options.check_data && !pattern_intact(block->pointer, block->requested, block->identity))
+            if (run->options.check_data && !soak_intact(block->pointer, block->requested, block->identity))
                 soak_violation(run, "the data of live block %p (%zu bytes) changed", (void *)block->pointer,
                                block->requested);
             totals.blocks++;
@@ -133,7 +133,7 @@ static void free_everything(soak_run *run)
         soak_worker *worker = &run->workers[t];
         for (size_t i = 0; i < worker->live_count; i++) {
             soak_block *block = &worker->live[i];
-            if (run->options.check_data && !pattern_intact(block->pointer, block->requested, block->identity))
+            if (run->options.check_data && !soak_intact(block->pointer, block->requested, block->identity))
                 soak_violation(run, "the data of block %p changed before its free", (void *)block->pointer);
             soak_check_status(run, gm_free(run->allocator, block->pointer), GM_OK, "gm_free");
         }
