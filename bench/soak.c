@@ -164,9 +164,9 @@ static void release(soak_worker *self, size_t index, bool cross_stream)
 
 static void change_memory_limit(soak_worker *self)
 {
-    static const unsigned quarters[] = {0, 4, 3, 2};
-    unsigned choice = quarters[next_random(&self->random) % 4];
-    uint64_t limit = choice ? self->run->options.capacity / 4 * choice : 0;
+    static const unsigned sixteenths[] = {0, 8, 2, 1}; /* the last about what the threads hold on sim */
+    unsigned choice = sixteenths[next_random(&self->random) % 4];
+    uint64_t limit = choice ? self->run->options.capacity / 16 * choice : 0;
     soak_check_status(self->run, gm_set_memory_limit(self->run->allocator, limit), GM_OK, "gm_set_memory_limit");
     self->counts.limit_changes++;
 }
