@@ -87,7 +87,7 @@ static void check_statistics(soak_run *run, const live_totals *live)
 }
 
 /* What the backend and the arena hold, for the report. */
-static void note_footprint(soak_run *run)
+static double note_footprint(soak_run *run)
 {
     gm_arena *arena = gm_lock_arena(run->allocator);
     size_t heaps = arena->heap_count;
@@ -98,6 +98,7 @@ static void note_footprint(soak_run *run)
     run->max_model_streams = streams > run->max_model_streams ? streams : run->max_model_streams;
     double rss = resident_mib();
     run->peak_rss_mib = rss > run->peak_rss_mib ? rss : run->peak_rss_mib;
+    return rss;
 }
 
 static void check_books(soak_run *run)
@@ -108,12 +109,12 @@ static void check_books(soak_run *run)
         soak_violation(run, "gm_validate at barrier %" PRIu64 ": %s", run->barriers_checked, gm_last_error());
     live_totals live = check_live_blocks(run);
     check_statistics(run, &live);
-    note_footprint(run);
+    double rss = note_footprint(run);
     if (run->options.verbose)
         fprintf(stderr, "barrier %" PRIu64 ": %" PRId64 " live blocks, %" PRId64 " bytes, %zu heaps (at most), "
-                "%zu simulated streams (at most), %" PRId64 " faults injected, %" PRIu64 " violations\n",
+                "%zu simulated streams (at most), %" PRId64 " faults injected, rss %.1f MiB, %" PRIu64 " violations\n",
                 run->barriers_checked, live.blocks, live.bytes, run->max_heaps, run->max_model_streams,
-                run->faults_injected, atomic_load(&run->violations));
+                run->faults_injected, rss, atomic_load(&run->violations));
 }
 
 void soak_barrier(soak_worker *self)
