@@ -15,7 +15,7 @@
  * size is what gm_allocation_size said at its allocation; the device's used memory equals reserved
  * bytes; on the host backend every live block still holds the pattern written into it. At the end
  * everything is freed, all work completed and the cache emptied: nothing may stay allocated or
- * reserved. Any difference is a violation; the exit status is 1 if there was one.
+ * reserved. Any difference is a violation; the exit status is 1 if there was one, 2 for a bad argument.
  *
  *   gpumem_soak [--backend sim|host] [--engine pages|segments] [--operations N] [--threads N]
  *               [--seed N] [--fault-rate R] [--capacity BYTES] [--barriers N] [--json] [--verbose]

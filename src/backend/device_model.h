@@ -58,7 +58,8 @@ gm_status gm_model_stream_complete(gm_backend *backend, gm_stream stream);
 gm_status gm_model_stream_set_capturing(gm_backend *backend, gm_stream stream, bool capturing);
 bool gm_model_stream_is_capturing(gm_backend *backend, gm_stream stream);
 
-/* What a sim or host backend holds now, for tests that check it stays bounded. */
+/* What a sim or host backend holds now (only those: their state is a model), for tests and the soak
+ * benchmark, which check that it stays bounded. */
 typedef struct gm_model_footprint {
     size_t streams;         /* simulated streams the model keeps a record of */
     size_t events;          /* events created and not destroyed */
