@@ -176,7 +176,61 @@ static void cuda_backend_reports_why_it_cannot_open(void)
     CHECK(backend == NULL);
 }
 
-RUN_TESTS(TEST_CASE(segments_respect_capacity_and_are_freed_once), TEST_CASE(mapping_rules_are_enforced),
+/* The model remembers a stream only while it matters: work not yet completed, a capture, or an event
+ * waiting on it. An event found done stays done, even when its stream is named again for new work. */
+static void idle_simulated_streams_are_forgotten(void)
+{
+    gm_backend *backend = open_backend("sim", 64 * MiB);
+    const gm_backend_operations *operations = backend->operations;
+    uint64_t event = 0;
+    bool done = false;
+    CHECK_OK(gm_backend_event_create(backend, &event));
+    CHECK_OK(operations->stream_enqueue(backend, 7, 2));
+    CHECK_OK(gm_backend_event_record(backend, event, 7));
+    CHECK_EQ_INT(gm_model_footprint_of(backend).streams, 1);
+    CHECK_OK(operations->stream_complete(backend, 7));
+    CHECK_EQ_INT(gm_model_footprint_of(backend).streams, 1); /* the event has not been found done yet */
+    CHECK_OK(gm_backend_event_query(backend, event, &done));
+    CHECK(done);
+    CHECK_EQ_INT(gm_model_footprint_of(backend).streams, 0);
+    CHECK_OK(operations->stream_enqueue(backend, 7, 5)); /* stream 7 again, with new work */
+    CHECK_OK(gm_backend_event_query(backend, event, &done));
+    CHECK(done);
+    CHECK_OK(gm_backend_event_record(backend, event, 7)); /* waits for the new work */
+    CHECK_OK(gm_backend_event_query(backend, event, &done));
+    CHECK(!done);
+    CHECK_OK(gm_backend_event_synchronize(backend, event));
+    CHECK_EQ_INT(gm_model_footprint_of(backend).streams, 0); /* waiting finished its work */
+    CHECK_OK(operations->stream_set_capturing(backend, UINTPTR_MAX, true)); /* the largest name too */
+    CHECK(gm_backend_stream_is_capturing(backend, UINTPTR_MAX));
+    CHECK_EQ_INT(gm_model_footprint_of(backend).streams, 1);
+    CHECK_OK(operations->stream_set_capturing(backend, UINTPTR_MAX, false));
+    CHECK_EQ_INT(gm_model_footprint_of(backend).streams, 0);
+    CHECK_OK(gm_backend_event_destroy(backend, event));
+    CHECK_EQ_INT(gm_model_footprint_of(backend).events, 0);
+    gm_backend_close(backend);
+}
+
+/* Address ranges given back are merged with their free neighbours, whatever the order they come in. */
+static void returned_sim_addresses_are_merged(void)
+{
+    gm_backend *backend = open_backend("sim", 64 * MiB);
+    uintptr_t ranges[6];
+    for (int i = 0; i < 6; i++)
+        CHECK_OK(gm_backend_address_reserve(backend, 4 * MiB, &ranges[i]));
+    static const int order[] = {1, 3, 2, 5, 0};
+    static const size_t kept_after[] = {1, 2, 1, 2, 2};
+    for (int i = 0; i < 5; i++) {
+        CHECK_OK(gm_backend_address_free(backend, ranges[order[i]], 4 * MiB));
+        CHECK_EQ_INT(gm_sim_returned_range_count(backend), kept_after[i]);
+    }
+    CHECK_OK(gm_backend_address_free(backend, ranges[4], 4 * MiB));
+    CHECK_EQ_INT(gm_sim_returned_range_count(backend), 1); /* all six, one range */
+    gm_backend_close(backend);
+}
+
+RUN_TESTS(TEST_CASE(idle_simulated_streams_are_forgotten), TEST_CASE(returned_sim_addresses_are_merged),
+          TEST_CASE(segments_respect_capacity_and_are_freed_once), TEST_CASE(mapping_rules_are_enforced),
           TEST_CASE(simulated_events_follow_stream_work), TEST_CASE(cost_model_matches_the_h200_table),
           TEST_CASE(host_physical_memory_keeps_its_data_when_remapped),
           TEST_CASE(unknown_backend_is_a_configuration_error), TEST_CASE(cuda_backend_reports_why_it_cannot_open))

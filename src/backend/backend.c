@@ -115,8 +115,10 @@ static bool injected_failure(gm_backend *backend, gm_device_call kind)
         x ^= x << 25;
         x ^= x >> 27;
         backend->fault_state = x;
-        if (x * 2685821657736338717ull < backend->fault_threshold)
+        if (x * 2685821657736338717ull < backend->fault_threshold) {
+            backend->faults_injected++;
             return true;
+        }
     }
     if (!backend->failures_to_inject[kind])
         return false;
@@ -125,6 +127,7 @@ static bool injected_failure(gm_backend *backend, gm_device_call kind)
         return false;
     }
     backend->failures_to_inject[kind]--;
+    backend->faults_injected++;
     return true;
 }
 

@@ -100,6 +100,7 @@ struct gm_backend {
     bool faults_armed;          /* any of the above, or fault_rate: calls look at injected_failure */
     uint64_t fault_threshold;   /* a draw below it fails: fault_rate of 2^64 */
     uint64_t fault_state;       /* the draws' generator */
+    int64_t faults_injected;    /* calls failed by the above (for the soak benchmark's report) */
 };
 
 /* Open the backend named by config->name. On failure *backend_out is untouched and

@@ -3,7 +3,12 @@
  *
  * Books: segments and mappings by start address (hash maps), physical handles by id, reserved
  * ranges in a short array, each with a bitmap of its mapped pages (to refuse overlapping maps).
- * Streams and events live in small growable arrays; an event handle is its index + 1.
+ * Events live in a small growable array; an event handle is its index + 1.
+ *
+ * Streams are records in a hash map, made on first use. Nothing says when a stream is gone, and a
+ * program may use a new stream per request, so a record is dropped as soon as it is indistinguishable
+ * from a stream never seen: all its work completed, not being captured, and no event waiting on it (an
+ * event lets go of its stream once it is found done, since a done event stays done).
  */
 #include "backend/device_model.h"
 
@@ -32,14 +37,14 @@ typedef struct simulated_stream {
     gm_stream stream;
     uint64_t enqueued;
     uint64_t completed;
+    uint64_t waiting_events; /* events recorded on it and not yet found done */
     bool capturing;
 } simulated_stream;
 
 typedef struct simulated_event {
-    size_t stream_index;
+    simulated_stream *stream; /* while recorded and not yet found done */
     uint64_t target;
     bool in_use;
-    bool recorded;
     bool captured; /* recorded while its stream was being captured: never completes */
 } simulated_event;
 
@@ -54,8 +59,8 @@ struct gm_device_model {
     gm_hash_map physical;        /* handle -> physical_memory* */
     reservation *reservations;
     size_t reservation_count;
-    simulated_stream *streams;
-    size_t stream_count;
+    gm_hash_map streams;                /* stream + 1 -> simulated_stream* */
+    simulated_stream *last_named_stream; /* the stream UINTPTR_MAX, whose key would be 0 */
     simulated_event *events;
     size_t event_count;
 };
@@ -72,7 +77,8 @@ gm_status gm_device_model_create(gm_backend *backend, uint64_t capacity, uint64_
     model->capacity = capacity;
     model->page_size = page_size;
     if (!gm_hash_map_init(&model->segments, 64) || !gm_hash_map_init(&model->mapping_sizes, 64) ||
-        !gm_hash_map_init(&model->mapping_handles, 64) || !gm_hash_map_init(&model->physical, 64)) {
+        !gm_hash_map_init(&model->mapping_handles, 64) || !gm_hash_map_init(&model->physical, 64) ||
+        !gm_hash_map_init(&model->streams, 16)) {
         gm_device_model_destroy(model);
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the device model");
     }
@@ -90,12 +96,16 @@ void gm_device_model_destroy(gm_device_model *model)
     for (size_t i = 0; i < model->reservation_count; i++)
         free(model->reservations[i].mapped_pages);
     free(model->reservations);
-    free(model->streams);
+    for (size_t i = 0; i < model->streams.capacity; i++)
+        if (model->streams.entries && model->streams.entries[i].key)
+            free((void *)(uintptr_t)model->streams.entries[i].value);
+    free(model->last_named_stream);
     free(model->events);
     gm_hash_map_free(&model->segments);
     gm_hash_map_free(&model->mapping_sizes);
     gm_hash_map_free(&model->mapping_handles);
     gm_hash_map_free(&model->physical);
+    gm_hash_map_free(&model->streams);
     free(model);
 }
 
@@ -299,19 +309,54 @@ gm_status gm_device_model_unmap(gm_device_model *model, uintptr_t address, uint6
 
 /* ---------------------------------------------------------------- streams and events */
 
-static simulated_stream *find_stream(gm_device_model *model, gm_stream stream, bool create)
+static simulated_stream *find_stream(gm_device_model *model, gm_stream stream)
 {
-    for (size_t i = 0; i < model->stream_count; i++)
-        if (model->streams[i].stream == stream)
-            return &model->streams[i];
-    if (!create)
+    if (stream == UINTPTR_MAX)
+        return model->last_named_stream;
+    uint64_t value = 0;
+    return gm_hash_map_get(&model->streams, (uint64_t)stream + 1, &value) ? (simulated_stream *)(uintptr_t)value : NULL;
+}
+
+/* The record of `stream`, made if new; NULL without host memory. */
+static simulated_stream *stream_record(gm_device_model *model, gm_stream stream)
+{
+    simulated_stream *queue = find_stream(model, stream);
+    if (queue)
+        return queue;
+    queue = calloc(1, sizeof *queue);
+    if (!queue)
         return NULL;
-    simulated_stream *grown = realloc(model->streams, (model->stream_count + 1) * sizeof *grown);
-    if (!grown)
+    queue->stream = stream;
+    if (stream == UINTPTR_MAX) {
+        model->last_named_stream = queue;
+    } else if (!gm_hash_map_put(&model->streams, (uint64_t)stream + 1, (uint64_t)(uintptr_t)queue)) {
+        free(queue);
         return NULL;
-    model->streams = grown;
-    grown[model->stream_count] = (simulated_stream){.stream = stream};
-    return &grown[model->stream_count++];
+    }
+    return queue;
+}
+
+/* Drop the record of a stream that is as good as never seen: nothing pending, captured or waited on. */
+static void forget_stream_if_idle(gm_device_model *model, simulated_stream *queue)
+{
+    if (queue->waiting_events || queue->capturing || queue->completed != queue->enqueued)
+        return;
+    if (queue->stream == UINTPTR_MAX)
+        model->last_named_stream = NULL;
+    else
+        gm_hash_map_remove(&model->streams, (uint64_t)queue->stream + 1, NULL);
+    free(queue);
+}
+
+/* An event no longer waits on its stream: destroyed, recorded elsewhere, or found done. */
+static void let_go_of_stream(gm_device_model *model, simulated_event *event)
+{
+    simulated_stream *queue = event->stream;
+    if (!queue)
+        return;
+    event->stream = NULL;
+    queue->waiting_events--;
+    forget_stream_if_idle(model, queue);
 }
 
 static gm_device_model *model_of(gm_backend *backend)
@@ -351,6 +396,7 @@ gm_status gm_model_event_destroy(gm_backend *backend, uint64_t event)
     simulated_event *found = find_event(model, event);
     if (!found)
         return gm_fail(GM_ERROR_DEVICE, "destroy of event %" PRIu64 ", which does not exist", event);
+    let_go_of_stream(model, found);
     found->in_use = false;
     return GM_OK;
 }
@@ -359,12 +405,15 @@ gm_status gm_model_event_record(gm_backend *backend, uint64_t event, gm_stream s
 {
     gm_device_model *model = model_of(backend);
     simulated_event *found = find_event(model, event);
-    simulated_stream *queue = find_stream(model, stream, true);
-    if (!found || !queue)
+    if (!found)
         return gm_fail(GM_ERROR_DEVICE, "record of event %" PRIu64 ", which does not exist", event);
-    found->stream_index = (size_t)(queue - model->streams);
+    simulated_stream *queue = stream_record(model, stream);
+    if (!queue)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a stream");
+    queue->waiting_events++; /* before letting go of the previous stream, which may be this one */
+    let_go_of_stream(model, found);
+    found->stream = queue;
     found->target = queue->enqueued;
-    found->recorded = true;
     found->captured = queue->capturing;
     return GM_OK;
 }
@@ -378,7 +427,9 @@ gm_status gm_model_event_query(gm_backend *backend, uint64_t event, bool *done_o
     if (found->captured)
         return gm_fail(GM_ERROR_DEVICE, "query of event %" PRIu64 ", recorded while its stream was being captured "
                        "(the capture is invalid now)", event);
-    *done_out = !found->recorded || model->streams[found->stream_index].completed >= found->target;
+    *done_out = !found->stream || found->stream->completed >= found->target;
+    if (*done_out)
+        let_go_of_stream(model, found);
     return GM_OK;
 }
 
@@ -391,47 +442,61 @@ gm_status gm_model_event_synchronize(gm_backend *backend, uint64_t event)
     if (found->captured)
         return gm_fail(GM_ERROR_DEVICE, "synchronize on event %" PRIu64 ", recorded while its stream was being "
                        "captured (the capture is invalid now)", event);
-    if (found->recorded) {
-        simulated_stream *queue = &model->streams[found->stream_index];
-        if (queue->completed < found->target)
-            queue->completed = found->target; /* waiting lets the queued work finish */
-    }
+    simulated_stream *queue = found->stream;
+    if (queue && queue->completed < found->target)
+        queue->completed = found->target; /* waiting lets the queued work finish */
+    let_go_of_stream(model, found);
     return GM_OK;
 }
 
 gm_status gm_model_stream_enqueue(gm_backend *backend, gm_stream stream, uint64_t units)
 {
     gm_device_model *model = model_of(backend);
-    simulated_stream *queue = find_stream(model, stream, true);
+    simulated_stream *queue = stream_record(model, stream);
     if (!queue)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a stream");
     queue->enqueued += units;
+    forget_stream_if_idle(model, queue); /* no units: nothing to remember */
     return GM_OK;
 }
 
 gm_status gm_model_stream_complete(gm_backend *backend, gm_stream stream)
 {
     gm_device_model *model = model_of(backend);
-    simulated_stream *queue = find_stream(model, stream, true);
+    simulated_stream *queue = find_stream(model, stream);
     if (!queue)
-        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a stream");
+        return GM_OK; /* never seen, or forgotten: nothing queued */
     queue->completed = queue->enqueued;
+    forget_stream_if_idle(model, queue);
     return GM_OK;
 }
 
 gm_status gm_model_stream_set_capturing(gm_backend *backend, gm_stream stream, bool capturing)
 {
-    simulated_stream *queue = find_stream(model_of(backend), stream, true);
+    gm_device_model *model = model_of(backend);
+    simulated_stream *queue = stream_record(model, stream);
     if (!queue)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a stream");
     queue->capturing = capturing;
+    forget_stream_if_idle(model, queue);
     return GM_OK;
 }
 
 bool gm_model_stream_is_capturing(gm_backend *backend, gm_stream stream)
 {
-    const simulated_stream *queue = find_stream(model_of(backend), stream, false);
+    const simulated_stream *queue = find_stream(model_of(backend), stream);
     return queue && queue->capturing;
+}
+
+gm_model_footprint gm_model_footprint_of(gm_backend *backend)
+{
+    gm_device_model *model = model_of(backend);
+    gm_model_footprint footprint = {.streams = model->streams.count + (model->last_named_stream != NULL),
+                                    .reservations = model->reservation_count,
+                                    .returned_ranges = gm_sim_returned_range_count(backend)};
+    for (size_t i = 0; i < model->event_count; i++)
+        footprint.events += model->events[i].in_use;
+    return footprint;
 }
 
 /* ---------------------------------------------------------------- model-only backend operations */

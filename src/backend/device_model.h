@@ -58,4 +58,16 @@ gm_status gm_model_stream_complete(gm_backend *backend, gm_stream stream);
 gm_status gm_model_stream_set_capturing(gm_backend *backend, gm_stream stream, bool capturing);
 bool gm_model_stream_is_capturing(gm_backend *backend, gm_stream stream);
 
+/* What a sim or host backend holds now (only those: their state is a model), for tests and the soak
+ * benchmark, which check that it stays bounded. */
+typedef struct gm_model_footprint {
+    size_t streams;         /* simulated streams the model keeps a record of */
+    size_t events;          /* events created and not destroyed */
+    size_t reservations;    /* reserved address ranges */
+    size_t returned_ranges; /* sim: address ranges given back and kept for reuse */
+} gm_model_footprint;
+gm_model_footprint gm_model_footprint_of(gm_backend *backend);
+/* sim.c: the address ranges it keeps for reuse (0 on another backend). */
+size_t gm_sim_returned_range_count(gm_backend *backend);
+
 #endif

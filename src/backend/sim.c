@@ -1,10 +1,13 @@
 /*
  * sim.c -- the simulated device.
  *
- * Nothing is touched: addresses are fake, handed out by a bump pointer from 0x200000000000 and
- * never reused, so no two ranges ever overlap. The device model (device_model.c) keeps the books,
- * enforces the capacity and the rules of mapping, simulates streams and events, and charges each
- * call the cost it has on an H200. Default capacity is an H200's 143771 MiB.
+ * Nothing is touched: addresses are fake, handed out by a bump pointer from 0x200000000000, so no two
+ * live ranges ever overlap. Addresses given back are kept, as a driver keeps them, in a sorted list of
+ * free ranges, each merged with its free neighbours: the list holds at most one range per gap below a
+ * live range (and one below the fresh addresses), however many ranges come and go. Fresh addresses are
+ * handed out first (so a stale pointer points nowhere), the list's once they run out. The device model (device_model.c) keeps the books, enforces the
+ * capacity and the rules of mapping, simulates streams and events, and charges each call the cost it
+ * has on an H200. Default capacity is an H200's 143771 MiB.
  */
 #include "backend/backend.h"
 #include "backend/device_model.h"
@@ -13,6 +16,7 @@
 
 #include <inttypes.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define SIM_ADDRESS_BASE 0x200000000000ull
 #define SIM_ADDRESS_LIMIT 0x7f0000000000ull
@@ -27,8 +31,9 @@ typedef struct sim_state {
     gm_device_model *model;
     uintptr_t next_address;
     uint64_t page_size;
-    address_range *returned; /* ranges given back, reused once no fresh addresses are left */
+    address_range *returned; /* ranges given back, by address, none touching another or next_address */
     size_t returned_count;
+    size_t returned_capacity;
 } sim_state;
 
 static sim_state *state_of(gm_backend *backend)
@@ -46,11 +51,23 @@ static gm_status sim_open(gm_backend *backend, const gm_backend_config *config)
     return gm_model_backend_open(backend, state, config, SIM_DEFAULT_CAPACITY, config->cost_model);
 }
 
+static uint64_t whole_pages(const sim_state *state, uint64_t size)
+{
+    return (size + state->page_size - 1) / state->page_size * state->page_size;
+}
+
+static void remove_returned(sim_state *state, size_t index)
+{
+    memmove(&state->returned[index], &state->returned[index + 1],
+            (state->returned_count - index - 1) * sizeof *state->returned);
+    state->returned_count--;
+}
+
 /* Fake addresses, page-aligned: fresh ones while there are (a stale pointer then points nowhere), then,
- * as a driver does, ranges given back before. */
+ * as a driver does, ranges given back before (the first that fits). */
 static gm_status take_addresses(sim_state *state, uint64_t size, uintptr_t *address_out)
 {
-    uint64_t rounded = (size + state->page_size - 1) / state->page_size * state->page_size;
+    uint64_t rounded = whole_pages(state, size);
     if (rounded < size)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "sim: fake address space exhausted");
     if (rounded <= SIM_ADDRESS_LIMIT - state->next_address) {
@@ -66,21 +83,68 @@ static gm_status take_addresses(sim_state *state, uint64_t size, uintptr_t *addr
         range->base += rounded;
         range->size -= rounded;
         if (!range->size)
-            *range = state->returned[--state->returned_count];
+            remove_returned(state, i);
         return GM_OK;
     }
     return gm_fail(GM_ERROR_OUT_OF_MEMORY, "sim: fake address space exhausted");
 }
 
-/* Keep a range given back for reuse (without host memory for the list, it is simply not reused). */
+/* Where a range starting at `base` goes in the sorted list: the index of the first range above it. */
+static size_t returned_position(const sim_state *state, uintptr_t base)
+{
+    size_t low = 0, high = state->returned_count;
+    while (low < high) {
+        size_t middle = low + (high - low) / 2;
+        if (state->returned[middle].base < base)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    return low;
+}
+
+static bool insert_returned(sim_state *state, size_t index, address_range range)
+{
+    if (state->returned_count == state->returned_capacity) {
+        size_t capacity = state->returned_capacity ? state->returned_capacity * 2 : 16;
+        address_range *grown = realloc(state->returned, capacity * sizeof *grown);
+        if (!grown)
+            return false;
+        state->returned = grown;
+        state->returned_capacity = capacity;
+    }
+    memmove(&state->returned[index + 1], &state->returned[index],
+            (state->returned_count - index) * sizeof *state->returned);
+    state->returned[index] = range;
+    state->returned_count++;
+    return true;
+}
+
+/* Keep a range given back for reuse, merged with the free ranges beside it. Without host memory for the
+ * list, the range is simply not reused. */
 static void return_addresses(sim_state *state, uintptr_t base, uint64_t size)
 {
-    uint64_t rounded = (size + state->page_size - 1) / state->page_size * state->page_size;
-    address_range *grown = realloc(state->returned, (state->returned_count + 1) * sizeof *grown);
-    if (!grown)
-        return;
-    state->returned = grown;
-    grown[state->returned_count++] = (address_range){base, rounded};
+    address_range range = {base, whole_pages(state, size)};
+    size_t index = returned_position(state, base);
+    address_range *before = index > 0 ? &state->returned[index - 1] : NULL;
+    address_range *after = index < state->returned_count ? &state->returned[index] : NULL;
+    if (before && before->base + before->size == range.base) {
+        before->size += range.size;
+        if (after && before->base + before->size == after->base) {
+            before->size += after->size;
+            remove_returned(state, index);
+        }
+    } else if (after && range.base + range.size == after->base) {
+        after->base = range.base;
+        after->size += range.size;
+    } else {
+        insert_returned(state, index, range);
+    }
+}
+
+size_t gm_sim_returned_range_count(gm_backend *backend)
+{
+    return backend->operations == &gm_sim_backend_operations ? state_of(backend)->returned_count : 0;
 }
 
 static void sim_close(gm_backend *backend)

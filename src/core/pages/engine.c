@@ -189,7 +189,9 @@ static gm_status drop_free_region(gm_arena *arena, gm_region *region)
             return status;
         pages_release_chunk(arena, region, chunk);
     }
-    gm_backend_address_free(arena->backend, region->base, region->size);
+    gm_status status = gm_backend_address_free(arena->backend, region->base, region->size);
+    if (status != GM_OK)
+        return status; /* the region stays, all unmapped, until its addresses can go back */
     gm_delete_region_blocks(arena, region);
     gm_list_remove(&region->heap->regions, &region->link);
     free(data->pages);
