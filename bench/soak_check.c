@@ -12,6 +12,7 @@
 #include "backend/device_model.h"
 #include "core/allocator.h"
 #include "core/arena.h"
+#include "monitor/host_memory.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -27,14 +28,8 @@ typedef struct live_totals {
 
 static double resident_mib(void)
 {
-    FILE *statm = fopen("/proc/self/statm", "r");
-    unsigned long long size = 0, resident = 0;
-    if (!statm)
-        return 0;
-    if (fscanf(statm, "%llu %llu", &size, &resident) != 2)
-        resident = 0;
-    fclose(statm);
-    return (double)resident * (double)sysconf(_SC_PAGESIZE) / (1024.0 * 1024.0);
+    gm_process_memory memory;
+    return gm_process_memory_read(NULL, getpid(), &memory) == GM_OK ? (double)memory.rss_bytes / (1024.0 * 1024.0) : 0;
 }
 
 /* Every live block of every thread: still live at its size, its data intact; their totals. */

@@ -21,6 +21,7 @@
 #include "backend/device_model.h"
 #include "core/allocator.h"
 #include "core/arena.h"
+#include "monitor/host_memory.h"
 #include "pattern.h"
 
 #include <time.h>
@@ -64,14 +65,8 @@ static size_t stream_count(void)
 
 static uint64_t resident_bytes(void)
 {
-    FILE *statm = fopen("/proc/self/statm", "r");
-    unsigned long long size = 0, resident = 0;
-    if (statm) {
-        if (fscanf(statm, "%llu %llu", &size, &resident) != 2)
-            resident = 0;
-        fclose(statm);
-    }
-    return resident * (uint64_t)sysconf(_SC_PAGESIZE);
+    gm_process_memory memory;
+    return gm_process_memory_read(NULL, getpid(), &memory) == GM_OK ? (uint64_t)memory.rss_bytes : 0;
 }
 
 static double seconds_since(const struct timespec *start)
