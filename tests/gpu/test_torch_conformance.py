@@ -101,7 +101,12 @@ def record_stream_defers_reuse(torch):
     side = torch.cuda.Stream()
     tensor = torch.empty(16 * MIB, dtype=torch.uint8, device="cuda")
     address = tensor.data_ptr()
-    torch.cuda._sleep(1000)  # the sleep kernel loaded before it is timed
+    # Both kernels run once before the timed part: with CUDA's lazy module loading, the first launch of a
+    # kernel loads its module, which waits for the whole device, sleep included, and there is no
+    # conclusion to draw once the side stream is done.
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(1000)
+        tensor.add_(1)
     torch.cuda.synchronize()
     side.wait_stream(torch.cuda.current_stream())
     started = time.perf_counter()
