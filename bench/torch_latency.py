@@ -2,15 +2,18 @@
 
     python3 bench/torch_latency.py [--allocators torch-native,torch-expandable,cuda-async,gpumem]
                                    [--patterns same,alternating,cycling,small,ascending,streams]
-                                   [--iterations 20000] [--repeats 5] [--out results.jsonl]
+                                   [--iterations 20000] [--repeats 5] [--rounds 3] [--cpu N] [--out results.jsonl]
 
 Each (allocator, repeat) is a fresh process; the repeats are interleaved (repeat 1 of every allocator,
-then repeat 2, ...) so that a drift of the machine hits every allocator alike. A process times each
-pattern's loop of `x = torch.empty(n, dtype=torch.uint8, device="cuda"); del x` after a warm-up pass,
-and the same loop on CPU tensors of 1 byte: what Python and the dispatcher cost without any allocator
-work. "allocator µs" is the CUDA loop's time per iteration less that. The table gives per pattern and
-allocator the median over repeats and their spread (max - min), and the ratio of gpumem's median to
-torch-native's.
+then repeat 2, ...) so that a drift of the machine hits every allocator alike. Every process runs on
+the same CPU (--cpu; default the second CPU the parent may use): left to the scheduler, the repeats
+of one allocator fell into a fast and a slow group, by where each process landed, which buried the
+allocators' differences. A process times each pattern's loop of `x = torch.empty(n, dtype=torch.uint8,
+device="cuda"); del x` after a warm-up pass, and the same loop on CPU tensors of 1 byte: what Python
+and the dispatcher cost without any allocator work, in --rounds alternating rounds, keeping each
+loop's fastest round. "allocator µs" is the CUDA loop's time per iteration less the CPU loop's. The
+table gives per pattern and allocator the median over repeats and their spread (max - min), and the
+ratios of gpumem's medians to torch-native's, of the whole loop and of the allocator µs.
 
 Patterns (sizes in bytes):
   same         4 MiB, every time
@@ -86,16 +89,20 @@ def time_loop(torch, pattern, sizes, device):
 
 
 def child(arguments):
+    if arguments.cpu is not None:
+        os.sched_setaffinity(0, {arguments.cpu})
     import torch
     torch.cuda.init()
     results = {}
     for pattern in arguments.patterns.split(","):
         sizes = sizes_of(pattern, arguments.iterations)
         time_loop(torch, pattern, sizes[: max(100, len(sizes) // 10)], "cuda")  # warm-up: the cache fills
-        torch.cuda.synchronize()
-        cuda = time_loop(torch, pattern, sizes, "cuda")
-        torch.cuda.synchronize()
-        cpu = time_loop(torch, pattern, sizes, "cpu")
+        cuda = cpu = float("inf")
+        for _ in range(arguments.rounds):
+            torch.cuda.synchronize()
+            cuda = min(cuda, time_loop(torch, pattern, sizes, "cuda"))
+            torch.cuda.synchronize()
+            cpu = min(cpu, time_loop(torch, pattern, sizes, "cpu"))
         results[pattern] = {"us": cuda / len(sizes) * 1e6, "cpu_us": cpu / len(sizes) * 1e6,
                             "reserved": torch.cuda.max_memory_reserved()}
     print("RESULT " + json.dumps(results), flush=True)
@@ -107,7 +114,7 @@ def spawn(allocator, arguments):
     if allocator != "gpumem":
         environment.pop("GPUMEM_TORCH", None)
     command = [sys.executable, os.path.abspath(__file__), "--child", "--patterns", arguments.patterns,
-               "--iterations", str(arguments.iterations)]
+               "--iterations", str(arguments.iterations), "--rounds", str(arguments.rounds), "--cpu", str(arguments.cpu)]
     run = subprocess.run(command, env=environment, capture_output=True, text=True)
     for line in run.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -121,11 +128,18 @@ def main():
     parser.add_argument("--patterns", default=",".join(PATTERNS))
     parser.add_argument("--iterations", type=int, default=20000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds per process; the fastest counts")
+    parser.add_argument("--cpu", type=int, help="the CPU every process runs on (default: the second one allowed)")
     parser.add_argument("--out")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.child:
         return child(arguments)
+    allowed = sorted(os.sched_getaffinity(0))
+    if arguments.cpu is None:
+        arguments.cpu = allowed[1] if len(allowed) > 1 else allowed[0]
+    elif arguments.cpu not in allowed:
+        parser.error(f"--cpu {arguments.cpu} is not one this process may run on ({allowed})")
     allocators = arguments.allocators.split(",")
     unknown = [name for name in allocators if name not in ALLOCATORS]
     if unknown:
@@ -136,19 +150,21 @@ def main():
         for name in order:
             runs[name].append(spawn(name, arguments))
     print("| pattern | allocator | µs per alloc+free (median) | spread | allocator µs (less the CPU loop) | "
-          "ratio to torch-native |")
-    print("|---|---|---|---|---|---|")
+          "ratio to torch-native | allocator µs ratio |")
+    print("|---|---|---|---|---|---|---|")
     records = []
     for pattern in arguments.patterns.split(","):
-        native = None
+        native = native_own = None
         for name in allocators:
             times = [run[pattern]["us"] for run in runs[name]]
             own = [run[pattern]["us"] - run[pattern]["cpu_us"] for run in runs[name]]
-            median = statistics.median(times)
-            native = median if name == "torch-native" else native
+            median, median_own = statistics.median(times), statistics.median(own)
+            if name == "torch-native":
+                native, native_own = median, median_own
             ratio = f"{median / native:.2f}" if native and name != "torch-native" else ""
+            ratio_own = f"{median_own / native_own:.2f}" if native_own and name != "torch-native" else ""
             print(f"| {pattern} | {name} | {median:.2f} | {max(times) - min(times):.2f} | "
-                  f"{statistics.median(own):.2f} | {ratio} |")
+                  f"{median_own:.2f} | {ratio} | {ratio_own} |")
             records.append({"pattern": pattern, "allocator": name, "us": times, "allocator_us": own})
     if arguments.out:
         with open(arguments.out, "w") as out:
