@@ -1,9 +1,9 @@
 """Data-parallel training on two GPUs under PyTorch's allocator and under gpumem: DDP and FSDP2.
 
     python3 bench/multi_gpu.py [--modes ddp,fsdp] [--allocators native,gpumem] [--repeats 2]
-                               [--steps 20] [--out results.jsonl]
+                               [--steps 20] [--gpus 2] [--out results.jsonl]
 
-Each (repeat, mode, allocator) is one `torchrun --standalone --nproc_per_node=2` launch of this file,
+Each (repeat, mode, allocator) is one `torchrun --standalone --nproc_per_node=GPUS` launch of this file,
 interleaved (repeat 1 of everything, then repeat 2) so that a drift of the machine hits all alike. The
 model is GPT-2 with 6 layers (transformers' GPT2LMHeadModel, 1024 tokens, 8 sequences per GPU, AdamW,
 fp32, the same seed and batches everywhere): DDP wraps it whole; FSDP2 shards each block and then the
@@ -13,6 +13,10 @@ their spread, the largest peak allocated and peak reserved of any rank and launc
 losses equal native's first launch bit for bit (for native: whether its launches agree with each other,
 which says whether bit equality can be asked at all). gpumem's device-call counters over the steps
 after warm-up go to --out. NVLink multicast stays off (NCCL_NVLS_ENABLE=0), as the machine asks.
+
+With --gpus 1 (a machine of one GPU) the same training runs as one rank: no peer, but FSDP2 still
+all-gathers its parameters and reduce-scatters its gradients on streams of their own, whose buffers the
+compute stream uses and frees -- the cross-stream traffic that makes FSDP2 differ from DDP.
 """
 import argparse
 import json
@@ -90,14 +94,14 @@ def _device_counters(allocator):
             if key.startswith(("device_call", "num_device", "num_page", "num_sync"))}
 
 
-def launch(mode, allocator, steps):
+def launch(mode, allocator, steps, gpus):
     """One torchrun launch: the ranks' results, or an error string."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as handle:
         path = handle.name
     environment = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
                        NVSHMEM_DISABLE_NVLS="1", PYTHONPATH=os.path.join(ROOT, "python"))
     environment.pop("GPUMEM_TORCH", None)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}",
                os.path.abspath(__file__), "--child", "--mode", mode, "--allocator", allocator,
                "--steps", str(steps), "--out", path]
     run = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=600)
@@ -132,6 +136,7 @@ def main():
     parser.add_argument("--allocators", default="native,gpumem")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--gpus", type=int, default=2, help="ranks, one per GPU (1: the one-GPU equivalent)")
     parser.add_argument("--out")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--mode", help=argparse.SUPPRESS)
@@ -144,7 +149,7 @@ def main():
     for repeat in range(arguments.repeats):
         for mode in modes:
             for allocator in allocators:
-                runs[(mode, allocator)].append(launch(mode, allocator, arguments.steps))
+                runs[(mode, allocator)].append(launch(mode, allocator, arguments.steps, arguments.gpus))
                 print(f"repeat {repeat + 1}: {mode} {allocator} done", file=sys.stderr, flush=True)
     print("| mode | allocator | step ms (median of launches) | spread | peak allocated MiB | peak reserved MiB "
           "| losses equal native's (native: its launches agree) |")
