@@ -2,18 +2,18 @@
 
     python3 bench/torch_latency.py [--allocators torch-native,torch-expandable,cuda-async,gpumem]
                                    [--patterns same,alternating,cycling,small,ascending,streams]
-                                   [--iterations 20000] [--repeats 5] [--rounds 3] [--cpu N] [--out results.jsonl]
+                                   [--iterations 2000] [--rounds 15] [--repeats 3] [--cpu N] [--out results.jsonl]
 
-Each (allocator, repeat) is a fresh process; the repeats are interleaved (repeat 1 of every allocator,
-then repeat 2, ...) so that a drift of the machine hits every allocator alike. Every process runs on
-the same CPU (--cpu; default the second CPU the parent may use): left to the scheduler, the repeats
-of one allocator fell into a fast and a slow group, by where each process landed, which buried the
-allocators' differences. A process times each pattern's loop of `x = torch.empty(n, dtype=torch.uint8,
-device="cuda"); del x` after a warm-up pass, and the same loop on CPU tensors of 1 byte: what Python
-and the dispatcher cost without any allocator work, in --rounds alternating rounds, keeping each
-loop's fastest round. "allocator µs" is the CUDA loop's time per iteration less the CPU loop's. The
-table gives per pattern and allocator the median over repeats and their spread (max - min), and the
-ratios of gpumem's medians to torch-native's, of the whole loop and of the allocator µs.
+The machine's speed drifts: run one allocator's process after another's and whole processes land in a
+fast or a slow period, by more than the allocators differ. So the allocators run side by side and take
+turns: each repeat starts one process per allocator, all on the same CPU (--cpu; default the second
+one allowed; only the process whose turn it is runs), and for each pattern, after a warm-up round each,
+they take --rounds turns in rotation. In a turn a process times its loop of `x = torch.empty(n,
+dtype=torch.uint8, device="cuda"); del x` over --iterations sizes, and the same loop on CPU tensors of 1
+byte: what Python and the dispatcher cost without any allocator work. "allocator µs" is the CUDA
+loop's time per iteration less the CPU loop's. A repeat's figure for an allocator is the median of its
+turns; the table gives the median over repeats and the spread (max - min) of the repeats' figures, and
+the ratios of each allocator's medians to torch-native's, of the whole loop and of the allocator µs.
 
 Patterns (sizes in bytes):
   same         4 MiB, every time
@@ -89,46 +89,90 @@ def time_loop(torch, pattern, sizes, device):
 
 
 def child(arguments):
+    """One allocator's process: a command per line on stdin ("PATTERN" times one turn, "quit" ends), one
+    JSON line per turn on stdout."""
     if arguments.cpu is not None:
         os.sched_setaffinity(0, {arguments.cpu})
     import torch
     torch.cuda.init()
-    results = {}
-    for pattern in arguments.patterns.split(","):
+    print("READY", flush=True)
+    for line in sys.stdin:
+        pattern = line.strip()
+        if pattern == "quit":
+            break
         sizes = sizes_of(pattern, arguments.iterations)
-        time_loop(torch, pattern, sizes[: max(100, len(sizes) // 10)], "cuda")  # warm-up: the cache fills
-        cuda = cpu = float("inf")
-        for _ in range(arguments.rounds):
-            torch.cuda.synchronize()
-            cuda = min(cuda, time_loop(torch, pattern, sizes, "cuda"))
-            torch.cuda.synchronize()
-            cpu = min(cpu, time_loop(torch, pattern, sizes, "cpu"))
-        results[pattern] = {"us": cuda / len(sizes) * 1e6, "cpu_us": cpu / len(sizes) * 1e6,
-                            "reserved": torch.cuda.max_memory_reserved()}
-    print("RESULT " + json.dumps(results), flush=True)
+        torch.cuda.synchronize()
+        cuda = time_loop(torch, pattern, sizes, "cuda")
+        torch.cuda.synchronize()
+        cpu = time_loop(torch, pattern, sizes, "cpu")
+        print(json.dumps({"us": cuda / len(sizes) * 1e6, "cpu_us": cpu / len(sizes) * 1e6}), flush=True)
 
 
-def spawn(allocator, arguments):
-    environment = dict(os.environ, **ALLOCATORS[allocator])
-    environment["PYTHONPATH"] = os.path.join(ROOT, "python")
-    if allocator != "gpumem":
-        environment.pop("GPUMEM_TORCH", None)
-    command = [sys.executable, os.path.abspath(__file__), "--child", "--patterns", arguments.patterns,
-               "--iterations", str(arguments.iterations), "--rounds", str(arguments.rounds), "--cpu", str(arguments.cpu)]
-    run = subprocess.run(command, env=environment, capture_output=True, text=True)
-    for line in run.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    raise RuntimeError(f"{allocator} failed:\n{run.stderr[-2000:]}")
+class Contender:
+    """A running child process of one allocator."""
+
+    def __init__(self, allocator, arguments):
+        environment = dict(os.environ, **ALLOCATORS[allocator])
+        environment["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(ROOT, "python"),
+                                                                  os.environ.get("PYTHONPATH")]))
+        if allocator != "gpumem":
+            environment.pop("GPUMEM_TORCH", None)
+        command = [sys.executable, os.path.abspath(__file__), "--child", "--iterations", str(arguments.iterations),
+                   "--cpu", str(arguments.cpu)]
+        self.allocator = allocator
+        self.process = subprocess.Popen(command, env=environment, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        text=True)
+        self._expect("READY")
+
+    def _expect(self, what):
+        line = self.process.stdout.readline()
+        if not line.startswith(what):
+            self.process.kill()
+            raise RuntimeError(f"{self.allocator}: expected {what}, got {line!r} (exit status {self.process.wait()})")
+        return line
+
+    def turn(self, pattern):
+        self.process.stdin.write(pattern + "\n")
+        self.process.stdin.flush()
+        return json.loads(self._expect("{"))
+
+    def close(self):
+        try:
+            self.process.stdin.write("quit\n")
+            self.process.stdin.close()
+        except BrokenPipeError:
+            pass
+        self.process.wait(timeout=60)
+
+
+def one_repeat(allocators, arguments):
+    """{allocator: {pattern: {"us": [per turn], "cpu_us": [per turn]}}} of one set of processes."""
+    contenders = [Contender(name, arguments) for name in allocators]
+    turns = {name: {} for name in allocators}
+    try:
+        for pattern in arguments.patterns.split(","):
+            for contender in contenders:
+                contender.turn(pattern)  # warm-up: the cache fills, the code is loaded
+                turns[contender.allocator][pattern] = {"us": [], "cpu_us": []}
+            for round_number in range(arguments.rounds):
+                shift = round_number % len(contenders)
+                for contender in contenders[shift:] + contenders[:shift]:
+                    result = contender.turn(pattern)
+                    for key in ("us", "cpu_us"):
+                        turns[contender.allocator][pattern][key].append(result[key])
+    finally:
+        for contender in contenders:
+            contender.close()
+    return turns
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--allocators", default=",".join(ALLOCATORS))
     parser.add_argument("--patterns", default=",".join(PATTERNS))
-    parser.add_argument("--iterations", type=int, default=20000)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=3, help="timed rounds per process; the fastest counts")
+    parser.add_argument("--iterations", type=int, default=2000, help="allocations per turn")
+    parser.add_argument("--rounds", type=int, default=15, help="turns of each allocator per pattern and repeat")
+    parser.add_argument("--repeats", type=int, default=3, help="fresh sets of processes")
     parser.add_argument("--cpu", type=int, help="the CPU every process runs on (default: the second one allowed)")
     parser.add_argument("--out")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -144,20 +188,22 @@ def main():
     unknown = [name for name in allocators if name not in ALLOCATORS]
     if unknown:
         parser.error(f"unknown allocator(s) {', '.join(unknown)}; known: {', '.join(ALLOCATORS)}")
-    runs = {name: [] for name in allocators}
-    for repeat in range(arguments.repeats):
-        order = allocators if repeat % 2 == 0 else allocators[::-1]
-        for name in order:
-            runs[name].append(spawn(name, arguments))
+    patterns = arguments.patterns.split(",")
+    unknown = [name for name in patterns if name not in PATTERNS]
+    if unknown:
+        parser.error(f"unknown pattern(s) {', '.join(unknown)}; known: {', '.join(PATTERNS)}")
+    repeats = [one_repeat(allocators, arguments) for _ in range(arguments.repeats)]
     print("| pattern | allocator | µs per alloc+free (median) | spread | allocator µs (less the CPU loop) | "
           "ratio to torch-native | allocator µs ratio |")
     print("|---|---|---|---|---|---|---|")
     records = []
-    for pattern in arguments.patterns.split(","):
+    for pattern in patterns:
         native = native_own = None
         for name in allocators:
-            times = [run[pattern]["us"] for run in runs[name]]
-            own = [run[pattern]["us"] - run[pattern]["cpu_us"] for run in runs[name]]
+            per_repeat = [repeat[name][pattern] for repeat in repeats]
+            times = [statistics.median(turns["us"]) for turns in per_repeat]
+            own = [statistics.median([us - cpu for us, cpu in zip(turns["us"], turns["cpu_us"])])
+                   for turns in per_repeat]
             median, median_own = statistics.median(times), statistics.median(own)
             if name == "torch-native":
                 native, native_own = median, median_own
@@ -165,7 +211,8 @@ def main():
             ratio_own = f"{median_own / native_own:.2f}" if native_own and name != "torch-native" else ""
             print(f"| {pattern} | {name} | {median:.2f} | {max(times) - min(times):.2f} | "
                   f"{median_own:.2f} | {ratio} | {ratio_own} |")
-            records.append({"pattern": pattern, "allocator": name, "us": times, "allocator_us": own})
+            records.append({"pattern": pattern, "allocator": name, "us": times, "allocator_us": own,
+                            "turns": per_repeat})
     if arguments.out:
         with open(arguments.out, "w") as out:
             for record in records:

@@ -12,7 +12,7 @@
 #   run        a training script under `gpumem run --report`, seen by gpumem top from a second shell
 #   whatif     python -m gpumem.whatif on native snapshots of resnet50 and gpt2, checked against gpumem replay
 #   governor   bench/governor.py: its three tables (under a cap, batch-size finders, leaks; not part of "all": long)
-#   latency    bench/torch_latency.py: time per torch.empty/del by allocation pattern, every allocator (not in "all")
+#   latency    bench/torch_latency.py: time per torch.empty/del by allocation pattern, the allocators taking turns (not in "all")
 #   multi      bench/multi_gpu.py: DDP and FSDP2 on two GPUs (torchrun), native vs gpumem (not in "all"; 2 GPUs;
 #              MULTI_ARGS="--gpus 1" on a machine of one)
 #   host       host memory and pinned memory (not in "all"): `gpumem doctor` and `--json`, doctor --pid on a
