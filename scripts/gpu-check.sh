@@ -3,7 +3,7 @@
 # `gpumem info`, the GPU tests, the GPU tests under compute-sanitizer memcheck, trace replay on the
 # cuda backend, and the side-by-side GPU benchmark (bench/gpu_replay.py). Logs and results go to
 # $OUT (the device tool's output folder) or ./gpu-results, as gpu-results.tgz and gpu_replay.md.
-# Usage: scripts/gpu-check.sh [build|tests|memcheck|bench|python|workloads|top|run|whatif|governor|latency|host|all]...
+# Usage: scripts/gpu-check.sh [build|tests|memcheck|bench|python|workloads|top|run|whatif|governor|latency|host|traces|all]...
 #        (default: all)
 #   python     the PyTorch/CuPy integration tests (tests/gpu/test_torch.py, test_governor.py, test_graphs.py,
 #              test_torch_conformance.py: each torch.cuda memory behaviour under native and under gpumem)
@@ -19,6 +19,10 @@
 #              PyTorch trainer with 4 DataLoader workers (tests/gpu/doctor_dataloader.sh), CuPy's pinned memory
 #              through gpumem (tests/gpu/test_cupy_pinned.py), and bench/pinned_host.py's table of pinned
 #              allocators (pinned_host.md, pinned_host.jsonl)
+#   traces     bench/record_traces.py (not in "all"; needs no build): new traces of bench/more_workloads.py's
+#              workloads, two seeds each, replayed under torch-native, torch-expandable and cuda-async, into
+#              logs/more_traces (NAME-seedS.csv.gz, anchors.json, table.md; in gpu-results.tgz); then, where
+#              gpumem is built: python3 bench/more_traces_table.py logs/more_traces/anchors.json
 set -uo pipefail
 cd "$(dirname "$0")/.."
 results=${OUT:-gpu-results}
@@ -107,6 +111,11 @@ if [[ " $steps " == *" governor "* ]]; then
     PYTHONPATH=python GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 bench/governor.py --out "$out/governor.jsonl" \
         ${GOVERNOR_ARGS:-} 2>"$out/governor.err" | tee "$out/governor.md"
     [ "${PIPESTATUS[0]}" -eq 0 ] || { failed=1; tail -20 "$out/governor.err"; }
+fi
+if [[ " $steps " == *" traces "* ]]; then
+    # Inside $out, so that the trap's tar takes the traces along.
+    python3 bench/record_traces.py --out "$out/more_traces" ${TRACES_ARGS:-} 2>&1 | tee "$out/more_traces.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
 fi
 if [[ " $steps " == *" host "* ]]; then
     $build/gpumem doctor | tee "$out/doctor.txt"

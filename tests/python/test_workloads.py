@@ -1,8 +1,9 @@
 """bench/workloads.py stays the anchors' script plus gpumem's additions, not a drifting fork; no GPU,
 no PyTorch and no gpumem needed.
 
-- bench/anchor_workloads.py is byte-identical to ../shared/anchors/workloads.py (skipped where that
-  checkout is not beside the repository);
+- bench/anchor_workloads.py is byte-identical to ../shared/anchors/workloads.py, and
+  bench/anchor_replay.py to ../shared/anchors/replay.py (skipped where that checkout is not beside the
+  repository);
 - bench/workloads.py imports it, defines none of its functions except the ones it wraps, and its
   main() holds every line of the anchors' main() after the argument parsing, in order;
 - every option bench/torch_workloads.py passes to bench/workloads.py is defined;
@@ -29,6 +30,8 @@ BENCH = os.path.join(ROOT, "bench")
 ANCHOR = os.path.join(BENCH, "anchor_workloads.py")
 WORKLOADS = os.path.join(BENCH, "workloads.py")
 SHARED = os.path.join(os.path.dirname(ROOT), "shared", "anchors", "workloads.py")
+ANCHOR_REPLAY = os.path.join(BENCH, "anchor_replay.py")
+SHARED_REPLAY = os.path.join(os.path.dirname(ROOT), "shared", "anchors", "replay.py")
 
 # The anchors' functions bench/workloads.py defines again, on purpose: build() applies --batch and
 # --seed to anchor_workloads.build(); main() mirrors anchor_workloads.main() with the additions.
@@ -61,6 +64,12 @@ class SourceTest(unittest.TestCase):
             self.skipTest(f"{SHARED} is not there (no ../shared checkout beside the repository)")
         with open(SHARED, "rb") as shared, open(ANCHOR, "rb") as copy:
             self.assertEqual(copy.read(), shared.read(), "bench/anchor_workloads.py differs from " + SHARED)
+
+    def test_anchor_replay_copy_is_byte_identical(self):
+        if not os.path.exists(SHARED_REPLAY):
+            self.skipTest(f"{SHARED_REPLAY} is not there (no ../shared checkout beside the repository)")
+        with open(SHARED_REPLAY, "rb") as shared, open(ANCHOR_REPLAY, "rb") as copy:
+            self.assertEqual(copy.read(), shared.read(), "bench/anchor_replay.py differs from " + SHARED_REPLAY)
 
     def test_imports_the_anchor_and_copies_none_of_its_functions(self):
         ours = ast.parse(source(WORKLOADS))
