@@ -22,6 +22,9 @@ Patterns (sizes in bytes):
   small        64 B to 64 KiB, pseudo-random
   ascending    a list of tensors that grows by 1 MiB each, freed in one go every 64
   streams      4 MiB allocated on one of four streams, freed after use on another (record_stream)
+  empty        0 bytes: a CUDA tensor that needs no memory (the allocator returns at once), so its
+               "allocator µs" is what a CUDA tensor costs beyond a CPU one with no allocator work: the
+               floor under every allocator's figure
 """
 import argparse
 import json
@@ -39,10 +42,12 @@ ALLOCATORS = {
     "cuda-async": {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"},
     "gpumem": {"GPUMEM_TORCH": "1"},
 }
-PATTERNS = ("same", "alternating", "cycling", "small", "ascending", "streams")
+PATTERNS = ("same", "alternating", "cycling", "small", "ascending", "streams", "empty")
 
 
 def sizes_of(pattern, iterations):
+    if pattern == "empty":
+        return [0] * iterations
     if pattern == "same":
         return [4 * MIB] * iterations
     if pattern == "alternating":
