@@ -180,10 +180,14 @@ def main():
     parser.add_argument("--repeats", type=int, default=3, help="fresh sets of processes")
     parser.add_argument("--cpu", type=int, help="the CPU every process runs on (default: the second one allowed)")
     parser.add_argument("--out")
+    parser.add_argument("--render", metavar="RESULTS.jsonl", help="print the table of an earlier run's --out")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.child:
         return child(arguments)
+    if arguments.render:
+        with open(arguments.render) as results:
+            return print_table([json.loads(line) for line in results if line.strip()])
     allowed = sorted(os.sched_getaffinity(0))
     if arguments.cpu is None:
         arguments.cpu = allowed[1] if len(allowed) > 1 else allowed[0]
@@ -198,30 +202,61 @@ def main():
     if unknown:
         parser.error(f"unknown pattern(s) {', '.join(unknown)}; known: {', '.join(PATTERNS)}")
     repeats = [one_repeat(allocators, arguments) for _ in range(arguments.repeats)]
-    print("| pattern | allocator | µs per alloc+free (median) | spread | allocator µs (less the CPU loop) | "
-          "ratio to torch-native | allocator µs ratio |")
-    print("|---|---|---|---|---|---|---|")
-    records = []
-    for pattern in patterns:
-        native = native_own = None
-        for name in allocators:
-            per_repeat = [repeat[name][pattern] for repeat in repeats]
-            times = [statistics.median(turns["us"]) for turns in per_repeat]
-            own = [statistics.median([us - cpu for us, cpu in zip(turns["us"], turns["cpu_us"])])
-                   for turns in per_repeat]
-            median, median_own = statistics.median(times), statistics.median(own)
-            if name == "torch-native":
-                native, native_own = median, median_own
-            ratio = f"{median / native:.2f}" if native and name != "torch-native" else ""
-            ratio_own = f"{median_own / native_own:.2f}" if native_own and name != "torch-native" else ""
-            print(f"| {pattern} | {name} | {median:.2f} | {max(times) - min(times):.2f} | "
-                  f"{median_own:.2f} | {ratio} | {ratio_own} |")
-            records.append({"pattern": pattern, "allocator": name, "us": times, "allocator_us": own,
-                            "turns": per_repeat})
+    records = [{"pattern": pattern, "allocator": name, "turns": [repeat[name][pattern] for repeat in repeats]}
+               for pattern in patterns for name in allocators]
+    print_table(records)
     if arguments.out:
         with open(arguments.out, "w") as out:
             for record in records:
                 out.write(json.dumps(record) + "\n")
+
+
+def paired_ratio(turns, native_turns, key):
+    """The median over rounds of this allocator's figure over torch-native's in the same round (the
+    machine's drift cancels within a round)."""
+    ratios = []
+    for mine, theirs in zip(turns, native_turns):
+        for index in range(min(len(mine["us"]), len(theirs["us"]))):
+            ratios.append(key(mine, index) / key(theirs, index))
+    return statistics.median(ratios)
+
+
+def print_table(records):
+    """The table of the module's docstring from the records (`--out`'s lines)."""
+    def whole(turns, index):
+        return turns["us"][index]
+
+    def own(turns, index):
+        return turns["us"][index] - turns["cpu_us"][index]
+
+    by_key = {(record["pattern"], record["allocator"]): record["turns"] for record in records}
+    allocators = list(dict.fromkeys(record["allocator"] for record in records))
+    patterns = list(dict.fromkeys(record["pattern"] for record in records))
+
+    def median_of(pattern, name, key):
+        return statistics.median(key(turns, index) for turns in by_key[(pattern, name)]
+                                 for index in range(len(turns["us"])))
+
+    print("| pattern | allocator | µs per alloc+free (median) | spread of repeats | allocator µs (less the CPU loop) "
+          "| allocator µs less `empty`'s | ratio to torch-native | allocator µs ratio | ratio less `empty` |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for pattern in patterns:
+        for name in allocators:
+            turns = by_key[(pattern, name)]
+            repeat_medians = [statistics.median(t["us"]) for t in turns]
+            floor = median_of("empty", name, own) if ("empty", name) in by_key else None
+            mine_own = median_of(pattern, name, own)
+            beyond = f"{mine_own - floor:.2f}" if floor is not None and pattern != "empty" else ""
+            cells = ["", "", ""]
+            if name != "torch-native" and (pattern, "torch-native") in by_key:
+                native = by_key[(pattern, "torch-native")]
+                cells[0] = f"{paired_ratio(turns, native, whole):.2f}"
+                cells[1] = f"{paired_ratio(turns, native, own):.2f}"
+                if beyond and ("empty", "torch-native") in by_key:
+                    native_beyond = median_of(pattern, "torch-native", own) - median_of("empty", "torch-native", own)
+                    cells[2] = f"{(mine_own - floor) / native_beyond:.2f}"
+            print(f"| {pattern} | {name} | {median_of(pattern, name, whole):.2f} | "
+                  f"{max(repeat_medians) - min(repeat_medians):.2f} | {mine_own:.2f} | {beyond} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

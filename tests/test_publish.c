@@ -201,6 +201,41 @@ static void test_pinned_host_published(void)
     CHECK(access(path, F_OK) != 0 && errno == ENOENT);
 }
 
+/* The device-call counts are published at once after a call that reserves, makes, maps or frees memory;
+ * the event calls of cross-stream frees, frequent and cheap, wait for the periodic publication (every
+ * 256 calls) rather than each paying for it. The pool statistics are exact after every call either way. */
+static void test_event_calls_published_periodically(void)
+{
+    char path[4096];
+    /* cost_model:false: every call is timed, as on the GPU, so an event call changes the time spent too */
+    gm_allocator *allocator = create_publishing(",cost_model:false", path, sizeof path);
+    gm_published published;
+    gm_stats stats;
+    void *block = NULL;
+    CHECK_OK(gm_malloc(allocator, 4u << 20, 1, &block)); /* new memory: published at once */
+    CHECK_OK(gm_published_read(path, &published));
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    CHECK(stats.device_calls[GM_CALL_MAP] > 0);
+    CHECK(memcmp(published.stats.device_calls, stats.device_calls, sizeof stats.device_calls) == 0);
+
+    CHECK_OK(gm_record_stream(allocator, block, 2));
+    CHECK_OK(gm_free(allocator, block)); /* an event recorded on stream 2 */
+    CHECK_OK(gm_published_read(path, &published));
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    CHECK_EQ_INT(stats.device_calls[GM_CALL_EVENT_RECORD], 1);
+    CHECK_EQ_INT(published.stats.device_calls[GM_CALL_EVENT_RECORD], 0);
+    CHECK(memcmp(&published.stats, &stats, offsetof(gm_stats, device_calls)) == 0);
+
+    for (int i = 0; i < 256; i++) { /* 512 calls with no memory call: the periodic publication comes */
+        void *small = NULL;
+        CHECK_OK(gm_malloc(allocator, 4096, 1, &small));
+        CHECK_OK(gm_free(allocator, small));
+    }
+    CHECK_OK(gm_published_read(path, &published));
+    CHECK_EQ_INT(published.stats.device_calls[GM_CALL_EVENT_RECORD], 1);
+    gm_destroy(allocator, NULL);
+}
+
 static void test_publication_off_or_taken(void)
 {
     gm_allocator *quiet = NULL;
@@ -504,7 +539,8 @@ static void test_cleanup(void)
     CHECK(system(command) == 0);
 }
 
-RUN_TESTS(TEST_CASE(test_exact_numbers), TEST_CASE(test_publication_off_or_taken),
+RUN_TESTS(TEST_CASE(test_exact_numbers), TEST_CASE(test_event_calls_published_periodically),
+          TEST_CASE(test_publication_off_or_taken),
           TEST_CASE(test_stale_region_of_our_pid_replaced), TEST_CASE(test_hostile_regions),
           TEST_CASE(test_stale_region), TEST_CASE(test_snapshots_consistent), TEST_CASE(test_pinned_host_published),
           TEST_CASE(test_pinned_host_snapshots_consistent), TEST_CASE(test_exit_and_fork),

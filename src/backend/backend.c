@@ -141,6 +141,7 @@ static bool injected_failure(gm_backend *backend, gm_device_call kind)
         int64_t modelled_ = gm_device_call_cost_ns(kind, size);                                           \
         int64_t cost_ = (backend)->charges_cost ? modelled_ : monotonic_ns() - started;                   \
         (backend)->calls[kind]++;                                                                          \
+        (backend)->memory_calls += (kind) < GM_CALL_EVENT_RECORD;                                          \
         (backend)->modelled_ns += modelled_;                                                               \
         (backend)->call_ns += cost_;                                                                       \
         (backend)->call_ns_by_kind[kind] += cost_;                                                         \

@@ -89,6 +89,7 @@ struct gm_backend {
     int64_t calls[GM_CALL_KIND_COUNT];
     int64_t call_ns;            /* total cost of all calls: modelled if charges_cost, else measured */
     int64_t call_ns_by_kind[GM_CALL_KIND_COUNT];
+    int64_t memory_calls;       /* calls that reserve, make, map or free memory: all but the events' */
     int64_t modelled_ns;        /* total cost of all calls by the H200 model, on every backend */
     uint64_t used_elsewhere;    /* sim/host: device memory taken by "other processes" (gm_sim_set_used_elsewhere),
                                    which the device model counts as used */

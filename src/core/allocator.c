@@ -44,7 +44,7 @@
 
 #define GM_MAX_REQUEST (1ull << 60)
 #define GM_UNLIKELY(condition) __builtin_expect(!!(condition), 0)
-#define GM_PUBLISH_ALL_EVERY 256 /* calls between publications of the device-call counts without a device call */
+#define GM_PUBLISH_ALL_EVERY 256 /* calls between publications of the device-call counts without a memory call */
 /* Idle stream heaps are forgotten, least recently used first, once there are more heaps than this
  * (lanes and private pools' included), down to IDLE_HEAPS_KEPT idle ones: in batches, so that a
  * program cycling through many streams does not pay device calls on every request. */
@@ -69,7 +69,7 @@ static void publish_device_calls(gm_allocator *allocator)
     uint64_t free_bytes, largest_block;
     cache_info_locked(allocator, &free_bytes, &largest_block);
     gm_publisher_set_cache(allocator->publisher, free_bytes, largest_block);
-    allocator->published_call_ns = allocator->arena.backend->call_ns;
+    allocator->published_memory_calls = allocator->arena.backend->memory_calls;
     allocator->publish_countdown = GM_PUBLISH_ALL_EVERY;
 }
 
@@ -81,13 +81,16 @@ static inline void begin_change(gm_allocator *allocator)
         gm_publish_begin(allocator->published);
 }
 
-/* After: the device-call counts go in too when a device call happened (or every 256 calls, for
- * calls that cost nothing). */
+/* After: the device-call counts go in too when a call reserved, made, mapped or freed memory, and every
+ * GM_PUBLISH_ALL_EVERY calls for the rest: the event calls of cross-stream frees are frequent and cheap,
+ * and publishing (a copy of the counts and a walk of every heap's size indexes) would cost such a call
+ * more than the event does. */
 static inline void end_change(gm_allocator *allocator)
 {
     if (!allocator->published)
         return;
-    if (allocator->arena.backend->call_ns != allocator->published_call_ns || --allocator->publish_countdown == 0)
+    if (allocator->arena.backend->memory_calls != allocator->published_memory_calls ||
+        --allocator->publish_countdown == 0)
         publish_device_calls(allocator);
     gm_publish_end(allocator->published);
 }
@@ -145,7 +148,7 @@ static void start_publishing(gm_allocator *allocator)
     }
     allocator->arena.stats = gm_publisher_stats(allocator->publisher); /* from now on kept there */
     allocator->published = gm_publisher_seqlock(allocator->publisher);
-    allocator->published_call_ns = backend->call_ns;
+    allocator->published_memory_calls = backend->memory_calls;
     allocator->publish_countdown = GM_PUBLISH_ALL_EVERY;
 }
 

@@ -49,7 +49,7 @@ struct gm_allocator {
     gm_status publish_status;      /* why there is no publisher */
     char publish_error[512];
     uint32_t publish_countdown;    /* calls until the device-call counts are published again */
-    int64_t published_call_ns;     /* the backend's call_ns when they were published last */
+    int64_t published_memory_calls; /* the backend's memory_calls when they were published last */
     gm_pressure pressure;          /* the pressure policy, level and callbacks (pressure.c) */
     gm_host_cache host_cache;      /* the pinned host memory cache (host_cache.c), under `lock` */
     gm_private_pool *private_pools; /* every private pool that exists (private_pool.c) */
