@@ -253,8 +253,10 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   void recordStream(const c10::DataPtr &pointer, c10::cuda::CUDAStream stream) override {
     if (!pointer.get())
       return;
-    gm_status status = gm_record_stream(of(device_of(pointer.get())), pointer.get(),
-                                        reinterpret_cast<gm_stream>(stream.stream()));
+    // One device in use: its allocator, without asking each device's allocator whose pointer it is.
+    gm_allocator *allocator = created_.load(std::memory_order_acquire) == 1 ? single_.load(std::memory_order_relaxed)
+                                                                            : of(device_of(pointer.get()));
+    gm_status status = gm_record_stream(allocator, pointer.get(), reinterpret_cast<gm_stream>(stream.stream()));
     TORCH_CHECK(status == GM_OK, "gpumem: ", gm_last_error());
   }
 
