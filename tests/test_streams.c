@@ -5,6 +5,8 @@
  */
 #include "test.h"
 
+#include <stdbool.h>
+
 static const char *const engines[] = {"engine:pages,capacity:1GiB", "engine:segments,capacity:1GiB"};
 
 static void freed_block_is_reused_on_its_stream(void)
@@ -233,8 +235,54 @@ static void waiting_frees_cost_one_query_per_busy_stream(void)
     }
 }
 
+/* Stream 2 leaves 64 MiB idle and, busy or not, stream 1 then needs 64 MiB: how reserved memory ends,
+ * and the unmaps and waits the pages engine spent. */
+typedef struct idle_elsewhere {
+    int64_t reserved, unmaps, waits;
+} idle_elsewhere;
+
+static idle_elsewhere take_idle_memory_of_stream_two(const char *config, bool stream_two_busy)
+{
+    gm_allocator *allocator = NULL;
+    CHECK_OK(gm_create(config, &allocator));
+    void *on_two = NULL, *on_one = NULL;
+    CHECK_OK(gm_malloc(allocator, 64u << 20, 2, &on_two));
+    CHECK_OK(gm_free(allocator, on_two));
+    if (stream_two_busy)
+        CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1)); /* a kernel queued on stream 2 still runs */
+    CHECK_OK(gm_malloc(allocator, 64u << 20, 1, &on_one));
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    CHECK_OK(gm_validate(allocator));
+    CHECK_OK(gm_free(allocator, on_one));
+    gm_destroy(allocator, NULL);
+    return (idle_elsewhere){stats.reserved_bytes[GM_POOL_ALL].current, stats.device_calls[GM_CALL_UNMAP],
+                            stats.device_calls[GM_CALL_EVENT_SYNCHRONIZE]};
+}
+
+/* Moving an idle chunk waits for its stream (an unmap under running kernels would fault), which stalls
+ * the host until the device catches up. The pages engine pays that to keep reserved memory at its peak
+ * only when the other stream has finished its work; while it runs, new memory is made, unless none can
+ * be had (a memory limit, a full device): then the chunk moves and the wait is paid. */
+static void idle_memory_of_a_busy_stream_stays_put(void)
+{
+    idle_elsewhere idle = take_idle_memory_of_stream_two("engine:pages,capacity:1GiB", false);
+    CHECK_EQ_INT(idle.reserved, 64 << 20); /* moved: the chunk was idle and its stream done */
+    CHECK(idle.unmaps > 0);
+    idle_elsewhere busy = take_idle_memory_of_stream_two("engine:pages,capacity:1GiB", true);
+    CHECK_EQ_INT(busy.reserved, 128 << 20); /* new memory: no unmap, no wait */
+    CHECK_EQ_INT(busy.unmaps, 0);
+    CHECK_EQ_INT(busy.waits, 0);
+    idle_elsewhere short_of_memory = take_idle_memory_of_stream_two("engine:pages,capacity:1GiB,memory_limit:100MiB",
+                                                                    true);
+    CHECK_EQ_INT(short_of_memory.reserved, 64 << 20); /* moved after waiting for stream 2 */
+    CHECK(short_of_memory.unmaps > 0);
+    CHECK(short_of_memory.waits > 0);
+}
+
 RUN_TESTS(TEST_CASE(freed_block_is_reused_on_its_stream), TEST_CASE(thousands_of_streams_come_and_go), TEST_CASE(streams_do_not_share_cached_blocks),
           TEST_CASE(recorded_stream_delays_reuse_until_its_work_finishes),
           TEST_CASE(work_queued_after_the_free_does_not_delay_reuse),
           TEST_CASE(several_recorded_streams_all_must_finish), TEST_CASE(out_of_memory_waits_for_pending_frees),
-          TEST_CASE(empty_cache_keeps_pending_blocks), TEST_CASE(waiting_frees_cost_one_query_per_busy_stream))
+          TEST_CASE(empty_cache_keeps_pending_blocks), TEST_CASE(waiting_frees_cost_one_query_per_busy_stream),
+          TEST_CASE(idle_memory_of_a_busy_stream_stays_put))

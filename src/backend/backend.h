@@ -69,6 +69,8 @@ typedef struct gm_backend_operations {
     /* Whether `stream` is being captured into a CUDA graph: work queued on it then does not run, so an
      * event recorded on it cannot be waited for (NULL: never). */
     bool (*stream_is_capturing)(gm_backend *backend, gm_stream stream);
+    /* Whether work queued on `stream` has not finished yet, asked without waiting (NULL: never busy). */
+    bool (*stream_is_busy)(gm_backend *backend, gm_stream stream);
     /* A new stream of the device, and its end (cuda); NULL where any number names a stream (sim, host). */
     gm_status (*stream_create)(gm_backend *backend, gm_stream *stream_out);
     gm_status (*stream_destroy)(gm_backend *backend, gm_stream stream);
@@ -139,6 +141,11 @@ gm_status gm_backend_event_synchronize(gm_backend *backend, uint64_t event);
 static inline bool gm_backend_stream_is_capturing(gm_backend *backend, gm_stream stream)
 {
     return backend->operations->stream_is_capturing && backend->operations->stream_is_capturing(backend, stream);
+}
+/* Whether `stream` still runs work queued on it (a query, not a counted device call; an error reads as busy). */
+static inline bool gm_backend_stream_is_busy(gm_backend *backend, gm_stream stream)
+{
+    return backend->operations->stream_is_busy && backend->operations->stream_is_busy(backend, stream);
 }
 /* Host memory (not counted in GM_DEVICE_CALLS: the pinned host cache counts them in gm_host_stats). */
 gm_status gm_backend_host_allocate(gm_backend *backend, uint64_t size, void **pointer_out);

@@ -110,6 +110,7 @@ typedef struct cuda_driver {
     cu_result (*get_error_string)(cu_result, const char **);
     cu_result (*exchange_capture_mode)(int *); /* optional: cuThreadExchangeStreamCaptureMode */
     cu_result (*stream_is_capturing)(cu_stream, int *); /* optional: cuStreamIsCapturing */
+    cu_result (*stream_query)(cu_stream);               /* optional: cuStreamQuery */
     cu_result (*stream_create)(cu_stream *, unsigned int); /* optional: cuStreamCreate */
     cu_result (*stream_destroy)(cu_stream);                /* optional: cuStreamDestroy_v2 */
 } cuda_driver;
@@ -176,6 +177,8 @@ static void load_driver(void)
     void *is_capturing = dlsym(library, "cuStreamIsCapturing");
     memcpy(&loaded.exchange_capture_mode, &exchange, sizeof exchange);
     memcpy(&loaded.stream_is_capturing, &is_capturing, sizeof is_capturing);
+    void *query_stream = dlsym(library, "cuStreamQuery");
+    memcpy(&loaded.stream_query, &query_stream, sizeof query_stream);
     void *create_stream = dlsym(library, "cuStreamCreate"), *destroy_stream = dlsym(library, "cuStreamDestroy_v2");
     memcpy(&loaded.stream_create, &create_stream, sizeof create_stream);
     memcpy(&loaded.stream_destroy, &destroy_stream, sizeof destroy_stream);
@@ -521,6 +524,17 @@ static bool cuda_stream_is_capturing(gm_backend *backend, gm_stream stream)
     return status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+/* cuStreamQuery: CUDA_SUCCESS when all work queued on the stream is done, CUDA_ERROR_NOT_READY while
+ * some runs. Anything else (a stream being captured, an error) reads as busy: nothing is moved from it. */
+static bool cuda_stream_is_busy(gm_backend *backend, gm_stream stream)
+{
+    cu_result result = CU_SUCCESS;
+    if (!driver.stream_query)
+        return true;
+    IN_CONTEXT(backend, { result = driver.stream_query((cu_stream)stream); });
+    return result != CU_SUCCESS;
+}
+
 static gm_status cuda_stream_create(gm_backend *backend, gm_stream *stream_out)
 {
     if (!driver.stream_create || !driver.stream_destroy)
@@ -561,6 +575,7 @@ const gm_backend_operations gm_cuda_backend_operations = {
     .event_query = cuda_event_query,
     .event_synchronize = cuda_event_synchronize,
     .stream_is_capturing = cuda_stream_is_capturing,
+    .stream_is_busy = cuda_stream_is_busy,
     .stream_create = cuda_stream_create,
     .stream_destroy = cuda_stream_destroy,
     .describe = cuda_describe,

@@ -488,6 +488,12 @@ bool gm_model_stream_is_capturing(gm_backend *backend, gm_stream stream)
     return queue && queue->capturing;
 }
 
+bool gm_model_stream_is_busy(gm_backend *backend, gm_stream stream)
+{
+    const simulated_stream *queue = find_stream(model_of(backend), stream);
+    return queue && queue->completed != queue->enqueued;
+}
+
 gm_model_footprint gm_model_footprint_of(gm_backend *backend)
 {
     gm_device_model *model = model_of(backend);

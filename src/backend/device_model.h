@@ -57,6 +57,8 @@ gm_status gm_model_stream_complete(gm_backend *backend, gm_stream stream);
  * queried or waited for, as CUDA's does (the work it marks is in a graph, not running). */
 gm_status gm_model_stream_set_capturing(gm_backend *backend, gm_stream stream, bool capturing);
 bool gm_model_stream_is_capturing(gm_backend *backend, gm_stream stream);
+/* Whether work enqueued on `stream` (gm_model_stream_enqueue) has not completed. */
+bool gm_model_stream_is_busy(gm_backend *backend, gm_stream stream);
 
 /* What a sim or host backend holds now (only those: their state is a model), for tests and the soak
  * benchmark, which check that it stays bounded. */

@@ -248,6 +248,7 @@ const gm_backend_operations gm_sim_backend_operations = {
     .stream_enqueue = gm_model_stream_enqueue,
     .stream_complete = gm_model_stream_complete,
     .stream_is_capturing = gm_model_stream_is_capturing,
+    .stream_is_busy = gm_model_stream_is_busy,
     .stream_set_capturing = gm_model_stream_set_capturing,
     .host_allocate = gm_plain_host_allocate,
     .host_free = gm_plain_host_free,

@@ -225,11 +225,22 @@ static bool remember_idle(page_engine *engine, size_t *count, page_chunk *chunk,
     return true;
 }
 
+/* Whether the idle chunks of `heap` stay where they are in this search: moving one waits for the
+ * heap's stream (quiesce), which stalls the host until the device has caught up with it. While the
+ * search is by choice (engine->moving_by_choice), a chunk of another stream that is still at work is
+ * not worth that: new memory is made instead. Asked once per heap that has an idle chunk. */
+static bool stays_put(gm_arena *arena, const gm_heap *heap)
+{
+    page_engine *engine = engine_of(arena);
+    return engine->moving_by_choice && heap->stream != engine->moving_for &&
+           gm_backend_stream_is_busy(arena->backend, heap->stream);
+}
+
 /* Collect into engine->idle every chunk that lies wholly inside a free block, in every heap and
- * pool, except in [keep_start, keep_end) of `keep_region` (the run a growth is using) and in heaps
+ * pool, except in [keep_start, keep_end) of `keep_region` (the run a growth is using), in heaps
  * whose memory is a private pool's (unless keep_region is that pool's) or whose stream is being
- * captured into a CUDA graph (moving a chunk waits for the stream: quiesce). One pass over the free
- * blocks, following the page table from chunk to chunk. */
+ * captured into a CUDA graph (moving a chunk waits for the stream: quiesce), and in those that stay
+ * put (stays_put). One pass over the free blocks, following the page table from chunk to chunk. */
 size_t pages_find_idle_chunks(gm_arena *arena, const gm_region *keep_region, uintptr_t keep_start,
                                uintptr_t keep_end)
 {
@@ -241,7 +252,8 @@ size_t pages_find_idle_chunks(gm_arena *arena, const gm_region *keep_region, uin
         if (!gm_heap_memory_available(arena->heaps[h], requester) ||
             gm_backend_stream_is_capturing(arena->backend, arena->heaps[h]->stream))
             continue; /* a pool's memory; or a stream in capture, which moving a chunk would wait for */
-        for (int pool = GM_POOL_SMALL; pool <= GM_POOL_LARGE; pool++) {
+        int busy = -1; /* not asked yet */
+        for (int pool = GM_POOL_SMALL; pool <= GM_POOL_LARGE && busy != 1; pool++) {
             gm_index_cursor blocks;
             const gm_size_index *index = gm_heap_index(arena->heaps[h], pool);
             for (gm_block *block = gm_size_index_begin_at(&blocks, index, page_size); block;
@@ -254,11 +266,16 @@ size_t pages_find_idle_chunks(gm_arena *arena, const gm_region *keep_region, uin
                 uintptr_t end = block->address + block->size;
                 for (uintptr_t cursor = page_ceiling(block->address, page_size); cursor + page_size <= end;) {
                     page_chunk *chunk = pages[page_index(region, cursor, page_size)];
-                    if (chunk->address >= block->address && chunk->address + chunk->size <= end &&
-                        !remember_idle(engine, &count, chunk, region))
-                        return count;
+                    if (chunk->address >= block->address && chunk->address + chunk->size <= end) {
+                        if (busy < 0 && (busy = stays_put(arena, arena->heaps[h])) == 1)
+                            break;
+                        if (!remember_idle(engine, &count, chunk, region))
+                            return count;
+                    }
                     cursor = chunk->address + chunk->size;
                 }
+                if (busy == 1)
+                    break;
             }
         }
     }
