@@ -84,6 +84,11 @@ def test_out_of_memory_raises_and_training_continues():
 
 def test_record_stream_keeps_memory_until_the_stream_is_done():
     side = torch.cuda.Stream()
+    # Both kernels run once first: a kernel's first launch loads its module (CUDA's lazy loading), which
+    # waits for the whole device, and the side stream would be done before the check looks.
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(1000)
+        torch.empty(64 * MiB, dtype=torch.uint8, device="cuda").fill_(7)
     for record in (True, False):
         torch.cuda.synchronize()
         x = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
