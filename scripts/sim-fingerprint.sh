@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/sim-fingerprint.sh -- every decision the engines make on the sim, as text: each trace of
-# data/traces (and data/traces-extra) replayed by both engines, cold and warm (--passes 2), and under
+# data/traces (and data/traces-extra, data/traces-more) replayed by both engines, cold and warm (--passes 2), and under
 # the options that switch engine rules, with every reported number except CPU time. A change that
 # must not change behaviour (a refactor) leaves this output byte for byte the same:
 #     scripts/sim-fingerprint.sh build/gpumem >before.txt; ...; scripts/sim-fingerprint.sh build/gpumem | diff before.txt -
@@ -9,7 +9,7 @@ gpumem=${1:-build/gpumem}
 cd "$(dirname "$0")/.."
 configurations=("engine:pages" "engine:segments" "growth_lane:false" "tail_chunk:true" "max_chunk_size:0"
                 "device_credit_ns:0" "memory_limit:30GiB" "engine:segments,release_before_growth:false")
-for trace in data/traces/*.csv.gz data/traces-extra/*.csv.gz; do
+for trace in data/traces/*.csv.gz data/traces-extra/*.csv.gz data/traces-more/*.csv.gz; do
     for configuration in "${configurations[@]}"; do
         for passes in 1 2; do
             echo "# $(basename "$trace") $configuration passes:$passes"
