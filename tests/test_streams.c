@@ -94,14 +94,22 @@ static void several_recorded_streams_all_must_finish(void)
     CHECK_OK(gm_malloc(allocator, 2048, 1, &block));
     CHECK_OK(gm_record_stream(allocator, block, 2));
     CHECK_OK(gm_record_stream(allocator, block, 3));
+    CHECK_OK(gm_record_stream(allocator, block, 4));
+    CHECK_OK(gm_record_stream(allocator, block, 3)); /* known already */
     CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1));
     CHECK_OK(gm_sim_stream_enqueue(allocator, 3, 1));
+    CHECK_OK(gm_sim_stream_enqueue(allocator, 4, 1));
     CHECK_OK(gm_free(allocator, block));
-    CHECK_OK(gm_sim_stream_complete(allocator, 2));
-    CHECK_OK(gm_malloc(allocator, 2048, 1, &other));
-    CHECK(other != block);
-    CHECK_OK(gm_free(allocator, other));
-    CHECK_OK(gm_sim_stream_complete(allocator, 3));
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    CHECK_EQ_INT(stats.device_calls[GM_CALL_EVENT_RECORD], 3); /* one per stream */
+    for (gm_stream stream = 2; stream <= 3; stream++) {
+        CHECK_OK(gm_sim_stream_complete(allocator, stream));
+        CHECK_OK(gm_malloc(allocator, 2048, 1, &other));
+        CHECK(other != block); /* stream 4 at least still uses it */
+        CHECK_OK(gm_free(allocator, other));
+    }
+    CHECK_OK(gm_sim_stream_complete(allocator, 4));
     CHECK_OK(gm_malloc(allocator, 2048, 1, &other));
     CHECK(other == block);
     CHECK_OK(gm_free(allocator, other));

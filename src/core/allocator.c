@@ -458,7 +458,7 @@ gm_status gm_free(gm_allocator *allocator, void *pointer)
                       block->heap->stream);
     gm_status deferred = GM_OK;
     for (uint32_t i = 0; i < block->recorded_count && deferred == GM_OK && !held; i++)
-        deferred = gm_defer_free_locked(allocator, block, block->recorded_streams[i]);
+        deferred = gm_defer_free_locked(allocator, block, gm_recorded_stream(block, i));
     if (held) {
         /* counted as pending; released by gm_end_allocate_to_pool */
     } else if (deferred != GM_OK && block->pending_events) {
@@ -476,6 +476,21 @@ gm_status gm_free(gm_allocator *allocator, void *pointer)
     return GM_OK;
 }
 
+static gm_status add_recorded_stream(gm_block *block, gm_stream stream)
+{
+    if (block->recorded_count == 0) {
+        block->recorded_first = stream;
+    } else {
+        gm_stream *grown = realloc(block->recorded_more, block->recorded_count * sizeof *grown);
+        if (!grown)
+            return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory to record a stream");
+        block->recorded_more = grown;
+        grown[block->recorded_count - 1] = stream;
+    }
+    block->recorded_count++;
+    return GM_OK;
+}
+
 gm_status gm_record_stream(gm_allocator *allocator, void *pointer, gm_stream stream)
 {
     if (!allocator || !pointer)
@@ -488,16 +503,9 @@ gm_status gm_record_stream(gm_allocator *allocator, void *pointer, gm_stream str
     } else if (stream != block->heap->stream) {
         bool known = false;
         for (uint32_t i = 0; i < block->recorded_count; i++)
-            known = known || block->recorded_streams[i] == stream;
-        if (!known) {
-            gm_stream *grown = realloc(block->recorded_streams, (block->recorded_count + 1) * sizeof *grown);
-            if (!grown) {
-                status = gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory to record a stream");
-            } else {
-                block->recorded_streams = grown;
-                grown[block->recorded_count++] = stream;
-            }
-        }
+            known = known || gm_recorded_stream(block, i) == stream;
+        if (!known)
+            status = add_recorded_stream(block, stream);
     }
     pthread_mutex_unlock(&allocator->lock);
     return status;

@@ -46,8 +46,8 @@ gm_block *gm_block_new(gm_block_pool *pool)
 
 void gm_block_delete(gm_block_pool *pool, gm_block *block)
 {
-    free(block->recorded_streams);
-    block->recorded_streams = NULL;
+    free(block->recorded_more);
+    block->recorded_more = NULL;
     gm_list_push_front(&pool->spare, &block->link);
 }
 

@@ -38,7 +38,9 @@ typedef struct gm_block {
                                     pending lane blocks) */
     gm_region *region;
     gm_heap *heap;
-    gm_stream *recorded_streams; /* streams given to record_stream, other than the heap's own */
+    gm_stream recorded_first;    /* streams given to record_stream, other than the heap's own: the first */
+    gm_stream *recorded_more;    /* and the others (a block used on three streams or more), so the common
+                                    case, one other stream, allocates nothing */
     uint32_t recorded_count;
     uint32_t pending_events;     /* events still to complete before a pending block is free */
     uint8_t state;               /* gm_block_state */
@@ -46,6 +48,12 @@ typedef struct gm_block {
     uint8_t indexed;             /* in a size index */
     uint8_t counted_split;       /* counted as inactive split when it was indexed */
 } gm_block;
+
+/* The i-th stream given to record_stream for `block` (i < recorded_count). */
+static inline gm_stream gm_recorded_stream(const gm_block *block, uint32_t i)
+{
+    return i ? block->recorded_more[i - 1] : block->recorded_first;
+}
 
 static inline gm_block *gm_block_of(gm_link *link)
 {

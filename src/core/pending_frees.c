@@ -54,8 +54,8 @@ void gm_retire_block_locked(gm_allocator *allocator, gm_block *block)
 {
     gm_stat_change(allocator->arena.stats->active, block->pool, -1);
     gm_stat_change(allocator->arena.stats->active_bytes, block->pool, -(int64_t)block->size);
-    free(block->recorded_streams);
-    block->recorded_streams = NULL;
+    free(block->recorded_more);
+    block->recorded_more = NULL;
     block->recorded_count = 0;
     gm_history_record(allocator->arena.history, GM_EVENT_FREE_COMPLETED, block->address, block->requested,
                       block->heap->stream);
@@ -209,7 +209,7 @@ void gm_release_frees_held_for_capture_locked(gm_allocator *allocator)
         block->pending_events--;
         gm_status deferred = GM_OK;
         for (uint32_t i = 0; i < block->recorded_count && deferred == GM_OK; i++)
-            deferred = gm_defer_free_locked(allocator, block, block->recorded_streams[i]);
+            deferred = gm_defer_free_locked(allocator, block, gm_recorded_stream(block, i));
         if (deferred != GM_OK && block->pending_events) {
             allocator->arena.stats->num_sync_all_streams++;
             gm_process_pending_frees_locked(allocator, true);
