@@ -225,14 +225,13 @@ static bool remember_idle(page_engine *engine, size_t *count, page_chunk *chunk,
     return true;
 }
 
-/* Whether the idle chunks of `heap` stay where they are in this search: moving one waits for the
- * heap's stream (quiesce), which stalls the host until the device has caught up with it. While the
- * search is by choice (engine->moving_by_choice), a chunk of another stream that is still at work is
- * not worth that: new memory is made instead. Asked once per heap that has an idle chunk. */
-static bool stays_put(gm_arena *arena, const gm_heap *heap)
+/* Whether the idle chunks of `heap` stay where they are in this search for `requester`: moving one
+ * waits for the heap's stream (quiesce), which stalls the host until the device has caught up with it.
+ * While the search is by choice (engine->moving_by_choice), a chunk of another stream that is still at
+ * work is not worth that: new memory is made instead. Asked once per heap that has an idle chunk. */
+static bool stays_put(gm_arena *arena, const gm_heap *heap, const gm_heap *requester)
 {
-    page_engine *engine = engine_of(arena);
-    return engine->moving_by_choice && heap->stream != engine->moving_for &&
+    return engine_of(arena)->moving_by_choice && requester && heap->stream != requester->stream &&
            gm_backend_stream_is_busy(arena->backend, heap->stream);
 }
 
@@ -267,7 +266,7 @@ size_t pages_find_idle_chunks(gm_arena *arena, const gm_region *keep_region, uin
                 for (uintptr_t cursor = page_ceiling(block->address, page_size); cursor + page_size <= end;) {
                     page_chunk *chunk = pages[page_index(region, cursor, page_size)];
                     if (chunk->address >= block->address && chunk->address + chunk->size <= end) {
-                        if (busy < 0 && (busy = stays_put(arena, arena->heaps[h])) == 1)
+                        if (busy < 0 && (busy = stays_put(arena, arena->heaps[h], requester)) == 1)
                             break;
                         if (!remember_idle(engine, &count, chunk, region))
                             return count;

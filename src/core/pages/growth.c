@@ -193,14 +193,6 @@ static bool is_ping_pong(const gm_arena *arena, const gm_region *region, uint64_
            !memory_is_limited(arena);
 }
 
-/* Idle chunks are looked for by choice (new memory would do, but would raise reserved memory above its
- * peak) or not (none can be had): `heap` asks. */
-static void choose_moves(page_engine *engine, bool by_choice, const gm_heap *heap)
-{
-    engine->moving_by_choice = by_choice;
-    engine->moving_for = heap ? heap->stream : 0;
-}
-
 /* Back [from, to), inside an unmapped block, with physical memory: idle chunks first when new memory
  * would raise reserved memory past its peak (or the device is full), then new memory. The mapped
  * part is made accessible and turned into free space merged with its neighbours: *opened_out, the
@@ -219,16 +211,16 @@ static gm_status back_part(gm_arena *arena, const window *where, uintptr_t from,
     gm_status status = GM_OK;
     if ((should_recycle(arena, need) && !is_ping_pong(arena, region, need, new_room)) || need > new_room) {
         int64_t moving_since = arena->backend->modelled_ns;
-        choose_moves(engine, need <= new_room, region->heap);
+        engine->moving_by_choice = need <= new_room; /* else no new memory can be had */
         mapped = move_idle_chunks(arena, where, from, need, room, &status);
-        choose_moves(engine, false, NULL);
+        engine->moving_by_choice = false;
         if (is_bounce(arena, region, need))
             engine->bounce_credit_ns -= arena->backend->modelled_ns - moving_since;
     }
     if (status == GM_OK && mapped < need && is_lane(region->heap) && should_recycle(arena, need - mapped)) {
-        choose_moves(engine, true, region->heap);
+        engine->moving_by_choice = true;
         release_idle_for(arena, where, need - mapped);
-        choose_moves(engine, false, NULL);
+        engine->moving_by_choice = false;
         if (engine->keep_peak && should_recycle(arena, need - mapped))
             status = GM_ERROR_OUT_OF_MEMORY; /* quietly: the caller has another place (lane_place) */
     }

@@ -112,9 +112,9 @@ typedef struct page_engine {
     uint64_t allocations;        /* allocations served so far */
     bool keep_peak;              /* placing in a lane: refuse new memory above the peak (lane_place) */
     bool moving_by_choice;       /* idle chunks are looked for to keep reserved memory at its peak, not
-                                    because new memory cannot be had: those of another stream that is
-                                    still at work stay where they are (pages_find_idle_chunks) */
-    gm_stream moving_for;        /* then: the stream of the heap that asks */
+                                    because new memory cannot be had: those of another stream than the
+                                    asking region's that is still at work stay where they are
+                                    (pages_find_idle_chunks) */
     gm_list unreleased;          /* chunks unmapped whose release failed: still reserved, released later */
 } page_engine;
 
