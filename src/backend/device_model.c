@@ -86,19 +86,23 @@ gm_status gm_device_model_create(gm_backend *backend, uint64_t capacity, uint64_
     return GM_OK;
 }
 
+/* Free the records a map's values point at (the map itself stays). */
+static void free_values(gm_hash_map *map)
+{
+    for (size_t i = 0; map->entries && i < map->capacity; i++)
+        if (map->entries[i].key)
+            free((void *)(uintptr_t)map->entries[i].value);
+}
+
 void gm_device_model_destroy(gm_device_model *model)
 {
     if (!model)
         return;
-    for (size_t i = 0; i < model->physical.capacity; i++)
-        if (model->physical.entries && model->physical.entries[i].key)
-            free((void *)(uintptr_t)model->physical.entries[i].value);
+    free_values(&model->physical);
     for (size_t i = 0; i < model->reservation_count; i++)
         free(model->reservations[i].mapped_pages);
     free(model->reservations);
-    for (size_t i = 0; i < model->streams.capacity; i++)
-        if (model->streams.entries && model->streams.entries[i].key)
-            free((void *)(uintptr_t)model->streams.entries[i].value);
+    free_values(&model->streams);
     free(model->last_named_stream);
     free(model->events);
     gm_hash_map_free(&model->segments);
