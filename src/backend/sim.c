@@ -5,9 +5,9 @@
  * live ranges ever overlap. Addresses given back are kept, as a driver keeps them, in a sorted list of
  * free ranges, each merged with its free neighbours: the list holds at most one range per gap below a
  * live range (and one below the fresh addresses), however many ranges come and go. Fresh addresses are
- * handed out first (so a stale pointer points nowhere), the list's once they run out. The device model (device_model.c) keeps the books, enforces the
- * capacity and the rules of mapping, simulates streams and events, and charges each call the cost it
- * has on an H200. Default capacity is an H200's 143771 MiB.
+ * handed out first (so a stale pointer points nowhere), the list's once they run out. The device model
+ * (device_model.c) keeps the books, enforces the capacity and the rules of mapping, simulates streams
+ * and events, and charges each call the cost it has on an H200. Default capacity is an H200's 143771 MiB.
  */
 #include "backend/backend.h"
 #include "backend/device_model.h"
@@ -31,7 +31,7 @@ typedef struct sim_state {
     gm_device_model *model;
     uintptr_t next_address;
     uint64_t page_size;
-    address_range *returned; /* ranges given back, by address, none touching another or next_address */
+    address_range *returned; /* ranges given back, by address, none touching another */
     size_t returned_count;
     size_t returned_capacity;
 } sim_state;
