@@ -9,11 +9,15 @@ fast or a slow period, by more than the allocators differ. So the allocators run
 turns: each repeat starts one process per allocator, all on the same CPU (--cpu; default the second
 one allowed; only the process whose turn it is runs), and for each pattern, after a warm-up round each,
 they take --rounds turns in rotation. In a turn a process times its loop of `x = torch.empty(n,
-dtype=torch.uint8, device="cuda"); del x` over --iterations sizes, and the same loop on CPU tensors of 1
-byte: what Python and the dispatcher cost without any allocator work. "allocator µs" is the CUDA
-loop's time per iteration less the CPU loop's. A repeat's figure for an allocator is the median of its
-turns; the table gives the median over repeats and the spread (max - min) of the repeats' figures, and
-the ratios of each allocator's medians to torch-native's, of the whole loop and of the allocator µs.
+dtype=torch.uint8, device="cuda"); del x` over --iterations sizes, the same loop on CPU tensors of 1
+byte (what Python and the dispatcher cost without any allocator work), and the same sizes in C++
+straight through the allocator interface PyTorch calls (bench/allocator_interface_loop.cpp, compiled
+at start: allocate and the deleter, nothing else). "allocator µs" is the CUDA loop's time per
+iteration less the CPU loop's; it still holds what a CUDA tensor costs beyond a CPU one (see `empty`).
+"interface µs" is the C++ loop's time per iteration: the allocator's own time. A repeat's figure
+for an allocator is the median of its turns; the table gives the median over repeats and the spread
+(max - min) of the repeats' figures, and the ratios of each allocator's medians to torch-native's, of
+the whole loop, of the allocator µs and of the interface µs.
 
 Patterns (sizes in bytes):
   same         4 MiB, every time
@@ -93,6 +97,13 @@ def time_loop(torch, pattern, sizes, device):
     return time.perf_counter() - started
 
 
+def interface_loop():
+    """bench/allocator_interface_loop.cpp, compiled (once; the processes share the build)."""
+    from torch.utils.cpp_extension import load
+    return load(name="gpumem_allocator_interface_loop", sources=[os.path.join(ROOT, "bench", "allocator_interface_loop.cpp")],
+                extra_cflags=["-O2"], with_cuda=True, verbose=False)
+
+
 def child(arguments):
     """One allocator's process: a command per line on stdin ("PATTERN" times one turn, "quit" ends), one
     JSON line per turn on stdout."""
@@ -100,6 +111,11 @@ def child(arguments):
         os.sched_setaffinity(0, {arguments.cpu})
     import torch
     torch.cuda.init()
+    try:
+        loop = interface_loop()
+    except Exception as error:  # no compiler or headers: the table leaves the interface columns empty
+        print(f"torch_latency: cannot build bench/allocator_interface_loop.cpp: {error}", file=sys.stderr)
+        loop = None
     print("READY", flush=True)
     for line in sys.stdin:
         pattern = line.strip()
@@ -110,7 +126,11 @@ def child(arguments):
         cuda = time_loop(torch, pattern, sizes, "cuda")
         torch.cuda.synchronize()
         cpu = time_loop(torch, pattern, sizes, "cpu")
-        print(json.dumps({"us": cuda / len(sizes) * 1e6, "cpu_us": cpu / len(sizes) * 1e6}), flush=True)
+        result = {"us": cuda / len(sizes) * 1e6, "cpu_us": cpu / len(sizes) * 1e6}
+        if loop:
+            torch.cuda.synchronize()
+            result["interface_us"] = loop.time_pattern(pattern, sizes) / len(sizes) * 1e6
+        print(json.dumps(result), flush=True)
 
 
 class Contender:
@@ -158,13 +178,14 @@ def one_repeat(allocators, arguments):
         for pattern in arguments.patterns.split(","):
             for contender in contenders:
                 contender.turn(pattern)  # warm-up: the cache fills, the code is loaded
-                turns[contender.allocator][pattern] = {"us": [], "cpu_us": []}
+                turns[contender.allocator][pattern] = {"us": [], "cpu_us": [], "interface_us": []}
             for round_number in range(arguments.rounds):
                 shift = round_number % len(contenders)
                 for contender in contenders[shift:] + contenders[:shift]:
                     result = contender.turn(pattern)
-                    for key in ("us", "cpu_us"):
-                        turns[contender.allocator][pattern][key].append(result[key])
+                    for key in ("us", "cpu_us", "interface_us"):
+                        if key in result:
+                            turns[contender.allocator][pattern][key].append(result[key])
     finally:
         for contender in contenders:
             contender.close()
@@ -229,6 +250,9 @@ def print_table(records):
     def own(turns, index):
         return turns["us"][index] - turns["cpu_us"][index]
 
+    def interface(turns, index):
+        return turns["interface_us"][index]
+
     by_key = {(record["pattern"], record["allocator"]): record["turns"] for record in records}
     allocators = list(dict.fromkeys(record["allocator"] for record in records))
     patterns = list(dict.fromkeys(record["pattern"] for record in records))
@@ -238,8 +262,9 @@ def print_table(records):
                                  for index in range(len(turns["us"])))
 
     print("| pattern | allocator | µs per alloc+free (median) | spread of repeats | allocator µs (less the CPU loop) "
-          "| allocator µs less `empty`'s | ratio to torch-native | allocator µs ratio | ratio less `empty` |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| allocator µs less `empty`'s | interface µs | ratio to torch-native | allocator µs ratio | ratio less `empty` "
+          "| interface µs ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for pattern in patterns:
         for name in allocators:
             turns = by_key[(pattern, name)]
@@ -247,7 +272,9 @@ def print_table(records):
             floor = median_of("empty", name, own) if ("empty", name) in by_key else None
             mine_own = median_of(pattern, name, own)
             beyond = f"{mine_own - floor:.2f}" if floor is not None and pattern != "empty" else ""
-            cells = ["", "", ""]
+            has_interface = all(t.get("interface_us") for t in turns)
+            interface_cell = f"{median_of(pattern, name, interface):.3f}" if has_interface else ""
+            cells = ["", "", "", ""]
             if name != "torch-native" and (pattern, "torch-native") in by_key:
                 native = by_key[(pattern, "torch-native")]
                 cells[0] = f"{paired_ratio(turns, native, whole):.2f}"
@@ -255,8 +282,11 @@ def print_table(records):
                 if beyond and ("empty", "torch-native") in by_key:
                     native_beyond = median_of(pattern, "torch-native", own) - median_of("empty", "torch-native", own)
                     cells[2] = f"{(mine_own - floor) / native_beyond:.2f}"
+                if has_interface and all(t.get("interface_us") for t in native):
+                    cells[3] = f"{paired_ratio(turns, native, interface):.2f}"
             print(f"| {pattern} | {name} | {median_of(pattern, name, whole):.2f} | "
-                  f"{max(repeat_medians) - min(repeat_medians):.2f} | {mine_own:.2f} | {beyond} | " + " | ".join(cells) + " |")
+                  f"{max(repeat_medians) - min(repeat_medians):.2f} | {mine_own:.2f} | {beyond} | {interface_cell} | "
+                  + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@
 #   run        a training script under `gpumem run --report`, seen by gpumem top from a second shell
 #   whatif     python -m gpumem.whatif on native snapshots of resnet50 and gpt2, checked against gpumem replay
 #   governor   bench/governor.py: its three tables (under a cap, batch-size finders, leaks; not part of "all": long)
-#   latency    bench/torch_latency.py: time per torch.empty/del by allocation pattern, the allocators taking turns (not in "all")
+#   latency    bench/torch_latency.py: time per torch.empty/del by allocation pattern, the allocators taking turns, and
+#              build-gpu/gpumem_core_latency: the C core alone on the same patterns (not in "all")
 #   multi      bench/multi_gpu.py: DDP and FSDP2 on two GPUs (torchrun), native vs gpumem (not in "all"; 2 GPUs;
 #              MULTI_ARGS="--gpus 1" on a machine of one)
 #   host       host memory and pinned memory (not in "all"): `gpumem doctor` and `--json`, doctor --pid on a
@@ -102,6 +103,8 @@ if [[ " $steps " == *" latency "* ]]; then
     PYTHONPATH=python GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 bench/torch_latency.py --out "$out/torch_latency.jsonl" \
         ${LATENCY_ARGS:-} 2>"$out/torch_latency.err" | tee "$out/torch_latency.md"
     [ "${PIPESTATUS[0]}" -eq 0 ] || { failed=1; tail -20 "$out/torch_latency.err"; }
+    $build/gpumem_core_latency backend:cuda 2>&1 | tee "$out/core_latency.md"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
 fi
 if [[ " $steps " == *" multi "* ]]; then
     python3 bench/multi_gpu.py --out "$out/multi_gpu.jsonl" ${MULTI_ARGS:-} 2>"$out/multi_gpu.err" | tee "$out/multi_gpu.md"
