@@ -338,7 +338,9 @@ static gm_status allocate_with_retries(gm_allocator *allocator, gm_heap *heap, i
     return allocate_after_failure(allocator, heap, pool, size, block_out);
 }
 
-static void count_allocation(gm_allocator *allocator, gm_block *block, int64_t sign)
+/* Inlined at both calls, so that the sign is a constant and the statistics' branches on it fold. */
+static inline __attribute__((always_inline)) void count_allocation(gm_allocator *allocator, gm_block *block,
+                                                                   int64_t sign)
 {
     int pool = block->pool;
     gm_stat_change(allocator->arena.stats->allocation, pool, sign);
@@ -438,19 +440,22 @@ gm_status gm_free(gm_allocator *allocator, void *pointer)
     if (!pointer)
         return GM_OK;
     pthread_mutex_lock(&allocator->lock);
-    gm_block *block = find_live_block(allocator, pointer);
-    if (!block) {
+    uint64_t key = (uint64_t)(uintptr_t)pointer, value = 0;
+    if (!gm_hash_map_remove(&allocator->live_blocks, key, &value)) { /* one probe finds and removes */
         pthread_mutex_unlock(&allocator->lock);
         return not_live("gm_free", pointer);
     }
+    gm_block *block = (gm_block *)(uintptr_t)value;
     /* While a graph is captured no event can be waited for: a block used on other streams waits for
      * the capture to end before its events are recorded (pending_frees.c). */
     bool held = block->recorded_count && allocator->pool_route_count;
     if (held && gm_hold_free_for_capture_locked(allocator, block) != GM_OK) {
+        /* Nothing changed: the block goes back into the map, which just lost it, so the put needs no
+         * room and cannot fail. */
+        gm_hash_map_put(&allocator->live_blocks, key, value);
         pthread_mutex_unlock(&allocator->lock);
-        return GM_ERROR_OUT_OF_MEMORY; /* nothing changed */
+        return GM_ERROR_OUT_OF_MEMORY;
     }
-    gm_hash_map_remove(&allocator->live_blocks, (uint64_t)(uintptr_t)pointer, NULL);
     begin_change(allocator);
     count_allocation(allocator, block, -1);
     block->state = GM_BLOCK_PENDING;
