@@ -2,8 +2,9 @@
  * test_page_engine.c -- placement rules of the pages engine that the statistics alone do not show:
  * the growth lane (tensors replaced again and again by slightly larger copies, as a KV cache grows,
  * are kept in few runs -- a ring -- of an address range of their own, once enough such replacements
- * were seen) and the tail chunk (the partly used last page of a growth is a chunk of its own). Each
- * rule is checked against the same workload with the rule switched off in GPUMEM_CONF.
+ * were seen), the tail chunk (the partly used last page of a growth is a chunk of its own) and
+ * rechunking (an idle chunk that a fit covers in part is made anew in two). Each rule is checked
+ * against the same workload with the rule switched off in GPUMEM_CONF.
  */
 #include "test.h"
 
@@ -311,6 +312,37 @@ static void growth_tail_page_is_its_own_chunk(void)
     }
 }
 
+/* A small block placed where a freed 64 MiB tensor was: without rechunk_min it pins the tensor's whole
+ * chunk, and another stream's request needs new memory; with it the rest of that chunk is a chunk of its
+ * own, idle, and moves to the other stream instead. */
+static void fit_in_part_of_idle_chunk_remakes_it(void)
+{
+    for (int rechunk = 0; rechunk <= 1; rechunk++) {
+        gm_allocator *allocator = make(rechunk ? "engine:pages,capacity:8GiB,rechunk_min:8MiB"
+                                               : "engine:pages,capacity:8GiB");
+        void *tensor = NULL, *small = NULL, *other = NULL;
+        CHECK_OK(gm_malloc(allocator, 64 * MIB, 1, &tensor)); /* one chunk */
+        uintptr_t start = address_of(tensor);
+        CHECK_OK(gm_free(allocator, tensor));
+        CHECK_OK(gm_malloc(allocator, 7 * MIB, 1, &small)); /* a fit at the chunk's start: 4 of its 32 pages */
+        CHECK(address_of(small) == start);
+        CHECK_OK(gm_validate(allocator));
+        gm_stats stats;
+        CHECK_OK(gm_get_stats(allocator, &stats));
+        CHECK_EQ_INT(stats.device_calls[GM_CALL_PHYSICAL_CREATE], rechunk ? 3 : 1);
+        CHECK_EQ_INT(stats.device_calls[GM_CALL_PHYSICAL_RELEASE], rechunk ? 1 : 0);
+        CHECK_EQ_INT(stats.reserved_bytes[GM_POOL_ALL].current, 64 * (int64_t)MIB);
+        CHECK_OK(gm_malloc(allocator, 48 * MIB, 2, &other));
+        CHECK_OK(gm_get_stats(allocator, &stats));
+        CHECK_EQ_INT(stats.reserved_bytes[GM_POOL_ALL].peak, (int64_t)(rechunk ? 64 : 112) * (int64_t)MIB);
+        CHECK_OK(gm_validate(allocator));
+        CHECK_OK(gm_free(allocator, other));
+        CHECK_OK(gm_free(allocator, small));
+        gm_destroy(allocator, NULL);
+    }
+}
+
 RUN_TESTS(TEST_CASE(regrowing_tensors_stay_in_few_runs), TEST_CASE(lane_opens_after_enough_regrowths),
           TEST_CASE(lane_blocks_wait_for_recorded_streams), TEST_CASE(empty_lane_reuses_its_free_memory),
-          TEST_CASE(lane_request_fits_elsewhere_before_new_memory), TEST_CASE(growth_tail_page_is_its_own_chunk))
+          TEST_CASE(lane_request_fits_elsewhere_before_new_memory), TEST_CASE(growth_tail_page_is_its_own_chunk),
+          TEST_CASE(fit_in_part_of_idle_chunk_remakes_it))

@@ -80,6 +80,10 @@ static const option_descriptor descriptors[] = {
      "pages engine: when a request ends inside the last page of new memory, that page is a chunk of "
      "its own, so the next block placed there pins one page, not the whole growth; costs a device "
      "call per growth (default false)"},
+    {"rechunk_min", KIND_SIZE, FIELD(rechunk_min), NULL,
+     "pages engine: when a block placed in free memory covers part of an idle chunk and leaves at least "
+     "this many bytes of it, that chunk is made anew in two, the block's pages and the rest, so the block "
+     "pins only its own pages; costs a release and two chunks each time (default 0: off)"},
     {"history", KIND_INTEGER, FIELD(history), NULL,
      "keep the newest N allocator events (alloc, free, map, unmap, oom) for gm_history_read and "
      "snapshots' timelines, at most 1048576 (default 0: none, no cost)"},
@@ -147,6 +151,7 @@ void gm_options_default(gm_options *options)
     options->max_chunk_size = 128ull << 20;
     options->growth_lane = true;
     options->tail_chunk = false;
+    options->rechunk_min = 0;
     options->publish = false;
     options->pressure_signals = GM_PRESSURE_SIGNAL_RESERVED | GM_PRESSURE_SIGNAL_ALLOCATED;
     options->pressure_interval_ms = 100;

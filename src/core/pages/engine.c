@@ -4,7 +4,8 @@
  *
  * A request is served, in order of cost:
  *   0. a request of a size its stream keeps regrowing goes to the stream's growth lane (lane.c);
- *   1. from a free mapped block of the stream's heap: TLSF good fit, no device call;
+ *   1. from a free mapped block of the stream's heap: TLSF good fit, no device call (with rechunk_min,
+ *      an idle chunk that the fit covers in part is first made anew in two: rechunk.c);
  *   2. otherwise in the window of free addresses needing the fewest new pages (windows.c) -- perhaps
  *      in the lane's range, when the lane has mapped memory to lend (lane_sharing.c) -- backed by
  *      idle chunks moved from elsewhere or by new memory (growth.c).
@@ -24,9 +25,16 @@
 static gm_status fit_or_grow(gm_arena *arena, gm_heap *heap, int pool, uint64_t size, gm_block **block_out)
 {
     gm_block *block = gm_size_index_find(gm_heap_index(heap, pool), size);
-    if (block)
-        gm_unindex_free_block(arena, block);
-    else {
+    if (block) {
+        gm_block *remade = NULL; /* the fit with an idle chunk it covers in part made anew (rechunk.c) */
+        gm_status status = pages_rechunk_fit(arena, block, size, &remade);
+        if (status != GM_OK)
+            return status;
+        if (remade)
+            block = remade;
+        else
+            gm_unindex_free_block(arena, block);
+    } else {
         uint64_t page_size = engine_of(arena)->page_size;
         window where = pages_choose_window(heap, pool, size, page_size, NULL);
         where = pages_window_with_lane(heap, pool, size, page_size, where);

@@ -1,7 +1,7 @@
 /*
  * pages.h -- the pages engine's shared state and the operations its files offer one another.
  *
- * The engine is seven files, each using only those before it:
+ * The engine is eight files, each using only those before it:
  *   block_states.c  the four block states and the moves between them (carving, merging)
  *   chunks.c        regions, chunks of physical memory (made, mapped, unmapped, released) and
  *                   finding idle ones
@@ -9,6 +9,7 @@
  *   growth.c        backing a window with pages: idle chunks moved, new memory made
  *   lane.c          the growth lane for tensors that keep being replaced by larger copies
  *   lane_sharing.c  a stream's heap borrowing its lane's mapped memory in place
+ *   rechunk.c       an idle chunk that a fit covers in part made anew in two (rechunk_min, off by default)
  *   engine.c        the engine operations the front end calls
  *
  * Invariants (checked by pages_validate): the blocks of a region tile it; a block's pages are mapped
@@ -296,5 +297,13 @@ gm_status pages_validate_lane(const gm_heap *heap);
 /* The window for a request of the stream's heap `heap`: `own`, the best window of its own regions,
  * or one of its lane's region that needs fewer new pages, when the lane has memory to lend. */
 window pages_window_with_lane(gm_heap *heap, int pool, uint64_t size, uint64_t page_size, window own);
+
+/* ---------------------------------------------------------------- rechunk.c */
+
+/* With rechunk_min: when a block of `size` bytes at the start of the free block `block` (a fit, still
+ * indexed) would leave at least rechunk_min bytes of an idle chunk uncovered, that chunk is made anew
+ * in two and *block_out is the detached free block, starting where `block` did, that holds the block's
+ * pages. *block_out NULL: nothing was done (the fit proceeds as usual). */
+gm_status pages_rechunk_fit(gm_arena *arena, gm_block *block, uint64_t size, gm_block **block_out);
 
 #endif
