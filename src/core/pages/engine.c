@@ -27,7 +27,7 @@ static gm_status fit_or_grow(gm_arena *arena, gm_heap *heap, int pool, uint64_t 
     gm_block *block = gm_size_index_find(gm_heap_index(heap, pool), size);
     if (block) {
         gm_block *remade = NULL; /* the fit with an idle chunk it covers in part made anew (rechunk.c) */
-        gm_status status = pages_rechunk_fit(arena, block, size, &remade);
+        gm_status status = arena->options->rechunk_min ? pages_rechunk_fit(arena, block, size, &remade) : GM_OK;
         if (status != GM_OK)
             return status;
         if (remade)
