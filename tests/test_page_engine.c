@@ -4,7 +4,8 @@
  * are kept in few runs -- a ring -- of an address range of their own, once enough such replacements
  * were seen), the tail chunk (the partly used last page of a growth is a chunk of its own) and
  * rechunking (an idle chunk that a fit covers in part is made anew in two). Each rule is checked
- * against the same workload with the rule switched off in GPUMEM_CONF.
+ * against the same workload with the rule switched off in GPUMEM_CONF. Also: a growth waits for a
+ * stream once, however many of its heaps (its own, its lane) give idle chunks.
  */
 #include "test.h"
 
@@ -342,7 +343,28 @@ static void fit_in_part_of_idle_chunk_remakes_it(void)
     }
 }
 
+/* A growth that moves idle chunks out of both the lane and the stream's own heap waits for their one
+ * stream once: a wait covers all work queued on the stream, whichever heap's memory it used. */
+static void one_wait_per_stream_and_growth(void)
+{
+    gm_allocator *allocator = make("engine:pages,capacity:16GiB");
+    uint64_t size = 0;
+    void *tensor = open_lane(allocator, &size), *other = NULL;
+    CHECK_OK(gm_free(allocator, tensor)); /* idle: the lane's memory and the stream's own, where it grew first */
+    gm_stats before, after;
+    CHECK_OK(gm_get_stats(allocator, &before));
+    CHECK_OK(gm_malloc(allocator, 20 * MIB, 1, &other)); /* another stream takes it: 3 idle chunks move */
+    CHECK_OK(gm_get_stats(allocator, &after));
+    CHECK_EQ_INT(after.reserved_bytes[GM_POOL_ALL].current, before.reserved_bytes[GM_POOL_ALL].current);
+    CHECK_EQ_INT(after.device_calls[GM_CALL_UNMAP] - before.device_calls[GM_CALL_UNMAP], 3);
+    CHECK_EQ_INT(after.device_calls[GM_CALL_EVENT_SYNCHRONIZE] - before.device_calls[GM_CALL_EVENT_SYNCHRONIZE], 1);
+    CHECK_OK(gm_validate(allocator));
+    CHECK_OK(gm_free(allocator, other));
+    gm_destroy(allocator, NULL);
+}
+
 RUN_TESTS(TEST_CASE(regrowing_tensors_stay_in_few_runs), TEST_CASE(lane_opens_after_enough_regrowths),
           TEST_CASE(lane_blocks_wait_for_recorded_streams), TEST_CASE(empty_lane_reuses_its_free_memory),
           TEST_CASE(lane_request_fits_elsewhere_before_new_memory), TEST_CASE(growth_tail_page_is_its_own_chunk),
-          TEST_CASE(fit_in_part_of_idle_chunk_remakes_it))
+          TEST_CASE(fit_in_part_of_idle_chunk_remakes_it),
+          TEST_CASE(one_wait_per_stream_and_growth))

@@ -154,7 +154,9 @@ void pages_retry_releases(gm_arena *arena)
     }
 }
 
-/* Wait until the work queued so far on `heap`'s stream has finished (once per growth and heap). */
+/* Wait until the work queued so far on `heap`'s stream has finished, once per growth and stream: the
+ * wait covers every heap of that stream (its own, its lane, a private pool's), so they are all marked
+ * waited for. */
 static gm_status quiesce(gm_arena *arena, gm_heap *heap)
 {
     page_engine *engine = engine_of(arena);
@@ -169,9 +171,12 @@ static gm_status quiesce(gm_arena *arena, gm_heap *heap)
     if (status == GM_OK)
         status = gm_backend_event_synchronize(arena->backend, event);
     gm_backend_event_destroy(arena->backend, event);
-    if (status == GM_OK)
-        state->quiesce_generation = engine->quiesce_generation;
-    return status;
+    if (status != GM_OK)
+        return status;
+    for (size_t h = 0; h < arena->heap_count; h++)
+        if (arena->heaps[h]->stream == heap->stream && arena->heaps[h]->engine_data)
+            state_of(arena->heaps[h])->quiesce_generation = engine->quiesce_generation;
+    return GM_OK;
 }
 
 /* The free block of `region` that contains [address, address + size), or NULL: a search of the
