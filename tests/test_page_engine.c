@@ -4,8 +4,9 @@
  * are kept in few runs -- a ring -- of an address range of their own, once enough such replacements
  * were seen), the tail chunk (the partly used last page of a growth is a chunk of its own) and
  * rechunking (an idle chunk that a fit covers in part is made anew in two). Each rule is checked
- * against the same workload with the rule switched off in GPUMEM_CONF. Also: a growth waits for a
- * stream once, however many of its heaps (its own, its lane) give idle chunks.
+ * against the same workload with the rule switched off in GPUMEM_CONF. Also the waits for a stream
+ * before its idle chunks are unmapped: one per growth however many of its heaps (its own, its lane)
+ * give chunks, none for chunks freed before its last wait.
  */
 #include "test.h"
 
@@ -363,8 +364,44 @@ static void one_wait_per_stream_and_growth(void)
     gm_destroy(allocator, NULL);
 }
 
+static int64_t waits(gm_allocator *allocator)
+{
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    return stats.device_calls[GM_CALL_EVENT_SYNCHRONIZE];
+}
+
+/* Only work queued before a chunk's last free can still use it, so once its stream was waited for
+ * after that free, the chunk moves without another wait: stream 0 frees two blocks, stream 1 takes
+ * their memory in two growths and waits once; a block freed after that wait costs a wait again. */
+static void a_wait_covers_chunks_freed_before_it(void)
+{
+    gm_allocator *allocator = make("engine:pages,capacity:16GiB");
+    void *first = NULL, *second = NULL, *later = NULL, *taken[3] = {NULL, NULL, NULL};
+    CHECK_OK(gm_malloc(allocator, 8 * MIB, 0, &first));
+    CHECK_OK(gm_malloc(allocator, 8 * MIB, 0, &second));
+    CHECK_OK(gm_free(allocator, first));
+    CHECK_OK(gm_free(allocator, second));
+    int64_t before = waits(allocator);
+    CHECK_OK(gm_malloc(allocator, 8 * MIB, 1, &taken[0])); /* moves one block's chunks: a wait */
+    CHECK_EQ_INT(waits(allocator) - before, 1);
+    CHECK_OK(gm_malloc(allocator, 8 * MIB, 1, &taken[1])); /* the other's, freed before that wait */
+    CHECK_EQ_INT(waits(allocator) - before, 1);
+    CHECK_OK(gm_malloc(allocator, 8 * MIB, 0, &later)); /* new memory */
+    CHECK_OK(gm_free(allocator, later));                /* freed after the wait */
+    CHECK_OK(gm_malloc(allocator, 8 * MIB, 1, &taken[2]));
+    CHECK_EQ_INT(waits(allocator) - before, 2);
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    CHECK_EQ_INT(stats.reserved_bytes[GM_POOL_ALL].current, 24 * (int64_t)MIB); /* every take moved memory */
+    CHECK_OK(gm_validate(allocator));
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(gm_free(allocator, taken[i]));
+    gm_destroy(allocator, NULL);
+}
+
 RUN_TESTS(TEST_CASE(regrowing_tensors_stay_in_few_runs), TEST_CASE(lane_opens_after_enough_regrowths),
           TEST_CASE(lane_blocks_wait_for_recorded_streams), TEST_CASE(empty_lane_reuses_its_free_memory),
           TEST_CASE(lane_request_fits_elsewhere_before_new_memory), TEST_CASE(growth_tail_page_is_its_own_chunk),
-          TEST_CASE(fit_in_part_of_idle_chunk_remakes_it),
-          TEST_CASE(one_wait_per_stream_and_growth))
+          TEST_CASE(fit_in_part_of_idle_chunk_remakes_it), TEST_CASE(one_wait_per_stream_and_growth),
+          TEST_CASE(a_wait_covers_chunks_freed_before_it))

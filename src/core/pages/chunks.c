@@ -11,7 +11,10 @@
  * A chunk lying wholly inside free space is idle: it can be unmapped where it lies and mapped where a
  * request needs it, or given back. Before unmapping a chunk the engine waits for the work queued on
  * the chunk's stream (an event), as PyTorch does for expandable segments: unmapping memory that a
- * queued kernel still uses would fault.
+ * queued kernel still uses would fault. Only work queued before the chunk's last free can use it (later
+ * work would need it allocated again), so a wait for the stream after that free already covers it: a
+ * chunk freed before the stream's last wait, or unused since it was mapped, is unmapped without
+ * another. One wait covers every heap of the stream (its own, its lane).
  */
 #include "core/pages/pages.h"
 
@@ -77,6 +80,7 @@ gm_status pages_map_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk,
     if (status != GM_OK)
         return status;
     chunk->address = address;
+    chunk->freed_at = 0; /* no block has used it here yet */
     gm_list_push_front(&data_of(region)->chunks, &chunk->link);
     data_of(region)->mapped_bytes += chunk->size;
     gm_history_record(arena->history, GM_EVENT_SEGMENT_MAP, address, chunk->size, region->heap->stream);
@@ -154,14 +158,12 @@ void pages_retry_releases(gm_arena *arena)
     }
 }
 
-/* Wait until the work queued so far on `heap`'s stream has finished, once per growth and stream: the
- * wait covers every heap of that stream (its own, its lane, a private pool's), so they are all marked
- * waited for. */
-static gm_status quiesce(gm_arena *arena, gm_heap *heap)
+/* Wait, unless an earlier wait covers it, until the work queued on `heap`'s stream that may use `chunk`
+ * has finished: the work queued before the chunk's last free (see the top of the file). */
+static gm_status quiesce(gm_arena *arena, gm_heap *heap, const page_chunk *chunk)
 {
     page_engine *engine = engine_of(arena);
-    page_heap *state = state_of(heap);
-    if (state->quiesce_generation == engine->quiesce_generation)
+    if (chunk->freed_at <= state_of(heap)->waited_at)
         return GM_OK;
     uint64_t event = 0;
     gm_status status = gm_backend_event_create(arena->backend, &event);
@@ -175,7 +177,7 @@ static gm_status quiesce(gm_arena *arena, gm_heap *heap)
         return status;
     for (size_t h = 0; h < arena->heap_count; h++)
         if (arena->heaps[h]->stream == heap->stream && arena->heaps[h]->engine_data)
-            state_of(arena->heaps[h])->quiesce_generation = engine->quiesce_generation;
+            state_of(arena->heaps[h])->waited_at = engine->frees;
     return GM_OK;
 }
 
@@ -198,7 +200,7 @@ gm_status pages_evict_chunk(gm_arena *arena, gm_region *region, page_chunk *chun
     gm_block *around = free_block_containing(region, chunk->address, chunk->size);
     if (!around)
         return gm_fail(GM_ERROR_CORRUPT, "idle chunk 0x%" PRIxPTR " is not inside a free block", chunk->address);
-    gm_status status = quiesce(arena, region->heap);
+    gm_status status = quiesce(arena, region->heap, chunk);
     if (status == GM_OK)
         status = pages_unmap_chunk(arena, region, chunk);
     if (status != GM_OK)

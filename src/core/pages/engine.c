@@ -75,8 +75,24 @@ static gm_status pages_allocate(gm_arena *arena, gm_heap *heap, int pool, uint64
     return GM_OK;
 }
 
+/* Stamp the chunks under a freed block with the free's number: one freed before its stream's last
+ * wait is unmapped without another (chunks.c). An allocated block's pages are all mapped. */
+static void stamp_freed_chunks(page_engine *engine, const gm_block *block)
+{
+    const gm_region *region = block->region;
+    page_chunk **pages = data_of(region)->pages;
+    uintptr_t end = block->address + block->size;
+    engine->frees++;
+    for (uintptr_t cursor = block->address; cursor < end;) {
+        page_chunk *chunk = pages[page_index(region, cursor, engine->page_size)];
+        chunk->freed_at = engine->frees;
+        cursor = chunk->address + chunk->size;
+    }
+}
+
 static void pages_free_block(gm_arena *arena, gm_block *block)
 {
+    stamp_freed_chunks(engine_of(arena), block);
     page_heap *state = state_of(block->heap);
     if (state->owner) {
         pages_lane_remove(state, block);
@@ -93,7 +109,6 @@ static void pages_release_cached(gm_arena *arena, uint64_t keep_bytes)
     page_engine *engine = engine_of(arena);
     pages_retry_releases(arena);
     size_t count = pages_find_idle_chunks(arena, NULL, 0, 0);
-    engine->quiesce_generation++;
     for (size_t i = 0; i < count && (uint64_t)gm_stat_total(arena->stats->reserved_bytes) > keep_bytes; i++) {
         idle_chunk *candidate = &engine->idle[i];
         if (pages_evict_chunk(arena, candidate->region, candidate->chunk) == GM_OK)

@@ -269,7 +269,6 @@ gm_status pages_open_window(gm_arena *arena, window where, uint64_t size, gm_blo
 {
     page_engine *engine = engine_of(arena);
     uint64_t page_size = engine->page_size;
-    engine->quiesce_generation++;
     where.request_end = where.start + size;
     uintptr_t end = where.start + size, last_page_end = page_ceiling(end, page_size);
     if (!pages_needed(where.run_first, where.start, end, page_size)) {

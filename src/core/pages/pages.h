@@ -65,6 +65,8 @@ typedef struct page_chunk {
     uint8_t pool; /* unreleased: the pool its reserved bytes are counted in */
     bool stray;   /* still mapped at `address` though no region holds it (an unmap that failed in
                      the cleanup of a failed map): unmapped before it is released */
+    uint64_t freed_at; /* the engine's free count when a block over it was last freed here; 0: no block
+                          has used it since it was mapped here */
 } page_chunk;
 
 /* The engine's part of a region (region->engine_data). */
@@ -87,7 +89,7 @@ typedef struct idle_chunk {
  * once LANE_AFTER_REGROWTHS were seen, owns a lane: an engine-private heap of the same stream whose
  * live blocks are kept in allocation order and placed as a ring below its top (lane.c). */
 typedef struct page_heap {
-    uint64_t quiesce_generation; /* this heap's stream was waited for in growth number ... */
+    uint64_t waited_at;          /* the engine's free count when this heap's stream was last waited for */
     gm_heap *owner;              /* lane: the stream's heap it serves; NULL for a stream's heap */
     gm_heap *lane;               /* stream's heap: its lane, once made */
     gm_block *last_large;        /* stream's heap: the last large allocation, until the next free */
@@ -107,7 +109,7 @@ typedef struct page_engine {
     int64_t bounce_credit_ns;    /* BOUNCE_CREDIT_NS per allocation, spent on moves that bounce (growth.c) */
     int64_t page_chunk_cost_ns;  /* what one page-sized chunk costs (create, map, set access) */
     uint64_t max_chunk_size;     /* whole pages; UINT64_MAX: no limit */
-    uint64_t quiesce_generation; /* heaps already waited for in this growth carry this number */
+    uint64_t frees;              /* blocks freed so far: the clock of freed_at and waited_at */
     idle_chunk *idle;            /* scratch list for the growth path */
     size_t idle_capacity;
     uint64_t allocations;        /* allocations served so far */

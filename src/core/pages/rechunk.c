@@ -66,7 +66,6 @@ gm_status pages_rechunk_fit(gm_arena *arena, gm_block *block, uint64_t size, gm_
     gm_region *region = block->region;
     uintptr_t start = block->address, end = page_ceiling(start + size, page_size);
     uintptr_t chunk_end = chunk->address + chunk->size;
-    engine->quiesce_generation++;
     gm_status status = pages_evict_chunk(arena, region, chunk);
     if (status != GM_OK)
         return status;
