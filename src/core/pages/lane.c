@@ -14,8 +14,7 @@
  * pages, it jumps to a free block of the lane's mapped memory with room for RING_JUMP_COPIES copies,
  * or wraps to the mapped free space above the oldest block. Only when the lane's memory is too small
  * does a copy take new pages: above the oldest block by what the lap's growth needs (the top rises)
- * or below the newest -- there when that needs fewer new pages, so that the ring climbs its range
- * less from call to call -- the pages moved from elsewhere or made. A conveyor that moved the run down by
+ * or below the newest, the pages moved from elsewhere or made. A conveyor that moved the run down by
  * a tensor every step needed new pages at every step, moved from the top of the run to its bottom.
  * A copy that would need new memory above the peak takes a fitting free block of the stream's own
  * heap instead, when there is one.
@@ -248,15 +247,9 @@ static bool choose_spot(gm_heap *lane_heap, uint64_t size, uint64_t page_size, l
     }
     if (spot_in_free_block(lane_heap, newest, size, slack, spot))
         return true;
-    lane_spot wrap;
-    bool has_wrap = spot_above_oldest(lane, oldest, size, slack, page_size, &wrap);
-    /* A wrap that raises the top moves the ring up its range for good (an empty lane starts again at
-     * the top): where going on below the newest block needs fewer new pages, the ring grows there. */
-    bool raises_top = has_wrap && wrap.start + size > lane->top;
-    if (has_wrap && !(raises_top && has_head && head.pages < wrap.pages)) {
-        if (raises_top)
-            lane->top = wrap.start + size;
-        *spot = wrap;
+    if (spot_above_oldest(lane, oldest, size, slack, page_size, spot)) {
+        if (spot->start + size > lane->top)
+            lane->top = spot->start + size;
         return true;
     }
     if (has_head) {
