@@ -12,6 +12,7 @@
 #include "backend/backend.h"
 #include "backend/device_model.h"
 
+#include "base/array.h"
 #include "base/error.h"
 
 #include <inttypes.h>
@@ -105,14 +106,11 @@ static size_t returned_position(const sim_state *state, uintptr_t base)
 
 static bool insert_returned(sim_state *state, size_t index, address_range range)
 {
-    if (state->returned_count == state->returned_capacity) {
-        size_t capacity = state->returned_capacity ? state->returned_capacity * 2 : 16;
-        address_range *grown = realloc(state->returned, capacity * sizeof *grown);
-        if (!grown)
-            return false;
-        state->returned = grown;
-        state->returned_capacity = capacity;
-    }
+    address_range *grown = gm_array_room_for_one(state->returned, state->returned_count, &state->returned_capacity,
+                                                 sizeof *grown, 16);
+    if (!grown)
+        return false;
+    state->returned = grown;
     memmove(&state->returned[index + 1], &state->returned[index],
             (state->returned_count - index) * sizeof *state->returned);
     state->returned[index] = range;

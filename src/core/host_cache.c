@@ -40,6 +40,7 @@
  */
 #include "core/allocator.h"
 
+#include "base/array.h"
 #include "base/error.h"
 
 #include <stdlib.h>
@@ -314,16 +315,12 @@ gm_status gm_host_record_stream(gm_allocator *allocator, void *pointer, gm_strea
     for (size_t i = 0; status == GM_OK && i < block->stream_count; i++)
         known = known || block->streams[i] == stream;
     if (status == GM_OK && !known) {
-        if (block->stream_count == block->stream_capacity) {
-            size_t capacity = block->stream_capacity ? block->stream_capacity * 2 : 4;
-            gm_stream *grown = realloc(block->streams, capacity * sizeof *grown);
-            if (!grown)
-                status = gm_fail(GM_ERROR_OUT_OF_MEMORY, "gm_host_record_stream: no host memory");
-            else {
-                block->streams = grown;
-                block->stream_capacity = capacity;
-            }
-        }
+        gm_stream *grown = gm_array_room_for_one(block->streams, block->stream_count, &block->stream_capacity,
+                                                 sizeof *grown, 4);
+        if (!grown)
+            status = gm_fail(GM_ERROR_OUT_OF_MEMORY, "gm_host_record_stream: no host memory");
+        else
+            block->streams = grown;
         if (status == GM_OK)
             block->streams[block->stream_count++] = stream;
     }

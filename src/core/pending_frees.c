@@ -17,6 +17,7 @@
  */
 #include "core/allocator.h"
 
+#include "base/array.h"
 #include "base/error.h"
 
 #include <stdlib.h>
@@ -34,16 +35,13 @@ static gm_status take_event(gm_allocator *allocator, uint64_t *event_out)
 
 static void return_event(gm_allocator *allocator, uint64_t event)
 {
-    if (allocator->spare_event_count == allocator->spare_event_capacity) {
-        size_t capacity = allocator->spare_event_capacity ? allocator->spare_event_capacity * 2 : 16;
-        uint64_t *grown = realloc(allocator->spare_events, capacity * sizeof *grown);
-        if (!grown) {
-            gm_backend_event_destroy(allocator->arena.backend, event);
-            return;
-        }
-        allocator->spare_events = grown;
-        allocator->spare_event_capacity = capacity;
+    uint64_t *grown = gm_array_room_for_one(allocator->spare_events, allocator->spare_event_count,
+                                            &allocator->spare_event_capacity, sizeof *grown, 16);
+    if (!grown) {
+        gm_backend_event_destroy(allocator->arena.backend, event);
+        return;
     }
+    allocator->spare_events = grown;
     allocator->spare_events[allocator->spare_event_count++] = event;
 }
 

@@ -10,6 +10,7 @@
  */
 #include "report/history_map.h"
 
+#include "base/array.h"
 #include "base/error.h"
 
 #include <stdbool.h>
@@ -78,16 +79,13 @@ static void add_block(map_builder *builder, gm_snapshot_region *region, uint64_t
     gm_snapshot *map = builder->map;
     if (builder->failed || size == 0)
         return;
-    if (map->block_count == builder->block_capacity) {
-        size_t capacity = builder->block_capacity ? builder->block_capacity * 2 : 256;
-        gm_snapshot_block *grown = realloc(map->blocks, capacity * sizeof *grown);
-        if (!grown) {
-            builder->failed = true;
-            return;
-        }
-        map->blocks = grown;
-        builder->block_capacity = capacity;
+    gm_snapshot_block *grown = gm_array_room_for_one(map->blocks, map->block_count, &builder->block_capacity,
+                                                     sizeof *grown, 256);
+    if (!grown) {
+        builder->failed = true;
+        return;
     }
+    map->blocks = grown;
     map->blocks[map->block_count++] = (gm_snapshot_block){address, size, requested, kind};
     region->block_count++;
 }

@@ -7,6 +7,7 @@
  */
 #include "tools/json_formats.h"
 
+#include "base/array.h"
 #include "base/error.h"
 #include "tools/json_reader.h"
 
@@ -161,13 +162,10 @@ static bool read_events(gm_json_reader *reader, gm_history_file *history)
     size_t capacity = 0;
     gm_json_begin_array(reader);
     while (gm_json_next_element(reader)) {
-        if (history->count == capacity) {
-            capacity = capacity ? capacity * 2 : 4096;
-            gm_event *grown = realloc(history->events, capacity * sizeof *grown);
-            if (!grown)
-                return gm_json_fail(reader, "no host memory for the events");
-            history->events = grown;
-        }
+        gm_event *grown = gm_array_room_for_one(history->events, history->count, &capacity, sizeof *grown, 4096);
+        if (!grown)
+            return gm_json_fail(reader, "no host memory for the events");
+        history->events = grown;
         bool known = false;
         if (!read_event(reader, &history->events[history->count], &known))
             return false;
@@ -355,14 +353,11 @@ static bool read_blocks(gm_json_reader *reader, snapshot_builder *builder, gm_sn
     region->first_block = snapshot->block_count;
     gm_json_begin_array(reader);
     while (gm_json_next_element(reader)) {
-        if (snapshot->block_count == builder->block_capacity) {
-            size_t capacity = builder->block_capacity ? builder->block_capacity * 2 : 1024;
-            gm_snapshot_block *grown = realloc(snapshot->blocks, capacity * sizeof *grown);
-            if (!grown)
-                return gm_json_fail(reader, "no host memory for the blocks");
-            snapshot->blocks = grown;
-            builder->block_capacity = capacity;
-        }
+        gm_snapshot_block *grown = gm_array_room_for_one(snapshot->blocks, snapshot->block_count,
+                                                         &builder->block_capacity, sizeof *grown, 1024);
+        if (!grown)
+            return gm_json_fail(reader, "no host memory for the blocks");
+        snapshot->blocks = grown;
         if (!read_block(reader, &snapshot->blocks[snapshot->block_count]))
             return false;
         snapshot->block_count++;
@@ -420,14 +415,11 @@ static bool read_regions(gm_json_reader *reader, snapshot_builder *builder)
     gm_snapshot *snapshot = builder->snapshot;
     gm_json_begin_array(reader);
     while (gm_json_next_element(reader)) {
-        if (snapshot->region_count == builder->region_capacity) {
-            size_t capacity = builder->region_capacity ? builder->region_capacity * 2 : 16;
-            gm_snapshot_region *grown = realloc(snapshot->regions, capacity * sizeof *grown);
-            if (!grown)
-                return gm_json_fail(reader, "no host memory for the regions");
-            snapshot->regions = grown;
-            builder->region_capacity = capacity;
-        }
+        gm_snapshot_region *grown = gm_array_room_for_one(snapshot->regions, snapshot->region_count,
+                                                          &builder->region_capacity, sizeof *grown, 16);
+        if (!grown)
+            return gm_json_fail(reader, "no host memory for the regions");
+        snapshot->regions = grown;
         if (!read_region(reader, builder, &snapshot->regions[snapshot->region_count]))
             return false;
         snapshot->region_count++;

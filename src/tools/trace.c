@@ -13,6 +13,7 @@
  */
 #include "tools/trace.h"
 
+#include "base/array.h"
 #include "base/error.h"
 #include "base/hash_map.h"
 
@@ -66,14 +67,11 @@ static gm_status parse_number(const loader *state, const char *text, const char 
 static gm_status grow(loader *state)
 {
     gm_trace *trace = state->trace;
-    if (trace->count < state->operation_capacity)
-        return GM_OK;
-    size_t capacity = state->operation_capacity ? state->operation_capacity * 2 : 65536;
-    gm_trace_operation *grown = realloc(trace->operations, capacity * sizeof *grown);
+    gm_trace_operation *grown = gm_array_room_for_one(trace->operations, trace->count, &state->operation_capacity,
+                                                      sizeof *grown, 65536);
     if (!grown)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "%s: no host memory for the trace", state->path);
     trace->operations = grown;
-    state->operation_capacity = capacity;
     return GM_OK;
 }
 

@@ -18,6 +18,7 @@
  */
 #include "core/pages/pages.h"
 
+#include "base/array.h"
 #include "base/error.h"
 
 #include <inttypes.h>
@@ -220,14 +221,10 @@ gm_status pages_evict_chunk(gm_arena *arena, gm_region *region, page_chunk *chun
 
 static bool remember_idle(page_engine *engine, size_t *count, page_chunk *chunk, gm_region *region)
 {
-    if (*count == engine->idle_capacity) {
-        size_t capacity = engine->idle_capacity ? engine->idle_capacity * 2 : 64;
-        idle_chunk *grown = realloc(engine->idle, capacity * sizeof *grown);
-        if (!grown)
-            return false;
-        engine->idle = grown;
-        engine->idle_capacity = capacity;
-    }
+    idle_chunk *grown = gm_array_room_for_one(engine->idle, *count, &engine->idle_capacity, sizeof *grown, 64);
+    if (!grown)
+        return false;
+    engine->idle = grown;
     engine->idle[(*count)++] = (idle_chunk){chunk, region};
     return true;
 }
