@@ -118,6 +118,14 @@ GM_API gm_status gm_record_stream(gm_allocator *allocator, void *pointer, gm_str
 /* Give every cached, entirely free piece of memory back to the device. */
 GM_API gm_status gm_empty_cache(gm_allocator *allocator);
 
+/* Whether the allocator still keeps memory for `stream` (a heap: its live blocks or cached memory) into
+ * *held_out (1 or 0). While it does it may call the driver on the stream later (an event recorded on
+ * it before its idle memory moves elsewhere, a query whether it is busy), so the stream must stay
+ * alive; a stream it does not hold may be destroyed. The heaps of idle streams are forgotten once an
+ * allocator has more than 128 heaps, so a program that makes streams without end need not keep them
+ * all: a binding that keeps its streams alive for gpumem asks this to let them go. */
+GM_API gm_status gm_holds_stream(gm_allocator *allocator, gm_stream stream, int *held_out);
+
 /* ---------------------------------------------------------------- private pools
 
  * A private pool keeps its memory for one owner: a captured CUDA graph, whose replays write to the

@@ -208,6 +208,38 @@ static void reservations_outlive_failed_address_frees(void)
     }
 }
 
+/* gm_holds_stream: a stream used lately is held, one abandoned long ago is let go (its heap forgotten),
+ * a stream with a live block is held however old, and no more streams are held than heaps kept. */
+static void held_streams_are_the_ones_with_heaps(void)
+{
+    gm_allocator *allocator = NULL;
+    REQUIRE(gm_create("backend:sim,capacity:8GiB", &allocator) == GM_OK);
+    gm_stream kept = FIRST_STREAM - 1;
+    void *live = NULL;
+    CHECK_OK(gm_malloc(allocator, 4096, kept, &live));
+    int failures = 0;
+    for (size_t i = 0; i < 400; i++)
+        failures += use_one_stream(allocator, FIRST_STREAM + i, i, 0);
+    CHECK_EQ_INT(failures, 0);
+    int held = -1;
+    CHECK_OK(gm_holds_stream(allocator, FIRST_STREAM + 399, &held));
+    CHECK_EQ_INT(held, 1);
+    CHECK_OK(gm_holds_stream(allocator, FIRST_STREAM, &held));
+    CHECK_EQ_INT(held, 0);
+    CHECK_OK(gm_holds_stream(allocator, kept, &held));
+    CHECK_EQ_INT(held, 1);
+    size_t held_count = 0;
+    for (size_t i = 0; i < 400; i++) {
+        CHECK_OK(gm_holds_stream(allocator, FIRST_STREAM + i, &held));
+        held_count += (size_t)held;
+    }
+    CHECK(held_count > 0 && held_count <= HEAP_BOUND);
+    CHECK_STATUS(gm_holds_stream(allocator, kept, NULL), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_STATUS(gm_holds_stream(NULL, kept, &held), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_OK(gm_free(allocator, live));
+    gm_destroy(allocator, NULL);
+}
+
 static void pages_engine_on_sim(void)
 {
     many_streams("backend:sim,capacity:8GiB", 0);
@@ -229,4 +261,5 @@ static void segments_engine_on_host(void)
 }
 
 RUN_TESTS(TEST_CASE(pages_engine_on_sim), TEST_CASE(segments_engine_on_sim), TEST_CASE(pages_engine_on_host),
-          TEST_CASE(segments_engine_on_host), TEST_CASE(reservations_outlive_failed_address_frees))
+          TEST_CASE(segments_engine_on_host), TEST_CASE(reservations_outlive_failed_address_frees),
+          TEST_CASE(held_streams_are_the_ones_with_heaps))

@@ -225,6 +225,7 @@ def _load():
         "gm_free": (status, [pointer, pointer]),
         "gm_record_stream": (status, [pointer, pointer, ctypes.c_size_t]),
         "gm_empty_cache": (status, [pointer]),
+        "gm_holds_stream": (status, [pointer, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int)]),
         "gm_allocation_size": (status, [pointer, pointer, ctypes.POINTER(ctypes.c_size_t)]),
         "gm_set_memory_limit": (status, [pointer, ctypes.c_uint64]),
         "gm_get_memory_limit": (status, [pointer, ctypes.POINTER(ctypes.c_uint64)]),
@@ -410,6 +411,14 @@ class Allocator:
 
     def empty_cache(self):
         _check(_library.gm_empty_cache(self._handle))
+
+    def holds_stream(self, stream):
+        """Whether gpumem still keeps memory for ``stream`` (and may call the driver on it later), so that
+        the stream must stay alive (gm_holds_stream)."""
+        stream = _unsigned(stream, "stream")
+        held = ctypes.c_int()
+        _check(_library.gm_holds_stream(self._handle, stream, ctypes.byref(held)))
+        return bool(held.value)
 
     def host_malloc(self, size):
         """Pinned (page-locked) host memory from the allocator's host cache; an address (0 for size 0)."""

@@ -9,8 +9,10 @@ One gpumem allocator per device (backend cuda; GPUMEM_CONF plus `config` apply),
 
 Device memory: an allocation that does not fit raises cupy.cuda.memory.OutOfMemoryError carrying
 gpumem's report. CuPy frees memory by dropping its owner object, which gives the block back to gpumem on
-the stream it was allocated on. The streams gpumem has allocated on are kept alive (gpumem may record
-events on them later), as many as the program made.
+the stream it was allocated on. The streams gpumem has allocated on are kept alive while gpumem holds
+memory for them (it may record events on them later); those it has let go (it forgets the heaps of
+idle streams once it has more than 128) are dropped, so a program that makes streams without end does
+not keep them all.
 
 Pinned host memory (cupy.cuda.alloc_pinned_memory, cupyx.empty_pinned, and the staging buffers that
 cupy.asarray / cupy.array fill from NumPy arrays) comes from the pinned host cache of the current
@@ -32,15 +34,34 @@ cupy.cuda.runtime.CUDARuntimeError with status cudaErrorMemoryAllocation, what C
 expects (it then copies synchronously), with gpumem's message as its text.
 """
 import sys
+import threading
 
 import gpumem
 
 _allocators = {}
-# Every CuPy stream gpumem has allocated on, kept alive: gpumem keeps cached memory per stream and may
-# record an event on the stream later (to move its idle memory to another stream), which a destroyed
-# stream's handle must not receive. (CuPy destroys a Stream when its last reference goes.)
+# The CuPy streams gpumem has allocated on and still holds memory for, kept alive: gpumem keeps cached
+# memory per stream and may record an event on the stream later (to move its idle memory to another
+# stream), which a destroyed stream's handle must not receive. (CuPy destroys a Stream when its last
+# reference goes.) Streams gpumem has let go are dropped whenever the list has doubled since the last
+# look (_keep_stream), so the looks cost O(1) per new stream.
 _streams = {}
+_streams_lock = threading.Lock()
+_STREAMS_BEFORE_LOOKING = 256
+_look_above = [_STREAMS_BEFORE_LOOKING]
 _settings = {"config": ""}
+
+
+def _keep_stream(device, stream):
+    """Keep `stream` (about to be allocated on) alive; drop the kept streams gpumem no longer holds."""
+    key = (device, stream.ptr)
+    if key in _streams:
+        return
+    with _streams_lock:
+        if len(_streams) >= _look_above[0]:
+            for other in [other for other in _streams if not _allocator(other[0]).holds_stream(other[1])]:
+                del _streams[other]
+            _look_above[0] = max(_STREAMS_BEFORE_LOOKING, 2 * len(_streams))
+        _streams.setdefault(key, stream)
 
 
 class _Block:
@@ -125,7 +146,7 @@ def _device_allocate(cupy):
         allocator = _allocator(device)
         stream = cupy.cuda.get_current_stream()
         if stream.ptr:
-            _streams.setdefault((device, stream.ptr), stream)
+            _keep_stream(device, stream)
         try:
             pointer = allocator.malloc(size, stream.ptr)
         except gpumem.OutOfMemoryError as error:

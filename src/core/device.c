@@ -1,8 +1,9 @@
 /*
- * device.c -- the device behind an allocator: gm_get_device_info; named streams (a recorded program's
- * stream ids turned into the device's streams, for replays); and what the sim and host backends let
- * tests drive: the simulated streams, and memory used by "other processes" (the device model counts
- * it as used: the driver's free memory drops, allocations find less room, gm_validate leaves it out).
+ * device.c -- the device behind an allocator: gm_get_device_info; the streams it holds (gm_holds_stream);
+ * named streams (a recorded program's stream ids turned into the device's streams, for replays); and
+ * what the sim and host backends let tests drive: the simulated streams, and memory used by "other
+ * processes" (the device model counts it as used: the driver's free memory drops, allocations find
+ * less room, gm_validate leaves it out).
  */
 #include "core/allocator.h"
 
@@ -158,4 +159,17 @@ void gm_destroy_named_streams(gm_allocator *allocator)
     free(allocator->named_streams);
     allocator->named_streams = NULL;
     allocator->named_stream_count = 0;
+}
+
+gm_status gm_holds_stream(gm_allocator *allocator, gm_stream stream, int *held_out)
+{
+    if (!allocator || !held_out)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_holds_stream: %s is NULL", allocator ? "held_out" : "allocator");
+    pthread_mutex_lock(&allocator->lock);
+    int held = 0;
+    for (size_t h = 0; h < allocator->arena.heap_count && !held; h++) /* lanes and pool heaps too */
+        held = allocator->arena.heaps[h]->stream == stream;
+    pthread_mutex_unlock(&allocator->lock);
+    *held_out = held;
+    return GM_OK;
 }

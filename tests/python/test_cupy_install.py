@@ -115,6 +115,24 @@ class CupyInstallTest(unittest.TestCase):
         self.module.install(config, **options)
         return self.cupy.state
 
+    def test_streams_gpumem_let_go_are_not_kept_alive(self):
+        state = self.install(pinned=False)
+        self.module._streams.clear()
+        state.streams[0] = _Stream(999)
+        live = state.allocator(4096)  # a block that stays allocated: its stream must stay kept
+        for i in range(700):  # a program that makes a stream per step, uses it once and drops it
+            state.streams[0] = _Stream(1000 + i)
+            block = state.allocator(4096)
+            del block
+        kept = {pointer for device, pointer in self.module._streams}
+        self.assertIn(999, kept)
+        self.assertIn(1699, kept)
+        self.assertLess(len(kept), 600)  # without dropping: all 701
+        self.assertFalse(self.module.allocator(0).holds_stream(1000))  # its heap was forgotten, and so was the stream
+        self.assertNotIn(1000, kept)
+        del live
+        self.assertEqual(self.unraisable, [])
+
     def test_installs_both_allocators_or_only_the_device_one(self):
         state = self.install(pinned=False)
         self.assertIsNotNone(state.allocator)
