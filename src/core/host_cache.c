@@ -317,12 +317,12 @@ gm_status gm_host_record_stream(gm_allocator *allocator, void *pointer, gm_strea
     if (status == GM_OK && !known) {
         gm_stream *grown = gm_array_room_for_one(block->streams, block->stream_count, &block->stream_capacity,
                                                  sizeof *grown, 4);
-        if (!grown)
+        if (!grown) {
             status = gm_fail(GM_ERROR_OUT_OF_MEMORY, "gm_host_record_stream: no host memory");
-        else
+        } else {
             block->streams = grown;
-        if (status == GM_OK)
             block->streams[block->stream_count++] = stream;
+        }
     }
     pthread_mutex_unlock(&allocator->lock);
     return status;

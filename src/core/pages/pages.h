@@ -302,10 +302,11 @@ window pages_window_with_lane(gm_heap *heap, int pool, uint64_t size, uint64_t p
 
 /* ---------------------------------------------------------------- rechunk.c */
 
-/* With rechunk_min: when a block of `size` bytes at the start of the free block `block` (a fit, still
- * indexed) would leave at least rechunk_min bytes of an idle chunk uncovered, that chunk is made anew
- * in two and *block_out is the detached free block, starting where `block` did, that holds the block's
- * pages. *block_out NULL: nothing was done (the fit proceeds as usual). */
+/* Called only with rechunk_min set (engine.c asks first, so the default path makes no call): when a
+ * block of `size` bytes at the start of the free block `block` (a fit, still indexed) would leave at
+ * least rechunk_min bytes of an idle chunk uncovered, that chunk is made anew in two and *block_out is
+ * the detached free block, starting where `block` did, that holds the block's pages. *block_out NULL:
+ * nothing was done (the fit proceeds as usual). */
 gm_status pages_rechunk_fit(gm_arena *arena, gm_block *block, uint64_t size, gm_block **block_out);
 
 #endif
