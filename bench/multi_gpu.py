@@ -1,10 +1,13 @@
 """Data-parallel training on two GPUs under PyTorch's allocator and under gpumem: DDP and FSDP2.
 
-    python3 bench/multi_gpu.py [--modes ddp,fsdp] [--allocators native,gpumem] [--repeats 2]
+    python3 bench/multi_gpu.py [--modes ddp,fsdp] [--allocators native,expandable,gpumem] [--repeats 2]
                                [--steps 20] [--gpus 2] [--out results.jsonl]
 
-Each (repeat, mode, allocator) is one `torchrun --standalone --nproc_per_node=GPUS` launch of this file,
-interleaved (repeat 1 of everything, then repeat 2) so that a drift of the machine hits all alike. The
+The allocators: native (PyTorch's caching allocator), expandable (the same with
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which maps memory with CUDA's virtual-memory calls as
+gpumem does) and gpumem. Each (repeat, mode, allocator) is one `torchrun --standalone
+--nproc_per_node=GPUS` launch of this file, interleaved (repeat 1 of everything, then repeat 2) so that a
+drift of the machine hits all alike. The
 model is GPT-2 with 6 layers (transformers' GPT2LMHeadModel, 1024 tokens, 8 sequences per GPU, AdamW,
 fp32, the same seed and batches everywhere): DDP wraps it whole; FSDP2 shards each block and then the
 model (`fully_shard`). A rank's step time is its median over the steps after 5 of warm-up; the table
@@ -101,6 +104,9 @@ def launch(mode, allocator, steps, gpus):
     environment = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
                        NVSHMEM_DISABLE_NVLS="1", PYTHONPATH=os.path.join(ROOT, "python"))
     environment.pop("GPUMEM_TORCH", None)
+    environment.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    if allocator == "expandable":
+        environment["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}",
                os.path.abspath(__file__), "--child", "--mode", mode, "--allocator", allocator,
                "--steps", str(steps), "--out", path]

@@ -88,6 +88,14 @@ struct PoolCheckpoint final : c10::cuda::CUDACachingAllocator::AllocatorState {
   std::vector<gm_pool_allocation> allocations;
 };
 
+// The current device. With one visible device that can only be device 0, so the query (a CUDA runtime
+// call, a large part of what an allocation costs at this interface) is skipped; torch's deferred
+// set_device cannot name another device either.
+c10::DeviceIndex current_device_index() {
+  static const bool one_device = c10::cuda::device_count() == 1;
+  return one_device ? 0 : c10::cuda::current_device();
+}
+
 void *pointer_of(uint64_t address) { return reinterpret_cast<void *>(static_cast<uintptr_t>(address)); }
 
 class GpumemAllocator final : public CUDAPluggableAllocator {
@@ -179,7 +187,7 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
       begin_call(false);
     gm_status status = gm_free(allocator, pointer);
     if (profiling && status == GM_OK) {
-      c10::DeviceIndex device = c10::cuda::current_device();
+      c10::DeviceIndex device = current_device_index();
       owner_of_any(allocator, &device);
       report_size_to_profiler(allocator, pointer, -static_cast<int64_t>(size), device);
     }
@@ -191,13 +199,13 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
 
   // The device whose allocator owns `pointer` (the current device if none does).
   c10::DeviceIndex device_of(void *pointer) {
-    c10::DeviceIndex device = c10::cuda::current_device();
+    c10::DeviceIndex device = current_device_index();
     owner_of(pointer, &device);
     return device;
   }
 
   c10::DataPtr allocate(size_t size) override {
-    c10::DeviceIndex device = c10::cuda::current_device();
+    c10::DeviceIndex device = current_device_index();
     void *pointer = malloc_on(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
     return {pointer, pointer, &delete_pointer, c10::Device(c10::DeviceType::CUDA, device)};
   }
@@ -205,12 +213,12 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   c10::DeleterFnPtr raw_deleter() const override { return &delete_pointer; }
 
   void *raw_alloc(size_t size) override {
-    c10::DeviceIndex device = c10::cuda::current_device();
+    c10::DeviceIndex device = current_device_index();
     return malloc_on(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
   }
 
   void *raw_alloc_with_stream(size_t size, cudaStream_t stream) override {
-    return malloc_on(size, c10::cuda::current_device(), stream);
+    return malloc_on(size, current_device_index(), stream);
   }
 
   void raw_delete(void *pointer) override { free_pointer(pointer); }
