@@ -118,6 +118,15 @@ GM_API gm_status gm_record_stream(gm_allocator *allocator, void *pointer, gm_str
 /* Give every cached, entirely free piece of memory back to the device. */
 GM_API gm_status gm_empty_cache(gm_allocator *allocator);
 
+/* Let device `peer` (an index, as GPUMEM_CONF's `device`) read and write this allocator's memory: every
+ * mapping made so far and every later one (cuMemSetAccess for both devices, as PyTorch's expandable
+ * segments do when torch enables peer access between two GPUs). The driver's peer access between the
+ * devices (cuCtxEnablePeerAccess), which covers engine:segments' plain segments, is the caller's.
+ * `peer` equal to the allocator's own device, or a peer enabled before: nothing to do.
+ * GM_ERROR_INVALID_ARGUMENT for a negative peer or more than 16 peers; GM_ERROR_DEVICE when the driver
+ * refuses (the devices cannot reach each other), and the peer is not recorded. */
+GM_API gm_status gm_enable_peer_access(gm_allocator *allocator, int peer);
+
 /* Whether the allocator still keeps memory for `stream` (a heap: its live blocks or cached memory) into
  * *held_out (1 or 0). While it does it may call the driver on the stream later (an event recorded on
  * it before its idle memory moves elsewhere, a query whether it is busy), so the stream must stay

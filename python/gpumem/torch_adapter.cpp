@@ -7,6 +7,8 @@
 //     instead of the null pointer that a plain pluggable allocator hands on;
 //   - memory_stats / memory_allocated / memory_reserved / max_* / memory_summary read gpumem's
 //     statistics (getDeviceStats), reset_peak_memory_stats and empty_cache reach gpumem;
+//   - on two GPUs, torch's peer access (enablePeerAccess) reaches gpumem's mappings (gm_enable_peer_access),
+//     and copies between devices without it go through cudaMemcpyPeerAsync;
 //   - Tensor.record_stream maps to gm_record_stream, set_per_process_memory_fraction to a memory
 //     limit, and cacheInfo (which cuDNN uses to size workspaces) to gm_cache_info.
 //   - torch.profiler(profile_memory=True) sees every allocation and free, as with the native allocator;
@@ -28,6 +30,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
@@ -266,6 +269,31 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
                                                                             : of(device_of(pointer.get()));
     gm_status status = gm_record_stream(allocator, pointer.get(), reinterpret_cast<gm_stream>(stream.stream()));
     TORCH_CHECK(status == GM_OK, "gpumem: ", gm_last_error());
+  }
+
+  // Two GPUs: torch enables peer access before a copy between them or a kernel of `dev` that reads
+  // `dev_to_access`'s memory. The driver's peer access covers plain allocations only; memory mapped with
+  // cuMemMap is reachable from a device only where cuMemSetAccess names it, so gpumem grants `dev` every
+  // mapping of `dev_to_access`'s allocator, now and later (as native does for expandable segments).
+  void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override {
+    {
+      c10::cuda::CUDAGuard guard(dev);
+      cudaError_t status = cudaDeviceEnablePeerAccess(dev_to_access, 0);
+      if (status == cudaErrorPeerAccessAlreadyEnabled)
+        (void)cudaGetLastError();
+      else
+        C10_CUDA_CHECK(status);
+    }
+    TORCH_CHECK(gm_enable_peer_access(of(dev_to_access), dev) == GM_OK, "gpumem: ", gm_last_error());
+  }
+
+  // A copy between devices without peer access: only cudaMemcpyPeerAsync handles memory that was not
+  // made by cudaMalloc (native says the same of its expandable segments).
+  cudaError_t memcpyAsync(void *dst, int dst_device, const void *src, int src_device, size_t count,
+                          cudaStream_t stream, bool p2p_enabled) override {
+    if (p2p_enabled || dst_device == src_device)
+      return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+    return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, count, stream);
   }
 
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {

@@ -188,6 +188,12 @@ gm_status gm_backend_set_access(gm_backend *backend, uintptr_t address, uint64_t
     COUNTED_CALL(backend, GM_CALL_SET_ACCESS, size, backend->operations->set_access(backend, address, size));
 }
 
+/* Counted as a set-access call: it is one, for one device. */
+gm_status gm_backend_grant_access(gm_backend *backend, uintptr_t address, uint64_t size, int device)
+{
+    COUNTED_CALL(backend, GM_CALL_SET_ACCESS, size, backend->operations->grant_access(backend, address, size, device));
+}
+
 gm_status gm_backend_unmap(gm_backend *backend, uintptr_t address, uint64_t size)
 {
     COUNTED_CALL(backend, GM_CALL_UNMAP, size, backend->operations->unmap(backend, address, size));

@@ -24,6 +24,9 @@
 
 typedef struct gm_backend gm_backend;
 
+/* The most peer devices one device's memory is made accessible to (gm_enable_peer_access). */
+#define GM_BACKEND_MAX_PEERS 16
+
 /* What a backend is opened with: the part of the configuration that concerns the device. */
 typedef struct gm_backend_config {
     const char *name;   /* "sim", "host" or "cuda" */
@@ -49,7 +52,11 @@ typedef struct gm_backend_operations {
     gm_status (*physical_create)(gm_backend *backend, uint64_t size, uint64_t *handle_out);
     gm_status (*physical_release)(gm_backend *backend, uint64_t handle);
     gm_status (*map)(gm_backend *backend, uintptr_t address, uint64_t size, uint64_t handle);
+    /* Let the device, and each of backend->peers, read and write a new mapping. */
     gm_status (*set_access)(gm_backend *backend, uintptr_t address, uint64_t size);
+    /* Let `device` (a peer) read and write an existing mapping too (cuda: cuMemSetAccess for it alone;
+     * sim and host: the mapping is checked). */
+    gm_status (*grant_access)(gm_backend *backend, uintptr_t address, uint64_t size, int device);
     gm_status (*unmap)(gm_backend *backend, uintptr_t address, uint64_t size);
 
     gm_status (*event_create)(gm_backend *backend, uint64_t *event_out);
@@ -97,6 +104,9 @@ struct gm_backend {
                                    which the device model counts as used */
     bool host_memory_failed;    /* a host allocation failed for lack of memory (the host backend's mmap):
                                    the out-of-memory report names the host; it clears the flag */
+    int peers[GM_BACKEND_MAX_PEERS]; /* other devices that may reach this device's mappings: set_access
+                                        grants them access with the device's own (gm_enable_peer_access) */
+    int peer_count;
     char pci_bus_id[32];        /* cuda: the device's PCI bus id, to find it in NVML; else empty */
     uint64_t succeed_before_failing[GM_CALL_KIND_COUNT]; /* gm_inject_device_failures: calls left to pass */
     uint64_t failures_to_inject[GM_CALL_KIND_COUNT];     /* then this many fail */
@@ -131,6 +141,7 @@ gm_status gm_backend_physical_create(gm_backend *backend, uint64_t size, uint64_
 gm_status gm_backend_physical_release(gm_backend *backend, uint64_t handle, uint64_t size);
 gm_status gm_backend_map(gm_backend *backend, uintptr_t address, uint64_t size, uint64_t handle);
 gm_status gm_backend_set_access(gm_backend *backend, uintptr_t address, uint64_t size);
+gm_status gm_backend_grant_access(gm_backend *backend, uintptr_t address, uint64_t size, int device);
 gm_status gm_backend_unmap(gm_backend *backend, uintptr_t address, uint64_t size);
 gm_status gm_backend_event_create(gm_backend *backend, uint64_t *event_out);
 gm_status gm_backend_event_destroy(gm_backend *backend, uint64_t event);

@@ -463,9 +463,20 @@ static gm_status cuda_map(gm_backend *backend, uintptr_t address, uint64_t size,
     DRIVER_CALL(backend, "cuMemMap", driver.map((cu_device_pointer)address, size, 0, (cu_allocation_handle)handle, 0));
 }
 
+/* One call for the device and its peers: the driver charges per mapping, not per device. */
 static gm_status cuda_set_access(gm_backend *backend, uintptr_t address, uint64_t size)
 {
-    cu_access_descriptor access = {{CU_LOCATION_DEVICE, state_of(backend)->ordinal}, CU_ACCESS_READ_WRITE};
+    cu_access_descriptor access[1 + GM_BACKEND_MAX_PEERS];
+    access[0] = (cu_access_descriptor){{CU_LOCATION_DEVICE, state_of(backend)->ordinal}, CU_ACCESS_READ_WRITE};
+    for (int i = 0; i < backend->peer_count; i++)
+        access[1 + i] = (cu_access_descriptor){{CU_LOCATION_DEVICE, backend->peers[i]}, CU_ACCESS_READ_WRITE};
+    DRIVER_CALL(backend, "cuMemSetAccess",
+                driver.set_access((cu_device_pointer)address, size, access, 1 + (size_t)backend->peer_count));
+}
+
+static gm_status cuda_grant_access(gm_backend *backend, uintptr_t address, uint64_t size, int device)
+{
+    cu_access_descriptor access = {{CU_LOCATION_DEVICE, device}, CU_ACCESS_READ_WRITE};
     DRIVER_CALL(backend, "cuMemSetAccess", driver.set_access((cu_device_pointer)address, size, &access, 1));
 }
 
@@ -568,6 +579,7 @@ const gm_backend_operations gm_cuda_backend_operations = {
     .physical_release = cuda_physical_release,
     .map = cuda_map,
     .set_access = cuda_set_access,
+    .grant_access = cuda_grant_access,
     .unmap = cuda_unmap,
     .event_create = cuda_event_create,
     .event_destroy = cuda_event_destroy,

@@ -182,6 +182,13 @@ static gm_status host_set_access(gm_backend *backend, uintptr_t address, uint64_
     return status;
 }
 
+/* Host memory has no device to grant it to: the mapping is only checked. */
+static gm_status host_grant_access(gm_backend *backend, uintptr_t address, uint64_t size, int device)
+{
+    (void)device;
+    return gm_device_model_set_access(state_of(backend)->model, address, size);
+}
+
 static gm_status host_unmap(gm_backend *backend, uintptr_t address, uint64_t size)
 {
     gm_status status = gm_device_model_unmap(state_of(backend)->model, address, size);
@@ -204,6 +211,7 @@ const gm_backend_operations gm_host_backend_operations = {
     .physical_release = host_physical_release,
     .map = host_map,
     .set_access = host_set_access,
+    .grant_access = host_grant_access,
     .unmap = host_unmap,
     .event_create = gm_model_event_create,
     .event_destroy = gm_model_event_destroy,

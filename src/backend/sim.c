@@ -219,6 +219,12 @@ static gm_status sim_set_access(gm_backend *backend, uintptr_t address, uint64_t
     return gm_device_model_set_access(state_of(backend)->model, address, size);
 }
 
+static gm_status sim_grant_access(gm_backend *backend, uintptr_t address, uint64_t size, int device)
+{
+    (void)device;
+    return gm_device_model_set_access(state_of(backend)->model, address, size);
+}
+
 static gm_status sim_unmap(gm_backend *backend, uintptr_t address, uint64_t size)
 {
     return gm_device_model_unmap(state_of(backend)->model, address, size);
@@ -237,6 +243,7 @@ const gm_backend_operations gm_sim_backend_operations = {
     .physical_release = sim_physical_release,
     .map = sim_map,
     .set_access = sim_set_access,
+    .grant_access = sim_grant_access,
     .unmap = sim_unmap,
     .event_create = gm_model_event_create,
     .event_destroy = gm_model_event_destroy,

@@ -97,6 +97,9 @@ struct gm_engine_operations {
      * free, and drop the heaps from the arena (gm_remove_heap): a private pool that is gone. On a failed
      * device call the heap stays, whole, and the status says why. */
     gm_status (*forget_heap)(gm_arena *arena, gm_heap *heap);
+    /* Let device `peer` reach every mapping the engine holds now (the backend's peer list already
+     * covers later ones); NULL for an engine of plain segments, which the driver's peer access covers. */
+    gm_status (*grant_peer_access)(gm_arena *arena, int peer);
 };
 
 extern const gm_engine_operations gm_segment_engine;

@@ -1,5 +1,6 @@
 /*
  * device.c -- the device behind an allocator: gm_get_device_info; the streams it holds (gm_holds_stream);
+ * the other devices that may reach its memory (gm_enable_peer_access);
  * named streams (a recorded program's stream ids turned into the device's streams, for replays); and
  * what the sim and host backends let tests drive: the simulated streams, and memory used by "other
  * processes" (the device model counts it as used: the driver's free memory drops, allocations find
@@ -172,4 +173,42 @@ gm_status gm_holds_stream(gm_allocator *allocator, gm_stream stream, int *held_o
     pthread_mutex_unlock(&allocator->lock);
     *held_out = held;
     return GM_OK;
+}
+
+/* Whether `peer` is the allocator's own device or already one of its backend's peers. */
+static bool reaches_already(const gm_allocator *allocator, int peer)
+{
+    const gm_backend *backend = allocator->arena.backend;
+    bool found = peer == allocator->options.device;
+    for (int i = 0; i < backend->peer_count && !found; i++)
+        found = backend->peers[i] == peer;
+    return found;
+}
+
+gm_status gm_enable_peer_access(gm_allocator *allocator, int peer)
+{
+    if (!allocator)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_enable_peer_access: allocator is NULL");
+    if (peer < 0)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_enable_peer_access: device %d does not exist", peer);
+    gm_lock_for_change(allocator);
+    gm_backend *backend = allocator->arena.backend;
+    gm_status status = GM_OK;
+    if (reaches_already(allocator, peer)) {
+        /* nothing to do */
+    } else if (backend->peer_count == GM_BACKEND_MAX_PEERS) {
+        status = gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_enable_peer_access: device %d would be peer number %d; "
+                         "at most %d devices can reach one device's memory", peer, GM_BACKEND_MAX_PEERS + 1,
+                         GM_BACKEND_MAX_PEERS);
+    } else {
+        /* Mappings made from now on include the peer; those made before are granted it one by one. A
+         * refusal leaves the peer out, so later mappings do not ask the driver for what it refused. */
+        backend->peers[backend->peer_count++] = peer;
+        if (allocator->arena.engine->grant_peer_access)
+            status = allocator->arena.engine->grant_peer_access(&allocator->arena, peer);
+        if (status != GM_OK)
+            backend->peer_count--;
+    }
+    gm_unlock_after_change(allocator);
+    return status;
 }

@@ -260,6 +260,22 @@ def snapshots(torch):
 
 
 @check
+def copies_between_devices(torch):
+    """Two GPUs: a tensor copied to the other device and back, whole and transposed (with peer access
+    on, the transposed copy is a kernel of one device that reads the other's memory)."""
+    if torch.cuda.device_count() < 2:
+        raise RuntimeError("needs two GPUs")
+    source = torch.arange(1 << 20, dtype=torch.float32, device="cuda:0")
+    there = source.to("cuda:1")
+    transposed = source.view(1024, 1024).t().to("cuda:1")
+    back = there.view(1024, 1024).t().to("cuda:0")
+    expected = source.view(1024, 1024).t().cpu()
+    assert torch.equal(there.cpu(), source.cpu())
+    assert torch.equal(transposed.cpu(), expected)
+    assert torch.equal(back.cpu(), expected)
+
+
+@check
 def training_losses(torch):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).cuda()

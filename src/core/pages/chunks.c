@@ -217,6 +217,20 @@ gm_status pages_evict_chunk(gm_arena *arena, gm_region *region, page_chunk *chun
     return GM_OK;
 }
 
+/* Device `peer` may reach every chunk mapped now: one set-access call each, for that device alone. */
+gm_status pages_grant_peer_access(gm_arena *arena, int peer)
+{
+    for (size_t h = 0; h < arena->heap_count; h++)
+        for (gm_region *region = gm_first_region(arena->heaps[h]); region; region = gm_next_region(region))
+            for (gm_link *link = data_of(region)->chunks.first; link; link = link->next) {
+                const page_chunk *chunk = gm_list_item(link, page_chunk, link);
+                gm_status status = gm_backend_grant_access(arena->backend, chunk->address, chunk->size, peer);
+                if (status != GM_OK)
+                    return status;
+            }
+    return GM_OK;
+}
+
 /* ---------------------------------------------------------------- finding idle chunks */
 
 static bool remember_idle(page_engine *engine, size_t *count, page_chunk *chunk, gm_region *region)

@@ -298,4 +298,5 @@ const gm_engine_operations gm_page_engine = {
     .release_cached = pages_release_cached,
     .validate = pages_validate,
     .forget_heap = pages_forget_heap,
+    .grant_peer_access = pages_grant_peer_access,
 };

@@ -189,6 +189,8 @@ void pages_retry_releases(gm_arena *arena);
 /* Unmap an idle chunk from the free block around it; its addresses become unmapped. The chunk keeps
  * its handle and leaves the region. */
 gm_status pages_evict_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk);
+/* Let device `peer` reach every chunk mapped in a region now (engine operation grant_peer_access). */
+gm_status pages_grant_peer_access(gm_arena *arena, int peer);
 /* Collect into engine->idle every chunk that lies wholly inside a free block, in every heap and
  * pool, except in [keep_start, keep_end) of `keep_region`: their count. */
 size_t pages_find_idle_chunks(gm_arena *arena, const gm_region *keep_region, uintptr_t keep_start,
