@@ -226,6 +226,7 @@ def _load():
         "gm_record_stream": (status, [pointer, pointer, ctypes.c_size_t]),
         "gm_empty_cache": (status, [pointer]),
         "gm_holds_stream": (status, [pointer, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int)]),
+        "gm_enable_peer_access": (status, [pointer, ctypes.c_int]),
         "gm_allocation_size": (status, [pointer, pointer, ctypes.POINTER(ctypes.c_size_t)]),
         "gm_set_memory_limit": (status, [pointer, ctypes.c_uint64]),
         "gm_get_memory_limit": (status, [pointer, ctypes.POINTER(ctypes.c_uint64)]),
@@ -419,6 +420,14 @@ class Allocator:
         held = ctypes.c_int()
         _check(_library.gm_holds_stream(self._handle, stream, ctypes.byref(held)))
         return bool(held.value)
+
+    def enable_peer_access(self, peer):
+        """Let device ``peer`` read and write this allocator's memory, now and later (gm_enable_peer_access):
+        what a kernel of one GPU needs to use a CuPy array of another. The driver's peer access between the
+        two devices (``cupy.cuda.runtime.deviceEnablePeerAccess``) is the caller's, as without gpumem."""
+        if isinstance(peer, bool) or not isinstance(peer, int):
+            raise TypeError(f"gpumem: peer must be an integer, not {type(peer).__name__}")
+        _check(_library.gm_enable_peer_access(self._handle, peer))
 
     def host_malloc(self, size):
         """Pinned (page-locked) host memory from the allocator's host cache; an address (0 for size 0)."""

@@ -40,6 +40,17 @@ class PackageTest(unittest.TestCase):
         self.assertEqual(self.allocator.memory_stats()["reserved_bytes.all.current"], 0)
         self.allocator.validate()
 
+    def test_peer_access(self):
+        block = self.allocator.malloc(64 << 20)
+        calls = self.allocator.memory_stats()["device_calls.set_access"]
+        self.allocator.enable_peer_access(1)  # the 64 MiB chunk is granted to device 1
+        self.assertEqual(self.allocator.memory_stats()["device_calls.set_access"], calls + 1)
+        with self.assertRaisesRegex(gpumem.GpumemError, "device -1 does not exist"):
+            self.allocator.enable_peer_access(-1)
+        with self.assertRaises(TypeError):
+            self.allocator.enable_peer_access("1")
+        self.allocator.free(block)
+
     def test_statistics_follow_the_library_list(self):
         stats = self.allocator.memory_stats()
         for name in gpumem._STAT_ARRAYS:
