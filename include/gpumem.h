@@ -127,6 +127,37 @@ GM_API gm_status gm_empty_cache(gm_allocator *allocator);
  * refuses (the devices cannot reach each other), and the peer is not recorded. */
 GM_API gm_status gm_enable_peer_access(gm_allocator *allocator, int peer);
 
+/* Memory shared with another process (what torch.multiprocessing does with a CUDA tensor): the physical
+ * chunks under an allocation, each a file descriptor of the sharing process, back to back from
+ * `offset` 0 of the shared range. */
+typedef struct gm_shared_piece {
+    uint64_t offset; /* from the start of the shared range */
+    uint64_t size;
+    int descriptor; /* a file descriptor of the process that shared it */
+} gm_shared_piece;
+
+/* Share live allocation `pointer` with another process: the chunks it lies in, into pieces (room for
+ * `capacity`; *count_out: how many there are -- GM_ERROR_BUFFER_TOO_SMALL when more than `capacity`,
+ * call again with room for them), and where the allocation starts in their range (*offset_out). The
+ * descriptors stay open until their chunk goes back to the device, and the other process takes them
+ * (gm_open_shared) while the allocation is live. GM_ERROR_INVALID_POINTER for a pointer that is not a
+ * live allocation; GM_ERROR_NOT_SUPPORTED on the sim backend, engine:segments, or a device that cannot
+ * export memory. */
+GM_API gm_status gm_share(gm_allocator *allocator, const void *pointer, uint64_t *offset_out,
+                          gm_shared_piece *pieces, size_t capacity, size_t *count_out);
+
+/* Map memory that process `process` shared (gm_share) into this process, on this allocator's device,
+ * readable and writable there and by its peers: *pointer_out is the start of the shared range (add the
+ * sharer's offset). It is the other process's memory: not counted as reserved here. The descriptors
+ * are taken with pidfd_getfd, which needs the right to trace that process (same user, and ptrace_scope
+ * allowing it). GM_ERROR_INVALID_ARGUMENT for pieces that are not back to back from 0 in whole pages or
+ * a process or descriptor that does not exist; GM_ERROR_NOT_SUPPORTED where the backend cannot. */
+GM_API gm_status gm_open_shared(gm_allocator *allocator, int process, const gm_shared_piece *pieces, size_t count,
+                                void **pointer_out);
+
+/* Unmap memory mapped by gm_open_shared (its pointer); GM_ERROR_INVALID_POINTER for any other. */
+GM_API gm_status gm_close_shared(gm_allocator *allocator, void *pointer);
+
 /* Whether the allocator still keeps memory for `stream` (a heap: its live blocks or cached memory) into
  * *held_out (1 or 0). While it does it may call the driver on the stream later (an event recorded on
  * it before its idle memory moves elsewhere, a query whether it is busy), so the stream must stay

@@ -7,6 +7,7 @@
 //     instead of the null pointer that a plain pluggable allocator hands on;
 //   - memory_stats / memory_allocated / memory_reserved / max_* / memory_summary read gpumem's
 //     statistics (getDeviceStats), reset_peak_memory_stats and empty_cache reach gpumem;
+//   - torch.multiprocessing shares CUDA tensors between processes that both use gpumem (torch_ipc.h);
 //   - on two GPUs, torch's peer access (enablePeerAccess) reaches gpumem's mappings (gm_enable_peer_access),
 //     and copies between devices without it go through cudaMemcpyPeerAsync;
 //   - Tensor.record_stream maps to gm_record_stream, set_per_process_memory_fraction to a memory
@@ -47,6 +48,9 @@
 #include <vector>
 
 #include "gpumem.h"
+#include "torch_ipc.h"
+
+#include <unistd.h>
 
 namespace {
 
@@ -171,12 +175,16 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     return nullptr;
   }
 
+  // The allocator of a pointer being freed or shared: with one device in use (the common case) its
+  // allocator, without a lookup first.
+  gm_allocator *owner_of_live(const void *pointer) {
+    return created_.load(std::memory_order_acquire) == 1 ? single_.load(std::memory_order_relaxed) : owner_of(pointer);
+  }
+
   void free_pointer(void *pointer) {
     if (!pointer)
       return;
-    // One device in use (the common case): its allocator, without a lookup first.
-    gm_allocator *allocator = created_.load(std::memory_order_acquire) == 1
-                                  ? single_.load(std::memory_order_relaxed) : owner_of(pointer);
+    gm_allocator *allocator = owner_of_live(pointer);
     if (!allocator) {
       TORCH_WARN("gpumem: free of ", pointer, ", which no device allocator owns");
       return;
@@ -285,6 +293,57 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
         C10_CUDA_CHECK(status);
     }
     TORCH_CHECK(gm_enable_peer_access(of(dev_to_access), dev) == GM_OK, "gpumem: ", gm_last_error());
+  }
+
+  // torch.multiprocessing sends a CUDA tensor as gpumem's chunks under it (torch_ipc.h); the receiver
+  // maps them once per handle while any tensor of it lives, as native caches its opened handles.
+  void *getBaseAllocation(void *pointer, size_t *size) override {
+    gm_allocator *allocator = owner_of_live(pointer);
+    size_t bytes = 0;
+    TORCH_CHECK(allocator && gm_allocation_size(allocator, pointer, &bytes) == GM_OK, "gpumem: ", pointer,
+                " is not a live allocation");
+    if (size)
+      *size = bytes;
+    return pointer; // an allocation is its own base: shareIpcHandle gives the offset into its chunks
+  }
+
+  c10::cuda::CUDACachingAllocator::ShareableHandle shareIpcHandle(void *pointer) override {
+    gm_allocator *allocator = owner_of_live(pointer);
+    TORCH_CHECK(allocator, "gpumem: ", pointer, " is not a live allocation");
+    std::vector<gm_shared_piece> pieces(4);
+    uint64_t offset = 0;
+    size_t count = 0;
+    gm_status status;
+    while ((status = gm_share(allocator, pointer, &offset, pieces.data(), pieces.size(), &count)) ==
+           GM_ERROR_BUFFER_TOO_SMALL)
+      pieces.resize(count);
+    TORCH_CHECK(status == GM_OK, "gpumem: cannot share this CUDA tensor with another process: ", gm_last_error());
+    pieces.resize(count);
+    return {static_cast<ptrdiff_t>(offset), gpumem_ipc::encode(static_cast<int32_t>(getpid()), pieces)};
+  }
+
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
+    std::lock_guard<std::mutex> guard(ipc_mutex_);
+    auto found = opened_.find(handle);
+    if (found != opened_.end())
+      if (std::shared_ptr<void> alive = found->second.lock())
+        return alive;
+    gpumem_ipc::Share share;
+    TORCH_CHECK(gpumem_ipc::decode(handle, &share), "gpumem: this CUDA tensor was shared by a process that does not "
+                "use gpumem; under gpumem both processes must (GPUMEM_TORCH=1 is inherited by child processes)");
+    gm_allocator *allocator = of(current_device_index());
+    void *pointer = nullptr;
+    TORCH_CHECK(gm_open_shared(allocator, share.process, share.pieces.data(), share.pieces.size(), &pointer) == GM_OK,
+                "gpumem: cannot map the CUDA tensor process ", share.process, " shared: ", gm_last_error());
+    std::shared_ptr<void> mapped(pointer, [this, allocator, handle](void *start) {
+      gm_close_shared(allocator, start);
+      std::lock_guard<std::mutex> erase_guard(ipc_mutex_);
+      auto entry = opened_.find(handle);
+      if (entry != opened_.end() && entry->second.expired())
+        opened_.erase(entry);
+    });
+    opened_[handle] = mapped;
+    return mapped;
   }
 
   // A copy between devices without peer access: only cudaMemcpyPeerAsync handles memory that was not
@@ -674,6 +733,8 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   std::mutex create_mutex_;
   std::mutex pool_mutex_;
   std::vector<PoolFilter> pool_filters_;
+  std::mutex ipc_mutex_;
+  std::unordered_map<std::string, std::weak_ptr<void>> opened_; // handle -> memory another process shared
 };
 
 std::shared_ptr<GpumemAllocator> installed;

@@ -10,9 +10,20 @@
 
 #include "base/error.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
+
+/* Older C libraries lack the names of these system calls (Linux 5.3 and 5.6), not the kernel. */
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438
+#endif
 
 static int64_t monotonic_ns(void)
 {
@@ -265,5 +276,40 @@ gm_status gm_plain_host_free(gm_backend *backend, void *pointer, uint64_t size)
     (void)backend;
     (void)size;
     free(pointer);
+    return GM_OK;
+}
+
+/* ---------------------------------------------------------------- memory shared between processes */
+
+gm_status gm_backend_export(gm_backend *backend, uint64_t handle, int *descriptor_out)
+{
+    if (!backend->operations->export_handle)
+        return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend cannot share memory with other processes (the "
+                       "host and cuda backends can)", backend->operations->name);
+    return backend->operations->export_handle(backend, handle, descriptor_out);
+}
+
+void gm_backend_close_export(gm_backend *backend, int descriptor)
+{
+    backend->operations->close_export(backend, descriptor);
+}
+
+gm_status gm_take_descriptor(int process, int descriptor, int *mine_out)
+{
+    long process_descriptor = syscall(SYS_pidfd_open, process, 0);
+    if (process_descriptor < 0) {
+        int error = errno;
+        return gm_fail(error == ENOSYS ? GM_ERROR_NOT_SUPPORTED : error == ESRCH ? GM_ERROR_INVALID_ARGUMENT : GM_ERROR_IO,
+                       "cannot reach process %d to take the memory it shared (pidfd_open: %s)", process, strerror(error));
+    }
+    long mine = syscall(SYS_pidfd_getfd, (int)process_descriptor, descriptor, 0);
+    int error = errno;
+    close((int)process_descriptor);
+    if (mine < 0)
+        return gm_fail(error == ENOSYS ? GM_ERROR_NOT_SUPPORTED : error == EBADF ? GM_ERROR_INVALID_ARGUMENT : GM_ERROR_IO,
+                       "cannot take descriptor %d of process %d (pidfd_getfd: %s%s)", descriptor, process,
+                       strerror(error), error == EPERM ? "; taking it needs the right to trace that process: the same "
+                                                         "user, and /proc/sys/kernel/yama/ptrace_scope 0 or that process a descendant of this one" : "");
+    *mine_out = (int)mine;
     return GM_OK;
 }

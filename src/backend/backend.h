@@ -59,6 +59,17 @@ typedef struct gm_backend_operations {
     gm_status (*grant_access)(gm_backend *backend, uintptr_t address, uint64_t size, int device);
     gm_status (*unmap)(gm_backend *backend, uintptr_t address, uint64_t size);
 
+    /* Memory shared between processes (gm_share, gm_open_shared); NULL where there is none (sim).
+     * export_handle: a new file descriptor of this process for physical memory `handle`, which another
+     * process takes with pidfd_getfd (close_export closes it). open_shared: reserve `size` bytes of
+     * addresses and map there, at their offsets, the pieces process `process` exported, readable and
+     * writable by the device and its peers; close_shared undoes it. */
+    gm_status (*export_handle)(gm_backend *backend, uint64_t handle, int *descriptor_out);
+    void (*close_export)(gm_backend *backend, int descriptor);
+    gm_status (*open_shared)(gm_backend *backend, int process, const gm_shared_piece *pieces, size_t count,
+                             uint64_t size, uintptr_t *address_out);
+    void (*close_shared)(gm_backend *backend, uintptr_t address, uint64_t size);
+
     gm_status (*event_create)(gm_backend *backend, uint64_t *event_out);
     gm_status (*event_destroy)(gm_backend *backend, uint64_t event);
     gm_status (*event_record)(gm_backend *backend, uint64_t event, gm_stream stream);
@@ -120,6 +131,14 @@ struct gm_backend {
  * gm_last_error() says why (GM_ERROR_NO_DEVICE when there is no such device). */
 gm_status gm_backend_open(const gm_backend_config *config, gm_backend **backend_out);
 void gm_backend_close(gm_backend *backend);
+
+/* export_handle and close_export; GM_ERROR_NOT_SUPPORTED where the backend has none. */
+gm_status gm_backend_export(gm_backend *backend, uint64_t handle, int *descriptor_out);
+void gm_backend_close_export(gm_backend *backend, int descriptor);
+
+/* Descriptor `descriptor` of process `process`, duplicated into this one (pidfd_open, pidfd_getfd) into
+ * *mine_out: for open_shared. */
+gm_status gm_take_descriptor(int process, int descriptor, int *mine_out);
 
 /* An entry point of the CUDA driver (loaded and initialized once), or NULL where there is none.
  * For the GPU tests, which drive the device beside the allocator. */

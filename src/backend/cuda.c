@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---------------------------------------------------------------- driver declarations */
 
@@ -71,6 +72,8 @@ enum {
     CU_ACCESS_READ_WRITE = 3,
     CU_GRANULARITY_MINIMUM = 0,
     CU_ATTRIBUTE_VIRTUAL_MEMORY_SUPPORTED = 102,
+    CU_ATTRIBUTE_POSIX_DESCRIPTOR_SUPPORTED = 103,
+    CU_HANDLE_POSIX_DESCRIPTOR = 1,
     CU_EVENT_DISABLE_TIMING = 2,
     CU_STREAM_CAPTURE_STATUS_NONE = 0,
     CU_STREAM_CAPTURE_MODE_RELAXED = 2,
@@ -113,6 +116,8 @@ typedef struct cuda_driver {
     cu_result (*stream_query)(cu_stream);               /* optional: cuStreamQuery */
     cu_result (*stream_create)(cu_stream *, unsigned int); /* optional: cuStreamCreate */
     cu_result (*stream_destroy)(cu_stream);                /* optional: cuStreamDestroy_v2 */
+    cu_result (*export_handle)(void *, cu_allocation_handle, int, unsigned long long); /* optional */
+    cu_result (*import_handle)(cu_allocation_handle *, void *, int);                   /* optional */
 } cuda_driver;
 
 static cuda_driver driver;
@@ -182,6 +187,9 @@ static void load_driver(void)
     void *create_stream = dlsym(library, "cuStreamCreate"), *destroy_stream = dlsym(library, "cuStreamDestroy_v2");
     memcpy(&loaded.stream_create, &create_stream, sizeof create_stream);
     memcpy(&loaded.stream_destroy, &destroy_stream, sizeof destroy_stream);
+    void *export = dlsym(library, "cuMemExportToShareableHandle"), *import = dlsym(library, "cuMemImportFromShareableHandle");
+    memcpy(&loaded.export_handle, &export, sizeof export);
+    memcpy(&loaded.import_handle, &import, sizeof import);
     cu_result result = loaded.init(0);
     if (result != CU_SUCCESS) {
         const char *text = "unknown error";
@@ -205,6 +213,7 @@ typedef struct cuda_state {
     cu_device device;
     int ordinal;
     cu_context context;
+    bool exportable; /* its memory is made with POSIX file descriptor handles, for gm_share */
 } cuda_state;
 
 static cuda_state *state_of(gm_backend *backend)
@@ -277,6 +286,8 @@ static cu_allocation_properties device_properties(const cuda_state *state)
     properties.type = CU_ALLOCATION_PINNED;
     properties.location.type = CU_LOCATION_DEVICE;
     properties.location.id = state->ordinal;
+    if (state->exportable) /* as PyTorch's expandable segments: other processes can map it (gm_share) */
+        properties.requested_handle_types = CU_HANDLE_POSIX_DESCRIPTOR;
     return properties;
 }
 
@@ -299,6 +310,9 @@ static gm_status open_device(gm_backend *backend, cuda_state *state, int ordinal
     int virtual_memory = 0;
     driver.device_get_attribute(&virtual_memory, CU_ATTRIBUTE_VIRTUAL_MEMORY_SUPPORTED, state->device);
     backend->supports_virtual_memory = virtual_memory != 0;
+    int exportable = 0;
+    if (virtual_memory && driver.export_handle && driver.import_handle)
+        driver.device_get_attribute(&exportable, CU_ATTRIBUTE_POSIX_DESCRIPTOR_SUPPORTED, state->device);
     size_t granularity = 2u << 20;
     if (virtual_memory) {
         cu_allocation_properties properties = device_properties(state);
@@ -306,6 +320,7 @@ static gm_status open_device(gm_backend *backend, cuda_state *state, int ordinal
             granularity = 2u << 20;
     }
     backend->page_size = granularity;
+    state->exportable = exportable != 0;
     size_t free_bytes = 0, total_bytes = 0;
     gm_status status = GM_OK;
     IN_CONTEXT(backend, {
@@ -485,6 +500,84 @@ static gm_status cuda_unmap(gm_backend *backend, uintptr_t address, uint64_t siz
     DRIVER_CALL(backend, "cuMemUnmap", driver.unmap((cu_device_pointer)address, size));
 }
 
+/* ---------------------------------------------------------------- memory shared between processes */
+
+static gm_status cuda_export_handle(gm_backend *backend, uint64_t handle, int *descriptor_out)
+{
+    if (!state_of(backend)->exportable)
+        return gm_fail(GM_ERROR_NOT_SUPPORTED, "cuda backend: device %d cannot export memory to other processes "
+                       "(no POSIX file descriptor handles)", state_of(backend)->ordinal);
+    int descriptor = -1;
+    gm_status status = GM_OK;
+    IN_CONTEXT(backend, {
+        cu_result result = driver.export_handle(&descriptor, (cu_allocation_handle)handle, CU_HANDLE_POSIX_DESCRIPTOR, 0);
+        if (result != CU_SUCCESS)
+            status = driver_error(result, "cuMemExportToShareableHandle");
+    });
+    *descriptor_out = descriptor;
+    return status;
+}
+
+static void cuda_close_export(gm_backend *backend, int descriptor)
+{
+    (void)backend;
+    close(descriptor);
+}
+
+/* Physical memory of another process, from its descriptor, mapped at `address` with access set; the
+ * mapping alone keeps it (the handle is released at once). */
+static gm_status map_shared_piece(gm_backend *backend, int process, const gm_shared_piece *piece, uintptr_t address)
+{
+    int mine = -1;
+    gm_status status = gm_take_descriptor(process, piece->descriptor, &mine);
+    if (status != GM_OK)
+        return status;
+    cu_allocation_handle handle = 0;
+    IN_CONTEXT(backend, {
+        cu_result result = driver.import_handle(&handle, (void *)(uintptr_t)mine, CU_HANDLE_POSIX_DESCRIPTOR);
+        if (result != CU_SUCCESS)
+            status = driver_error(result, "cuMemImportFromShareableHandle");
+    });
+    close(mine);
+    if (status != GM_OK)
+        return status;
+    status = cuda_map(backend, address, piece->size, handle);
+    driver.release(handle);
+    if (status == GM_OK && (status = cuda_set_access(backend, address, piece->size)) != GM_OK)
+        cuda_unmap(backend, address, piece->size);
+    return status;
+}
+
+static gm_status cuda_open_shared(gm_backend *backend, int process, const gm_shared_piece *pieces, size_t count,
+                                  uint64_t size, uintptr_t *address_out)
+{
+    if (!driver.import_handle)
+        return gm_fail(GM_ERROR_NOT_SUPPORTED, "cuda backend: the driver cannot import memory of other processes");
+    uintptr_t base = 0;
+    gm_status status = cuda_address_reserve(backend, size, &base);
+    size_t mapped = 0;
+    while (status == GM_OK && mapped < count) {
+        status = map_shared_piece(backend, process, &pieces[mapped], base + pieces[mapped].offset);
+        mapped += status == GM_OK;
+    }
+    if (status != GM_OK) {
+        if (mapped)
+            cuda_unmap(backend, base, pieces[mapped - 1].offset + pieces[mapped - 1].size);
+        if (base)
+            cuda_address_free(backend, base, size);
+        return status;
+    }
+    *address_out = base;
+    return GM_OK;
+}
+
+/* One unmap for every piece: the range covers whole mappings. */
+static void cuda_close_shared(gm_backend *backend, uintptr_t address, uint64_t size)
+{
+    cuda_unmap(backend, address, size);
+    cuda_address_free(backend, address, size);
+}
+
 /* ---------------------------------------------------------------- events */
 
 static gm_status cuda_event_create(gm_backend *backend, uint64_t *event_out)
@@ -580,6 +673,10 @@ const gm_backend_operations gm_cuda_backend_operations = {
     .map = cuda_map,
     .set_access = cuda_set_access,
     .grant_access = cuda_grant_access,
+    .export_handle = cuda_export_handle,
+    .close_export = cuda_close_export,
+    .open_shared = cuda_open_shared,
+    .close_shared = cuda_close_shared,
     .unmap = cuda_unmap,
     .event_create = cuda_event_create,
     .event_destroy = cuda_event_destroy,

@@ -22,7 +22,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define HOST_DEFAULT_CAPACITY (1ull << 30)
@@ -189,6 +191,67 @@ static gm_status host_grant_access(gm_backend *backend, uintptr_t address, uint6
     return gm_device_model_set_access(state_of(backend)->model, address, size);
 }
 
+/* ---------------------------------------------------------------- memory shared between processes */
+
+/* A physical allocation is a memfd: another process maps the same file. */
+static gm_status host_export_handle(gm_backend *backend, uint64_t handle, int *descriptor_out)
+{
+    (void)backend;
+    int descriptor = fcntl((int)(handle - 1), F_DUPFD_CLOEXEC, 0);
+    if (descriptor < 0)
+        return system_failure("fcntl(F_DUPFD_CLOEXEC) of a physical allocation");
+    *descriptor_out = descriptor;
+    return GM_OK;
+}
+
+static void host_close_export(gm_backend *backend, int descriptor)
+{
+    (void)backend;
+    close(descriptor);
+}
+
+/* Map a piece another process shared at `address`; a file shorter than the piece would fault on use. */
+static gm_status map_shared_piece(int process, const gm_shared_piece *piece, void *address)
+{
+    int mine = -1;
+    gm_status status = gm_take_descriptor(process, piece->descriptor, &mine);
+    if (status != GM_OK)
+        return status;
+    struct stat file;
+    if (fstat(mine, &file) != 0 || (uint64_t)file.st_size < piece->size)
+        status = gm_fail(GM_ERROR_INVALID_ARGUMENT, "descriptor %d of process %d holds no %" PRIu64 "-byte allocation",
+                         piece->descriptor, process, piece->size);
+    else if (mmap(address, piece->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, mine, 0) == MAP_FAILED)
+        status = system_failure("mmap of shared memory");
+    close(mine);
+    return status;
+}
+
+/* Outside the device model: the memory is the other process's. */
+static gm_status host_open_shared(gm_backend *backend, int process, const gm_shared_piece *pieces, size_t count,
+                                  uint64_t size, uintptr_t *address_out)
+{
+    (void)backend;
+    char *range = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (range == MAP_FAILED)
+        return system_failure("mmap of a range for shared memory");
+    for (size_t i = 0; i < count; i++) {
+        gm_status status = map_shared_piece(process, &pieces[i], range + pieces[i].offset);
+        if (status != GM_OK) {
+            munmap(range, size);
+            return status;
+        }
+    }
+    *address_out = (uintptr_t)range;
+    return GM_OK;
+}
+
+static void host_close_shared(gm_backend *backend, uintptr_t address, uint64_t size)
+{
+    (void)backend;
+    munmap((void *)address, size);
+}
+
 static gm_status host_unmap(gm_backend *backend, uintptr_t address, uint64_t size)
 {
     gm_status status = gm_device_model_unmap(state_of(backend)->model, address, size);
@@ -212,6 +275,10 @@ const gm_backend_operations gm_host_backend_operations = {
     .map = host_map,
     .set_access = host_set_access,
     .grant_access = host_grant_access,
+    .export_handle = host_export_handle,
+    .close_export = host_close_export,
+    .open_shared = host_open_shared,
+    .close_shared = host_close_shared,
     .unmap = host_unmap,
     .event_create = gm_model_event_create,
     .event_destroy = gm_model_event_destroy,

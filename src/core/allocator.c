@@ -696,6 +696,7 @@ void gm_destroy(gm_allocator *allocator, size_t *live_allocations_out)
         gm_backend_event_destroy(allocator->arena.backend, allocator->spare_events[--allocator->spare_event_count]);
     gm_host_cache_destroy(&allocator->host_cache, allocator->arena.backend);
     gm_destroy_named_streams(allocator);
+    gm_close_all_shared(allocator);
     gm_backend_close(allocator->arena.backend);
     gm_free_heaps(&allocator->arena);
     gm_free_private_pools(allocator);

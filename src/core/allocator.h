@@ -59,6 +59,9 @@ struct gm_allocator {
     uint32_t unlocked_allocations; /* allocations waiting for pressure callbacks, lock released */
     bool pools_to_forget;          /* a gone pool waits for those to finish */
     bool destroying;               /* gm_destroy: no pool is forgotten one by one */
+    struct gm_opened_share *opened_shares; /* memory of other processes mapped here (sharing.c) */
+    size_t opened_share_count;
+    size_t opened_share_capacity;
     struct gm_named_stream_entry *named_streams; /* gm_named_stream's streams (device.c) */
     size_t named_stream_count;
     gm_pending_free *held_for_capture; /* frees with recorded streams made while a pool was allocated to:
@@ -99,6 +102,8 @@ void gm_forget_gone_pools_locked(gm_allocator *allocator);
 void gm_free_private_pools(gm_allocator *allocator);
 /* Destroy the streams gm_named_stream made (gm_destroy, before the backend closes). */
 void gm_destroy_named_streams(gm_allocator *allocator);
+/* Unmap whatever gm_open_shared mapped and was not closed (gm_destroy). */
+void gm_close_all_shared(gm_allocator *allocator);
 /* The books of a block the engine just allocated in `heap` for `requested` bytes on `stream`: statistics,
  * history, the heap's and its pool's live counts (lock held, statistics open for change). */
 void gm_count_new_allocation_locked(gm_allocator *allocator, gm_heap *heap, gm_block *block, size_t requested,

@@ -100,6 +100,10 @@ struct gm_engine_operations {
     /* Let device `peer` reach every mapping the engine holds now (the backend's peer list already
      * covers later ones); NULL for an engine of plain segments, which the driver's peer access covers. */
     gm_status (*grant_peer_access)(gm_arena *arena, int peer);
+    /* The physical memory under a live block for another process (gm_share); NULL: the engine has none
+     * to give (plain segments). */
+    gm_status (*share_block)(gm_arena *arena, const gm_block *block, uint64_t *offset_out, gm_shared_piece *pieces,
+                             size_t capacity, size_t *count_out);
 };
 
 extern const gm_engine_operations gm_segment_engine;

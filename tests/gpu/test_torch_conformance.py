@@ -275,6 +275,49 @@ def copies_between_devices(torch):
     assert torch.equal(back.cpu(), expected)
 
 
+def _add_one_in_another_process(queue, answers):
+    """The other process of cuda_tensors_shared_with_another_process: the sum of what it received, then
+    one added to every element in place."""
+    import torch
+    try:
+        tensor = queue.get(timeout=60)
+        total = float(tensor.sum().item())
+        tensor.add_(1)
+        torch.cuda.synchronize()
+        del tensor
+        answers.put(("ok", total))
+    except Exception as error:  # noqa: BLE001 -- reported to the parent
+        answers.put(("error", f"{type(error).__name__}: {error}"[:400]))
+
+
+@check
+def cuda_tensors_shared_with_another_process(torch):
+    """torch.multiprocessing sends a view of a CUDA tensor (CUDA IPC): the other process reads it and
+    writes into the same memory (it inherits the allocator: GPUMEM_TORCH under gpumem)."""
+    import queue as queues
+    context = torch.multiprocessing.get_context("spawn")
+    tensors, answers = context.Queue(), context.Queue()
+    process = context.Process(target=_add_one_in_another_process, args=(tensors, answers))
+    process.start()
+    try:
+        tensor = torch.arange(1 << 22, dtype=torch.float32, device="cuda")
+        view = tensor[1000:]
+        expected = float(view.sum().item())
+        tensors.put(view)
+        try:
+            status, value = answers.get(timeout=90)
+        except queues.Empty:
+            raise AssertionError("the other process never answered") from None
+        assert status == "ok", value
+        assert value == expected, (value, expected)
+        process.join(timeout=60)
+        assert torch.equal(view.cpu(), torch.arange(1000, 1 << 22, dtype=torch.float32) + 1)
+        assert tensor[999].item() == 999
+    finally:
+        if process.is_alive():
+            process.kill()
+
+
 @check
 def training_losses(torch):
     torch.manual_seed(0)

@@ -123,6 +123,15 @@ gm_status pages_create_chunk(gm_arena *arena, gm_region *region, uintptr_t addre
     return status;
 }
 
+/* The allocator goes: a failed release changes nothing more. */
+void pages_release_physical(gm_arena *arena, page_chunk *chunk)
+{
+    gm_backend_physical_release(arena->backend, chunk->handle, chunk->size);
+    if (chunk->exported)
+        gm_backend_close_export(arena->backend, chunk->exported - 1);
+    free(chunk);
+}
+
 static bool release_now(gm_arena *arena, page_chunk *chunk, int pool)
 {
     if (chunk->stray) {
@@ -132,6 +141,8 @@ static bool release_now(gm_arena *arena, page_chunk *chunk, int pool)
     }
     if (gm_backend_physical_release(arena->backend, chunk->handle, chunk->size) != GM_OK)
         return false;
+    if (chunk->exported)
+        gm_backend_close_export(arena->backend, chunk->exported - 1);
     gm_count_reserved(arena, pool, -(int64_t)chunk->size, -1);
     arena->stats->num_device_free++;
     free(chunk);
@@ -228,6 +239,39 @@ gm_status pages_grant_peer_access(gm_arena *arena, int peer)
                 if (status != GM_OK)
                     return status;
             }
+    return GM_OK;
+}
+
+/* ---------------------------------------------------------------- sharing with other processes */
+
+/* The chunks under `block`, back to back from the first: each exported once, its descriptor kept until
+ * the chunk goes back to the device (another process may take it while the block is live). */
+gm_status pages_share_block(gm_arena *arena, const gm_block *block, uint64_t *offset_out, gm_shared_piece *pieces,
+                            size_t capacity, size_t *count_out)
+{
+    uint64_t page_size = engine_of(arena)->page_size;
+    page_chunk **pages = data_of(block->region)->pages;
+    uintptr_t first = 0;
+    size_t count = 0;
+    for (uintptr_t cursor = block->address; cursor < block->address + block->size; count++) {
+        page_chunk *chunk = pages[page_index(block->region, cursor, page_size)];
+        if (!count)
+            first = chunk->address;
+        if (count < capacity) {
+            int descriptor = chunk->exported - 1;
+            gm_status status = chunk->exported ? GM_OK : gm_backend_export(arena->backend, chunk->handle, &descriptor);
+            if (status != GM_OK)
+                return status;
+            chunk->exported = descriptor + 1;
+            pieces[count] = (gm_shared_piece){chunk->address - first, chunk->size, descriptor};
+        }
+        cursor = chunk->address + chunk->size;
+    }
+    *offset_out = block->address - first;
+    *count_out = count;
+    if (count > capacity)
+        return gm_fail(GM_ERROR_BUFFER_TOO_SMALL, "gm_share: the allocation lies in %zu chunks, room for %zu", count,
+                       capacity);
     return GM_OK;
 }
 

@@ -261,8 +261,7 @@ static void pages_destroy(gm_arena *arena)
                 page_chunk *chunk = gm_list_item(data->chunks.first, page_chunk, link);
                 if (pages_unmap_chunk(arena, region, chunk) != GM_OK)
                     gm_list_remove(&data->chunks, &chunk->link);
-                gm_backend_physical_release(arena->backend, chunk->handle, chunk->size);
-                free(chunk);
+                pages_release_physical(arena, chunk);
             }
             gm_backend_address_free(arena->backend, region->base, region->size);
             gm_delete_region_blocks(arena, region);
@@ -281,8 +280,7 @@ static void pages_destroy(gm_arena *arena)
         gm_list_remove(&engine->unreleased, &chunk->link);
         if (chunk->stray)
             gm_backend_unmap(arena->backend, chunk->address, chunk->size);
-        gm_backend_physical_release(arena->backend, chunk->handle, chunk->size);
-        free(chunk);
+        pages_release_physical(arena, chunk);
     }
     free(engine->idle);
     free(engine);
@@ -299,4 +297,5 @@ const gm_engine_operations gm_page_engine = {
     .validate = pages_validate,
     .forget_heap = pages_forget_heap,
     .grant_peer_access = pages_grant_peer_access,
+    .share_block = pages_share_block,
 };

@@ -67,6 +67,8 @@ typedef struct page_chunk {
                      the cleanup of a failed map): unmapped before it is released */
     uint64_t freed_at; /* the engine's free count when a block over it was last freed here; 0: no block
                           has used it since it was mapped here */
+    int exported;      /* 1 + the file descriptor exported for gm_share, closed when the chunk goes back
+                          to the device; 0: none */
 } page_chunk;
 
 /* The engine's part of a region (region->engine_data). */
@@ -189,6 +191,11 @@ void pages_retry_releases(gm_arena *arena);
 /* Unmap an idle chunk from the free block around it; its addresses become unmapped. The chunk keeps
  * its handle and leaves the region. */
 gm_status pages_evict_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk);
+/* The chunks under `block` for another process (engine operation share_block, gm_share). */
+gm_status pages_share_block(gm_arena *arena, const gm_block *block, uint64_t *offset_out, gm_shared_piece *pieces,
+                            size_t capacity, size_t *count_out);
+/* Give physical memory back to the device, closing the descriptor exported for it. */
+void pages_release_physical(gm_arena *arena, page_chunk *chunk);
 /* Let device `peer` reach every chunk mapped in a region now (engine operation grant_peer_access). */
 gm_status pages_grant_peer_access(gm_arena *arena, int peer);
 /* Collect into engine->idle every chunk that lies wholly inside a free block, in every heap and
