@@ -122,6 +122,8 @@ GM_API gm_status gm_empty_cache(gm_allocator *allocator);
  * mapping made so far and every later one (cuMemSetAccess for both devices, as PyTorch's expandable
  * segments do when torch enables peer access between two GPUs). The driver's peer access between the
  * devices (cuCtxEnablePeerAccess), which covers engine:segments' plain segments, is the caller's.
+ * Memory of other processes mapped before the call (gm_open_shared) stays reachable from this device
+ * only; what is mapped after reaches the peers too.
  * `peer` equal to the allocator's own device, or a peer enabled before: nothing to do.
  * GM_ERROR_INVALID_ARGUMENT for a negative peer or more than 16 peers; GM_ERROR_DEVICE when the driver
  * refuses (the devices cannot reach each other), and the peer is not recorded. */

@@ -146,6 +146,12 @@ static void bad_shares_are_refused(void)
     moved.offset = 4096; /* not from offset 0 */
     CHECK_STATUS(gm_open_shared(taker, getpid(), &moved, 1, &mapped), GM_ERROR_INVALID_ARGUMENT);
     CHECK_MESSAGE("back to back");
+    gm_shared_piece partial = view.pieces[0];
+    partial.size -= 4096; /* not whole pages */
+    CHECK_STATUS(gm_open_shared(taker, getpid(), &partial, 1, &mapped), GM_ERROR_INVALID_ARGUMENT);
+    gm_shared_piece unnamed = view.pieces[0];
+    unnamed.descriptor = -1;
+    CHECK_STATUS(gm_open_shared(taker, getpid(), &unnamed, 1, &mapped), GM_ERROR_INVALID_ARGUMENT);
     gm_shared_piece closed = view.pieces[0];
     closed.descriptor = 1000; /* no such descriptor here */
     CHECK_STATUS(gm_open_shared(taker, getpid(), &closed, 1, &mapped), GM_ERROR_INVALID_ARGUMENT);
