@@ -308,8 +308,10 @@ gm_status gm_take_descriptor(int process, int descriptor, int *mine_out)
     if (mine < 0)
         return gm_fail(error == ENOSYS ? GM_ERROR_NOT_SUPPORTED : error == EBADF ? GM_ERROR_INVALID_ARGUMENT : GM_ERROR_IO,
                        "cannot take descriptor %d of process %d (pidfd_getfd: %s%s)", descriptor, process,
-                       strerror(error), error == EPERM ? "; taking it needs the right to trace that process: the same "
-                                                         "user, and /proc/sys/kernel/yama/ptrace_scope 0 or that process a descendant of this one" : "");
+                       strerror(error),
+                       error == EPERM ? "; taking it needs the right to trace that process: the same user, and "
+                                        "/proc/sys/kernel/yama/ptrace_scope 0 or that process a descendant of this one"
+                                      : "");
     *mine_out = (int)mine;
     return GM_OK;
 }

@@ -123,12 +123,18 @@ gm_status pages_create_chunk(gm_arena *arena, gm_region *region, uintptr_t addre
     return status;
 }
 
+/* A released chunk's memory is gone: so is the descriptor gm_share exported for it, if any. */
+static void close_export(gm_arena *arena, const page_chunk *chunk)
+{
+    if (chunk->exported)
+        gm_backend_close_export(arena->backend, chunk->exported - 1);
+}
+
 /* The allocator goes: a failed release changes nothing more. */
 void pages_release_physical(gm_arena *arena, page_chunk *chunk)
 {
     gm_backend_physical_release(arena->backend, chunk->handle, chunk->size);
-    if (chunk->exported)
-        gm_backend_close_export(arena->backend, chunk->exported - 1);
+    close_export(arena, chunk);
     free(chunk);
 }
 
@@ -141,8 +147,7 @@ static bool release_now(gm_arena *arena, page_chunk *chunk, int pool)
     }
     if (gm_backend_physical_release(arena->backend, chunk->handle, chunk->size) != GM_OK)
         return false;
-    if (chunk->exported)
-        gm_backend_close_export(arena->backend, chunk->exported - 1);
+    close_export(arena, chunk);
     gm_count_reserved(arena, pool, -(int64_t)chunk->size, -1);
     arena->stats->num_device_free++;
     free(chunk);
