@@ -107,8 +107,8 @@ void *pointer_of(uint64_t address) { return reinterpret_cast<void *>(static_cast
 
 class GpumemAllocator final : public CUDAPluggableAllocator {
  public:
-  explicit GpumemAllocator(std::string config)
-      : CUDAPluggableAllocator(unused_alloc, unused_free), config_(std::move(config)) {}
+  GpumemAllocator(std::string config, c10::cuda::CUDACachingAllocator::CUDAAllocator *replaced)
+      : CUDAPluggableAllocator(unused_alloc, unused_free), config_(std::move(config)), replaced_(replaced) {}
 
   ~GpumemAllocator() override = default;
 
@@ -270,7 +270,8 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   }
 
   void recordStream(const c10::DataPtr &pointer, c10::cuda::CUDAStream stream) override {
-    if (!pointer.get())
+    // Memory gpumem did not hand out (a tensor received from another process) is not its to defer.
+    if (!pointer.get() || pointer.get_deleter() != &delete_pointer)
       return;
     // One device in use: its allocator, without asking each device's allocator whose pointer it is.
     gm_allocator *allocator = created_.load(std::memory_order_acquire) == 1 ? single_.load(std::memory_order_relaxed)
@@ -329,8 +330,8 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
       if (std::shared_ptr<void> alive = found->second.lock())
         return alive;
     gpumem_ipc::Share share;
-    TORCH_CHECK(gpumem_ipc::decode(handle, &share), "gpumem: this CUDA tensor was shared by a process that does not "
-                "use gpumem; under gpumem both processes must (GPUMEM_TORCH=1 is inherited by child processes)");
+    if (!gpumem_ipc::decode(handle, &share))
+      return replaced_ipc_pointer(handle);
     gm_allocator *allocator = of(current_device_index());
     void *pointer = nullptr;
     TORCH_CHECK(gm_open_shared(allocator, share.process, share.pieces.data(), share.pieces.size(), &pointer) == GM_OK,
@@ -344,6 +345,17 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     });
     opened_[handle] = mapped;
     return mapped;
+  }
+
+  // A handle of PyTorch's own allocator that gpumem does not map itself (memory of cudaMalloc): the
+  // allocator gpumem replaced opens it, made ready for that on first use.
+  std::shared_ptr<void> replaced_ipc_pointer(const std::string &handle) {
+    TORCH_CHECK(replaced_ && replaced_ != this, "gpumem: cannot open this CUDA IPC handle (",
+                handle.empty() ? 0 : static_cast<int>(static_cast<unsigned char>(handle[0])),
+                "): not gpumem's, and no other allocator to open it");
+    if (!replaced_->initialized())
+      replaced_->init(c10::cuda::device_count());
+    return replaced_->getIpcDevPtr(handle);
   }
 
   // A copy between devices without peer access: only cudaMemcpyPeerAsync handles memory that was not
@@ -734,6 +746,7 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   std::mutex pool_mutex_;
   std::vector<PoolFilter> pool_filters_;
   std::mutex ipc_mutex_;
+  c10::cuda::CUDACachingAllocator::CUDAAllocator *replaced_; // PyTorch's allocator, for its own IPC handles
   std::unordered_map<std::string, std::weak_ptr<void>> opened_; // handle -> memory another process shared
 };
 
@@ -746,7 +759,7 @@ void delete_pointer(void *pointer) {
 
 void install(const std::string &config) {
   TORCH_CHECK(!installed, "gpumem is already installed");
-  auto allocator = std::make_shared<GpumemAllocator>(config);
+  auto allocator = std::make_shared<GpumemAllocator>(config, c10::cuda::CUDACachingAllocator::get());
   torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
   installed = allocator;
 }

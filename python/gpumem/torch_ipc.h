@@ -1,12 +1,19 @@
-// torch_ipc.h -- the handle by which torch.multiprocessing sends a CUDA tensor of gpumem's to another
-// process (CUDA IPC): what the torch adapter's shareIpcHandle writes and its getIpcDevPtr reads.
+// torch_ipc.h -- the handle by which torch.multiprocessing sends a CUDA tensor to another process (CUDA
+// IPC): what the torch adapter's shareIpcHandle writes and its getIpcDevPtr reads.
 //
-// Native writes a cudaIpcMemHandle ('c') or, for expandable segments, file descriptors of equal-sized
-// pages ('e'). gpumem's memory is chunks of different sizes, so its handle is its own, marked 'g':
-// the sharing process's id, then each chunk under the allocation (gm_share) as its offset in the shared
-// range, its size and its file descriptor in that process. The receiver takes the descriptors with
-// pidfd_getfd and maps the chunks back to back (gm_open_shared). Both processes must use gpumem.
+// PyTorch's own allocator writes a version byte (2), then 'c' and a cudaIpcMemHandle_t (memory of
+// cudaMalloc), or 'e' and the pages of an expandable segment: a header {pid_t pid; size_t
+// segment_size; size_t num_handles}, zero padded, and one file descriptor (an int) of that process per
+// page, all pages segment_size bytes and back to back. gpumem's memory is chunks (gm_share). When every
+// chunk under an allocation has the same size -- a tensor inside one chunk, the common case -- gpumem
+// writes the 'e' form, so a process on PyTorch's allocator can map it; otherwise its own form, marked
+// 'g': the sharing process's id, then each chunk as its offset in the shared range, its size and its
+// descriptor, which only a process using gpumem reads. gpumem reads 'g' and the descriptor form of 'e'
+// itself (gm_open_shared maps the chunks back to back); any other handle ('c', or 'e' with fabric
+// handles) goes to the allocator gpumem replaced, which is PyTorch's and knows its own handles.
 #pragma once
+
+#include <sys/types.h>
 
 #include <cstdint>
 #include <cstring>
@@ -18,10 +25,19 @@
 namespace gpumem_ipc {
 
 constexpr char kMark = 'g';
+constexpr char kNativeVersion = 2;
+constexpr char kNativeSegment = 'e';
 
 struct Share {
   int32_t process = 0;
   std::vector<gm_shared_piece> pieces;
+};
+
+// PyTorch's header of an expandable segment's pages, as it writes it.
+struct NativeHeader {
+  pid_t pid;
+  size_t segment_size;
+  size_t num_handles;
 };
 
 template <typename T> void put(std::string &out, T value) {
@@ -36,7 +52,27 @@ template <typename T> bool take(const std::string &in, size_t &at, T *value) {
   return true;
 }
 
+// Pieces that PyTorch's 'e' form can carry: all the same size, back to back from 0.
+inline bool equal_pages(const std::vector<gm_shared_piece> &pieces) {
+  for (size_t i = 0; i < pieces.size(); i++)
+    if (pieces[i].size != pieces[0].size || pieces[i].offset != i * pieces[0].size)
+      return false;
+  return !pieces.empty();
+}
+
 inline std::string encode(int32_t process, const std::vector<gm_shared_piece> &pieces) {
+  if (equal_pages(pieces)) {
+    std::string out{kNativeVersion, kNativeSegment};
+    NativeHeader header;
+    std::memset(&header, 0, sizeof header); // the padding too: equal handles are equal strings
+    header.pid = process;
+    header.segment_size = pieces[0].size;
+    header.num_handles = pieces.size();
+    put(out, header);
+    for (const gm_shared_piece &piece : pieces)
+      put(out, static_cast<int>(piece.descriptor));
+    return out;
+  }
   std::string out(1, kMark);
   put(out, process);
   put(out, static_cast<uint32_t>(pieces.size()));
@@ -48,8 +84,28 @@ inline std::string encode(int32_t process, const std::vector<gm_shared_piece> &p
   return out;
 }
 
-// False for a handle that is not gpumem's or is cut short.
+// PyTorch's 'e' form with file descriptors (not fabric handles: those are 64 bytes each).
+inline bool decode_native_segment(const std::string &in, Share *share) {
+  size_t at = 2;
+  NativeHeader header;
+  if (in.size() < 2 || in[0] != kNativeVersion || in[1] != kNativeSegment || !take(in, at, &header) ||
+      header.segment_size == 0 || header.num_handles == 0 || header.num_handles > (in.size() - at) / sizeof(int) ||
+      in.size() - at != header.num_handles * sizeof(int))
+    return false;
+  share->process = header.pid;
+  share->pieces.resize(header.num_handles);
+  for (size_t i = 0; i < header.num_handles; i++) {
+    int descriptor = -1;
+    take(in, at, &descriptor);
+    share->pieces[i] = {i * header.segment_size, header.segment_size, descriptor};
+  }
+  return true;
+}
+
+// False for a handle that gpumem does not map itself, or one cut short.
 inline bool decode(const std::string &in, Share *share) {
+  if (decode_native_segment(in, share))
+    return true;
   size_t at = 1;
   uint32_t count = 0;
   if (in.empty() || in[0] != kMark || !take(in, at, &share->process) || !take(in, at, &count) ||
