@@ -92,6 +92,23 @@ GM_API gm_status gm_create(const char *config, gm_allocator **allocator_out);
  * `overrides` (may be NULL) applied on top. */
 GM_API gm_status gm_create_from_environment(const char *overrides, gm_allocator **allocator_out);
 
+/* Where an allocator's memory comes from when not from the device directly: a function that hands
+ * out `size` bytes of device memory (*address_out; GM_ERROR_OUT_OF_MEMORY, or any other status, when
+ * it cannot) and one that takes them back, both called with `context` and with the allocator's lock
+ * held (they must not call back into it). PyTorch's MemPool(allocator=...) is such a source. */
+typedef struct gm_segment_source {
+    gm_status (*allocate)(void *context, uint64_t size, void **address_out);
+    void (*free)(void *context, void *address, uint64_t size);
+    void *context;
+} gm_segment_source;
+
+/* An allocator (configured as by gm_create) whose memory comes from `source` in segments: the
+ * segments engine (engine:segments, PyTorch's caching rules) whatever the configuration says, each
+ * segment one allocate call, given back by empty_cache, a retry after out of memory, or gm_destroy.
+ * The backend still records its events. GM_ERROR_INVALID_ARGUMENT without both functions. */
+GM_API gm_status gm_create_with_source(const char *config, const gm_segment_source *source,
+                                       gm_allocator **allocator_out);
+
 /* Destroy an allocator and give all its memory back to the device. Live allocations die with it;
  * gm_destroy reports how many there were through the optional live_allocations_out. */
 GM_API void gm_destroy(gm_allocator *allocator, size_t *live_allocations_out);

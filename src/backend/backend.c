@@ -11,6 +11,7 @@
 #include "base/error.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -159,13 +160,37 @@ static bool injected_failure(gm_backend *backend, gm_device_call kind)
         return status_;                                                                                    \
     } while (0)
 
+/* A segment from the allocator's source (gm_create_with_source) when it has one. */
+static gm_status source_allocate(gm_backend *backend, uint64_t size, uintptr_t *address_out)
+{
+    void *address = NULL;
+    gm_status status = backend->source.allocate(backend->source.context, size, &address);
+    if (status == GM_OK && !address)
+        status = GM_ERROR_OUT_OF_MEMORY;
+    if (status != GM_OK)
+        return gm_fail(status == GM_ERROR_OUT_OF_MEMORY ? status : GM_ERROR_DEVICE,
+                       "the memory source could not give %" PRIu64 " bytes", size);
+    *address_out = (uintptr_t)address;
+    return GM_OK;
+}
+
+static gm_status source_free(gm_backend *backend, uintptr_t address, uint64_t size)
+{
+    backend->source.free(backend->source.context, (void *)address, size);
+    return GM_OK;
+}
+
 gm_status gm_backend_segment_allocate(gm_backend *backend, uint64_t size, uintptr_t *address_out)
 {
+    if (backend->source.allocate)
+        COUNTED_CALL(backend, GM_CALL_SEGMENT_ALLOCATE, size, source_allocate(backend, size, address_out));
     COUNTED_CALL(backend, GM_CALL_SEGMENT_ALLOCATE, size, backend->operations->segment_allocate(backend, size, address_out));
 }
 
 gm_status gm_backend_segment_free(gm_backend *backend, uintptr_t address, uint64_t size)
 {
+    if (backend->source.free)
+        COUNTED_CALL(backend, GM_CALL_SEGMENT_FREE, size, source_free(backend, address, size));
     COUNTED_CALL(backend, GM_CALL_SEGMENT_FREE, size, backend->operations->segment_free(backend, address, size));
 }
 

@@ -125,6 +125,7 @@ struct gm_backend {
     uint64_t fault_threshold;   /* a draw below it fails: fault_rate of 2^64 */
     uint64_t fault_state;       /* the draws' generator */
     int64_t faults_injected;    /* calls failed by the above (for the soak benchmark's report) */
+    gm_segment_source source;   /* segments come from here when source.allocate is set (gm_create_with_source) */
 };
 
 /* Open the backend named by config->name. On failure *backend_out is untouched and

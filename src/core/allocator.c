@@ -183,7 +183,8 @@ gm_status gm_publish_status(gm_allocator *allocator, char *path_out, size_t path
 
 /* ---------------------------------------------------------------- creation */
 
-static gm_status create_with_options(const gm_options *options, gm_allocator **allocator_out)
+static gm_status create_with_options(const gm_options *options, const gm_segment_source *source,
+                                     gm_allocator **allocator_out)
 {
     gm_allocator *allocator = calloc(1, sizeof *allocator);
     if (!allocator)
@@ -208,6 +209,11 @@ static gm_status create_with_options(const gm_options *options, gm_allocator **a
     allocator->arena.engine = options->engine == GM_ENGINE_PAGES ? &gm_page_engine : &gm_segment_engine;
     if (allocator->arena.engine == &gm_page_engine && !backend->supports_virtual_memory)
         allocator->arena.engine = &gm_segment_engine;
+    if (source) { /* the source's memory comes in segments: nothing to map */
+        backend->source = *source;
+        allocator->arena.engine = &gm_segment_engine;
+        allocator->options.engine = GM_ENGINE_SEGMENTS;
+    }
     allocator->arena.stats->device_total_bytes = backend->total_bytes;
     allocator->arena.stats->page_size = backend->page_size;
     if (!gm_hash_map_init(&allocator->live_blocks, 1024)) {
@@ -251,7 +257,20 @@ gm_status gm_create(const char *config, gm_allocator **allocator_out)
     gm_status status = gm_options_parse(&options, config);
     if (status != GM_OK)
         return status;
-    return create_with_options(&options, allocator_out);
+    return create_with_options(&options, NULL, allocator_out);
+}
+
+gm_status gm_create_with_source(const char *config, const gm_segment_source *source, gm_allocator **allocator_out)
+{
+    if (!allocator_out || !source || !source->allocate || !source->free)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_create_with_source: %s",
+                       !allocator_out ? "allocator_out is NULL" : "the source needs an allocate and a free function");
+    gm_options options;
+    gm_options_default(&options);
+    gm_status status = gm_options_parse(&options, config);
+    if (status != GM_OK)
+        return status;
+    return create_with_options(&options, source, allocator_out);
 }
 
 gm_status gm_create_from_environment(const char *overrides, gm_allocator **allocator_out)
@@ -269,7 +288,7 @@ gm_status gm_create_from_environment(const char *overrides, gm_allocator **alloc
     status = gm_options_parse(&options, overrides);
     if (status != GM_OK)
         return status;
-    return create_with_options(&options, allocator_out);
+    return create_with_options(&options, NULL, allocator_out);
 }
 
 /* ---------------------------------------------------------------- malloc */

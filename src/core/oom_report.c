@@ -313,6 +313,20 @@ static void remedy_host(void)
     gm_error_append("  3. If the limit is a cgroup's or a ulimit (RLIMIT_AS), raise it.\n");
 }
 
+/* Memory from a source of the caller's (gm_create_with_source): the source is the capacity. */
+static void explain_source(const gm_oom_facts *facts, byte_texts *t)
+{
+    gm_error_append("Cause: the memory source (the allocator this memory comes from, such as the one of a "
+                    "PyTorch MemPool) could not give %s more; everything cached was given back to it first.\n",
+                    bytes(t, facts->size));
+}
+
+static void remedy_source(void)
+{
+    gm_error_append("  1. Free tensors of this pool, or allocate fewer of them at a time.\n");
+    gm_error_append("  2. Give the source more memory (it decides how much it hands out).\n");
+}
+
 /* ---------------------------------------------------------------- the report */
 
 static void write_facts(gm_arena *arena, const gm_stats *stats, const gm_oom_facts *facts, const free_pieces *pieces,
@@ -349,7 +363,8 @@ void gm_write_oom_report(gm_arena *arena, gm_heap *heap, uint64_t size, const gm
     int pool = size <= arena->options->small_size ? GM_POOL_SMALL : GM_POOL_LARGE;
     free_pieces pieces = find_free_pieces(arena, heap, pool);
     uint64_t peak_live = (uint64_t)stats.allocated_bytes[GM_POOL_ALL].peak;
-    gm_oom_cause cause = gm_classify_oom(&facts);
+    bool from_source = arena->backend->source.allocate != NULL;
+    gm_oom_cause cause = from_source ? GM_OOM_CAUSE_CAPACITY : gm_classify_oom(&facts);
     last_cause = cause;
     arena->backend->host_memory_failed = false;
     gpu_processes processes = {.asked = false};
@@ -360,7 +375,8 @@ void gm_write_oom_report(gm_arena *arena, gm_heap *heap, uint64_t size, const gm
             "gpumem: out of memory. Tried to allocate %s (%" PRIu64 " bytes after rounding) on stream %" PRIuPTR
             " of %s device %d.\n", bytes(t, size), size, (uintptr_t)heap->stream, arena->backend->operations->name,
             arena->options->device);
-    switch (cause) {
+    switch (from_source ? -1 : (int)cause) {
+    case -1: explain_source(&facts, t); break;
     case GM_OOM_CAUSE_CAPACITY: explain_capacity(&facts, t); break;
     case GM_OOM_CAUSE_MEMORY_LIMIT: explain_limit(&facts, t); break;
     case GM_OOM_CAUSE_OTHER_PROCESSES: explain_other_processes(arena, &facts, &processes, t); break;
@@ -369,7 +385,8 @@ void gm_write_oom_report(gm_arena *arena, gm_heap *heap, uint64_t size, const gm
     }
     write_facts(arena, &stats, &facts, &pieces, attempts, t);
     gm_error_append("What to do, in order:\n");
-    switch (cause) {
+    switch (from_source ? -1 : (int)cause) {
+    case -1: remedy_source(); break;
     case GM_OOM_CAUSE_CAPACITY: remedy_capacity(&facts, peak_live, facts.device_total, t); break;
     case GM_OOM_CAUSE_MEMORY_LIMIT: remedy_limit(&facts, peak_live, t); break;
     case GM_OOM_CAUSE_OTHER_PROCESSES: remedy_other_processes(&facts, peak_live, t); break;

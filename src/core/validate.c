@@ -99,7 +99,7 @@ static gm_status validate_locked(gm_allocator *allocator)
         recomputed_array = gm_stats_array(&recomputed, i);
         status = compare_current(gm_stat_name(i), recorded_array, recomputed_array);
     }
-    if (status == GM_OK && allocator->exclusive_device) {
+    if (status == GM_OK && allocator->exclusive_device && !allocator->arena.backend->source.allocate) {
         uint64_t free_bytes = 0, total_bytes = 0;
         gm_backend_memory_info(allocator->arena.backend, &free_bytes, &total_bytes);
         uint64_t ours = total_bytes - free_bytes - allocator->arena.backend->used_elsewhere;
