@@ -1,29 +1,19 @@
 // torch_adapter.cpp -- gpumem as PyTorch's CUDA allocator.
 //
-// A subclass of PyTorch's CUDAPluggableAllocator that only translates: every call goes to one
-// gpumem allocator per device (created on first use in the device's primary context, configured by
-// GPUMEM_CONF plus the string given to install()). What torch.cuda users rely on works unchanged:
-//   - an allocation that does not fit raises torch.OutOfMemoryError carrying gpumem's report,
-//     instead of the null pointer that a plain pluggable allocator hands on;
-//   - memory_stats / memory_allocated / memory_reserved / max_* / memory_summary read gpumem's
-//     statistics (getDeviceStats), reset_peak_memory_stats and empty_cache reach gpumem;
-//   - torch.multiprocessing shares CUDA tensors between processes that both use gpumem (torch_ipc.h);
-//   - on two GPUs, torch's peer access (enablePeerAccess) reaches gpumem's mappings (gm_enable_peer_access),
-//     and copies between devices without it go through cudaMemcpyPeerAsync;
-//   - Tensor.record_stream maps to gm_record_stream, set_per_process_memory_fraction to a memory
-//     limit, and cacheInfo (which cuDNN uses to size workspaces) to gm_cache_info.
-//   - torch.profiler(profile_memory=True) sees every allocation and free, as with the native allocator;
-//   - torch.cuda.memory._record_memory_history / _snapshot / _dump_snapshot (and so memory_viz) read
-//     gpumem's regions and history ring (gm_snapshot_take, gm_set_history); the adapter keeps only the
-//     Python stacks torch's context recorder gathers, in a ring as long as the history, each found
-//     through the tag gpumem stores with every event.
-//   - CUDA graphs (torch.cuda.graph, make_graphed_callables, torch.compile's cudagraphs) and
-//     torch.cuda.MemPool get gpumem's private pools: beginAllocateToPool / endAllocateToPool /
-//     createOrIncrefPool / releasePool / getPoolUseCount map to gm_begin_allocate_to_pool and its
-//     kin; torch's stream filter (which streams belong to the capture) is called by gpumem.
-//     torch.compile's cudagraph trees check a pool's live blocks (checkPoolLiveAllocations) and take and
-//     restore checkpoints of it (getCheckpointState / setCheckpointPoolState: gm_get_pool_allocations,
-//     gm_pool_allocate_at).
+// A subclass of PyTorch's CUDAPluggableAllocator that only translates: every call goes to one gpumem
+// allocator per device (created on first use in the device's primary context, configured by GPUMEM_CONF
+// plus the string given to install()). What torch.cuda users rely on works unchanged:
+//   - an allocation that does not fit raises torch.OutOfMemoryError with gpumem's report; memory_stats,
+//     memory_summary, reset_peak_memory_stats, empty_cache, set_per_process_memory_fraction (a memory
+//     limit), record_stream and cacheInfo (cuDNN's workspace sizing) reach gpumem;
+//   - torch.multiprocessing shares CUDA tensors with other processes (torch_ipc.h); on two GPUs, torch's
+//     peer access reaches gpumem's mappings (gm_enable_peer_access);
+//   - the profiler's memory events, and _record_memory_history / _snapshot (memory_viz): gpumem's
+//     regions and history ring, with the Python stacks torch gathers kept here, found by event tags;
+//   - CUDA graphs, torch.compile's cudagraph trees and torch.cuda.MemPool get gpumem's private pools
+//     (gm_begin_allocate_to_pool and its kin; checkpoints through gm_get_pool_allocations and
+//     gm_pool_allocate_at); a MemPool with an allocator of its own gets memory from it
+//     (torch_pool_sources.h).
 // Compiled on first use by gpumem.torch (torch.utils.cpp_extension) against the installed torch.
 
 #include <torch/extension.h>
@@ -49,6 +39,7 @@
 
 #include "gpumem.h"
 #include "torch_ipc.h"
+#include "torch_pool_sources.h"
 
 #include <unistd.h>
 
@@ -150,11 +141,14 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     bool recording = history_enabled_.load(std::memory_order_relaxed);
     if (recording)
       begin_call(true);
-    gm_status status = gm_malloc(of(device), size, reinterpret_cast<gm_stream>(stream), &pointer);
+    gm_allocator *allocator = sourced_.route(device, stream); // a MemPool with an allocator of its own
+    if (!allocator)
+      allocator = of(device);
+    gm_status status = gm_malloc(allocator, size, reinterpret_cast<gm_stream>(stream), &pointer);
     if (recording)
       end_call(pointer, true);
     if (status == GM_OK && c10::memoryProfilingEnabled())
-      report_to_profiler(of(device), pointer, device, 1);
+      report_to_profiler(allocator, pointer, device, 1);
     if (status == GM_ERROR_OUT_OF_MEMORY)
       TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory (gpumem). ", gm_last_error());
     TORCH_CHECK(status == GM_OK, "gpumem: ", gm_last_error());
@@ -178,6 +172,8 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   // The allocator of a pointer being freed or shared: with one device in use (the common case) its
   // allocator, without a lookup first.
   gm_allocator *owner_of_live(const void *pointer) {
+    if (gm_allocator *pool = sourced_.owner(pointer))
+      return pool;
     return created_.load(std::memory_order_acquire) == 1 ? single_.load(std::memory_order_relaxed) : owner_of(pointer);
   }
 
@@ -206,6 +202,8 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
       end_call(pointer, false);
     if (status != GM_OK)
       TORCH_WARN("gpumem: ", gm_last_error());
+    else if (sourced_.any())
+      sourced_.after_free(allocator);
   }
 
   // The device whose allocator owns `pointer` (the current device if none does).
@@ -261,6 +259,7 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     for (auto &slot : allocators_)
       if (gm_allocator *allocator = slot.load(std::memory_order_acquire))
         gm_empty_cache(allocator);
+    sourced_.empty_cache();
   }
 
   void cacheInfo(c10::DeviceIndex device, size_t *largest_block) override {
@@ -273,9 +272,8 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     // Memory gpumem did not hand out (a tensor received from another process) is not its to defer.
     if (!pointer.get() || pointer.get_deleter() != &delete_pointer)
       return;
-    // One device in use: its allocator, without asking each device's allocator whose pointer it is.
-    gm_allocator *allocator = created_.load(std::memory_order_acquire) == 1 ? single_.load(std::memory_order_relaxed)
-                                                                            : of(device_of(pointer.get()));
+    gm_allocator *allocator = owner_of_live(pointer.get());
+    TORCH_CHECK(allocator, "gpumem: ", pointer.get(), " is not a live allocation");
     gm_status status = gm_record_stream(allocator, pointer.get(), reinterpret_cast<gm_stream>(stream.stream()));
     TORCH_CHECK(status == GM_OK, "gpumem: ", gm_last_error());
   }
@@ -370,6 +368,7 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
     gm_stats stats;
     gm_get_stats(of(device), &stats);
+    sourced_.add_statistics(device, stats); // MemPools with allocators of their own
     c10::CachingDeviceAllocator::DeviceStats result;
     // Every statistic of gpumem.h's lists that torch has (origin TORCH), under the same name; gpumem's
     // own (origin GPUMEM) are read through gpumem.torch.allocator().memory_stats().
@@ -391,6 +390,8 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   // Private pools. The filters live here, in the order their routes were begun, as gpumem keeps them:
   // ending a pool removes the first route of that pool there and the first filter of it here.
   void beginAllocateToPool(c10::DeviceIndex device, c10::cuda::MempoolId_t id, StreamFilter filter) override {
+    if (sourced_.has(device, id))
+      return sourced_.begin_routing(device, id, std::move(filter));
     gm_allocator *allocator = of(device);
     auto owned = std::make_shared<StreamFilter>(std::move(filter));
     {
@@ -405,18 +406,24 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   }
 
   void endAllocateToPool(c10::DeviceIndex device, c10::cuda::MempoolId_t id) override {
+    if (sourced_.has(device, id))
+      return sourced_.end_routing(device, id);
     gm_status status = gm_end_allocate_to_pool(of(device), pool_of(id));
     drop_filter(device, id);
     TORCH_CHECK(status == GM_OK, "gpumem: ", gm_last_error());
   }
 
   void createOrIncrefPool(c10::DeviceIndex device, c10::cuda::MempoolId_t id,
-                          std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator>) override {
+                          std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> source) override {
+    if ((source && source.get() != this) || sourced_.has(device, id))
+      return sourced_.add_user(device, id, std::move(source));
     TORCH_CHECK(gm_retain_pool(of(device), pool_of(id)) == GM_OK, "gpumem: ", gm_last_error());
   }
 
   // Called from destructors (a graph's, a MemPool's): warns, never throws.
   void releasePool(c10::DeviceIndex device, c10::cuda::MempoolId_t id) override {
+    if (sourced_.has(device, id))
+      return sourced_.release(device, id);
     if (gm_release_pool(of(device), pool_of(id)) != GM_OK)
       TORCH_WARN("gpumem: ", gm_last_error());
   }
@@ -443,6 +450,8 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   }
 
   int getPoolUseCount(c10::DeviceIndex device, c10::cuda::MempoolId_t id) override {
+    if (sourced_.has(device, id))
+      return sourced_.users(device, id);
     gm_pool_info info;
     return gm_get_pool_info(of(device), pool_of(id), &info) == GM_OK ? static_cast<int>(info.users) : 0;
   }
@@ -533,6 +542,8 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
         continue;
       devices = device + 1;
       add_segments(allocator, static_cast<c10::DeviceIndex>(device), result);
+      sourced_.for_each(static_cast<c10::DeviceIndex>(device),
+                        [&](gm_allocator *pool) { add_segments(pool, static_cast<c10::DeviceIndex>(device), result); });
       if (include_traces && history_capacity_)
         add_trace(allocator, static_cast<c10::DeviceIndex>(device), result.device_traces[device]);
     }
@@ -745,6 +756,7 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   std::mutex create_mutex_;
   std::mutex pool_mutex_;
   std::vector<PoolFilter> pool_filters_;
+  gpumem_pools::SourcedPools sourced_; // MemPools with an allocator of their own (torch_pool_sources.h)
   std::mutex ipc_mutex_;
   c10::cuda::CUDACachingAllocator::CUDAAllocator *replaced_; // PyTorch's allocator, for its own IPC handles
   std::unordered_map<std::string, std::weak_ptr<void>> opened_; // handle -> memory another process shared

@@ -1,0 +1,235 @@
+// torch_pool_sources.h -- MemPools whose memory comes from an allocator of their own
+// (torch.cuda.MemPool(allocator=...)), under gpumem.
+//
+// PyTorch lets a memory pool take its memory from another allocator, a CUDAPluggableAllocator: NCCL's
+// ncclMemAlloc for buffers registered with NCCL, or an allocator that can release and restore its
+// memory on demand (vLLM's sleep mode). The pool's caching allocator still caches that memory in
+// segments, and only allocations routed to the pool (use_mem_pool) use it. gpumem does the same with a
+// gm_allocator per such pool whose segments come from the pool's allocator (gm_create_with_source, the
+// segments engine): its allocations are routed here before the device's allocator is asked, its
+// statistics and segments are added to the device's, empty_cache gives its cached segments back to
+// that allocator, and once PyTorch releases the pool and no allocation of it is left, it is destroyed.
+#pragma once
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <atomic>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "gpumem.h"
+
+namespace gpumem_pools {
+
+using c10::cuda::CUDACachingAllocator::CUDAAllocator;
+using Filter = std::function<bool(cudaStream_t)>;
+
+struct SourcedPool {
+  c10::DeviceIndex device;
+  c10::cuda::MempoolId_t id;
+  std::shared_ptr<CUDAAllocator> source;
+  gm_allocator *allocator = nullptr;
+  int users = 0;
+};
+
+// The pool's allocator hands out a segment, on the pool's device. Called with gpumem's lock held.
+inline gm_status allocate_from(void *context, uint64_t size, void **address_out) {
+  auto *pool = static_cast<SourcedPool *>(context);
+  try {
+    c10::cuda::CUDAGuard guard(pool->device);
+    *address_out = pool->source->raw_alloc(size);
+    return *address_out ? GM_OK : GM_ERROR_OUT_OF_MEMORY;
+  } catch (const c10::OutOfMemoryError &) {
+    return GM_ERROR_OUT_OF_MEMORY;
+  } catch (const std::exception &) {
+    return GM_ERROR_DEVICE;
+  }
+}
+
+inline void give_back_to(void *context, void *address, uint64_t /*size*/) {
+  auto *pool = static_cast<SourcedPool *>(context);
+  try {
+    c10::cuda::CUDAGuard guard(pool->device);
+    pool->source->raw_delete(address);
+  } catch (const std::exception &error) {
+    TORCH_WARN("gpumem: the memory pool's allocator could not take back a segment: ", error.what());
+  }
+}
+
+class SourcedPools {
+ public:
+  // A user of pool `id` (createOrIncrefPool with an allocator); its gm_allocator is made with the first.
+  void add_user(c10::DeviceIndex device, c10::cuda::MempoolId_t id, std::shared_ptr<CUDAAllocator> source) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    SourcedPool *pool = find(device, id);
+    if (!pool) {
+      pools_.push_back(SourcedPool{device, id, std::move(source)});
+      pool = &pools_.back();
+      gm_segment_source from = {allocate_from, give_back_to, pool};
+      std::string config = "backend:cuda,publish:false,device:" + std::to_string(device);
+      if (gm_create_with_source(config.c_str(), &from, &pool->allocator) != GM_OK) {
+        std::string reason = gm_last_error();
+        pools_.pop_back();
+        TORCH_CHECK(false, "gpumem: cannot make the memory pool with its own allocator: ", reason);
+      }
+      count_.fetch_add(1, std::memory_order_release);
+    }
+    pool->users++;
+  }
+
+  bool any() const { return count_.load(std::memory_order_acquire) != 0; }
+
+  bool has(c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
+    if (!count_.load(std::memory_order_acquire))
+      return false;
+    std::lock_guard<std::mutex> guard(mutex_);
+    return find(device, id) != nullptr;
+  }
+
+  int users(c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    SourcedPool *pool = find(device, id);
+    return pool ? pool->users : 0;
+  }
+
+  // Allocations on the streams `filter` accepts go to the pool until end_routing (use_mem_pool).
+  void begin_routing(c10::DeviceIndex device, c10::cuda::MempoolId_t id, Filter filter) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    routes_.push_back(Route{find(device, id), std::move(filter)});
+    routing_.store(static_cast<int>(routes_.size()), std::memory_order_release);
+  }
+
+  void end_routing(c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    for (auto route = routes_.begin(); route != routes_.end(); ++route)
+      if (route->pool->device == device && route->pool->id == id) {
+        routes_.erase(route);
+        break;
+      }
+    routing_.store(static_cast<int>(routes_.size()), std::memory_order_release);
+  }
+
+  // The allocator of the latest route that takes an allocation on `stream`; NULL (at the cost of one
+  // atomic load) when no pool of this kind is being allocated to.
+  gm_allocator *route(c10::DeviceIndex device, cudaStream_t stream) {
+    if (!routing_.load(std::memory_order_acquire))
+      return nullptr;
+    std::lock_guard<std::mutex> guard(mutex_);
+    for (auto route = routes_.rbegin(); route != routes_.rend(); ++route)
+      if (route->pool->device == device && (!route->filter || route->filter(stream)))
+        return route->pool->allocator;
+    return nullptr;
+  }
+
+  // The pool allocator that owns `pointer`; NULL when there is none.
+  gm_allocator *owner(const void *pointer) {
+    if (!count_.load(std::memory_order_acquire))
+      return nullptr;
+    std::lock_guard<std::mutex> guard(mutex_);
+    for (SourcedPool &pool : pools_)
+      if (gm_owns(pool.allocator, pointer))
+        return pool.allocator;
+    return nullptr;
+  }
+
+  // PyTorch is done with one user of the pool (a MemPool's destructor).
+  void release(c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    if (SourcedPool *pool = find(device, id))
+      pool->users--;
+    sweep();
+  }
+
+  // empty_cache: every pool's cached segments go back to its allocator.
+  void empty_cache() {
+    std::lock_guard<std::mutex> guard(mutex_);
+    for (SourcedPool &pool : pools_)
+      gm_empty_cache(pool.allocator);
+    sweep();
+  }
+
+  // A freed allocation may have been a released pool's last.
+  void after_free(gm_allocator *allocator) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    bool released = false;
+    for (const SourcedPool &pool : pools_)
+      released = released || (pool.allocator == allocator && pool.users <= 0);
+    if (released)
+      sweep();
+  }
+
+  template <typename Visit> void for_each(c10::DeviceIndex device, Visit visit) {
+    if (!count_.load(std::memory_order_acquire))
+      return;
+    std::lock_guard<std::mutex> guard(mutex_);
+    for (SourcedPool &pool : pools_)
+      if (pool.device == device)
+        visit(pool.allocator);
+  }
+
+  // The pools' statistics on `device` added to the device allocator's `stats`.
+  void add_statistics(c10::DeviceIndex device, gm_stats &stats) {
+    for_each(device, [&stats](gm_allocator *allocator) {
+      gm_stats more;
+      if (gm_get_stats(allocator, &more) != GM_OK)
+        return;
+#define GPUMEM_ADD_STATISTIC(field, label, unit, origin)                                                              \
+  for (int kind = 0; kind < GM_POOL_COUNT; kind++) {                                                                  \
+    stats.field[kind].current += more.field[kind].current;                                                            \
+    stats.field[kind].peak += more.field[kind].peak;                                                                  \
+    stats.field[kind].allocated += more.field[kind].allocated;                                                        \
+    stats.field[kind].freed += more.field[kind].freed;                                                                \
+  }
+      GM_POOL_STATISTICS(GPUMEM_ADD_STATISTIC)
+#undef GPUMEM_ADD_STATISTIC
+#define GPUMEM_ADD_COUNTER(field, label, origin) stats.field += more.field;
+      GM_COUNTERS(GPUMEM_ADD_COUNTER)
+#undef GPUMEM_ADD_COUNTER
+    });
+  }
+
+ private:
+  struct Route {
+    SourcedPool *pool;
+    Filter filter;
+  };
+
+  SourcedPool *find(c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
+    for (SourcedPool &pool : pools_)
+      if (pool.device == device && pool.id == id)
+        return &pool;
+    return nullptr;
+  }
+
+  // Pools PyTorch released whose allocations are all freed: their memory goes back, they go.
+  void sweep() {
+    for (auto pool = pools_.begin(); pool != pools_.end();) {
+      gm_stats stats;
+      bool unused = pool->users <= 0 && gm_get_stats(pool->allocator, &stats) == GM_OK &&
+                    stats.allocation[GM_POOL_ALL].current == 0;
+      bool routed = false;
+      for (const Route &route : routes_)
+        routed = routed || route.pool == &*pool;
+      if (!unused || routed) {
+        ++pool;
+        continue;
+      }
+      gm_destroy(pool->allocator, nullptr);
+      pool = pools_.erase(pool);
+      count_.fetch_sub(1, std::memory_order_release);
+    }
+  }
+
+  std::mutex mutex_;
+  std::list<SourcedPool> pools_; // a list: the allocators' sources point at their element
+  std::vector<Route> routes_;
+  std::atomic<int> routing_{0};
+  std::atomic<int> count_{0};
+};
+
+} // namespace gpumem_pools
