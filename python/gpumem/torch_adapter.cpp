@@ -200,10 +200,11 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     }
     if (recording)
       end_call(pointer, false);
-    if (status != GM_OK)
+    if (status != GM_OK) {
       TORCH_WARN("gpumem: ", gm_last_error());
-    else if (sourced_.any())
+    } else if (sourced_.any()) {
       sourced_.after_free(allocator);
+    }
   }
 
   // The device whose allocator owns `pointer` (the current device if none does).
