@@ -169,18 +169,22 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     return nullptr;
   }
 
-  // The allocator of a pointer being freed or shared: with one device in use (the common case) its
-  // allocator, without a lookup first.
+  // The allocator of a pointer being freed or shared: a MemPool's with an allocator of its own, else with
+  // one device in use (the common case) its allocator, without a lookup first.
   gm_allocator *owner_of_live(const void *pointer) {
-    if (gm_allocator *pool = sourced_.owner(pointer))
-      return pool;
+    gm_allocator *pool = sourced_.owner(pointer);
+    return pool ? pool : owner_of_device_memory(pointer);
+  }
+
+  gm_allocator *owner_of_device_memory(const void *pointer) {
     return created_.load(std::memory_order_acquire) == 1 ? single_.load(std::memory_order_relaxed) : owner_of(pointer);
   }
 
   void free_pointer(void *pointer) {
     if (!pointer)
       return;
-    gm_allocator *allocator = owner_of_live(pointer);
+    gm_allocator *pool = sourced_.owner(pointer);
+    gm_allocator *allocator = pool ? pool : owner_of_device_memory(pointer);
     if (!allocator) {
       TORCH_WARN("gpumem: free of ", pointer, ", which no device allocator owns");
       return;
@@ -202,16 +206,9 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
       end_call(pointer, false);
     if (status != GM_OK) {
       TORCH_WARN("gpumem: ", gm_last_error());
-    } else if (sourced_.any()) {
-      sourced_.after_free(allocator);
+    } else if (pool) {
+      sourced_.after_free(pool);
     }
-  }
-
-  // The device whose allocator owns `pointer` (the current device if none does).
-  c10::DeviceIndex device_of(void *pointer) {
-    c10::DeviceIndex device = current_device_index();
-    owner_of(pointer, &device);
-    return device;
   }
 
   c10::DataPtr allocate(size_t size) override {

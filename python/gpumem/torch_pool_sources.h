@@ -82,8 +82,6 @@ class SourcedPools {
     pool->users++;
   }
 
-  bool any() const { return count_.load(std::memory_order_acquire) != 0; }
-
   bool has(c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
     if (!count_.load(std::memory_order_acquire))
       return false;

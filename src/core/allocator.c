@@ -248,16 +248,22 @@ static gm_status create_with_options(const gm_options *options, const gm_segment
     return GM_OK;
 }
 
-gm_status gm_create(const char *config, gm_allocator **allocator_out)
+/* The defaults, then `config`'s keys. */
+static gm_status create_from_config(const char *config, const gm_segment_source *source, gm_allocator **allocator_out)
 {
-    if (!allocator_out)
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_create: allocator_out is NULL");
     gm_options options;
     gm_options_default(&options);
     gm_status status = gm_options_parse(&options, config);
     if (status != GM_OK)
         return status;
-    return create_with_options(&options, NULL, allocator_out);
+    return create_with_options(&options, source, allocator_out);
+}
+
+gm_status gm_create(const char *config, gm_allocator **allocator_out)
+{
+    if (!allocator_out)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_create: allocator_out is NULL");
+    return create_from_config(config, NULL, allocator_out);
 }
 
 gm_status gm_create_with_source(const char *config, const gm_segment_source *source, gm_allocator **allocator_out)
@@ -265,12 +271,7 @@ gm_status gm_create_with_source(const char *config, const gm_segment_source *sou
     if (!allocator_out || !source || !source->allocate || !source->free)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_create_with_source: %s",
                        !allocator_out ? "allocator_out is NULL" : "the source needs an allocate and a free function");
-    gm_options options;
-    gm_options_default(&options);
-    gm_status status = gm_options_parse(&options, config);
-    if (status != GM_OK)
-        return status;
-    return create_with_options(&options, source, allocator_out);
+    return create_from_config(config, source, allocator_out);
 }
 
 gm_status gm_create_from_environment(const char *overrides, gm_allocator **allocator_out)

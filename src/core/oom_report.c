@@ -375,8 +375,9 @@ void gm_write_oom_report(gm_arena *arena, gm_heap *heap, uint64_t size, const gm
             "gpumem: out of memory. Tried to allocate %s (%" PRIu64 " bytes after rounding) on stream %" PRIuPTR
             " of %s device %d.\n", bytes(t, size), size, (uintptr_t)heap->stream, arena->backend->operations->name,
             arena->options->device);
-    switch (from_source ? -1 : (int)cause) {
-    case -1: explain_source(&facts, t); break;
+    if (from_source)
+        explain_source(&facts, t);
+    else switch (cause) {
     case GM_OOM_CAUSE_CAPACITY: explain_capacity(&facts, t); break;
     case GM_OOM_CAUSE_MEMORY_LIMIT: explain_limit(&facts, t); break;
     case GM_OOM_CAUSE_OTHER_PROCESSES: explain_other_processes(arena, &facts, &processes, t); break;
@@ -385,8 +386,9 @@ void gm_write_oom_report(gm_arena *arena, gm_heap *heap, uint64_t size, const gm
     }
     write_facts(arena, &stats, &facts, &pieces, attempts, t);
     gm_error_append("What to do, in order:\n");
-    switch (from_source ? -1 : (int)cause) {
-    case -1: remedy_source(); break;
+    if (from_source)
+        remedy_source();
+    else switch (cause) {
     case GM_OOM_CAUSE_CAPACITY: remedy_capacity(&facts, peak_live, facts.device_total, t); break;
     case GM_OOM_CAUSE_MEMORY_LIMIT: remedy_limit(&facts, peak_live, t); break;
     case GM_OOM_CAUSE_OTHER_PROCESSES: remedy_other_processes(&facts, peak_live, t); break;
