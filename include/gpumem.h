@@ -461,6 +461,7 @@ typedef struct gm_snapshot_region {
     gm_stream stream;
     int pool;              /* GM_POOL_SMALL or GM_POOL_LARGE */
     int growth_lane;       /* 1 for a region of the pages engine's growth lane */
+    gm_pool_id private_pool; /* the private pool whose region it is ({0, 0}: the stream's memory) */
     size_t first_block;
     size_t block_count;
 } gm_snapshot_region;
@@ -507,6 +508,7 @@ typedef struct gm_event {
     gm_stream stream;
     uint64_t tag;     /* what the tagger returned (0 without one) */
     gm_event_kind kind;
+    gm_pool_id pool;  /* the private pool whose block or memory it is ({0, 0}: none) */
 } gm_event;
 
 /* "alloc", "free_requested", "free_completed", "segment_map", "segment_unmap", "oom", "pressure_high",
@@ -526,8 +528,17 @@ GM_API gm_status gm_history_read(gm_allocator *allocator, gm_event *events, size
 GM_API gm_status gm_set_history(gm_allocator *allocator, size_t capacity);
 
 /* A callback called (under the allocator's lock, so it must not call gpumem) for every event, whose
- * result becomes the event's tag -- for an adapter that records stack ids. NULL removes it. */
+ * result becomes the event's tag -- for an adapter that records stack ids. NULL removes it.
+ * GM_ERROR_NOT_SUPPORTED when the allocator keeps no history and has no observer. */
 GM_API gm_status gm_set_history_tagger(gm_allocator *allocator, uint64_t (*tagger)(void *context), void *context);
+
+/* A callback called with every event as it happens, whether or not history is kept: on the thread
+ * whose call caused it, under the allocator's lock (it must not call gpumem), a segment_unmap before
+ * the memory is unmapped (a device that then refuses the unmap is followed by a segment_map of the
+ * same memory). For PyTorch's allocator trace trackers, through which NCCL registers and deregisters
+ * memory. One per allocator; NULL removes it. */
+typedef void (*gm_event_observer)(const gm_event *event, void *context);
+GM_API gm_status gm_set_event_observer(gm_allocator *allocator, gm_event_observer observer, void *context);
 
 /* A snapshot, or the history, as JSON (docs/formats.md): a string to release with gm_json_free. */
 GM_API gm_status gm_snapshot_json(const gm_snapshot *snapshot, char **json_out);

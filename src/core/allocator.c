@@ -344,7 +344,8 @@ __attribute__((noinline, cold)) static gm_status allocate_after_failure(gm_alloc
     if (status == GM_ERROR_OUT_OF_MEMORY) {
         allocator->arena.stats->num_ooms++;
         gm_write_oom_report(&allocator->arena, heap, size, &attempts);
-        gm_history_record(allocator->arena.history, GM_EVENT_OOM, 0, size, heap->stream);
+        gm_history_record(allocator->arena.history, GM_EVENT_OOM, 0, size, heap->stream,
+                          gm_heap_pool_id(heap));
     }
     return status;
 }
@@ -375,7 +376,8 @@ void gm_count_new_allocation_locked(gm_allocator *allocator, gm_heap *heap, gm_b
     count_allocation(allocator, block, 1);
     gm_stat_change(allocator->arena.stats->active, block->pool, 1);
     gm_stat_change(allocator->arena.stats->active_bytes, block->pool, (int64_t)block->size);
-    gm_history_record(allocator->arena.history, GM_EVENT_ALLOC, block->address, requested, stream);
+    gm_history_record(allocator->arena.history, GM_EVENT_ALLOC, block->address, requested, stream,
+                      gm_heap_pool_id(block->heap));
     heap->live_blocks++;
     heap->last_used = ++allocator->arena.clock;
     if (heap->private_pool)
@@ -391,7 +393,7 @@ __attribute__((noinline, cold)) static gm_status refuse_impossible_request(gm_al
     begin_change(allocator);
     allocator->arena.stats->num_ooms++;
     gm_write_impossible_request_report(&allocator->arena, stream, size, GM_MAX_REQUEST);
-    gm_history_record(allocator->arena.history, GM_EVENT_OOM, 0, size, stream);
+    gm_history_record(allocator->arena.history, GM_EVENT_OOM, 0, size, stream, GM_NO_POOL);
     end_change(allocator);
     pthread_mutex_unlock(&allocator->lock);
     return GM_ERROR_OUT_OF_MEMORY;
@@ -480,7 +482,7 @@ gm_status gm_free(gm_allocator *allocator, void *pointer)
     count_allocation(allocator, block, -1);
     block->state = GM_BLOCK_PENDING;
     gm_history_record(allocator->arena.history, GM_EVENT_FREE_REQUESTED, block->address, block->requested,
-                      block->heap->stream);
+                      block->heap->stream, gm_heap_pool_id(block->heap));
     gm_status deferred = GM_OK;
     for (uint32_t i = 0; i < block->recorded_count && deferred == GM_OK && !held; i++)
         deferred = gm_defer_free_locked(allocator, block, gm_recorded_stream(block, i));

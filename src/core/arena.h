@@ -143,6 +143,12 @@ static inline bool gm_heap_memory_available(const gm_heap *heap, const gm_heap *
     return !pool || pool->users == 0 || (requester && requester->private_pool == pool);
 }
 
+/* The name of the private pool `heap` belongs to ({0, 0}: none), for events. */
+static inline gm_pool_id gm_heap_pool_id(const gm_heap *heap)
+{
+    return heap && heap->private_pool ? heap->private_pool->id : (gm_pool_id){0, 0};
+}
+
 /* The heap's size index for a pool. */
 static inline gm_size_index *gm_heap_index(gm_heap *heap, int pool)
 {

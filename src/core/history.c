@@ -11,8 +11,8 @@ gm_history *gm_history_create(size_t capacity)
     gm_history *history = calloc(1, sizeof *history);
     if (!history)
         return NULL;
-    history->events = calloc(capacity, sizeof *history->events);
-    if (!history->events) {
+    history->events = capacity ? calloc(capacity, sizeof *history->events) : NULL;
+    if (capacity && !history->events) {
         free(history);
         return NULL;
     }
@@ -35,16 +35,26 @@ static uint64_t monotonic_ns(void)
     return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
 }
 
-void gm_history_add(gm_history *history, gm_event_kind kind, uint64_t address, uint64_t size, gm_stream stream)
+void gm_history_add(gm_history *history, gm_event_kind kind, uint64_t address, uint64_t size, gm_stream stream,
+                    gm_pool_id pool)
 {
-    gm_event *event = &history->events[history->recorded++ % history->capacity];
-    *event = (gm_event){.time_ns = monotonic_ns(), .address = address, .size = size, .stream = stream,
-                        .tag = history->tagger ? history->tagger(history->tagger_context) : 0, .kind = kind};
+    gm_event event = {.time_ns = monotonic_ns(), .address = address, .size = size, .stream = stream,
+                      .tag = history->tagger ? history->tagger(history->tagger_context) : 0, .kind = kind,
+                      .pool = pool};
+    if (history->capacity)
+        history->events[history->recorded++ % history->capacity] = event;
+    if (history->observer)
+        history->observer(&event, history->observer_context);
 }
 
 void gm_history_copy(const gm_history *history, gm_event *events, size_t capacity, size_t *count_out,
                      uint64_t *dropped_out)
 {
+    if (!history->capacity) {
+        *count_out = 0;
+        *dropped_out = 0;
+        return;
+    }
     uint64_t held = history->recorded < history->capacity ? history->recorded : history->capacity;
     uint64_t first = history->recorded - held;
     size_t count = !events || held < capacity ? (size_t)held : capacity;

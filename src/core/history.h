@@ -1,12 +1,15 @@
 /*
- * history.h -- the history ring: the allocator's last N events, for memory_viz-style timelines.
+ * history.h -- the history ring: the allocator's last N events, for memory_viz-style timelines, and
+ * the event observer that sees each event as it happens.
  *
- * Off by default (GPUMEM_CONF history:0): the arena then holds no ring and every recording site costs
- * one predictable branch on a NULL pointer. With history:N the ring keeps the newest N events
+ * Off by default (GPUMEM_CONF history:0): the arena then holds no history and every recording site
+ * costs one predictable branch on a NULL pointer. With history:N the ring keeps the newest N events
  * (allocations, frees requested and completed, segments or chunks mapped and unmapped, out-of-memory
- * failures), each with a monotonic timestamp, address, size, stream and the caller's tag (a callback
- * an adapter sets, to attach a stack id). The ring is allocated once, at creation: recording
- * allocates nothing.
+ * failures), each with a monotonic timestamp, address, size, stream, private pool and the caller's tag
+ * (a callback an adapter sets, to attach a stack id). The ring is allocated once, at creation:
+ * recording allocates nothing. An observer (gm_set_event_observer: PyTorch's allocator trace trackers,
+ * through which NCCL registers memory) is called with every event, with or without a ring; the history
+ * then exists with a capacity of 0.
  */
 #ifndef GM_HISTORY_H
 #define GM_HISTORY_H
@@ -25,21 +28,27 @@ typedef struct gm_history {
     uint64_t recorded; /* events ever recorded; the ring holds the last min(recorded, capacity) */
     uint64_t (*tagger)(void *context);
     void *tagger_context;
+    gm_event_observer observer;
+    void *observer_context;
 } gm_history;
 
-/* A ring of `capacity` events; NULL without host memory. */
+/* A ring of `capacity` events (0: no ring, for an observer alone); NULL without host memory. */
 gm_history *gm_history_create(size_t capacity);
 void gm_history_destroy(gm_history *history);
 
-void gm_history_add(gm_history *history, gm_event_kind kind, uint64_t address, uint64_t size, gm_stream stream);
+void gm_history_add(gm_history *history, gm_event_kind kind, uint64_t address, uint64_t size, gm_stream stream,
+                    gm_pool_id pool);
 
-/* Record an event when history is on. */
+/* Record an event when history is on or an observer is set. `pool`: the private pool whose memory it
+ * concerns ({0, 0}: none). */
 static inline void gm_history_record(gm_history *history, gm_event_kind kind, uint64_t address, uint64_t size,
-                                     gm_stream stream)
+                                     gm_stream stream, gm_pool_id pool)
 {
     if (history)
-        gm_history_add(history, kind, address, size, stream);
+        gm_history_add(history, kind, address, size, stream, pool);
 }
+
+#define GM_NO_POOL ((gm_pool_id){0, 0})
 
 /* Copy the held events, oldest first, into `events` (at most `capacity`); *count_out: how many were
  * copied (with `events` NULL: how many it holds), *dropped_out: how many older ones the ring no longer

@@ -56,7 +56,7 @@ void gm_retire_block_locked(gm_allocator *allocator, gm_block *block)
     block->recorded_more = NULL;
     block->recorded_count = 0;
     gm_history_record(allocator->arena.history, GM_EVENT_FREE_COMPLETED, block->address, block->requested,
-                      block->heap->stream);
+                      block->heap->stream, gm_heap_pool_id(block->heap));
     gm_private_pool *pool = block->heap->private_pool; /* the engine may merge the block away */
     gm_heap *home = block->heap->serves ? block->heap->serves : block->heap;
     home->live_blocks--;

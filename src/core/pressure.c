@@ -204,7 +204,7 @@ static void release_step(gm_allocator *allocator, gm_pressure_readings *readings
         return;
     arena->stats->num_pressure_releases++;
     arena->stats->pressure_released_bytes += (int64_t)released;
-    gm_history_record(arena->history, GM_EVENT_PRESSURE_RELEASE, (uint64_t)step, released, 0);
+    gm_history_record(arena->history, GM_EVENT_PRESSURE_RELEASE, (uint64_t)step, released, 0, GM_NO_POOL);
     readings->released_bytes += released;
     /* What the driver counts as used drops by as much, until the next sample says otherwise. */
     uint64_t *device_used = &allocator->pressure.sampled.device_used_bytes;
@@ -242,7 +242,8 @@ bool gm_pressure_evaluate_locked(gm_allocator *allocator, gm_pressure_readings *
         }
         pressure->level = GM_PRESSURE_HIGH;
         arena->stats->num_pressure_rises++;
-        gm_history_record(arena->history, GM_EVENT_PRESSURE_HIGH, readings.signals_high, readings.reserved_bytes, 0);
+        gm_history_record(arena->history, GM_EVENT_PRESSURE_HIGH, readings.signals_high, readings.reserved_bytes, 0,
+                          GM_NO_POOL);
         run_ladder(allocator, &readings);
     } else {
         uint32_t holding = signals_at_or_above(pressure, &readings, false);
@@ -251,7 +252,7 @@ bool gm_pressure_evaluate_locked(gm_allocator *allocator, gm_pressure_readings *
             return false;
         }
         pressure->level = GM_PRESSURE_NORMAL;
-        gm_history_record(arena->history, GM_EVENT_PRESSURE_NORMAL, 0, readings.reserved_bytes, 0);
+        gm_history_record(arena->history, GM_EVENT_PRESSURE_NORMAL, 0, readings.reserved_bytes, 0, GM_NO_POOL);
     }
     set_watch(pressure, 0);
     readings.level = pressure->level;
@@ -347,7 +348,7 @@ static void count_calls(gm_allocator *allocator, gm_pressure_level level, unsign
         return;
     gm_lock_for_change(allocator);
     allocator->arena.stats->num_pressure_callbacks += called;
-    gm_history_record(allocator->arena.history, GM_EVENT_PRESSURE_CALLBACKS, (uint64_t)level, called, 0);
+    gm_history_record(allocator->arena.history, GM_EVENT_PRESSURE_CALLBACKS, (uint64_t)level, called, 0, GM_NO_POOL);
     gm_unlock_after_change(allocator);
 }
 
@@ -457,7 +458,8 @@ bool gm_pressure_begin_critical_locked(gm_allocator *allocator, uint64_t size, g
     readings.request_bytes = size;
     readings.released_bytes = released_bytes;
     readings.changes = ++pressure->changes;
-    gm_history_record(allocator->arena.history, GM_EVENT_PRESSURE_CRITICAL, readings.signals_high, size, stream);
+    gm_history_record(allocator->arena.history, GM_EVENT_PRESSURE_CRITICAL, readings.signals_high, size, stream,
+                      GM_NO_POOL);
     *event_out = readings;
     return true;
 }

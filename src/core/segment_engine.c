@@ -52,13 +52,16 @@ static bool region_is_free(const gm_region *region)
 /* Give a free segment back to the device; if the device refuses, the segment stays, free, as it was. */
 static gm_status release_segment(gm_arena *arena, gm_region *region)
 {
+    gm_pool_id pool = gm_heap_pool_id(region->heap);
+    gm_history_record(arena->history, GM_EVENT_SEGMENT_UNMAP, region->base, region->size, region->heap->stream, pool);
     gm_status status = gm_backend_segment_free(arena->backend, region->base, region->size);
-    if (status != GM_OK)
+    if (status != GM_OK) {
+        gm_history_record(arena->history, GM_EVENT_SEGMENT_MAP, region->base, region->size, region->heap->stream, pool);
         return status;
+    }
     gm_block *block = region->first_block;
     gm_unindex_free_block(arena, block);
     gm_block_delete(&arena->block_pool, block);
-    gm_history_record(arena->history, GM_EVENT_SEGMENT_UNMAP, region->base, region->size, region->heap->stream);
     gm_count_reserved(arena, region->pool, -(int64_t)region->size, -1);
     arena->stats->num_device_free++;
     gm_list_remove(&region->heap->regions, &region->link);
@@ -115,7 +118,7 @@ static gm_status new_segment(gm_arena *arena, gm_heap *heap, int pool, uint64_t 
                         .state = GM_BLOCK_FREE, .pool = (uint8_t)pool};
     gm_count_reserved(arena, pool, (int64_t)size, 1);
     arena->stats->num_device_alloc++;
-    gm_history_record(arena->history, GM_EVENT_SEGMENT_MAP, address, size, heap->stream);
+    gm_history_record(arena->history, GM_EVENT_SEGMENT_MAP, address, size, heap->stream, gm_heap_pool_id(heap));
     *block_out = block;
     return GM_OK;
 }

@@ -48,6 +48,7 @@ static void fill_regions(const gm_arena *arena, gm_snapshot *snapshot)
             gm_snapshot_region *out = &snapshot->regions[r];
             *out = (gm_snapshot_region){.address = region->base, .size = region->size, .stream = heap->stream,
                                         .pool = region->pool, .growth_lane = heap->engine_private,
+                                        .private_pool = heap->private_pool ? heap->private_pool->id : GM_NO_POOL,
                                         .first_block = b};
             for (const gm_block *block = region->first_block; block; block = block->next, b++) {
                 gm_block_kind kind = kind_of(block);
@@ -119,7 +120,7 @@ gm_status gm_history_read(gm_allocator *allocator, gm_event *events, size_t capa
     gm_status status = GM_OK;
     uint64_t dropped = 0;
     *count_out = 0;
-    if (arena->history)
+    if (arena->history && arena->history->capacity)
         gm_history_copy(arena->history, events, capacity, count_out, &dropped);
     else
         status = gm_fail(GM_ERROR_NOT_SUPPORTED, "this allocator keeps no history (GPUMEM_CONF history:N, N > 0)");
@@ -127,6 +128,34 @@ gm_status gm_history_read(gm_allocator *allocator, gm_event *events, size_t capa
     if (dropped_out)
         *dropped_out = dropped;
     return status;
+}
+
+/* Put `fresh` (a new ring, or NULL) in place of the arena's history, keeping its tagger and observer;
+ * without a ring but with an observer, a history of capacity 0 stays for the observer. */
+static gm_status replace_history(gm_allocator *allocator, gm_history *fresh)
+{
+    gm_arena *arena = gm_lock_arena(allocator);
+    gm_history *old = arena->history;
+    if (!fresh && old && old->observer) {
+        if (!old->capacity) {
+            gm_unlock_arena(allocator);
+            return GM_OK; /* already an observer's history without a ring */
+        }
+        if (!(fresh = gm_history_create(0))) {
+            gm_unlock_arena(allocator);
+            return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the event observer");
+        }
+    }
+    if (fresh && old) {
+        fresh->tagger = old->tagger;
+        fresh->tagger_context = old->tagger_context;
+        fresh->observer = old->observer;
+        fresh->observer_context = old->observer_context;
+    }
+    arena->history = fresh;
+    gm_unlock_arena(allocator);
+    gm_history_destroy(old);
+    return GM_OK;
 }
 
 gm_status gm_set_history(gm_allocator *allocator, size_t capacity)
@@ -139,15 +168,32 @@ gm_status gm_set_history(gm_allocator *allocator, size_t capacity)
     gm_history *fresh = capacity ? gm_history_create(capacity) : NULL;
     if (capacity && !fresh)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a history of %zu events", capacity);
+    return replace_history(allocator, fresh);
+}
+
+gm_status gm_set_event_observer(gm_allocator *allocator, gm_event_observer observer, void *context)
+{
+    if (!allocator)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_set_event_observer: allocator is NULL");
+    gm_history *spare = gm_history_create(0); /* made outside the lock, in case there is no history yet */
+    if (!spare)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the event observer");
     gm_arena *arena = gm_lock_arena(allocator);
-    gm_history *old = arena->history;
-    if (fresh && old) {
-        fresh->tagger = old->tagger;
-        fresh->tagger_context = old->tagger_context;
+    gm_history *history = arena->history;
+    if (!history && observer) {
+        history = arena->history = spare;
+        spare = NULL;
     }
-    arena->history = fresh;
+    if (history) {
+        history->observer = observer;
+        history->observer_context = context;
+    }
+    if (history && !observer && !history->capacity) {
+        arena->history = NULL; /* a history kept only for the observer goes with it */
+        spare = history;
+    }
     gm_unlock_arena(allocator);
-    gm_history_destroy(old);
+    gm_history_destroy(spare);
     return GM_OK;
 }
 

@@ -84,20 +84,26 @@ gm_status pages_map_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk,
     chunk->freed_at = 0; /* no block has used it here yet */
     gm_list_push_front(&data_of(region)->chunks, &chunk->link);
     data_of(region)->mapped_bytes += chunk->size;
-    gm_history_record(arena->history, GM_EVENT_SEGMENT_MAP, address, chunk->size, region->heap->stream);
+    gm_history_record(arena->history, GM_EVENT_SEGMENT_MAP, address, chunk->size, region->heap->stream,
+                      gm_heap_pool_id(region->heap));
     record_chunk_pages(region, chunk, chunk, engine_of(arena)->page_size);
     arena->stats->num_page_maps += (int64_t)(chunk->size / engine_of(arena)->page_size);
     return GM_OK;
 }
 
+/* The unmap event comes first: an observer (NCCL's deregistration) needs the memory still mapped. */
 gm_status pages_unmap_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk)
 {
+    gm_pool_id pool = gm_heap_pool_id(region->heap);
+    gm_history_record(arena->history, GM_EVENT_SEGMENT_UNMAP, chunk->address, chunk->size, region->heap->stream, pool);
     gm_status status = gm_backend_unmap(arena->backend, chunk->address, chunk->size);
-    if (status != GM_OK)
+    if (status != GM_OK) {
+        gm_history_record(arena->history, GM_EVENT_SEGMENT_MAP, chunk->address, chunk->size, region->heap->stream,
+                          pool);
         return status;
+    }
     gm_list_remove(&data_of(region)->chunks, &chunk->link);
     data_of(region)->mapped_bytes -= chunk->size;
-    gm_history_record(arena->history, GM_EVENT_SEGMENT_UNMAP, chunk->address, chunk->size, region->heap->stream);
     record_chunk_pages(region, chunk, NULL, engine_of(arena)->page_size);
     arena->stats->num_page_unmaps += (int64_t)(chunk->size / engine_of(arena)->page_size);
     return GM_OK;
