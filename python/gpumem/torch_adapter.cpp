@@ -9,7 +9,9 @@
 //   - torch.multiprocessing shares CUDA tensors with other processes (torch_ipc.h); on two GPUs, torch's
 //     peer access reaches gpumem's mappings (gm_enable_peer_access);
 //   - the profiler's memory events, and _record_memory_history / _snapshot (memory_viz): gpumem's
-//     regions and history ring, with the Python stacks torch gathers kept here, found by event tags;
+//     regions and history ring, with the Python stacks torch gathers; out-of-memory observers and
+//     allocator trace trackers (NCCL's memory registration) (torch_trace.h);
+//   - caching_allocator_enable(False) and PYTORCH_NO_CUDA_MEMORY_CACHING: a cudaMalloc per tensor;
 //   - CUDA graphs, torch.compile's cudagraph trees and torch.cuda.MemPool get gpumem's private pools
 //     (gm_begin_allocate_to_pool and its kin; checkpoints through gm_get_pool_allocations and
 //     gm_pool_allocate_at); a MemPool with an allocator of its own gets memory from it
@@ -29,7 +31,6 @@
 #include <array>
 #include <atomic>
 #include <cstdlib>
-#include <ctime>
 #include <mutex>
 #include <set>
 #include <string>
@@ -40,21 +41,17 @@
 #include "gpumem.h"
 #include "torch_ipc.h"
 #include "torch_pool_sources.h"
+#include "torch_trace.h"
 
 #include <unistd.h>
 
 namespace {
 
 using c10::CachingAllocator::StatType;
-using c10::GatheredContext;
 using c10::CachingDeviceAllocator::RecordContext;
-using c10::CachingDeviceAllocator::TraceEntry;
 using c10::cuda::CUDACachingAllocator::CreateContextFn;
 using c10::cuda::CUDACachingAllocator::SnapshotInfo;
 
-// The tag of the adapter call in progress on this thread: gpumem's tagger gives it to the call's events.
-thread_local uint64_t current_tag = 0;
-uint64_t current_tag_of(void *) { return current_tag; }
 using torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
 
 constexpr size_t kMaxDevices = 64;
@@ -79,6 +76,20 @@ void *unused_alloc(size_t, int, cudaStream_t) { return nullptr; }
 void unused_free(void *, size_t, int, cudaStream_t) {}
 void delete_pointer(void *pointer);
 
+// PYTORCH_NO_CUDA_MEMORY_CACHING set to a true value, as PyTorch reads it.
+bool no_caching_requested() {
+  const char *value = std::getenv("PYTORCH_NO_CUDA_MEMORY_CACHING");
+  if (!value)
+    return false;
+  std::string text(value);
+  return !(text.empty() || text == "0" || text == "false" || text == "False" || text == "FALSE");
+}
+
+void uncached_delete(void *pointer) {
+  if (pointer)
+    C10_CUDA_CHECK_WARN(cudaFree(pointer));
+}
+
 // A graph pool's allocations at one moment (getCheckpointState).
 struct PoolCheckpoint final : c10::cuda::CUDACachingAllocator::AllocatorState {
   c10::DeviceIndex device = 0;
@@ -99,7 +110,12 @@ void *pointer_of(uint64_t address) { return reinterpret_cast<void *>(static_cast
 class GpumemAllocator final : public CUDAPluggableAllocator {
  public:
   GpumemAllocator(std::string config, c10::cuda::CUDACachingAllocator::CUDAAllocator *replaced)
-      : CUDAPluggableAllocator(unused_alloc, unused_free), config_(std::move(config)), replaced_(replaced) {}
+      : CUDAPluggableAllocator(unused_alloc, unused_free), config_(std::move(config)), replaced_(replaced) {
+    sourced_.on_made = [this](gm_allocator *pool, c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
+      observers_.watch(pool, device, id);
+    };
+    sourced_.on_destroyed = [this](gm_allocator *pool) { observers_.forget(pool); };
+  }
 
   ~GpumemAllocator() override = default;
 
@@ -123,13 +139,9 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
                   gm_last_error());
       if (created_.load(std::memory_order_relaxed) == 0)
         single_.store(allocator, std::memory_order_relaxed);
-      {
-        std::lock_guard<std::mutex> history_guard(history_mutex_);
-        if (history_capacity_)
-          apply_history(allocator);
-      }
-      allocators_[device].store(allocator, std::memory_order_release);
+      history_.adopt(allocator, [&] { allocators_[device].store(allocator, std::memory_order_seq_cst); });
       created_.fetch_add(1, std::memory_order_release);
+      observers_.watch(allocator, device);
     }
     return allocator;
   }
@@ -138,21 +150,42 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     void *pointer = nullptr;
     if (size == 0)
       return nullptr;
-    bool recording = history_enabled_.load(std::memory_order_relaxed);
+    bool recording = history_.enabled();
     if (recording)
-      begin_call(true);
+      history_.begin_call(true);
     gm_allocator *allocator = sourced_.route(device, stream); // a MemPool with an allocator of its own
     if (!allocator)
       allocator = of(device);
     gm_status status = gm_malloc(allocator, size, reinterpret_cast<gm_stream>(stream), &pointer);
     if (recording)
-      end_call(pointer, true);
+      history_.end_call(pointer, true);
     if (status == GM_OK && c10::memoryProfilingEnabled())
       report_to_profiler(allocator, pointer, device, 1);
     if (status == GM_ERROR_OUT_OF_MEMORY)
-      TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory (gpumem). ", gm_last_error());
+      out_of_memory(size, device);
     TORCH_CHECK(status == GM_OK, "gpumem: ", gm_last_error());
     return pointer;
+  }
+
+  // As PyTorch's allocator: the out-of-memory observers first, then torch.OutOfMemoryError, whose message
+  // starts as native's ("CUDA out of memory. Tried to allocate ...", which tools such as accelerate's
+  // batch-size finder look for) and goes on with gpumem's report. The report is taken first: an
+  // observer that takes a snapshot calls gpumem.
+  void out_of_memory(size_t size, c10::DeviceIndex device) {
+    std::string report = gm_last_error();
+    const std::string own = "gpumem: out of memory. ";
+    if (report.compare(0, own.size(), own) == 0)
+      report = report.substr(own.size());
+    size_t device_free = 0, device_total = 0;
+    {
+      c10::cuda::CUDAGuard guard(device);
+      if (cudaMemGetInfo(&device_free, &device_total) != cudaSuccess)
+        (void)cudaGetLastError();
+    }
+    double fraction = getMemoryFraction(device);
+    size_t limit = fraction < 1.0 ? static_cast<size_t>(fraction * static_cast<double>(device_total)) : device_total;
+    observers_.out_of_memory(device, size, limit, device_free);
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. ", report);
   }
 
   // The allocator that owns `pointer`: a lookup in each device's allocator (gm_owns fails nothing,
@@ -193,9 +226,9 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     size_t size = 0;
     if (profiling)
       gm_allocation_size(allocator, pointer, &size);
-    bool recording = history_enabled_.load(std::memory_order_relaxed);
+    bool recording = history_.enabled();
     if (recording)
-      begin_call(false);
+      history_.begin_call(false);
     gm_status status = gm_free(allocator, pointer);
     if (profiling && status == GM_OK) {
       c10::DeviceIndex device = current_device_index();
@@ -203,7 +236,7 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
       report_size_to_profiler(allocator, pointer, -static_cast<int64_t>(size), device);
     }
     if (recording)
-      end_call(pointer, false);
+      history_.end_call(pointer, false);
     if (status != GM_OK) {
       TORCH_WARN("gpumem: ", gm_last_error());
     } else if (pool) {
@@ -213,11 +246,34 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
 
   c10::DataPtr allocate(size_t size) override {
     c10::DeviceIndex device = current_device_index();
+    if (forced_uncached_ || !caching_.load(std::memory_order_relaxed))
+      return uncached_allocate(size, device);
     void *pointer = malloc_on(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
     return {pointer, pointer, &delete_pointer, c10::Device(c10::DeviceType::CUDA, device)};
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return &delete_pointer; }
+
+  // caching_allocator_enable(False) and PYTORCH_NO_CUDA_MEMORY_CACHING, as native: each tensor gets a
+  // cudaMalloc of its own, given back by cudaFree when it dies and not counted in the statistics (so that
+  // compute-sanitizer sees each one's bounds). Allocations through raw_alloc stay cached, as native's.
+  void enable(bool value) override { caching_.store(value, std::memory_order_relaxed); }
+  bool isEnabled() const override { return caching_.load(std::memory_order_relaxed); }
+
+  static c10::DataPtr uncached_allocate(size_t size, c10::DeviceIndex device) {
+    void *pointer = nullptr;
+    if (size) {
+      c10::cuda::CUDAGuard guard(device);
+      cudaError_t error = cudaMalloc(&pointer, size);
+      if (error == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate ", size,
+                         " bytes with caching disabled (gpumem)");
+      }
+      C10_CUDA_CHECK(error);
+    }
+    return {pointer, pointer, &uncached_delete, c10::Device(c10::DeviceType::CUDA, device)};
+  }
 
   void *raw_alloc(size_t size) override {
     c10::DeviceIndex device = current_device_index();
@@ -511,42 +567,56 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
 
   std::string name() override { return "gpumem"; }
 
-  bool isHistoryEnabled() override { return history_enabled_.load(std::memory_order_relaxed); }
+  bool isHistoryEnabled() override { return history_.enabled(); }
 
   void recordHistory(bool enabled, CreateContextFn context_recorder, size_t alloc_trace_max_entries,
                      RecordContext when, bool /*clearHistory*/,
                      const std::vector<std::string> & /*skip_actions*/) override {
-    std::lock_guard<std::mutex> guard(history_mutex_);
-    size_t capacity = enabled ? std::min<size_t>(std::max<size_t>(alloc_trace_max_entries, 1), 1u << 20) : 0;
-    context_recorder_ = enabled ? std::move(context_recorder) : nullptr;
-    when_ = enabled ? when : RecordContext::NEVER;
-    contexts_.assign(capacity, nullptr);
-    live_tags_.clear();
-    history_capacity_ = capacity;
+    std::vector<gm_allocator *> allocators;
     for (auto &slot : allocators_)
       if (gm_allocator *allocator = slot.load(std::memory_order_acquire))
-        apply_history(allocator);
-    history_enabled_.store(enabled, std::memory_order_relaxed);
+        allocators.push_back(allocator);
+    history_.configure(enabled, context_recorder, alloc_trace_max_entries, when, allocators);
   }
 
-  SnapshotInfo snapshot(c10::cuda::MempoolId_t /*mempool_id*/, bool include_traces) override {
+  // Every device's segments, or with a pool named (MemPool.snapshot(), NCCL's registration of a pool)
+  // only that pool's.
+  SnapshotInfo snapshot(c10::cuda::MempoolId_t mempool_id, bool include_traces) override {
     SnapshotInfo result;
-    std::lock_guard<std::mutex> guard(history_mutex_);
+    std::lock_guard<std::mutex> guard(history_.mutex());
     result.device_traces.resize(kMaxDevices);
     size_t devices = 0;
-    for (size_t device = 0; device < kMaxDevices; device++) {
-      gm_allocator *allocator = allocators_[device].load(std::memory_order_acquire);
+    for (size_t index = 0; index < kMaxDevices; index++) {
+      gm_allocator *allocator = allocators_[index].load(std::memory_order_acquire);
       if (!allocator)
         continue;
-      devices = device + 1;
-      add_segments(allocator, static_cast<c10::DeviceIndex>(device), result);
-      sourced_.for_each(static_cast<c10::DeviceIndex>(device),
-                        [&](gm_allocator *pool) { add_segments(pool, static_cast<c10::DeviceIndex>(device), result); });
-      if (include_traces && history_capacity_)
-        add_trace(allocator, static_cast<c10::DeviceIndex>(device), result.device_traces[device]);
+      auto device = static_cast<c10::DeviceIndex>(index);
+      devices = index + 1;
+      history_.add_segments(allocator, device, result, mempool_id);
+      sourced_.for_each_pool(device, [&](gm_allocator *pool, c10::cuda::MempoolId_t id) {
+        history_.add_segments(pool, device, result, mempool_id, id);
+      });
+      if (include_traces && history_.keeps_events())
+        history_.add_trace(allocator, device, result.device_traces[index]);
     }
     result.device_traces.resize(std::max<size_t>(devices, c10::cuda::device_count()));
     return result;
+  }
+
+  void attachOutOfMemoryObserver(c10::cuda::CUDACachingAllocator::OutOfMemoryObserver observer) override {
+    observers_.attach_out_of_memory(std::move(observer));
+  }
+
+  void attachAllocatorTraceTracker(c10::cuda::CUDACachingAllocator::AllocatorTraceTracker tracker) override {
+    observers_.attach_tracker(std::move(tracker));
+    for (size_t index = 0; index < kMaxDevices; index++) {
+      auto device = static_cast<c10::DeviceIndex>(index);
+      if (gm_allocator *allocator = allocators_[index].load(std::memory_order_seq_cst))
+        observers_.watch(allocator, device);
+      sourced_.for_each_pool(device, [&](gm_allocator *pool, c10::cuda::MempoolId_t id) {
+        observers_.watch(pool, device, id);
+      });
+    }
   }
 
   // The devices whose allocators exist.
@@ -621,133 +691,11 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
         *device_out = static_cast<c10::DeviceIndex>(device);
   }
 
-  // Called with history_mutex_ held, for a new or every allocator: the ring's size and the tagger.
-  void apply_history(gm_allocator *allocator) {
-    gm_set_history(allocator, history_capacity_);
-    if (history_capacity_)
-      gm_set_history_tagger(allocator, current_tag_of, nullptr);
-  }
-
-  // Before a recorded allocation or free: a new tag, and the Python stack for it when torch asked for
-  // stacks of such calls.
-  // The stack is gathered outside the lock, as PyTorch's allocator does: gathering may need the GIL,
-  // which another thread may hold while it waits for this lock.
-  void begin_call(bool allocating) {
-    CreateContextFn recorder = nullptr;
-    {
-      std::lock_guard<std::mutex> guard(history_mutex_);
-      if (allocating ? when_ != RecordContext::NEVER : when_ == RecordContext::ALL)
-        recorder = context_recorder_;
-    }
-    std::shared_ptr<GatheredContext> stack = recorder ? recorder() : nullptr;
-    std::lock_guard<std::mutex> guard(history_mutex_);
-    current_tag = ++next_tag_;
-    if (!contexts_.empty())
-      contexts_[current_tag % contexts_.size()] = std::move(stack);
-  }
-
-  void end_call(void *pointer, bool allocated) {
-    std::lock_guard<std::mutex> guard(history_mutex_);
-    if (allocated && pointer)
-      live_tags_[pointer] = current_tag;
-    else
-      live_tags_.erase(pointer);
-    current_tag = 0;
-  }
-
-  // The stack of `tag`, if the ring still holds it (history_mutex_ held).
-  std::shared_ptr<GatheredContext> stack_of_tag(uint64_t tag) {
-    if (!tag || contexts_.empty() || tag + contexts_.size() <= next_tag_)
-      return nullptr;
-    return contexts_[tag % contexts_.size()];
-  }
-
-  // Each run of mapped blocks of a gpumem region is one segment, as PyTorch's snapshot lists them.
-  void add_segments(gm_allocator *allocator, c10::DeviceIndex device, SnapshotInfo &result) {
-    gm_snapshot *snapshot = nullptr;
-    if (gm_snapshot_take(allocator, &snapshot) != GM_OK)
-      return;
-    bool pages = std::string(snapshot->device.engine) == "pages";
-    for (size_t r = 0; r < snapshot->region_count; r++) {
-      const gm_snapshot_region &region = snapshot->regions[r];
-      c10::CachingDeviceAllocator::SegmentInfo *segment = nullptr;
-      for (size_t b = 0; b < region.block_count; b++) {
-        const gm_snapshot_block &block = snapshot->blocks[region.first_block + b];
-        if (block.kind == GM_BLOCK_KIND_UNMAPPED) {
-          segment = nullptr;
-          continue;
-        }
-        if (!segment) {
-          result.segments.emplace_back();
-          segment = &result.segments.back();
-          segment->device = device;
-          segment->address = block.address;
-          segment->stream = reinterpret_cast<void *>(region.stream);
-          segment->is_large = region.pool == GM_POOL_LARGE;
-          segment->is_expandable = pages;
-        }
-        c10::CachingDeviceAllocator::BlockInfo info;
-        info.size = block.size;
-        info.requested_size = block.requested;
-        info.allocated = block.kind == GM_BLOCK_KIND_ALLOCATED;
-        info.active = block.kind != GM_BLOCK_KIND_FREE;
-        auto live = live_tags_.find(reinterpret_cast<void *>(block.address));
-        if (info.allocated && live != live_tags_.end())
-          info.context_when_allocated = stack_of_tag(live->second);
-        segment->total_size += block.size;
-        segment->requested_size += block.requested;
-        segment->allocated_size += info.allocated ? block.size : 0;
-        segment->active_size += info.active ? block.size : 0;
-        segment->blocks.push_back(std::move(info));
-      }
-    }
-    gm_snapshot_free(snapshot);
-  }
-
-  void add_trace(gm_allocator *allocator, c10::DeviceIndex device, std::vector<TraceEntry> &trace) {
-    size_t count = 0;
-    if (gm_history_read(allocator, nullptr, 0, &count, nullptr) != GM_OK)
-      return;
-    std::vector<gm_event> events(count);
-    gm_history_read(allocator, events.data(), events.size(), &count, nullptr);
-    gm_device_info info;
-    gm_get_device_info(allocator, &info);
-    bool pages = std::string(info.engine) == "pages";
-    // gpumem's times are CLOCK_MONOTONIC; snapshots carry microseconds since the epoch.
-    timespec now_real, now_monotonic;
-    clock_gettime(CLOCK_REALTIME, &now_real);
-    clock_gettime(CLOCK_MONOTONIC, &now_monotonic);
-    int64_t offset_ns = (now_real.tv_sec - now_monotonic.tv_sec) * 1000000000LL + now_real.tv_nsec - now_monotonic.tv_nsec;
-    for (size_t i = 0; i < count; i++) {
-      const gm_event &event = events[i];
-      TraceEntry::Action action = TraceEntry::ALLOC;
-      switch (event.kind) {
-        case GM_EVENT_ALLOC: action = TraceEntry::ALLOC; break;
-        case GM_EVENT_FREE_REQUESTED: action = TraceEntry::FREE_REQUESTED; break;
-        case GM_EVENT_FREE_COMPLETED: action = TraceEntry::FREE_COMPLETED; break;
-        case GM_EVENT_SEGMENT_MAP: action = pages ? TraceEntry::SEGMENT_MAP : TraceEntry::SEGMENT_ALLOC; break;
-        case GM_EVENT_SEGMENT_UNMAP: action = pages ? TraceEntry::SEGMENT_UNMAP : TraceEntry::SEGMENT_FREE; break;
-        case GM_EVENT_OOM: action = TraceEntry::OOM; break;
-        default: continue; // pressure events: PyTorch's trace has no such action
-      }
-      std::shared_ptr<GatheredContext> stack = stack_of_tag(event.tag);
-      TraceEntry entry(action, device, static_cast<size_t>(event.address), static_cast<size_t>(event.size),
-                       reinterpret_cast<void *>(event.stream), c10::cuda::MempoolId_t{0, 0}, c10::approx_time_t{0},
-                       stack);
-      entry.time_.t_ = static_cast<time_t>((static_cast<int64_t>(event.time_ns) + offset_ns) / 1000);
-      trace.push_back(std::move(entry));
-    }
-  }
-
   std::string config_;
-  std::mutex history_mutex_;
-  std::atomic<bool> history_enabled_{false};
-  CreateContextFn context_recorder_;
-  RecordContext when_ = RecordContext::NEVER;
-  size_t history_capacity_ = 0;
-  uint64_t next_tag_ = 0;
-  std::vector<std::shared_ptr<GatheredContext>> contexts_; // tag % size -> the stack of that call
-  std::unordered_map<void *, uint64_t> live_tags_;          // live allocation -> its call's tag
+  gpumem_trace::History history_;     // _record_memory_history and snapshots (torch_trace.h)
+  gpumem_trace::Observers observers_; // out-of-memory observers and trace trackers (torch_trace.h)
+  std::atomic<bool> caching_{true};   // caching_allocator_enable
+  const bool forced_uncached_ = no_caching_requested();
   std::array<std::atomic<gm_allocator *>, kMaxDevices> allocators_{};
   std::atomic<int> created_{0};      // allocators made so far
   std::atomic<gm_allocator *> single_{nullptr}; // the first one made (the only one while created_ is 1)

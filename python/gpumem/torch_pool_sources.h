@@ -78,6 +78,8 @@ class SourcedPools {
         TORCH_CHECK(false, "gpumem: cannot make the memory pool with its own allocator: ", reason);
       }
       count_.fetch_add(1, std::memory_order_release);
+      if (on_made)
+        on_made(pool->allocator, device, id);
     }
     pool->users++;
   }
@@ -161,18 +163,24 @@ class SourcedPools {
       sweep();
   }
 
-  template <typename Visit> void for_each(c10::DeviceIndex device, Visit visit) {
+  // visit(allocator, pool id) for each pool on `device`.
+  template <typename Visit> void for_each_pool(c10::DeviceIndex device, Visit visit) {
     if (!count_.load(std::memory_order_acquire))
       return;
     std::lock_guard<std::mutex> guard(mutex_);
     for (SourcedPool &pool : pools_)
       if (pool.device == device)
-        visit(pool.allocator);
+        visit(pool.allocator, pool.id);
   }
+
+  // Told of each pool allocator made and destroyed (the adapter's trace trackers watch them); set once,
+  // before any pool is made, and called with this object's lock held.
+  std::function<void(gm_allocator *, c10::DeviceIndex, c10::cuda::MempoolId_t)> on_made;
+  std::function<void(gm_allocator *)> on_destroyed;
 
   // The pools' statistics on `device` added to the device allocator's `stats`.
   void add_statistics(c10::DeviceIndex device, gm_stats &stats) {
-    for_each(device, [&stats](gm_allocator *allocator) {
+    for_each_pool(device, [&stats](gm_allocator *allocator, c10::cuda::MempoolId_t) {
       gm_stats more;
       if (gm_get_stats(allocator, &more) != GM_OK)
         return;
@@ -218,6 +226,8 @@ class SourcedPools {
         continue;
       }
       gm_destroy(pool->allocator, nullptr);
+      if (on_destroyed)
+        on_destroyed(pool->allocator);
       pool = pools_.erase(pool);
       count_.fetch_sub(1, std::memory_order_release);
     }

@@ -72,8 +72,34 @@ def out_of_memory_is_catchable_and_counted(torch):
         raise AssertionError("no error")
     except RuntimeError as error:  # torch.OutOfMemoryError is a RuntimeError
         assert isinstance(error, torch.OutOfMemoryError), type(error)
+        # What accelerate's and Lightning's batch-size finders look for.
+        assert len(error.args) == 1 and "CUDA out of memory." in error.args[0], error.args
     assert torch.cuda.memory_stats()["num_ooms"] == ooms + 1
     assert torch.ones(4, device="cuda").sum().item() == 4
+
+
+@check
+def out_of_memory_observers_see_the_failure(torch):
+    """torch._C._cuda_attach_out_of_memory_observer, as PyTorch's memory tutorial uses it: the observer
+    runs before the error is raised, and may take a snapshot there."""
+    calls = []
+
+    def observer(device, size, device_total, device_free):
+        calls.append((device, size, device_total, device_free, len(torch.cuda.memory._snapshot()["segments"])))
+
+    torch._C._cuda_attach_out_of_memory_observer(observer)
+    keep = torch.ones(MIB, device="cuda")
+    try:
+        torch.empty(1 << 50, dtype=torch.uint8, device="cuda")
+        raise AssertionError("no error")
+    except torch.OutOfMemoryError:
+        pass
+    assert len(calls) == 1, calls
+    device, size, device_total, device_free, segments = calls[0]
+    total = torch.cuda.get_device_properties(0).total_memory
+    assert device == 0 and size >= 1 << 50 and 0 < device_total <= total and device_free <= total, calls
+    assert segments >= 1, calls
+    del keep
 
 
 @check
@@ -244,6 +270,110 @@ void counted_free(void *pointer, ssize_t size, int device, cudaStream_t stream) 
 int counted_allocations(void) { return allocations; }
 int counted_frees(void) { return frees; }
 """
+
+
+@check
+def mem_pool_snapshot_lists_its_own_segments(torch):
+    """MemPool.snapshot() (and NCCL's registration of a pool, which reads it) lists the pool's segments
+    only; the whole snapshot names each segment's pool."""
+    outside = torch.empty(64 * MIB, dtype=torch.uint8, device="cuda")
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        inside = torch.empty(10 * MIB, dtype=torch.uint8, device="cuda")
+    segments = pool.snapshot()
+    assert segments, "the pool lists no segment"
+    assert all(tuple(segment["segment_pool_id"]) == tuple(pool.id) for segment in segments), segments
+    assert sum(segment["allocated_size"] for segment in segments) == 10 * MIB
+    whole = torch.cuda.memory_snapshot()
+    owners = {tuple(segment["segment_pool_id"]) for segment in whole}
+    assert tuple(pool.id) in owners and (0, 0) in owners, owners
+    del inside, outside, pool
+
+
+@check
+def graph_pool_segments_are_named(torch):
+    graph = torch.cuda.CUDAGraph()
+    data = torch.ones(4 * MIB, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        data * 2
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        out = data * 2
+    owners = {tuple(segment["segment_pool_id"]) for segment in torch.cuda.memory_snapshot()}
+    assert tuple(graph.pool()) in owners, (owners, graph.pool())
+    del out, graph
+
+
+@check
+def caching_disabled(torch):
+    """caching_allocator_enable(False): each tensor has a cudaMalloc of its own, not counted in the
+    statistics and given back to the driver when it dies."""
+    torch.cuda.synchronize()
+    allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    free_before, _ = torch.cuda.mem_get_info()
+    torch.cuda.memory.caching_allocator_enable(False)
+    try:
+        tensor = torch.full((64 * MIB,), 3, dtype=torch.uint8, device="cuda")
+        assert int(tensor[-1].item()) == 3
+        assert torch.cuda.memory_allocated() == allocated and torch.cuda.memory_reserved() == reserved
+        free_during, _ = torch.cuda.mem_get_info()
+        assert free_during <= free_before - 64 * MIB, (free_before, free_during)
+        del tensor
+        torch.cuda.synchronize()
+        free_after, _ = torch.cuda.mem_get_info()
+        assert free_after >= free_during + 60 * MIB, (free_during, free_after)
+    finally:
+        torch.cuda.memory.caching_allocator_enable(True)
+    cached = torch.ones(MIB, device="cuda")
+    assert torch.cuda.memory_allocated() > allocated
+    del cached
+
+
+_NCCL_REGISTRATION = r'''
+import os, sys
+import torch
+import torch.distributed as dist
+os.environ["TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK"] = "1"
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda:0"))
+sums = []
+for size in (1 << 10, 3 << 20, 40 << 20):
+    tensor = torch.ones(size // 4, device="cuda")
+    dist.all_reduce(tensor)
+    sums.append(float(tensor.sum().item()))
+    del tensor
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # segments deregistered before they go
+later = torch.full((5 << 20,), 2.0, device="cuda")
+dist.all_reduce(later)
+sums.append(float(later.sum().item()))
+dist.destroy_process_group()
+print("SUMS", sums)
+'''
+
+
+@check
+def nccl_registers_allocator_segments(torch):
+    """TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1: ProcessGroupNCCL attaches trace trackers to the
+    allocator and registers its segments with NCCL (one process, one GPU; under gpumem with both
+    engines: the segments engine's segments are registered, the pages engine's chunks are mapped into
+    a reserved range as PyTorch's expandable segments' are)."""
+    import socket
+    results = []
+    for conf in ("", "engine:segments"):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        environment = dict(os.environ, GPUMEM_CONF=conf)
+        run = subprocess.run([sys.executable, "-c", _NCCL_REGISTRATION, str(port)], env=environment,
+                             capture_output=True, text=True, timeout=300)
+        lines = [line for line in run.stdout.splitlines() if line.startswith("SUMS ")]
+        assert run.returncode == 0 and lines, (conf, run.returncode, run.stderr[-1500:])
+        results.append(lines[-1])
+    assert results[0] == results[1], results
+    return results[0]
 
 
 @check

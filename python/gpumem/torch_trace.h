@@ -1,0 +1,315 @@
+// torch_trace.h -- gpumem's events and state as PyTorch's memory tools see them.
+//
+// History: torch.cuda.memory._record_memory_history / _snapshot (memory_viz). gpumem's history ring
+// keeps the events; the Python stacks torch gathers are kept here, in a ring of their own, and found
+// by the tag gpumem's tagger gives each event (the adapter call in progress on the thread). Snapshot
+// segments are the runs of mapped blocks of gpumem's regions, named by their private pool, so that
+// MemPool.snapshot() lists only its pool's.
+//
+// Observers: callbacks PyTorch lets others attach. Out-of-memory observers are called before the
+// OutOfMemoryError is raised (torch._C._cuda_attach_out_of_memory_observer: dump a snapshot at the
+// moment of failure). Trace trackers are called with each event as it happens, under gpumem's lock
+// (gm_set_event_observer): ProcessGroupNCCL registers a segment with NCCL when it comes and deregisters
+// it before it goes (TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK, MemPools registered with NCCL).
+// Memory of the pages engine comes and goes as chunks mapped into a reserved range, which PyTorch's
+// expandable segments call segment_map / segment_unmap, as here; the segments engine and memory from a
+// MemPool's own allocator are segments (segment_alloc / segment_free).
+#pragma once
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/util/ApproximateClock.h>
+
+#include <atomic>
+#include <ctime>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "gpumem.h"
+
+namespace gpumem_trace {
+
+using c10::GatheredContext;
+using c10::CachingDeviceAllocator::RecordContext;
+using c10::CachingDeviceAllocator::TraceEntry;
+using c10::cuda::MempoolId_t;
+using c10::cuda::CUDACachingAllocator::AllocatorTraceTracker;
+using c10::cuda::CUDACachingAllocator::CreateContextFn;
+using c10::cuda::CUDACachingAllocator::OutOfMemoryObserver;
+using c10::cuda::CUDACachingAllocator::SnapshotInfo;
+
+// The tag of the adapter call in progress on this thread: gpumem's tagger gives it to the call's events.
+inline thread_local uint64_t current_tag = 0;
+inline uint64_t current_tag_of(void *) { return current_tag; }
+
+inline MempoolId_t torch_pool(gm_pool_id pool) {
+  return MempoolId_t{static_cast<c10::CaptureId_t>(pool.first), static_cast<c10::CaptureId_t>(pool.second)};
+}
+
+inline bool is_pages_engine(gm_allocator *allocator) {
+  gm_device_info info;
+  return gm_get_device_info(allocator, &info) == GM_OK && std::string(info.engine) == "pages";
+}
+
+// PyTorch's action for a gpumem event; false for events PyTorch has no action for (pressure events).
+inline bool action_of(gm_event_kind kind, bool pages, TraceEntry::Action *action) {
+  switch (kind) {
+    case GM_EVENT_ALLOC: *action = TraceEntry::ALLOC; return true;
+    case GM_EVENT_FREE_REQUESTED: *action = TraceEntry::FREE_REQUESTED; return true;
+    case GM_EVENT_FREE_COMPLETED: *action = TraceEntry::FREE_COMPLETED; return true;
+    case GM_EVENT_SEGMENT_MAP: *action = pages ? TraceEntry::SEGMENT_MAP : TraceEntry::SEGMENT_ALLOC; return true;
+    case GM_EVENT_SEGMENT_UNMAP: *action = pages ? TraceEntry::SEGMENT_UNMAP : TraceEntry::SEGMENT_FREE; return true;
+    case GM_EVENT_OOM: *action = TraceEntry::OOM; return true;
+    default: return false;
+  }
+}
+
+class History {
+ public:
+  bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
+
+  // _record_memory_history: the ring's size and what stacks to gather, applied to every allocator.
+  void configure(bool enabled, CreateContextFn recorder, size_t max_entries, RecordContext when,
+                 const std::vector<gm_allocator *> &allocators) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    size_t capacity = enabled ? std::min<size_t>(std::max<size_t>(max_entries, 1), 1u << 20) : 0;
+    recorder_ = enabled ? recorder : nullptr;
+    when_ = enabled ? when : RecordContext::NEVER;
+    contexts_.assign(capacity, nullptr);
+    live_tags_.clear();
+    capacity_ = capacity;
+    for (gm_allocator *allocator : allocators)
+      apply(allocator);
+    enabled_.store(enabled, std::memory_order_relaxed);
+  }
+
+  // A new allocator gets the history settings; `publish` makes it visible inside the same lock, so that
+  // a configure() running meanwhile cannot miss it.
+  template <typename Publish> void adopt(gm_allocator *allocator, Publish publish) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    if (capacity_)
+      apply(allocator);
+    publish();
+  }
+
+  // Before a recorded allocation or free: a new tag, and the Python stack for it when torch asked for
+  // stacks of such calls. The stack is gathered outside the lock, as PyTorch's allocator does:
+  // gathering may need the GIL, which another thread may hold while it waits for this lock.
+  void begin_call(bool allocating) {
+    CreateContextFn recorder = nullptr;
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      if (allocating ? when_ != RecordContext::NEVER : when_ == RecordContext::ALL)
+        recorder = recorder_;
+    }
+    std::shared_ptr<GatheredContext> stack = recorder ? recorder() : nullptr;
+    std::lock_guard<std::mutex> guard(mutex_);
+    current_tag = ++next_tag_;
+    if (!contexts_.empty())
+      contexts_[current_tag % contexts_.size()] = std::move(stack);
+  }
+
+  void end_call(void *pointer, bool allocated) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    if (allocated && pointer)
+      live_tags_[pointer] = current_tag;
+    else
+      live_tags_.erase(pointer);
+    current_tag = 0;
+  }
+
+  // Held while a snapshot is put together (the stacks must not change under it).
+  std::mutex &mutex() { return mutex_; }
+  bool keeps_events() const { return capacity_ != 0; }
+
+  // Each run of mapped blocks of a gpumem region is one segment, as PyTorch's snapshot lists them; with
+  // a pool named, only that pool's. `own_pool` names the pool of an allocator that serves one MemPool.
+  void add_segments(gm_allocator *allocator, c10::DeviceIndex device, SnapshotInfo &result, MempoolId_t only,
+                    MempoolId_t own_pool = {0, 0}) {
+    gm_snapshot *snapshot = nullptr;
+    if (gm_snapshot_take(allocator, &snapshot) != GM_OK)
+      return;
+    bool pages = std::string(snapshot->device.engine) == "pages";
+    bool any = only == MempoolId_t{0, 0};
+    for (size_t r = 0; r < snapshot->region_count; r++) {
+      const gm_snapshot_region &region = snapshot->regions[r];
+      MempoolId_t pool = own_pool != MempoolId_t{0, 0} ? own_pool : torch_pool(region.private_pool);
+      if (!any && pool != only)
+        continue;
+      c10::CachingDeviceAllocator::SegmentInfo *segment = nullptr;
+      for (size_t b = 0; b < region.block_count; b++) {
+        const gm_snapshot_block &block = snapshot->blocks[region.first_block + b];
+        if (block.kind == GM_BLOCK_KIND_UNMAPPED) {
+          segment = nullptr;
+          continue;
+        }
+        if (!segment) {
+          result.segments.emplace_back();
+          segment = &result.segments.back();
+          segment->device = device;
+          segment->address = block.address;
+          segment->stream = reinterpret_cast<void *>(region.stream);
+          segment->is_large = region.pool == GM_POOL_LARGE;
+          segment->is_expandable = pages;
+          segment->owner_private_pool_id = pool;
+        }
+        c10::CachingDeviceAllocator::BlockInfo info;
+        info.size = block.size;
+        info.requested_size = block.requested;
+        info.allocated = block.kind == GM_BLOCK_KIND_ALLOCATED;
+        info.active = block.kind != GM_BLOCK_KIND_FREE;
+        auto live = live_tags_.find(reinterpret_cast<void *>(block.address));
+        if (info.allocated && live != live_tags_.end())
+          info.context_when_allocated = stack_of_tag(live->second);
+        segment->total_size += block.size;
+        segment->requested_size += block.requested;
+        segment->allocated_size += info.allocated ? block.size : 0;
+        segment->active_size += info.active ? block.size : 0;
+        segment->blocks.push_back(std::move(info));
+      }
+    }
+    gm_snapshot_free(snapshot);
+  }
+
+  void add_trace(gm_allocator *allocator, c10::DeviceIndex device, std::vector<TraceEntry> &trace) {
+    size_t count = 0;
+    if (gm_history_read(allocator, nullptr, 0, &count, nullptr) != GM_OK)
+      return;
+    std::vector<gm_event> events(count);
+    gm_history_read(allocator, events.data(), events.size(), &count, nullptr);
+    bool pages = is_pages_engine(allocator);
+    // gpumem's times are CLOCK_MONOTONIC; snapshots carry microseconds since the epoch.
+    timespec now_real, now_monotonic;
+    clock_gettime(CLOCK_REALTIME, &now_real);
+    clock_gettime(CLOCK_MONOTONIC, &now_monotonic);
+    int64_t offset_ns = (now_real.tv_sec - now_monotonic.tv_sec) * 1000000000LL + now_real.tv_nsec - now_monotonic.tv_nsec;
+    for (size_t i = 0; i < count; i++) {
+      const gm_event &event = events[i];
+      TraceEntry::Action action;
+      if (!action_of(event.kind, pages, &action))
+        continue;
+      TraceEntry entry(action, device, static_cast<size_t>(event.address), static_cast<size_t>(event.size),
+                       reinterpret_cast<void *>(event.stream), torch_pool(event.pool), c10::approx_time_t{0},
+                       stack_of_tag(event.tag));
+      entry.time_.t_ = static_cast<time_t>((static_cast<int64_t>(event.time_ns) + offset_ns) / 1000);
+      trace.push_back(std::move(entry));
+    }
+  }
+
+ private:
+  // The ring's size and the tagger, for a new or every allocator (mutex_ held).
+  void apply(gm_allocator *allocator) {
+    gm_set_history(allocator, capacity_);
+    if (capacity_)
+      gm_set_history_tagger(allocator, current_tag_of, nullptr);
+  }
+
+  // The stack of `tag`, if the ring still holds it (mutex_ held).
+  std::shared_ptr<GatheredContext> stack_of_tag(uint64_t tag) {
+    if (!tag || contexts_.empty() || tag + contexts_.size() <= next_tag_)
+      return nullptr;
+    return contexts_[tag % contexts_.size()];
+  }
+
+  std::mutex mutex_;
+  std::atomic<bool> enabled_{false};
+  CreateContextFn recorder_ = nullptr;
+  RecordContext when_ = RecordContext::NEVER;
+  size_t capacity_ = 0;
+  uint64_t next_tag_ = 0;
+  std::vector<std::shared_ptr<GatheredContext>> contexts_; // tag % size -> the stack of that call
+  std::unordered_map<void *, uint64_t> live_tags_;          // live allocation -> its call's tag
+};
+
+class Observers {
+ public:
+  void attach_out_of_memory(OutOfMemoryObserver observer) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    out_of_memory_.push_back(std::move(observer));
+  }
+
+  // Before an OutOfMemoryError: each observer, with no lock held (a Python observer takes the GIL and
+  // may take a snapshot), as PyTorch's allocator calls them.
+  void out_of_memory(c10::DeviceIndex device, size_t size, size_t limit, size_t device_free) {
+    std::vector<OutOfMemoryObserver> observers;
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      observers = out_of_memory_;
+    }
+    for (const OutOfMemoryObserver &observer : observers)
+      observer(device, size, limit, device_free);
+  }
+
+  // A trace tracker; the caller then watches every allocator (watch), existing and future.
+  void attach_tracker(AllocatorTraceTracker tracker) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    trackers_.push_back(std::move(tracker));
+    tracking_.store(true, std::memory_order_release);
+  }
+
+  bool tracking() const { return tracking_.load(std::memory_order_acquire); }
+
+  // The trackers see `allocator`'s events from now on (once per allocator). `own_pool` names the pool
+  // of an allocator that serves one MemPool.
+  void watch(gm_allocator *allocator, c10::DeviceIndex device, MempoolId_t own_pool = {0, 0}) {
+    if (!tracking())
+      return;
+    bool pages = is_pages_engine(allocator); // gpumem's lock, never taken inside mutex_ (on_event nests them)
+    Watched *watched = nullptr;
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      for (Watched &entry : watched_)
+        if (entry.allocator == allocator)
+          return;
+      watched_.push_back(Watched{this, allocator, device, own_pool, pages});
+      watched = &watched_.back(); // a list: the element stays where it is while the allocator lives
+    }
+    gm_set_event_observer(allocator, on_event, watched);
+  }
+
+  // A destroyed allocator is no longer watched.
+  void forget(gm_allocator *allocator) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    watched_.remove_if([allocator](const Watched &entry) { return entry.allocator == allocator; });
+  }
+
+ private:
+  struct Watched {
+    Observers *owner;
+    gm_allocator *allocator;
+    c10::DeviceIndex device;
+    MempoolId_t own_pool;
+    bool pages;
+  };
+
+  // Under gpumem's lock (and then this mutex). An exception must not cross gpumem's C frames, and a
+  // warning could need the GIL, which the thread waiting for gpumem's lock may hold: a tracker that
+  // throws is ignored, as the event it missed.
+  static void on_event(const gm_event *event, void *context) {
+    auto *watched = static_cast<Watched *>(context);
+    TraceEntry::Action action;
+    if (!action_of(event->kind, watched->pages, &action))
+      return;
+    MempoolId_t pool = watched->own_pool != MempoolId_t{0, 0} ? watched->own_pool : torch_pool(event->pool);
+    TraceEntry entry(action, watched->device, static_cast<size_t>(event->address), static_cast<size_t>(event->size),
+                     reinterpret_cast<void *>(event->stream), pool, c10::getApproximateTime());
+    std::lock_guard<std::mutex> guard(watched->owner->mutex_);
+    for (const AllocatorTraceTracker &tracker : watched->owner->trackers_) {
+      try {
+        tracker(entry);
+      } catch (...) {
+      }
+    }
+  }
+
+  std::mutex mutex_;
+  std::vector<OutOfMemoryObserver> out_of_memory_;
+  std::vector<AllocatorTraceTracker> trackers_;
+  std::atomic<bool> tracking_{false};
+  std::list<Watched> watched_;
+};
+
+} // namespace gpumem_trace
