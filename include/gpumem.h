@@ -216,6 +216,11 @@ GM_API gm_status gm_retain_pool(gm_allocator *allocator, gm_pool_id pool);
 /* Take a user away; GM_ERROR_INVALID_ARGUMENT for a pool that does not exist. */
 GM_API gm_status gm_release_pool(gm_allocator *allocator, gm_pool_id pool);
 
+/* Let allocations outside `pool` use its free memory when they would otherwise fail (`use_on_oom`
+ * nonzero), as torch.cuda.MemPool(use_on_oom=True): their last retry may take the pool's cached free
+ * memory, which is then no longer the pool's. GM_ERROR_INVALID_ARGUMENT for a pool that does not exist. */
+GM_API gm_status gm_set_pool_use_on_oom(gm_allocator *allocator, gm_pool_id pool, int use_on_oom);
+
 typedef struct gm_pool_info {
     uint32_t users;            /* retains and begins not yet released */
     uint64_t live_allocations; /* its blocks not yet freed (or waiting for a recorded stream) */

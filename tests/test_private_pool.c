@@ -102,6 +102,38 @@ static void pool_memory_is_kept_for_the_pool(void)
     }
 }
 
+/* A pool marked use_on_oom keeps its memory while others fit elsewhere; an allocation that would
+ * otherwise fail takes the pool's free memory; without the mark it fails. */
+static void a_pool_lends_its_memory_on_out_of_memory(void)
+{
+    static const char *const limited[] = {"backend:sim,capacity:64MiB", "backend:sim,capacity:64MiB,engine:segments"};
+    for (size_t c = 0; c < config_count; c++) {
+        for (int lend = 0; lend <= 1; lend++) {
+            gm_allocator *allocator = NULL;
+            REQUIRE(gm_create(limited[c], &allocator) == GM_OK);
+            CHECK_OK(gm_retain_pool(allocator, other_pool)); /* a MemPool */
+            CHECK_OK(gm_begin_allocate_to_pool(allocator, other_pool, NULL, NULL));
+            void *pooled = NULL, *small = NULL, *outside = NULL;
+            CHECK_OK(gm_malloc(allocator, 40 * MIB, 0, &pooled));
+            CHECK_OK(gm_end_allocate_to_pool(allocator, other_pool));
+            CHECK_OK(gm_free(allocator, pooled)); /* cached in the pool */
+            CHECK_OK(gm_set_pool_use_on_oom(allocator, other_pool, lend));
+            CHECK_OK(gm_malloc(allocator, 4 * MIB, 0, &small)); /* fits beside the pool: nothing lent */
+            CHECK(pool_info(allocator, other_pool).reserved_bytes >= 40 * MIB);
+            gm_status status = gm_malloc(allocator, 40 * MIB, 0, &outside);
+            CHECK_STATUS(status, lend ? GM_OK : GM_ERROR_OUT_OF_MEMORY);
+            if (lend) {
+                CHECK(pool_info(allocator, other_pool).reserved_bytes < 40 * MIB);
+                CHECK_OK(gm_free(allocator, outside));
+            }
+            CHECK_OK(gm_validate(allocator));
+            CHECK_OK(gm_free(allocator, small));
+            CHECK_OK(gm_release_pool(allocator, other_pool));
+            gm_destroy(allocator, NULL);
+        }
+    }
+}
+
 /* No users and no live block: the pool is gone and its memory given back; a live block keeps it until
  * its free. */
 static void a_released_pool_goes_away_with_its_last_block(void)
@@ -515,6 +547,9 @@ static void bad_calls_are_clear_errors(void)
     CHECK_MESSAGE("nothing is being allocated to pool (0, 1)");
     CHECK_STATUS(gm_release_pool(allocator, graph_pool), GM_ERROR_INVALID_ARGUMENT);
     CHECK_MESSAGE("no private pool (0, 1) exists");
+    CHECK_STATUS(gm_set_pool_use_on_oom(allocator, graph_pool, 1), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_MESSAGE("gm_set_pool_use_on_oom: no private pool (0, 1) exists");
+    CHECK_STATUS(gm_set_pool_use_on_oom(NULL, graph_pool, 1), GM_ERROR_INVALID_ARGUMENT);
     CHECK_STATUS(gm_retain_pool(allocator, none), GM_ERROR_INVALID_ARGUMENT);
     CHECK_STATUS(gm_get_pool_info(allocator, graph_pool, NULL), GM_ERROR_INVALID_ARGUMENT);
     CHECK_OK(gm_retain_pool(allocator, graph_pool));
@@ -541,5 +576,5 @@ RUN_TESTS(TEST_CASE(requests_follow_the_filter), TEST_CASE(pool_memory_is_kept_f
           TEST_CASE(growth_during_capture_waits_for_no_capturing_stream),
           TEST_CASE(data_survives_in_a_pool), TEST_CASE(destroy_with_pools_alive),
           TEST_CASE(destroy_during_a_capture), TEST_CASE(a_pools_allocations_are_listed),
-          TEST_CASE(a_pool_is_put_back_to_a_checkpoint),
+          TEST_CASE(a_pool_is_put_back_to_a_checkpoint), TEST_CASE(a_pool_lends_its_memory_on_out_of_memory),
           TEST_CASE(bad_calls_are_clear_errors))

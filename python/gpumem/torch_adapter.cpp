@@ -474,6 +474,20 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     TORCH_CHECK(gm_retain_pool(of(device), pool_of(id)) == GM_OK, "gpumem: ", gm_last_error());
   }
 
+  // MemPool(no_split=True), called right after the pool is made: an allocator of its own whose blocks
+  // are never split takes the pool over (torch_pool_sources.h).
+  void setNoSplit(c10::DeviceIndex device, c10::cuda::MempoolId_t id) override {
+    if (sourced_.has(device, id))
+      return sourced_.make_unsplit(device, id, 0);
+    gm_allocator *allocator = of(device);
+    gm_pool_info info;
+    TORCH_CHECK(gm_get_pool_info(allocator, pool_of(id), &info) == GM_OK, "gpumem: ", gm_last_error());
+    TORCH_CHECK(info.live_allocations == 0, "gpumem: no_split must be set before the memory pool is used");
+    sourced_.make_unsplit(device, id, static_cast<int>(info.users));
+    for (uint32_t user = 0; user < info.users; user++)
+      gm_release_pool(allocator, pool_of(id));
+  }
+
   // Called from destructors (a graph's, a MemPool's): warns, never throws.
   void releasePool(c10::DeviceIndex device, c10::cuda::MempoolId_t id) override {
     if (sourced_.has(device, id))
@@ -482,11 +496,16 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
       TORCH_WARN("gpumem: ", gm_last_error());
   }
 
-  // MemPool(use_on_oom=True) lets other allocations fall back to a pool's memory when the device is full;
-  // gpumem keeps a pool's memory to the pool, so the flag only warns (the destructor clears it: quiet).
-  void setUseOnOOM(c10::DeviceIndex, c10::cuda::MempoolId_t, bool use_on_oom) override {
-    if (use_on_oom)
-      TORCH_WARN_ONCE("gpumem: MemPool(use_on_oom=True) is not supported; the pool's memory stays its own");
+  // MemPool(use_on_oom=True): allocations elsewhere that would fail may take the pool's free memory
+  // (gm_set_pool_use_on_oom). Not for a pool with an allocator of its own, whose memory is that
+  // allocator's. Called from destructors too (clearing the flag of a pool perhaps gone): never throws.
+  void setUseOnOOM(c10::DeviceIndex device, c10::cuda::MempoolId_t id, bool use_on_oom) override {
+    if (sourced_.has(device, id)) {
+      if (use_on_oom)
+        TORCH_WARN_ONCE("gpumem: use_on_oom is not supported for a MemPool with an allocator of its own");
+    } else if (gm_set_pool_use_on_oom(of(device), pool_of(id), use_on_oom ? 1 : 0) != GM_OK && use_on_oom) {
+      TORCH_WARN("gpumem: ", gm_last_error());
+    }
   }
 
   std::vector<gm_pool_allocation> pool_allocations(c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
@@ -600,7 +619,15 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
         history_.add_trace(allocator, device, result.device_traces[index]);
     }
     result.device_traces.resize(std::max<size_t>(devices, c10::cuda::device_count()));
+    result.external_annotations = history_.annotations();
     return result;
+  }
+
+  void setUserMetadata(const std::string &metadata) override { history_.set_metadata(metadata); }
+  std::string getUserMetadata() override { return history_.metadata(); }
+
+  void recordAnnotation(const std::vector<std::pair<std::string, std::string>> &pairs) override {
+    history_.annotate(current_device_index(), pairs);
   }
 
   void attachOutOfMemoryObserver(c10::cuda::CUDACachingAllocator::OutOfMemoryObserver observer) override {

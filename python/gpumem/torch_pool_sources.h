@@ -9,6 +9,10 @@
 // segments engine): its allocations are routed here before the device's allocator is asked, its
 // statistics and segments are added to the device's, empty_cache gives its cached segments back to
 // that allocator, and once PyTorch releases the pool and no allocation of it is left, it is destroyed.
+//
+// A MemPool(no_split=True) (symmetric memory, registered with NCCL segment by segment) is served the
+// same way, by a gm_allocator of its own whose blocks are never split (the segments engine with
+// split_blocks:false), on the device's memory or on its own allocator's.
 #pragma once
 
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -32,9 +36,10 @@ using Filter = std::function<bool(cudaStream_t)>;
 struct SourcedPool {
   c10::DeviceIndex device;
   c10::cuda::MempoolId_t id;
-  std::shared_ptr<CUDAAllocator> source;
+  std::shared_ptr<CUDAAllocator> source; // NULL: the device's memory
   gm_allocator *allocator = nullptr;
   int users = 0;
+  bool unsplit = false;
 };
 
 // The pool's allocator hands out a segment, on the pool's device. Called with gpumem's lock held.
@@ -70,18 +75,28 @@ class SourcedPools {
     if (!pool) {
       pools_.push_back(SourcedPool{device, id, std::move(source)});
       pool = &pools_.back();
-      gm_segment_source from = {allocate_from, give_back_to, pool};
-      std::string config = "backend:cuda,publish:false,device:" + std::to_string(device);
-      if (gm_create_with_source(config.c_str(), &from, &pool->allocator) != GM_OK) {
-        std::string reason = gm_last_error();
-        pools_.pop_back();
-        TORCH_CHECK(false, "gpumem: cannot make the memory pool with its own allocator: ", reason);
-      }
-      count_.fetch_add(1, std::memory_order_release);
-      if (on_made)
-        on_made(pool->allocator, device, id);
+      make_allocator(*pool, [this] { pools_.pop_back(); });
     }
     pool->users++;
+  }
+
+  // MemPool(no_split=True), told after the pool was made and before it is used: a pool of this kind
+  // gets an allocator that does not split anew; a pool of gpumem's own private pools (with `users`,
+  // given up there by the caller) becomes one of this kind, on the device's memory.
+  void make_unsplit(c10::DeviceIndex device, c10::cuda::MempoolId_t id, int users) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    SourcedPool *pool = find(device, id);
+    if (!pool) {
+      pools_.push_back(SourcedPool{device, id, nullptr, nullptr, users, true});
+      make_allocator(pools_.back(), [this] { pools_.pop_back(); });
+      return;
+    }
+    gm_stats stats;
+    TORCH_CHECK(gm_get_stats(pool->allocator, &stats) == GM_OK && stats.allocation[GM_POOL_ALL].current == 0,
+                "gpumem: no_split must be set before the memory pool is used");
+    destroy_allocator(*pool);
+    pool->unsplit = true;
+    make_allocator(*pool, [] {});
   }
 
   bool has(c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
@@ -205,6 +220,33 @@ class SourcedPools {
     Filter filter;
   };
 
+  // The pool's gm_allocator: on its own allocator's memory or the device's, its blocks split or not
+  // (mutex_ held). On failure `undo` runs and the error is raised.
+  template <typename Undo> void make_allocator(SourcedPool &pool, Undo undo) {
+    std::string config = "backend:cuda,publish:false,device:" + std::to_string(pool.device);
+    if (pool.unsplit)
+      config += ",engine:segments,split_blocks:false";
+    gm_segment_source from = {allocate_from, give_back_to, &pool};
+    gm_status status = pool.source ? gm_create_with_source(config.c_str(), &from, &pool.allocator)
+                                   : gm_create(config.c_str(), &pool.allocator);
+    if (status != GM_OK) {
+      std::string reason = gm_last_error();
+      undo();
+      TORCH_CHECK(false, "gpumem: cannot make the allocator of the memory pool: ", reason);
+    }
+    count_.fetch_add(1, std::memory_order_release);
+    if (on_made)
+      on_made(pool.allocator, pool.device, pool.id);
+  }
+
+  void destroy_allocator(SourcedPool &pool) {
+    gm_destroy(pool.allocator, nullptr);
+    if (on_destroyed)
+      on_destroyed(pool.allocator);
+    pool.allocator = nullptr;
+    count_.fetch_sub(1, std::memory_order_release);
+  }
+
   SourcedPool *find(c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
     for (SourcedPool &pool : pools_)
       if (pool.device == device && pool.id == id)
@@ -225,11 +267,8 @@ class SourcedPools {
         ++pool;
         continue;
       }
-      gm_destroy(pool->allocator, nullptr);
-      if (on_destroyed)
-        on_destroyed(pool->allocator);
+      destroy_allocator(*pool);
       pool = pools_.erase(pool);
-      count_.fetch_sub(1, std::memory_order_release);
     }
   }
 

@@ -6,6 +6,9 @@
 // segments are the runs of mapped blocks of gpumem's regions, named by their private pool, so that
 // MemPool.snapshot() lists only its pool's.
 //
+// User metadata (torch.cuda.memory._set_memory_metadata) goes with each recorded event, as the stacks
+// do; annotations (profiler ranges while history is recorded) are kept with the same capacity.
+//
 // Observers: callbacks PyTorch lets others attach. Out-of-memory observers are called before the
 // OutOfMemoryError is raised (torch._C._cuda_attach_out_of_memory_observer: dump a snapshot at the
 // moment of failure). Trace trackers are called with each event as it happens, under gpumem's lock
@@ -21,6 +24,7 @@
 
 #include <atomic>
 #include <ctime>
+#include <deque>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -79,6 +83,8 @@ class History {
     recorder_ = enabled ? recorder : nullptr;
     when_ = enabled ? when : RecordContext::NEVER;
     contexts_.assign(capacity, nullptr);
+    metadata_of_tag_.assign(capacity, std::string());
+    annotations_.clear();
     live_tags_.clear();
     capacity_ = capacity;
     for (gm_allocator *allocator : allocators)
@@ -108,8 +114,43 @@ class History {
     std::shared_ptr<GatheredContext> stack = recorder ? recorder() : nullptr;
     std::lock_guard<std::mutex> guard(mutex_);
     current_tag = ++next_tag_;
-    if (!contexts_.empty())
+    if (!contexts_.empty()) {
       contexts_[current_tag % contexts_.size()] = std::move(stack);
+      metadata_of_tag_[current_tag % contexts_.size()] = metadata_;
+    }
+  }
+
+  void set_metadata(const std::string &metadata) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    metadata_ = metadata;
+  }
+
+  std::string metadata() {
+    std::lock_guard<std::mutex> guard(mutex_);
+    return metadata_;
+  }
+
+  // A profiler range begun or ended while history is recorded (recordAnnotation), at the time it happens.
+  void annotate(c10::DeviceIndex device, const std::vector<std::pair<std::string, std::string>> &pairs) {
+    if (!enabled())
+      return;
+    c10::CachingDeviceAllocator::AnnotationEntry entry(device, 0);
+    timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    entry.time_.t_ = static_cast<time_t>(now.tv_sec * 1000000LL + now.tv_nsec / 1000);
+    for (const auto &pair : pairs)
+      entry.recordUserMetadata(pair.first, pair.second);
+    std::lock_guard<std::mutex> guard(mutex_);
+    if (!capacity_)
+      return;
+    if (annotations_.size() == capacity_)
+      annotations_.pop_front();
+    annotations_.push_back(std::move(entry));
+  }
+
+  // The annotations kept (mutex() held).
+  std::vector<c10::CachingDeviceAllocator::AnnotationEntry> annotations() const {
+    return {annotations_.begin(), annotations_.end()};
   }
 
   void end_call(void *pointer, bool allocated) {
@@ -193,7 +234,7 @@ class History {
         continue;
       TraceEntry entry(action, device, static_cast<size_t>(event.address), static_cast<size_t>(event.size),
                        reinterpret_cast<void *>(event.stream), torch_pool(event.pool), c10::approx_time_t{0},
-                       stack_of_tag(event.tag));
+                       stack_of_tag(event.tag), "", metadata_of_tag(event.tag));
       entry.time_.t_ = static_cast<time_t>((static_cast<int64_t>(event.time_ns) + offset_ns) / 1000);
       trace.push_back(std::move(entry));
     }
@@ -207,11 +248,16 @@ class History {
       gm_set_history_tagger(allocator, current_tag_of, nullptr);
   }
 
-  // The stack of `tag`, if the ring still holds it (mutex_ held).
+  // Whether the rings still hold what was kept for `tag` (mutex_ held).
+  bool holds(uint64_t tag) const { return tag && !contexts_.empty() && tag + contexts_.size() > next_tag_; }
+
+  // The stack of `tag`, and the user metadata set at its time (mutex_ held).
   std::shared_ptr<GatheredContext> stack_of_tag(uint64_t tag) {
-    if (!tag || contexts_.empty() || tag + contexts_.size() <= next_tag_)
-      return nullptr;
-    return contexts_[tag % contexts_.size()];
+    return holds(tag) ? contexts_[tag % contexts_.size()] : nullptr;
+  }
+
+  std::string metadata_of_tag(uint64_t tag) const {
+    return holds(tag) ? metadata_of_tag_[tag % contexts_.size()] : std::string();
   }
 
   std::mutex mutex_;
@@ -221,6 +267,9 @@ class History {
   size_t capacity_ = 0;
   uint64_t next_tag_ = 0;
   std::vector<std::shared_ptr<GatheredContext>> contexts_; // tag % size -> the stack of that call
+  std::vector<std::string> metadata_of_tag_;                // tag % size -> the user metadata then
+  std::string metadata_;                                    // _set_memory_metadata's, now
+  std::deque<c10::CachingDeviceAllocator::AnnotationEntry> annotations_;
   std::unordered_map<void *, uint64_t> live_tags_;          // live allocation -> its call's tag
 };
 

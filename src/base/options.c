@@ -65,6 +65,10 @@ static const option_descriptor descriptors[] = {
     {"release_before_growth", KIND_BOOLEAN, FIELD(release_before_growth), NULL,
      "segments engine: free cached segments before reserving beyond the previous peak, within a budget "
      "of device time (default true)"},
+    {"split_blocks", KIND_BOOLEAN, FIELD(split_blocks), NULL,
+     "segments engine: a request takes as much of a free block or new segment as it needs, the rest "
+     "staying free (default true); false gives each request a whole free block or segment, as PyTorch's "
+     "MemPool(no_split=True) keeps each tensor in a segment of its own"},
     {"cost_model", KIND_BOOLEAN, FIELD(cost_model), NULL,
      "sim: charge every device call its cost measured on an H200 (default true)"},
     {"device_credit_ns", KIND_INTEGER, FIELD(device_credit_ns), NULL,
@@ -146,6 +150,7 @@ void gm_options_default(gm_options *options)
     options->large_segment_size = 20ull << 20;
     options->min_large_alloc = 10ull << 20;
     options->release_before_growth = true;
+    options->split_blocks = true;
     options->cost_model = true;
     options->device_credit_ns = 250;
     options->max_chunk_size = 128ull << 20;

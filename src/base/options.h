@@ -38,6 +38,7 @@ typedef struct gm_options {
     uint64_t large_segment_size; /* segments engine: segment size for requests below min_large_alloc */
     uint64_t min_large_alloc;    /* segments engine: from here on a segment is sized to the request */
     bool release_before_growth;  /* segments engine: free cached segments before reserving beyond the peak */
+    bool split_blocks;           /* segments engine: a request may take part of a free block (false: all of it) */
     bool cost_model;             /* sim: charge each device call its measured H200 cost */
     int device_credit_ns;        /* pages engine: device-call time each allocation earns */
     uint64_t max_chunk_size;     /* pages engine: largest chunk of physical memory made at once */

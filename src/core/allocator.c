@@ -315,7 +315,13 @@ static gm_status retry_allocation(gm_allocator *allocator, gm_heap *heap, int po
     attempts->released_bytes += (uint64_t)(reserved_before - gm_stat_total(allocator->arena.stats->reserved_bytes));
     attempts->retried = true;
     allocator->arena.stats->num_alloc_retries++;
-    return engine->allocate(&allocator->arena, heap, pool, size, block_out);
+    status = engine->allocate(&allocator->arena, heap, pool, size, block_out);
+    if (status == GM_ERROR_OUT_OF_MEMORY && gm_lend_pools_locked(allocator, true)) {
+        engine->release_cached(&allocator->arena, 0); /* the lending pools' free memory goes too */
+        status = engine->allocate(&allocator->arena, heap, pool, size, block_out);
+        gm_lend_pools_locked(allocator, false);
+    }
+    return status;
 }
 
 /* After the retries: the pressure callbacks (level critical) with the lock released, one more round of

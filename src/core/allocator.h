@@ -96,6 +96,9 @@ void gm_wait_for_pending_frees_locked(gm_allocator *allocator);
 gm_heap *gm_heap_for_request_locked(gm_allocator *allocator, gm_stream stream);
 /* A block of `pool` went back to the engine; the pool may be gone now. */
 void gm_pool_block_retired_locked(gm_allocator *allocator, gm_private_pool *pool);
+/* Let the pools marked use_on_oom lend their free memory to every heap (`lend`), or stop; whether any
+ * pool is marked so (private_pool.c). */
+bool gm_lend_pools_locked(gm_allocator *allocator, bool lend);
 /* Drop the pools that are gone but had to wait (pools_to_forget). */
 void gm_forget_gone_pools_locked(gm_allocator *allocator);
 /* Free the pool structs and routes (gm_destroy, after the engine gave everything back). */

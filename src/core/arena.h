@@ -44,6 +44,8 @@ typedef struct gm_private_pool {
     gm_pool_id id;
     uint32_t users;           /* retains and begins not yet released */
     uint64_t live_blocks;     /* blocks allocated in it and not yet retired */
+    bool use_on_oom;          /* its free memory may serve others when they would fail (MemPool(use_on_oom)) */
+    bool lending;             /* ...and they are being retried now: its free memory is anyone's */
     struct gm_private_pool *next;
 } gm_private_pool;
 
@@ -136,11 +138,12 @@ void gm_free_heaps(gm_arena *arena);
 size_t gm_forget_idle_heaps(gm_arena *arena, const gm_heap *keep, size_t idle_kept);
 
 /* Whether free memory of `heap` may serve `requester` (NULL: may be given back to the device): not
- * while it belongs to a private pool with users, except to that pool's own heaps. */
+ * while it belongs to a private pool with users, except to that pool's own heaps, or to anyone while a
+ * pool that lends on out of memory does so. */
 static inline bool gm_heap_memory_available(const gm_heap *heap, const gm_heap *requester)
 {
     const gm_private_pool *pool = heap->private_pool;
-    return !pool || pool->users == 0 || (requester && requester->private_pool == pool);
+    return !pool || pool->users == 0 || pool->lending || (requester && requester->private_pool == pool);
 }
 
 /* The name of the private pool `heap` belongs to ({0, 0}: none), for events. */

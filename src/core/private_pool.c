@@ -20,6 +20,10 @@
  * A heap is never dropped while an allocation waits, lock released, for pressure callbacks: then the
  * pool is marked and dropped at the end of that allocation.
  *
+ * Lending: a pool marked use_on_oom (torch.cuda.MemPool(use_on_oom=True)) keeps its memory to itself
+ * too, except for the last retry of an allocation elsewhere that would fail: then its free memory is
+ * anyone's, for that retry only (gm_lend_pools_locked), and what the retry took is no longer the pool's.
+ *
  * Checkpoints: torch.compile's cudagraph trees replay graphs without the allocator and, to record a new
  * branch after a replay, put the pool back to the allocations it had after a recording. The pool's
  * allocations can be listed (gm_get_pool_allocations) and a block placed at a given address of the
@@ -243,6 +247,31 @@ gm_status gm_release_pool(gm_allocator *allocator, gm_pool_id id)
     }
     pthread_mutex_unlock(&allocator->lock);
     return status;
+}
+
+gm_status gm_set_pool_use_on_oom(gm_allocator *allocator, gm_pool_id id, int use_on_oom)
+{
+    gm_status status = check_arguments("gm_set_pool_use_on_oom", allocator, id);
+    if (status != GM_OK)
+        return status;
+    pthread_mutex_lock(&allocator->lock);
+    gm_private_pool *pool = find_pool(allocator, id);
+    if (!pool)
+        status = no_such_pool("gm_set_pool_use_on_oom", id);
+    else
+        pool->use_on_oom = use_on_oom != 0;
+    pthread_mutex_unlock(&allocator->lock);
+    return status;
+}
+
+bool gm_lend_pools_locked(gm_allocator *allocator, bool lend)
+{
+    bool any = false;
+    for (gm_private_pool *pool = allocator->private_pools; pool; pool = pool->next) {
+        pool->lending = lend && pool->use_on_oom;
+        any = any || pool->use_on_oom;
+    }
+    return any;
 }
 
 gm_status gm_get_pool_info(gm_allocator *allocator, gm_pool_id id, gm_pool_info *info_out)

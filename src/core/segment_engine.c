@@ -6,7 +6,10 @@
  * there on. A segment is tiled by blocks; a request takes the best-fitting free block of its
  * heap's pool and splits off the rest (in the large pool only when the rest exceeds small_size,
  * as PyTorch does, so that big blocks do not crumble); a freed block coalesces with free
- * neighbours. A whole free segment stays cached until empty_cache or an out-of-memory retry.
+ * neighbours. A whole free segment stays cached until empty_cache or an out-of-memory retry. With
+ * split_blocks:false nothing is split: a request takes the whole free block or segment it lands in, so
+ * no two allocations share a segment (PyTorch's MemPool(no_split=True), for memory registered with
+ * NCCL segment by segment).
  *
  * One improvement over PyTorch (release_before_growth, on by default): before a new segment would
  * raise reserved memory above its previous peak, the cached free segments are given back first.
@@ -146,7 +149,8 @@ static gm_status segments_allocate(gm_arena *arena, gm_heap *heap, int pool, uin
             return status;
     }
     uint64_t rest_size = block->size - size;
-    bool split = pool == GM_POOL_SMALL ? rest_size >= 512 : rest_size > arena->options->small_size;
+    bool split = arena->options->split_blocks &&
+                 (pool == GM_POOL_SMALL ? rest_size >= 512 : rest_size > arena->options->small_size);
     if (split) {
         gm_block *rest = gm_split_block(&arena->block_pool, block, size);
         if (rest)

@@ -291,6 +291,65 @@ def mem_pool_snapshot_lists_its_own_segments(torch):
 
 
 @check
+def mem_pool_lends_on_out_of_memory(torch):
+    """MemPool(use_on_oom=True): an allocation outside the pool that would fail takes the pool's free
+    memory."""
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(0.02)
+    try:
+        pool = torch.cuda.MemPool(use_on_oom=True)
+        with torch.cuda.use_mem_pool(pool):
+            inside = torch.empty(int(0.015 * total), dtype=torch.uint8, device="cuda")
+        del inside  # cached in the pool
+        outside = torch.ones(int(0.012 * total), dtype=torch.uint8, device="cuda")
+        assert int(outside[-1].item()) == 1
+        del outside, pool
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()
+
+
+@check
+def mem_pool_without_splitting(torch):
+    """MemPool(no_split=True): every tensor of the pool has a segment of its own."""
+    pool = torch.cuda.MemPool(no_split=True)
+    with torch.cuda.use_mem_pool(pool):
+        tensors = [torch.full((3 * MIB,), value, dtype=torch.uint8, device="cuda") for value in (1, 2, 3)]
+    segments = pool.snapshot()
+    assert len(segments) == 3, [(segment["total_size"], len(segment["blocks"])) for segment in segments]
+    for segment in segments:
+        assert sum(block["state"] == "active_allocated" for block in segment["blocks"]) == 1, segment["blocks"]
+    assert [int(tensor[-1].item()) for tensor in tensors] == [1, 2, 3]
+    outside = torch.empty(MIB, dtype=torch.uint8, device="cuda")
+    assert all(not (segment["address"] <= outside.data_ptr() < segment["address"] + segment["total_size"])
+               for segment in segments)
+    del tensors, outside, pool
+
+
+@check
+def memory_metadata_and_annotations(torch):
+    """_set_memory_metadata goes with the events recorded after it; profiler ranges recorded while the
+    history is on are the snapshot's external annotations."""
+    torch.cuda.memory._record_memory_history(max_entries=1000)
+    try:
+        torch.cuda.memory._set_memory_metadata("phase one")
+        with torch.profiler.record_function("region_x"):
+            tensor = torch.empty(3 * MIB, dtype=torch.uint8, device="cuda")
+        del tensor
+        assert torch.cuda.memory._get_memory_metadata() == "phase one"
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._set_memory_metadata("")
+        torch.cuda.memory._record_memory_history(enabled=None)
+    metadata = {entry.get("user_metadata") for trace in snapshot["device_traces"] for entry in trace
+                if entry["action"] == "alloc"}
+    assert "phase one" in metadata, metadata
+    names = {str(annotation) for annotation in snapshot.get("external_annotations", [])}
+    assert any("region_x" in name for name in names), names
+
+
+@check
 def graph_pool_segments_are_named(torch):
     graph = torch.cuda.CUDAGraph()
     data = torch.ones(4 * MIB, device="cuda")
