@@ -34,7 +34,6 @@
 #include <mutex>
 #include <set>
 #include <string>
-#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -43,7 +42,6 @@
 #include "torch_pool_sources.h"
 #include "torch_trace.h"
 
-#include <unistd.h>
 
 namespace {
 
@@ -55,6 +53,12 @@ using c10::cuda::CUDACachingAllocator::SnapshotInfo;
 using torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
 
 constexpr size_t kMaxDevices = 64;
+
+std::array<double, kMaxDevices> filled(double value) {
+  std::array<double, kMaxDevices> values;
+  values.fill(value);
+  return values;
+}
 
 using StreamFilter = std::function<bool(cudaStream_t)>;
 
@@ -137,6 +141,8 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
       gm_status status = gm_create_from_environment(config.c_str(), &allocator);
       TORCH_CHECK(status == GM_OK, "gpumem: cannot create the allocator of cuda:", device, ": ",
                   gm_last_error());
+      if (pending_fractions_[device] < 1.0)
+        apply_fraction(allocator, pending_fractions_[device]);
       if (created_.load(std::memory_order_relaxed) == 0)
         single_.store(allocator, std::memory_order_relaxed);
       history_.adopt(allocator, [&] { allocators_[device].store(allocator, std::memory_order_seq_cst); });
@@ -294,19 +300,44 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
 
   bool initialized() override { return initialized_; }
 
+  // A device whose allocator does not exist yet keeps its fraction until the allocator is made: making
+  // one makes a CUDA context on that device, which native does not do for a fraction or statistics.
   double getMemoryFraction(c10::DeviceIndex device) override {
+    gm_allocator *allocator = existing(device);
+    if (!allocator) {
+      std::lock_guard<std::mutex> guard(create_mutex_);
+      return pending_fractions_[device];
+    }
     uint64_t limit = 0;
     gm_device_info info;
-    gm_get_memory_limit(of(device), &limit);
-    gm_get_device_info(of(device), &info);
+    gm_get_memory_limit(allocator, &limit);
+    gm_get_device_info(allocator, &info);
     return info.total_bytes ? static_cast<double>(limit) / static_cast<double>(info.total_bytes) : 1.0;
   }
 
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
     TORCH_CHECK(fraction > 0 && fraction <= 1, "gpumem: memory fraction ", fraction, " is not in (0, 1]");
+    gm_allocator *allocator = nullptr;
+    {
+      std::lock_guard<std::mutex> guard(create_mutex_);
+      allocator = existing(device); // checks the device's index
+      pending_fractions_[device] = fraction;
+    }
+    if (allocator)
+      apply_fraction(allocator, fraction);
+  }
+
+  static void apply_fraction(gm_allocator *allocator, double fraction) {
     gm_device_info info;
-    gm_get_device_info(of(device), &info);
-    gm_set_memory_limit(of(device), static_cast<uint64_t>(fraction * static_cast<double>(info.total_bytes)));
+    gm_get_device_info(allocator, &info);
+    gm_set_memory_limit(allocator, static_cast<uint64_t>(fraction * static_cast<double>(info.total_bytes)));
+  }
+
+  // The allocator of a device if it exists, without making one.
+  gm_allocator *existing(c10::DeviceIndex device) {
+    TORCH_CHECK(device >= 0 && static_cast<size_t>(device) < kMaxDevices, "gpumem: device ", device,
+                " is out of range");
+    return allocators_[device].load(std::memory_order_acquire);
   }
 
   void emptyCache(c10::cuda::MempoolId_t /*mempool_id*/) override {
@@ -318,7 +349,8 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
 
   void cacheInfo(c10::DeviceIndex device, size_t *largest_block) override {
     uint64_t free_bytes = 0, largest = 0;
-    gm_cache_info(of(device), &free_bytes, &largest);
+    if (gm_allocator *allocator = existing(device))
+      gm_cache_info(allocator, &free_bytes, &largest);
     *largest_block = largest;
   }
 
@@ -363,40 +395,15 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   c10::cuda::CUDACachingAllocator::ShareableHandle shareIpcHandle(void *pointer) override {
     gm_allocator *allocator = owner_of_live(pointer);
     TORCH_CHECK(allocator, "gpumem: ", pointer, " is not a live allocation");
-    std::vector<gm_shared_piece> pieces(4);
     uint64_t offset = 0;
-    size_t count = 0;
-    gm_status status;
-    while ((status = gm_share(allocator, pointer, &offset, pieces.data(), pieces.size(), &count)) ==
-           GM_ERROR_BUFFER_TOO_SMALL)
-      pieces.resize(count);
-    TORCH_CHECK(status == GM_OK, "gpumem: cannot share this CUDA tensor with another process: ", gm_last_error());
-    pieces.resize(count);
-    return {static_cast<ptrdiff_t>(offset), gpumem_ipc::encode(static_cast<int32_t>(getpid()), pieces)};
+    std::string handle = gpumem_ipc::share(allocator, pointer, &offset);
+    return {static_cast<ptrdiff_t>(offset), handle};
   }
 
   std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
-    std::lock_guard<std::mutex> guard(ipc_mutex_);
-    auto found = opened_.find(handle);
-    if (found != opened_.end())
-      if (std::shared_ptr<void> alive = found->second.lock())
-        return alive;
-    gpumem_ipc::Share share;
-    if (!gpumem_ipc::decode(handle, &share))
-      return replaced_ipc_pointer(handle);
-    gm_allocator *allocator = of(current_device_index());
-    void *pointer = nullptr;
-    TORCH_CHECK(gm_open_shared(allocator, share.process, share.pieces.data(), share.pieces.size(), &pointer) == GM_OK,
-                "gpumem: cannot map the CUDA tensor process ", share.process, " shared: ", gm_last_error());
-    std::shared_ptr<void> mapped(pointer, [this, allocator, handle](void *start) {
-      gm_close_shared(allocator, start);
-      std::lock_guard<std::mutex> erase_guard(ipc_mutex_);
-      auto entry = opened_.find(handle);
-      if (entry != opened_.end() && entry->second.expired())
-        opened_.erase(entry);
-    });
-    opened_[handle] = mapped;
-    return mapped;
+    return opened_.open(
+        handle, [this] { return of(current_device_index()); },
+        [this](const std::string &other) { return replaced_ipc_pointer(other); });
   }
 
   // A handle of PyTorch's own allocator that gpumem does not map itself (memory of cudaMalloc): the
@@ -420,8 +427,9 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   }
 
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
-    gm_stats stats;
-    gm_get_stats(of(device), &stats);
+    gm_stats stats = {};
+    if (gm_allocator *allocator = existing(device)) // a device not used yet has none (and no context)
+      gm_get_stats(allocator, &stats);
     sourced_.add_statistics(device, stats); // MemPools with allocators of their own
     c10::CachingDeviceAllocator::DeviceStats result;
     // Every statistic of gpumem.h's lists that torch has (origin TORCH), under the same name; gpumem's
@@ -437,9 +445,15 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     return result;
   }
 
-  void resetAccumulatedStats(c10::DeviceIndex device) override { gm_reset_accumulated_stats(of(device)); }
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    if (gm_allocator *allocator = existing(device))
+      gm_reset_accumulated_stats(allocator);
+  }
 
-  void resetPeakStats(c10::DeviceIndex device) override { gm_reset_peak_stats(of(device)); }
+  void resetPeakStats(c10::DeviceIndex device) override {
+    if (gm_allocator *allocator = existing(device))
+      gm_reset_peak_stats(allocator);
+  }
 
   // Private pools. The filters live here, in the order their routes were begun, as gpumem keeps them:
   // ending a pool removes the first route of that pool there and the first filter of it here.
@@ -727,12 +741,12 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   std::atomic<int> created_{0};      // allocators made so far
   std::atomic<gm_allocator *> single_{nullptr}; // the first one made (the only one while created_ is 1)
   std::mutex create_mutex_;
+  std::array<double, kMaxDevices> pending_fractions_ = filled(1.0); // set before the device's allocator
   std::mutex pool_mutex_;
   std::vector<PoolFilter> pool_filters_;
   gpumem_pools::SourcedPools sourced_; // MemPools with an allocator of their own (torch_pool_sources.h)
-  std::mutex ipc_mutex_;
   c10::cuda::CUDACachingAllocator::CUDAAllocator *replaced_; // PyTorch's allocator, for its own IPC handles
-  std::unordered_map<std::string, std::weak_ptr<void>> opened_; // handle -> memory another process shared
+  gpumem_ipc::OpenedHandles opened_;
 };
 
 std::shared_ptr<GpumemAllocator> installed;

@@ -10,14 +10,21 @@
 // 'g': the sharing process's id, then each chunk as its offset in the shared range, its size and its
 // descriptor, which only a process using gpumem reads. gpumem reads 'g' and the descriptor form of 'e'
 // itself (gm_open_shared maps the chunks back to back); any other handle ('c', or 'e' with fabric
-// handles) goes to the allocator gpumem replaced, which is PyTorch's and knows its own handles.
+// handles) goes to the allocator gpumem replaced, which is PyTorch's and knows its own handles. A
+// receiver maps a handle once while any tensor of it lives, as native caches its opened handles.
 #pragma once
 
+#include <c10/util/Exception.h>
+
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "gpumem.h"
@@ -120,5 +127,53 @@ inline bool decode(const std::string &in, Share *share) {
   }
   return at == in.size();
 }
+
+// The handle of the live allocation at `pointer` of `allocator`, and its offset into what is shared.
+inline std::string share(gm_allocator *allocator, void *pointer, uint64_t *offset) {
+  std::vector<gm_shared_piece> pieces(4);
+  size_t count = 0;
+  gm_status status;
+  while ((status = gm_share(allocator, pointer, offset, pieces.data(), pieces.size(), &count)) ==
+         GM_ERROR_BUFFER_TOO_SMALL)
+    pieces.resize(count);
+  TORCH_CHECK(status == GM_OK, "gpumem: cannot share this CUDA tensor with another process: ", gm_last_error());
+  pieces.resize(count);
+  return encode(static_cast<int32_t>(getpid()), pieces);
+}
+
+// The handles this process opened, each mapped once while any tensor of it lives.
+class OpenedHandles {
+ public:
+  // The memory of `handle`: mapped by gpumem in the allocator `receiver()` gives, or, for a handle that
+  // gpumem does not map itself, opened by `open_other`.
+  template <typename Receiver, typename OpenOther>
+  std::shared_ptr<void> open(const std::string &handle, Receiver receiver, OpenOther open_other) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    auto found = opened_.find(handle);
+    if (found != opened_.end())
+      if (std::shared_ptr<void> alive = found->second.lock())
+        return alive;
+    Share share;
+    if (!decode(handle, &share))
+      return open_other(handle);
+    gm_allocator *allocator = receiver();
+    void *pointer = nullptr;
+    TORCH_CHECK(gm_open_shared(allocator, share.process, share.pieces.data(), share.pieces.size(), &pointer) == GM_OK,
+                "gpumem: cannot map the CUDA tensor process ", share.process, " shared: ", gm_last_error());
+    std::shared_ptr<void> mapped(pointer, [this, allocator, handle](void *start) {
+      gm_close_shared(allocator, start);
+      std::lock_guard<std::mutex> erase_guard(mutex_);
+      auto entry = opened_.find(handle);
+      if (entry != opened_.end() && entry->second.expired())
+        opened_.erase(entry);
+    });
+    opened_[handle] = mapped;
+    return mapped;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<std::string, std::weak_ptr<void>> opened_; // handle -> memory another process shared
+};
 
 } // namespace gpumem_ipc

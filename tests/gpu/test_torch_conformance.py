@@ -119,6 +119,27 @@ def memory_fraction_caps_the_process(torch):
         torch.cuda.set_per_process_memory_fraction(1.0)
 
 
+_FRACTION_FIRST = r'''
+import torch
+torch.cuda.set_per_process_memory_fraction(0.05)  # before anything was allocated
+total = torch.cuda.get_device_properties(0).total_memory
+assert abs(torch.cuda.get_per_process_memory_fraction() - 0.05) < 1e-6
+try:
+    torch.empty(int(0.06 * total), dtype=torch.uint8, device="cuda")
+    print("NOT CAPPED")
+except torch.OutOfMemoryError:
+    small = torch.ones(int(0.01 * total), dtype=torch.uint8, device="cuda")
+    print("CAPPED", int(small[-1].item()))
+'''
+
+
+@check
+def memory_fraction_set_before_the_first_tensor(torch):
+    run = subprocess.run([sys.executable, "-c", _FRACTION_FIRST], env=dict(os.environ), capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0 and "CAPPED 1" in run.stdout, (run.stdout, run.stderr[-1500:])
+
+
 @check
 def record_stream_defers_reuse(torch):
     """As PyTorch's own test_record_stream: a block used on another stream (record_stream) is not handed
@@ -517,6 +538,26 @@ def copies_between_devices(torch):
     assert torch.equal(there.cpu(), source.cpu())
     assert torch.equal(transposed.cpu(), expected)
     assert torch.equal(back.cpu(), expected)
+
+
+@check
+def statistics_of_an_unused_device_make_no_context(torch):
+    """Two GPUs: reading, resetting and capping the memory of a device this process has not used
+    leaves that device without a CUDA context of this process (no memory taken there)."""
+    if torch.cuda.device_count() < 2:
+        raise RuntimeError("needs two GPUs")
+    torch.ones(1, device="cuda:0")
+    assert torch.cuda.memory_allocated(1) == 0 and torch.cuda.memory_reserved(1) == 0
+    torch.cuda.max_memory_allocated(1)
+    torch.cuda.reset_peak_memory_stats(1)
+    torch.cuda.set_per_process_memory_fraction(0.5, 1)
+    assert abs(torch.cuda.get_per_process_memory_fraction(1) - 0.5) < 1e-6
+    torch.cuda.set_per_process_memory_fraction(1.0, 1)
+    uuid = str(torch.cuda.get_device_properties(1).uuid)
+    listing = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"],
+                             capture_output=True, text=True, check=True).stdout
+    mine = [line for line in listing.splitlines() if line.split(",")[0].strip() == str(os.getpid())]
+    assert not any(uuid.replace("GPU-", "") in line for line in mine), (uuid, mine)
 
 
 def _add_one_in_another_process(queue, answers):
