@@ -603,13 +603,13 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   bool isHistoryEnabled() override { return history_.enabled(); }
 
   void recordHistory(bool enabled, CreateContextFn context_recorder, size_t alloc_trace_max_entries,
-                     RecordContext when, bool /*clearHistory*/,
-                     const std::vector<std::string> & /*skip_actions*/) override {
+                     RecordContext when, bool clear_history, const std::vector<std::string> &skip_actions) override {
     std::vector<gm_allocator *> allocators;
     for (auto &slot : allocators_)
       if (gm_allocator *allocator = slot.load(std::memory_order_acquire))
         allocators.push_back(allocator);
-    history_.configure(enabled, context_recorder, alloc_trace_max_entries, when, allocators);
+    history_.configure(enabled, context_recorder, alloc_trace_max_entries, when, clear_history, skip_actions,
+                       allocators);
   }
 
   // Every device's segments, or with a pool named (MemPool.snapshot(), NCCL's registration of a pool)

@@ -22,6 +22,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/util/ApproximateClock.h>
 
+#include <algorithm>
 #include <atomic>
 #include <ctime>
 #include <deque>
@@ -47,6 +48,7 @@ using c10::cuda::CUDACachingAllocator::SnapshotInfo;
 
 // The tag of the adapter call in progress on this thread: gpumem's tagger gives it to the call's events.
 inline thread_local uint64_t current_tag = 0;
+inline thread_local std::shared_ptr<GatheredContext> current_stack; // ...and its Python stack
 inline uint64_t current_tag_of(void *) { return current_tag; }
 
 inline MempoolId_t torch_pool(gm_pool_id pool) {
@@ -71,21 +73,41 @@ inline bool action_of(gm_event_kind kind, bool pages, TraceEntry::Action *action
   }
 }
 
+// The name PyTorch's snapshots give an action (what _record_memory_history's skip_actions lists).
+inline const char *action_name(TraceEntry::Action action) {
+  switch (action) {
+    case TraceEntry::ALLOC: return "alloc";
+    case TraceEntry::FREE_REQUESTED: return "free_requested";
+    case TraceEntry::FREE_COMPLETED: return "free_completed";
+    case TraceEntry::SEGMENT_ALLOC: return "segment_alloc";
+    case TraceEntry::SEGMENT_FREE: return "segment_free";
+    case TraceEntry::SEGMENT_MAP: return "segment_map";
+    case TraceEntry::SEGMENT_UNMAP: return "segment_unmap";
+    case TraceEntry::OOM: return "oom";
+    default: return "snapshot";
+  }
+}
+
 class History {
  public:
   bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
 
-  // _record_memory_history: the ring's size and what stacks to gather, applied to every allocator.
-  void configure(bool enabled, CreateContextFn recorder, size_t max_entries, RecordContext when,
-                 const std::vector<gm_allocator *> &allocators) {
+  // _record_memory_history: the ring's size and what stacks to gather, applied to every allocator. Called
+  // again while recording with the same size and clear_history false, the history recorded so far stays
+  // (another size starts a new ring: gpumem's ring is not resized in place, where native keeps events).
+  void configure(bool enabled, CreateContextFn recorder, size_t max_entries, RecordContext when, bool clear,
+                 const std::vector<std::string> &skip_actions, const std::vector<gm_allocator *> &allocators) {
     std::lock_guard<std::mutex> guard(mutex_);
     size_t capacity = enabled ? std::min<size_t>(std::max<size_t>(max_entries, 1), 1u << 20) : 0;
     recorder_ = enabled ? recorder : nullptr;
     when_ = enabled ? when : RecordContext::NEVER;
+    skip_actions_ = skip_actions;
+    if (enabled && !clear && enabled_.load(std::memory_order_relaxed) && capacity == capacity_)
+      return;
     contexts_.assign(capacity, nullptr);
     metadata_of_tag_.assign(capacity, std::string());
     annotations_.clear();
-    live_tags_.clear();
+    live_.clear();
     capacity_ = capacity;
     for (gm_allocator *allocator : allocators)
       apply(allocator);
@@ -114,6 +136,7 @@ class History {
     std::shared_ptr<GatheredContext> stack = recorder ? recorder() : nullptr;
     std::lock_guard<std::mutex> guard(mutex_);
     current_tag = ++next_tag_;
+    current_stack = stack;
     if (!contexts_.empty()) {
       contexts_[current_tag % contexts_.size()] = std::move(stack);
       metadata_of_tag_[current_tag % contexts_.size()] = metadata_;
@@ -153,12 +176,15 @@ class History {
     return {annotations_.begin(), annotations_.end()};
   }
 
+  // A live allocation keeps its stack for as long as it lives, however few events the ring keeps
+  // (enabled="state" keeps none), as native keeps it in the block.
   void end_call(void *pointer, bool allocated) {
     std::lock_guard<std::mutex> guard(mutex_);
     if (allocated && pointer)
-      live_tags_[pointer] = current_tag;
+      live_[pointer] = std::move(current_stack);
     else
-      live_tags_.erase(pointer);
+      live_.erase(pointer);
+    current_stack = nullptr;
     current_tag = 0;
   }
 
@@ -202,9 +228,9 @@ class History {
         info.requested_size = block.requested;
         info.allocated = block.kind == GM_BLOCK_KIND_ALLOCATED;
         info.active = block.kind != GM_BLOCK_KIND_FREE;
-        auto live = live_tags_.find(reinterpret_cast<void *>(block.address));
-        if (info.allocated && live != live_tags_.end())
-          info.context_when_allocated = stack_of_tag(live->second);
+        auto live = live_.find(reinterpret_cast<void *>(block.address));
+        if (info.allocated && live != live_.end())
+          info.context_when_allocated = live->second;
         segment->total_size += block.size;
         segment->requested_size += block.requested;
         segment->allocated_size += info.allocated ? block.size : 0;
@@ -230,7 +256,8 @@ class History {
     for (size_t i = 0; i < count; i++) {
       const gm_event &event = events[i];
       TraceEntry::Action action;
-      if (!action_of(event.kind, pages, &action))
+      if (!action_of(event.kind, pages, &action) ||
+          std::find(skip_actions_.begin(), skip_actions_.end(), action_name(action)) != skip_actions_.end())
         continue;
       TraceEntry entry(action, device, static_cast<size_t>(event.address), static_cast<size_t>(event.size),
                        reinterpret_cast<void *>(event.stream), torch_pool(event.pool), c10::approx_time_t{0},
@@ -270,7 +297,8 @@ class History {
   std::vector<std::string> metadata_of_tag_;                // tag % size -> the user metadata then
   std::string metadata_;                                    // _set_memory_metadata's, now
   std::deque<c10::CachingDeviceAllocator::AnnotationEntry> annotations_;
-  std::unordered_map<void *, uint64_t> live_tags_;          // live allocation -> its call's tag
+  std::unordered_map<void *, std::shared_ptr<GatheredContext>> live_; // live allocation -> its stack
+  std::vector<std::string> skip_actions_;
 };
 
 class Observers {

@@ -349,6 +349,37 @@ def mem_pool_without_splitting(torch):
 
 
 @check
+def memory_history_options(torch):
+    """_record_memory_history's options: enabled="state" keeps the stacks of live blocks (and no
+    trace of alloc events), skip_actions leaves those actions out, clear_history=False keeps what was
+    recorded (under gpumem only while max_entries stays the same), True drops it."""
+    record = torch.cuda.memory._record_memory_history
+
+    def actions(snapshot):
+        return {entry["action"] for trace in snapshot["device_traces"] for entry in trace}
+
+    try:
+        record(enabled="state")
+        live = torch.empty(3 * MIB, dtype=torch.uint8, device="cuda")
+        snapshot = torch.cuda.memory._snapshot()
+        frames = [block.get("frames") for segment in snapshot["segments"] for block in segment["blocks"]
+                  if block["state"] == "active_allocated" and block["size"] >= 3 * MIB]
+        state = (bool(frames and frames[0]), "alloc" in actions(snapshot))
+        del live
+        record(max_entries=1000, skip_actions=["free_requested", "free_completed"], clear_history=True)
+        freed = torch.empty(3 * MIB, dtype=torch.uint8, device="cuda")
+        del freed
+        skipped = sorted({"free_requested", "free_completed", "alloc"} & actions(torch.cuda.memory._snapshot()))
+        record(max_entries=1000, clear_history=False)
+        kept = len(actions(torch.cuda.memory._snapshot())) > 0
+        record(max_entries=1000, clear_history=True)
+        cleared = not actions(torch.cuda.memory._snapshot())
+    finally:
+        record(enabled=None)
+    return {"state": state, "skipped": skipped, "kept": kept, "cleared": cleared}
+
+
+@check
 def memory_metadata_and_annotations(torch):
     """_set_memory_metadata goes with the events recorded after it; profiler ranges recorded while the
     history is on are the snapshot's external annotations."""
