@@ -188,12 +188,14 @@ gm_status gm_set_event_observer(gm_allocator *allocator, gm_event_observer obser
         history->observer = observer;
         history->observer_context = context;
     }
+    gm_history *gone = NULL;
     if (history && !observer && !history->capacity) {
         arena->history = NULL; /* a history kept only for the observer goes with it */
-        spare = history;
+        gone = history;
     }
     gm_unlock_arena(allocator);
     gm_history_destroy(spare);
+    gm_history_destroy(gone);
     return GM_OK;
 }
 
