@@ -14,6 +14,8 @@ import subprocess
 import sys
 import threading
 
+from conformance_processes import receive_from_another_process, send_from_a_fresh_process, send_to_another_process
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MIB = 1 << 20
 CHECKS = []
@@ -591,138 +593,19 @@ def statistics_of_an_unused_device_make_no_context(torch):
     assert not any(uuid.replace("GPU-", "") in line for line in mine), (uuid, mine)
 
 
-def _add_one_in_another_process(queue, answers):
-    """The other process of cuda_tensors_shared_with_another_process: the sum of what it received, then
-    one added to every element in place."""
-    import torch
-    try:
-        tensor = queue.get(timeout=60)
-        total = float(tensor.sum().item())
-        side = torch.cuda.Stream()
-        with torch.cuda.stream(side):
-            tensor.add_(1)
-        tensor.record_stream(side)  # memory of the other process: the allocator leaves it alone
-        side.synchronize()
-        torch.cuda.synchronize()
-        del tensor
-        answers.put(("ok", total))
-    except Exception as error:  # noqa: BLE001 -- reported to the parent
-        answers.put(("error", f"{type(error).__name__}: {error}"[:400]))
-
-
-class _ChildEnvironment:
-    """os.environ for the processes started inside the block: without gpumem (PyTorch's own allocator,
-    with `alloc_conf` as PYTORCH_CUDA_ALLOC_CONF) when `native`, else inherited as it is."""
-
-    def __init__(self, native, alloc_conf=None):
-        self.changes = {"GPUMEM_TORCH": None, "PYTORCH_CUDA_ALLOC_CONF": alloc_conf} if native else {}
-
-    def __enter__(self):
-        self.saved = {key: os.environ.get(key) for key in self.changes}
-        for key, value in self.changes.items():
-            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
-
-    def __exit__(self, *_):
-        for key, value in self.saved.items():
-            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
-
-
-def _send_to_another_process(torch, native_child):
-    """A view of a CUDA tensor goes to another process (CUDA IPC), which reads it and writes into the
-    same memory on a side stream, recording that stream on it."""
-    import queue as queues
-    context = torch.multiprocessing.get_context("spawn")
-    tensors, answers = context.Queue(), context.Queue()
-    process = context.Process(target=_add_one_in_another_process, args=(tensors, answers))
-    with _ChildEnvironment(native_child):
-        process.start()
-    try:
-        tensor = torch.arange(1 << 22, dtype=torch.float32, device="cuda")
-        view = tensor[1000:]
-        expected = float(view.sum().item())
-        tensors.put(view)
-        try:
-            status, value = answers.get(timeout=90)
-        except queues.Empty:
-            raise AssertionError("the other process never answered") from None
-        assert status == "ok", value
-        assert value == expected, (value, expected)
-        process.join(timeout=60)
-        assert torch.equal(view.cpu(), torch.arange(1000, 1 << 22, dtype=torch.float32) + 1)
-        assert tensor[999].item() == 999
-    finally:
-        if process.is_alive():
-            process.kill()
-
-
-def _share_with_the_parent(tensors, answers):
-    """The other process of _receive_from_another_process: shares a tensor, keeps it until the parent
-    is done with it, then reports whether the parent's writes reached it."""
-    import torch
-    try:
-        keep = torch.empty(3 << 20, dtype=torch.uint8, device="cuda")  # the tensor is not at its segment's start
-        tensor = torch.arange(1 << 22, dtype=torch.float32, device="cuda")
-        tensors.put(tensor[7:])
-        assert answers.get(timeout=90) == "done"
-        expected = torch.arange(1 << 22, dtype=torch.float32, device="cuda")
-        expected[7:] *= 2
-        tensors.put(("ok", bool(torch.equal(tensor, expected))))
-        del keep
-    except Exception as error:  # noqa: BLE001 -- reported to the parent
-        tensors.put(("error", f"{type(error).__name__}: {error}"[:400]))
-
-
-def _receive_from_another_process(torch, native_child, alloc_conf=None):
-    import queue as queues
-    context = torch.multiprocessing.get_context("spawn")
-    tensors, answers = context.Queue(), context.Queue()
-    process = context.Process(target=_share_with_the_parent, args=(tensors, answers))
-    with _ChildEnvironment(native_child, alloc_conf):
-        process.start()
-    try:
-        try:
-            received = tensors.get(timeout=90)
-        except queues.Empty:
-            raise AssertionError("the other process sent nothing") from None
-        assert torch.is_tensor(received), received
-        assert torch.equal(received.cpu(), torch.arange(7, 1 << 22, dtype=torch.float32))
-        side = torch.cuda.Stream()
-        with torch.cuda.stream(side):
-            received.mul_(2)
-        received.record_stream(side)
-        side.synchronize()
-        del received
-        answers.put("done")
-        status, value = tensors.get(timeout=90)
-        assert status == "ok" and value is True, (status, value)
-        process.join(timeout=60)
-    finally:
-        if process.is_alive():
-            process.kill()
-
-
 @check
 def cuda_tensors_shared_with_another_process(torch):
     """Both ways, with a process on the same allocator (gpumem's children inherit GPUMEM_TORCH)."""
-    _send_to_another_process(torch, native_child=False)
-    _receive_from_another_process(torch, native_child=False)
+    send_to_another_process(torch, native_child=False)
+    receive_from_another_process(torch, native_child=False)
 
 
 @check
 def cuda_tensors_received_from_a_process_on_pytorchs_allocator(torch):
     """From a process on PyTorch's own caching allocator: its cudaMalloc memory, and its expandable
     segments (file descriptors of its pages)."""
-    _receive_from_another_process(torch, native_child=True)
-    _receive_from_another_process(torch, native_child=True, alloc_conf="expandable_segments:True")
-
-
-def _send_from_a_fresh_process(answers):
-    import torch
-    try:
-        _send_to_another_process(torch, native_child=True)
-        answers.put(("ok", None))
-    except Exception as error:  # noqa: BLE001 -- reported to the parent
-        answers.put(("error", f"{type(error).__name__}: {error}"[:400]))
+    receive_from_another_process(torch, native_child=True)
+    receive_from_another_process(torch, native_child=True, alloc_conf="expandable_segments:True")
 
 
 @check
@@ -733,7 +616,7 @@ def cuda_tensor_sent_to_a_process_on_pytorchs_allocator(torch):
     import queue as queues
     context = torch.multiprocessing.get_context("spawn")
     answers = context.Queue()
-    process = context.Process(target=_send_from_a_fresh_process, args=(answers,))
+    process = context.Process(target=send_from_a_fresh_process, args=(answers,))
     process.start()
     try:
         status, value = answers.get(timeout=180)
