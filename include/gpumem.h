@@ -531,6 +531,9 @@ GM_API gm_status gm_history_read(gm_allocator *allocator, gm_event *events, size
  * GPUMEM_CONF history:N does at creation: for torch.cuda.memory._record_memory_history, which switches
  * history on and off while the process runs. The events held so far are dropped; the tagger stays. */
 GM_API gm_status gm_set_history(gm_allocator *allocator, size_t capacity);
+/* The same, keeping the newest events held that fit in the new ring (what no longer fits counts as
+ * dropped): torch's _record_memory_history(clear_history=False) with another max_entries. */
+GM_API gm_status gm_resize_history(gm_allocator *allocator, size_t capacity);
 
 /* A callback called (under the allocator's lock, so it must not call gpumem) for every event, whose
  * result becomes the event's tag -- for an adapter that records stack ids. NULL removes it.

@@ -167,5 +167,44 @@ static void history_switches_on_and_off_while_running(void)
     gm_destroy(allocator, NULL);
 }
 
-RUN_TESTS(TEST_CASE(history_switches_on_and_off_while_running), TEST_CASE(snapshot_agrees_with_the_statistics), TEST_CASE(history_keeps_the_newest_events_in_order),
+/* A resized ring keeps the newest events that fit, in order, and counts the rest as dropped. */
+static void a_resized_history_keeps_its_newest_events(void)
+{
+    gm_allocator *allocator = NULL;
+    CHECK_OK(gm_create("capacity:1GiB,history:4", &allocator));
+    void *blocks[3] = {NULL};
+    for (int i = 0; i < 3; i++) /* the first also maps memory: four events */
+        CHECK_OK(gm_malloc(allocator, 1000 * (uint64_t)(i + 1), 0, &blocks[i]));
+    gm_event before[4], after[8];
+    size_t held = 0, count = 0;
+    uint64_t dropped = 0;
+    CHECK_OK(gm_history_read(allocator, before, 4, &held, &dropped));
+    CHECK_EQ_INT(held, 4);
+    CHECK_OK(gm_resize_history(allocator, 8));
+    CHECK_OK(gm_history_read(allocator, after, 8, &count, &dropped));
+    CHECK_EQ_INT(count, 4);
+    CHECK_EQ_INT(dropped, 0);
+    for (size_t i = 0; i < count; i++)
+        CHECK(after[i].address == before[i].address && after[i].kind == before[i].kind);
+    CHECK_OK(gm_free(allocator, blocks[2])); /* two more: free_requested, free_completed */
+    CHECK_OK(gm_history_read(allocator, after, 8, &count, NULL));
+    CHECK_EQ_INT(count, 6);
+    CHECK_EQ_INT(after[5].kind, GM_EVENT_FREE_COMPLETED);
+    CHECK_OK(gm_resize_history(allocator, 2)); /* only the newest two fit */
+    CHECK_OK(gm_history_read(allocator, after, 8, &count, &dropped));
+    CHECK_EQ_INT(count, 2);
+    CHECK_EQ_INT(dropped, 4); /* six recorded, two held */
+    CHECK_EQ_INT(after[0].kind, GM_EVENT_FREE_REQUESTED);
+    CHECK_EQ_INT(after[1].kind, GM_EVENT_FREE_COMPLETED);
+    CHECK_OK(gm_set_history(allocator, 8)); /* set, not resize: nothing is kept */
+    CHECK_OK(gm_history_read(allocator, after, 8, &count, NULL));
+    CHECK_EQ_INT(count, 0);
+    CHECK_STATUS(gm_resize_history(NULL, 8), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_MESSAGE("gm_resize_history");
+    CHECK_OK(gm_free(allocator, blocks[0]));
+    CHECK_OK(gm_free(allocator, blocks[1]));
+    gm_destroy(allocator, NULL);
+}
+
+RUN_TESTS(TEST_CASE(a_resized_history_keeps_its_newest_events), TEST_CASE(history_switches_on_and_off_while_running), TEST_CASE(snapshot_agrees_with_the_statistics), TEST_CASE(history_keeps_the_newest_events_in_order),
           TEST_CASE(history_is_off_by_default))

@@ -93,8 +93,7 @@ class History {
   bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
 
   // _record_memory_history: the ring's size and what stacks to gather, applied to every allocator. Called
-  // again while recording with the same size and clear_history false, the history recorded so far stays
-  // (another size starts a new ring: gpumem's ring is not resized in place, where native keeps events).
+  // again while recording with clear_history false, the history recorded so far stays (what fits).
   void configure(bool enabled, CreateContextFn recorder, size_t max_entries, RecordContext when, bool clear,
                  const std::vector<std::string> &skip_actions, const std::vector<gm_allocator *> &allocators) {
     std::lock_guard<std::mutex> guard(mutex_);
@@ -102,8 +101,8 @@ class History {
     recorder_ = enabled ? recorder : nullptr;
     when_ = enabled ? when : RecordContext::NEVER;
     skip_actions_ = skip_actions;
-    if (enabled && !clear && enabled_.load(std::memory_order_relaxed) && capacity == capacity_)
-      return;
+    if (enabled && !clear && enabled_.load(std::memory_order_relaxed))
+      return resize(capacity, allocators);
     contexts_.assign(capacity, nullptr);
     metadata_of_tag_.assign(capacity, std::string());
     annotations_.clear();
@@ -268,6 +267,26 @@ class History {
   }
 
  private:
+  // Rings of another size that keep the newest of what they held (mutex_ held).
+  void resize(size_t capacity, const std::vector<gm_allocator *> &allocators) {
+    if (capacity == capacity_)
+      return;
+    std::vector<std::shared_ptr<GatheredContext>> contexts(capacity);
+    std::vector<std::string> metadata(capacity);
+    for (uint64_t tag = next_tag_ - std::min<uint64_t>(next_tag_, std::min(capacity, capacity_)) + 1;
+         tag && tag <= next_tag_; tag++) {
+      contexts[tag % capacity] = std::move(contexts_[tag % capacity_]);
+      metadata[tag % capacity] = std::move(metadata_of_tag_[tag % capacity_]);
+    }
+    contexts_ = std::move(contexts);
+    metadata_of_tag_ = std::move(metadata);
+    while (annotations_.size() > capacity)
+      annotations_.pop_front();
+    capacity_ = capacity;
+    for (gm_allocator *allocator : allocators)
+      gm_resize_history(allocator, capacity);
+  }
+
   // The ring's size and the tagger, for a new or every allocator (mutex_ held).
   void apply(gm_allocator *allocator) {
     gm_set_history(allocator, capacity_);

@@ -47,6 +47,17 @@ void gm_history_add(gm_history *history, gm_event_kind kind, uint64_t address, u
         history->observer(&event, history->observer_context);
 }
 
+void gm_history_keep_newest(gm_history *fresh, const gm_history *old)
+{
+    if (!fresh->capacity || !old->capacity)
+        return;
+    uint64_t held = old->recorded < old->capacity ? old->recorded : old->capacity;
+    uint64_t kept = held < fresh->capacity ? held : fresh->capacity;
+    for (uint64_t i = old->recorded - kept; i < old->recorded; i++)
+        fresh->events[i % fresh->capacity] = old->events[i % old->capacity];
+    fresh->recorded = old->recorded;
+}
+
 void gm_history_copy(const gm_history *history, gm_event *events, size_t capacity, size_t *count_out,
                      uint64_t *dropped_out)
 {

@@ -50,6 +50,10 @@ static inline void gm_history_record(gm_history *history, gm_event_kind kind, ui
 
 #define GM_NO_POOL ((gm_pool_id){0, 0})
 
+/* Put the newest events of `old` that fit into the empty ring `fresh`, which counts what `old` recorded
+ * (so that what it no longer holds is counted as dropped). */
+void gm_history_keep_newest(gm_history *fresh, const gm_history *old);
+
 /* Copy the held events, oldest first, into `events` (at most `capacity`); *count_out: how many were
  * copied (with `events` NULL: how many it holds), *dropped_out: how many older ones the ring no longer
  * holds. */

@@ -132,10 +132,12 @@ gm_status gm_history_read(gm_allocator *allocator, gm_event *events, size_t capa
 
 /* Put `fresh` (a new ring, or NULL) in place of the arena's history, keeping its tagger and observer;
  * without a ring but with an observer, a history of capacity 0 stays for the observer. */
-static gm_status replace_history(gm_allocator *allocator, gm_history *fresh)
+static gm_status replace_history(gm_allocator *allocator, gm_history *fresh, bool keep_events)
 {
     gm_arena *arena = gm_lock_arena(allocator);
     gm_history *old = arena->history;
+    if (keep_events && fresh && old)
+        gm_history_keep_newest(fresh, old);
     if (!fresh && old && old->observer) {
         if (!old->capacity) {
             gm_unlock_arena(allocator);
@@ -158,17 +160,27 @@ static gm_status replace_history(gm_allocator *allocator, gm_history *fresh)
     return GM_OK;
 }
 
-gm_status gm_set_history(gm_allocator *allocator, size_t capacity)
+static gm_status set_history(gm_allocator *allocator, size_t capacity, bool keep_events, const char *call)
 {
     if (!allocator)
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_set_history: allocator is NULL");
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "%s: allocator is NULL", call);
     if (capacity > GM_HISTORY_MAX_EVENTS)
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_set_history: %zu events is more than the %zu a history holds",
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "%s: %zu events is more than the %zu a history holds", call,
                        capacity, GM_HISTORY_MAX_EVENTS);
     gm_history *fresh = capacity ? gm_history_create(capacity) : NULL;
     if (capacity && !fresh)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a history of %zu events", capacity);
-    return replace_history(allocator, fresh);
+    return replace_history(allocator, fresh, keep_events);
+}
+
+gm_status gm_set_history(gm_allocator *allocator, size_t capacity)
+{
+    return set_history(allocator, capacity, false, "gm_set_history");
+}
+
+gm_status gm_resize_history(gm_allocator *allocator, size_t capacity)
+{
+    return set_history(allocator, capacity, true, "gm_resize_history");
 }
 
 gm_status gm_set_event_observer(gm_allocator *allocator, gm_event_observer observer, void *context)

@@ -354,7 +354,7 @@ def mem_pool_without_splitting(torch):
 def memory_history_options(torch):
     """_record_memory_history's options: enabled="state" keeps the stacks of live blocks (and no
     trace of alloc events), skip_actions leaves those actions out, clear_history=False keeps what was
-    recorded (under gpumem only while max_entries stays the same), True drops it."""
+    recorded (also when max_entries changes), True drops it."""
     record = torch.cuda.memory._record_memory_history
 
     def actions(snapshot):
@@ -368,7 +368,7 @@ def memory_history_options(torch):
                   if block["state"] == "active_allocated" and block["size"] >= 3 * MIB]
         state = (bool(frames and frames[0]), "alloc" in actions(snapshot))
         del live
-        record(max_entries=1000, skip_actions=["free_requested", "free_completed"], clear_history=True)
+        record(max_entries=1000, skip_actions=["free_requested", "free_completed"])  # keeps the state's events
         freed = torch.empty(3 * MIB, dtype=torch.uint8, device="cuda")
         del freed
         skipped = sorted({"free_requested", "free_completed", "alloc"} & actions(torch.cuda.memory._snapshot()))
