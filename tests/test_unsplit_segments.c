@@ -60,13 +60,16 @@ static void splitting_lets_requests_share_a_segment(void)
     gm_destroy(allocator, NULL);
 }
 
-static void a_bad_value_is_refused(void)
+static void bad_values_are_refused(void)
 {
     gm_allocator *allocator = NULL;
     CHECK_STATUS(gm_create("engine:segments,split_blocks:maybe", &allocator), GM_ERROR_BAD_CONFIG);
     CHECK_MESSAGE("split_blocks");
     CHECK(allocator == NULL);
+    CHECK_STATUS(gm_create("split_blocks:false", &allocator), GM_ERROR_BAD_CONFIG); /* the pages engine */
+    CHECK_MESSAGE("add engine:segments");
+    CHECK(allocator == NULL);
 }
 
 RUN_TESTS(TEST_CASE(no_two_allocations_share_a_segment), TEST_CASE(splitting_lets_requests_share_a_segment),
-          TEST_CASE(a_bad_value_is_refused))
+          TEST_CASE(bad_values_are_refused))

@@ -396,6 +396,9 @@ static gm_status check_consistency(const gm_options *options)
         options->min_large_alloc > options->large_segment_size)
         return gm_fail(GM_ERROR_BAD_CONFIG, "keys must satisfy small_segment_size <= large_segment_size "
                        "and min_large_alloc <= large_segment_size");
+    if (!options->split_blocks && options->engine != GM_ENGINE_SEGMENTS)
+        return gm_fail(GM_ERROR_BAD_CONFIG, "key 'split_blocks' is false, which only the segments engine "
+                       "knows: add engine:segments");
     return check_pressure(options);
 }
 
