@@ -10,9 +10,11 @@
  *   slot, of a pointer freed earlier, of garbage (inside a live block, a made-up address); record_stream;
  *   simulated stream work enqueued and completed; empty_cache; set_memory_limit; injected device
  *   failures (gm_inject_device_failures); private pools begun (optionally capturing the stream, as a
- *   CUDA graph does), ended, retained, released and looked at; memory used elsewhere; the pinned host
+ *   CUDA graph does), ended, retained, released, looked at and marked to lend their free memory on out of
+ *   memory (gm_set_pool_use_on_oom); memory used elsewhere; the pinned host
  *   cache (gm_host_malloc, free of live, freed and garbage pointers, record_stream, empty_cache);
- *   statistics, snapshots, the summary table and the history read.
+ *   statistics, snapshots, the summary table, the history set, resized and read, and an event observer
+ *   set and removed. The segments engine without cost_model also runs unsplit (split_blocks:false).
  * gm_destroy ends the input, with whatever is still live. FUZZ_API_VERBOSE=1 prints the configuration
  * and each operation with its argument bytes, to read a finding.
  *
@@ -25,7 +27,8 @@
  *     on the host backend its first and last bytes, stamped at allocation, are intact at its free,
  *     and so are those of pinned host blocks (real memory on both backends);
  *   - the statistics count exactly the live allocations and their requested bytes, device and host;
- *   - gm_destroy reports exactly the allocations still live.
+ *   - gm_destroy reports exactly the allocations still live;
+ *   - the event observer sees only known events, an alloc only for a live-to-be block.
  */
 #include "gpumem.h"
 
@@ -379,6 +382,12 @@ static void look_at_pool(fuzz_state *state, input *in)
     else
         expect(status == GM_ERROR_INVALID_ARGUMENT && (pool == 0 || state->pool_users[pool] == 0),
                "gm_get_pool_info failed on a pool with users");
+    uint8_t lend = next_byte(in);
+    if (lend & 2) {
+        status = gm_set_pool_use_on_oom(state->allocator, pool_ids[pool], lend & 1);
+        expect(status == GM_OK || (status == GM_ERROR_INVALID_ARGUMENT && (pool == 0 || state->pool_users[pool] == 0)),
+               "gm_set_pool_use_on_oom failed on a pool with users");
+    }
 }
 
 /* ---------------------------------------------------------------- pinned host memory */
@@ -461,6 +470,17 @@ static void host_record_stream(fuzz_state *state, input *in)
 
 /* ---------------------------------------------------------------- looking at the allocator */
 
+static uint64_t observed_events;
+
+/* The event observer: under the allocator's lock, so it only checks and counts. */
+static void observe(const gm_event *event, void *context)
+{
+    (void)context;
+    expect((unsigned)event->kind < GM_EVENT_KIND_COUNT, "the observer saw an unknown event");
+    expect(event->kind != GM_EVENT_ALLOC || event->address != 0, "the observer saw an alloc at address 0");
+    observed_events++;
+}
+
 static void check_statistics(fuzz_state *state)
 {
     gm_stats stats;
@@ -512,7 +532,13 @@ static void look_around(fuzz_state *state, input *in)
     }
     case 2: {
         size_t capacity = next_byte(in) % 64;
-        expect(gm_set_history(state->allocator, capacity) == GM_OK, "gm_set_history failed");
+        uint8_t how = next_byte(in);
+        if (how & 4)
+            expect(gm_set_event_observer(state->allocator, how & 8 ? observe : NULL, NULL) == GM_OK,
+                   "gm_set_event_observer failed");
+        expect((how & 1 ? gm_resize_history(state->allocator, capacity) : gm_set_history(state->allocator, capacity)) ==
+                   GM_OK,
+               "gm_set_history or gm_resize_history failed");
         break;
     }
     default: {
@@ -689,12 +715,13 @@ static void create_allocator(fuzz_state *state, input *in)
     char config[512];
     snprintf(config, sizeof config,
              "backend:%s,engine:%s,capacity:%llu,page_size:%llu,host_limit:%llu,memory_limit:%llu,tail_chunk:%s,"
-             "growth_lane:%s,cost_model:%s,max_chunk_size:%s,release_before_growth:%s,history:%d",
+             "growth_lane:%s,cost_model:%s,max_chunk_size:%s,release_before_growth:%s,history:%d,split_blocks:%s",
              state->host_backend ? "host" : "sim", first & 2 ? "segments" : "pages",
              (unsigned long long)state->capacity, (unsigned long long)page_size,
              (unsigned long long)state->host_limit, (unsigned long long)memory_limits[(second >> 2) & 3],
              first & 64 ? "true" : "false", first & 128 ? "false" : "true", second & 16 ? "false" : "true",
-             second & 32 ? "4MiB" : "128MiB", second & 64 ? "false" : "true", second & 128 ? 64 : 0);
+             second & 32 ? "4MiB" : "128MiB", second & 64 ? "false" : "true", second & 128 ? 64 : 0,
+             (first & 2) && (second & 16) ? "false" : "true");
     if (getenv("FUZZ_API_VERBOSE") && atoi(getenv("FUZZ_API_VERBOSE")) > 0)
         fprintf(stderr, "fuzz_api: gm_create(\"%s\")\n", config);
     if (gm_create(config, &state->allocator) != GM_OK) {
