@@ -134,11 +134,11 @@ def api_sequences():
                                             ("statistics",), ("empty_cache",))
     yield "pool_capture", sequence(SIM_PAGES_1GIB,
                                    ("pool_begin", 1, 0x07), ("malloc", 0, 4, 2, 1, 1), ("record_stream", 0, 2),
-                                   ("free", 0), ("pool_info", 1), ("pool_end", 1), ("malloc", 1, 4, 2, 1, 1),
-                                   ("pool_release", 1), ("pool_info", 1), ("empty_cache",), ("statistics",))
+                                   ("free", 0), ("pool_info", 1, 0), ("pool_end", 1), ("malloc", 1, 4, 2, 1, 1),
+                                   ("pool_release", 1), ("pool_info", 1, 0), ("empty_cache",), ("statistics",))
     yield "pool_released_early", sequence(SIM_SEGMENTS_1GIB,
                                           ("pool_begin", 2, 0x3c), ("pool_release", 2), ("malloc", 0, 2, 3, 0),
-                                          ("free", 0), ("pool_end", 2), ("pool_info", 2))
+                                          ("free", 0), ("pool_end", 2), ("pool_info", 2, 0))
     yield "device_failures_host", sequence(HOST_PAGES_64MIB,
                                            ("inject_failures", 4, 1, 1), ("malloc", 0, 4, 5, 1, 0),
                                            ("inject_failures", 6, 0, 2), ("malloc", 1, 4, 9, 1, 1),
@@ -156,8 +156,27 @@ def api_sequences():
                                       ("malloc", 4, 4, 0, 1, 0), ("set_memory_limit", 0), ("statistics",))
     yield "snapshots_history", sequence((0x04, 0x80),
                                         ("malloc", 0, 2, 5, 0), ("look_around", 0), ("look_around", 1, 2),
-                                        ("look_around", 3, 1), ("reset_statistics", 1), ("look_around", 2, 0),
+                                        ("look_around", 3, 1), ("reset_statistics", 1), ("look_around", 2, 0, 0),
                                         ("look_around", 3, 0), ("reset_statistics", 0), ("free", 0))
+    # pool_info's last byte: bit 1 sets use_on_oom to bit 0. 40 MiB in a pool of a 64 MiB device, freed
+    # there; an allocation outside that does not fit beside it takes the pool's memory.
+    for name, config in (("pool_lends_on_oom_pages", (0x00, 0x00)), ("pool_lends_on_oom_segments", (0x02, 0x00))):
+        yield name, sequence(config,
+                             ("pool_retain", 1), ("pool_begin", 1, 0x00), ("malloc", 0, 5, 0x02, 0x80, 0, 0, 0),
+                             ("pool_end", 1), ("free", 0), ("pool_info", 1, 0x03),
+                             ("malloc", 1, 4, 3, 0, 0), ("malloc", 2, 5, 0x02, 0x80, 0, 0, 0), ("statistics",),
+                             ("free", 2), ("free", 1), ("pool_release", 1), ("pool_info", 1, 0x02))
+    # look_around 2: a ring size, then bit 0 resize (else set), bit 2 set the observer (bit 3) or remove it.
+    yield "history_resized_observed", sequence((0x04, 0x80),
+                                               ("look_around", 2, 40, 0x0c), ("malloc", 0, 2, 5, 0),
+                                               ("malloc", 1, 4, 3, 0, 0), ("free", 1), ("look_around", 2, 4, 0x01),
+                                               ("look_around", 3, 1), ("look_around", 2, 0, 0x04),
+                                               ("look_around", 3, 0), ("free", 0), ("empty_cache",))
+    # The segments engine without cost_model: blocks are not split (split_blocks:false).
+    yield "unsplit_segments", sequence((0x06, 0x10),
+                                       ("malloc", 0, 4, 3, 0, 0), ("malloc", 1, 4, 3, 0, 0), ("malloc", 2, 2, 7, 0),
+                                       ("malloc", 3, 2, 7, 0), ("statistics",), ("free", 0),
+                                       ("malloc", 4, 4, 1, 2, 0), ("free", 1), ("empty_cache",), ("statistics",))
 
 
 def main():
