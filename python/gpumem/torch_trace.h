@@ -55,6 +55,12 @@ inline MempoolId_t torch_pool(gm_pool_id pool) {
   return MempoolId_t{static_cast<c10::CaptureId_t>(pool.first), static_cast<c10::CaptureId_t>(pool.second)};
 }
 
+// The MemPool of an event or region: `own_pool` for an allocator that serves one MemPool, else the
+// private pool gpumem names.
+inline MempoolId_t pool_named(MempoolId_t own_pool, gm_pool_id pool) {
+  return own_pool != MempoolId_t{0, 0} ? own_pool : torch_pool(pool);
+}
+
 inline bool is_pages_engine(gm_allocator *allocator) {
   gm_device_info info;
   return gm_get_device_info(allocator, &info) == GM_OK && std::string(info.engine) == "pages";
@@ -202,7 +208,7 @@ class History {
     bool any = only == MempoolId_t{0, 0};
     for (size_t r = 0; r < snapshot->region_count; r++) {
       const gm_snapshot_region &region = snapshot->regions[r];
-      MempoolId_t pool = own_pool != MempoolId_t{0, 0} ? own_pool : torch_pool(region.private_pool);
+      MempoolId_t pool = pool_named(own_pool, region.private_pool);
       if (!any && pool != only)
         continue;
       c10::CachingDeviceAllocator::SegmentInfo *segment = nullptr;
@@ -389,7 +395,7 @@ class Observers {
     TraceEntry::Action action;
     if (!action_of(event->kind, watched->pages, &action))
       return;
-    MempoolId_t pool = watched->own_pool != MempoolId_t{0, 0} ? watched->own_pool : torch_pool(event->pool);
+    MempoolId_t pool = pool_named(watched->own_pool, event->pool);
     TraceEntry entry(action, watched->device, static_cast<size_t>(event->address), static_cast<size_t>(event->size),
                      reinterpret_cast<void *>(event->stream), pool, c10::getApproximateTime());
     std::lock_guard<std::mutex> guard(watched->owner->mutex_);

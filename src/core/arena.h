@@ -149,7 +149,7 @@ static inline bool gm_heap_memory_available(const gm_heap *heap, const gm_heap *
 /* The name of the private pool `heap` belongs to ({0, 0}: none), for events. */
 static inline gm_pool_id gm_heap_pool_id(const gm_heap *heap)
 {
-    return heap && heap->private_pool ? heap->private_pool->id : (gm_pool_id){0, 0};
+    return heap && heap->private_pool ? heap->private_pool->id : GM_NO_POOL;
 }
 
 /* The heap's size index for a pool. */

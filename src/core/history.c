@@ -61,11 +61,6 @@ void gm_history_keep_newest(gm_history *fresh, const gm_history *old)
 void gm_history_copy(const gm_history *history, gm_event *events, size_t capacity, size_t *count_out,
                      uint64_t *dropped_out)
 {
-    if (!history->capacity) {
-        *count_out = 0;
-        *dropped_out = 0;
-        return;
-    }
     uint64_t held = history->recorded < history->capacity ? history->recorded : history->capacity;
     uint64_t first = history->recorded - held;
     size_t count = !events || held < capacity ? (size_t)held : capacity;

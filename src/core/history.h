@@ -54,7 +54,7 @@ static inline void gm_history_record(gm_history *history, gm_event_kind kind, ui
  * (so that what it no longer holds is counted as dropped). */
 void gm_history_keep_newest(gm_history *fresh, const gm_history *old);
 
-/* Copy the held events, oldest first, into `events` (at most `capacity`); *count_out: how many were
+/* Copy the held events (of a ring of at least one event), oldest first, into `events` (at most `capacity`); *count_out: how many were
  * copied (with `events` NULL: how many it holds), *dropped_out: how many older ones the ring no longer
  * holds. */
 void gm_history_copy(const gm_history *history, gm_event *events, size_t capacity, size_t *count_out,

@@ -48,7 +48,7 @@ static void fill_regions(const gm_arena *arena, gm_snapshot *snapshot)
             gm_snapshot_region *out = &snapshot->regions[r];
             *out = (gm_snapshot_region){.address = region->base, .size = region->size, .stream = heap->stream,
                                         .pool = region->pool, .growth_lane = heap->engine_private,
-                                        .private_pool = heap->private_pool ? heap->private_pool->id : GM_NO_POOL,
+                                        .private_pool = gm_heap_pool_id(heap),
                                         .first_block = b};
             for (const gm_block *block = region->first_block; block; block = block->next, b++) {
                 gm_block_kind kind = kind_of(block);
@@ -130,36 +130,9 @@ gm_status gm_history_read(gm_allocator *allocator, gm_event *events, size_t capa
     return status;
 }
 
-/* Put `fresh` (a new ring, or NULL) in place of the arena's history, keeping its tagger and observer;
- * without a ring but with an observer, a history of capacity 0 stays for the observer. */
-static gm_status replace_history(gm_allocator *allocator, gm_history *fresh, bool keep_events)
-{
-    gm_arena *arena = gm_lock_arena(allocator);
-    gm_history *old = arena->history;
-    if (keep_events && fresh && old)
-        gm_history_keep_newest(fresh, old);
-    if (!fresh && old && old->observer) {
-        if (!old->capacity) {
-            gm_unlock_arena(allocator);
-            return GM_OK; /* already an observer's history without a ring */
-        }
-        if (!(fresh = gm_history_create(0))) {
-            gm_unlock_arena(allocator);
-            return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the event observer");
-        }
-    }
-    if (fresh && old) {
-        fresh->tagger = old->tagger;
-        fresh->tagger_context = old->tagger_context;
-        fresh->observer = old->observer;
-        fresh->observer_context = old->observer_context;
-    }
-    arena->history = fresh;
-    gm_unlock_arena(allocator);
-    gm_history_destroy(old);
-    return GM_OK;
-}
-
+/* A new ring of `capacity` events in place of the arena's history, with its tagger and observer (and,
+ * with `keep_events`, its newest events that fit). Made outside the lock; a ring of 0 events stays only
+ * for an observer. */
 static gm_status set_history(gm_allocator *allocator, size_t capacity, bool keep_events, const char *call)
 {
     if (!allocator)
@@ -167,10 +140,28 @@ static gm_status set_history(gm_allocator *allocator, size_t capacity, bool keep
     if (capacity > GM_HISTORY_MAX_EVENTS)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "%s: %zu events is more than the %zu a history holds", call,
                        capacity, GM_HISTORY_MAX_EVENTS);
-    gm_history *fresh = capacity ? gm_history_create(capacity) : NULL;
-    if (capacity && !fresh)
+    gm_history *fresh = gm_history_create(capacity);
+    if (!fresh)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a history of %zu events", capacity);
-    return replace_history(allocator, fresh, keep_events);
+    gm_arena *arena = gm_lock_arena(allocator);
+    gm_history *old = arena->history, *unused = NULL;
+    if (old) {
+        if (keep_events)
+            gm_history_keep_newest(fresh, old);
+        fresh->tagger = old->tagger;
+        fresh->tagger_context = old->tagger_context;
+        fresh->observer = old->observer;
+        fresh->observer_context = old->observer_context;
+    }
+    if (!fresh->capacity && !fresh->observer) {
+        unused = fresh;
+        fresh = NULL;
+    }
+    arena->history = fresh;
+    gm_unlock_arena(allocator);
+    gm_history_destroy(old);
+    gm_history_destroy(unused);
+    return GM_OK;
 }
 
 gm_status gm_set_history(gm_allocator *allocator, size_t capacity)
