@@ -196,6 +196,11 @@ static void a_resized_history_keeps_its_newest_events(void)
     CHECK_EQ_INT(dropped, 4); /* six recorded, two held */
     CHECK_EQ_INT(after[0].kind, GM_EVENT_FREE_REQUESTED);
     CHECK_EQ_INT(after[1].kind, GM_EVENT_FREE_COMPLETED);
+    CHECK_OK(gm_resize_history(allocator, 8)); /* larger again: still the two it kept, no empty slots */
+    CHECK_OK(gm_history_read(allocator, after, 8, &count, &dropped));
+    CHECK_EQ_INT(count, 2);
+    CHECK_EQ_INT(dropped, 4);
+    CHECK_EQ_INT(after[0].kind, GM_EVENT_FREE_REQUESTED);
     CHECK_OK(gm_set_history(allocator, 8)); /* set, not resize: nothing is kept */
     CHECK_OK(gm_history_read(allocator, after, 8, &count, NULL));
     CHECK_EQ_INT(count, 0);

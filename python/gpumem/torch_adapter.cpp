@@ -10,7 +10,8 @@
 //     peer access reaches gpumem's mappings (gm_enable_peer_access);
 //   - the profiler's memory events, and _record_memory_history / _snapshot (memory_viz): gpumem's
 //     regions and history ring, with the Python stacks torch gathers; out-of-memory observers and
-//     allocator trace trackers (NCCL's memory registration) (torch_trace.h);
+//     allocator trace trackers (NCCL's memory registration) (torch_trace.h); PyTorch's settings as
+//     snapshots and ProcessGroupNCCL read them (torch_settings.h);
 //   - caching_allocator_enable(False) and PYTORCH_NO_CUDA_MEMORY_CACHING: a cudaMalloc per tensor;
 //   - CUDA graphs, torch.compile's cudagraph trees and torch.cuda.MemPool get gpumem's private pools
 //     (gm_begin_allocate_to_pool and its kin; checkpoints through gm_get_pool_allocations and
@@ -40,6 +41,7 @@
 #include "gpumem.h"
 #include "torch_ipc.h"
 #include "torch_pool_sources.h"
+#include "torch_settings.h"
 #include "torch_trace.h"
 
 
@@ -634,6 +636,7 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     }
     result.device_traces.resize(std::max<size_t>(devices, c10::cuda::device_count()));
     result.external_annotations = history_.annotations();
+    result.config_metadata = gpumem_settings::config_metadata();
     return result;
   }
 
@@ -759,6 +762,7 @@ void delete_pointer(void *pointer) {
 void install(const std::string &config) {
   TORCH_CHECK(!installed, "gpumem is already installed");
   auto allocator = std::make_shared<GpumemAllocator>(config, c10::cuda::CUDACachingAllocator::get());
+  gpumem_settings::declare_engine(config);
   torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
   installed = allocator;
 }

@@ -47,21 +47,29 @@ void gm_history_add(gm_history *history, gm_event_kind kind, uint64_t address, u
         history->observer(&event, history->observer_context);
 }
 
+/* How many events the ring holds. */
+static uint64_t gm_history_held(const gm_history *history)
+{
+    uint64_t since = history->recorded - history->forgotten;
+    return since < history->capacity ? since : history->capacity;
+}
+
 void gm_history_keep_newest(gm_history *fresh, const gm_history *old)
 {
     if (!fresh->capacity || !old->capacity)
         return;
-    uint64_t held = old->recorded < old->capacity ? old->recorded : old->capacity;
+    uint64_t held = gm_history_held(old);
     uint64_t kept = held < fresh->capacity ? held : fresh->capacity;
     for (uint64_t i = old->recorded - kept; i < old->recorded; i++)
         fresh->events[i % fresh->capacity] = old->events[i % old->capacity];
     fresh->recorded = old->recorded;
+    fresh->forgotten = old->recorded - kept;
 }
 
 void gm_history_copy(const gm_history *history, gm_event *events, size_t capacity, size_t *count_out,
                      uint64_t *dropped_out)
 {
-    uint64_t held = history->recorded < history->capacity ? history->recorded : history->capacity;
+    uint64_t held = gm_history_held(history);
     uint64_t first = history->recorded - held;
     size_t count = !events || held < capacity ? (size_t)held : capacity;
     *dropped_out = first;

@@ -25,7 +25,9 @@
 typedef struct gm_history {
     gm_event *events;
     size_t capacity;
-    uint64_t recorded; /* events ever recorded; the ring holds the last min(recorded, capacity) */
+    uint64_t recorded;  /* events ever recorded */
+    uint64_t forgotten; /* the first of them, which a resize did not keep; the ring holds the last
+                           min(recorded - forgotten, capacity) */
     uint64_t (*tagger)(void *context);
     void *tagger_context;
     gm_event_observer observer;

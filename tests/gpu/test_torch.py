@@ -286,6 +286,57 @@ def test_cupy_allocations_live_in_gpumem():
     assert lines[1].split()[1] == "True" and float(lines[1].split()[0]) == 999999000000.0
 
 
+NCCL_HOOK_PROGRAM = """
+    import os, torch, torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["TEST_PORT"])
+    first = torch.ones(1 << 20, device="cuda")  # a segment before the communicator (registered with it)
+    dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+    for step in range(3):
+        tensors = [torch.full((size,), 1.0, device="cuda") for size in (1 << 18, 3 << 20, 17 << 20)]
+        for tensor in tensors:
+            dist.all_reduce(tensor)
+        assert all(tensor[0].item() == 1.0 for tensor in tensors)
+        del tensors
+        torch.cuda.empty_cache()  # segments freed (and deregistered) while the communicator lives
+    dist.destroy_process_group()
+    print("expandable_segments:", torch.cuda.memory._snapshot()["allocator_settings"]["expandable_segments"])
+"""
+
+
+@pytest.mark.parametrize("engine", ["pages", "segments"])
+def test_nccl_registration_hook_follows_the_engine(engine):
+    """ProcessGroupNCCL's TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK registers segments with NCCL and
+    deregisters them when freed; it cannot follow pages that are unmapped, and PyTorch turns it off
+    under expandable segments. The pages engine says it is expandable (the hook goes off, as under
+    native's expandable segments); the segments engine does not, and the hook registers its segments."""
+    environment = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), GPUMEM_TORCH=f"engine:{engine}",
+                       TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK="1", TORCH_CPP_LOG_LEVEL="INFO",
+                       NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,REG", TEST_PORT=str(29400 + os.getpid() % 500))
+    run = subprocess.run([sys.executable, "-c", textwrap.dedent(NCCL_HOOK_PROGRAM)], env=environment,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-4000:]
+    output = run.stdout + run.stderr  # NCCL logs to stdout, PyTorch to stderr
+    expandable = "expandable_segments: True" in output
+    assert expandable or "expandable_segments: False" in output, output[-4000:]
+    hook_off = "disables TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK" in output
+    registrations = output.count("register comm")
+    if engine == "pages":
+        assert expandable and hook_off and registrations == 0, (expandable, hook_off, registrations)
+    else:
+        # the first segment at the communicator's making, then the new segments of each step
+        assert not expandable and not hook_off and registrations >= 4, (expandable, hook_off, registrations)
+
+
+def test_allocator_settings_keep_the_users_and_say_expandable_under_pages():
+    out = run_python("""
+        import torch
+        torch.ones(1, device="cuda")
+        settings = torch.cuda.memory._snapshot()["allocator_settings"]
+        print(settings["max_split_size"], settings["garbage_collection_threshold"], settings["expandable_segments"])
+    """, GPUMEM_TORCH="1", PYTORCH_CUDA_ALLOC_CONF="max_split_size_mb:256,garbage_collection_threshold:0.6")
+    assert out.split() == [str(256 * MiB), "0.6", "True"], out
+
+
 def test_memory_snapshot_and_history_open_in_memory_viz(tmp_path):
     """torch.cuda.memory._record_memory_history / _snapshot / _dump_snapshot under gpumem, and PyTorch's
     own memory_viz renders the dump."""

@@ -368,17 +368,30 @@ def memory_history_options(torch):
                   if block["state"] == "active_allocated" and block["size"] >= 3 * MIB]
         state = (bool(frames and frames[0]), "alloc" in actions(snapshot))
         del live
-        record(max_entries=1000, skip_actions=["free_requested", "free_completed"])  # keeps the state's events
+        record(enabled=None)
+        record(max_entries=1000, skip_actions=["free_requested", "free_completed"])
         freed = torch.empty(3 * MIB, dtype=torch.uint8, device="cuda")
         del freed
         skipped = sorted({"free_requested", "free_completed", "alloc"} & actions(torch.cuda.memory._snapshot()))
-        record(max_entries=1000, clear_history=False)
-        kept = len(actions(torch.cuda.memory._snapshot())) > 0
+        record(max_entries=2000, clear_history=False)
+        kept = "alloc" in actions(torch.cuda.memory._snapshot())
         record(max_entries=1000, clear_history=True)
         cleared = not actions(torch.cuda.memory._snapshot())
     finally:
         record(enabled=None)
     return {"state": state, "skipped": skipped, "kept": kept, "cleared": cleared}
+
+
+@check
+def allocator_settings_in_snapshots(torch):
+    """A snapshot's allocator_settings are the process's own (memory_viz shows them). Under gpumem's
+    pages engine they say expandable_segments (what ProcessGroupNCCL's registration hook reads), so
+    that key and the settings string are left out of the comparison."""
+    torch.ones(1, device="cuda")
+    settings = dict(torch.cuda.memory._snapshot()["allocator_settings"])
+    settings.pop("expandable_segments")
+    settings.pop("PYTORCH_CUDA_ALLOC_CONF")
+    return settings
 
 
 @check
