@@ -32,6 +32,7 @@
 #include <array>
 #include <atomic>
 #include <cstdlib>
+#include <limits>
 #include <mutex>
 #include <set>
 #include <string>
@@ -764,6 +765,9 @@ void install(const std::string &config) {
   auto allocator = std::make_shared<GpumemAllocator>(config, c10::cuda::CUDACachingAllocator::get());
   gpumem_settings::declare_engine(config);
   torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
+  // changeCurrentAllocator leaves c10's allocator registry on native's, which torch.accelerator's
+  // memory statistics (and code that allocates through c10::GetAllocator) reach.
+  c10::SetAllocator(c10::DeviceType::CUDA, allocator.get(), std::numeric_limits<uint8_t>::max());
   installed = allocator;
 }
 

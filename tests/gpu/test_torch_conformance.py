@@ -383,6 +383,19 @@ def memory_history_options(torch):
 
 
 @check
+def accelerator_memory_apis(torch):
+    """torch.accelerator's device-generic memory statistics (PyTorch 2.9+) see the same allocator."""
+    tensor = torch.empty(64 * MIB, dtype=torch.uint8, device="cuda")
+    seen = (torch.accelerator.memory_allocated() >= 64 * MIB, torch.accelerator.memory_reserved() >= 64 * MIB,
+            torch.accelerator.memory_stats()["allocated_bytes.all.current"] >= 64 * MIB)
+    del tensor
+    torch.accelerator.reset_peak_memory_stats()
+    torch.accelerator.reset_accumulated_memory_stats()
+    torch.accelerator.empty_cache()
+    return seen + (torch.accelerator.max_memory_allocated() == torch.accelerator.memory_allocated(),)
+
+
+@check
 def allocator_settings_in_snapshots(torch):
     """A snapshot's allocator_settings are the process's own (memory_viz shows them). Under gpumem's
     pages engine they say expandable_segments (what ProcessGroupNCCL's registration hook reads), so
