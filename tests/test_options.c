@@ -84,7 +84,7 @@ static void bad_strings_are_refused_with_clear_errors(void)
         const char *message;
     } cases[] = {
         {"colour:blue", "unknown key 'colour'"},
-        {"colour:blue", "max_chunk_size, growth_lane, tail_chunk, rechunk_min, history, publish"}, /* the known keys */
+        {"colour:blue", "max_chunk_size, growth_lane, tail_chunk, rechunk_min, compact_min, history, publish"}, /* the known keys */
         {"colour:blue", "pressure_psi_high, pressure_psi_low, fault_rate, fault_seed)"},                                  /* from the table */
         {"max_chunk_size:big", "bad value for key 'max_chunk_size'"},
         {"engine:fast", "bad value 'fast' for key 'engine'"},

@@ -88,6 +88,10 @@ static const option_descriptor descriptors[] = {
      "pages engine: when a block placed in free memory covers part of an idle chunk and leaves at least "
      "this many bytes of it, that chunk is made anew in two, the block's pages and the rest, so the block "
      "pins only its own pages; costs a release and two chunks each time (default 0: off)"},
+    {"compact_min", KIND_SIZE, FIELD(compact_min), NULL,
+     "pages engine, sim backend only (an experiment): when a growth would lift reserved memory above its "
+     "peak, chunks that live blocks pin and that hold at least this many bytes of whole free pages are "
+     "split around their live pages and the free pages given back (default 0: off)"},
     {"history", KIND_INTEGER, FIELD(history), NULL,
      "keep the newest N allocator events (alloc, free, map, unmap, oom) for gm_history_read and "
      "snapshots' timelines, at most 1048576 (default 0: none, no cost)"},
@@ -157,6 +161,7 @@ void gm_options_default(gm_options *options)
     options->growth_lane = true;
     options->tail_chunk = false;
     options->rechunk_min = 0;
+    options->compact_min = 0;
     options->publish = false;
     options->pressure_signals = GM_PRESSURE_SIGNAL_RESERVED | GM_PRESSURE_SIGNAL_ALLOCATED;
     options->pressure_interval_ms = 100;
@@ -396,6 +401,9 @@ static gm_status check_consistency(const gm_options *options)
         options->min_large_alloc > options->large_segment_size)
         return gm_fail(GM_ERROR_BAD_CONFIG, "keys must satisfy small_segment_size <= large_segment_size "
                        "and min_large_alloc <= large_segment_size");
+    if (options->compact_min && (strcmp(options->backend, "sim") != 0 || options->engine != GM_ENGINE_PAGES))
+        return gm_fail(GM_ERROR_BAD_CONFIG, "key 'compact_min' is an experiment of the pages engine on the "
+                       "simulated device (backend:sim): it does not copy data");
     if (!options->split_blocks && options->engine != GM_ENGINE_SEGMENTS)
         return gm_fail(GM_ERROR_BAD_CONFIG, "key 'split_blocks' is false, which only the segments engine "
                        "knows: add engine:segments");

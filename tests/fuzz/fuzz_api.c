@@ -15,6 +15,7 @@
  *   cache (gm_host_malloc, free of live, freed and garbage pointers, record_stream, empty_cache);
  *   statistics, snapshots, the summary table, the history set, resized and read, and an event observer
  *   set and removed. The segments engine without cost_model also runs unsplit (split_blocks:false).
+ *   The pages engine on the sim with tail_chunk also compacts pinned chunks (compact_min:2MiB).
  * gm_destroy ends the input, with whatever is still live. FUZZ_API_VERBOSE=1 prints the configuration
  * and each operation with its argument bytes, to read a finding.
  *
@@ -715,13 +716,15 @@ static void create_allocator(fuzz_state *state, input *in)
     char config[512];
     snprintf(config, sizeof config,
              "backend:%s,engine:%s,capacity:%llu,page_size:%llu,host_limit:%llu,memory_limit:%llu,tail_chunk:%s,"
-             "growth_lane:%s,cost_model:%s,max_chunk_size:%s,release_before_growth:%s,history:%d,split_blocks:%s",
+             "growth_lane:%s,cost_model:%s,max_chunk_size:%s,release_before_growth:%s,history:%d,split_blocks:%s,"
+             "compact_min:%s",
              state->host_backend ? "host" : "sim", first & 2 ? "segments" : "pages",
              (unsigned long long)state->capacity, (unsigned long long)page_size,
              (unsigned long long)state->host_limit, (unsigned long long)memory_limits[(second >> 2) & 3],
              first & 64 ? "true" : "false", first & 128 ? "false" : "true", second & 16 ? "false" : "true",
              second & 32 ? "4MiB" : "128MiB", second & 64 ? "false" : "true", second & 128 ? 64 : 0,
-             (first & 2) && (second & 16) ? "false" : "true");
+             (first & 2) && (second & 16) ? "false" : "true",
+             !state->host_backend && !(first & 2) && (first & 64) ? "2MiB" : "0");
     if (getenv("FUZZ_API_VERBOSE") && atoi(getenv("FUZZ_API_VERBOSE")) > 0)
         fprintf(stderr, "fuzz_api: gm_create(\"%s\")\n", config);
     if (gm_create(config, &state->allocator) != GM_OK) {
