@@ -8,8 +8,10 @@
  * CUDA's virtual memory a pinned chunk can still be split after the fact: its live pages copied into
  * new physical memory that is then mapped at the same addresses, so that no pointer changes, and the
  * old chunk released with its free pages. This file decides when and which: only when a growth would
- * otherwise lift reserved memory above its peak (the moment the waste would cost memory), the chunks
- * with the most whole free pages first, until the growth no longer lifts the peak. Each costs the
+ * otherwise lift reserved memory above its peak by more than a two-hundredth (the moment the waste
+ * would cost memory; smaller rises are let through, so that later passes settle instead of compacting
+ * again at the peak's edge: growth.c), the chunks with the most whole free pages first, until the
+ * growth no longer lifts the peak. Each costs the
  * chunk's unmap and release, a chunk (create, map, access) per run of pages that live blocks touch,
  * and the copy of those pages.
  *

@@ -220,8 +220,9 @@ static gm_status back_part(gm_arena *arena, const window *where, uintptr_t from,
     if (status == GM_OK && mapped < need && arena->options->compact_min && !is_lane(region->heap) &&
         should_recycle(arena, need - mapped)) {
         const gm_stat *reserved = arena->stats->reserved_bytes;
-        status = pages_compact_for(arena, where,
-                                   (uint64_t)(gm_stat_total(reserved) + (int64_t)(need - mapped) - reserved[GM_POOL_ALL].peak));
+        int64_t excess = gm_stat_total(reserved) + (int64_t)(need - mapped) - reserved[GM_POOL_ALL].peak;
+        if (excess > reserved[GM_POOL_ALL].peak / COMPACT_ABOVE_PEAK_DIVISOR)
+            status = pages_compact_for(arena, where, (uint64_t)excess);
     }
     if (status == GM_OK && mapped < need && is_lane(region->heap) && should_recycle(arena, need - mapped)) {
         engine->moving_by_choice = true;

@@ -322,8 +322,13 @@ gm_status pages_rechunk_fit(gm_arena *arena, gm_block *block, uint64_t size, gm_
 
 /* ---------------------------------------------------------------- compaction.c */
 
+/* A growth lifting the peak by at most 1/COMPACT_ABOVE_PEAK_DIVISOR of it lifts it: compacting for
+ * every page above the peak keeps reserved memory at the peak's edge, and each later pass compacts
+ * again; small rises let the layout settle. */
+#define COMPACT_ABOVE_PEAK_DIVISOR 200
+
 /* Called only with compact_min set, when a growth into `where` would lift reserved memory `need` bytes
- * above its peak: chunks that live blocks pin are split around their live pages (sim only), their
+ * above its peak (more than COMPACT_ABOVE_PEAK_DIVISOR allows): chunks that live blocks pin are split around their live pages (sim only), their
  * whole free pages given back, until `need` bytes are (or no chunk has compact_min free bytes). */
 gm_status pages_compact_for(gm_arena *arena, const window *where, uint64_t need);
 
