@@ -204,9 +204,8 @@ static gm_status quiesce(gm_arena *arena, gm_heap *heap, const page_chunk *chunk
     return GM_OK;
 }
 
-/* The free block of `region` that contains [address, address + size), or NULL: a search of the
- * heap's free blocks of at least `size` bytes. */
-static gm_block *free_block_containing(gm_region *region, uintptr_t address, uint64_t size)
+/* A search of the heap's free blocks of at least `size` bytes. */
+gm_block *pages_free_block_containing(gm_region *region, uintptr_t address, uint64_t size)
 {
     gm_index_cursor cursor;
     for (gm_block *block = gm_size_index_begin_at(&cursor, gm_heap_index(region->heap, region->pool), size); block;
@@ -220,7 +219,7 @@ static gm_block *free_block_containing(gm_region *region, uintptr_t address, uin
  * its handle and leaves the region. */
 gm_status pages_evict_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk)
 {
-    gm_block *around = free_block_containing(region, chunk->address, chunk->size);
+    gm_block *around = pages_free_block_containing(region, chunk->address, chunk->size);
     if (!around)
         return gm_fail(GM_ERROR_CORRUPT, "idle chunk 0x%" PRIxPTR " is not inside a free block", chunk->address);
     gm_status status = quiesce(arena, region->heap, chunk);
@@ -228,11 +227,18 @@ gm_status pages_evict_chunk(gm_arena *arena, gm_region *region, page_chunk *chun
         status = pages_unmap_chunk(arena, region, chunk);
     if (status != GM_OK)
         return status;
-    gm_unindex_free_block(arena, around);
-    gm_block *hole = pages_carve(arena, around, chunk->address, chunk->address + chunk->size, GM_BLOCK_UNMAPPED);
-    if (!hole) { /* no metadata for the split: give the chunk its place back */
-        gm_index_free_block(arena, around);
+    status = pages_vacate(arena, around, chunk->address, chunk->address + chunk->size);
+    if (status != GM_OK) /* no metadata for the split: give the chunk its place back */
         pages_map_chunk(arena, region, chunk, chunk->address);
+    return status;
+}
+
+gm_status pages_vacate(gm_arena *arena, gm_block *around, uintptr_t from, uintptr_t to)
+{
+    gm_unindex_free_block(arena, around);
+    gm_block *hole = pages_carve(arena, around, from, to, GM_BLOCK_UNMAPPED);
+    if (!hole) {
+        gm_index_free_block(arena, around);
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for block metadata");
     }
     pages_attach(arena, pages_merge_alike(arena, hole));

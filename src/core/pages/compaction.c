@@ -71,24 +71,6 @@ static uintptr_t run_end(const gm_region *region, const uint8_t *free_pages, uin
     return page;
 }
 
-/* Turn [from, to), inside one free block of `region`, into unmapped addresses. */
-static gm_status unmap_free_run(gm_arena *arena, gm_region *region, uintptr_t from, uintptr_t to)
-{
-    gm_block *block = region->first_block;
-    while (block && block->address + block->size <= from)
-        block = block->next;
-    if (!block || block->state != GM_BLOCK_FREE || block->address > from || block->address + block->size < to)
-        return gm_fail(GM_ERROR_CORRUPT, "compaction: a free page is not inside a free block");
-    gm_unindex_free_block(arena, block);
-    gm_block *hole = pages_carve(arena, block, from, to, GM_BLOCK_UNMAPPED);
-    if (!hole) {
-        gm_index_free_block(arena, block);
-        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for block metadata");
-    }
-    pages_attach(arena, pages_merge_alike(arena, hole));
-    return GM_OK;
-}
-
 /* Split a pinned chunk: released, each run of touched pages made anew (and its data copied, as
  * modelled time), each run of free pages left unmapped. */
 static gm_status compact_chunk(gm_arena *arena, const pinned_chunk *pinned)
@@ -104,7 +86,9 @@ static gm_status compact_chunk(gm_arena *arena, const pinned_chunk *pinned)
     for (uintptr_t page = start; page < end && status == GM_OK;) {
         uintptr_t next = run_end(region, pinned->free_pages, page, end, page_size);
         if (pinned->free_pages[page_index(region, page, page_size)]) {
-            status = unmap_free_run(arena, region, page, next);
+            gm_block *around = pages_free_block_containing(region, page, next - page);
+            status = around ? pages_vacate(arena, around, page, next)
+                            : gm_fail(GM_ERROR_CORRUPT, "compaction: a free page is not inside a free block");
         } else {
             status = pages_create_chunk(arena, region, page, next - page);
             arena->backend->modelled_ns += (int64_t)((next - page) / COPY_BYTES_PER_NS);
@@ -124,17 +108,20 @@ static size_t find_pinned_chunks(gm_arena *arena, const gm_region *keep_region, 
     uint64_t page_size = engine_of(arena)->page_size, least = arena->options->compact_min;
     size_t count = 0, capacity = 0, maps = 0;
     pinned_chunk *chunks = NULL;
-    uint8_t **free_pages = calloc(1, sizeof *free_pages);
-    for (size_t h = 0; h < arena->heap_count && free_pages; h++) {
+    uint8_t **free_pages = NULL;
+    bool out_of_memory = false; /* without host memory the search stops: compaction is only an economy */
+    for (size_t h = 0; h < arena->heap_count && !out_of_memory; h++) {
         gm_heap *heap = arena->heaps[h];
         if (heap->private_pool || is_lane(heap) || !heap->engine_data)
             continue;
-        for (gm_region *region = gm_first_region(heap); region; region = gm_next_region(region)) {
-            uint8_t **grown_maps = region->pool == GM_POOL_LARGE ? realloc(free_pages, (maps + 1) * sizeof *free_pages) : NULL;
+        for (gm_region *region = gm_first_region(heap); region && !out_of_memory; region = gm_next_region(region)) {
+            if (region->pool != GM_POOL_LARGE)
+                continue;
+            uint8_t **grown_maps = realloc(free_pages, (maps + 1) * sizeof *free_pages);
             uint8_t *map = grown_maps ? find_free_pages(region, page_size) : NULL;
-            if (grown_maps)
-                free_pages = grown_maps;
-            if (!map)
+            free_pages = grown_maps ? grown_maps : free_pages;
+            out_of_memory = !map;
+            if (out_of_memory)
                 continue;
             free_pages[maps++] = map;
             for (gm_link *link = data_of(region)->chunks.first; link; link = link->next) {

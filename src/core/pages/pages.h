@@ -190,6 +190,11 @@ gm_status pages_create_chunk(gm_arena *arena, gm_region *region, uintptr_t addre
 void pages_release_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk);
 /* Try again to release the chunks whose release failed (before memory is given back or made). */
 void pages_retry_releases(gm_arena *arena);
+/* The free block of `region` that contains [address, address + size), or NULL. */
+gm_block *pages_free_block_containing(gm_region *region, uintptr_t address, uint64_t size);
+/* Turn [from, to) of the free block `around` (indexed), whose pages are no longer mapped, into unmapped
+ * addresses. On failure (no block metadata) nothing changed. */
+gm_status pages_vacate(gm_arena *arena, gm_block *around, uintptr_t from, uintptr_t to);
 /* Unmap an idle chunk from the free block around it; its addresses become unmapped. The chunk keeps
  * its handle and leaves the region. */
 gm_status pages_evict_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk);
@@ -328,8 +333,9 @@ gm_status pages_rechunk_fit(gm_arena *arena, gm_block *block, uint64_t size, gm_
 #define COMPACT_ABOVE_PEAK_DIVISOR 200
 
 /* Called only with compact_min set, when a growth into `where` would lift reserved memory `need` bytes
- * above its peak (more than COMPACT_ABOVE_PEAK_DIVISOR allows): chunks that live blocks pin are split around their live pages (sim only), their
- * whole free pages given back, until `need` bytes are (or no chunk has compact_min free bytes). */
+ * above its peak (more than COMPACT_ABOVE_PEAK_DIVISOR allows): chunks that live blocks pin are split
+ * around their live pages (sim only), their whole free pages given back, until `need` bytes are (or no
+ * chunk has compact_min free bytes). */
 gm_status pages_compact_for(gm_arena *arena, const window *where, uint64_t need);
 
 #endif
