@@ -11,7 +11,8 @@ With --trace the whole run (model build included) is recorded with PyTorch's mem
 written in the anchors' trace format (anchor_workloads.export_trace: a|f,id,bytes,stream per line).
 
 Prints one JSON line, with the keys of bench/workloads.py's (peak allocated / reserved, median step
-time, trace_events) plus the seed and the shape each step drew.
+time, trace_events) plus the seed, the shape each step drew, each step's loss and time (warm-up
+included) and, under gpumem, the copies of each step (compaction's, compact_min).
 
 Exit status: 0 recorded; 4 the workload is unavailable here (unet without the diffusers package: the
 JSON line says so under "unavailable"); anything else a failure (a Python traceback on stderr).
@@ -37,12 +38,16 @@ class Unavailable(Exception):
     """The workload cannot run on this machine for a documented reason (a package not installed)."""
 
 
+LOSSES = []  # every step's loss, kept on the device until the run ends (no synchronisation in a step)
+
+
 def training_step(model, optimizer, loss_of):
     """step(inputs): forward under bf16 autocast, backward, optimizer step, gradients dropped."""
     def step(*inputs):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = loss_of(model, *inputs)
         loss.backward()
+        LOSSES.append(loss.detach().float())
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return step
@@ -138,18 +143,25 @@ def main():
     except Unavailable as why:
         print(json.dumps({"workload": a.workload, "seed": a.seed, "unavailable": str(why)}), flush=True)
         sys.exit(UNAVAILABLE_STATUS)
-    times, shapes = [], []
+    gpumem_torch = sys.modules.get("gpumem.torch")  # under GPUMEM_TORCH: gpumem's device-call counts too
+    times, shapes, all_times, copies = [], [], [], []
     for i in range(a.warmup + a.steps):
         torch.cuda.synchronize()
+        copied = gpumem_torch.allocator().memory_stats()["device_calls.copy"] if gpumem_torch else 0
         s = time.perf_counter()
         shapes.append(step(i))
         torch.cuda.synchronize()
+        all_times.append(time.perf_counter() - s)
+        if gpumem_torch:
+            copies.append(gpumem_torch.allocator().memory_stats()["device_calls.copy"] - copied)
         if i >= a.warmup:
-            times.append(time.perf_counter() - s)
+            times.append(all_times[-1])
     res = {"workload": a.workload, "seed": a.seed, "conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "native"),
            "steps": a.steps, "warmup": a.warmup, "shapes": shapes,
            "step_ms_median": 1e3 * statistics.median(times) if times else None,
            "total_s": time.perf_counter() - t0, "torch": torch.__version__,
+           "losses": [loss.item() for loss in LOSSES], "step_ms": [round(1e3 * t, 2) for t in all_times],
+           "copies_per_step": copies,
            "device": torch.cuda.get_device_name()}
     st = torch.cuda.memory_stats()
     res["peak_alloc_MiB"] = st.get("allocated_bytes.all.peak", 0) / 2**20

@@ -288,6 +288,7 @@ enum { GM_POOL_ALL = 0, GM_POOL_SMALL = 1, GM_POOL_LARGE = 2, GM_POOL_COUNT = 3 
     X(MAP, map, "cuMemMap")                                                                         \
     X(SET_ACCESS, set_access, "cuMemSetAccess")                                                     \
     X(UNMAP, unmap, "cuMemUnmap")                                                                   \
+    X(COPY, copy, "cuCtxSynchronize + cuMemcpyDtoD into new physical memory (compaction)")          \
     X(EVENT_RECORD, event_record, "cuEventRecord")                                                  \
     X(EVENT_QUERY, event_query, "cuEventQuery")                                                     \
     X(EVENT_SYNCHRONIZE, event_synchronize, "cuEventSynchronize")

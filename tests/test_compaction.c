@@ -1,9 +1,11 @@
 /*
- * test_compaction.c -- compact_min (the pages engine on the sim): a growth that would lift reserved
- * memory above its peak (by more than a two-hundredth of it) first splits chunks that live blocks pin
- * around their live pages and gives their whole free pages back; the live blocks stay where they are. Off the simulated device, where
- * data would have to be copied, the key is refused.
+ * test_compaction.c -- compact_min: a growth that would lift reserved memory above its peak (by more
+ * than a two-hundredth of it) first splits chunks that live blocks pin around their live pages and
+ * gives their whole free pages back; the live blocks stay where they are, with their data (the host
+ * backend holds real bytes), and a failure at any step of a compaction loses nothing. No compaction
+ * while a stream is being captured; engine:segments refuses the key.
  */
+#include "pattern.h"
 #include "test.h"
 
 #define MIB (1ull << 20)
@@ -68,16 +70,117 @@ static void a_rise_of_the_peak_within_its_two_hundredth_is_let_through(void)
     CHECK_EQ_INT(peak_after_a_pinned_chunk(config, 16ull << 30), 104 * MIB);
 }
 
-static void compaction_is_refused_off_the_simulated_device(void)
+#define HOST_COMPACTING "backend:host,capacity:1GiB,page_size:2MiB,compact_min:2MiB"
+
+/* Live blocks with free gaps between them in one 64 MiB chunk (fenced), each stamped, then a request
+ * of 100 MiB, with one failure of `failing` (GM_CALL_KIND_COUNT: none) after `after` calls. Checks
+ * that every block keeps its address and its bytes; returns the peak reserved memory and the copies
+ * made (*copies_out). */
+static int64_t host_compaction_peak(const char *config, gm_device_call failing, uint64_t after, int64_t *copies_out)
 {
     gm_allocator *allocator = NULL;
-    CHECK_STATUS(gm_create("backend:host,capacity:1GiB,compact_min:2MiB", &allocator), GM_ERROR_BAD_CONFIG);
-    CHECK_MESSAGE("compact_min");
+    REQUIRE(gm_create(config, &allocator) == GM_OK);
+    void *big = NULL, *fence = NULL, *large = NULL, *live[3] = {0}, *gaps[2] = {0};
+    const size_t sizes[3] = {3 * MIB, 5 * MIB + 4096, 7 * MIB}, gap_sizes[2] = {20 * MIB, 24 * MIB};
+    CHECK_OK(gm_malloc(allocator, 64 * MIB, 0, &big));
+    CHECK_OK(gm_malloc(allocator, 2 * MIB, 0, &fence));
+    CHECK_OK(gm_free(allocator, big));
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK(gm_malloc(allocator, sizes[i], 0, &live[i]));
+        if (i < 2)
+            CHECK_OK(gm_malloc(allocator, gap_sizes[i], 0, &gaps[i]));
+    }
+    CHECK(live[0] == big && (char *)live[2] < (char *)big + 64 * MIB); /* all in the chunk */
+    for (int i = 0; i < 3; i++)
+        pattern_stamp(live[i], sizes[i], 100 + (uint64_t)i);
+    for (int i = 0; i < 2; i++)
+        CHECK_OK(gm_free(allocator, gaps[i]));
+    if (failing != GM_CALL_KIND_COUNT)
+        CHECK_OK(gm_inject_device_failures(allocator, failing, after, 1));
+    CHECK_OK(gm_malloc(allocator, 100 * MIB, 0, &large));
+    memset(large, 0x5a, 100 * MIB);
+    CHECK_OK(gm_validate(allocator));
+    for (int i = 0; i < 3; i++) {
+        CHECK(pattern_intact(live[i], sizes[i], 100 + (uint64_t)i));
+        pattern_stamp(live[i], sizes[i], 200 + (uint64_t)i); /* still mapped, readable and writable */
+        CHECK(pattern_intact(live[i], sizes[i], 200 + (uint64_t)i));
+    }
+    int64_t peak = reserved_peak(allocator);
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    *copies_out = stats.device_calls[GM_CALL_COPY];
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(gm_free(allocator, live[i]));
+    CHECK_OK(gm_free(allocator, fence));
+    CHECK_OK(gm_free(allocator, large));
+    CHECK_OK(gm_validate(allocator));
+    gm_destroy(allocator, NULL);
+    return peak;
+}
+
+static void a_compaction_on_real_memory_keeps_every_byte(void)
+{
+    int64_t copies = -1;
+    CHECK_EQ_INT(host_compaction_peak("backend:host,capacity:1GiB,page_size:2MiB", GM_CALL_KIND_COUNT, 0, &copies),
+                 166 * MIB);
+    CHECK_EQ_INT(copies, 0);
+    /* The live blocks' pages (3 + 6 + 8 MiB, rounded to pages: three runs, three copies), the fence and
+     * the request: 44 MiB of free pages given back. */
+    CHECK_EQ_INT(host_compaction_peak(HOST_COMPACTING, GM_CALL_KIND_COUNT, 0, &copies), 166 * MIB - 44 * MIB);
+    CHECK_EQ_INT(copies, 3);
+}
+
+static void a_failed_compaction_puts_the_chunk_back(void)
+{
+    int64_t copies = -1;
+    /* The second copy refused: the first given back, the chunk whole, the growth takes new memory. */
+    CHECK_EQ_INT(host_compaction_peak(HOST_COMPACTING, GM_CALL_COPY, 1, &copies), 166 * MIB);
+    CHECK_EQ_INT(copies, 1);
+    /* The chunk's unmap refused, after the three copies. */
+    CHECK_EQ_INT(host_compaction_peak(HOST_COMPACTING, GM_CALL_UNMAP, 0, &copies), 166 * MIB);
+    CHECK_EQ_INT(copies, 3);
+    /* The second copy's map refused: the first unmapped again, the chunk mapped back. */
+    CHECK_EQ_INT(host_compaction_peak(HOST_COMPACTING, GM_CALL_MAP, 1, &copies), 166 * MIB);
+    CHECK_EQ_INT(copies, 3);
+}
+
+static void no_compaction_while_a_stream_is_captured(void)
+{
+    gm_allocator *allocator = NULL;
+    REQUIRE(gm_create("capacity:4GiB,page_size:2MiB,compact_min:2MiB", &allocator) == GM_OK);
+    void *other = NULL, *big = NULL, *fence = NULL, *pin = NULL, *large = NULL;
+    CHECK_OK(gm_malloc(allocator, 512, 7, &other)); /* stream 7 has a heap */
+    CHECK_OK(gm_malloc(allocator, 64 * MIB, 0, &big));
+    CHECK_OK(gm_malloc(allocator, 2 * MIB, 0, &fence));
+    CHECK_OK(gm_free(allocator, big));
+    CHECK_OK(gm_malloc(allocator, MIB + 1, 0, &pin)); /* pins the chunk */
+    CHECK_OK(gm_sim_stream_set_capturing(allocator, 7, 1));
+    int64_t before = reserved_peak(allocator);
+    CHECK_OK(gm_malloc(allocator, 100 * MIB, 0, &large));
+    CHECK_EQ_INT(reserved_peak(allocator) - before, 100 * MIB); /* the pinned chunk stayed whole, */
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    CHECK_EQ_INT(stats.device_calls[GM_CALL_COPY], 0); /* and no copy was tried (the wait would fail) */
+    CHECK_OK(gm_sim_stream_set_capturing(allocator, 7, 0));
+    CHECK_OK(gm_free(allocator, large));
+    CHECK_OK(gm_free(allocator, pin));
+    CHECK_OK(gm_free(allocator, fence));
+    CHECK_OK(gm_free(allocator, other));
+    CHECK_OK(gm_validate(allocator));
+    gm_destroy(allocator, NULL);
+}
+
+static void the_segments_engine_refuses_compaction(void)
+{
+    gm_allocator *allocator = NULL;
     CHECK_STATUS(gm_create("engine:segments,compact_min:2MiB", &allocator), GM_ERROR_BAD_CONFIG);
-    CHECK_MESSAGE("backend:sim");
+    CHECK_MESSAGE("compact_min");
     CHECK(allocator == NULL);
 }
 
 RUN_TESTS(TEST_CASE(a_growth_gives_back_the_free_pages_of_a_pinned_chunk),
           TEST_CASE(a_rise_of_the_peak_within_its_two_hundredth_is_let_through),
-          TEST_CASE(compaction_is_refused_off_the_simulated_device))
+          TEST_CASE(a_compaction_on_real_memory_keeps_every_byte),
+          TEST_CASE(a_failed_compaction_puts_the_chunk_back),
+          TEST_CASE(no_compaction_while_a_stream_is_captured),
+          TEST_CASE(the_segments_engine_refuses_compaction))

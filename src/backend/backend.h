@@ -6,6 +6,7 @@
  *   virtual memory   address_reserve / address_free                (cuMemAddressReserve / Free)
  *                    physical_create / physical_release            (cuMemCreate / cuMemRelease)
  *                    map / set_access / unmap                      (cuMemMap / SetAccess / Unmap)
+ *                    copy_into                                     (a device-wide wait, then a copy)
  * and events for cross-stream reuse: event_create / record / query / synchronize / destroy.
  *
  * The allocator never calls the operations table directly: the gm_backend_* wrappers below count
@@ -58,6 +59,11 @@ typedef struct gm_backend_operations {
      * sim and host: the mapping is checked). */
     gm_status (*grant_access)(gm_backend *backend, uintptr_t address, uint64_t size, int device);
     gm_status (*unmap)(gm_backend *backend, uintptr_t address, uint64_t size);
+    /* Fill physical memory `handle` (`size` bytes, not mapped) with the `size` bytes mapped at `source`,
+     * once all work queued on the device has finished (a device-wide wait: the copy must see every
+     * write), and return after the copy is done. Refused while a stream is being captured (the wait
+     * would break the capture). For compaction (core/pages/compaction.c). */
+    gm_status (*copy_into)(gm_backend *backend, uint64_t handle, uint64_t size, uintptr_t source);
 
     /* Memory shared between processes (gm_share, gm_open_shared); NULL where there is none (sim).
      * export_handle: a new file descriptor of this process for physical memory `handle`, which another
@@ -163,6 +169,7 @@ gm_status gm_backend_map(gm_backend *backend, uintptr_t address, uint64_t size, 
 gm_status gm_backend_set_access(gm_backend *backend, uintptr_t address, uint64_t size);
 gm_status gm_backend_grant_access(gm_backend *backend, uintptr_t address, uint64_t size, int device);
 gm_status gm_backend_unmap(gm_backend *backend, uintptr_t address, uint64_t size);
+gm_status gm_backend_copy_into(gm_backend *backend, uint64_t handle, uint64_t size, uintptr_t source);
 gm_status gm_backend_event_create(gm_backend *backend, uint64_t *event_out);
 gm_status gm_backend_event_destroy(gm_backend *backend, uint64_t event);
 gm_status gm_backend_event_record(gm_backend *backend, uint64_t event, gm_stream stream);

@@ -11,7 +11,8 @@
  * each call makes it current only if it is not already, and restores the caller's context after.
  * Memory: plain segments (cuMemAlloc/cuMemFree) and the virtual-memory path (cuMemAddressReserve,
  * cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease) with the device's minimum
- * granularity as page size. Events are created without timing, and pooled by the front end.
+ * granularity as page size; for compaction, a copy into new memory after a device-wide wait
+ * (cuCtxSynchronize, cuMemcpyDtoD). Events are created without timing, and pooled by the front end.
  * CUDA graphs: every call runs in the relaxed stream-capture mode (cuThreadExchangeStreamCaptureMode),
  * as PyTorch's allocator does around cudaMalloc: a capture under way in this or another thread must
  * not make memory calls fail (a graph's private pool grows during its capture). Whether a stream is
@@ -104,6 +105,8 @@ typedef struct cuda_driver {
     cu_result (*map)(cu_device_pointer, size_t, size_t, cu_allocation_handle, unsigned long long);
     cu_result (*set_access)(cu_device_pointer, size_t, const cu_access_descriptor *, size_t);
     cu_result (*unmap)(cu_device_pointer, size_t);
+    cu_result (*context_synchronize)(void);
+    cu_result (*copy)(cu_device_pointer, cu_device_pointer, size_t);
     cu_result (*granularity)(size_t *, const cu_allocation_properties *, int);
     cu_result (*event_create)(cu_event *, unsigned int);
     cu_result (*event_destroy)(cu_event);
@@ -160,6 +163,8 @@ static void load_driver(void)
         {"cuMemMap", offsetof(cuda_driver, map)},
         {"cuMemSetAccess", offsetof(cuda_driver, set_access)},
         {"cuMemUnmap", offsetof(cuda_driver, unmap)},
+        {"cuCtxSynchronize", offsetof(cuda_driver, context_synchronize)},
+        {"cuMemcpyDtoD_v2", offsetof(cuda_driver, copy)},
         {"cuMemGetAllocationGranularity", offsetof(cuda_driver, granularity)},
         {"cuEventCreate", offsetof(cuda_driver, event_create)},
         {"cuEventDestroy_v2", offsetof(cuda_driver, event_destroy)},
@@ -500,6 +505,46 @@ static gm_status cuda_unmap(gm_backend *backend, uintptr_t address, uint64_t siz
     DRIVER_CALL(backend, "cuMemUnmap", driver.unmap((cu_device_pointer)address, size));
 }
 
+/* The new memory at a second, temporary address; a wait for every stream of the context (the copy
+ * must see each write queued before it); the copy; a wait for the copy, so that the caller may unmap
+ * the source. */
+static gm_status copy_through_second_mapping(const cuda_state *state, uint64_t handle, uint64_t size,
+                                             uintptr_t source, uint64_t page_size)
+{
+    cu_device_pointer second = 0;
+    cu_result result = driver.address_reserve(&second, size, page_size, 0, 0);
+    if (result != CU_SUCCESS)
+        return driver_error(result, "cuMemAddressReserve");
+    const char *failed = NULL;
+    cu_access_descriptor access = {{CU_LOCATION_DEVICE, state->ordinal}, CU_ACCESS_READ_WRITE};
+    if ((result = driver.map(second, size, 0, (cu_allocation_handle)handle, 0)) != CU_SUCCESS) {
+        failed = "cuMemMap";
+    } else {
+        if ((result = driver.set_access(second, size, &access, 1)) != CU_SUCCESS)
+            failed = "cuMemSetAccess";
+        else if ((result = driver.context_synchronize()) != CU_SUCCESS)
+            failed = "cuCtxSynchronize";
+        else if ((result = driver.copy(second, (cu_device_pointer)source, size)) != CU_SUCCESS)
+            failed = "cuMemcpyDtoD";
+        else if ((result = driver.context_synchronize()) != CU_SUCCESS)
+            failed = "cuCtxSynchronize";
+        driver.unmap(second, size);
+    }
+    driver.address_free(second, size);
+    return failed ? driver_error(result, failed) : GM_OK;
+}
+
+/* Not in the relaxed capture mode: a device-wide wait must fail, not be let through, where a capture
+ * in another thread forbids it. */
+static gm_status cuda_copy_into(gm_backend *backend, uint64_t handle, uint64_t size, uintptr_t source)
+{
+    cuda_state *state = state_of(backend);
+    cu_context previous = enter(state);
+    gm_status status = copy_through_second_mapping(state, handle, size, source, backend->page_size);
+    leave(state, previous);
+    return status;
+}
+
 /* ---------------------------------------------------------------- memory shared between processes */
 
 static gm_status cuda_export_handle(gm_backend *backend, uint64_t handle, int *descriptor_out)
@@ -678,6 +723,7 @@ const gm_backend_operations gm_cuda_backend_operations = {
     .open_shared = cuda_open_shared,
     .close_shared = cuda_close_shared,
     .unmap = cuda_unmap,
+    .copy_into = cuda_copy_into,
     .event_create = cuda_event_create,
     .event_destroy = cuda_event_destroy,
     .event_record = cuda_event_record,

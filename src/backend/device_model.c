@@ -311,6 +311,42 @@ gm_status gm_device_model_unmap(gm_device_model *model, uintptr_t address, uint6
     return GM_OK;
 }
 
+/* The wait is modelled without forgetting idle streams: removing entries would disturb the walk. */
+static gm_status wait_for_every_stream(gm_device_model *model)
+{
+    simulated_stream *last = model->last_named_stream;
+    for (size_t i = 0; i < model->streams.capacity; i++) {
+        simulated_stream *queue = (simulated_stream *)(uintptr_t)model->streams.entries[i].value;
+        if (model->streams.entries[i].key && queue->capturing)
+            return gm_fail(GM_ERROR_DEVICE, "a device-wide wait while stream %" PRIuPTR " is being captured "
+                           "(it would invalidate the capture)", queue->stream);
+    }
+    if (last && last->capturing)
+        return gm_fail(GM_ERROR_DEVICE, "a device-wide wait while a stream is being captured");
+    for (size_t i = 0; i < model->streams.capacity; i++) {
+        simulated_stream *queue = (simulated_stream *)(uintptr_t)model->streams.entries[i].value;
+        if (model->streams.entries[i].key)
+            queue->completed = queue->enqueued;
+    }
+    if (last)
+        last->completed = last->enqueued;
+    return GM_OK;
+}
+
+gm_status gm_device_model_copy_into(gm_device_model *model, uint64_t handle, uint64_t size, uintptr_t source)
+{
+    physical_memory *memory = find_physical(model, handle);
+    if (!memory || memory->released || memory->mappings || memory->size != size)
+        return gm_fail(GM_ERROR_DEVICE, "copy of %" PRIu64 " bytes into physical handle %" PRIu64 ", which is not a "
+                       "live, unmapped allocation of that size", size, handle);
+    reservation *range = find_reservation(model, source, size);
+    if (!range || source % model->page_size ||
+        !all_pages_mapped(range, (source - range->base) / model->page_size, size / model->page_size))
+        return gm_fail(GM_ERROR_DEVICE, "copy from 0x%" PRIxPTR "+%" PRIu64 ", which is not entirely mapped",
+                       source, size);
+    return wait_for_every_stream(model);
+}
+
 /* ---------------------------------------------------------------- streams and events */
 
 static simulated_stream *find_stream(gm_device_model *model, gm_stream stream)

@@ -34,6 +34,10 @@ gm_status gm_device_model_physical_release(gm_device_model *model, uint64_t hand
 gm_status gm_device_model_map(gm_device_model *model, uintptr_t address, uint64_t size, uint64_t handle);
 gm_status gm_device_model_set_access(gm_device_model *model, uintptr_t address, uint64_t size);
 gm_status gm_device_model_unmap(gm_device_model *model, uintptr_t address, uint64_t size);
+/* What a copy into physical memory needs (backend copy_into): `handle` live, not mapped and of `size`
+ * bytes, [source, source + size) mapped with access set, and no stream being captured (a device-wide
+ * wait would break the capture). Then the wait itself: every stream's queued work completes. */
+gm_status gm_device_model_copy_into(gm_device_model *model, uint64_t handle, uint64_t size, uintptr_t source);
 
 
 /* Backend operations that only consult the model, for any backend whose state begins with a

@@ -184,6 +184,19 @@ static gm_status host_set_access(gm_backend *backend, uintptr_t address, uint64_
     return status;
 }
 
+/* The physical allocation is a file: written from the mapped bytes, in pieces if the kernel says so. */
+static gm_status host_copy_into(gm_backend *backend, uint64_t handle, uint64_t size, uintptr_t source)
+{
+    gm_status status = gm_device_model_copy_into(state_of(backend)->model, handle, size, source);
+    for (uint64_t done = 0; status == GM_OK && done < size;) {
+        ssize_t written = pwrite((int)(handle - 1), (const char *)source + done, size - done, (off_t)done);
+        if (written <= 0)
+            return system_failure("pwrite into a physical allocation");
+        done += (uint64_t)written;
+    }
+    return status;
+}
+
 /* Host memory has no device to grant it to: the mapping is only checked. */
 static gm_status host_grant_access(gm_backend *backend, uintptr_t address, uint64_t size, int device)
 {
@@ -273,6 +286,7 @@ const gm_backend_operations gm_host_backend_operations = {
     .physical_create = host_physical_create,
     .physical_release = host_physical_release,
     .map = host_map,
+    .copy_into = host_copy_into,
     .set_access = host_set_access,
     .grant_access = host_grant_access,
     .export_handle = host_export_handle,

@@ -209,6 +209,12 @@ static gm_status sim_physical_release(gm_backend *backend, uint64_t handle)
     return gm_device_model_physical_release(state_of(backend)->model, handle);
 }
 
+/* No data to copy: only the rules and the wait. */
+static gm_status sim_copy_into(gm_backend *backend, uint64_t handle, uint64_t size, uintptr_t source)
+{
+    return gm_device_model_copy_into(state_of(backend)->model, handle, size, source);
+}
+
 static gm_status sim_map(gm_backend *backend, uintptr_t address, uint64_t size, uint64_t handle)
 {
     return gm_device_model_map(state_of(backend)->model, address, size, handle);
@@ -242,6 +248,7 @@ const gm_backend_operations gm_sim_backend_operations = {
     .physical_create = sim_physical_create,
     .physical_release = sim_physical_release,
     .map = sim_map,
+    .copy_into = sim_copy_into,
     .set_access = sim_set_access,
     .grant_access = sim_grant_access,
     .unmap = sim_unmap,

@@ -89,9 +89,10 @@ static const option_descriptor descriptors[] = {
      "this many bytes of it, that chunk is made anew in two, the block's pages and the rest, so the block "
      "pins only its own pages; costs a release and two chunks each time (default 0: off)"},
     {"compact_min", KIND_SIZE, FIELD(compact_min), NULL,
-     "pages engine, sim backend only (an experiment): when a growth would lift reserved memory above its "
-     "peak, chunks that live blocks pin and that hold at least this many bytes of whole free pages are "
-     "split around their live pages and the free pages given back (default 0: off)"},
+     "pages engine: when a growth would lift reserved memory above its peak, chunks that live blocks pin "
+     "and that hold at least this many bytes of whole free pages are split around their live pages (copied "
+     "after a device-wide wait, pointers unchanged) and the free pages given back; only for programs in "
+     "which one thread at a time launches work on the device (default 0: off)"},
     {"history", KIND_INTEGER, FIELD(history), NULL,
      "keep the newest N allocator events (alloc, free, map, unmap, oom) for gm_history_read and "
      "snapshots' timelines, at most 1048576 (default 0: none, no cost)"},
@@ -401,9 +402,9 @@ static gm_status check_consistency(const gm_options *options)
         options->min_large_alloc > options->large_segment_size)
         return gm_fail(GM_ERROR_BAD_CONFIG, "keys must satisfy small_segment_size <= large_segment_size "
                        "and min_large_alloc <= large_segment_size");
-    if (options->compact_min && (strcmp(options->backend, "sim") != 0 || options->engine != GM_ENGINE_PAGES))
-        return gm_fail(GM_ERROR_BAD_CONFIG, "key 'compact_min' is an experiment of the pages engine on the "
-                       "simulated device (backend:sim): it does not copy data");
+    if (options->compact_min && options->engine != GM_ENGINE_PAGES)
+        return gm_fail(GM_ERROR_BAD_CONFIG, "key 'compact_min' splits chunks of the pages engine, which "
+                       "engine:segments does not have");
     if (!options->split_blocks && options->engine != GM_ENGINE_SEGMENTS)
         return gm_fail(GM_ERROR_BAD_CONFIG, "key 'split_blocks' is false, which only the segments engine "
                        "knows: add engine:segments");

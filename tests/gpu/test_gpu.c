@@ -4,6 +4,8 @@
  *   data integrity    every live allocation is filled by a kernel and checked by a kernel when it
  *                     is freed and at the end, while a memory limit forces the pages engine to move
  *                     idle chunks and empty_cache releases them: live data never moves or breaks
+ *   compaction        live blocks split out of a pinned chunk keep their bytes, even one that a
+ *                     kernel on another stream is still writing
  *   cross-stream      a block used by a slow kernel on another stream, recorded with
  *                     gm_record_stream and freed, is not handed out again before the kernel ends
  *                     (and a control without record_stream shows the test can see reuse)
@@ -187,6 +189,57 @@ static void data_integrity_pages_engine(void)
 static void data_integrity_segments_engine(void)
 {
     data_survives_reuse_and_remapping("backend:cuda,engine:segments,memory_limit:6GiB", quick ? 300 : 2000);
+}
+
+/* Compaction on the device: a 64 MiB chunk pinned by three live blocks with free gaps, one of them
+ * still being written by a slow kernel on another stream, then a request that would lift the peak.
+ * The copy must wait for that kernel (a device-wide wait), the blocks keep their addresses and
+ * bytes, and the chunk's free pages go back. */
+static void compaction_keeps_data_that_queued_work_still_writes(void)
+{
+    gm_allocator *allocator = make("backend:cuda,engine:pages,compact_min:2MiB");
+    cu_handle other = NULL;
+    CU_CHECK(cu.stream_create(&other, 1));
+    const size_t mib = 1u << 20, sizes[3] = {3 * mib, 5 * mib + 4096, 7 * mib};
+    void *big = NULL, *fence = NULL, *large = NULL, *live[3] = {0}, *gaps[2] = {0};
+    CHECK_OK(gm_malloc(allocator, 64 * mib, 0, &big));
+    CHECK_OK(gm_malloc(allocator, 2 * mib, 0, &fence));
+    CHECK_OK(gm_free(allocator, big));
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK(gm_malloc(allocator, sizes[i], 0, &live[i]));
+        if (i < 2)
+            CHECK_OK(gm_malloc(allocator, 20 * mib, 0, &gaps[i]));
+    }
+    for (int i = 0; i < 2; i++)
+        CHECK_OK(gm_free(allocator, gaps[i]));
+    fill(live[0], sizes[0], 0xA0A0A0A1u, NULL);
+    fill(live[2], sizes[2], 0xC2C2C2C3u, NULL);
+    unsigned long long address = (unsigned long long)(uintptr_t)live[1], words = sizes[1] / 4, spin = 20000;
+    unsigned pattern = 0xB1B1B1B1u;
+    void *arguments[] = {&address, &words, &pattern, &spin};
+    CU_CHECK(cu.launch(slow_fill_kernel, 1, 1, 1, 256, 1, 1, 0, other, arguments, NULL)); /* many ms */
+    gm_stats before, after;
+    CHECK_OK(gm_get_stats(allocator, &before));
+    CHECK_OK(gm_malloc(allocator, 100 * mib, 0, &large));
+    CHECK_OK(gm_get_stats(allocator, &after));
+    CHECK_EQ_INT(after.device_calls[GM_CALL_COPY] - before.device_calls[GM_CALL_COPY], 3);
+    /* 64 + 2 reserved before; after: the live blocks' 2 + 4 + 4 pages, the fence and the request. */
+    CHECK_EQ_INT(after.reserved_bytes[GM_POOL_ALL].current, (int64_t)((20 + 2 + 100) * mib));
+    CHECK_EQ_INT(count_mismatches(live[0], sizes[0], 0xA0A0A0A1u), 0);
+    CHECK_EQ_INT(count_mismatches(live[1], sizes[1], 0xB1B1B1B1u), 0);
+    CHECK_EQ_INT(count_mismatches(live[2], sizes[2], 0xC2C2C2C3u), 0);
+    fill(live[1], sizes[1], 0x5u, NULL); /* still writable where it was */
+    CHECK_EQ_INT(count_mismatches(live[1], sizes[1], 0x5u), 0);
+    printf("     compaction: %lld copies, %.1f us of copy calls\n",
+           (long long)(after.device_calls[GM_CALL_COPY] - before.device_calls[GM_CALL_COPY]),
+           (double)(after.device_call_ns_by_kind[GM_CALL_COPY] - before.device_call_ns_by_kind[GM_CALL_COPY]) / 1e3);
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(gm_free(allocator, live[i]));
+    CHECK_OK(gm_free(allocator, fence));
+    CHECK_OK(gm_free(allocator, large));
+    CHECK_OK(gm_validate(allocator));
+    cu.stream_destroy(other);
+    gm_destroy(allocator, NULL);
 }
 
 /* ---------------------------------------------------------------- cross-stream safety */
@@ -439,6 +492,7 @@ int main(void)
     static const test_case cases[] = {
         TEST_CASE(data_integrity_pages_engine),
         TEST_CASE(data_integrity_segments_engine),
+        TEST_CASE(compaction_keeps_data_that_queued_work_still_writes),
         TEST_CASE(recorded_stream_protects_memory_in_use),
         TEST_CASE(without_record_stream_the_memory_is_reused),
         TEST_CASE(out_of_memory_is_an_error_and_recoverable),

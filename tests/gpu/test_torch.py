@@ -127,6 +127,65 @@ def test_idle_memory_of_a_busy_stream_is_not_waited_for():
     assert idle["unmaps"] > 0 and idle["reserved_MiB"] < 512, idle  # the idle stream's pages moved
 
 
+def test_compaction_keeps_tensors_and_waits_out_a_capture():
+    """compact_min: a chunk that three tensors pin, with free pages between them, is split around them
+    when a growth would lift the peak; the tensors keep their addresses and values. While a CUDA graph
+    is being captured nothing is compacted (the device-wide wait would break the capture), and the
+    graph replays correctly (a fresh process: the allocator's peak is this test's alone)."""
+    out = run_python("""
+        import json, torch
+        import gpumem.torch
+        MiB = 1 << 20
+        def copies():
+            return gpumem.torch.allocator().memory_stats()["device_calls.copy"]
+        def pinned_chunk():
+            big = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+            fence = torch.empty(2 * MiB, dtype=torch.uint8, device="cuda")
+            start = big.data_ptr()
+            del big
+            kept, gaps = [], []
+            for index, size in enumerate((3 * MiB, 5 * MiB + 4096, 7 * MiB)):
+                kept.append(torch.full((size // 4,), index + 1.5, dtype=torch.float32, device="cuda"))
+                gaps.append(torch.empty(20 * MiB, dtype=torch.uint8, device="cuda"))
+            del gaps
+            inside = all(start <= t.data_ptr() < start + 64 * MiB for t in kept)
+            return fence, kept, inside
+        results = {}
+        fence, kept, inside = pinned_chunk()
+        addresses = [t.data_ptr() for t in kept]
+        before, reserved = copies(), torch.cuda.memory_reserved()
+        large = torch.ones(100 * MiB, dtype=torch.uint8, device="cuda")
+        results["plain"] = {"inside": inside, "copies": copies() - before,
+                            "added_MiB": (torch.cuda.memory_reserved() - reserved) // MiB,
+                            "same_addresses": [t.data_ptr() for t in kept] == addresses,
+                            "values": all(bool((t == i + 1.5).all()) for i, t in enumerate(kept))}
+        del large, kept, fence
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()  # as in a fresh process: the growth below would compact
+        fence, kept, inside = pinned_chunk()
+        static = torch.ones(16, device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        before = copies()
+        with torch.cuda.graph(graph):
+            scratch = torch.ones(100 * MiB, dtype=torch.uint8, device="cuda")  # grows the graph's pool
+            static.add_(scratch[:16].float())
+        captured = copies() - before
+        graph.replay()
+        torch.cuda.synchronize()
+        results["capture"] = {"inside": inside, "copies": captured, "static": static.tolist(),
+                              "values": all(bool((t == i + 1.5).all()) for i, t in enumerate(kept))}
+        print(json.dumps(results))
+    """, GPUMEM_TORCH="compact_min:2MiB")
+    results = json.loads(out.strip().splitlines()[-1])
+    plain, capture = results["plain"], results["capture"]
+    assert plain["inside"] and capture["inside"], results  # else the chunk is not pinned as planned
+    assert plain["copies"] == 3 and plain["same_addresses"] and plain["values"], plain
+    assert plain["added_MiB"] <= 100 - 40, plain  # the chunk's 44 MiB of free pages went back
+    assert capture["copies"] == 0 and capture["values"], capture
+    assert capture["static"] == [2.0] * 16, capture
+
+
 def test_record_stream_keeps_memory_until_the_stream_is_done():
     side = torch.cuda.Stream()
     # Both kernels run once first: a kernel's first launch loads its module (CUDA's lazy loading), which

@@ -61,7 +61,7 @@ class PackageTest(unittest.TestCase):
             self.assertIn(name, stats)
         self.assertIn("allocated_bytes", gpumem._STAT_ARRAYS)
         self.assertIn("num_page_maps", gpumem._COUNTERS)
-        self.assertEqual(len(gpumem._CALL_KINDS), 12)
+        self.assertEqual(len(gpumem._CALL_KINDS), 13)
         # The fields after the listed ones land where the library writes them: the device's size.
         raw = gpumem._Stats()
         gpumem._check(gpumem._library.gm_get_stats(self.allocator._handle, gpumem.ctypes.byref(raw)))

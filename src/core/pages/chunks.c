@@ -109,8 +109,7 @@ gm_status pages_unmap_chunk(gm_arena *arena, gm_region *region, page_chunk *chun
     return GM_OK;
 }
 
-/* Make a chunk of `size` bytes and map it at `address` (create_memory has checked the room for it). */
-gm_status pages_create_chunk(gm_arena *arena, gm_region *region, uintptr_t address, uint64_t size)
+gm_status pages_make_chunk(gm_arena *arena, const gm_region *region, uint64_t size, page_chunk **chunk_out)
 {
     page_chunk *chunk = calloc(1, sizeof *chunk);
     if (!chunk)
@@ -123,6 +122,17 @@ gm_status pages_create_chunk(gm_arena *arena, gm_region *region, uintptr_t addre
     }
     gm_count_reserved(arena, region->pool, (int64_t)size, 1);
     arena->stats->num_device_alloc++;
+    *chunk_out = chunk;
+    return GM_OK;
+}
+
+/* Make a chunk of `size` bytes and map it at `address` (create_memory has checked the room for it). */
+gm_status pages_create_chunk(gm_arena *arena, gm_region *region, uintptr_t address, uint64_t size)
+{
+    page_chunk *chunk = NULL;
+    gm_status status = pages_make_chunk(arena, region, size, &chunk);
+    if (status != GM_OK)
+        return status;
     status = pages_map_chunk(arena, region, chunk, address);
     if (status != GM_OK) /* made but not mapped: back to the device (or, refused, to the unreleased list) */
         pages_release_chunk(arena, region, chunk);

@@ -1,36 +1,40 @@
 /*
  * compaction.c -- whole free pages inside pinned chunks given back when a growth would lift reserved
- * memory above its peak (compact_min; an experiment of the simulated device, off by default).
+ * memory above its peak (compact_min, off by default).
  *
  * The pages engine's waste is free memory inside chunks that live blocks pin: a chunk is one physical
  * allocation, mapped whole, so one live byte keeps all its pages (docs/engine.md). Only idle chunks can
  * move; smaller chunks and rechunking fix the waste at the price of device calls at every step. Under
  * CUDA's virtual memory a pinned chunk can still be split after the fact: its live pages copied into
  * new physical memory that is then mapped at the same addresses, so that no pointer changes, and the
- * old chunk released with its free pages. This file decides when and which: only when a growth would
- * otherwise lift reserved memory above its peak by more than a two-hundredth (the moment the waste
- * would cost memory; smaller rises are let through, so that later passes settle instead of compacting
- * again at the peak's edge: growth.c), the chunks with the most whole free pages first, until the
- * growth no longer lifts the peak. Each costs the
- * chunk's unmap and release, a chunk (create, map, access) per run of pages that live blocks touch,
- * and the copy of those pages.
+ * old chunk released with its free pages.
  *
- * What it would take on a real device is not built: a wait until no queued work uses the chunk (every
- * stream, not only the blocks' own), the copy through a second mapping of the new memory, and a chunk
- * exported to another process left alone (it is). A kernel another thread launches while the pages
- * change place would see the old memory or none: real devices would need a rule for that too. So the
- * key is refused on every backend but sim (options.c), where no data exists: it measures what such a
- * compaction would reserve and what its device calls would cost (docs/engine.md, "Compaction").
+ * When: only when a growth would otherwise lift reserved memory above its peak by more than a
+ * two-hundredth (the moment the waste would cost memory; smaller rises are let through, so that later
+ * passes settle instead of compacting again at the peak's edge: growth.c). Which: chunks of the shared
+ * large pools (not a private pool's, a lane's, one exported to another process, nor one in the
+ * growth's own run), those with the most whole free pages first, until the growth no longer lifts the
+ * peak. Each copy exists beside its chunk for a moment, so a chunk whose live pages would lift the
+ * peak is skipped.
+ *
+ * How, losing nothing if any step fails: each run of touched pages copied into new physical memory
+ * while the chunk is still mapped (the backend's copy_into: on CUDA a device-wide wait, since any
+ * stream's queued work may use the pages, then a copy through a second mapping); the chunk unmapped,
+ * its handle kept; the copies mapped in its place; the chunk released last. A failure before the
+ * copies are in place puts the chunk back and lets the growth take new memory instead. No compaction
+ * while a stream is being captured into a CUDA graph: the wait would break the capture.
+ *
+ * What the engine cannot see: a kernel that another thread launches while the pages change place
+ * would see the old memory or none. So compaction is for programs in which one thread at a time
+ * launches work on the device (a training loop: the forward thread and autograd's backward thread take
+ * turns), not for a server whose threads launch concurrently (docs/engine.md, "Compaction").
  */
 #include "core/pages/pages.h"
 
 #include "base/error.h"
 
+#include <inttypes.h>
 #include <stdlib.h>
-
-/* The modelled speed of the device-to-device copy of live pages (the H200's copy bandwidth, rounded
- * down). */
-#define COPY_BYTES_PER_NS 1500
 
 typedef struct pinned_chunk {
     gm_region *region;
@@ -71,27 +75,91 @@ static uintptr_t run_end(const gm_region *region, const uint8_t *free_pages, uin
     return page;
 }
 
-/* Split a pinned chunk: released, each run of touched pages made anew (and its data copied, as
- * modelled time), each run of free pages left unmapped. */
-static gm_status compact_chunk(gm_arena *arena, const pinned_chunk *pinned)
+/* New physical memory for the touched pages [address, address + size), filled with what they hold now
+ * (the old chunk is still mapped there). */
+static gm_status make_copy(gm_arena *arena, gm_region *region, uintptr_t address, uint64_t size, page_chunk **copy_out)
 {
-    gm_region *region = pinned->region;
-    page_chunk *chunk = pinned->chunk;
-    uint64_t page_size = engine_of(arena)->page_size;
-    uintptr_t start = chunk->address, end = chunk->address + chunk->size;
-    gm_status status = pages_unmap_chunk(arena, region, chunk);
+    page_chunk *copy = NULL;
+    gm_status status = pages_make_chunk(arena, region, size, &copy);
     if (status != GM_OK)
         return status;
-    pages_release_chunk(arena, region, chunk);
+    copy->address = address;
+    status = gm_backend_copy_into(arena->backend, copy->handle, size, address);
+    if (status != GM_OK) {
+        pages_release_chunk(arena, region, copy);
+        return status;
+    }
+    *copy_out = copy;
+    return GM_OK;
+}
+
+/* Undo: the copies mapped so far unmapped, every copy given back, the old chunk mapped back if it was
+ * unmapped. False if it could not be. */
+static bool restore_chunk(gm_arena *arena, gm_region *region, page_chunk *old, bool old_unmapped,
+                          page_chunk **copies, size_t made, size_t mapped)
+{
+    for (size_t i = 0; i < made; i++) {
+        if (i < mapped && pages_unmap_chunk(arena, region, copies[i]) != GM_OK)
+            copies[i]->stray = true;
+        pages_release_chunk(arena, region, copies[i]);
+    }
+    if (!old_unmapped || pages_map_chunk(arena, region, old, old->address) == GM_OK)
+        return true;
+    pages_release_chunk(arena, region, old); /* nothing can reach it now: not leaked at least */
+    return false;
+}
+
+/* Split a pinned chunk without losing a byte: each run of touched pages copied into new memory while
+ * the chunk is still mapped, the chunk unmapped (its handle kept), the copies mapped in its place,
+ * and only then the chunk released and its whole free pages left unmapped. A failure at any step
+ * puts the chunk back as it was (*undone_out). */
+static gm_status compact_chunk(gm_arena *arena, const pinned_chunk *pinned, bool *undone_out)
+{
+    gm_region *region = pinned->region;
+    page_chunk *old = pinned->chunk;
+    uint64_t page_size = engine_of(arena)->page_size;
+    uintptr_t start = old->address, end = old->address + old->size;
+    page_chunk **copies = calloc(old->size / page_size, sizeof *copies);
+    if (!copies)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a compaction");
+    size_t made = 0;
+    gm_status status = GM_OK;
+    for (uintptr_t page = start; page < end && status == GM_OK;) {
+        uintptr_t next = run_end(region, pinned->free_pages, page, end, page_size);
+        if (!pinned->free_pages[page_index(region, page, page_size)])
+            status = make_copy(arena, region, page, next - page, &copies[made]);
+        made += status == GM_OK && !pinned->free_pages[page_index(region, page, page_size)];
+        page = next;
+    }
+    if (status == GM_OK)
+        status = pages_unmap_chunk(arena, region, old);
+    if (status != GM_OK) { /* the chunk is still mapped: only the copies go */
+        restore_chunk(arena, region, old, false, copies, made, 0);
+        free(copies);
+        *undone_out = true;
+        return GM_OK;
+    }
+    size_t mapped = 0;
+    while (mapped < made && status == GM_OK) {
+        status = pages_map_chunk(arena, region, copies[mapped], copies[mapped]->address);
+        mapped += status == GM_OK;
+    }
+    if (status != GM_OK) {
+        bool restored = restore_chunk(arena, region, old, true, copies, made, mapped);
+        free(copies);
+        *undone_out = restored;
+        return restored ? GM_OK
+                        : gm_fail(GM_ERROR_DEVICE, "compaction: chunk 0x%" PRIxPTR " could not be mapped back after "
+                                  "a failed map; the blocks in it are unreachable", start);
+    }
+    free(copies);
+    pages_release_chunk(arena, region, old);
     for (uintptr_t page = start; page < end && status == GM_OK;) {
         uintptr_t next = run_end(region, pinned->free_pages, page, end, page_size);
         if (pinned->free_pages[page_index(region, page, page_size)]) {
             gm_block *around = pages_free_block_containing(region, page, next - page);
             status = around ? pages_vacate(arena, around, page, next)
                             : gm_fail(GM_ERROR_CORRUPT, "compaction: a free page is not inside a free block");
-        } else {
-            status = pages_create_chunk(arena, region, page, next - page);
-            arena->backend->modelled_ns += (int64_t)((next - page) / COPY_BYTES_PER_NS);
         }
         page = next;
     }
@@ -148,8 +216,21 @@ static size_t find_pinned_chunks(gm_arena *arena, const gm_region *keep_region, 
     return count;
 }
 
+/* A device-wide wait, which each copy needs, would break a CUDA graph's capture. */
+static bool any_stream_capturing(gm_arena *arena)
+{
+    for (size_t h = 0; h < arena->heap_count; h++)
+        if (gm_backend_stream_is_capturing(arena->backend, arena->heaps[h]->stream))
+            return true;
+    return false;
+}
+
+/* Compaction is an economy: one that fails and is undone leaves the growth to new memory. Only a chunk
+ * that could not be put back (GM_ERROR_DEVICE from restore_chunk, GM_ERROR_CORRUPT) is an error. */
 gm_status pages_compact_for(gm_arena *arena, const window *where, uint64_t need)
 {
+    if (any_stream_capturing(arena))
+        return GM_OK;
     pinned_chunk *chunks = NULL;
     uint8_t **free_pages = NULL;
     size_t maps = 0;
@@ -157,11 +238,19 @@ gm_status pages_compact_for(gm_arena *arena, const window *where, uint64_t need)
     if (count)
         qsort(chunks, count, sizeof *chunks, most_free_first);
     gm_status status = GM_OK;
+    bool undone = false;
     uint64_t released = 0;
-    /* Splitting a chunk changes only its own pages: the other chunks' maps stay true. */
-    for (size_t i = 0; i < count && released < need && status == GM_OK; i++) {
-        status = compact_chunk(arena, &chunks[i]);
-        released += chunks[i].free_bytes;
+    const gm_stat *reserved = arena->stats->reserved_bytes;
+    /* Splitting a chunk changes only its own pages: the other chunks' maps stay true. The copies and
+     * the chunk are held together for a moment: that must not rise above what the growth will reserve
+     * anyway (the peak, or the excess left after this chunk's free pages). */
+    for (size_t i = 0; i < count && released < need && status == GM_OK && !undone; i++) {
+        uint64_t live = chunks[i].chunk->size - chunks[i].free_bytes, left = need - released;
+        int64_t allowed = reserved[GM_POOL_ALL].peak + (int64_t)(left > chunks[i].free_bytes ? left - chunks[i].free_bytes : 0);
+        if (gm_stat_total(reserved) + (int64_t)live > allowed)
+            continue;
+        status = compact_chunk(arena, &chunks[i], &undone);
+        released += status == GM_OK && !undone ? chunks[i].free_bytes : 0;
     }
     for (size_t i = 0; i < maps; i++)
         free(free_pages[i]);

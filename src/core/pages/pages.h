@@ -185,6 +185,8 @@ gm_status pages_map_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk,
 gm_status pages_unmap_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk);
 /* Make a chunk of `size` bytes and map it at `address` (the caller has checked the room for it). */
 gm_status pages_create_chunk(gm_arena *arena, gm_region *region, uintptr_t address, uint64_t size);
+/* A chunk of `size` bytes of new physical memory, counted in `region`'s pool, not mapped anywhere. */
+gm_status pages_make_chunk(gm_arena *arena, const gm_region *region, uint64_t size, page_chunk **chunk_out);
 /* Give an unmapped chunk (no longer in a region) back to the device. If the device refuses, the chunk
  * waits in the engine's unreleased list, still counted as reserved, for pages_retry_releases. */
 void pages_release_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk);
