@@ -1,8 +1,9 @@
 /*
  * vmm_probe.c -- what the CUDA driver's virtual-memory calls allow and cost on this GPU, for the
  * pages engine's design: whether a page of a larger allocation can be mapped at an offset, whether one
- * cuMemUnmap may cover several adjacent mappings, whether an allocation may be mapped twice, and the
- * median time of each call. Prints a table; exits non-zero if a call that must work fails.
+ * cuMemUnmap may cover several adjacent mappings, whether an allocation may be mapped twice, the
+ * median time of each call, and of compaction's copy into new memory. Prints a table; exits non-zero
+ * if a call that must work fails.
  *
  * Build (GPU machine): gcc -O2 -I/usr/local/cuda/include bench/vmm_probe.c -o vmm_probe -lcuda
  */
@@ -50,6 +51,41 @@ static CUmemGenericAllocationHandle create(size_t size)
     CUmemGenericAllocationHandle handle;
     CHECK(cuMemCreate(&handle, size, &properties, 0));
     return handle;
+}
+
+/* 7. What compaction's copy into new memory costs on an idle device (backend/cuda.c's copy_into): a
+ * second mapping of the new allocation, a device-wide wait, the copy, a wait for it, the mapping gone. */
+static void copy_timings(size_t page)
+{
+    enum { COPY_ROUNDS = 20 };
+    const size_t sizes_mib[] = {2, 20, 256, 1024};
+    printf("\n| copy into new memory through a second mapping (idle device) | median us |\n|---|---|\n");
+    for (size_t s = 0; s < sizeof sizes_mib / sizeof sizes_mib[0]; s++) {
+        size_t size = sizes_mib[s] << 20;
+        size = (size + page - 1) / page * page;
+        CUdeviceptr source;
+        CHECK(cuMemAlloc(&source, size));
+        CHECK(cuMemsetD8(source, 7, size));
+        double times[COPY_ROUNDS];
+        for (int round = 0; round < COPY_ROUNDS; round++) {
+            CUmemGenericAllocationHandle target = create(size);
+            CHECK(cuCtxSynchronize());
+            double t0 = now_us();
+            CUdeviceptr second;
+            CHECK(cuMemAddressReserve(&second, size, page, 0, 0));
+            CHECK(cuMemMap(second, size, 0, target, 0));
+            CHECK(cuMemSetAccess(second, size, &access_descriptor, 1));
+            CHECK(cuCtxSynchronize());
+            CHECK(cuMemcpyDtoD(second, source, size));
+            CHECK(cuCtxSynchronize());
+            CHECK(cuMemUnmap(second, size));
+            CHECK(cuMemAddressFree(second, size));
+            times[round] = now_us() - t0;
+            CHECK(cuMemRelease(target));
+        }
+        printf("| %zu MiB | %.1f |\n", sizes_mib[s], median(times, COPY_ROUNDS));
+        CHECK(cuMemFree(source));
+    }
 }
 
 int main(void)
@@ -185,6 +221,7 @@ int main(void)
     for (int i = 0; i < PAGES; i++)
         CHECK(cuMemRelease(handles[i]));
     CHECK(cuMemAddressFree(base, 64 * page));
+    copy_timings(page);
     printf("\n%s\n", failures ? "FAILED" : "all checks passed");
     return failures ? 1 : 0;
 }
