@@ -12,10 +12,10 @@
  * When: only when a growth would otherwise lift reserved memory above its peak by more than a
  * two-hundredth (the moment the waste would cost memory; smaller rises are let through, so that later
  * passes settle instead of compacting again at the peak's edge: growth.c). Which: chunks of the shared
- * large pools (not a private pool's, a lane's, one exported to another process, nor one in the
- * growth's own run), those with the most whole free pages first, until the growth no longer lifts the
- * peak. Each copy exists beside its chunk for a moment, so a chunk whose live pages would lift the
- * peak is skipped.
+ * large pools with at least compact_min bytes of whole free pages (not a private pool's, a lane's, one
+ * exported to another process, nor one in the growth's own run), those with the fewest live bytes
+ * first, until the growth no longer lifts the peak. Each copy exists beside its chunk for a moment, so
+ * a chunk whose copies would lift reserved memory above what the growth reserves anyway is skipped.
  *
  * How, losing nothing if any step fails: each run of touched pages copied into new physical memory
  * while the chunk is still mapped (the backend's copy_into: on CUDA a device-wide wait, since any
@@ -59,10 +59,16 @@ static uint8_t *find_free_pages(const gm_region *region, uint64_t page_size)
     return free_pages;
 }
 
-static int most_free_first(const void *a, const void *b)
+/* Then the most free pages first, then the lowest address: an order that no sort's whims change. */
+static int fewest_live_first(const void *a, const void *b)
 {
-    uint64_t x = ((const pinned_chunk *)a)->free_bytes, y = ((const pinned_chunk *)b)->free_bytes;
-    return x < y ? 1 : x > y ? -1 : 0;
+    const pinned_chunk *x = a, *y = b;
+    uint64_t left = x->chunk->size - x->free_bytes, right = y->chunk->size - y->free_bytes;
+    if (left != right)
+        return left < right ? -1 : 1;
+    if (x->free_bytes != y->free_bytes)
+        return x->free_bytes > y->free_bytes ? -1 : 1;
+    return x->chunk->address < y->chunk->address ? -1 : x->chunk->address > y->chunk->address;
 }
 
 /* The end of the run of pages from `page` (below `end`) that are alike: all free or all touched. */
@@ -236,14 +242,15 @@ gm_status pages_compact_for(gm_arena *arena, const window *where, uint64_t need)
     size_t maps = 0;
     size_t count = find_pinned_chunks(arena, where->region, where->run_start, where->run_end, &chunks, &free_pages, &maps);
     if (count)
-        qsort(chunks, count, sizeof *chunks, most_free_first);
+        qsort(chunks, count, sizeof *chunks, fewest_live_first);
     gm_status status = GM_OK;
     bool undone = false;
     uint64_t released = 0;
     const gm_stat *reserved = arena->stats->reserved_bytes;
-    /* Splitting a chunk changes only its own pages: the other chunks' maps stay true. The copies and
-     * the chunk are held together for a moment: that must not rise above what the growth will reserve
-     * anyway (the peak, or the excess left after this chunk's free pages). */
+    /* The chunks with the fewest live bytes first: the least to copy, and the shortest moment of copies
+     * beside their chunk, which must not rise above what the growth will reserve anyway (the peak, or
+     * the excess left after this chunk's free pages). Splitting a chunk changes only its own pages: the
+     * other chunks' maps stay true. */
     for (size_t i = 0; i < count && released < need && status == GM_OK && !undone; i++) {
         uint64_t live = chunks[i].chunk->size - chunks[i].free_bytes, left = need - released;
         int64_t allowed = reserved[GM_POOL_ALL].peak + (int64_t)(left > chunks[i].free_bytes ? left - chunks[i].free_bytes : 0);
