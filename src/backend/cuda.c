@@ -534,8 +534,8 @@ static gm_status copy_through_second_mapping(const cuda_state *state, uint64_t h
     return failed ? driver_error(result, failed) : GM_OK;
 }
 
-/* Not in the relaxed capture mode: a device-wide wait must fail, not be let through, where a capture
- * in another thread forbids it. */
+/* In the thread's own capture mode, not the relaxed one: where a capture forbids a device-wide wait,
+ * the driver refuses it (the caller undoes the compaction) instead of being told to let it through. */
 static gm_status cuda_copy_into(gm_backend *backend, uint64_t handle, uint64_t size, uintptr_t source)
 {
     cuda_state *state = state_of(backend);
