@@ -132,9 +132,10 @@ static gm_status compact_chunk(gm_arena *arena, const pinned_chunk *pinned, bool
     gm_status status = GM_OK;
     for (uintptr_t page = start; page < end && status == GM_OK;) {
         uintptr_t next = run_end(region, pinned->free_pages, page, end, page_size);
-        if (!pinned->free_pages[page_index(region, page, page_size)])
+        if (!pinned->free_pages[page_index(region, page, page_size)]) {
             status = make_copy(arena, region, page, next - page, &copies[made]);
-        made += status == GM_OK && !pinned->free_pages[page_index(region, page, page_size)];
+            made += status == GM_OK;
+        }
         page = next;
     }
     if (status == GM_OK)
