@@ -18,7 +18,11 @@
  * reserved. Any difference is a violation; the exit status is 1 if there was one, 2 for a bad argument.
  *
  *   gpumem_soak [--backend sim|host] [--engine pages|segments] [--operations N] [--threads N]
- *               [--seed N] [--fault-rate R] [--capacity BYTES] [--barriers N] [--json] [--verbose]
+ *               [--seed N] [--fault-rate R] [--capacity BYTES] [--barriers N] [--conf KEYS] [--json] [--verbose]
+ *
+ * --conf adds GPUMEM_CONF keys. With compact_min on the host backend, run one thread: a thread that
+ * writes its block while another thread's allocation compacts the chunk under it loses the write, as
+ * docs/engine.md says of threads that launch concurrently.
  *
  * Output: a markdown table (header and one row), or with --json one JSON line. soak_check.c holds the
  * checks, this file the options, the threads' operations and the report.
@@ -210,7 +214,8 @@ static void *work(void *argument)
 static void usage(FILE *out)
 {
     fprintf(out, "usage: gpumem_soak [--backend sim|host] [--engine pages|segments] [--operations N] [--threads N]\n"
-                 "                   [--seed N] [--fault-rate R] [--capacity BYTES] [--barriers N] [--json] [--verbose]\n"
+                 "                   [--seed N] [--fault-rate R] [--capacity BYTES] [--barriers N] [--conf KEYS]\n"
+                 "                   [--json] [--verbose]\n"
                  "defaults: sim, pages, 10000000 operations on sim (1000000 on host), 8 threads, seed 1,\n"
                  "fault rate 0.002 (0: none), capacity 16GiB on sim (2GiB on host), 50 barriers\n");
 }
@@ -294,6 +299,10 @@ static int parse_value(soak_options *options, const char *name, const char *valu
         if (!parse_unsigned(value, 1, 1000000, &number))
             return bad_argument(name, value, "a whole number from 1 to 1000000");
         options->barriers = number;
+    } else if (!strcmp(name, "--conf")) {
+        if (!value || !*value || strlen(value) > 128)
+            return bad_argument(name, value, "GPUMEM_CONF keys (key:value,...), at most 128 characters");
+        options->conf = value;
     }
     return 0;
 }
@@ -301,7 +310,7 @@ static int parse_value(soak_options *options, const char *name, const char *valu
 static int parse_options(int argc, char **argv, soak_options *options)
 {
     static const char *const valued[] = {"--backend", "--engine", "--operations", "--threads", "--seed",
-                                         "--fault-rate", "--capacity", "--barriers"};
+                                         "--fault-rate", "--capacity", "--barriers", "--conf"};
     *options = (soak_options){.backend = "sim", .engine = "pages", .threads = 8, .seed = 1, .fault_rate = 0.002,
                               .barriers = 50};
     for (int i = 1; i < argc; i++) {
@@ -352,8 +361,10 @@ static int create_allocator(soak_run *run)
     int length = snprintf(config, sizeof config, "backend:%s,engine:%s,capacity:%" PRIu64, options->backend,
                           options->engine, options->capacity);
     if (options->fault_rate > 0)
-        snprintf(config + length, sizeof config - (size_t)length, ",fault_rate:%.17g,fault_seed:%d",
-                 options->fault_rate, (int)(options->seed % 2147483647u));
+        length += snprintf(config + length, sizeof config - (size_t)length, ",fault_rate:%.17g,fault_seed:%d",
+                           options->fault_rate, (int)(options->seed % 2147483647u));
+    if (options->conf)
+        snprintf(config + length, sizeof config - (size_t)length, ",%s", options->conf);
     gm_status status = gm_create(config, &run->allocator);
     if (status != GM_OK) {
         fprintf(stderr, "gpumem_soak: gm_create(\"%s\"): %s (%s)\n", config, gm_strerror(status), gm_last_error());
@@ -422,12 +433,12 @@ static void report(const soak_run *run, double seconds)
                "\"seed\":%" PRIu64 ",\"fault_rate\":%g,\"capacity\":%" PRIu64 ",\"streams_created\":%" PRIu64
                ",\"mallocs\":%" PRIu64 ",\"frees\":%" PRIu64 ",\"cross_stream_frees\":%" PRIu64 ",\"empty_caches\":%" PRIu64
                ",\"limit_changes\":%" PRIu64 ",\"ooms\":%" PRIu64 ",\"malloc_device_errors\":%" PRIu64
-               ",\"faults_injected\":%" PRId64 ",\"barriers\":%" PRIu64 ",\"max_heaps\":%zu,\"max_model_streams\":%zu"
+               ",\"faults_injected\":%" PRId64 ",\"copies\":%" PRId64 ",\"barriers\":%" PRIu64 ",\"max_heaps\":%zu,\"max_model_streams\":%zu"
                ",\"peak_rss_mib\":%.1f,\"violations\":%" PRIu64 ",\"seconds\":%.1f}\n",
                options->backend, options->engine, operations, options->threads, options->seed, options->fault_rate,
                options->capacity, total.streams_created, total.mallocs, total.frees, total.cross_stream_frees,
                total.empty_caches, total.limit_changes, total.ooms, total.device_errors, run->faults_injected,
-               run->barriers_checked, run->max_heaps, run->max_model_streams, run->peak_rss_mib, violations, seconds);
+               run->copies, run->barriers_checked, run->max_heaps, run->max_model_streams, run->peak_rss_mib, violations, seconds);
         return;
     }
     printf("| backend | engine | operations | threads | streams created | faults injected | malloc device errors "

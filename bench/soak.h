@@ -28,6 +28,7 @@ typedef struct soak_options {
     double fault_rate;
     uint64_t capacity;
     uint64_t barriers;
+    const char *conf;       /* more GPUMEM_CONF keys, appended (for instance compact_min:2MiB) */
     bool json;
     bool verbose;
     bool check_data;        /* host: a pattern in every block, checked before its free */
@@ -79,6 +80,7 @@ struct soak_run {
     /* Read at the barriers (by the checking thread only). */
     uint64_t barriers_checked;
     int64_t faults_injected;
+    int64_t copies;          /* compaction's copies (compact_min), counted with failed ones */
     size_t max_heaps;
     size_t max_model_streams;
     double peak_rss_mib;
