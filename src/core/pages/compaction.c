@@ -126,8 +126,9 @@ static gm_status compact_chunk(gm_arena *arena, const pinned_chunk *pinned, bool
     uint64_t page_size = engine_of(arena)->page_size;
     uintptr_t start = old->address, end = old->address + old->size;
     page_chunk **copies = calloc(old->size / page_size, sizeof *copies);
+    *undone_out = !copies; /* without host memory the chunk stays whole: compaction is only an economy */
     if (!copies)
-        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a compaction");
+        return GM_OK;
     size_t made = 0;
     gm_status status = GM_OK;
     for (uintptr_t page = start; page < end && status == GM_OK;) {
@@ -232,8 +233,10 @@ static bool any_stream_capturing(gm_arena *arena)
     return false;
 }
 
-/* Compaction is an economy: one that fails and is undone leaves the growth to new memory. Only a chunk
- * that could not be put back (GM_ERROR_DEVICE from restore_chunk, GM_ERROR_CORRUPT) is an error. */
+/* Compaction is an economy: one that fails and is undone leaves the growth to new memory. Only what
+ * leaves the books wrong is an error: a chunk that could not be put back (GM_ERROR_DEVICE), free pages
+ * that could not be marked unmapped once their chunk was released (no host memory for block metadata,
+ * GM_ERROR_CORRUPT). */
 gm_status pages_compact_for(gm_arena *arena, const window *where, uint64_t need)
 {
     if (any_stream_capturing(arena))

@@ -11,7 +11,7 @@
  *   lane_sharing.c  a stream's heap borrowing its lane's mapped memory in place
  *   rechunk.c       an idle chunk that a fit covers in part made anew in two (rechunk_min, off by default)
  *   compaction.c    pinned chunks split around their live pages before a growth lifts the peak
- *                   (compact_min, an experiment of the simulated device, off by default)
+ *                   (compact_min, off by default)
  *   engine.c        the engine operations the front end calls
  *
  * Invariants (checked by pages_validate): the blocks of a region tile it; a block's pages are mapped
@@ -336,8 +336,8 @@ gm_status pages_rechunk_fit(gm_arena *arena, gm_block *block, uint64_t size, gm_
 
 /* Called only with compact_min set, when a growth into `where` would lift reserved memory `need` bytes
  * above its peak (more than COMPACT_ABOVE_PEAK_DIVISOR allows): chunks that live blocks pin are split
- * around their live pages (sim only), their whole free pages given back, until `need` bytes are (or no
- * chunk has compact_min free bytes). */
+ * around their live pages, which are copied, their whole free pages given back, until `need` bytes are
+ * (or no chunk has compact_min free bytes). */
 gm_status pages_compact_for(gm_arena *arena, const window *where, uint64_t need);
 
 #endif
