@@ -31,6 +31,7 @@ __attribute__((noinline)) static bool add_chunk(gm_block_pool *pool)
     chunks[pool->chunk_count++] = chunk;
     for (size_t i = 0; i < BLOCKS_PER_CHUNK; i++)
         gm_list_push_front(&pool->spare, &chunk[i].link);
+    pool->spare_count += BLOCKS_PER_CHUNK;
     return true;
 }
 
@@ -40,6 +41,7 @@ gm_block *gm_block_new(gm_block_pool *pool)
         return NULL;
     gm_block *block = gm_block_of(pool->spare.first);
     gm_list_remove(&pool->spare, &block->link);
+    pool->spare_count--;
     memset(block, 0, sizeof *block);
     return block;
 }
@@ -49,6 +51,15 @@ void gm_block_delete(gm_block_pool *pool, gm_block *block)
     free(block->recorded_more);
     block->recorded_more = NULL;
     gm_list_push_front(&pool->spare, &block->link);
+    pool->spare_count++;
+}
+
+bool gm_block_pool_reserve(gm_block_pool *pool, size_t count)
+{
+    while (pool->spare_count < count)
+        if (!add_chunk(pool))
+            return false;
+    return true;
 }
 
 void gm_block_pool_free_all(gm_block_pool *pool)

@@ -64,6 +64,7 @@ static inline gm_block *gm_block_of(gm_link *link)
  * steady state allocates nothing. */
 typedef struct gm_block_pool {
     gm_list spare;
+    size_t spare_count;
     void **chunks;
     size_t chunk_count;
 } gm_block_pool;
@@ -71,6 +72,9 @@ typedef struct gm_block_pool {
 /* A zeroed block, or NULL without host memory. */
 gm_block *gm_block_new(gm_block_pool *pool);
 void gm_block_delete(gm_block_pool *pool, gm_block *block);
+/* At least `count` spare blocks, so that the next `count` gm_block_new cannot fail (a change that must
+ * not stop halfway, such as compaction's, takes its metadata first). False without host memory. */
+bool gm_block_pool_reserve(gm_block_pool *pool, size_t count);
 void gm_block_pool_free_all(gm_block_pool *pool);
 
 /* Split `block` so that it keeps `size` bytes; the rest becomes a new block after it, in the same

@@ -125,10 +125,18 @@ static gm_status compact_chunk(gm_arena *arena, const pinned_chunk *pinned, bool
     page_chunk *old = pinned->chunk;
     uint64_t page_size = engine_of(arena)->page_size;
     uintptr_t start = old->address, end = old->address + old->size;
+    /* Host memory first, for the list of copies and for the blocks that will mark the free runs
+     * unmapped (each splits its free block in three at most): once the old chunk is released nothing
+     * may fail. Without it the chunk stays whole: compaction is only an economy. */
+    size_t free_runs = 0;
+    for (uintptr_t page = start; page < end; page = run_end(region, pinned->free_pages, page, end, page_size))
+        free_runs += pinned->free_pages[page_index(region, page, page_size)];
     page_chunk **copies = calloc(old->size / page_size, sizeof *copies);
-    *undone_out = !copies; /* without host memory the chunk stays whole: compaction is only an economy */
-    if (!copies)
+    *undone_out = !copies || !gm_block_pool_reserve(&arena->block_pool, 2 * free_runs);
+    if (*undone_out) {
+        free(copies);
         return GM_OK;
+    }
     size_t made = 0;
     gm_status status = GM_OK;
     for (uintptr_t page = start; page < end && status == GM_OK;) {
@@ -166,6 +174,7 @@ static gm_status compact_chunk(gm_arena *arena, const pinned_chunk *pinned, bool
         uintptr_t next = run_end(region, pinned->free_pages, page, end, page_size);
         if (pinned->free_pages[page_index(region, page, page_size)]) {
             gm_block *around = pages_free_block_containing(region, page, next - page);
+            /* cannot run out of block metadata: reserved above */
             status = around ? pages_vacate(arena, around, page, next)
                             : gm_fail(GM_ERROR_CORRUPT, "compaction: a free page is not inside a free block");
         }
@@ -234,9 +243,7 @@ static bool any_stream_capturing(gm_arena *arena)
 }
 
 /* Compaction is an economy: one that fails and is undone leaves the growth to new memory. Only what
- * leaves the books wrong is an error: a chunk that could not be put back (GM_ERROR_DEVICE), free pages
- * that could not be marked unmapped once their chunk was released (no host memory for block metadata,
- * GM_ERROR_CORRUPT). */
+ * leaves the books wrong is an error: a chunk that could not be put back (GM_ERROR_DEVICE). */
 gm_status pages_compact_for(gm_arena *arena, const window *where, uint64_t need)
 {
     if (any_stream_capturing(arena))
