@@ -15,7 +15,8 @@
  *   cache (gm_host_malloc, free of live, freed and garbage pointers, record_stream, empty_cache);
  *   statistics, snapshots, the summary table, the history set, resized and read, and an event observer
  *   set and removed. The segments engine without cost_model also runs unsplit (split_blocks:false).
- *   The pages engine on the sim with tail_chunk also compacts pinned chunks (compact_min:2MiB).
+ *   The pages engine with tail_chunk also compacts pinned chunks (compact_min: 2 MiB on the sim, two pages
+ *   on the host backend, whose stamps below check that the copies kept every block's bytes).
  * gm_destroy ends the input, with whatever is still live. FUZZ_API_VERBOSE=1 prints the configuration
  * and each operation with its argument bytes, to read a finding.
  *
@@ -713,18 +714,20 @@ static void create_allocator(fuzz_state *state, input *in)
         page_size = 2 * MIB;
     state->host_limit = host_limits[(first >> 4) & 3];
     uint64_t memory_limits[] = {0, state->capacity / 2, state->capacity / 8, 3 * MIB};
+    /* Compaction on the small host devices from two pages of free memory, so that it happens at all. */
+    unsigned long long compact_min = (first & 2) || !(first & 64) ? 0 : state->host_backend ? 2 * page_size : 2 * MIB;
     char config[512];
     snprintf(config, sizeof config,
              "backend:%s,engine:%s,capacity:%llu,page_size:%llu,host_limit:%llu,memory_limit:%llu,tail_chunk:%s,"
              "growth_lane:%s,cost_model:%s,max_chunk_size:%s,release_before_growth:%s,history:%d,split_blocks:%s,"
-             "compact_min:%s",
+             "compact_min:%llu",
              state->host_backend ? "host" : "sim", first & 2 ? "segments" : "pages",
              (unsigned long long)state->capacity, (unsigned long long)page_size,
              (unsigned long long)state->host_limit, (unsigned long long)memory_limits[(second >> 2) & 3],
              first & 64 ? "true" : "false", first & 128 ? "false" : "true", second & 16 ? "false" : "true",
              second & 32 ? "4MiB" : "128MiB", second & 64 ? "false" : "true", second & 128 ? 64 : 0,
              (first & 2) && (second & 16) ? "false" : "true",
-             !state->host_backend && !(first & 2) && (first & 64) ? "2MiB" : "0");
+             compact_min);
     if (getenv("FUZZ_API_VERBOSE") && atoi(getenv("FUZZ_API_VERBOSE")) > 0)
         fprintf(stderr, "fuzz_api: gm_create(\"%s\")\n", config);
     if (gm_create(config, &state->allocator) != GM_OK) {

@@ -173,12 +173,14 @@ def api_sequences():
                                                ("look_around", 3, 1), ("look_around", 2, 0, 0x04),
                                                ("look_around", 3, 0), ("free", 0), ("empty_cache",))
     # The segments engine without cost_model: blocks are not split (split_blocks:false).
-    # The sim's pages engine with tail_chunk also compacts (compact_min:2MiB): a 64 MiB chunk pinned by a
+    # The pages engine with tail_chunk also compacts (compact_min:2MiB on the sim): a 64 MiB chunk pinned by a
     # block at its start, fenced by another, then a 100 MiB request that would lift the peak.
-    yield "compaction", sequence((0x44, 0x00),
-                                 ("malloc", 0, 4, 63, 1, 0), ("malloc", 1, 7, 3, 0), ("free", 0),
-                                 ("malloc", 2, 7, 1, 0), ("malloc", 3, 5, 0x06, 0x3f, 0xff, 0xff, 0), ("statistics",),
-                                 ("free", 2), ("free", 1), ("free", 3), ("empty_cache",), ("statistics",))
+    # The same on the host backend (256 MiB, compact_min two pages): the blocks' stamps check the copies.
+    for name, config in (("compaction", (0x44, 0x00)), ("compaction_host", (0x49, 0x00))):
+        yield name, sequence(config,
+                             ("malloc", 0, 4, 63, 1, 0), ("malloc", 1, 7, 3, 0), ("free", 0),
+                             ("malloc", 2, 7, 1, 0), ("malloc", 3, 5, 0x06, 0x3f, 0xff, 0xff, 0), ("statistics",),
+                             ("free", 2), ("free", 1), ("free", 3), ("empty_cache",), ("statistics",))
     yield "unsplit_segments", sequence((0x06, 0x10),
                                        ("malloc", 0, 4, 3, 0, 0), ("malloc", 1, 4, 3, 0, 0), ("malloc", 2, 2, 7, 0),
                                        ("malloc", 3, 2, 7, 0), ("statistics",), ("free", 0),
