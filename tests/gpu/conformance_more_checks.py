@@ -1,0 +1,144 @@
+"""More of test_torch_conformance.py's checks (each run under PyTorch's own allocator and under gpumem,
+in the same child process as the others, before the failed capture): settings changed at run time,
+storage resized as FSDP does, the memory fraction read back, the out-of-memory message's parts, the
+summary table and the old names of the statistics, a dumped snapshot drawn by torch.cuda._memory_viz,
+streams made and dropped, mixed precision with activation checkpointing."""
+
+MIB = 1 << 20
+MORE_CHECKS = []
+
+
+def check(function):
+    MORE_CHECKS.append(function)
+    return function
+
+
+@check
+def allocator_settings_changed_at_run_time(torch):
+    """torch.cuda.memory._set_allocator_settings after the first tensor (as Megatron and vLLM call it):
+    accepted, and allocations go on as before."""
+    torch.ones(1, device="cuda")
+    torch.cuda.memory._set_allocator_settings("garbage_collection_threshold:0.8,max_split_size_mb:64")
+    first = torch.full((8 * MIB,), 5, dtype=torch.uint8, device="cuda")
+    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    second = torch.full((8 * MIB,), 6, dtype=torch.uint8, device="cuda")
+    torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+    seen = (int(first.sum().item()), int(second[-1].item()))
+    del first, second
+    return seen
+
+
+@check
+def storage_resized_to_nothing_and_back(torch):
+    """FSDP frees a parameter's memory with untyped_storage().resize_(0) and brings it back the same way."""
+    torch.cuda.synchronize()
+    tensor = torch.ones(4 * MIB, dtype=torch.uint8, device="cuda")
+    storage = tensor.untyped_storage()
+    before = torch.cuda.memory_allocated()
+    storage.resize_(0)
+    freed = before - torch.cuda.memory_allocated()
+    storage.resize_(4 * MIB)
+    regrown = torch.cuda.memory_allocated() - before
+    tensor.fill_(7)
+    return freed, regrown, int(tensor.sum().item())
+
+
+@check
+def memory_fraction_reads_back(torch):
+    torch.cuda.set_per_process_memory_fraction(0.5)
+    try:
+        return torch.cuda.get_per_process_memory_fraction()
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+
+
+@check
+def out_of_memory_message_names_the_request(torch):
+    """The message's parts that people and tools read: the request, the device's total, and the advice."""
+    try:
+        torch.empty(256 << 30, dtype=torch.uint8, device="cuda")  # more than the device has
+        raise AssertionError("no error")
+    except torch.OutOfMemoryError as error:
+        message = str(error)
+    return ("Tried to allocate 256.00 GiB" in message, "GPU 0 has a total capacity of" in message,
+            "reserved by PyTorch but unallocated" in message, "PYTORCH_CUDA_ALLOC_CONF" in message)
+
+
+@check
+def memory_summary_and_aliases(torch):
+    """memory_summary's table, and the old names of the statistics."""
+    tensor = torch.empty(3 * MIB, dtype=torch.uint8, device="cuda")
+    summary = torch.cuda.memory_summary()
+    rows = [row for row in ("Allocated memory", "Active memory", "Requested memory", "GPU reserved memory",
+                            "Non-releasable memory", "Allocations", "Active allocs", "GPU reserved segments",
+                            "Oversize allocations") if row in summary]
+    torch.cuda.reset_max_memory_allocated()
+    torch.cuda.reset_max_memory_cached()
+    aliases = (torch.cuda.memory_cached() == torch.cuda.memory_reserved(),
+               torch.cuda.max_memory_cached() == torch.cuda.max_memory_reserved())
+    del tensor
+    return rows, aliases
+
+
+@check
+def dumped_snapshot_renders(torch):
+    """_dump_snapshot's pickle, read back and drawn by torch.cuda._memory_viz as memory_viz does."""
+    import pickle
+    import tempfile
+    from torch.cuda import _memory_viz
+    torch.cuda.memory._record_memory_history(max_entries=1000)
+    try:
+        tensor = torch.empty(5 * MIB, dtype=torch.uint8, device="cuda")
+        with tempfile.NamedTemporaryFile(suffix=".pickle") as file:
+            torch.cuda.memory._dump_snapshot(file.name)
+            with open(file.name, "rb") as reader:
+                snapshot = pickle.load(reader)
+        del tensor
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    html = _memory_viz.trace_plot(snapshot)
+    segments = _memory_viz.segment_plot(snapshot)
+    return "<html" in html.lower() or "<!doctype" in html.lower(), len(segments) > 1000
+
+
+@check
+def streams_made_and_dropped(torch):
+    """Tensors on many short-lived streams, freed after the stream is gone: the memory comes back."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    kept = []
+    for index in range(50):
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            kept.append(torch.full((MIB + index,), 1, dtype=torch.uint8, device="cuda"))
+        del stream
+    total = sum(int(tensor.sum().item()) for tensor in kept)
+    kept.clear()
+    torch.cuda.synchronize()
+    return total, torch.cuda.memory_allocated() - base
+
+
+@check
+def mixed_precision_and_checkpointing_losses(torch):
+    """autocast with GradScaler, and activation checkpointing: the same losses bit for bit."""
+    from torch.utils.checkpoint import checkpoint
+    torch.manual_seed(0)
+    first = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU()).cuda()
+    second = torch.nn.Linear(512, 10).cuda()
+    parameters = list(first.parameters()) + list(second.parameters())
+    optimizer = torch.optim.SGD(parameters, lr=1e-2)
+    scaler = torch.amp.GradScaler("cuda")
+    generator = torch.Generator(device="cuda").manual_seed(2)
+    losses = []
+    for _ in range(10):
+        data = torch.randn(128, 256, device="cuda", generator=generator)
+        target = torch.randint(0, 10, (128,), device="cuda", generator=generator)
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            hidden = checkpoint(first, data, use_reentrant=False)
+            loss = torch.nn.functional.cross_entropy(second(hidden).float(), target)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        losses.append(loss.item())
+    return losses
