@@ -8,7 +8,8 @@
  *   - the segments engine's release_before_growth stops freeing and re-making a segment at every
  *     pair once its budget of device time is spent;
  *   - empty_cache still gives every idle page back, and under a memory limit pages still move to
- *     where a request needs them (the limit is kept, no request fails);
+ *     where a request needs them (the limit is kept, no request fails); a limit that leaves room is
+ *     kept too, but the pattern settles in that room instead of moving a page at every pair;
  *   - generate calls replayed on the same allocator (a KV cache in a growth lane, prefill temporaries
  *     taking turns with it) map almost no page in the warm pass.
  */
@@ -151,6 +152,24 @@ static void memory_limit_still_moves_pages(void)
     gm_destroy(allocator, NULL);
 }
 
+/* A limit that leaves room (70 MiB for a pattern that needs 64 and a page) is kept, and once the
+ * bounce budget is spent the pattern takes that room instead of moving a page at every pair: a
+ * process that sets torch's memory fraction a little above its need pays no device call per step. */
+static void memory_limit_with_room_settles(void)
+{
+    gm_allocator *allocator = make("engine:pages,capacity:16GiB,memory_limit:70MiB");
+    REQUIRE(alternate(allocator, 1000));
+    int64_t calls = device_calls(allocator);
+    REQUIRE(alternate(allocator, 10000));
+    printf("     warm-up: %lld device calls, reserved %lld MiB; next 10000 pairs: %lld device calls\n",
+           (long long)calls, (long long)(reserved_peak(allocator) / (int64_t)MIB),
+           (long long)(device_calls(allocator) - calls));
+    CHECK_EQ_INT(device_calls(allocator) - calls, 0);
+    CHECK(reserved_peak(allocator) <= (int64_t)(70 * MIB));
+    CHECK_OK(gm_validate(allocator));
+    gm_destroy(allocator, NULL);
+}
+
 /* ---------------------------------------------------------------- generate calls, replayed */
 
 #define LAYERS 48
@@ -234,5 +253,5 @@ static void generate_calls_replayed_reuse_their_pages(void)
 }
 
 RUN_TESTS(TEST_CASE(alternating_sizes_settle), TEST_CASE(streams_freeing_each_other_settle),
-          TEST_CASE(memory_limit_still_moves_pages), TEST_CASE(segments_stop_churning),
+          TEST_CASE(memory_limit_still_moves_pages), TEST_CASE(memory_limit_with_room_settles), TEST_CASE(segments_stop_churning),
           TEST_CASE(generate_calls_replayed_reuse_their_pages))

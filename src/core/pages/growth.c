@@ -15,8 +15,10 @@
  * size gets fine-grained chunks as it goes; device-call time stays a small share of the work either
  * way. Under a memory limit below the device's capacity every chunk is page-sized -- fitting matters
  * more than device time there, and only page-sized chunks let all free memory move -- and idle chunks
- * are moved only once memory nears the limit, so that a limit set as a precaution costs no device
- * calls per step. Nor does memory bounce: a place (a stream's heap and pool) that gave idle chunks
+ * are moved by choice only once memory nears the limit, and then within the bounce budget below, so
+ * that a limit set as a precaution, or a little above the need, costs no device calls per step: the
+ * room left under the limit is taken instead (moves are forced only where new memory would pass the
+ * limit). Nor does memory bounce: a place (a stream's heap and pool) that gave idle chunks
  * away within the last PING_PONG_ALLOCATIONS allocations and needs no more than it gave gets new memory
  * instead of taking chunks back once such bounces have spent their budget (BOUNCE_CREDIT_NS per
  * allocation) -- a page or a stream's working set more reserved, rather than a page move at every
@@ -184,13 +186,13 @@ static bool is_bounce(const gm_arena *arena, const gm_region *region, uint64_t n
 }
 
 /* Whether pages for `region` should be new memory although idle chunks could be moved there: the
- * move would bounce (is_bounce), the bounce budget is spent (moves that bounced cost more than
- * BOUNCE_CREDIT_NS per allocation), new memory fits, and no memory limit below the device's capacity
- * is set (capacity is then what the user lacks). */
+ * move would bounce (is_bounce) -- or a memory limit below the device's capacity is set, where every
+ * chunk is page-sized and a step may move many of them by choice -- the budget of such moves is spent
+ * (they cost more than BOUNCE_CREDIT_NS per allocation), and new memory fits under the limit. */
 static bool is_ping_pong(const gm_arena *arena, const gm_region *region, uint64_t need, uint64_t new_room)
 {
-    return is_bounce(arena, region, need) && engine_of((gm_arena *)arena)->bounce_credit_ns < 0 && need <= new_room &&
-           !memory_is_limited(arena);
+    return (memory_is_limited(arena) || is_bounce(arena, region, need)) &&
+           engine_of((gm_arena *)arena)->bounce_credit_ns < 0 && need <= new_room;
 }
 
 /* Back [from, to), inside an unmapped block, with physical memory: idle chunks first when new memory
@@ -214,7 +216,7 @@ static gm_status back_part(gm_arena *arena, const window *where, uintptr_t from,
         engine->moving_by_choice = need <= new_room; /* else no new memory can be had */
         mapped = move_idle_chunks(arena, where, from, need, room, &status);
         engine->moving_by_choice = false;
-        if (is_bounce(arena, region, need))
+        if (memory_is_limited(arena) || is_bounce(arena, region, need))
             engine->bounce_credit_ns -= arena->backend->modelled_ns - moving_since;
     }
     if (status == GM_OK && mapped < need && arena->options->compact_min && !is_lane(region->heap) &&

@@ -110,7 +110,8 @@ typedef struct page_engine {
     uint64_t region_size;
     int64_t credit_ns;
     int64_t credit_per_allocation;
-    int64_t bounce_credit_ns;    /* BOUNCE_CREDIT_NS per allocation, spent on moves that bounce (growth.c) */
+    int64_t bounce_credit_ns;    /* BOUNCE_CREDIT_NS per allocation, spent on moves that bounce, and on
+                                    every move by choice under a memory limit (growth.c) */
     int64_t page_chunk_cost_ns;  /* what one page-sized chunk costs (create, map, set access) */
     uint64_t max_chunk_size;     /* whole pages; UINT64_MAX: no limit */
     uint64_t frees;              /* blocks freed so far: the clock of freed_at and waited_at */
