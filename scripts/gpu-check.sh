@@ -3,7 +3,7 @@
 # `gpumem info`, the GPU tests, the GPU tests under compute-sanitizer memcheck, trace replay on the
 # cuda backend, and the side-by-side GPU benchmark (bench/gpu_replay.py). Logs and results go to
 # $OUT (the device tool's output folder) or ./gpu-results, as gpu-results.tgz and gpu_replay.md.
-# Usage: scripts/gpu-check.sh [build|tests|memcheck|bench|python|workloads|top|run|whatif|governor|latency|host|traces|all]...
+# Usage: scripts/gpu-check.sh [build|tests|memcheck|bench|python|workloads|top|run|whatif|governor|latency|capped|host|traces|all]...
 #        (default: all)
 #   python     the PyTorch/CuPy integration tests (tests/gpu/test_torch.py, test_governor.py, test_graphs.py,
 #              test_torch_conformance.py: each torch.cuda memory behaviour under native and under gpumem)
@@ -14,6 +14,9 @@
 #   governor   bench/governor.py: its three tables (under a cap, batch-size finders, leaks; not part of "all": long)
 #   latency    bench/torch_latency.py: time per torch.empty/del by allocation pattern, the allocators taking turns, and
 #              build-gpu/gpumem_core_latency: the C core alone on the same patterns (not in "all")
+#   capped     bench/capped_steps.py: step time of resnet50 and gpt2 under torch's memory fraction, capped at
+#              1.01 / 1.05 x gpumem's own need and at 1.03 / 1.5 x torch-native's (not in "all"; about 12 minutes:
+#              CAPPED_ARGS="--repeats 1" for about 7)
 #   multi      bench/multi_gpu.py: DDP and FSDP2 on two GPUs (torchrun), native vs gpumem (not in "all"; 2 GPUs;
 #              MULTI_ARGS="--gpus 1" on a machine of one)
 #   host       host memory and pinned memory (not in "all"): `gpumem doctor` and `--json`, doctor --pid on a
@@ -37,7 +40,7 @@ has() { [[ " $steps " == *" $1 "* || " $steps " == *" all "* ]]; }
 failed=0
 
 if has build || has tests || has memcheck || has bench || has python || has whatif || has top || has run || [[ " $steps " == *" workloads "* || " $steps " == *" governor "* || " $steps " == *" latency "* \
-    || " $steps " == *" host "* || " $steps " == *" multi "* ]]; then
+    || " $steps " == *" capped "* || " $steps " == *" host "* || " $steps " == *" multi "* ]]; then
     { cmake -S . -B $build -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake --build $build -j"$(nproc)"; } >"$out/build.log" 2>&1 \
         || { echo "build failed"; tail -30 "$out/build.log"; exit 1; }
     echo "built"
@@ -105,6 +108,14 @@ if [[ " $steps " == *" latency "* ]]; then
     [ "${PIPESTATUS[0]}" -eq 0 ] || { failed=1; tail -20 "$out/torch_latency.err"; }
     $build/gpumem_core_latency backend:cuda 2>&1 | tee "$out/core_latency.md"
     [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
+fi
+if [[ " $steps " == *" capped "* ]]; then
+    for reference in gpumem:1.01,1.05 torch-native:1.03,1.5; do
+        PYTHONPATH=python GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 bench/capped_steps.py --workloads resnet50,gpt2 \
+            --relative-to "${reference%%:*}" --margins "${reference#*:}" --steps 15 --repeats 2 ${CAPPED_ARGS:-} --out "$out/capped_steps.jsonl" \
+            2>>"$out/capped_steps.err" | tee -a "$out/capped_steps.md"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || { failed=1; tail -20 "$out/capped_steps.err"; }
+    done
 fi
 if [[ " $steps " == *" multi "* ]]; then
     python3 bench/multi_gpu.py --out "$out/multi_gpu.jsonl" ${MULTI_ARGS:-} 2>"$out/multi_gpu.err" | tee "$out/multi_gpu.md"
