@@ -2,7 +2,7 @@
 
     python3 bench/capped_steps.py [--workloads gpt2,resnet50] [--allocators torch-native,gpumem]
                                   [--margins 1.03,1.5] [--relative-to torch-native] [--repeats 3]
-                                  [--steps 10] [--out capped.jsonl]
+                                  [--steps 10] [--empty-cache] [--out capped.jsonl]
 
 Under a memory limit below the device's capacity the pages engine makes every chunk page-sized and
 recycles idle pages within a tenth of the limit (docs/engine.md), so a training step near its cap may
@@ -15,6 +15,9 @@ allocator and cap, then repeat 2, ...; odd repeats in reverse order) so that a d
 hits all alike. The table gives per workload, cap and allocator the median over repeats of each run's
 median step time, the spread over repeats, the ratio to torch-native's median under the same cap,
 and the largest peak reserved; a run that does not fit says so. Results go to --out as JSON lines.
+--empty-cache makes every run call torch.cuda.empty_cache() at the end of every step, timed with it
+(bench/workloads.py --empty-cache), as scripts that call it every iteration do: the cache goes back to
+the driver and is made again at every step; margins "none" alone (--margins none) measures only that.
 """
 import argparse
 import json
@@ -39,23 +42,25 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--empty-cache", action="store_true")
     parser.add_argument("--out")
     args = parser.parse_args()
     workloads = args.workloads.split(",")
     allocators = args.allocators.split(",")
-    margins = [None] + [float(margin) for margin in args.margins.split(",")]
+    margins = [None] + [float(margin) for margin in args.margins.split(",") if margin != "none"]
     out = open(args.out, "a") if args.out else None
 
     def run(workload, allocator, fraction):
-        extra = ["--warmup", str(args.warmup)] + (["--memory-fraction", f"{fraction:.6f}"] if fraction else [])
+        extra = ["--warmup", str(args.warmup)] + (["--memory-fraction", f"{fraction:.6f}"] if fraction else []) + \
+            (["--empty-cache"] if args.empty_cache else [])
         result = run_workload(workload, allocator, args.steps, extra, sample=False)
         if out:
-            out.write(json.dumps(dict(result, workload=workload, fraction=fraction)) + "\n")
+            out.write(json.dumps(dict(result, workload=workload, fraction=fraction, empty_cache=args.empty_cache)) + "\n")
             out.flush()
         return result
 
     fractions = {}
-    for workload in workloads:
+    for workload in workloads if len(margins) > 1 else []:
         probe = run(workload, args.relative_to, None)
         if "peak_reserved_MiB" not in probe or not probe.get("device_total_MiB"):
             sys.exit(f"capped_steps: the uncapped {args.relative_to} run of {workload} failed: {probe}")
@@ -69,11 +74,13 @@ def main():
     jobs = [(workload, margin, allocator) for workload in workloads for margin in margins for allocator in allocators]
     for repeat in range(args.repeats):
         for workload, margin, allocator in (jobs if repeat % 2 == 0 else jobs[::-1]):
-            result = run(workload, allocator, fractions[workload][margin])
+            result = run(workload, allocator, fractions[workload][margin] if margin else None)
             runs.setdefault((workload, margin, allocator), []).append(result)
             print(f"repeat {repeat + 1}: {workload} cap {cap_label(margin, args.relative_to)} {allocator}: "
                   f"{result.get('step_ms_median', result.get('error', 'no result'))}", file=sys.stderr, flush=True)
 
+    if args.empty_cache:
+        print("Every step ends with torch.cuda.empty_cache().\n")
     print("| workload | cap | allocator | step ms (median) | spread over repeats | vs torch-native | peak reserved MiB |")
     print("|---|---|---|---|---|---|---|")
     for workload in workloads:

@@ -11,6 +11,8 @@ batch and memory_fraction (null) and device_total_MiB. The additions:
                          step a batch of N sequences of 512 tokens, the longest it draws (instead of
                          a random shape). resnet50 and llm_generate ignore it.
   --memory-fraction F    torch.cuda.set_per_process_memory_fraction(F) before the model is built.
+  --empty-cache          torch.cuda.empty_cache() at the end of every step, inside its timed part (scripts
+                         that call it every iteration give the cache back to the driver at every step).
   --no-cudnn-attention   scaled-dot-product attention without cuDNN's backend, whose plan building on
                          the host for every new shape dominates bert_varlen's step time and its noise.
   --lockstep R,W         take turns with another process, one step each, through two pipes.
@@ -123,6 +125,9 @@ def parser():
     ap.add_argument("--replay-shapes", action="store_true",
                     help="the measured steps draw the same shapes as the warm-up steps (random's state is put "
                          "back after warm-up), so no measured step pays for a shape seen the first time")
+    ap.add_argument("--empty-cache", action="store_true",
+                    help="torch.cuda.empty_cache() at the end of every step, timed with it (as scripts that call "
+                         "it every iteration do)")
     ap.add_argument("--no-cudnn-attention", action="store_true",
                     help="scaled-dot-product attention without cuDNN's backend (which builds a plan on the host "
                          "for every new shape)")
@@ -160,6 +165,8 @@ def main():
                 sys.exit("lockstep: the coordinator went away")
             s = time.perf_counter()
             step(i)
+            if a.empty_cache:
+                torch.cuda.empty_cache()
             torch.cuda.synchronize()
             if i >= a.warmup:
                 times.append(time.perf_counter() - s)

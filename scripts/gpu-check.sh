@@ -15,8 +15,9 @@
 #   latency    bench/torch_latency.py: time per torch.empty/del by allocation pattern, the allocators taking turns, and
 #              build-gpu/gpumem_core_latency: the C core alone on the same patterns (not in "all")
 #   capped     bench/capped_steps.py: step time of resnet50 and gpt2 under torch's memory fraction, capped at
-#              1.01 / 1.05 x gpumem's own need and at 1.03 / 1.5 x torch-native's (not in "all"; about 12 minutes:
-#              CAPPED_ARGS="--repeats 1" for about 7)
+#              1.01 / 1.05 x gpumem's own need and at 1.03 / 1.5 x torch-native's, and uncapped with
+#              torch.cuda.empty_cache() at every step (not in "all"; about 15 minutes: CAPPED_ARGS="--repeats 1"
+#              for about 8)
 #   multi      bench/multi_gpu.py: DDP and FSDP2 on two GPUs (torchrun), native vs gpumem (not in "all"; 2 GPUs;
 #              MULTI_ARGS="--gpus 1" on a machine of one)
 #   host       host memory and pinned memory (not in "all"): `gpumem doctor` and `--json`, doctor --pid on a
@@ -110,10 +111,10 @@ if [[ " $steps " == *" latency "* ]]; then
     [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
 fi
 if [[ " $steps " == *" capped "* ]]; then
-    for reference in gpumem:1.01,1.05 torch-native:1.03,1.5; do
+    for reference in gpumem:1.01,1.05 torch-native:1.03,1.5 "torch-native:none --empty-cache"; do
         PYTHONPATH=python GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 bench/capped_steps.py --workloads resnet50,gpt2 \
-            --relative-to "${reference%%:*}" --margins "${reference#*:}" --steps 15 --repeats 2 ${CAPPED_ARGS:-} --out "$out/capped_steps.jsonl" \
-            2>>"$out/capped_steps.err" | tee -a "$out/capped_steps.md"
+            --relative-to "${reference%%:*}" --margins ${reference#*:} --steps 15 --repeats 2 ${CAPPED_ARGS:-} \
+            --out "$out/capped_steps.jsonl" 2>>"$out/capped_steps.err" | tee -a "$out/capped_steps.md"
         [ "${PIPESTATUS[0]}" -eq 0 ] || { failed=1; tail -20 "$out/capped_steps.err"; }
     done
 fi

@@ -162,6 +162,7 @@ class FakeTorch:
                  "num_device_alloc": 5, "num_alloc_retries": 0}
         cuda = types.SimpleNamespace(
             synchronize=lambda: None, memory_stats=lambda: dict(stats), mem_get_info=lambda: (1 << 30, 4 << 30),
+            empty_cache=lambda: log.append(("empty_cache",)),
             set_per_process_memory_fraction=lambda fraction: log.append(("memory_fraction", fraction)),
             max_memory_allocated=lambda: 1 << 20, max_memory_reserved=lambda: 2 << 20, memory_reserved=lambda: 2 << 20,
             memory=types.SimpleNamespace(_record_memory_history=lambda **kwargs: log.append(("history", kwargs)),
@@ -269,6 +270,12 @@ class BehaviourTest(unittest.TestCase):
                                                 "--no-cudnn-attention"])
         self.assertEqual((status, result["memory_fraction"]), (0, 0.25))
         self.assertEqual(fake.log[:2], [("cudnn_sdp", False), ("memory_fraction", 0.25)])
+
+    def test_empty_cache(self):
+        fake = FakeTorch()
+        result, status = fake.run("workloads", ["resnet50", "--steps", "2", "--warmup", "1", "--empty-cache"])
+        self.assertEqual((status, len(result["step_ms"])), (0, 2))
+        self.assertEqual(fake.log, [("randn", (256, 3, 224, 224)), ("randint", (256,)), ("empty_cache",)] * 3)
 
     def test_out_of_memory(self):
         fake = FakeTorch(oom_batch=100)
