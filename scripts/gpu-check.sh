@@ -22,8 +22,8 @@
 #              MULTI_ARGS="--gpus 1" on a machine of one)
 #   host       host memory and pinned memory (not in "all"): `gpumem doctor` and `--json`, doctor --pid on a
 #              PyTorch trainer with 4 DataLoader workers (tests/gpu/doctor_dataloader.sh), CuPy's pinned memory
-#              through gpumem (tests/gpu/test_cupy_pinned.py), and bench/pinned_host.py's table of pinned
-#              allocators (pinned_host.md, pinned_host.jsonl)
+#              through gpumem (tests/gpu/test_cupy_pinned.py), CuPy's pool calls (test_cupy_pools.py), and
+#              bench/pinned_host.py's table of pinned allocators (pinned_host.md, pinned_host.jsonl)
 #   traces     bench/record_traces.py (not in "all"; needs no build): new traces of bench/more_workloads.py's
 #              workloads, two seeds each, replayed under torch-native, torch-expandable and cuda-async, into
 #              logs/more_traces (NAME-seedS.csv.gz, anchors.json, table.md; in gpu-results.tgz); then, where
@@ -140,6 +140,7 @@ if [[ " $steps " == *" host "* ]]; then
     tests/gpu/doctor_dataloader.sh $build 2>&1 | tee "$out/doctor_dataloader.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
     PYTHONPATH=python GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 -m pytest -q -rs tests/gpu/test_cupy_pinned.py \
+        tests/gpu/test_cupy_pools.py \
         2>&1 | tee "$out/test_cupy_pinned.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
     PYTHONPATH=python GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 bench/pinned_host.py --out "$out/pinned_host.jsonl" \

@@ -6,6 +6,9 @@
     gpumem.cupy.allocator().host_stats()   # the current device's gpumem.Allocator
 
 One gpumem allocator per device (backend cuda; GPUMEM_CONF plus `config` apply), made on first use.
+CuPy's pool calls keep working: cupy.get_default_memory_pool() and get_default_pinned_memory_pool()
+return gpumem's stand-ins (free_all_blocks, used_bytes, total_bytes, set_limit, ...: cupy_pools.py), and
+CUPY_GPU_MEMORY_LIMIT caps each device's allocator as it caps CuPy's pools.
 
 Device memory: an allocation that does not fit raises cupy.cuda.memory.OutOfMemoryError carrying
 gpumem's report. CuPy frees memory by dropping its owner object, which gives the block back to gpumem on
@@ -37,6 +40,7 @@ import sys
 import threading
 
 import gpumem
+from gpumem import cupy_pools
 
 _allocators = {}
 # The CuPy streams gpumem has allocated on and still holds memory for, kept alive: gpumem keeps cached
@@ -113,7 +117,11 @@ class _PinnedBlock:
 def _allocator(device):
     if device not in _allocators:
         config = f"backend:cuda,device:{device}" + (f",{_settings['config']}" if _settings["config"] else "")
-        _allocators[device] = gpumem.Allocator(config)
+        allocator = gpumem.Allocator(config)
+        limit = cupy_pools.memory_limit_from_environment(allocator.device_info()["total_bytes"])
+        if limit is not None:  # CuPy's default pool would apply it to every device
+            cupy_pools.apply_limit(allocator, limit)
+        _allocators[device] = allocator
     return _allocators[device]
 
 
@@ -188,13 +196,21 @@ def _pinned_allocate(cupy):
 def install(config="", pinned=True):
     """Make gpumem CuPy's device memory allocator for every device and, with `pinned`, its pinned host
     memory allocator too (with pinned=False CuPy's pinned allocator is left as it is). `config` applies to
-    allocators made from now on."""
+    allocators made from now on. cupy.get_default_memory_pool() (and, with `pinned`,
+    get_default_pinned_memory_pool()) then answer for gpumem (cupy_pools.py)."""
     import cupy
 
     _settings["config"] = config
-    cupy.cuda.set_allocator(_device_allocate(cupy))
+    current = lambda: _allocator(cupy.cuda.runtime.getDevice())  # noqa: E731
+    device_allocate = _device_allocate(cupy)
+    cupy.cuda.set_allocator(device_allocate)
+    device_pool = cupy_pools.MemoryPool(current, device_allocate)
+    cupy.get_default_memory_pool = lambda: device_pool
     if pinned:
-        cupy.cuda.set_pinned_memory_allocator(_pinned_allocate(cupy))
+        pinned_allocate = _pinned_allocate(cupy)
+        cupy.cuda.set_pinned_memory_allocator(pinned_allocate)
+        pinned_pool = cupy_pools.PinnedMemoryPool(current, pinned_allocate)
+        cupy.get_default_pinned_memory_pool = lambda: pinned_pool
 
 
 def allocator(device=None):

@@ -1,0 +1,66 @@
+"""CuPy's pool calls under gpumem.cupy, on a GPU with the real CuPy: run with
+    PYTHONPATH=python GPUMEM_LIBRARY=build-gpu/libgpumem.so python3 -m pytest tests/gpu/test_cupy_pools.py
+(scripts/gpu-check.sh host). cupy.get_default_memory_pool() and get_default_pinned_memory_pool() answer
+for gpumem once it is installed: the bytes CuPy's arrays use, free_all_blocks giving memory back to the
+driver (cudaMemGetInfo sees it), set_limit refusing an array above it with CuPy's OutOfMemoryError.
+tests/python/test_cupy_pools.py checks the same without a GPU.
+"""
+import pytest
+
+cupy = pytest.importorskip("cupy")
+
+
+def _device_count():
+    try:
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # no driver, or no device it can open
+        return 0
+
+
+if _device_count() == 0:
+    pytest.skip("no CUDA device: CuPy sees none", allow_module_level=True)
+
+import gpumem.cupy  # noqa: E402
+
+gpumem.cupy.install()
+
+MiB = 1 << 20
+
+
+def test_the_default_pool_sees_arrays_and_gives_memory_back():
+    pool = cupy.get_default_memory_pool()
+    array = cupy.ones(64 * MiB, dtype=cupy.uint8)
+    assert pool.used_bytes() >= 64 * MiB
+    assert int(array.sum()) == 64 * MiB
+    del array
+    cupy.cuda.Device().synchronize()
+    assert pool.total_bytes() >= 64 * MiB
+    free_before, _ = cupy.cuda.runtime.memGetInfo()
+    pool.free_all_blocks()
+    free_after, _ = cupy.cuda.runtime.memGetInfo()
+    assert pool.total_bytes() == 0 and pool.n_free_blocks() == 0
+    assert free_after >= free_before + 60 * MiB, (free_before, free_after)
+
+
+def test_set_limit_refuses_what_does_not_fit():
+    pool = cupy.get_default_memory_pool()
+    pool.free_all_blocks()
+    pool.set_limit(size=256 * MiB)
+    try:
+        assert pool.get_limit() == 256 * MiB
+        kept = cupy.zeros(128 * MiB, dtype=cupy.uint8)
+        with pytest.raises(cupy.cuda.memory.OutOfMemoryError):
+            cupy.zeros(512 * MiB, dtype=cupy.uint8)
+        assert int(kept.sum()) == 0
+    finally:
+        pool.set_limit()
+    assert pool.get_limit() == 0
+
+
+def test_the_pinned_pool_is_gpumems_host_cache():
+    pinned = cupy.get_default_pinned_memory_pool()
+    host = cupy.cuda.alloc_pinned_memory(8 * MiB)
+    del host
+    assert pinned.n_free_blocks() >= 1
+    pinned.free_all_blocks()
+    assert gpumem.cupy.allocator().host_stats()["reserved_bytes"]["current"] == 0
