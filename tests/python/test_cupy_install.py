@@ -84,7 +84,9 @@ def sim_streams(allocator):
     return (lambda stream, units: enqueue(handle, stream, units), lambda stream: complete(handle, stream))
 
 
-class CupyInstallTest(unittest.TestCase):
+class StandInCupyTest(unittest.TestCase):
+    """The stand-in cupy as sys.modules["cupy"] for each test, and no gpumem.cupy allocator left behind."""
+
     def setUp(self):
         import gpumem.cupy
         self.module = gpumem.cupy
@@ -92,14 +94,8 @@ class CupyInstallTest(unittest.TestCase):
         self.previous_cupy = sys.modules.get("cupy")
         sys.modules["cupy"] = self.cupy
         self.forget_allocators()
-        self.unraisable = []
-        self.kept = []
-        self.previous_hook = sys.unraisablehook
-        sys.unraisablehook = self.unraisable.append
 
     def tearDown(self):
-        self.kept.clear()
-        sys.unraisablehook = self.previous_hook
         self.forget_allocators()
         if self.previous_cupy is None:
             sys.modules.pop("cupy", None)
@@ -110,6 +106,20 @@ class CupyInstallTest(unittest.TestCase):
         for allocator in self.module._allocators.values():
             allocator.close()
         self.module._allocators.clear()
+
+
+class CupyInstallTest(StandInCupyTest):
+    def setUp(self):
+        super().setUp()
+        self.unraisable = []
+        self.kept = []
+        self.previous_hook = sys.unraisablehook
+        sys.unraisablehook = self.unraisable.append
+
+    def tearDown(self):
+        self.kept.clear()
+        sys.unraisablehook = self.previous_hook
+        super().tearDown()
 
     def install(self, config="backend:sim", **options):
         self.module.install(config, **options)

@@ -12,38 +12,20 @@
 - free_all_free warns that it is deprecated, as CuPy's does.
 """
 import os
-import sys
 import unittest
 from unittest import mock
 
-from test_cupy_install import fake_cupy
+from test_cupy_install import StandInCupyTest
 
 MiB = 1 << 20
 GiB = 1 << 30
 CONFIG = "backend:sim,capacity:1GiB"
 
 
-class CupyPoolsTest(unittest.TestCase):
+class CupyPoolsTest(StandInCupyTest):
     def setUp(self):
-        import gpumem.cupy
-        self.module = gpumem.cupy
-        self.cupy = fake_cupy()
+        super().setUp()
         self.cupy.get_default_pinned_memory_pool = lambda: "cupy's own pinned pool"
-        self.previous_cupy = sys.modules.get("cupy")
-        sys.modules["cupy"] = self.cupy
-        self.forget_allocators()
-
-    def tearDown(self):
-        self.forget_allocators()
-        if self.previous_cupy is None:
-            sys.modules.pop("cupy", None)
-        else:
-            sys.modules["cupy"] = self.previous_cupy
-
-    def forget_allocators(self):
-        for allocator in self.module._allocators.values():
-            allocator.close()
-        self.module._allocators.clear()
 
     def test_the_default_pool_counts_gpumem_memory_and_empties_its_cache(self):
         self.module.install(CONFIG, pinned=False)
