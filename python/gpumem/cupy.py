@@ -8,7 +8,8 @@
 One gpumem allocator per device (backend cuda; GPUMEM_CONF plus `config` apply), made on first use.
 CuPy's pool calls keep working: cupy.get_default_memory_pool() and get_default_pinned_memory_pool()
 return gpumem's stand-ins (free_all_blocks, used_bytes, total_bytes, set_limit, ...: cupy_pools.py), and
-CUPY_GPU_MEMORY_LIMIT caps each device's allocator as it caps CuPy's pools.
+CUPY_GPU_MEMORY_LIMIT caps each device's allocator as it caps CuPy's pools. CuPy's memory hooks
+(cupy.cuda.MemoryHook) see gpumem's allocations and frees as they saw the pool's (cupy_hooks.py).
 
 Device memory: an allocation that does not fit raises cupy.cuda.memory.OutOfMemoryError carrying
 gpumem's report. CuPy frees memory by dropping its owner object, which gives the block back to gpumem on
@@ -40,7 +41,7 @@ import sys
 import threading
 
 import gpumem
-from gpumem import cupy_pools
+from gpumem import cupy_hooks, cupy_pools
 
 _allocators = {}
 # The CuPy streams gpumem has allocated on and still holds memory for, kept alive: gpumem keeps cached
@@ -69,16 +70,26 @@ def _keep_stream(device, stream):
 
 
 class _Block:
-    """Owns one gpumem allocation for CuPy's UnownedMemory; freeing happens when CuPy drops it."""
+    """Owns one gpumem allocation for CuPy's UnownedMemory; freeing happens when CuPy drops it, under
+    CuPy's memory hooks if the dropping thread has any (cupy_hooks.py)."""
 
-    __slots__ = ("allocator", "pointer")
+    __slots__ = ("allocator", "pointer", "cupy", "device", "pmem_id")
 
-    def __init__(self, allocator, pointer):
+    def __init__(self, allocator, pointer, cupy, device):
         self.allocator = allocator
         self.pointer = pointer
+        self.cupy = cupy
+        self.device = device
+        self.pmem_id = 0  # the id of CuPy's memory object, which its hooks are told
 
     def __del__(self):
-        self.allocator.free(self.pointer)
+        hooks = None if sys.is_finalizing() else cupy_hooks.registered(self.cupy)
+        if not hooks:
+            self.allocator.free(self.pointer)
+            return
+        size = self.allocator.allocation_size(self.pointer) if self.pointer else 0
+        cupy_hooks.free_with_hooks(hooks, self.device, size, self.pointer, self.pmem_id,
+                                   lambda: self.allocator.free(self.pointer))
 
 
 class _PinnedBlock:
@@ -149,18 +160,29 @@ def _device_allocate(cupy):
         def __str__(self):
             return self.report
 
+    def wrap(allocator, pointer, size, device):
+        """CuPy's pointer to a new gpumem block, and the memory object that owns the block."""
+        block = _Block(allocator, pointer, cupy, device)
+        memory = cupy.cuda.UnownedMemory(pointer, size, block, device)
+        block.pmem_id = id(memory)
+        return cupy.cuda.MemoryPointer(memory, 0), memory
+
     def allocate(size):
         device = cupy.cuda.runtime.getDevice()
         allocator = _allocator(device)
         stream = cupy.cuda.get_current_stream()
         if stream.ptr:
             _keep_stream(device, stream)
+        hooks = cupy_hooks.registered(cupy)
         try:
+            if hooks:
+                return cupy_hooks.allocate_with_hooks(hooks, allocator, device, size,
+                                                      lambda: allocator.malloc(size, stream.ptr),
+                                                      lambda pointer, _: wrap(allocator, pointer, size, device))
             pointer = allocator.malloc(size, stream.ptr)
         except gpumem.OutOfMemoryError as error:
             raise OutOfMemoryError(size, str(error)) from None
-        memory = cupy.cuda.UnownedMemory(pointer, size, _Block(allocator, pointer), device)
-        return cupy.cuda.MemoryPointer(memory, 0)
+        return wrap(allocator, pointer, size, device)[0]
 
     return allocate
 

@@ -3,8 +3,11 @@
 (scripts/gpu-check.sh host). cupy.get_default_memory_pool() and get_default_pinned_memory_pool() answer
 for gpumem once it is installed: the bytes CuPy's arrays use, free_all_blocks giving memory back to the
 driver (cudaMemGetInfo sees it), set_limit refusing an array above it with CuPy's OutOfMemoryError.
-tests/python/test_cupy_pools.py checks the same without a GPU.
+CuPy's memory hooks see the allocations and frees.
+tests/python/test_cupy_pools.py and test_cupy_hooks.py check the same without a GPU.
 """
+import io
+
 import pytest
 
 cupy = pytest.importorskip("cupy")
@@ -64,3 +67,32 @@ def test_the_pinned_pool_is_gpumems_host_cache():
     assert pinned.n_free_blocks() >= 1
     pinned.free_all_blocks()
     assert gpumem.cupy.allocator().host_stats()["reserved_bytes"]["current"] == 0
+
+
+def test_memory_hooks_see_gpumem_allocations():
+    """A hook that tracks the bytes in use, as programs measuring a function's peak do, and CuPy's own
+    LineProfileHook, which attributes the bytes to the lines that asked for them."""
+    from cupy.cuda import memory_hooks
+
+    class Peak(cupy.cuda.MemoryHook):
+        name = "gpumem-test-peak"
+
+        def __init__(self):
+            self.current = self.peak = self.mallocs = 0
+
+        def malloc_postprocess(self, **arguments):
+            self.current += arguments["mem_size"]
+            self.peak = max(self.peak, self.current)
+            self.mallocs += 1
+
+        def free_postprocess(self, **arguments):
+            self.current -= arguments["mem_size"]
+
+    with Peak() as peak, memory_hooks.LineProfileHook() as profile:
+        first = cupy.ones(32 * MiB, dtype=cupy.uint8)
+        second = first + 1
+        del first, second
+    assert peak.mallocs >= 2 and peak.peak >= 64 * MiB and peak.current == 0, vars(peak)
+    report = io.StringIO()
+    profile.print_report(file=report)
+    assert "test_cupy_pools.py" in report.getvalue(), report.getvalue()

@@ -7,8 +7,10 @@ finish queued work only when told (gm_sim_stream_enqueue / gm_sim_stream_complet
 see that a dropped pinned block waits for the streams it may still be used on. tests/gpu/test_cupy_pinned.py
 checks the same against the real CuPy on a GPU.
 """
+import collections
 import ctypes
 import sys
+import threading
 import types
 import unittest
 
@@ -50,6 +52,29 @@ class _UnownedMemory:
         self.ptr, self.size, self.owner, self.device_id = ptr, size, owner, device_id
 
 
+def _fake_memory_hook_module():
+    """cupy.cuda.memory_hook: hooks registered per thread by `with hook:`, as CuPy keeps them."""
+    local = threading.local()
+
+    def get_memory_hooks():
+        if getattr(local, "hooks", None) is None:
+            local.hooks = collections.OrderedDict()
+        return local.hooks
+
+    class MemoryHook:
+        name = "MemoryHook"
+
+        def __enter__(self):
+            get_memory_hooks()[self.name] = self
+            return self
+
+        def __exit__(self, *_):
+            del get_memory_hooks()[self.name]
+
+    return types.SimpleNamespace(_has_memory_hooks=lambda: getattr(local, "hooks", None) is not None,
+                                 get_memory_hooks=get_memory_hooks, MemoryHook=MemoryHook)
+
+
 def fake_cupy(streams_by_device=True):
     """A module with the parts of cupy that gpumem.cupy uses. streams_by_device=False: an older CuPy whose
     get_current_stream takes no device."""
@@ -67,7 +92,8 @@ def fake_cupy(streams_by_device=True):
         get_current_stream=get_current_stream, PinnedMemoryPointer=_PinnedMemoryPointer,
         MemoryPointer=_MemoryPointer, UnownedMemory=_UnownedMemory,
         set_allocator=lambda function: setattr(state, "allocator", function),
-        set_pinned_memory_allocator=lambda function: setattr(state, "pinned_allocator", function))
+        set_pinned_memory_allocator=lambda function: setattr(state, "pinned_allocator", function),
+        memory_hook=_fake_memory_hook_module())
     module = types.ModuleType("cupy")
     module.cuda = cuda
     module.state = state
