@@ -494,6 +494,12 @@ class Allocator:
             result[f"device_call_ns.{kind}"] = stats.device_call_ns_by_kind[index]
         return result
 
+    def reserved_bytes(self):
+        """Device memory reserved now (memory_stats()["reserved_bytes.all.current"], without the dict)."""
+        stats = _Stats()
+        _check(_library.gm_get_stats(self._handle, ctypes.byref(stats)))
+        return stats.reserved_bytes[0].current
+
     def snapshot(self):
         """Every region and block with the statistics, as a dict (docs/formats.md, "gpumem-snapshot")."""
         snapshot = ctypes.c_void_p()

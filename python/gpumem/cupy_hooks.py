@@ -30,20 +30,16 @@ def registered(cupy):
     return list(hook_module.get_memory_hooks().values()) or None
 
 
-def _reserved(allocator):
-    return allocator.memory_stats()["reserved_bytes.all.current"]
-
-
 def allocate_with_hooks(hooks, allocator, device, size, allocate, wrap):
     """allocate() -> pointer under the hooks; wrap(pointer) -> (CuPy's memory pointer, its memory object).
     Exceptions from allocate() reach the caller after malloc_postprocess has seen the failure."""
     for hook in hooks:
         hook.malloc_preprocess(device_id=device, size=size, mem_size=-(-size // ROUNDING) * ROUNDING)
     pointer, mem_size, pmem_id, result = 0, 0, 0, None
-    before = _reserved(allocator)
+    before = allocator.reserved_bytes()
     try:
         pointer = allocate()
-        grown = _reserved(allocator) - before
+        grown = allocator.reserved_bytes() - before
         if grown > 0:
             for hook in hooks:
                 hook.alloc_preprocess(device_id=device, mem_size=grown)

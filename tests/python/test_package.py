@@ -28,6 +28,7 @@ class PackageTest(unittest.TestCase):
         self.assertEqual(stats["allocated_bytes.large_pool.current"], 3 << 20)
         self.assertEqual(stats["requested_bytes.all.current"], 1000 + (3 << 20))
         self.assertGreaterEqual(stats["reserved_bytes.all.current"], stats["allocated_bytes.all.current"])
+        self.assertEqual(self.allocator.reserved_bytes(), stats["reserved_bytes.all.current"])
         self.assertGreater(stats["device_calls.physical_create"], 0)
         self.allocator.free(a)
         self.allocator.free(b)
@@ -38,6 +39,7 @@ class PackageTest(unittest.TestCase):
         self.assertEqual(self.allocator.memory_stats()["allocated_bytes.all.peak"], 0)
         self.allocator.empty_cache()
         self.assertEqual(self.allocator.memory_stats()["reserved_bytes.all.current"], 0)
+        self.assertEqual(self.allocator.reserved_bytes(), 0)
         self.allocator.validate()
 
     def test_peer_access(self):
