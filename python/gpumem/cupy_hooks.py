@@ -31,23 +31,25 @@ def registered(cupy):
 
 
 def allocate_with_hooks(hooks, allocator, device, size, allocate, wrap):
-    """allocate() -> pointer under the hooks; wrap(pointer) -> (CuPy's memory pointer, its memory object).
-    Exceptions from allocate() reach the caller after malloc_postprocess has seen the failure."""
+    """allocate() -> pointer under the hooks; wrap(pointer, mem_size) -> (CuPy's memory pointer, its memory
+    object). An exception from allocate() reaches the caller after malloc_postprocess has seen the
+    failure. The block is wrapped before any hook runs after it, so a hook that raises drops the memory
+    object and with it the block: nothing leaks."""
     for hook in hooks:
         hook.malloc_preprocess(device_id=device, size=size, mem_size=-(-size // ROUNDING) * ROUNDING)
     pointer, mem_size, pmem_id, result = 0, 0, 0, None
     before = allocator.reserved_bytes()
     try:
         pointer = allocate()
+        mem_size = allocator.allocation_size(pointer) if pointer else 0
+        result, memory = wrap(pointer, mem_size)
+        pmem_id = id(memory)
         grown = allocator.reserved_bytes() - before
         if grown > 0:
             for hook in hooks:
                 hook.alloc_preprocess(device_id=device, mem_size=grown)
             for hook in hooks:
                 hook.alloc_postprocess(device_id=device, mem_size=grown, mem_ptr=pointer)
-        mem_size = allocator.allocation_size(pointer) if pointer else 0
-        result, memory = wrap(pointer, mem_size)
-        pmem_id = id(memory)
     finally:
         for hook in hooks:
             hook.malloc_postprocess(device_id=device, size=size, mem_size=mem_size, mem_ptr=pointer, pmem_id=pmem_id)
@@ -55,8 +57,13 @@ def allocate_with_hooks(hooks, allocator, device, size, allocate, wrap):
 
 
 def free_with_hooks(hooks, device, mem_size, pointer, pmem_id, free):
-    for hook in hooks:
-        hook.free_preprocess(device_id=device, mem_size=mem_size, mem_ptr=pointer, pmem_id=pmem_id)
-    free()
-    for hook in hooks:
-        hook.free_postprocess(device_id=device, mem_size=mem_size, mem_ptr=pointer, pmem_id=pmem_id)
+    """free() under the hooks; the block goes back to gpumem even if a hook raises."""
+    try:
+        for hook in hooks:
+            hook.free_preprocess(device_id=device, mem_size=mem_size, mem_ptr=pointer, pmem_id=pmem_id)
+    finally:
+        try:
+            free()
+        finally:
+            for hook in hooks:
+                hook.free_postprocess(device_id=device, mem_size=mem_size, mem_ptr=pointer, pmem_id=pmem_id)

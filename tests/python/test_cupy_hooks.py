@@ -8,8 +8,10 @@ allocators on the sim backend (1 GiB device).
 - dropping the memory calls free_preprocess / free_postprocess with the same size, pointer and id, so
   a hook that tracks the bytes in use (as programs that measure a function's peak do) ends at zero;
 - a failed allocation still reaches malloc_postprocess (pointer 0) before CuPy's out-of-memory error;
+- a hook that raises loses no memory: the block is freed whichever hook failed;
 - hooks registered on another thread see nothing, and with none registered nothing is called.
 """
+import sys
 import threading
 import unittest
 
@@ -88,6 +90,34 @@ class CupyHooksTest(StandInCupyTest):
             self.cupy.state.allocator(4 << 30)
         self.assertEqual([name for name, _ in calls], ["malloc_preprocess", "malloc_postprocess"])
         self.assertEqual((calls[1][1]["mem_ptr"], calls[1][1]["pmem_id"], calls[1][1]["mem_size"]), (0, 0, 0))
+
+    def test_a_hook_that_raises_loses_no_memory(self):
+        self.module.install(CONFIG, pinned=False)
+        unraisable, previous = [], sys.unraisablehook
+        sys.unraisablehook = unraisable.append
+        try:
+            for failing in ("malloc_preprocess", "alloc_preprocess", "alloc_postprocess", "malloc_postprocess",
+                            "free_preprocess", "free_postprocess"):
+                with self.subTest(failing=failing):
+                    hook, _ = self.recording_hook(name=failing)
+
+                    def fail(**arguments):
+                        raise RuntimeError(f"hook {failing} failed")
+
+                    setattr(hook, failing, fail)
+                    raised = False
+                    with hook:
+                        try:
+                            block = self.cupy.state.allocator(9 * MiB + 7)  # 9 MiB more reserved: alloc hooks
+                            del block
+                        except RuntimeError:
+                            raised = True
+                    self.assertEqual(raised, failing.startswith(("malloc", "alloc")))
+                    self.assertEqual(self.module.allocator().memory_stats()["allocated_bytes.all.current"], 0)
+                    self.module.allocator().empty_cache()
+        finally:
+            sys.unraisablehook = previous
+        self.assertEqual(len(unraisable), 2)  # the two free hooks, raising inside the memory's __del__
 
     def test_hooks_of_another_thread_see_nothing(self):
         self.module.install(CONFIG, pinned=False)
