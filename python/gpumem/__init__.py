@@ -401,6 +401,27 @@ class Allocator:
     def free(self, pointer):
         _check(_library.gm_free(self._handle, ctypes.c_void_p(pointer)))
 
+    def unchecked_functions(self):
+        """(malloc(size, stream) -> pointer, free(pointer)) for an adapter's hot path: malloc and free
+        without their argument checks (the caller passes ints from 0 to 2**64 - 1), failing as they do.
+        A closed allocator's handle is NULL, which gpumem refuses: they never reach freed memory."""
+        allocator, gm_malloc, gm_free = self, _library.gm_malloc, _library.gm_free
+        c_void_p, byref = ctypes.c_void_p, ctypes.byref
+
+        def malloc(size, stream):
+            pointer = c_void_p()
+            status = gm_malloc(allocator._handle, size, stream, byref(pointer))
+            if status:
+                _check(status)
+            return pointer.value or 0
+
+        def free(pointer):
+            status = gm_free(allocator._handle, pointer)
+            if status:
+                _check(status)
+
+        return malloc, free
+
     def record_stream(self, pointer, stream):
         stream = _unsigned(stream, "stream")
         _check(_library.gm_record_stream(self._handle, ctypes.c_void_p(pointer), stream))

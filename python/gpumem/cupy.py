@@ -69,27 +69,41 @@ def _keep_stream(device, stream):
         _streams.setdefault(key, stream)
 
 
+class _Device:
+    """One device's gpumem allocator, with the unchecked malloc and free of the allocation hot path."""
+
+    __slots__ = ("allocator", "malloc", "free")
+
+    def __init__(self, allocator):
+        self.allocator = allocator
+        self.malloc, self.free = allocator.unchecked_functions()
+
+    def close(self):
+        return self.allocator.close()
+
+
 class _Block:
     """Owns one gpumem allocation for CuPy's UnownedMemory; freeing happens when CuPy drops it, under
     CuPy's memory hooks if the dropping thread has any (cupy_hooks.py)."""
 
-    __slots__ = ("allocator", "pointer", "cupy", "device", "pmem_id")
+    __slots__ = ("device_state", "pointer", "device", "pmem_id", "hooks")
 
-    def __init__(self, allocator, pointer, cupy, device):
-        self.allocator = allocator
+    def __init__(self, device_state, pointer, device, hooks):
+        self.device_state = device_state
         self.pointer = pointer
-        self.cupy = cupy
         self.device = device
         self.pmem_id = 0  # the id of CuPy's memory object, which its hooks are told
+        self.hooks = hooks  # () -> the calling thread's hooks, or None
 
     def __del__(self):
-        hooks = None if sys.is_finalizing() else cupy_hooks.registered(self.cupy)
+        hooks = None if sys.is_finalizing() else self.hooks()
         if not hooks:
-            self.allocator.free(self.pointer)
+            self.device_state.free(self.pointer)
             return
-        size = self.allocator.allocation_size(self.pointer) if self.pointer else 0
+        allocator = self.device_state.allocator
+        size = allocator.allocation_size(self.pointer) if self.pointer else 0
         cupy_hooks.free_with_hooks(hooks, self.device, size, self.pointer, self.pmem_id,
-                                   lambda: self.allocator.free(self.pointer))
+                                   lambda: self.device_state.free(self.pointer))
 
 
 class _PinnedBlock:
@@ -125,15 +139,21 @@ class _PinnedBlock:
             return None
 
 
-def _allocator(device):
-    if device not in _allocators:
+def _device_state(device):
+    """The device's _Device, its gpumem allocator made on first use."""
+    state = _allocators.get(device)
+    if state is None:
         config = f"backend:cuda,device:{device}" + (f",{_settings['config']}" if _settings["config"] else "")
         allocator = gpumem.Allocator(config)
         limit = cupy_pools.memory_limit_from_environment(allocator.device_info()["total_bytes"])
         if limit is not None:  # CuPy's default pool would apply it to every device
             cupy_pools.apply_limit(allocator, limit)
-        _allocators[device] = allocator
-    return _allocators[device]
+        state = _allocators[device] = _Device(allocator)
+    return state
+
+
+def _allocator(device):
+    return _device_state(device).allocator
 
 
 def _current_stream_getter(cupy):
@@ -160,29 +180,36 @@ def _device_allocate(cupy):
         def __str__(self):
             return self.report
 
-    def wrap(allocator, pointer, size, device):
+    # Bound once: the hot path below runs at every CuPy allocation.
+    get_device, get_stream = cupy.cuda.runtime.getDevice, cupy.cuda.get_current_stream
+    unowned_memory, memory_pointer = cupy.cuda.UnownedMemory, cupy.cuda.MemoryPointer
+    hooks_of = cupy_hooks.lookup(cupy)
+    devices = _allocators
+
+    def wrap(state, pointer, size, device):
         """CuPy's pointer to a new gpumem block, and the memory object that owns the block."""
-        block = _Block(allocator, pointer, cupy, device)
-        memory = cupy.cuda.UnownedMemory(pointer, size, block, device)
+        block = _Block(state, pointer, device, hooks_of)
+        memory = unowned_memory(pointer, size, block, device)
         block.pmem_id = id(memory)
-        return cupy.cuda.MemoryPointer(memory, 0), memory
+        return memory_pointer(memory, 0), memory
 
     def allocate(size):
-        device = cupy.cuda.runtime.getDevice()
-        allocator = _allocator(device)
-        stream = cupy.cuda.get_current_stream()
-        if stream.ptr:
+        device = get_device()
+        state = devices.get(device) or _device_state(device)
+        stream = get_stream()
+        stream_pointer = stream.ptr
+        if stream_pointer:
             _keep_stream(device, stream)
-        hooks = cupy_hooks.registered(cupy)
+        hooks = hooks_of()
         try:
             if hooks:
-                return cupy_hooks.allocate_with_hooks(hooks, allocator, device, size,
-                                                      lambda: allocator.malloc(size, stream.ptr),
-                                                      lambda pointer, _: wrap(allocator, pointer, size, device))
-            pointer = allocator.malloc(size, stream.ptr)
+                return cupy_hooks.allocate_with_hooks(hooks, state.allocator, device, size,
+                                                      lambda: state.malloc(size, stream_pointer),
+                                                      lambda pointer, _: wrap(state, pointer, size, device))
+            pointer = state.malloc(size, stream_pointer)
         except gpumem.OutOfMemoryError as error:
             raise OutOfMemoryError(size, str(error)) from None
-        return wrap(allocator, pointer, size, device)[0]
+        return wrap(state, pointer, size, device)[0]
 
     return allocate
 

@@ -22,12 +22,20 @@ else is done.
 ROUNDING = 512  # CuPy's pool rounds every request up to this
 
 
-def registered(cupy):
-    """The hooks registered on this thread, in order, or None when there are none."""
+def lookup(cupy):
+    """A function () -> the hooks registered on the calling thread, in order, or None when there are none
+    (one call of CuPy's _has_memory_hooks on the hot path)."""
     hook_module = getattr(cupy.cuda, "memory_hook", None)
-    if hook_module is None or not hook_module._has_memory_hooks():
-        return None
-    return list(hook_module.get_memory_hooks().values()) or None
+    if hook_module is None:
+        return lambda: None
+    has_hooks, get_hooks = hook_module._has_memory_hooks, hook_module.get_memory_hooks
+
+    def registered():
+        if not has_hooks():
+            return None
+        return list(get_hooks().values()) or None
+
+    return registered
 
 
 def allocate_with_hooks(hooks, allocator, device, size, allocate, wrap):
