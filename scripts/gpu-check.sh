@@ -22,8 +22,9 @@
 #              MULTI_ARGS="--gpus 1" on a machine of one)
 #   host       host memory and pinned memory (not in "all"): `gpumem doctor` and `--json`, doctor --pid on a
 #              PyTorch trainer with 4 DataLoader workers (tests/gpu/doctor_dataloader.sh), CuPy's pinned memory
-#              through gpumem (tests/gpu/test_cupy_pinned.py), CuPy's pool calls (test_cupy_pools.py), and
-#              bench/pinned_host.py's table of pinned allocators (pinned_host.md, pinned_host.jsonl)
+#              through gpumem (tests/gpu/test_cupy_pinned.py), CuPy's pool calls (test_cupy_pools.py),
+#              bench/pinned_host.py's table of pinned allocators (pinned_host.md, pinned_host.jsonl), and
+#              bench/cupy_alloc.py's time per CuPy allocation, CuPy's pool against gpumem (cupy_alloc.md)
 #   traces     bench/record_traces.py (not in "all"; needs no build): new traces of bench/more_workloads.py's
 #              workloads, two seeds each, replayed under torch-native, torch-expandable and cuda-async, into
 #              logs/more_traces (NAME-seedS.csv.gz, anchors.json, table.md; in gpu-results.tgz); then, where
@@ -146,5 +147,8 @@ if [[ " $steps " == *" host "* ]]; then
     PYTHONPATH=python GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 bench/pinned_host.py --out "$out/pinned_host.jsonl" \
         2>"$out/pinned_host.err" | tee "$out/pinned_host.md"
     [ "${PIPESTATUS[0]}" -eq 0 ] || { failed=1; tail -20 "$out/pinned_host.err"; }
+    GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 bench/cupy_alloc.py --out "$out/cupy_alloc.jsonl" \
+        | tee "$out/cupy_alloc.md"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
 fi
 exit $failed
