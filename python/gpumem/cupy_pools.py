@@ -59,6 +59,7 @@ class MemoryPool:
     def __init__(self, current_allocator, allocate):
         self._current_allocator = current_allocator  # () -> gpumem.Allocator of the current device
         self._allocate = allocate  # size -> cupy.cuda.MemoryPointer
+        self._requested = {}  # id(allocator) -> the size set_limit was given (gpumem caps it at the device)
 
     def malloc(self, size):
         return self._allocate(size)
@@ -99,12 +100,17 @@ class MemoryPool:
         if size < 0:
             raise ValueError(f"memory limit size out of range: {size}")
         apply_limit(allocator, size)
+        self._requested[id(allocator)] = int(size)
 
     def get_limit(self):
-        """The limit in bytes, 0 when there is none (gpumem's limit is then the whole device)."""
+        """The limit in bytes as set_limit was given it, 0 when there is none (gpumem's limit is then the
+        whole device); a limit set another way (CUPY_GPU_MEMORY_LIMIT, gpumem's own) as gpumem keeps it."""
         allocator = self._current_allocator()
-        limit = allocator.memory_limit()
-        return 0 if limit >= allocator.device_info()["total_bytes"] else limit
+        limit, total = allocator.memory_limit(), allocator.device_info()["total_bytes"]
+        requested = self._requested.get(id(allocator))
+        if requested is not None and min(requested or total, total) == limit:
+            return requested
+        return 0 if limit >= total else limit
 
     def _stat(self, name):
         return self._current_allocator().memory_stats()[name]

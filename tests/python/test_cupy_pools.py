@@ -56,6 +56,10 @@ class CupyPoolsTest(StandInCupyTest):
         kept = pool.malloc(32 * MiB)
         pool.set_limit(fraction=0.5)
         self.assertEqual(pool.get_limit(), GiB // 2)
+        pool.set_limit(size=4 * GiB)  # more than the device: CuPy reports what it was given
+        self.assertEqual(pool.get_limit(), 4 * GiB)
+        self.module.allocator().set_memory_limit(256 * MiB)  # changed behind the pool's back
+        self.assertEqual(pool.get_limit(), 256 * MiB)
         pool.set_limit()
         self.assertEqual(pool.get_limit(), 0)
         pool.malloc(512 * MiB)
