@@ -37,11 +37,13 @@ def test_the_default_pool_sees_arrays_and_gives_memory_back():
     assert int(array.sum()) == 64 * MiB
     del array
     cupy.cuda.Device().synchronize()
-    assert pool.total_bytes() >= 64 * MiB
+    total_before = pool.total_bytes()
+    assert total_before >= 64 * MiB and pool.n_free_blocks() >= 1
     free_before, _ = cupy.cuda.runtime.memGetInfo()
     pool.free_all_blocks()
     free_after, _ = cupy.cuda.runtime.memGetInfo()
-    assert pool.total_bytes() == 0 and pool.n_free_blocks() == 0
+    # Arrays other tests of this process keep alive may hold memory still: what was idle is gone.
+    assert pool.total_bytes() <= total_before - 60 * MiB, (total_before, pool.total_bytes())
     assert free_after >= free_before + 60 * MiB, (free_before, free_after)
 
 
@@ -64,9 +66,12 @@ def test_the_pinned_pool_is_gpumems_host_cache():
     pinned = cupy.get_default_pinned_memory_pool()
     host = cupy.cuda.alloc_pinned_memory(8 * MiB)
     del host
+    cupy.cuda.Device().synchronize()
     assert pinned.n_free_blocks() >= 1
+    reserved_before = gpumem.cupy.allocator().host_stats()["reserved_bytes"]["current"]
     pinned.free_all_blocks()
-    assert gpumem.cupy.allocator().host_stats()["reserved_bytes"]["current"] == 0
+    reserved_after = gpumem.cupy.allocator().host_stats()["reserved_bytes"]["current"]
+    assert reserved_after <= reserved_before - 8 * MiB, (reserved_before, reserved_after)
 
 
 def test_memory_hooks_see_gpumem_allocations():
