@@ -93,10 +93,13 @@ class _Block:
         self.pointer = pointer
         self.device = device
         self.pmem_id = 0  # the id of CuPy's memory object, which its hooks are told
-        self.hooks = hooks  # () -> the calling thread's hooks, or None
+        self.hooks = hooks  # cupy_hooks.lookup's (has_hooks, registered)
 
     def __del__(self):
-        hooks = None if sys.is_finalizing() else self.hooks()
+        try:
+            hooks = self.hooks[0]() and self.hooks[1]()
+        except Exception:  # at interpreter exit CuPy's modules may be gone already
+            hooks = None
         if not hooks:
             self.device_state.free(self.pointer)
             return
@@ -183,15 +186,24 @@ def _device_allocate(cupy):
     # Bound once: the hot path below runs at every CuPy allocation.
     get_device, get_stream = cupy.cuda.runtime.getDevice, cupy.cuda.get_current_stream
     unowned_memory, memory_pointer = cupy.cuda.UnownedMemory, cupy.cuda.MemoryPointer
-    hooks_of = cupy_hooks.lookup(cupy)
+    hooks = cupy_hooks.lookup(cupy)
+    has_hooks, registered_hooks = hooks
     devices = _allocators
 
     def wrap(state, pointer, size, device):
         """CuPy's pointer to a new gpumem block, and the memory object that owns the block."""
-        block = _Block(state, pointer, device, hooks_of)
+        block = _Block(state, pointer, device, hooks)
         memory = unowned_memory(pointer, size, block, device)
         block.pmem_id = id(memory)
         return memory_pointer(memory, 0), memory
+
+    def allocate_with_hooks(registered, state, device, size, stream_pointer):
+        try:
+            return cupy_hooks.allocate_with_hooks(registered, state.allocator, device, size,
+                                                  lambda: state.malloc(size, stream_pointer),
+                                                  lambda pointer, _: wrap(state, pointer, size, device))
+        except gpumem.OutOfMemoryError as error:
+            raise OutOfMemoryError(size, str(error)) from None
 
     def allocate(size):
         device = get_device()
@@ -200,16 +212,18 @@ def _device_allocate(cupy):
         stream_pointer = stream.ptr
         if stream_pointer:
             _keep_stream(device, stream)
-        hooks = hooks_of()
+        if has_hooks():
+            registered = registered_hooks()
+            if registered:
+                return allocate_with_hooks(registered, state, device, size, stream_pointer)
         try:
-            if hooks:
-                return cupy_hooks.allocate_with_hooks(hooks, state.allocator, device, size,
-                                                      lambda: state.malloc(size, stream_pointer),
-                                                      lambda pointer, _: wrap(state, pointer, size, device))
             pointer = state.malloc(size, stream_pointer)
         except gpumem.OutOfMemoryError as error:
             raise OutOfMemoryError(size, str(error)) from None
-        return wrap(state, pointer, size, device)[0]
+        block = _Block(state, pointer, device, hooks)  # wrap(), inline: this is the hot path
+        memory = unowned_memory(pointer, size, block, device)
+        block.pmem_id = id(memory)
+        return memory_pointer(memory, 0)
 
     return allocate
 

@@ -16,26 +16,26 @@ arguments and meanings:
   free_*     around the free of the block, on the thread that drops the memory, as CuPy's are.
 
 Without a registered hook (cupy.cuda.memory_hook._has_memory_hooks() is false, one call) nothing
-else is done.
+else is done. A block allocated while no hook was registered tells a hook at its free the id of CuPy's
+memory object all the same.
 """
 
 ROUNDING = 512  # CuPy's pool rounds every request up to this
 
 
 def lookup(cupy):
-    """A function () -> the hooks registered on the calling thread, in order, or None when there are none
-    (one call of CuPy's _has_memory_hooks on the hot path)."""
+    """(has_hooks, registered): CuPy's own _has_memory_hooks (one call on the hot path: true once the
+    calling thread has ever registered a hook) and a function () -> the hooks registered on the calling
+    thread now, in order, or None."""
     hook_module = getattr(cupy.cuda, "memory_hook", None)
     if hook_module is None:
-        return lambda: None
-    has_hooks, get_hooks = hook_module._has_memory_hooks, hook_module.get_memory_hooks
+        return (lambda: False), (lambda: None)
+    get_hooks = hook_module.get_memory_hooks
 
     def registered():
-        if not has_hooks():
-            return None
         return list(get_hooks().values()) or None
 
-    return registered
+    return hook_module._has_memory_hooks, registered
 
 
 def allocate_with_hooks(hooks, allocator, device, size, allocate, wrap):
