@@ -185,14 +185,21 @@ static bool is_bounce(const gm_arena *arena, const gm_region *region, uint64_t n
            need <= data->donated_bytes;
 }
 
-/* Whether pages for `region` should be new memory although idle chunks could be moved there: the
- * move would bounce (is_bounce) -- or a memory limit below the device's capacity is set, where every
- * chunk is page-sized and a step may move many of them by choice -- the budget of such moves is spent
- * (they cost more than BOUNCE_CREDIT_NS per allocation), and new memory fits under the limit. */
+/* Whether moving idle chunks to `region` for `need` bytes spends the bounce budget: the move would
+ * bounce (is_bounce), or a memory limit below the device's capacity is set, where every chunk is
+ * page-sized and a step may move many of them by choice. */
+static bool move_spends_budget(const gm_arena *arena, const gm_region *region, uint64_t need)
+{
+    return memory_is_limited(arena) || is_bounce(arena, region, need);
+}
+
+/* Whether pages for `region` should be new memory although idle chunks could be moved there: the move
+ * spends the bounce budget, that budget is spent (such moves cost more than BOUNCE_CREDIT_NS per
+ * allocation), and new memory fits under the limit. */
 static bool is_ping_pong(const gm_arena *arena, const gm_region *region, uint64_t need, uint64_t new_room)
 {
-    return (memory_is_limited(arena) || is_bounce(arena, region, need)) &&
-           engine_of((gm_arena *)arena)->bounce_credit_ns < 0 && need <= new_room;
+    return move_spends_budget(arena, region, need) && engine_of((gm_arena *)arena)->bounce_credit_ns < 0 &&
+           need <= new_room;
 }
 
 /* Back [from, to), inside an unmapped block, with physical memory: idle chunks first when new memory
@@ -216,7 +223,7 @@ static gm_status back_part(gm_arena *arena, const window *where, uintptr_t from,
         engine->moving_by_choice = need <= new_room; /* else no new memory can be had */
         mapped = move_idle_chunks(arena, where, from, need, room, &status);
         engine->moving_by_choice = false;
-        if (memory_is_limited(arena) || is_bounce(arena, region, need))
+        if (move_spends_budget(arena, region, need))
             engine->bounce_credit_ns -= arena->backend->modelled_ns - moving_since;
     }
     if (status == GM_OK && mapped < need && arena->options->compact_min && !is_lane(region->heap) &&
