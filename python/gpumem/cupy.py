@@ -150,7 +150,7 @@ def _device_state(device):
         allocator = gpumem.Allocator(config)
         limit = cupy_pools.memory_limit_from_environment(allocator.device_info()["total_bytes"])
         if limit is not None:  # CuPy's default pool would apply it to every device
-            cupy_pools.apply_limit(allocator, limit)
+            allocator.set_memory_limit(limit)
         state = _allocators[device] = _Device(allocator)
     return state
 
@@ -191,17 +191,21 @@ def _device_allocate(cupy):
     devices = _allocators
 
     def wrap(state, pointer, size, device):
-        """CuPy's pointer to a new gpumem block, and the memory object that owns the block."""
+        """CuPy's pointer to a new gpumem block (its `mem`, the memory object, owns the block)."""
         block = _Block(state, pointer, device, hooks)
         memory = unowned_memory(pointer, size, block, device)
         block.pmem_id = id(memory)
-        return memory_pointer(memory, 0), memory
+        return memory_pointer(memory, 0)
+
+    def wrap_with_memory(state, pointer, size, device):
+        result = wrap(state, pointer, size, device)
+        return result, result.mem
 
     def allocate_with_hooks(registered, state, device, size, stream_pointer):
         try:
             return cupy_hooks.allocate_with_hooks(registered, state.allocator, device, size,
                                                   lambda: state.malloc(size, stream_pointer),
-                                                  lambda pointer, _: wrap(state, pointer, size, device))
+                                                  lambda pointer, _: wrap_with_memory(state, pointer, size, device))
         except gpumem.OutOfMemoryError as error:
             raise OutOfMemoryError(size, str(error)) from None
 
@@ -220,10 +224,7 @@ def _device_allocate(cupy):
             pointer = state.malloc(size, stream_pointer)
         except gpumem.OutOfMemoryError as error:
             raise OutOfMemoryError(size, str(error)) from None
-        block = _Block(state, pointer, device, hooks)  # wrap(), inline: this is the hot path
-        memory = unowned_memory(pointer, size, block, device)
-        block.pmem_id = id(memory)
-        return memory_pointer(memory, 0)
+        return wrap(state, pointer, size, device)
 
     return allocate
 

@@ -48,11 +48,6 @@ def memory_limit_from_environment(total_bytes, value=None):
                          "from 0% to 100%") from None
 
 
-def apply_limit(allocator, size):
-    """gpumem's limit for CuPy's `size` in bytes (0: no limit, the whole device)."""
-    allocator.set_memory_limit(int(size))
-
-
 class MemoryPool:
     """cupy.get_default_memory_pool() under gpumem: the current device's gpumem allocator."""
 
@@ -99,7 +94,7 @@ class MemoryPool:
             raise ValueError("size and fraction cannot be specified at one time")
         if size < 0:
             raise ValueError(f"memory limit size out of range: {size}")
-        apply_limit(allocator, size)
+        allocator.set_memory_limit(int(size))  # 0: none, the whole device
         self._requested[id(allocator)] = int(size)
 
     def get_limit(self):
