@@ -7,23 +7,11 @@ pass. tests/python/test_cupy_install.py checks the same logic without a GPU, aga
 import numpy
 import pytest
 
-cupy = pytest.importorskip("cupy")
+from cupy_on_gpu import cupy_with_gpumem
+
+cupy = cupy_with_gpumem()
 import cupyx  # noqa: E402
-
-
-def _device_count():
-    try:
-        return cupy.cuda.runtime.getDeviceCount()
-    except Exception:  # no driver, or no device it can open
-        return 0
-
-
-if _device_count() == 0:
-    pytest.skip("no CUDA device: CuPy sees none", allow_module_level=True)
-
 import gpumem.cupy  # noqa: E402
-
-gpumem.cupy.install()
 
 MiB = 1 << 20
 CUDA_MEMORY_TYPE_HOST = 1  # cudaMemoryTypeHost: page-locked host memory

@@ -10,22 +10,10 @@ import io
 
 import pytest
 
-cupy = pytest.importorskip("cupy")
+from cupy_on_gpu import cupy_with_gpumem
 
-
-def _device_count():
-    try:
-        return cupy.cuda.runtime.getDeviceCount()
-    except Exception:  # no driver, or no device it can open
-        return 0
-
-
-if _device_count() == 0:
-    pytest.skip("no CUDA device: CuPy sees none", allow_module_level=True)
-
+cupy = cupy_with_gpumem()
 import gpumem.cupy  # noqa: E402
-
-gpumem.cupy.install()
 
 MiB = 1 << 20
 
