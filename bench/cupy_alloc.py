@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PATTERNS = {"empty-small": 200000, "empty-mixed": 100000, "ops-small": 50000, "ops-large": 300}
@@ -54,8 +55,11 @@ def child(allocator, pattern):
     loop(max(iterations // 10, 10))
     start = time.perf_counter()
     loop(iterations)
-    return {"allocator": allocator, "pattern": pattern, "iterations": iterations,
-            "us_per_iteration": (time.perf_counter() - start) / iterations * 1e6}
+    result = {"allocator": allocator, "pattern": pattern, "iterations": iterations,
+              "us_per_iteration": (time.perf_counter() - start) / iterations * 1e6}
+    if allocator == "gpumem":  # the compiled allocation path, or the Python one where it could not be built
+        result["compiled"] = not isinstance(cupy.cuda.get_allocator(), types.FunctionType)
+    return result
 
 
 def run(allocator, pattern):
@@ -103,7 +107,8 @@ def main():
             median = statistics.median(times)
             reference = median if allocator == allocators[0] else reference
             ratio = f"{median / reference:.2f}" if reference else ""
-            print(f"| {pattern} | {allocator} | {median:.2f} | {min(times):.2f}-{max(times):.2f} | {ratio} |")
+            label = allocator + (" (Python path)" if any(r.get("compiled") is False for r in runs) else "")
+            print(f"| {pattern} | {label} | {median:.2f} | {min(times):.2f}-{max(times):.2f} | {ratio} |")
     sys.exit(1 if failed else 0)
 
 

@@ -321,6 +321,17 @@ def _check(status):
         raise GpumemError(status, message)
 
 
+def check_status(status):
+    """Raise the error a gpumem status stands for (OutOfMemoryError, GpumemError; with the calling
+    thread's last error message); nothing for 0. For compiled callers of the C functions."""
+    _check(status)
+
+
+def function_address(name):
+    """The address of one of libgpumem's C functions (gm_malloc, gm_free, ...), for compiled callers."""
+    return ctypes.cast(getattr(_library, name), ctypes.c_void_p).value
+
+
 def _take_text(text):
     """A JSON text the library made, as a str; released."""
     try:

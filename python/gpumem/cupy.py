@@ -11,7 +11,12 @@ return gpumem's stand-ins (free_all_blocks, used_bytes, total_bytes, set_limit, 
 CUPY_GPU_MEMORY_LIMIT caps each device's allocator as it caps CuPy's pools. CuPy's memory hooks
 (cupy.cuda.MemoryHook) see gpumem's allocations and frees as they saw the pool's (cupy_hooks.py).
 
-Device memory: an allocation that does not fit raises cupy.cuda.memory.OutOfMemoryError carrying
+Device memory: CuPy's allocator function is compiled (cupy_allocate.c, built on first install by
+gpumem/compiled.py and cached), so that an allocation and its free pay for no Python frame and no
+ctypes call, as in CuPy's own compiled pool; it does what allocate() and _Block below do, and calls them for the rare cases (a
+memory hook registered, the device's first allocation). Where it cannot be built (no C compiler or no
+Python headers) install() warns and the Python functions below serve every allocation.
+An allocation that does not fit raises cupy.cuda.memory.OutOfMemoryError carrying
 gpumem's report. CuPy frees memory by dropping its owner object, which gives the block back to gpumem on
 the stream it was allocated on. The streams gpumem has allocated on are kept alive while gpumem holds
 memory for them (it may record events on them later); those it has let go (it forgets the heaps of
@@ -39,9 +44,10 @@ expects (it then copies synchronously), with gpumem's message as its text.
 """
 import sys
 import threading
+import warnings
 
 import gpumem
-from gpumem import cupy_hooks, cupy_pools
+from gpumem import compiled, cupy_hooks, cupy_pools
 
 _allocators = {}
 # The CuPy streams gpumem has allocated on and still holds memory for, kept alive: gpumem keeps cached
@@ -53,7 +59,7 @@ _streams = {}
 _streams_lock = threading.Lock()
 _STREAMS_BEFORE_LOOKING = 256
 _look_above = [_STREAMS_BEFORE_LOOKING]
-_settings = {"config": ""}
+_settings = {"config": "", "compiled": True}  # compiled: False for the Python path alone (tests)
 
 
 def _keep_stream(device, stream):
@@ -96,17 +102,21 @@ class _Block:
         self.hooks = hooks  # cupy_hooks.lookup's (has_hooks, registered)
 
     def __del__(self):
-        try:
-            hooks = self.hooks[0]() and self.hooks[1]()
-        except Exception:  # at interpreter exit CuPy's modules may be gone already
-            hooks = None
-        if not hooks:
-            self.device_state.free(self.pointer)
-            return
-        allocator = self.device_state.allocator
-        size = allocator.allocation_size(self.pointer) if self.pointer else 0
-        cupy_hooks.free_with_hooks(hooks, self.device, size, self.pointer, self.pmem_id,
-                                   lambda: self.device_state.free(self.pointer))
+        _free_block(self.device_state, self.pointer, self.device, self.pmem_id, self.hooks)
+
+
+def _free_block(device_state, pointer, device, memory_id, hooks):
+    """Give a block back to gpumem, under CuPy's memory hooks if the calling thread has any (`hooks`:
+    cupy_hooks.lookup's pair); `memory_id` is the id of CuPy's memory object, which the hooks are told."""
+    try:
+        registered = hooks[0]() and hooks[1]()
+    except Exception:  # at interpreter exit CuPy's modules may be gone already
+        registered = None
+    if not registered:
+        device_state.free(pointer)
+        return
+    size = device_state.allocator.allocation_size(pointer) if pointer else 0
+    cupy_hooks.free_with_hooks(registered, device, size, pointer, memory_id, lambda: device_state.free(pointer))
 
 
 class _PinnedBlock:
@@ -226,7 +236,32 @@ def _device_allocate(cupy):
             raise OutOfMemoryError(size, str(error)) from None
         return wrap(state, pointer, size, device)
 
-    return allocate
+    def malloc_failed(status, size):
+        try:
+            gpumem.check_status(status)
+        except gpumem.OutOfMemoryError as error:
+            raise OutOfMemoryError(size, str(error)) from None
+
+    return _compiled_allocate(cupy, allocate, hooks, malloc_failed) or allocate
+
+
+def _compiled_allocate(cupy, slow_allocate, hooks, malloc_failed):
+    """CuPy's allocator function from cupy_allocate.c, which does what `slow_allocate` does in compiled
+    code and calls it for the rare cases; None, with a warning, where it cannot be built."""
+    if not _settings["compiled"]:
+        return None
+    try:
+        module = compiled.load("cupy_allocate")
+    except ImportError as error:
+        warnings.warn(f"{error}\ngpumem.cupy: CuPy's allocations go through Python instead, which is slower "
+                      "(a C compiler and Python's headers, Debian's python3-dev, give the compiled path)",
+                      RuntimeWarning, stacklevel=3)
+        return None
+    return module.make_allocate(
+        gpumem.function_address("gm_malloc"), gpumem.function_address("gm_free"), cupy.cuda.runtime.getDevice,
+        cupy.cuda.get_current_stream, hooks[0], hooks[1], _allocators, _streams, _keep_stream, slow_allocate,
+        malloc_failed, lambda state, pointer, device, memory_id: _free_block(state, pointer, device, memory_id, hooks),
+        gpumem.check_status, cupy.cuda.UnownedMemory, cupy.cuda.MemoryPointer)
 
 
 def _pinned_allocate(cupy):

@@ -139,5 +139,9 @@ class CupyHooksTest(StandInCupyTest):
         self.assertEqual(calls, [])
 
 
+class CupyHooksPythonPathTest(CupyHooksTest):
+    compiled = False
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -111,7 +111,11 @@ def sim_streams(allocator):
 
 
 class StandInCupyTest(unittest.TestCase):
-    """The stand-in cupy as sys.modules["cupy"] for each test, and no gpumem.cupy allocator left behind."""
+    """The stand-in cupy as sys.modules["cupy"] for each test, and no gpumem.cupy allocator left behind.
+    `compiled`: whether device allocations take the compiled path (cupy_allocate.c) or the Python one;
+    each test class that allocates device memory runs under both (its PythonPath subclass)."""
+
+    compiled = True
 
     def setUp(self):
         import gpumem.cupy
@@ -120,8 +124,10 @@ class StandInCupyTest(unittest.TestCase):
         self.previous_cupy = sys.modules.get("cupy")
         sys.modules["cupy"] = self.cupy
         self.forget_allocators()
+        self.module._settings["compiled"] = self.compiled
 
     def tearDown(self):
+        self.module._settings["compiled"] = True
         self.forget_allocators()
         if self.previous_cupy is None:
             sys.modules.pop("cupy", None)
@@ -249,6 +255,10 @@ class CupyInstallTest(StandInCupyTest):
             state.pinned_allocator(4 * MiB)
         self.assertEqual(raised.exception.status, 2)
         self.assertIn("host_limit", str(raised.exception))
+
+
+class CupyInstallPythonPathTest(CupyInstallTest):
+    compiled = False
 
 
 if __name__ == "__main__":

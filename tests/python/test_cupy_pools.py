@@ -103,5 +103,9 @@ class CupyPoolsTest(StandInCupyTest):
                 pool.free_all_free()
 
 
+class CupyPoolsPythonPathTest(CupyPoolsTest):
+    compiled = False
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -1,0 +1,94 @@
+"""The package's compiled parts: CPython extension modules of one C file each (cupy_allocate.c), built on
+first use with the C compiler Python was built with and cached, as torch.utils.cpp_extension builds
+gpumem.torch's adapter.
+
+    module = gpumem.compiled.load("cupy_allocate")   # the module _gpumem_cupy_allocate
+
+Such a module links to nothing but Python (libgpumem's functions reach it as addresses), so one build
+serves every libgpumem. The cache is $GPUMEM_CACHE_DIR, else $XDG_CACHE_HOME/gpumem, else
+~/.cache/gpumem; a build's name carries a digest of its source and of the Python it is for, so that a
+changed source or another Python builds anew. A build is written under a temporary name and renamed, so
+that processes building at once never load a half-written file. A failed build raises BuildError with
+the compiler's command and output.
+"""
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import shlex
+import subprocess
+import sys
+import sysconfig
+import tempfile
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_loaded = {}
+
+
+class BuildError(ImportError):
+    """A compiled part could not be built (no compiler, no Python headers, or the compiler failed)."""
+
+
+def cache_folder():
+    chosen = os.environ.get("GPUMEM_CACHE_DIR")
+    if chosen:
+        return chosen
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "gpumem")
+
+
+def compile_command(source, target):
+    """The compiler's command line that builds `source` into the extension module `target`."""
+    compiler = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    include = sysconfig.get_paths()["include"]
+    return [*shlex.split(compiler), "-O2", "-fPIC", "-shared", "-Wall", "-Wextra", f"-I{include}", source,
+            "-o", target]
+
+
+def _build_path(name, source_text):
+    tag = f"{sys.implementation.cache_tag}-{sysconfig.get_platform()}".encode()
+    digest = hashlib.sha256(source_text + b"\0" + tag).hexdigest()[:16]
+    return os.path.join(cache_folder(), f"_gpumem_{name}-{digest}{importlib.machinery.EXTENSION_SUFFIXES[0]}")
+
+
+def build(name, target):
+    """Compile `name`.c of this package into `target` (renamed into place once complete)."""
+    source = os.path.join(_HERE, f"{name}.c")
+    folder = os.path.dirname(target)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        handle, partial = tempfile.mkstemp(prefix=".building-", suffix=".so", dir=folder)
+        os.close(handle)
+    except OSError as error:
+        raise BuildError(f"gpumem: cannot write the build of {name}.c to {folder} ({error.strerror}); "
+                         "set GPUMEM_CACHE_DIR to a folder this user can write") from None
+    command = compile_command(source, partial)
+    try:
+        finished = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        os.unlink(partial)
+        raise BuildError(f"gpumem: cannot build {name}.c: {' '.join(command)}: {error}") from None
+    if finished.returncode != 0:
+        os.unlink(partial)
+        raise BuildError(f"gpumem: building {name}.c failed ({' '.join(command)}):\n{finished.stderr.strip()}")
+    os.replace(partial, target)
+    return finished.stderr
+
+
+def load(name):
+    """The extension module built from `name`.c (module name _gpumem_`name`), built first if need be."""
+    module = _loaded.get(name)
+    if module is not None:
+        return module
+    try:
+        with open(os.path.join(_HERE, f"{name}.c"), "rb") as source:
+            target = _build_path(name, source.read())
+    except OSError as error:
+        raise BuildError(f"gpumem: cannot read {name}.c: {error}") from None
+    if not os.path.exists(target):
+        build(name, target)
+    spec = importlib.util.spec_from_file_location(f"_gpumem_{name}", target)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    _loaded[name] = module
+    return module

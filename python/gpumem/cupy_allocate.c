@@ -1,0 +1,362 @@
+/* cupy_allocate.c -- gpumem.cupy's allocation hot path, compiled.
+ *
+ * CuPy calls its allocator function at every array it makes, and drops the memory object when the array
+ * goes. CuPy's own pool does both in compiled code; gpumem.cupy's Python path pays for a Python frame,
+ * a ctypes call and a Python owner object each way. This module does the common case of that path in C:
+ * make_allocate() returns CuPy's allocator function (size -> cupy.cuda.MemoryPointer), whose blocks are
+ * owned by a small C object that frees them when CuPy drops the memory.
+ *
+ * gpumem.cupy (cupy.py) stays the reference: this file does what its Python allocate() and _Block do,
+ * in the same order, and hands every other case back to that Python code, which it is given:
+ *   - a memory hook is registered on the calling thread: the Python path calls the hooks;
+ *   - the device has no gpumem allocator yet: the Python path makes it;
+ *   - the current stream is not the default one and not kept alive yet: the Python keep_stream;
+ *   - gm_malloc or gm_free fails: the Python function that raises what the Python path raises.
+ * The allocator's handle is read from the Python Allocator at every call (it is None once the allocator
+ * is closed), never cached here. gm_malloc and gm_free run without the GIL, as ctypes calls them:
+ * gpumem may call back into Python (a governor callback) while another thread waits for its lock.
+ * They come as the addresses of the loaded libgpumem's functions, so the module links to nothing but
+ * Python. gpumem/compiled.py builds it on first use.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#if PY_VERSION_HEX < 0x03090000
+#define PyObject_Vectorcall _PyObject_Vectorcall
+#endif
+
+typedef int (*gm_malloc_function)(void *allocator, size_t size, size_t stream, void **pointer_out);
+typedef int (*gm_free_function)(void *allocator, void *pointer);
+
+/* Everything the allocate function and its blocks use, given once by make_allocate. */
+typedef struct {
+    PyObject_HEAD
+    gm_malloc_function malloc;
+    gm_free_function free;
+    PyObject *get_device;       /* () -> the current device (int) */
+    PyObject *get_stream;       /* () -> the current device's current cupy Stream */
+    PyObject *has_hooks;        /* () -> whether the thread may have memory hooks (CuPy's own check) */
+    PyObject *registered_hooks; /* () -> the thread's memory hooks, or None */
+    PyObject *devices;          /* dict: device -> gpumem.cupy._Device, whose allocator has the handle */
+    PyObject *kept_streams;     /* dict: (device, stream pointer) -> the Stream kept alive */
+    PyObject *keep_stream;      /* (device, stream) -> None: keeps the stream alive */
+    PyObject *slow_allocate;    /* size -> MemoryPointer: the Python path */
+    PyObject *malloc_failed;    /* (status, size) -> raises what the Python path raises */
+    PyObject *free_slow;        /* (device state, pointer, device, memory id) -> None: the free under hooks */
+    PyObject *free_failed;      /* status -> raises gpumem's error */
+    PyObject *unowned_memory;   /* cupy.cuda.UnownedMemory */
+    PyObject *memory_pointer;   /* cupy.cuda.MemoryPointer */
+} Allocate;
+
+/* The PyObject fields of Allocate, which follow its two function pointers. */
+#define ALLOCATE_OBJECTS ((sizeof(Allocate) - offsetof(Allocate, get_device)) / sizeof(PyObject *))
+
+/* One gpumem block, the owner of CuPy's UnownedMemory: freed when CuPy drops the memory. */
+typedef struct {
+    PyObject_HEAD
+    Allocate *allocate;
+    PyObject *device_state;
+    PyObject *device;
+    void *pointer;
+    void *memory; /* the UnownedMemory's address: its id(), which CuPy's hooks are told at the free */
+} Block;
+
+static PyObject *name_allocator, *name_handle, *name_value, *name_ptr, *zero;
+
+static PyObject *call_nothing(PyObject *function)
+{
+    return PyObject_Vectorcall(function, NULL, 0, NULL);
+}
+
+/* 1 if function() is true, 0 if false, -1 with an exception set. */
+static int call_truth(PyObject *function)
+{
+    PyObject *answer = call_nothing(function);
+    if (answer == NULL)
+        return -1;
+    int truth = PyObject_IsTrue(answer);
+    Py_DECREF(answer);
+    return truth;
+}
+
+/* 1 if hooks are registered on this thread now, 0 if none, -1 with an exception set. */
+static int hooks_registered(Allocate *self)
+{
+    int maybe = call_truth(self->has_hooks);
+    return maybe > 0 ? call_truth(self->registered_hooks) : maybe;
+}
+
+/* The gm_allocator of a gpumem.cupy._Device: device_state.allocator._handle.value (NULL once closed). */
+static int handle_of(PyObject *device_state, void **handle_out)
+{
+    PyObject *allocator = PyObject_GetAttr(device_state, name_allocator);
+    if (allocator == NULL)
+        return -1;
+    PyObject *handle = PyObject_GetAttr(allocator, name_handle);
+    Py_DECREF(allocator);
+    if (handle == NULL)
+        return -1;
+    PyObject *value = handle == Py_None ? (Py_INCREF(Py_None), Py_None) : PyObject_GetAttr(handle, name_value);
+    Py_DECREF(handle);
+    if (value == NULL)
+        return -1;
+    *handle_out = value == Py_None ? NULL : PyLong_AsVoidPtr(value);
+    Py_DECREF(value);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+static void block_free(Block *self)
+{
+    Allocate *allocate = self->allocate;
+    int hooks = hooks_registered(allocate);
+    if (hooks < 0) /* as the Python path: at interpreter exit CuPy's modules may be gone already */
+        PyErr_Clear();
+    if (hooks > 0) {
+        PyObject *pointer = PyLong_FromVoidPtr(self->pointer), *memory = PyLong_FromVoidPtr(self->memory);
+        PyObject *done = NULL;
+        if (pointer != NULL && memory != NULL) {
+            PyObject *arguments[4] = {self->device_state, pointer, self->device, memory};
+            done = PyObject_Vectorcall(allocate->free_slow, arguments, 4, NULL);
+        }
+        Py_XDECREF(pointer);
+        Py_XDECREF(memory);
+        if (done == NULL)
+            PyErr_WriteUnraisable(allocate->free_slow);
+        Py_XDECREF(done);
+        return;
+    }
+    if (self->pointer == NULL) /* size 0 */
+        return;
+    void *handle;
+    if (handle_of(self->device_state, &handle) < 0) {
+        PyErr_WriteUnraisable(allocate->free_failed);
+        return;
+    }
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = allocate->free(handle, self->pointer);
+    Py_END_ALLOW_THREADS
+    if (status == 0)
+        return;
+    PyObject *status_object = PyLong_FromLong(status);
+    PyObject *raised = status_object ? PyObject_Vectorcall(allocate->free_failed, &status_object, 1, NULL) : NULL;
+    Py_XDECREF(status_object);
+    Py_XDECREF(raised);
+    if (PyErr_Occurred())
+        PyErr_WriteUnraisable(allocate->free_failed);
+}
+
+static void block_dealloc(Block *self)
+{
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    block_free(self);
+    PyErr_Restore(type, value, traceback);
+    Py_DECREF(self->allocate);
+    Py_DECREF(self->device_state);
+    Py_DECREF(self->device);
+    PyObject_Free(self);
+}
+
+static PyTypeObject BlockType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "_gpumem_cupy_allocate.Block",
+    .tp_basicsize = sizeof(Block),
+    .tp_dealloc = (destructor)block_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One gpumem block owned by CuPy's memory object; freed when CuPy drops it.",
+};
+
+/* Keeps the current stream alive as the Python path does, unless it is kept already. */
+static int keep_stream(Allocate *self, PyObject *device, PyObject *pointer, PyObject *stream)
+{
+    PyObject *key = PyTuple_Pack(2, device, pointer);
+    if (key == NULL)
+        return -1;
+    int kept = PyDict_Contains(self->kept_streams, key);
+    Py_DECREF(key);
+    if (kept != 0)
+        return kept < 0 ? -1 : 0;
+    PyObject *arguments[2] = {device, stream};
+    PyObject *done = PyObject_Vectorcall(self->keep_stream, arguments, 2, NULL);
+    Py_XDECREF(done);
+    return done == NULL ? -1 : 0;
+}
+
+/* The current stream's pointer; a stream other than the default one is kept alive. */
+static int current_stream(Allocate *self, PyObject *device, size_t *stream_out)
+{
+    PyObject *stream = call_nothing(self->get_stream);
+    if (stream == NULL)
+        return -1;
+    PyObject *pointer = PyObject_GetAttr(stream, name_ptr);
+    int result = -1;
+    if (pointer != NULL) {
+        *stream_out = (size_t)PyLong_AsUnsignedLongLong(pointer);
+        if (!PyErr_Occurred())
+            result = *stream_out ? keep_stream(self, device, pointer, stream) : 0;
+        Py_DECREF(pointer);
+    }
+    Py_DECREF(stream);
+    return result;
+}
+
+/* CuPy's MemoryPointer to a new block: the block owns it, CuPy's UnownedMemory owns the block. If
+ * making CuPy's objects fails, dropping the block frees the memory again. */
+static PyObject *wrap(Allocate *self, PyObject *device_state, PyObject *device, void *handle, void *pointer,
+                      PyObject *size)
+{
+    Block *block = PyObject_New(Block, &BlockType);
+    if (block == NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        self->free(handle, pointer);
+        Py_END_ALLOW_THREADS
+        return NULL;
+    }
+    Py_INCREF(self);
+    Py_INCREF(device_state);
+    Py_INCREF(device);
+    block->allocate = self;
+    block->device_state = device_state;
+    block->device = device;
+    block->pointer = pointer;
+    block->memory = NULL;
+    PyObject *pointer_object = PyLong_FromVoidPtr(pointer);
+    PyObject *memory = NULL;
+    if (pointer_object != NULL) {
+        PyObject *arguments[4] = {pointer_object, size, (PyObject *)block, device};
+        memory = PyObject_Vectorcall(self->unowned_memory, arguments, 4, NULL);
+        Py_DECREF(pointer_object);
+    }
+    block->memory = memory;
+    Py_DECREF(block);
+    if (memory == NULL)
+        return NULL;
+    PyObject *arguments[2] = {memory, zero};
+    PyObject *result = PyObject_Vectorcall(self->memory_pointer, arguments, 2, NULL);
+    Py_DECREF(memory);
+    return result;
+}
+
+static PyObject *allocate_on(Allocate *self, PyObject *device, PyObject *size_object, size_t size)
+{
+    PyObject *device_state = PyDict_GetItemWithError(self->devices, device); /* borrowed */
+    if (device_state == NULL)
+        return PyErr_Occurred() ? NULL : PyObject_Vectorcall(self->slow_allocate, &size_object, 1, NULL);
+    Py_INCREF(device_state); /* the dict entry may change while the GIL is released */
+    size_t stream;
+    void *handle, *pointer = NULL;
+    PyObject *result = NULL;
+    if (current_stream(self, device, &stream) == 0 && handle_of(device_state, &handle) == 0) {
+        int status;
+        Py_BEGIN_ALLOW_THREADS
+        status = self->malloc(handle, size, stream, &pointer);
+        Py_END_ALLOW_THREADS
+        if (status == 0) {
+            result = wrap(self, device_state, device, handle, pointer, size_object);
+        } else {
+            PyObject *status_object = PyLong_FromLong(status);
+            if (status_object != NULL) {
+                PyObject *arguments[2] = {status_object, size_object};
+                result = PyObject_Vectorcall(self->malloc_failed, arguments, 2, NULL);
+                Py_DECREF(status_object);
+            }
+        }
+    }
+    Py_DECREF(device_state);
+    return result;
+}
+
+/* CuPy's allocator function: size -> cupy.cuda.MemoryPointer. */
+static PyObject *allocate(PyObject *self_object, PyObject *size_object)
+{
+    Allocate *self = (Allocate *)self_object;
+    size_t size = PyLong_AsSize_t(size_object);
+    if (size == (size_t)-1 && PyErr_Occurred())
+        return NULL;
+    int hooks = hooks_registered(self);
+    if (hooks != 0)
+        return hooks < 0 ? NULL : PyObject_Vectorcall(self->slow_allocate, &size_object, 1, NULL);
+    PyObject *device = call_nothing(self->get_device);
+    if (device == NULL)
+        return NULL;
+    PyObject *result = allocate_on(self, device, size_object, size);
+    Py_DECREF(device);
+    return result;
+}
+
+static void allocate_dealloc(Allocate *self)
+{
+    for (PyObject **field = &self->get_device; field < &self->get_device + ALLOCATE_OBJECTS; field++)
+        Py_DECREF(*field);
+    PyObject_Free(self);
+}
+
+static PyTypeObject AllocateType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "_gpumem_cupy_allocate.Allocate",
+    .tp_basicsize = sizeof(Allocate),
+    .tp_dealloc = (destructor)allocate_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "What CuPy's allocator function and its blocks share.",
+};
+
+static PyMethodDef allocate_method = {"allocate", allocate, METH_O, "CuPy's allocator: size -> MemoryPointer."};
+
+static PyObject *make_allocate(PyObject *module, PyObject *arguments)
+{
+    (void)module;
+    unsigned long long malloc_address, free_address;
+    Allocate parsed;
+    if (!PyArg_ParseTuple(arguments, "KKOOOOO!O!OOOOOOO:make_allocate", &malloc_address, &free_address,
+                          &parsed.get_device, &parsed.get_stream, &parsed.has_hooks, &parsed.registered_hooks,
+                          &PyDict_Type, &parsed.devices, &PyDict_Type, &parsed.kept_streams, &parsed.keep_stream,
+                          &parsed.slow_allocate, &parsed.malloc_failed, &parsed.free_slow, &parsed.free_failed,
+                          &parsed.unowned_memory, &parsed.memory_pointer))
+        return NULL;
+    if (malloc_address == 0 || free_address == 0) {
+        PyErr_SetString(PyExc_ValueError, "make_allocate: gm_malloc and gm_free need their addresses");
+        return NULL;
+    }
+    Allocate *self = PyObject_New(Allocate, &AllocateType);
+    if (self == NULL)
+        return NULL;
+    self->malloc = (gm_malloc_function)(uintptr_t)malloc_address;
+    self->free = (gm_free_function)(uintptr_t)free_address;
+    memcpy(&self->get_device, &parsed.get_device, ALLOCATE_OBJECTS * sizeof(PyObject *));
+    for (PyObject **field = &self->get_device; field < &self->get_device + ALLOCATE_OBJECTS; field++)
+        Py_INCREF(*field);
+    PyObject *function = PyCFunction_New(&allocate_method, (PyObject *)self);
+    Py_DECREF(self);
+    return function;
+}
+
+static PyMethodDef module_methods[] = {
+    {"make_allocate", make_allocate, METH_VARARGS,
+     "make_allocate(gm_malloc address, gm_free address, get_device, get_stream, has_hooks, registered_hooks, "
+     "devices, kept_streams, keep_stream, slow_allocate, malloc_failed, free_slow, free_failed, UnownedMemory, "
+     "MemoryPointer) -> CuPy's allocator function"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_definition = {
+    PyModuleDef_HEAD_INIT, "_gpumem_cupy_allocate", "gpumem.cupy's allocation hot path, compiled.", -1,
+    module_methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__gpumem_cupy_allocate(void)
+{
+    if (PyType_Ready(&BlockType) < 0 || PyType_Ready(&AllocateType) < 0)
+        return NULL;
+    name_allocator = PyUnicode_InternFromString("allocator");
+    name_handle = PyUnicode_InternFromString("_handle");
+    name_value = PyUnicode_InternFromString("value");
+    name_ptr = PyUnicode_InternFromString("ptr");
+    zero = PyLong_FromLong(0);
+    if (name_allocator == NULL || name_handle == NULL || name_value == NULL || name_ptr == NULL || zero == NULL)
+        return NULL;
+    return PyModule_Create(&module_definition);
+}

@@ -1,0 +1,215 @@
+"""gpumem.cupy's compiled allocation path (python/gpumem/cupy_allocate.c, built by gpumem/compiled.py),
+without CuPy or a GPU: the stand-in `cupy` of test_cupy_install.py, allocators on the sim backend.
+
+The other stand-in tests (install, hooks, pools) run under both paths; these pin what is the compiled
+path's own:
+- install() takes it where it can be built (this test machine has a compiler and Python's headers);
+- it hands out the same blocks and leaves the same statistics as the Python path, streams included;
+- running out of memory raises CuPy's OutOfMemoryError with gpumem's report, and the allocator goes on;
+- a failure after gm_malloc (CuPy's memory object raising) frees the block again; a free that gpumem
+  refuses (its allocator closed) is reported as Python reports an error in __del__, not a crash;
+- a hook registered after the allocation sees the free, with the memory object's id;
+- threads allocating at once lose nothing;
+- bad arguments are errors; a build that fails (no compiler, a cache that cannot be written) warns and
+  leaves the Python path, which works; the source builds without a compiler warning.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import types
+import unittest
+from unittest import mock
+
+import gpumem
+from gpumem import compiled
+from test_cupy_install import StandInCupyTest, _Stream, _UnownedMemory
+
+MiB = 1 << 20
+CONFIG = "backend:sim,capacity:256MiB"
+
+
+def script(allocate, cupy):
+    """A fixed mix of sizes, streams and frees; returns [(pointer, size)] of what it allocated."""
+    seen, live = [], []
+    for step in range(60):
+        cupy.state.streams[0] = _Stream((0, 0, 11, 12)[step % 4])
+        size = (0, 512, 3000, 2 * MiB + 5, 17 * MiB, 64)[step % 6]
+        block = allocate(size)
+        seen.append((block.ptr, block.mem.size))
+        live.append(block)
+        if step % 3 == 2:
+            del live[step % len(live)]
+    live.clear()
+    return seen
+
+
+class CompiledPathTest(StandInCupyTest):
+    def setUp(self):
+        super().setUp()
+        self.unraisable, self.previous_hook = [], sys.unraisablehook
+        sys.unraisablehook = self.unraisable.append
+
+    def tearDown(self):
+        sys.unraisablehook = self.previous_hook
+        super().tearDown()
+
+    def install(self, config=CONFIG):
+        """Install, and make the device's allocator (the first allocation does, in Python): the compiled
+        path's allocator function."""
+        self.module.install(config, pinned=False)
+        self.cupy.state.allocator(0)
+        return self.cupy.state.allocator
+
+    def stats(self):
+        stats = self.module.allocator().memory_stats()
+        return {key: stats[key] for key in ("allocated_bytes.all.current", "allocated_bytes.all.peak",
+                                            "allocation.all.allocated", "allocation.all.current",
+                                            "reserved_bytes.all.current", "requested_bytes.all.peak")}
+
+    def test_install_takes_the_compiled_path(self):
+        self.module.install(CONFIG, pinned=False)
+        allocate = self.cupy.state.allocator
+        self.assertEqual(type(allocate).__name__, "builtin_function_or_method")
+        first = allocate(10)  # the device's first allocation makes its allocator, in Python
+        self.assertEqual(type(first.mem.owner).__name__, "_Block")
+        del first
+        block = allocate(1000)
+        self.assertEqual(type(block.mem.owner).__name__, "Block")
+        self.assertEqual((block.mem.size, block.mem.device_id, block.ptr), (1000, 0, block.mem.ptr))
+        self.assertEqual(self.stats()["allocation.all.current"], 1)
+        del block
+        self.assertEqual(self.stats()["allocation.all.current"], 0)
+
+    def test_same_blocks_and_statistics_as_the_python_path(self):
+        results = []
+        for path in (True, False):
+            self.forget_allocators()
+            self.module._settings["compiled"] = path
+            self.module._streams.clear()
+            seen = script(self.install(), self.cupy)
+            results.append((seen, self.stats(), sorted(pointer for _, pointer in self.module._streams)))
+        self.assertEqual(results[0], results[1])
+        self.assertEqual(results[0][2], [11, 12])
+        self.assertEqual(results[0][1]["allocation.all.current"], 0)
+        self.assertEqual(self.unraisable, [])
+
+    def test_out_of_memory_is_cupys_error_with_gpumems_report(self):
+        allocate = self.install()
+        kept = allocate(100 * MiB)
+        with self.assertRaises(self.cupy.cuda.memory.OutOfMemoryError) as raised:
+            allocate(200 * MiB)
+        self.assertIn("out of memory", str(raised.exception).lower())
+        self.assertEqual(self.module.allocator().memory_stats()["num_ooms"], 1)
+        again = allocate(100 * MiB)  # the allocator goes on
+        self.assertNotEqual(again.ptr, kept.ptr)
+        del kept, again, raised  # the exception's traceback holds this frame
+
+    def test_a_failing_memory_object_frees_the_block(self):
+        failing = []
+
+        def memory(*arguments):
+            if failing:
+                raise RuntimeError("UnownedMemory failed")
+            return _UnownedMemory(*arguments)
+
+        self.cupy.cuda.UnownedMemory = memory
+        allocate = self.install()
+        failing.append(True)
+        with self.assertRaisesRegex(RuntimeError, "UnownedMemory failed"):
+            allocate(5 * MiB)
+        self.assertEqual(self.stats()["allocation.all.current"], 0)
+        self.assertEqual(self.stats()["allocated_bytes.all.peak"], 5 * MiB)
+
+    def test_a_free_gpumem_refuses_is_reported_not_a_crash(self):
+        allocate = self.install()
+        block = allocate(MiB)
+        self.module.allocator().close()
+        del block
+        self.assertEqual(len(self.unraisable), 1)
+        self.assertIsInstance(self.unraisable[0].exc_value, gpumem.GpumemError)
+
+    def test_a_hook_registered_after_the_allocation_sees_the_free(self):
+        allocate = self.install()
+        block = allocate(3 * MiB)
+        memory_id, pointer = id(block.mem), block.ptr
+        calls = []
+
+        class Recorder(self.cupy.cuda.memory_hook.MemoryHook):
+            name = "recorder"
+
+            def __getattr__(self, method):
+                return lambda **arguments: calls.append((method, arguments))
+
+        with Recorder():
+            del block
+        self.assertEqual([name for name, _ in calls], ["free_preprocess", "free_postprocess"])
+        self.assertEqual((calls[0][1]["pmem_id"], calls[0][1]["mem_ptr"]), (memory_id, pointer))
+        self.assertEqual(self.stats()["allocation.all.current"], 0)
+
+    def test_threads_allocating_at_once_lose_nothing(self):
+        allocate = self.install()
+        errors = []
+
+        def work():
+            try:
+                for step in range(2000):
+                    block = allocate((step % 7 + 1) * 4096)
+                    del block
+            except Exception as error:  # the assertion below reports it
+                errors.append(error)
+
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self.assertEqual(errors, [])
+        self.assertEqual((self.stats()["allocation.all.allocated"], self.stats()["allocation.all.current"]), (8000, 0))
+
+    def test_bad_arguments_are_errors(self):
+        allocate = self.install()
+        with self.assertRaises(OverflowError):
+            allocate(-1)
+        with self.assertRaises(TypeError):
+            allocate("many")
+        module = compiled.load("cupy_allocate")
+        functions = [len] * 13
+        with self.assertRaisesRegex(ValueError, "addresses"):
+            module.make_allocate(0, 0, *functions[:4], {}, {}, *functions[6:])
+        with self.assertRaises(TypeError):
+            module.make_allocate(1, 1, *functions)  # devices and kept streams must be dicts
+        self.assertEqual(self.stats()["allocation.all.current"], 0)
+
+
+class BuildTest(StandInCupyTest):
+    def test_a_failed_build_warns_and_keeps_the_python_path(self):
+        with tempfile.TemporaryDirectory() as cache, \
+                mock.patch.dict(os.environ, {"GPUMEM_CACHE_DIR": cache, "CC": "false"}), \
+                mock.patch.dict(compiled._loaded, clear=True):
+            with self.assertWarnsRegex(RuntimeWarning, "building cupy_allocate.c failed"):
+                self.module.install(CONFIG, pinned=False)
+            self.assertEqual(os.listdir(cache), [])  # no half-written build left
+        allocate = self.cupy.state.allocator
+        self.assertIsInstance(allocate, types.FunctionType)
+        block = allocate(MiB)
+        self.assertEqual(block.mem.size, MiB)
+
+    def test_a_cache_that_cannot_be_written_is_a_clear_error(self):
+        with tempfile.NamedTemporaryFile() as not_a_folder, \
+                mock.patch.dict(os.environ, {"GPUMEM_CACHE_DIR": os.path.join(not_a_folder.name, "cache")}), \
+                mock.patch.dict(compiled._loaded, clear=True):
+            with self.assertRaisesRegex(compiled.BuildError, "GPUMEM_CACHE_DIR"):
+                compiled.load("cupy_allocate")
+
+    def test_the_source_builds_without_warnings(self):
+        with tempfile.TemporaryDirectory() as folder:
+            source = os.path.join(os.path.dirname(compiled.__file__), "cupy_allocate.c")
+            command = compiled.compile_command(source, os.path.join(folder, "module.so")) + ["-Werror"]
+            finished = subprocess.run(command, capture_output=True, text=True)
+        self.assertEqual((finished.returncode, finished.stderr), (0, ""))
+
+
+if __name__ == "__main__":
+    unittest.main()
