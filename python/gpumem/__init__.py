@@ -381,8 +381,12 @@ class Allocator:
         """Destroy the allocator (its memory goes back to the device); returns the count of live allocations."""
         if self._owned and self._handle:
             live = ctypes.c_size_t()
-            _library.gm_destroy(self._handle, ctypes.byref(live))
-            self._handle = None
+            # Zeroed in place before the destroy: compiled callers read the handle through its address
+            # (handle_address) and must see NULL, which gpumem refuses, never a destroyed allocator.
+            handle, self._handle = self._handle, None
+            destroyed = ctypes.c_void_p(handle.value)
+            handle.value = None
+            _library.gm_destroy(destroyed, ctypes.byref(live))
             return live.value
         return 0
 

@@ -42,6 +42,7 @@ A pinned request the cache cannot serve (host_limit, or cuMemHostAlloc failing) 
 cupy.cuda.runtime.CUDARuntimeError with status cudaErrorMemoryAllocation, what CuPy's transfer code
 expects (it then copies synchronously), with gpumem's message as its text.
 """
+import ctypes
 import sys
 import threading
 import warnings
@@ -76,13 +77,17 @@ def _keep_stream(device, stream):
 
 
 class _Device:
-    """One device's gpumem allocator, with the unchecked malloc and free of the allocation hot path."""
+    """One device's gpumem allocator, with the unchecked malloc and free of the allocation hot path, and
+    for the compiled path the address where the allocator's handle is stored (NULL once it is closed;
+    the handle object kept here keeps that storage)."""
 
-    __slots__ = ("allocator", "malloc", "free")
+    __slots__ = ("allocator", "malloc", "free", "handle", "handle_address")
 
     def __init__(self, allocator):
         self.allocator = allocator
         self.malloc, self.free = allocator.unchecked_functions()
+        self.handle = allocator._handle
+        self.handle_address = ctypes.addressof(self.handle)
 
     def close(self):
         return self.allocator.close()

@@ -12,8 +12,8 @@
  *   - the device has no gpumem allocator yet: the Python path makes it;
  *   - the current stream is not the default one and not kept alive yet: the Python keep_stream;
  *   - gm_malloc or gm_free fails: the Python function that raises what the Python path raises.
- * The allocator's handle is read from the Python Allocator at every call (it is None once the allocator
- * is closed), never cached here. gm_malloc and gm_free run without the GIL, as ctypes calls them:
+ * The allocator's handle is read at every call from where the Python Allocator stores it (zeroed in
+ * place once the allocator is closed, which gpumem then refuses), never cached here. gm_malloc and gm_free run without the GIL, as ctypes calls them:
  * gpumem may call back into Python (a governor callback) while another thread waits for its lock.
  * They come as the addresses of the loaded libgpumem's functions, so the module links to nothing but
  * Python. gpumem/compiled.py builds it on first use.
@@ -58,13 +58,14 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     Allocate *allocate;
-    PyObject *device_state;
+    PyObject *device_state; /* keeps the handle's storage */
+    void **handle_cell;
     PyObject *device;
     void *pointer;
     void *memory; /* the UnownedMemory's address: its id(), which CuPy's hooks are told at the free */
 } Block;
 
-static PyObject *name_allocator, *name_handle, *name_value, *name_ptr, *zero;
+static PyObject *name_handle_address, *name_ptr, *zero;
 
 static PyObject *call_nothing(PyObject *function)
 {
@@ -89,23 +90,21 @@ static int hooks_registered(Allocate *self)
     return maybe > 0 ? call_truth(self->registered_hooks) : maybe;
 }
 
-/* The gm_allocator of a gpumem.cupy._Device: device_state.allocator._handle.value (NULL once closed). */
-static int handle_of(PyObject *device_state, void **handle_out)
+/* Where a gpumem.cupy._Device's allocator handle is stored (its handle_address): the allocator is read
+ * from there at each call, NULL once it is closed (Allocator.close zeroes it in place). */
+static int handle_cell_of(PyObject *device_state, void ***cell_out)
 {
-    PyObject *allocator = PyObject_GetAttr(device_state, name_allocator);
-    if (allocator == NULL)
+    PyObject *address = PyObject_GetAttr(device_state, name_handle_address);
+    if (address == NULL)
         return -1;
-    PyObject *handle = PyObject_GetAttr(allocator, name_handle);
-    Py_DECREF(allocator);
-    if (handle == NULL)
+    *cell_out = PyLong_AsVoidPtr(address);
+    Py_DECREF(address);
+    if (*cell_out == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "gpumem.cupy: a device's handle_address is 0");
         return -1;
-    PyObject *value = handle == Py_None ? (Py_INCREF(Py_None), Py_None) : PyObject_GetAttr(handle, name_value);
-    Py_DECREF(handle);
-    if (value == NULL)
-        return -1;
-    *handle_out = value == Py_None ? NULL : PyLong_AsVoidPtr(value);
-    Py_DECREF(value);
-    return PyErr_Occurred() ? -1 : 0;
+    }
+    return 0;
 }
 
 static void block_free(Block *self)
@@ -130,11 +129,7 @@ static void block_free(Block *self)
     }
     if (self->pointer == NULL) /* size 0 */
         return;
-    void *handle;
-    if (handle_of(self->device_state, &handle) < 0) {
-        PyErr_WriteUnraisable(allocate->free_failed);
-        return;
-    }
+    void *handle = *self->handle_cell;
     int status;
     Py_BEGIN_ALLOW_THREADS
     status = allocate->free(handle, self->pointer);
@@ -206,8 +201,8 @@ static int current_stream(Allocate *self, PyObject *device, size_t *stream_out)
 
 /* CuPy's MemoryPointer to a new block: the block owns it, CuPy's UnownedMemory owns the block. If
  * making CuPy's objects fails, dropping the block frees the memory again. */
-static PyObject *wrap(Allocate *self, PyObject *device_state, PyObject *device, void *handle, void *pointer,
-                      PyObject *size)
+static PyObject *wrap(Allocate *self, PyObject *device_state, void **handle_cell, PyObject *device,
+                      void *handle, void *pointer, PyObject *size)
 {
     Block *block = PyObject_New(Block, &BlockType);
     if (block == NULL) {
@@ -221,6 +216,7 @@ static PyObject *wrap(Allocate *self, PyObject *device_state, PyObject *device, 
     Py_INCREF(device);
     block->allocate = self;
     block->device_state = device_state;
+    block->handle_cell = handle_cell;
     block->device = device;
     block->pointer = pointer;
     block->memory = NULL;
@@ -248,15 +244,17 @@ static PyObject *allocate_on(Allocate *self, PyObject *device, PyObject *size_ob
         return PyErr_Occurred() ? NULL : PyObject_Vectorcall(self->slow_allocate, &size_object, 1, NULL);
     Py_INCREF(device_state); /* the dict entry may change while the GIL is released */
     size_t stream;
-    void *handle, *pointer = NULL;
+    void **handle_cell;
+    void *pointer = NULL;
     PyObject *result = NULL;
-    if (current_stream(self, device, &stream) == 0 && handle_of(device_state, &handle) == 0) {
+    if (current_stream(self, device, &stream) == 0 && handle_cell_of(device_state, &handle_cell) == 0) {
+        void *handle = *handle_cell;
         int status;
         Py_BEGIN_ALLOW_THREADS
         status = self->malloc(handle, size, stream, &pointer);
         Py_END_ALLOW_THREADS
         if (status == 0) {
-            result = wrap(self, device_state, device, handle, pointer, size_object);
+            result = wrap(self, device_state, handle_cell, device, handle, pointer, size_object);
         } else {
             PyObject *status_object = PyLong_FromLong(status);
             if (status_object != NULL) {
@@ -351,12 +349,10 @@ PyMODINIT_FUNC PyInit__gpumem_cupy_allocate(void)
 {
     if (PyType_Ready(&BlockType) < 0 || PyType_Ready(&AllocateType) < 0)
         return NULL;
-    name_allocator = PyUnicode_InternFromString("allocator");
-    name_handle = PyUnicode_InternFromString("_handle");
-    name_value = PyUnicode_InternFromString("value");
+    name_handle_address = PyUnicode_InternFromString("handle_address");
     name_ptr = PyUnicode_InternFromString("ptr");
     zero = PyLong_FromLong(0);
-    if (name_allocator == NULL || name_handle == NULL || name_value == NULL || name_ptr == NULL || zero == NULL)
+    if (name_handle_address == NULL || name_ptr == NULL || zero == NULL)
         return NULL;
     return PyModule_Create(&module_definition);
 }

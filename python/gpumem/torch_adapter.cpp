@@ -41,6 +41,7 @@
 
 #include "gpumem.h"
 #include "torch_ipc.h"
+#include "torch_oom.h"
 #include "torch_pool_sources.h"
 #include "torch_settings.h"
 #include "torch_trace.h"
@@ -177,9 +178,8 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   }
 
   // As PyTorch's allocator: the out-of-memory observers first, then torch.OutOfMemoryError, whose message
-  // starts as native's ("CUDA out of memory. Tried to allocate ...", which tools such as accelerate's
-  // batch-size finder look for) and goes on with gpumem's report. The report is taken first: an
-  // observer that takes a snapshot calls gpumem.
+  // keeps native's sentences and goes on with gpumem's report (torch_oom.h). The report is taken first:
+  // an observer that takes a snapshot calls gpumem.
   void out_of_memory(size_t size, c10::DeviceIndex device) {
     std::string report = gm_last_error();
     const std::string own = "gpumem: out of memory. ";
@@ -193,8 +193,13 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     }
     double fraction = getMemoryFraction(device);
     size_t limit = fraction < 1.0 ? static_cast<size_t>(fraction * static_cast<double>(device_total)) : device_total;
+    gm_stats stats = {};
+    gm_get_stats(of(device), &stats);
+    gpumem_oom::Reading reading = {device, device_total, device_free, fraction < 1.0 ? limit : 0,
+                                   static_cast<uint64_t>(stats.allocated_bytes[GM_POOL_ALL].current),
+                                   static_cast<uint64_t>(stats.reserved_bytes[GM_POOL_ALL].current)};
     observers_.out_of_memory(device, size, limit, device_free);
-    TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. ", report);
+    TORCH_CHECK_WITH(OutOfMemoryError, false, gpumem_oom::message(report, reading));
   }
 
   // The allocator that owns `pointer`: a lookup in each device's allocator (gm_owns fails nothing,
