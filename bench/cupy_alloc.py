@@ -1,16 +1,20 @@
-"""CuPy's device allocations: time per iteration under CuPy's own memory pool and under gpumem.cupy.
+"""CuPy's allocations: time per iteration under CuPy's own memory pools and under gpumem.cupy.
 
     python3 bench/cupy_alloc.py [--allocators cupy-pool,gpumem] [--patterns empty-small,...] [--repeats 5]
                                 [--out results.jsonl]
 
-Once gpumem.cupy.install() has made gpumem CuPy's allocator, every CuPy allocation goes through Python
-(ctypes into libgpumem) instead of CuPy's compiled pool, so a program whose arrays are small and many
-may pay for it. This measures that. Patterns (host time per iteration, the device synchronized at the
+Once gpumem.cupy.install() has made gpumem CuPy's allocator, every CuPy allocation goes through
+gpumem.cupy's allocator functions (compiled: python/gpumem/cupy_allocate.c; the Python ones where that
+could not be built, marked "(Python path)" in the table) instead of CuPy's compiled pools, so a program
+whose arrays are small and many may pay for it. This measures that. Patterns (host time per iteration, the device synchronized at the
 end of each timed loop; a warm-up loop first):
   empty-small   cupy.empty(256 bytes) and del: the allocation alone
   empty-mixed   512 B, 64 KiB, 1 MiB and 16 MiB in turn
   ops-small     y = x * 2 + 1 on 1024 float32 (two allocations per iteration, launch-bound)
   ops-large     the same on 16 Mi float32 (device-bound: the allocator should not show)
+  pinned-small  cupy.cuda.alloc_pinned_memory(4 KiB) and del: CuPy's pinned memory pool against gpumem's
+                pinned host cache (gpumem.cupy.install() makes it CuPy's pinned allocator)
+  asarray-small cupy.asarray of a 1024-float32 NumPy array and del (CuPy stages the copy in pinned memory)
 Each (allocator, pattern, repeat) runs in a fresh process; repeats alternate the allocators' order.
 The table gives the median over repeats of each run's time per iteration, the spread, and gpumem's
 median over the pool's.
@@ -25,12 +29,14 @@ import time
 import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PATTERNS = {"empty-small": 200000, "empty-mixed": 100000, "ops-small": 50000, "ops-large": 300}
+PATTERNS = {"empty-small": 200000, "empty-mixed": 100000, "ops-small": 50000, "ops-large": 300,
+            "pinned-small": 100000, "asarray-small": 30000}
 MIXED = [512, 64 << 10, 1 << 20, 16 << 20]
 
 
 def child(allocator, pattern):
     import cupy
+    import numpy
     if allocator == "gpumem":
         import gpumem.cupy
         gpumem.cupy.install()
@@ -44,6 +50,15 @@ def child(allocator, pattern):
         elif pattern == "empty-mixed":
             for index in range(count):
                 array = cupy.empty(MIXED[index % len(MIXED)], dtype=cupy.uint8)
+                del array
+        elif pattern == "pinned-small":
+            for _ in range(count):
+                memory = cupy.cuda.alloc_pinned_memory(4096)
+                del memory
+        elif pattern == "asarray-small":
+            host = numpy.ones(1024, dtype=numpy.float32)
+            for _ in range(count):
+                array = cupy.asarray(host)
                 del array
         else:
             x = cupy.ones(1024 if pattern == "ops-small" else 16 << 20, dtype=cupy.float32)

@@ -250,17 +250,24 @@ def _device_allocate(cupy):
     return _compiled_allocate(cupy, allocate, hooks, malloc_failed) or allocate
 
 
-def _compiled_allocate(cupy, slow_allocate, hooks, malloc_failed):
-    """CuPy's allocator function from cupy_allocate.c, which does what `slow_allocate` does in compiled
-    code and calls it for the rare cases; None, with a warning, where it cannot be built."""
+def _compiled_module():
+    """The compiled allocation paths (cupy_allocate.c); None, with a warning, where they cannot be built."""
     if not _settings["compiled"]:
         return None
     try:
-        module = compiled.load("cupy_allocate")
+        return compiled.load("cupy_allocate")
     except ImportError as error:
         warnings.warn(f"{error}\ngpumem.cupy: CuPy's allocations go through Python instead, which is slower "
                       "(a C compiler and Python's headers, Debian's python3-dev, give the compiled path)",
-                      RuntimeWarning, stacklevel=3)
+                      RuntimeWarning, stacklevel=4)
+        return None
+
+
+def _compiled_allocate(cupy, slow_allocate, hooks, malloc_failed):
+    """CuPy's allocator function from cupy_allocate.c, which does what `slow_allocate` does in compiled
+    code and calls it for the rare cases; None where it cannot be built."""
+    module = _compiled_module()
+    if module is None:
         return None
     return module.make_allocate(
         gpumem.function_address("gm_malloc"), gpumem.function_address("gm_free"), cupy.cuda.runtime.getDevice,
@@ -294,7 +301,20 @@ def _pinned_allocate(cupy):
         block = _PinnedBlock(allocator, pointer, size, device, cupy.cuda.get_current_stream(), current_stream)
         return cupy.cuda.PinnedMemoryPointer(block, 0)
 
-    return allocate
+    def malloc_failed(status):
+        try:
+            gpumem.check_status(status)
+        except gpumem.OutOfMemoryError as error:
+            raise PinnedOutOfMemoryError(str(error)) from None
+
+    module = _compiled_module()
+    if module is None:
+        return allocate
+    return module.make_pinned_allocate(
+        gpumem.function_address("gm_host_malloc"), gpumem.function_address("gm_host_free"),
+        gpumem.function_address("gm_host_record_stream"), runtime.getDevice, cupy.cuda.get_current_stream,
+        cupy.cuda.get_current_stream, current_stream, _allocators, allocate, malloc_failed, gpumem.check_status,
+        cupy.cuda.PinnedMemoryPointer)
 
 
 def install(config="", pinned=True):

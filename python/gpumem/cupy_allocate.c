@@ -20,12 +20,16 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
 #if PY_VERSION_HEX < 0x03090000
 #define PyObject_Vectorcall _PyObject_Vectorcall
+#endif
+#if PY_VERSION_HEX < 0x030D0000
+#define Py_IsFinalizing _Py_IsFinalizing
 #endif
 
 typedef int (*gm_malloc_function)(void *allocator, size_t size, size_t stream, void **pointer_out);
@@ -332,11 +336,273 @@ static PyObject *make_allocate(PyObject *module, PyObject *arguments)
     return function;
 }
 
+/* ---- Pinned host memory: CuPy's pinned memory allocator, as cupy.py's _pinned_allocate and _PinnedBlock ---- */
+
+typedef int (*gm_host_malloc_function)(void *allocator, size_t size, void **pointer_out);
+typedef int (*gm_host_free_function)(void *allocator, void *pointer);
+typedef int (*gm_host_record_stream_function)(void *allocator, void *pointer, size_t stream);
+
+typedef struct {
+    PyObject_HEAD
+    gm_host_malloc_function host_malloc;
+    gm_host_free_function host_free;
+    gm_host_record_stream_function host_record_stream;
+    PyObject *get_device;            /* () -> the current device */
+    PyObject *get_stream;            /* () -> the current device's current cupy Stream */
+    PyObject *stream_of_device;      /* device -> that device's current Stream (CuPy's get_current_stream) */
+    PyObject *stream_of_device_slow; /* the same for CuPys whose get_current_stream takes no device (Python) */
+    PyObject *devices;               /* as Allocate's */
+    PyObject *slow_allocate;         /* size -> PinnedMemoryPointer: the Python path */
+    PyObject *malloc_failed;         /* status -> raises what the Python path raises */
+    PyObject *free_failed;           /* status -> raises gpumem's error */
+    PyObject *pinned_memory_pointer; /* cupy.cuda.PinnedMemoryPointer */
+} PinnedAllocate;
+
+#define PINNED_OBJECTS ((sizeof(PinnedAllocate) - offsetof(PinnedAllocate, get_device)) / sizeof(PyObject *))
+
+/* One block of the pinned host cache as the memory of CuPy's PinnedMemoryPointer (which reads `ptr` and
+ * `size`): dropping it records the streams it may be used on, then gives it back. */
+typedef struct {
+    PyObject_HEAD
+    PinnedAllocate *allocate;
+    PyObject *device_state; /* keeps the handle's storage */
+    void **handle_cell;
+    PyObject *stream; /* the Stream current at the allocation, alive until the free */
+    void *pointer;
+    PyObject *ptr, *size, *device;
+} PinnedBlock;
+
+/* The pointer of `device`'s current stream, or 0 with *known 0 where CuPy cannot say it. */
+static size_t stream_at_free(PinnedAllocate *allocate, PyObject *device, int *known)
+{
+    PyObject *stream = PyObject_Vectorcall(allocate->stream_of_device, &device, 1, NULL);
+    if (stream == NULL) {
+        PyErr_Clear();
+        stream = PyObject_Vectorcall(allocate->stream_of_device_slow, &device, 1, NULL);
+    }
+    PyObject *pointer = stream ? PyObject_GetAttr(stream, name_ptr) : NULL;
+    Py_XDECREF(stream);
+    size_t value = pointer ? (size_t)PyLong_AsUnsignedLongLong(pointer) : 0;
+    Py_XDECREF(pointer);
+    *known = !PyErr_Occurred();
+    PyErr_Clear();
+    return *known ? value : 0;
+}
+
+static void pinned_block_free(PinnedBlock *self)
+{
+    PinnedAllocate *allocate = self->allocate;
+    if (self->pointer == NULL || Py_IsFinalizing()) /* size 0, or CUDA may be gone already */
+        return;
+    PyObject *allocation_pointer = PyObject_GetAttr(self->stream, name_ptr);
+    size_t streams[2];
+    int count = 0, known;
+    if (allocation_pointer != NULL) {
+        streams[count++] = (size_t)PyLong_AsUnsignedLongLong(allocation_pointer);
+        Py_DECREF(allocation_pointer);
+    }
+    if (PyErr_Occurred()) {
+        PyErr_WriteUnraisable(allocate->free_failed);
+        return;
+    }
+    size_t current = stream_at_free(allocate, self->device, &known);
+    if (known && current != streams[0])
+        streams[count++] = current;
+    void *handle = *self->handle_cell;
+    int status = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (int stream = 0; stream < count && status == 0; stream++)
+        status = allocate->host_record_stream(handle, self->pointer, streams[stream]);
+    if (status == 0) /* as the Python path: a block whose streams could not be recorded is not reused */
+        status = allocate->host_free(handle, self->pointer);
+    Py_END_ALLOW_THREADS
+    if (status == 0)
+        return;
+    PyObject *status_object = PyLong_FromLong(status);
+    PyObject *raised = status_object ? PyObject_Vectorcall(allocate->free_failed, &status_object, 1, NULL) : NULL;
+    Py_XDECREF(status_object);
+    Py_XDECREF(raised);
+    if (PyErr_Occurred())
+        PyErr_WriteUnraisable(allocate->free_failed);
+}
+
+static void pinned_block_dealloc(PinnedBlock *self)
+{
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    pinned_block_free(self);
+    PyErr_Restore(type, value, traceback);
+    Py_DECREF(self->allocate);
+    Py_DECREF(self->device_state);
+    Py_DECREF(self->stream);
+    Py_XDECREF(self->ptr);
+    Py_DECREF(self->size);
+    Py_DECREF(self->device);
+    PyObject_Free(self);
+}
+
+static PyObject *pinned_block_int(PyObject *self)
+{
+    PyObject *ptr = ((PinnedBlock *)self)->ptr;
+    Py_INCREF(ptr);
+    return ptr;
+}
+
+static PyMemberDef pinned_block_members[] = {
+    {"ptr", T_OBJECT_EX, offsetof(PinnedBlock, ptr), READONLY, "the block's address"},
+    {"size", T_OBJECT_EX, offsetof(PinnedBlock, size), READONLY, "the bytes asked for"},
+    {"device", T_OBJECT_EX, offsetof(PinnedBlock, device), READONLY, "the device current at the allocation"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyNumberMethods pinned_block_number = {.nb_int = pinned_block_int};
+
+static PyTypeObject PinnedBlockType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "_gpumem_cupy_allocate.PinnedBlock",
+    .tp_basicsize = sizeof(PinnedBlock),
+    .tp_dealloc = (destructor)pinned_block_dealloc,
+    .tp_as_number = &pinned_block_number,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One block of gpumem's pinned host cache held by CuPy; given back when CuPy drops it.",
+    .tp_members = pinned_block_members,
+};
+
+/* CuPy's PinnedMemoryPointer to a new block; if making it fails, dropping the block gives it back. */
+static PyObject *pinned_wrap(PinnedAllocate *self, PyObject *device_state, void **handle_cell, PyObject *device,
+                             PyObject *stream, void *pointer, PyObject *size)
+{
+    PinnedBlock *block = PyObject_New(PinnedBlock, &PinnedBlockType);
+    if (block == NULL) {
+        void *handle = *handle_cell;
+        Py_BEGIN_ALLOW_THREADS
+        self->host_free(handle, pointer);
+        Py_END_ALLOW_THREADS
+        return NULL;
+    }
+    Py_INCREF(self);
+    Py_INCREF(device_state);
+    Py_INCREF(stream);
+    Py_INCREF(size);
+    Py_INCREF(device);
+    block->allocate = self;
+    block->device_state = device_state;
+    block->handle_cell = handle_cell;
+    block->stream = stream;
+    block->pointer = pointer;
+    block->size = size;
+    block->device = device;
+    block->ptr = PyLong_FromVoidPtr(pointer);
+    PyObject *result = NULL;
+    if (block->ptr != NULL) {
+        PyObject *arguments[2] = {(PyObject *)block, zero};
+        result = PyObject_Vectorcall(self->pinned_memory_pointer, arguments, 2, NULL);
+    }
+    Py_DECREF(block);
+    return result;
+}
+
+static PyObject *pinned_allocate_on(PinnedAllocate *self, PyObject *device, PyObject *size_object, size_t size)
+{
+    PyObject *device_state = PyDict_GetItemWithError(self->devices, device); /* borrowed */
+    if (device_state == NULL)
+        return PyErr_Occurred() ? NULL : PyObject_Vectorcall(self->slow_allocate, &size_object, 1, NULL);
+    Py_INCREF(device_state);
+    void **handle_cell;
+    PyObject *result = NULL, *stream = NULL;
+    if (handle_cell_of(device_state, &handle_cell) == 0 && (stream = call_nothing(self->get_stream)) != NULL) {
+        void *handle = *handle_cell, *pointer = NULL;
+        int status;
+        Py_BEGIN_ALLOW_THREADS
+        status = self->host_malloc(handle, size, &pointer);
+        Py_END_ALLOW_THREADS
+        if (status == 0) {
+            result = pinned_wrap(self, device_state, handle_cell, device, stream, pointer, size_object);
+        } else {
+            PyObject *status_object = PyLong_FromLong(status);
+            if (status_object != NULL) {
+                result = PyObject_Vectorcall(self->malloc_failed, &status_object, 1, NULL);
+                Py_DECREF(status_object);
+            }
+        }
+    }
+    Py_XDECREF(stream);
+    Py_DECREF(device_state);
+    return result;
+}
+
+/* CuPy's pinned memory allocator: size -> cupy.cuda.PinnedMemoryPointer. */
+static PyObject *pinned_allocate(PyObject *self_object, PyObject *size_object)
+{
+    PinnedAllocate *self = (PinnedAllocate *)self_object;
+    size_t size = PyLong_AsSize_t(size_object);
+    if (size == (size_t)-1 && PyErr_Occurred())
+        return NULL;
+    PyObject *device = call_nothing(self->get_device);
+    if (device == NULL)
+        return NULL;
+    PyObject *result = pinned_allocate_on(self, device, size_object, size);
+    Py_DECREF(device);
+    return result;
+}
+
+static void pinned_allocate_dealloc(PinnedAllocate *self)
+{
+    for (PyObject **field = &self->get_device; field < &self->get_device + PINNED_OBJECTS; field++)
+        Py_DECREF(*field);
+    PyObject_Free(self);
+}
+
+static PyTypeObject PinnedAllocateType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "_gpumem_cupy_allocate.PinnedAllocate",
+    .tp_basicsize = sizeof(PinnedAllocate),
+    .tp_dealloc = (destructor)pinned_allocate_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "What CuPy's pinned memory allocator function and its blocks share.",
+};
+
+static PyMethodDef pinned_allocate_method = {"allocate_pinned", pinned_allocate, METH_O,
+                                             "CuPy's pinned memory allocator: size -> PinnedMemoryPointer."};
+
+static PyObject *make_pinned_allocate(PyObject *module, PyObject *arguments)
+{
+    (void)module;
+    unsigned long long malloc_address, free_address, record_address;
+    PinnedAllocate parsed;
+    if (!PyArg_ParseTuple(arguments, "KKKOOOOO!OOOO:make_pinned_allocate", &malloc_address, &free_address,
+                          &record_address, &parsed.get_device, &parsed.get_stream, &parsed.stream_of_device,
+                          &parsed.stream_of_device_slow, &PyDict_Type, &parsed.devices, &parsed.slow_allocate,
+                          &parsed.malloc_failed, &parsed.free_failed, &parsed.pinned_memory_pointer))
+        return NULL;
+    if (malloc_address == 0 || free_address == 0 || record_address == 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "make_pinned_allocate: gm_host_malloc, gm_host_free and gm_host_record_stream need their addresses");
+        return NULL;
+    }
+    PinnedAllocate *self = PyObject_New(PinnedAllocate, &PinnedAllocateType);
+    if (self == NULL)
+        return NULL;
+    self->host_malloc = (gm_host_malloc_function)(uintptr_t)malloc_address;
+    self->host_free = (gm_host_free_function)(uintptr_t)free_address;
+    self->host_record_stream = (gm_host_record_stream_function)(uintptr_t)record_address;
+    memcpy(&self->get_device, &parsed.get_device, PINNED_OBJECTS * sizeof(PyObject *));
+    for (PyObject **field = &self->get_device; field < &self->get_device + PINNED_OBJECTS; field++)
+        Py_INCREF(*field);
+    PyObject *function = PyCFunction_New(&pinned_allocate_method, (PyObject *)self);
+    Py_DECREF(self);
+    return function;
+}
+
 static PyMethodDef module_methods[] = {
     {"make_allocate", make_allocate, METH_VARARGS,
      "make_allocate(gm_malloc address, gm_free address, get_device, get_stream, has_hooks, registered_hooks, "
      "devices, kept_streams, keep_stream, slow_allocate, malloc_failed, free_slow, free_failed, UnownedMemory, "
      "MemoryPointer) -> CuPy's allocator function"},
+    {"make_pinned_allocate", make_pinned_allocate, METH_VARARGS,
+     "make_pinned_allocate(gm_host_malloc, gm_host_free and gm_host_record_stream addresses, get_device, "
+     "get_stream, stream_of_device, stream_of_device_slow, devices, slow_allocate, malloc_failed, free_failed, "
+     "PinnedMemoryPointer) -> CuPy's pinned memory allocator function"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -347,7 +613,8 @@ static struct PyModuleDef module_definition = {
 
 PyMODINIT_FUNC PyInit__gpumem_cupy_allocate(void)
 {
-    if (PyType_Ready(&BlockType) < 0 || PyType_Ready(&AllocateType) < 0)
+    if (PyType_Ready(&BlockType) < 0 || PyType_Ready(&AllocateType) < 0 || PyType_Ready(&PinnedBlockType) < 0 ||
+        PyType_Ready(&PinnedAllocateType) < 0)
         return NULL;
     name_handle_address = PyUnicode_InternFromString("handle_address");
     name_ptr = PyUnicode_InternFromString("ptr");

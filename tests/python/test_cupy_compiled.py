@@ -10,6 +10,8 @@ path's own:
   refuses (its allocator closed) is reported as Python reports an error in __del__, not a crash;
 - a hook registered after the allocation sees the free, with the memory object's id;
 - threads allocating at once lose nothing;
+- the pinned allocator: the same blocks, cache reuse and statistics as the Python path; out of pinned
+  memory is the runtime error CuPy falls back on; a failure after gm_host_malloc gives the block back;
 - bad arguments are errors; a build that fails (no compiler, a cache that cannot be written) warns and
   leaves the Python path, which works; the source builds without a compiler warning.
 """
@@ -24,7 +26,7 @@ from unittest import mock
 
 import gpumem
 from gpumem import compiled
-from test_cupy_install import StandInCupyTest, _Stream, _UnownedMemory
+from test_cupy_install import StandInCupyTest, _CUDARuntimeError, _PinnedMemoryPointer, _Stream, _UnownedMemory, sim_streams
 
 MiB = 1 << 20
 CONFIG = "backend:sim,capacity:256MiB"
@@ -181,6 +183,108 @@ class CompiledPathTest(StandInCupyTest):
         with self.assertRaises(TypeError):
             module.make_allocate(1, 1, *functions)  # devices and kept streams must be dicts
         self.assertEqual(self.stats()["allocation.all.current"], 0)
+
+
+class CompiledPinnedPathTest(StandInCupyTest):
+    """CuPy's pinned memory allocator on the compiled path (the stream rules themselves are pinned by
+    test_cupy_install.py's tests, which run under both paths)."""
+
+    def setUp(self):
+        super().setUp()
+        self.unraisable, self.previous_hook = [], sys.unraisablehook
+        sys.unraisablehook = self.unraisable.append
+
+    def tearDown(self):
+        sys.unraisablehook = self.previous_hook
+        super().tearDown()
+
+    def install(self, config="backend:sim"):
+        self.module.install(config)
+        self.module.allocator(0)
+        return self.cupy.state.pinned_allocator
+
+    def current(self):
+        return self.module.allocator().host_stats()["allocations"]["current"]
+
+    def test_blocks_are_compiled_and_read_as_cupy_reads_them(self):
+        allocate = self.install()
+        self.assertEqual(type(allocate).__name__, "builtin_function_or_method")
+        block = allocate(3000)
+        self.assertEqual(type(block.mem).__name__, "PinnedBlock")
+        self.assertEqual((block.mem.size, block.mem.device, int(block.mem)), (3000, 0, block.ptr))
+        self.assertEqual(self.current(), 1)
+        del block
+        self.assertEqual(self.current(), 0)
+        self.assertEqual(allocate(0).ptr, 0)
+        self.assertEqual(self.unraisable, [])
+
+    def test_same_blocks_and_host_statistics_as_the_python_path(self):
+        results = []
+        for path in (True, False):
+            self.forget_allocators()
+            self.module._settings["compiled"] = path
+            allocate = self.install()
+            enqueue, complete = sim_streams(self.module.allocator())
+            seen, live = [], []
+            for step in range(40):
+                self.cupy.state.streams[0] = _Stream((0, 21, 22)[step % 3])
+                enqueue((0, 21, 22)[step % 3], 1)
+                block = allocate((512, 70000, 1 << 20, 5)[step % 4])
+                seen.append(block.mem.size)  # host addresses differ from run to run: the cache's counts tell reuse
+                live.append(block)
+                if step % 2:
+                    del live[0]
+                if step % 5 == 4:
+                    for stream in (0, 21, 22):
+                        complete(stream)
+            live.clear()
+            stats = self.module.allocator().host_stats()
+            results.append((seen, stats["cache_hits"], stats["cache_misses"], stats["allocations"]))
+        self.assertEqual(results[0], results[1])
+        self.assertGreater(results[0][1], 0)  # blocks were reused once their streams were done
+
+    def test_out_of_pinned_memory_is_cupys_runtime_error(self):
+        allocate = self.install("backend:sim,host_limit:1MiB")
+        with self.assertRaises(_CUDARuntimeError) as raised:
+            allocate(4 << 20)
+        self.assertEqual(raised.exception.status, 2)
+        self.assertIn("host_limit", str(raised.exception))
+        del raised
+
+    def test_a_failing_pointer_object_gives_the_block_back(self):
+        failing = []
+
+        def pointer(*arguments):
+            if failing:
+                raise RuntimeError("PinnedMemoryPointer failed")
+            return _PinnedMemoryPointer(*arguments)
+
+        self.cupy.cuda.PinnedMemoryPointer = pointer
+        allocate = self.install()
+        failing.append(True)
+        with self.assertRaisesRegex(RuntimeError, "PinnedMemoryPointer failed"):
+            allocate(5000)
+        self.assertEqual(self.current(), 0)
+        self.assertEqual(self.module.allocator().host_stats()["cache_misses"], 1)
+
+    def test_a_free_gpumem_refuses_is_reported_not_a_crash(self):
+        allocate = self.install()
+        block = allocate(4096)
+        self.module.allocator().close()
+        del block
+        self.assertEqual(len(self.unraisable), 1)
+        self.assertIsInstance(self.unraisable[0].exc_value, gpumem.GpumemError)
+
+    def test_bad_arguments_are_errors(self):
+        allocate = self.install()
+        with self.assertRaises(OverflowError):
+            allocate(-5)
+        module = compiled.load("cupy_allocate")
+        functions = [len] * 9
+        with self.assertRaisesRegex(ValueError, "addresses"):
+            module.make_pinned_allocate(1, 1, 0, *functions[:4], {}, *functions[5:])
+        with self.assertRaises(TypeError):
+            module.make_pinned_allocate(1, 1, 1, *functions)  # devices must be a dict
 
 
 class BuildTest(StandInCupyTest):

@@ -154,7 +154,10 @@ class CupyInstallTest(StandInCupyTest):
         super().tearDown()
 
     def install(self, config="backend:sim", **options):
+        """Install, and make device 0's allocator (which the first allocation would make, in Python), so
+        that the allocations of the test take the path under test."""
         self.module.install(config, **options)
+        self.module.allocator(0)
         return self.cupy.state
 
     def test_streams_gpumem_let_go_are_not_kept_alive(self):
