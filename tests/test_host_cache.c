@@ -99,6 +99,38 @@ static void work_after_the_free_does_not_delay_reuse(void)
     gm_destroy(allocator, NULL);
 }
 
+/* A recorded stream with nothing queued at the free needs no event: the block waits only for the busy
+ * ones, and is idle at once when none is busy. */
+static void idle_streams_are_not_waited_for(void)
+{
+    gm_allocator *allocator = NULL;
+    CHECK_OK(gm_create(configs[0], &allocator));
+    void *block = NULL, *other = NULL, *again = NULL;
+    CHECK_OK(gm_host_malloc(allocator, 4096, &block));
+    CHECK_OK(gm_host_record_stream(allocator, block, 5)); /* idle */
+    CHECK_OK(gm_host_record_stream(allocator, block, 6));
+    CHECK_OK(gm_sim_stream_enqueue(allocator, 6, 1)); /* busy */
+    CHECK_OK(gm_host_free(allocator, block));
+    gm_host_stats stats;
+    CHECK_OK(gm_host_get_stats(allocator, &stats));
+    CHECK_EQ_INT(stats.pending_blocks, 1);
+    CHECK_OK(gm_host_malloc(allocator, 4096, &other));
+    CHECK(other != block); /* stream 6 still runs */
+    CHECK_OK(gm_host_record_stream(allocator, other, 5));
+    CHECK_OK(gm_host_free(allocator, other)); /* only idle streams: straight to the free list */
+    CHECK_OK(gm_host_get_stats(allocator, &stats));
+    CHECK_EQ_INT(stats.pending_blocks, 1);
+    CHECK_OK(gm_host_malloc(allocator, 4096, &again));
+    CHECK(again == other);
+    CHECK_OK(gm_sim_stream_complete(allocator, 6));
+    CHECK_OK(gm_host_free(allocator, again));
+    CHECK_OK(gm_host_empty_cache(allocator));
+    CHECK_OK(gm_host_get_stats(allocator, &stats));
+    CHECK_EQ_INT(stats.pending_blocks, 0);
+    CHECK_EQ_INT(stats.reserved_bytes.current, 0);
+    gm_destroy(allocator, NULL);
+}
+
 static void statistics_are_exact(void)
 {
     for (size_t c = 0; c < config_count; c++) {
@@ -342,7 +374,8 @@ static void bad_inputs_are_clear_errors(void)
 }
 
 RUN_TESTS(TEST_CASE(freed_block_is_reused_at_once_without_streams), TEST_CASE(reuse_waits_for_the_recorded_streams),
-          TEST_CASE(work_after_the_free_does_not_delay_reuse), TEST_CASE(statistics_are_exact),
+          TEST_CASE(work_after_the_free_does_not_delay_reuse), TEST_CASE(idle_streams_are_not_waited_for),
+          TEST_CASE(statistics_are_exact),
           TEST_CASE(empty_cache_keeps_pending_blocks), TEST_CASE(limit_empties_the_idle_cache_then_fails),
           TEST_CASE(data_survives_on_the_host_backend), TEST_CASE(four_threads_keep_exact_statistics),
           TEST_CASE(bad_inputs_are_clear_errors))

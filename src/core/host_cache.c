@@ -10,8 +10,8 @@
  *                   "cuda", ordinary aligned memory on "sim" and "host".
  *   Streams         a live block remembers the streams recorded for it (gm_host_record_stream: the
  *                   streams whose copies read or write it). gm_host_free records one backend event
- *                   on each and parks the block in the pending list; a block without recorded
- *                   streams goes to its free list at once. Every gm_host_malloc and
+ *                   on each that still has work queued and parks the block in the pending list; a
+ *                   block whose streams are all idle (or that has none) goes to its free list at once. Every gm_host_malloc and
  *                   gm_host_empty_cache first queries the pending blocks' events and moves the
  *                   blocks whose events are all done to their free lists, so a block is reused
  *                   only once the work queued on its streams before the free has finished.
@@ -248,10 +248,18 @@ static gm_status find_live_locked(gm_allocator *allocator, const char *call, voi
     return GM_OK;
 }
 
-/* Record one event on each of the block's streams (lock held). On failure nothing stays recorded. */
+/* Record one event on each of the block's streams that still has work queued (lock held). A stream
+ * with nothing queued has finished everything queued before this free, so it needs no event: one
+ * stream query instead of an event's creation, record, later queries and destruction. On failure
+ * nothing stays recorded. */
 static gm_status record_events_locked(gm_allocator *allocator, gm_host_block *block)
 {
     gm_backend *backend = allocator->arena.backend;
+    size_t busy = 0;
+    for (size_t i = 0; i < block->stream_count; i++)
+        if (gm_backend_stream_is_busy(backend, block->streams[i]))
+            block->streams[busy++] = block->streams[i];
+    block->stream_count = busy;
     if (!block->stream_count)
         return GM_OK;
     uint64_t *events = realloc(block->events, block->stream_count * sizeof *events);
