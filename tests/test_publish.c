@@ -179,9 +179,10 @@ static void test_pinned_host_published(void)
                                                        .reserved_peak = 135168, .allocations = 1, .requested = 3000,
                                                        .hits = 1, .misses = 2, .host_frees = 1}, limit);
 
-    /* A block recorded on a stream waits for its event after the free: pending. */
+    /* A block recorded on a stream that still runs a copy waits for its event after the free: pending. */
     CHECK_OK(gm_host_malloc(allocator, 512, &recorded));
     CHECK_OK(gm_host_record_stream(allocator, recorded, 7));
+    CHECK_OK(gm_sim_stream_enqueue(allocator, 7, 1));
     CHECK_OK(gm_host_free(allocator, recorded));
     check_pinned(allocator, path, (pinned_expectation){.allocated = 4096, .allocated_peak = 135168,
                                                        .reserved = 4096 + 512, .reserved_peak = 135168,

@@ -720,9 +720,9 @@ void gm_destroy(gm_allocator *allocator, size_t *live_allocations_out)
     gm_drop_pending_frees_locked(allocator); /* those whose events could not be waited for */
     if (allocator->arena.engine)
         allocator->arena.engine->destroy(&allocator->arena);
+    gm_host_cache_destroy(allocator); /* gives its events back to the pool */
     while (allocator->spare_event_count)
         gm_backend_event_destroy(allocator->arena.backend, allocator->spare_events[--allocator->spare_event_count]);
-    gm_host_cache_destroy(&allocator->host_cache, allocator->arena.backend);
     gm_destroy_named_streams(allocator);
     gm_close_all_shared(allocator);
     gm_backend_close(allocator->arena.backend);

@@ -83,6 +83,9 @@ void gm_unlock_after_change(gm_allocator *allocator);
 void gm_retire_block_locked(gm_allocator *allocator, gm_block *block);
 gm_status gm_defer_free_locked(gm_allocator *allocator, gm_block *block, gm_stream stream);
 void gm_process_pending_frees_locked(gm_allocator *allocator, bool wait);
+/* A backend event from the allocator's pool (made if the pool is empty), and its return (lock held). */
+gm_status gm_take_event_locked(gm_allocator *allocator, uint64_t *event_out);
+void gm_return_event_locked(gm_allocator *allocator, uint64_t event);
 gm_status gm_hold_free_for_capture_locked(gm_allocator *allocator, gm_block *block);
 void gm_release_frees_held_for_capture_locked(gm_allocator *allocator);
 /* At gm_destroy: complete the pending frees whose events could not be waited for (a stream still

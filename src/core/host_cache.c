@@ -93,9 +93,12 @@ static void push_free(gm_host_cache *cache, gm_host_block *block)
     cache->free_lists[size_class] = block;
 }
 
-/* Move pending blocks whose events are all done to their free lists; with `wait`, wait for them. */
-static void process_pending(gm_host_cache *cache, gm_backend *backend, bool wait)
+/* Move pending blocks whose events are all done to their free lists (their events back to the
+ * allocator's pool); with `wait`, wait for them. */
+static void process_pending(gm_allocator *allocator, bool wait)
 {
+    gm_host_cache *cache = &allocator->host_cache;
+    gm_backend *backend = allocator->arena.backend;
     gm_host_block **link = &cache->pending;
     while (*link) {
         gm_host_block *block = *link;
@@ -108,7 +111,7 @@ static void process_pending(gm_host_cache *cache, gm_backend *backend, bool wait
                 done = false;
             if (!done)
                 break;
-            gm_backend_event_destroy(backend, event);
+            gm_return_event_locked(allocator, event);
             block->event_count--;
         }
         if (block->event_count) {
@@ -122,20 +125,23 @@ static void process_pending(gm_host_cache *cache, gm_backend *backend, bool wait
 }
 
 /* Give every idle block back to the backend (lock held). */
-static void release_idle(gm_host_cache *cache, gm_backend *backend)
+static void release_idle(gm_allocator *allocator)
 {
-    process_pending(cache, backend, false);
+    gm_host_cache *cache = &allocator->host_cache;
+    process_pending(allocator, false);
     for (int size_class = 0; size_class < GM_HOST_SIZE_CLASS_COUNT; size_class++) {
         while (cache->free_lists[size_class]) {
             gm_host_block *block = cache->free_lists[size_class];
             cache->free_lists[size_class] = block->next;
-            release_block(cache, backend, block);
+            release_block(cache, allocator->arena.backend, block);
         }
     }
 }
 
-void gm_host_cache_destroy(gm_host_cache *cache, gm_backend *backend)
+void gm_host_cache_destroy(gm_allocator *allocator)
 {
+    gm_host_cache *cache = &allocator->host_cache;
+    gm_backend *backend = allocator->arena.backend;
     if (!cache->live_blocks.entries)
         return;
     for (size_t i = 0; i < cache->live_blocks.capacity; i++) {
@@ -146,7 +152,7 @@ void gm_host_cache_destroy(gm_host_cache *cache, gm_backend *backend)
         stat_change(&cache->stats.allocations, -1);
         release_block(cache, backend, block);
     }
-    process_pending(cache, backend, true);
+    process_pending(allocator, true);
     while (cache->pending) { /* events that could not be waited for (a capturing stream, a failing device) */
         gm_host_block *block = cache->pending;
         cache->pending = block->next;
@@ -155,7 +161,7 @@ void gm_host_cache_destroy(gm_host_cache *cache, gm_backend *backend)
         cache->stats.pending_blocks--;
         release_block(cache, backend, block);
     }
-    release_idle(cache, backend);
+    release_idle(allocator);
     gm_hash_map_free(&cache->live_blocks);
 }
 
@@ -176,14 +182,14 @@ static gm_status take_block_locked(gm_allocator *allocator, size_t size, void **
     gm_backend *backend = allocator->arena.backend;
     int size_class = size_class_of(size);
     uint64_t class_size = (uint64_t)1 << size_class;
-    process_pending(cache, backend, false);
+    process_pending(allocator, false);
     gm_host_block *block = cache->free_lists[size_class];
     if (block) {
         cache->free_lists[size_class] = block->next;
         cache->stats.cache_hits++;
     } else {
         if (cache->limit && (uint64_t)cache->stats.reserved_bytes.current + class_size > cache->limit) {
-            release_idle(cache, backend);
+            release_idle(allocator);
             if ((uint64_t)cache->stats.reserved_bytes.current + class_size > cache->limit)
                 return gm_fail(GM_ERROR_OUT_OF_MEMORY,
                                "pinned host memory: %zu bytes (a %llu-byte block) would pass host_limit of %llu "
@@ -267,15 +273,15 @@ static gm_status record_events_locked(gm_allocator *allocator, gm_host_block *bl
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "gm_host_free: no host memory for the block's events");
     block->events = events;
     for (size_t i = 0; i < block->stream_count; i++) {
-        gm_status status = gm_backend_event_create(backend, &events[i]);
+        gm_status status = gm_take_event_locked(allocator, &events[i]);
         if (status == GM_OK) {
             status = gm_backend_event_record(backend, events[i], block->streams[i]);
             if (status != GM_OK)
-                gm_backend_event_destroy(backend, events[i]);
+                gm_backend_event_destroy(backend, events[i]); /* not pooled: it may be unusable */
         }
         if (status != GM_OK) {
             while (i)
-                gm_backend_event_destroy(backend, events[--i]);
+                gm_return_event_locked(allocator, events[--i]);
             return status;
         }
     }
@@ -341,7 +347,7 @@ gm_status gm_host_empty_cache(gm_allocator *allocator)
     if (!allocator)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_host_empty_cache: allocator is NULL");
     gm_lock_for_change(allocator);
-    release_idle(&allocator->host_cache, allocator->arena.backend);
+    release_idle(allocator);
     unlock_after_change(allocator);
     return GM_OK;
 }

@@ -38,6 +38,6 @@ typedef struct gm_host_cache {
 
 bool gm_host_cache_init(gm_host_cache *cache, uint64_t limit);
 /* Wait for every pending event and give every block, live or cached, back to the backend. */
-void gm_host_cache_destroy(gm_host_cache *cache, gm_backend *backend);
+void gm_host_cache_destroy(gm_allocator *allocator);
 
 #endif

@@ -4,7 +4,8 @@
  * A block used on other streams than its own (gm_record_stream) may still be read or written there
  * when it is freed: an event is recorded on each of those streams at the free, and the block's memory
  * returns to the engine only once every event has completed (PyTorch's record_stream semantics).
- * Events are pooled: creating one is a driver call. The waiting frees are kept in the order their events
+ * Events are pooled (gm_take_event_locked, gm_return_event_locked; the pinned host cache uses the same
+ * pool): creating one is a driver call. The waiting frees are kept in the order their events
  * were recorded, and a stream runs its work in order, so once one event of a stream is not done, the
  * later ones of that stream are not either: each check asks the driver about the done ones and at most
  * one per busy stream, not about every waiting free (a program that frees hundreds of blocks used on a
@@ -24,7 +25,7 @@
 
 /* ---------------------------------------------------------------- events */
 
-static gm_status take_event(gm_allocator *allocator, uint64_t *event_out)
+gm_status gm_take_event_locked(gm_allocator *allocator, uint64_t *event_out)
 {
     if (allocator->spare_event_count) {
         *event_out = allocator->spare_events[--allocator->spare_event_count];
@@ -33,7 +34,7 @@ static gm_status take_event(gm_allocator *allocator, uint64_t *event_out)
     return gm_backend_event_create(allocator->arena.backend, event_out);
 }
 
-static void return_event(gm_allocator *allocator, uint64_t event)
+void gm_return_event_locked(gm_allocator *allocator, uint64_t event)
 {
     uint64_t *grown = gm_array_room_for_one(allocator->spare_events, allocator->spare_event_count,
                                             &allocator->spare_event_capacity, sizeof *grown, 16);
@@ -114,7 +115,7 @@ void gm_process_pending_frees_locked(gm_allocator *allocator, bool wait)
         *link = pending->next;
         if (allocator->pending_tail == pending)
             allocator->pending_tail = previous;
-        return_event(allocator, pending->event);
+        gm_return_event_locked(allocator, pending->event);
         gm_block *block = pending->block;
         pending->next = allocator->spare_pending;
         allocator->spare_pending = pending;
@@ -128,7 +129,7 @@ void gm_drop_pending_frees_locked(gm_allocator *allocator)
     while (allocator->pending_head) {
         gm_pending_free *pending = allocator->pending_head;
         allocator->pending_head = pending->next;
-        return_event(allocator, pending->event);
+        gm_return_event_locked(allocator, pending->event);
         gm_block *block = pending->block;
         pending->next = allocator->spare_pending;
         allocator->spare_pending = pending;
@@ -161,7 +162,7 @@ gm_status gm_defer_free_locked(gm_allocator *allocator, gm_block *block, gm_stre
     gm_pending_free *pending = take_node(allocator);
     if (!pending)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory to defer a free");
-    gm_status status = take_event(allocator, &pending->event);
+    gm_status status = gm_take_event_locked(allocator, &pending->event);
     if (status == GM_OK)
         status = gm_backend_event_record(allocator->arena.backend, pending->event, stream);
     if (status != GM_OK) {
