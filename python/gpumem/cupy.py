@@ -273,7 +273,15 @@ def _compiled_allocate(cupy, slow_allocate, hooks, malloc_failed):
         gpumem.function_address("gm_malloc"), gpumem.function_address("gm_free"), cupy.cuda.runtime.getDevice,
         cupy.cuda.get_current_stream, hooks[0], hooks[1], _allocators, _streams, _keep_stream, slow_allocate,
         malloc_failed, lambda state, pointer, device, memory_id: _free_block(state, pointer, device, memory_id, hooks),
-        gpumem.check_status, cupy.cuda.UnownedMemory, cupy.cuda.MemoryPointer)
+        gpumem.check_status, cupy.cuda.UnownedMemory, cupy.cuda.MemoryPointer,
+        _cupy_capsule(cupy, "device", "get_device_id"), _cupy_capsule(cupy, "stream", "get_current_stream_ptr"),
+        _cupy_capsule(cupy, "memory_hook", "_has_memory_hooks"))
+
+
+def _cupy_capsule(cupy, module, function):
+    """The capsule of one of CuPy's C functions (cupy.cuda.`module`.`function`, exported by Cython in
+    __pyx_capi__), or None; cupy_allocate.c uses it only if its signature is the one it expects."""
+    return getattr(getattr(cupy.cuda, module, None), "__pyx_capi__", {}).get(function)
 
 
 def _pinned_allocate(cupy):

@@ -35,11 +35,25 @@
 typedef int (*gm_malloc_function)(void *allocator, size_t size, size_t stream, void **pointer_out);
 typedef int (*gm_free_function)(void *allocator, void *pointer);
 
+/* CuPy's own C functions, where its Cython modules export them (__pyx_capi__) with these signatures:
+ * cupy.cuda.device.get_device_id, cupy.cuda.stream.get_current_stream_ptr and
+ * cupy.cuda.memory_hook._has_memory_hooks. Calling them costs no Python call; a capsule of any other
+ * signature is not used, and the Python functions are called instead. */
+#define CUPY_DEVICE_ID_SIGNATURE "int (int __pyx_skip_dispatch)"
+#define CUPY_STREAM_POINTER_SIGNATURE "intptr_t (void)"
+#define CUPY_HAS_HOOKS_SIGNATURE "int (int __pyx_skip_dispatch)"
+typedef int (*cupy_device_id_function)(int skip_dispatch);
+typedef intptr_t (*cupy_stream_pointer_function)(void);
+typedef int (*cupy_has_hooks_function)(int skip_dispatch);
+
 /* Everything the allocate function and its blocks use, given once by make_allocate. */
 typedef struct {
     PyObject_HEAD
     gm_malloc_function malloc;
     gm_free_function free;
+    cupy_device_id_function device_id;       /* CuPy's C functions, or NULL */
+    cupy_stream_pointer_function stream_pointer;
+    cupy_has_hooks_function has_hooks_function;
     PyObject *get_device;       /* () -> the current device (int) */
     PyObject *get_stream;       /* () -> the current device's current cupy Stream */
     PyObject *has_hooks;        /* () -> whether the thread may have memory hooks (CuPy's own check) */
@@ -90,8 +104,25 @@ static int call_truth(PyObject *function)
 /* 1 if hooks are registered on this thread now, 0 if none, -1 with an exception set. */
 static int hooks_registered(Allocate *self)
 {
-    int maybe = call_truth(self->has_hooks);
+    int maybe;
+    if (self->has_hooks_function) {
+        maybe = self->has_hooks_function(0);
+        if (maybe == -1 && PyErr_Occurred())
+            return -1;
+        maybe = maybe != 0;
+    } else {
+        maybe = call_truth(self->has_hooks);
+    }
     return maybe > 0 ? call_truth(self->registered_hooks) : maybe;
+}
+
+/* The current device, as an int object. */
+static PyObject *current_device(Allocate *self)
+{
+    if (!self->device_id)
+        return call_nothing(self->get_device);
+    int device = self->device_id(0);
+    return device == -1 && PyErr_Occurred() ? NULL : PyLong_FromLong(device);
 }
 
 /* Where a gpumem.cupy._Device's allocator handle is stored (its handle_address): the allocator is read
@@ -169,7 +200,8 @@ static PyTypeObject BlockType = {
     .tp_doc = "One gpumem block owned by CuPy's memory object; freed when CuPy drops it.",
 };
 
-/* Keeps the current stream alive as the Python path does, unless it is kept already. */
+/* Keeps the current stream alive as the Python path does, unless it is kept already. `stream` is the
+ * Stream object, or NULL: then it is asked for only if it must be kept. */
 static int keep_stream(Allocate *self, PyObject *device, PyObject *pointer, PyObject *stream)
 {
     PyObject *key = PyTuple_Pack(2, device, pointer);
@@ -179,8 +211,12 @@ static int keep_stream(Allocate *self, PyObject *device, PyObject *pointer, PyOb
     Py_DECREF(key);
     if (kept != 0)
         return kept < 0 ? -1 : 0;
-    PyObject *arguments[2] = {device, stream};
+    PyObject *asked = stream ? NULL : call_nothing(self->get_stream);
+    if (stream == NULL && asked == NULL)
+        return -1;
+    PyObject *arguments[2] = {device, stream ? stream : asked};
     PyObject *done = PyObject_Vectorcall(self->keep_stream, arguments, 2, NULL);
+    Py_XDECREF(asked);
     Py_XDECREF(done);
     return done == NULL ? -1 : 0;
 }
@@ -188,6 +224,18 @@ static int keep_stream(Allocate *self, PyObject *device, PyObject *pointer, PyOb
 /* The current stream's pointer; a stream other than the default one is kept alive. */
 static int current_stream(Allocate *self, PyObject *device, size_t *stream_out)
 {
+    if (self->stream_pointer) {
+        intptr_t pointer = self->stream_pointer();
+        if (pointer == -1 && PyErr_Occurred())
+            return -1;
+        *stream_out = (size_t)pointer;
+        if (pointer == 0)
+            return 0;
+        PyObject *pointer_object = PyLong_FromSize_t((size_t)pointer);
+        int result = pointer_object ? keep_stream(self, device, pointer_object, NULL) : -1;
+        Py_XDECREF(pointer_object);
+        return result;
+    }
     PyObject *stream = call_nothing(self->get_stream);
     if (stream == NULL)
         return -1;
@@ -282,7 +330,7 @@ static PyObject *allocate(PyObject *self_object, PyObject *size_object)
     int hooks = hooks_registered(self);
     if (hooks != 0)
         return hooks < 0 ? NULL : PyObject_Vectorcall(self->slow_allocate, &size_object, 1, NULL);
-    PyObject *device = call_nothing(self->get_device);
+    PyObject *device = current_device(self);
     if (device == NULL)
         return NULL;
     PyObject *result = allocate_on(self, device, size_object, size);
@@ -306,6 +354,14 @@ static PyTypeObject AllocateType = {
     .tp_doc = "What CuPy's allocator function and its blocks share.",
 };
 
+/* The function a capsule holds if it has `signature` (its name), else NULL. */
+static void *capsule_function(PyObject *capsule, const char *signature)
+{
+    if (capsule == NULL || capsule == Py_None || !PyCapsule_IsValid(capsule, signature))
+        return NULL;
+    return PyCapsule_GetPointer(capsule, signature);
+}
+
 static PyMethodDef allocate_method = {"allocate", allocate, METH_O, "CuPy's allocator: size -> MemoryPointer."};
 
 static PyObject *make_allocate(PyObject *module, PyObject *arguments)
@@ -313,11 +369,13 @@ static PyObject *make_allocate(PyObject *module, PyObject *arguments)
     (void)module;
     unsigned long long malloc_address, free_address;
     Allocate parsed;
-    if (!PyArg_ParseTuple(arguments, "KKOOOOO!O!OOOOOOO:make_allocate", &malloc_address, &free_address,
+    PyObject *device_capsule = NULL, *stream_capsule = NULL, *hooks_capsule = NULL;
+    if (!PyArg_ParseTuple(arguments, "KKOOOOO!O!OOOOOOO|OOO:make_allocate", &malloc_address, &free_address,
                           &parsed.get_device, &parsed.get_stream, &parsed.has_hooks, &parsed.registered_hooks,
                           &PyDict_Type, &parsed.devices, &PyDict_Type, &parsed.kept_streams, &parsed.keep_stream,
                           &parsed.slow_allocate, &parsed.malloc_failed, &parsed.free_slow, &parsed.free_failed,
-                          &parsed.unowned_memory, &parsed.memory_pointer))
+                          &parsed.unowned_memory, &parsed.memory_pointer, &device_capsule, &stream_capsule,
+                          &hooks_capsule))
         return NULL;
     if (malloc_address == 0 || free_address == 0) {
         PyErr_SetString(PyExc_ValueError, "make_allocate: gm_malloc and gm_free need their addresses");
@@ -328,6 +386,9 @@ static PyObject *make_allocate(PyObject *module, PyObject *arguments)
         return NULL;
     self->malloc = (gm_malloc_function)(uintptr_t)malloc_address;
     self->free = (gm_free_function)(uintptr_t)free_address;
+    self->device_id = (cupy_device_id_function)capsule_function(device_capsule, CUPY_DEVICE_ID_SIGNATURE);
+    self->stream_pointer = (cupy_stream_pointer_function)capsule_function(stream_capsule, CUPY_STREAM_POINTER_SIGNATURE);
+    self->has_hooks_function = (cupy_has_hooks_function)capsule_function(hooks_capsule, CUPY_HAS_HOOKS_SIGNATURE);
     memcpy(&self->get_device, &parsed.get_device, ALLOCATE_OBJECTS * sizeof(PyObject *));
     for (PyObject **field = &self->get_device; field < &self->get_device + ALLOCATE_OBJECTS; field++)
         Py_INCREF(*field);
@@ -598,7 +659,8 @@ static PyMethodDef module_methods[] = {
     {"make_allocate", make_allocate, METH_VARARGS,
      "make_allocate(gm_malloc address, gm_free address, get_device, get_stream, has_hooks, registered_hooks, "
      "devices, kept_streams, keep_stream, slow_allocate, malloc_failed, free_slow, free_failed, UnownedMemory, "
-     "MemoryPointer) -> CuPy's allocator function"},
+     "MemoryPointer[, CuPy's capsules of get_device_id, get_current_stream_ptr, _has_memory_hooks]) -> CuPy's "
+     "allocator function"},
     {"make_pinned_allocate", make_pinned_allocate, METH_VARARGS,
      "make_pinned_allocate(gm_host_malloc, gm_host_free and gm_host_record_stream addresses, get_device, "
      "get_stream, stream_of_device, stream_of_device_slow, devices, slow_allocate, malloc_failed, free_failed, "

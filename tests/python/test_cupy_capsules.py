@@ -1,0 +1,153 @@
+"""gpumem.cupy's compiled path calling CuPy's own C functions (cupy_allocate.c), without CuPy or a GPU.
+
+CuPy's Cython modules export their C functions in __pyx_capi__ (capsules named by the C signature); the
+compiled path calls cupy.cuda.device.get_device_id, cupy.cuda.stream.get_current_stream_ptr and
+cupy.cuda.memory_hook._has_memory_hooks through them instead of through Python. fake_cupy_capi.c
+exports such capsules, with values set from the test and its calls counted, on the stand-in cupy of
+test_cupy_install.py. Pinned here:
+- with the capsules, an allocation on the default stream calls no Python function of CuPy's;
+- a stream other than the default one is still kept alive (its Stream object asked for once);
+- an error raised by CuPy's C function is the allocation's error, and nothing is allocated;
+- a capsule of another signature is not used: the Python function is called instead;
+- with hooks registered, the hooks see the allocation as on the Python path.
+"""
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import types
+import unittest
+
+from gpumem import compiled
+from test_cupy_install import StandInCupyTest, _Stream
+
+CONFIG = "backend:sim,capacity:256MiB"
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def build_fake_capi(folder):
+    target = os.path.join(folder, "fake_cupy_capi" + importlib.machinery.EXTENSION_SUFFIXES[0])
+    command = compiled.compile_command(os.path.join(HERE, "fake_cupy_capi.c"), target) + ["-Werror"]
+    finished = subprocess.run(command, capture_output=True, text=True)
+    if finished.returncode:
+        raise RuntimeError(f"{' '.join(command)}:\n{finished.stderr}")
+    spec = importlib.util.spec_from_file_location("fake_cupy_capi", target)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class CupyCapsulesTest(StandInCupyTest):
+    @classmethod
+    def setUpClass(cls):
+        cls.folder = tempfile.TemporaryDirectory()
+        cls.capi = build_fake_capi(cls.folder.name)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.folder.cleanup()
+
+    def setUp(self):
+        super().setUp()
+        self.python_calls = []
+        cuda, state = self.cupy.cuda, self.cupy.state
+        get_device, get_stream = cuda.runtime.getDevice, cuda.get_current_stream
+
+        def counted_device():
+            self.python_calls.append("getDevice")
+            return get_device()
+
+        def counted_stream(*device):
+            self.python_calls.append("get_current_stream")
+            return get_stream(*device)
+
+        cuda.runtime.getDevice, cuda.get_current_stream = counted_device, counted_stream
+        cuda.device = types.SimpleNamespace(__pyx_capi__=self.capi.device)
+        cuda.stream = types.SimpleNamespace(__pyx_capi__=self.capi.stream)
+        cuda.memory_hook.__pyx_capi__ = self.capi.memory_hook
+        self.set(stream=0)
+        self.state = state
+        self.unraisable, self.previous_hook = [], sys.unraisablehook
+        sys.unraisablehook = self.unraisable.append
+
+    def tearDown(self):
+        sys.unraisablehook = self.previous_hook
+        self.capi.set(0, 0, 0, 0)
+        super().tearDown()
+
+    def set(self, stream, hooks=0, failing=0):
+        """The current stream, for CuPy's C function and its Python one alike."""
+        self.capi.set(0, stream, hooks, failing)
+        self.cupy.state.streams[0] = _Stream(stream)
+
+    def install(self):
+        self.module.install(CONFIG, pinned=False)
+        self.module.allocator(0)
+        self.python_calls.clear()
+        return self.cupy.state.allocator
+
+    def current(self):
+        return self.module.allocator().memory_stats()["allocation.all.current"]
+
+    def test_the_default_stream_calls_no_python_function_of_cupys(self):
+        allocate = self.install()
+        before = self.capi.calls()
+        block = allocate(4096)
+        self.assertEqual(self.python_calls, [])
+        self.assertEqual(self.capi.calls() - before, 3)  # hooks, device, stream
+        self.assertEqual((block.mem.size, block.mem.device_id), (4096, 0))
+        del block
+        self.assertEqual(self.current(), 0)
+        self.assertEqual(self.unraisable, [])
+
+    def test_another_stream_is_kept_alive(self):
+        allocate = self.install()
+        self.set(stream=77)
+        first = allocate(4096)
+        self.assertEqual(self.python_calls, ["get_current_stream"])  # its Stream object, to keep
+        self.assertIn((0, 77), self.module._streams)
+        second = allocate(4096)
+        self.assertEqual(self.python_calls, ["get_current_stream"])  # kept already
+        self.assertTrue(self.module.allocator(0).holds_stream(77))
+        del first, second
+
+    def test_an_error_of_cupys_function_is_the_allocations(self):
+        allocate = self.install()
+        self.set(stream=0, failing=1)
+        with self.assertRaisesRegex(RuntimeError, "CuPy's C function failed"):
+            allocate(4096)
+        self.set(stream=0)
+        self.assertEqual(self.current(), 0)
+
+    def test_a_capsule_of_another_signature_is_not_used(self):
+        self.cupy.cuda.device = types.SimpleNamespace(__pyx_capi__=self.capi.wrong_device)
+        allocate = self.install()
+        block = allocate(4096)
+        self.assertEqual(self.python_calls, ["getDevice"])
+        del block
+
+    def test_registered_hooks_see_the_allocation(self):
+        allocate = self.install()
+        allocate(4096)  # reserved and cached: no alloc hooks below
+        calls = []
+
+        class Recorder(self.cupy.cuda.memory_hook.MemoryHook):
+            name = "recorder"
+
+            def __getattr__(self, method):
+                return lambda **arguments: calls.append(method)
+
+        self.set(stream=0, hooks=1)
+        with Recorder():
+            block = allocate(4096)
+            del block
+        self.assertEqual(calls, ["malloc_preprocess", "malloc_postprocess", "free_preprocess", "free_postprocess"])
+        self.set(stream=0, hooks=1)  # CuPy's check says maybe, but none is registered: no hook, no Python path
+        block = allocate(4096)
+        self.assertEqual(type(block.mem.owner).__name__, "Block")
+        del block
+
+
+if __name__ == "__main__":
+    unittest.main()
