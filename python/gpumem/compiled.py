@@ -5,8 +5,8 @@ gpumem.torch's adapter.
     module = gpumem.compiled.load("cupy_allocate")   # the module _gpumem_cupy_allocate
 
 Such a module links to nothing but Python (libgpumem's functions reach it as addresses), so one build
-serves every libgpumem. The cache is $GPUMEM_CACHE_DIR, else $XDG_CACHE_HOME/gpumem, else
-~/.cache/gpumem; a build's name carries a digest of its source and of the Python it is for, so that a
+serves every libgpumem. The cache is $GPUMEM_CACHE_DIR, else $XDG_CACHE_HOME/gpumem (~/.cache/gpumem),
+or where that cannot be written a folder of the user's in the temporary directory; a build's name carries a digest of its source and of the Python it is for, so that a
 changed source or another Python builds anew. A build is written under a temporary name and renamed, so
 that processes building at once never load a half-written file. A failed build raises BuildError with
 the compiler's command and output.
@@ -29,12 +29,14 @@ class BuildError(ImportError):
     """A compiled part could not be built (no compiler, no Python headers, or the compiler failed)."""
 
 
-def cache_folder():
+def cache_folders():
+    """Where builds are kept, in order: $GPUMEM_CACHE_DIR alone when it is set; else the user's cache,
+    then a folder of this user's in the temporary directory (for a home that cannot be written)."""
     chosen = os.environ.get("GPUMEM_CACHE_DIR")
     if chosen:
-        return chosen
+        return [chosen]
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "gpumem")
+    return [os.path.join(base, "gpumem"), os.path.join(tempfile.gettempdir(), f"gpumem-{os.getuid()}")]
 
 
 def compile_command(source, target):
@@ -45,23 +47,32 @@ def compile_command(source, target):
             "-o", target]
 
 
-def _build_path(name, source_text):
+def _build_name(name, source_text):
     tag = f"{sys.implementation.cache_tag}-{sysconfig.get_platform()}".encode()
     digest = hashlib.sha256(source_text + b"\0" + tag).hexdigest()[:16]
-    return os.path.join(cache_folder(), f"_gpumem_{name}-{digest}{importlib.machinery.EXTENSION_SUFFIXES[0]}")
+    return f"_gpumem_{name}-{digest}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
 
 
-def build(name, target):
-    """Compile `name`.c of this package into `target` (renamed into place once complete)."""
+def _partial_file(name, file_name):
+    """(target, a new temporary file beside it) in the first cache folder that can be written."""
+    failures = []
+    for folder in cache_folders():
+        try:
+            os.makedirs(folder, exist_ok=True)
+            handle, partial = tempfile.mkstemp(prefix=".building-", suffix=".so", dir=folder)
+            os.close(handle)
+            return os.path.join(folder, file_name), partial
+        except OSError as error:
+            failures.append(f"{folder} ({error.strerror})")
+    raise BuildError(f"gpumem: cannot write the build of {name}.c to {' or '.join(failures)}; "
+                     "set GPUMEM_CACHE_DIR to a folder this user can write")
+
+
+def build(name, file_name):
+    """Compile `name`.c of this package into `file_name` in a cache folder (renamed into place once
+    complete); returns its path."""
     source = os.path.join(_HERE, f"{name}.c")
-    folder = os.path.dirname(target)
-    try:
-        os.makedirs(folder, exist_ok=True)
-        handle, partial = tempfile.mkstemp(prefix=".building-", suffix=".so", dir=folder)
-        os.close(handle)
-    except OSError as error:
-        raise BuildError(f"gpumem: cannot write the build of {name}.c to {folder} ({error.strerror}); "
-                         "set GPUMEM_CACHE_DIR to a folder this user can write") from None
+    target, partial = _partial_file(name, file_name)
     command = compile_command(source, partial)
     try:
         finished = subprocess.run(command, capture_output=True, text=True, timeout=300)
@@ -72,7 +83,7 @@ def build(name, target):
         os.unlink(partial)
         raise BuildError(f"gpumem: building {name}.c failed ({' '.join(command)}):\n{finished.stderr.strip()}")
     os.replace(partial, target)
-    return finished.stderr
+    return target
 
 
 def load(name):
@@ -82,11 +93,11 @@ def load(name):
         return module
     try:
         with open(os.path.join(_HERE, f"{name}.c"), "rb") as source:
-            target = _build_path(name, source.read())
+            file_name = _build_name(name, source.read())
     except OSError as error:
         raise BuildError(f"gpumem: cannot read {name}.c: {error}") from None
-    if not os.path.exists(target):
-        build(name, target)
+    built = [path for path in (os.path.join(folder, file_name) for folder in cache_folders()) if os.path.exists(path)]
+    target = built[0] if built else build(name, file_name)
     spec = importlib.util.spec_from_file_location(f"_gpumem_{name}", target)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -307,6 +307,16 @@ class BuildTest(StandInCupyTest):
             with self.assertRaisesRegex(compiled.BuildError, "GPUMEM_CACHE_DIR"):
                 compiled.load("cupy_allocate")
 
+    def test_a_home_that_cannot_be_written_builds_in_the_temporary_directory(self):
+        environment = {key: value for key, value in os.environ.items() if key != "GPUMEM_CACHE_DIR"}
+        with tempfile.NamedTemporaryFile() as not_a_folder, tempfile.TemporaryDirectory() as temporary:
+            environment["XDG_CACHE_HOME"] = os.path.join(not_a_folder.name, "cache")
+            with mock.patch.dict(os.environ, environment, clear=True), mock.patch.object(tempfile, "tempdir", temporary), \
+                    mock.patch.dict(compiled._loaded, clear=True):
+                module = compiled.load("cupy_allocate")
+                self.assertTrue(module.__file__.startswith(os.path.join(temporary, f"gpumem-{os.getuid()}")))
+                self.assertIsNotNone(module.make_allocate)
+
     def test_the_source_builds_without_warnings(self):
         with tempfile.TemporaryDirectory() as folder:
             source = os.path.join(os.path.dirname(compiled.__file__), "cupy_allocate.c")
