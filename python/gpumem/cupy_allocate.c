@@ -101,6 +101,26 @@ static int call_truth(PyObject *function)
     return truth;
 }
 
+/* function(status[, extra]): the Python function that raises what a failed gpumem call raises. */
+static PyObject *call_with_status(PyObject *function, int status, PyObject *extra)
+{
+    PyObject *status_object = PyLong_FromLong(status);
+    if (status_object == NULL)
+        return NULL;
+    PyObject *arguments[2] = {status_object, extra};
+    PyObject *result = PyObject_Vectorcall(function, arguments, extra ? 2 : 1, NULL);
+    Py_DECREF(status_object);
+    return result;
+}
+
+/* A free that gpumem refused, reported as Python reports an error raised in __del__. */
+static void report_failed_free(PyObject *free_failed, int status)
+{
+    Py_XDECREF(call_with_status(free_failed, status, NULL));
+    if (PyErr_Occurred())
+        PyErr_WriteUnraisable(free_failed);
+}
+
 /* 1 if hooks are registered on this thread now, 0 if none, -1 with an exception set. */
 static int hooks_registered(Allocate *self)
 {
@@ -171,12 +191,7 @@ static void block_free(Block *self)
     Py_END_ALLOW_THREADS
     if (status == 0)
         return;
-    PyObject *status_object = PyLong_FromLong(status);
-    PyObject *raised = status_object ? PyObject_Vectorcall(allocate->free_failed, &status_object, 1, NULL) : NULL;
-    Py_XDECREF(status_object);
-    Py_XDECREF(raised);
-    if (PyErr_Occurred())
-        PyErr_WriteUnraisable(allocate->free_failed);
+    report_failed_free(allocate->free_failed, status);
 }
 
 static void block_dealloc(Block *self)
@@ -305,16 +320,8 @@ static PyObject *allocate_on(Allocate *self, PyObject *device, PyObject *size_ob
         Py_BEGIN_ALLOW_THREADS
         status = self->malloc(handle, size, stream, &pointer);
         Py_END_ALLOW_THREADS
-        if (status == 0) {
-            result = wrap(self, device_state, handle_cell, device, handle, pointer, size_object);
-        } else {
-            PyObject *status_object = PyLong_FromLong(status);
-            if (status_object != NULL) {
-                PyObject *arguments[2] = {status_object, size_object};
-                result = PyObject_Vectorcall(self->malloc_failed, arguments, 2, NULL);
-                Py_DECREF(status_object);
-            }
-        }
+        result = status == 0 ? wrap(self, device_state, handle_cell, device, handle, pointer, size_object)
+                             : call_with_status(self->malloc_failed, status, size_object);
     }
     Py_DECREF(device_state);
     return result;
@@ -479,12 +486,7 @@ static void pinned_block_free(PinnedBlock *self)
     Py_END_ALLOW_THREADS
     if (status == 0)
         return;
-    PyObject *status_object = PyLong_FromLong(status);
-    PyObject *raised = status_object ? PyObject_Vectorcall(allocate->free_failed, &status_object, 1, NULL) : NULL;
-    Py_XDECREF(status_object);
-    Py_XDECREF(raised);
-    if (PyErr_Occurred())
-        PyErr_WriteUnraisable(allocate->free_failed);
+    report_failed_free(allocate->free_failed, status);
 }
 
 static void pinned_block_dealloc(PinnedBlock *self)
@@ -577,15 +579,8 @@ static PyObject *pinned_allocate_on(PinnedAllocate *self, PyObject *device, PyOb
         Py_BEGIN_ALLOW_THREADS
         status = self->host_malloc(handle, size, &pointer);
         Py_END_ALLOW_THREADS
-        if (status == 0) {
-            result = pinned_wrap(self, device_state, handle_cell, device, stream, pointer, size_object);
-        } else {
-            PyObject *status_object = PyLong_FromLong(status);
-            if (status_object != NULL) {
-                result = PyObject_Vectorcall(self->malloc_failed, &status_object, 1, NULL);
-                Py_DECREF(status_object);
-            }
-        }
+        result = status == 0 ? pinned_wrap(self, device_state, handle_cell, device, stream, pointer, size_object)
+                             : call_with_status(self->malloc_failed, status, NULL);
     }
     Py_XDECREF(stream);
     Py_DECREF(device_state);

@@ -14,13 +14,13 @@ test_cupy_install.py. Pinned here:
 import importlib.util
 import os
 import subprocess
-import sys
 import tempfile
 import types
 import unittest
 
 from gpumem import compiled
-from test_cupy_install import StandInCupyTest, _Stream
+from test_cupy_compiled import RecordsUnraisable
+from test_cupy_install import _Stream
 
 CONFIG = "backend:sim,capacity:256MiB"
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -38,7 +38,7 @@ def build_fake_capi(folder):
     return module
 
 
-class CupyCapsulesTest(StandInCupyTest):
+class CupyCapsulesTest(RecordsUnraisable):
     @classmethod
     def setUpClass(cls):
         cls.folder = tempfile.TemporaryDirectory()
@@ -68,11 +68,8 @@ class CupyCapsulesTest(StandInCupyTest):
         cuda.memory_hook.__pyx_capi__ = self.capi.memory_hook
         self.set(stream=0)
         self.state = state
-        self.unraisable, self.previous_hook = [], sys.unraisablehook
-        sys.unraisablehook = self.unraisable.append
 
     def tearDown(self):
-        sys.unraisablehook = self.previous_hook
         self.capi.set(0, 0, 0, 0)
         super().tearDown()
 

@@ -47,7 +47,21 @@ def script(allocate, cupy):
     return seen
 
 
-class CompiledPathTest(StandInCupyTest):
+def failing_on_demand(original, message):
+    """(a stand-in for `original` that raises RuntimeError(message) once the list is not empty, the list)."""
+    failing = []
+
+    def function(*arguments):
+        if failing:
+            raise RuntimeError(message)
+        return original(*arguments)
+
+    return function, failing
+
+
+class RecordsUnraisable(StandInCupyTest):
+    """Errors raised where Python cannot raise them (a memory object's free) kept in self.unraisable."""
+
     def setUp(self):
         super().setUp()
         self.unraisable, self.previous_hook = [], sys.unraisablehook
@@ -57,6 +71,8 @@ class CompiledPathTest(StandInCupyTest):
         sys.unraisablehook = self.previous_hook
         super().tearDown()
 
+
+class CompiledPathTest(RecordsUnraisable):
     def install(self, config=CONFIG):
         """Install, and make the device's allocator (the first allocation does, in Python): the compiled
         path's allocator function."""
@@ -109,14 +125,7 @@ class CompiledPathTest(StandInCupyTest):
         del kept, again, raised  # the exception's traceback holds this frame
 
     def test_a_failing_memory_object_frees_the_block(self):
-        failing = []
-
-        def memory(*arguments):
-            if failing:
-                raise RuntimeError("UnownedMemory failed")
-            return _UnownedMemory(*arguments)
-
-        self.cupy.cuda.UnownedMemory = memory
+        self.cupy.cuda.UnownedMemory, failing = failing_on_demand(_UnownedMemory, "UnownedMemory failed")
         allocate = self.install()
         failing.append(True)
         with self.assertRaisesRegex(RuntimeError, "UnownedMemory failed"):
@@ -185,18 +194,9 @@ class CompiledPathTest(StandInCupyTest):
         self.assertEqual(self.stats()["allocation.all.current"], 0)
 
 
-class CompiledPinnedPathTest(StandInCupyTest):
+class CompiledPinnedPathTest(RecordsUnraisable):
     """CuPy's pinned memory allocator on the compiled path (the stream rules themselves are pinned by
     test_cupy_install.py's tests, which run under both paths)."""
-
-    def setUp(self):
-        super().setUp()
-        self.unraisable, self.previous_hook = [], sys.unraisablehook
-        sys.unraisablehook = self.unraisable.append
-
-    def tearDown(self):
-        sys.unraisablehook = self.previous_hook
-        super().tearDown()
 
     def install(self, config="backend:sim"):
         self.module.install(config)
@@ -252,14 +252,7 @@ class CompiledPinnedPathTest(StandInCupyTest):
         del raised
 
     def test_a_failing_pointer_object_gives_the_block_back(self):
-        failing = []
-
-        def pointer(*arguments):
-            if failing:
-                raise RuntimeError("PinnedMemoryPointer failed")
-            return _PinnedMemoryPointer(*arguments)
-
-        self.cupy.cuda.PinnedMemoryPointer = pointer
+        self.cupy.cuda.PinnedMemoryPointer, failing = failing_on_demand(_PinnedMemoryPointer, "PinnedMemoryPointer failed")
         allocate = self.install()
         failing.append(True)
         with self.assertRaisesRegex(RuntimeError, "PinnedMemoryPointer failed"):
