@@ -6,16 +6,19 @@ gpumem.torch's adapter.
 
 Such a module links to nothing but Python (libgpumem's functions reach it as addresses), so one build
 serves every libgpumem. The cache is $GPUMEM_CACHE_DIR, else $XDG_CACHE_HOME/gpumem (~/.cache/gpumem),
-or where that cannot be written a folder of the user's in the temporary directory; a build's name carries a digest of its source and of the Python it is for, so that a
-changed source or another Python builds anew. A build is written under a temporary name and renamed, so
-that processes building at once never load a half-written file. A failed build raises BuildError with
-the compiler's command and output.
+or where that cannot be written a folder of the user's in the temporary directory. A build's name
+carries a digest of its source and of the Python it is for, so that a changed source or another Python
+builds anew. A build is written under a temporary name and renamed, so that processes building at once
+never load a half-written file; a folder that is not the user's own, or that others may write in, is
+neither built in nor loaded from. A failed build raises BuildError with the compiler's command and output.
 """
 import hashlib
 import importlib.machinery
 import importlib.util
 import os
 import shlex
+import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -39,9 +42,22 @@ def cache_folders():
     return [os.path.join(base, "gpumem"), os.path.join(tempfile.gettempdir(), f"gpumem-{os.getuid()}")]
 
 
+def _owned_by_this_user(folder):
+    """Whether `folder` is this user's and no one else may write in it: a build loaded from elsewhere
+    could be anyone's code (the temporary directory is shared)."""
+    try:
+        status = os.stat(folder)
+    except OSError:
+        return False
+    return status.st_uid == os.getuid() and not status.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
 def compile_command(source, target):
-    """The compiler's command line that builds `source` into the extension module `target`."""
+    """The compiler's command line that builds `source` into the extension module `target`: $CC, else the
+    compiler Python was built with where it is installed, else cc."""
     compiler = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    if not os.environ.get("CC") and not shutil.which(shlex.split(compiler)[0]):
+        compiler = "cc"
     include = sysconfig.get_paths()["include"]
     return [*shlex.split(compiler), "-O2", "-fPIC", "-shared", "-Wall", "-Wextra", f"-I{include}", source,
             "-o", target]
@@ -58,7 +74,10 @@ def _partial_file(name, file_name):
     failures = []
     for folder in cache_folders():
         try:
-            os.makedirs(folder, exist_ok=True)
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            if not _owned_by_this_user(folder):
+                failures.append(f"{folder} (not this user's, or others may write in it)")
+                continue
             handle, partial = tempfile.mkstemp(prefix=".building-", suffix=".so", dir=folder)
             os.close(handle)
             return os.path.join(folder, file_name), partial
@@ -96,7 +115,8 @@ def load(name):
             file_name = _build_name(name, source.read())
     except OSError as error:
         raise BuildError(f"gpumem: cannot read {name}.c: {error}") from None
-    built = [path for path in (os.path.join(folder, file_name) for folder in cache_folders()) if os.path.exists(path)]
+    built = [os.path.join(folder, file_name) for folder in cache_folders()
+             if _owned_by_this_user(folder) and os.path.exists(os.path.join(folder, file_name))]
     target = built[0] if built else build(name, file_name)
     spec = importlib.util.spec_from_file_location(f"_gpumem_{name}", target)
     module = importlib.util.module_from_spec(spec)

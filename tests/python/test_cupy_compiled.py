@@ -310,6 +310,14 @@ class BuildTest(StandInCupyTest):
                 self.assertTrue(module.__file__.startswith(os.path.join(temporary, f"gpumem-{os.getuid()}")))
                 self.assertIsNotNone(module.make_allocate)
 
+    def test_a_folder_others_may_write_in_is_refused(self):
+        with tempfile.TemporaryDirectory() as shared, mock.patch.dict(compiled._loaded, clear=True):
+            os.chmod(shared, 0o777)
+            with mock.patch.dict(os.environ, {"GPUMEM_CACHE_DIR": shared}):
+                with self.assertRaisesRegex(compiled.BuildError, "others may write in it"):
+                    compiled.load("cupy_allocate")
+            self.assertEqual(os.listdir(shared), [])
+
     def test_the_source_builds_without_warnings(self):
         with tempfile.TemporaryDirectory() as folder:
             source = os.path.join(os.path.dirname(compiled.__file__), "cupy_allocate.c")
