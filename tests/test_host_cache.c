@@ -131,6 +131,43 @@ static void idle_streams_are_not_waited_for(void)
     gm_destroy(allocator, NULL);
 }
 
+static int64_t event_queries(gm_allocator *allocator)
+{
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    return stats.device_calls[GM_CALL_EVENT_QUERY];
+}
+
+/* Ten blocks wait for one busy stream: a look at them queries it once, not ten times; once the stream
+ * is done, each event is found done once, oldest first. */
+static void a_busy_stream_is_queried_once_a_look(void)
+{
+    gm_allocator *allocator = NULL;
+    CHECK_OK(gm_create(configs[0], &allocator));
+    void *blocks[10], *fresh = NULL, *reused = NULL;
+    for (int i = 0; i < 10; i++)
+        CHECK_OK(gm_host_malloc(allocator, 4096, &blocks[i]));
+    for (int i = 0; i < 10; i++) {
+        CHECK_OK(gm_host_record_stream(allocator, blocks[i], 4));
+        CHECK_OK(gm_sim_stream_enqueue(allocator, 4, 1)); /* a copy from block i */
+        CHECK_OK(gm_host_free(allocator, blocks[i]));
+    }
+    int64_t before = event_queries(allocator);
+    CHECK_OK(gm_host_malloc(allocator, 4096, &fresh));
+    CHECK_EQ_INT(event_queries(allocator) - before, 1);
+    CHECK_OK(gm_sim_stream_complete(allocator, 4));
+    before = event_queries(allocator);
+    CHECK_OK(gm_host_malloc(allocator, 4096, &reused));
+    CHECK_EQ_INT(event_queries(allocator) - before, 10);
+    CHECK(reused == blocks[9]); /* the free list's head: the block moved there last, freed last */
+    gm_host_stats stats;
+    CHECK_OK(gm_host_get_stats(allocator, &stats));
+    CHECK_EQ_INT(stats.pending_blocks, 0);
+    CHECK_OK(gm_host_free(allocator, fresh));
+    CHECK_OK(gm_host_free(allocator, reused));
+    gm_destroy(allocator, NULL);
+}
+
 static void statistics_are_exact(void)
 {
     for (size_t c = 0; c < config_count; c++) {
@@ -375,6 +412,7 @@ static void bad_inputs_are_clear_errors(void)
 
 RUN_TESTS(TEST_CASE(freed_block_is_reused_at_once_without_streams), TEST_CASE(reuse_waits_for_the_recorded_streams),
           TEST_CASE(work_after_the_free_does_not_delay_reuse), TEST_CASE(idle_streams_are_not_waited_for),
+          TEST_CASE(a_busy_stream_is_queried_once_a_look),
           TEST_CASE(statistics_are_exact),
           TEST_CASE(empty_cache_keeps_pending_blocks), TEST_CASE(limit_empties_the_idle_cache_then_fails),
           TEST_CASE(data_survives_on_the_host_backend), TEST_CASE(four_threads_keep_exact_statistics),

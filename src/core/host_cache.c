@@ -12,9 +12,12 @@
  *                   streams whose copies read or write it). gm_host_free records one backend event
  *                   on each that still has work queued and parks the block in the pending list; a
  *                   block whose streams are all idle (or that has none) goes to its free list at once. Every gm_host_malloc and
- *                   gm_host_empty_cache first queries the pending blocks' events and moves the
- *                   blocks whose events are all done to their free lists, so a block is reused
- *                   only once the work queued on its streams before the free has finished.
+ *                   gm_host_empty_cache first queries the pending blocks' events, oldest first,
+ *                   and moves the blocks whose events are all done to their free lists, so a block
+ *                   is reused only once the work queued on its streams before the free has
+ *                   finished. A stream runs its work in order: once one of its events is not done,
+ *                   the later ones on it are not queried (a look costs a query per busy stream, not
+ *                   per waiting block).
  *   Limit           host_limit caps the bytes held (reserved). A miss that would pass it first gives
  *                   the idle blocks back (the pending ones cannot be: copies may still use them), then
  *                   fails with GM_ERROR_OUT_OF_MEMORY and a message with the numbers.
@@ -93,32 +96,59 @@ static void push_free(gm_host_cache *cache, gm_host_block *block)
     cache->free_lists[size_class] = block;
 }
 
+/* Streams found still running during one look at the pending blocks: a stream runs its work in order,
+ * so once one of its events is not done, the events recorded on it later are not either and need no
+ * query. Past the set's room, streams are queried as before. */
+typedef struct {
+    gm_stream streams[16];
+    size_t count;
+} busy_streams;
+
+static bool is_busy(const busy_streams *busy, gm_stream stream)
+{
+    for (size_t i = 0; i < busy->count; i++)
+        if (busy->streams[i] == stream)
+            return true;
+    return false;
+}
+
+/* Whether the pending block's newest remaining event is done (with `wait`, after waiting for it). */
+static bool last_event_done(gm_allocator *allocator, gm_host_block *block, bool wait, busy_streams *busy)
+{
+    gm_backend *backend = allocator->arena.backend;
+    uint64_t event = block->events[block->event_count - 1];
+    gm_stream stream = block->streams[block->event_count - 1];
+    bool done = false;
+    if (wait)
+        return gm_backend_event_synchronize(backend, event) == GM_OK;
+    if (is_busy(busy, stream))
+        return false;
+    if (gm_backend_event_query(backend, event, &done) != GM_OK)
+        done = false;
+    if (!done && busy->count < sizeof busy->streams / sizeof busy->streams[0])
+        busy->streams[busy->count++] = stream;
+    return done;
+}
+
 /* Move pending blocks whose events are all done to their free lists (their events back to the
- * allocator's pool); with `wait`, wait for them. */
+ * allocator's pool), oldest first; with `wait`, wait for them. */
 static void process_pending(gm_allocator *allocator, bool wait)
 {
     gm_host_cache *cache = &allocator->host_cache;
-    gm_backend *backend = allocator->arena.backend;
-    gm_host_block **link = &cache->pending;
+    busy_streams busy = {.count = 0};
+    gm_host_block **link = &cache->pending, *previous = NULL;
     while (*link) {
         gm_host_block *block = *link;
-        while (block->event_count) {
-            uint64_t event = block->events[block->event_count - 1];
-            bool done = false;
-            if (wait)
-                done = gm_backend_event_synchronize(backend, event) == GM_OK;
-            else if (gm_backend_event_query(backend, event, &done) != GM_OK)
-                done = false;
-            if (!done)
-                break;
-            gm_return_event_locked(allocator, event);
-            block->event_count--;
-        }
+        while (block->event_count && last_event_done(allocator, block, wait, &busy))
+            gm_return_event_locked(allocator, block->events[--block->event_count]);
         if (block->event_count) {
+            previous = block;
             link = &block->next;
             continue;
         }
         *link = block->next;
+        if (cache->pending_tail == block)
+            cache->pending_tail = previous;
         cache->stats.pending_blocks--;
         push_free(cache, block);
     }
@@ -156,6 +186,7 @@ void gm_host_cache_destroy(gm_allocator *allocator)
     while (cache->pending) { /* events that could not be waited for (a capturing stream, a failing device) */
         gm_host_block *block = cache->pending;
         cache->pending = block->next;
+        cache->pending_tail = cache->pending ? cache->pending_tail : NULL;
         while (block->event_count)
             gm_backend_event_destroy(backend, block->events[--block->event_count]);
         cache->stats.pending_blocks--;
@@ -307,8 +338,12 @@ gm_status gm_host_free(gm_allocator *allocator, void *pointer)
         stat_change(&cache->stats.allocations, -1);
         cache->stats.requested_bytes -= (int64_t)block->requested;
         if (block->event_count) {
-            block->next = cache->pending;
-            cache->pending = block;
+            block->next = NULL;
+            if (cache->pending_tail)
+                cache->pending_tail->next = block;
+            else
+                cache->pending = block;
+            cache->pending_tail = block;
             cache->stats.pending_blocks++;
         } else {
             push_free(cache, block);

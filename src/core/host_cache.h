@@ -23,7 +23,7 @@ typedef struct gm_host_block {
     gm_stream *streams;        /* streams recorded while live (gm_host_record_stream) */
     size_t stream_count;
     size_t stream_capacity;
-    uint64_t *events;          /* after the free: one event per recorded stream, not yet done */
+    uint64_t *events;          /* after the free: events[i] recorded on streams[i], not yet done */
     size_t event_count;
     struct gm_host_block *next; /* in its size class's free list, or in the pending list */
 } gm_host_block;
@@ -32,7 +32,8 @@ typedef struct gm_host_cache {
     uint64_t limit;                                         /* host_limit; 0: none */
     gm_hash_map live_blocks;                                /* pointer -> live block */
     gm_host_block *free_lists[GM_HOST_SIZE_CLASS_COUNT];    /* idle blocks, by log2 of their size */
-    gm_host_block *pending;                                 /* freed blocks waiting for their events */
+    gm_host_block *pending;                                 /* freed blocks waiting for their events, */
+    gm_host_block *pending_tail;                            /* oldest first */
     gm_host_stats stats;
 } gm_host_cache;
 
