@@ -15,6 +15,11 @@ end of each timed loop; a warm-up loop first):
   pinned-small  cupy.cuda.alloc_pinned_memory(4 KiB) and del: CuPy's pinned memory pool against gpumem's
                 pinned host cache (gpumem.cupy.install() makes it CuPy's pinned allocator)
   asarray-small cupy.asarray of a 1024-float32 NumPy array and del (CuPy stages the copy in pinned memory)
+  allocator-small  CuPy's current allocator function called directly for 256 bytes, and the pointer
+                dropped: the allocator's own cost, without cupy.empty's array around it
+  objects       cupy.cuda.UnownedMemory(...) and cupy.cuda.MemoryPointer(memory, 0) made and dropped over
+                a fixed pointer, no allocation: what making CuPy's two memory objects costs (the floor
+                under gpumem's allocator function, which makes them for every block)
 Each (allocator, pattern, repeat) runs in a fresh process; repeats alternate the allocators' order.
 The table gives the median over repeats of each run's time per iteration, the spread, and gpumem's
 median over the pool's.
@@ -30,7 +35,7 @@ import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PATTERNS = {"empty-small": 200000, "empty-mixed": 100000, "ops-small": 50000, "ops-large": 300,
-            "pinned-small": 100000, "asarray-small": 30000}
+            "pinned-small": 100000, "asarray-small": 30000, "allocator-small": 200000, "objects": 200000}
 MIXED = [512, 64 << 10, 1 << 20, 16 << 20]
 
 
@@ -55,6 +60,16 @@ def child(allocator, pattern):
             for _ in range(count):
                 memory = cupy.cuda.alloc_pinned_memory(4096)
                 del memory
+        elif pattern == "allocator-small":
+            allocate = cupy.cuda.get_allocator()
+            for _ in range(count):
+                pointer = allocate(256)
+                del pointer
+        elif pattern == "objects":
+            owner = object()
+            for _ in range(count):
+                pointer = cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(1 << 40, 256, owner, 0), 0)
+                del pointer
         elif pattern == "asarray-small":
             host = numpy.ones(1024, dtype=numpy.float32)
             for _ in range(count):
