@@ -11,12 +11,14 @@ return gpumem's stand-ins (free_all_blocks, used_bytes, total_bytes, set_limit, 
 CUPY_GPU_MEMORY_LIMIT caps each device's allocator as it caps CuPy's pools. CuPy's memory hooks
 (cupy.cuda.MemoryHook) see gpumem's allocations and frees as they saw the pool's (cupy_hooks.py).
 
-Device memory: CuPy's allocator function is compiled (cupy_allocate.c, built on first install by
-gpumem/compiled.py and cached), so that an allocation and its free pay for no Python frame and no
-ctypes call, as in CuPy's own compiled pool; it does what allocate() and _Block below do, and calls them for the rare cases (a
-memory hook registered, the device's first allocation). Where it cannot be built (no C compiler or no
-Python headers) install() warns and the Python functions below serve every allocation.
-An allocation that does not fit raises cupy.cuda.memory.OutOfMemoryError carrying
+Both allocator functions are compiled (cupy_allocate.c, built on first install by gpumem/compiled.py
+and cached), so that an allocation and its free pay for no Python frame and no ctypes call, as in
+CuPy's own compiled pools. They do what the Python functions below do (allocate() and _Block, the
+pinned allocate() and _PinnedBlock) and call them for the rare cases: a memory hook registered, a
+device's first allocation, a failure. Where they cannot be built (no C compiler or no Python headers)
+install() warns and the Python functions serve every allocation.
+
+Device memory: an allocation that does not fit raises cupy.cuda.memory.OutOfMemoryError carrying
 gpumem's report. CuPy frees memory by dropping its owner object, which gives the block back to gpumem on
 the stream it was allocated on. The streams gpumem has allocated on are kept alive while gpumem holds
 memory for them (it may record events on them later); those it has let go (it forgets the heaps of
