@@ -128,6 +128,13 @@ GM_API gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream strea
  * live allocation returns GM_ERROR_INVALID_POINTER and changes nothing. */
 GM_API gm_status gm_free(gm_allocator *allocator, void *pointer);
 
+/* For a caller that holds a lock of its own while it calls gpumem (an interpreter's global lock): `hook`
+ * is called, on this thread, right before this thread's next call first waits inside gpumem (for a
+ * lock another thread holds, for the device, for a callback), so that the caller lets its lock go
+ * then and not around every call. One-shot: called at most once, then forgotten; set it before the
+ * call and clear it after (gm_set_blocking_hook(NULL, NULL)). A hook must not call gpumem. */
+GM_API void gm_set_blocking_hook(void (*hook)(void *context), void *context);
+
 /* Mark that `pointer` is also used on `stream` (PyTorch's record_stream): when freed, its memory
  * is not reused until the work queued on `stream` before the free has finished. */
 GM_API gm_status gm_record_stream(gm_allocator *allocator, void *pointer, gm_stream stream);

@@ -257,7 +257,9 @@ def _compiled_module():
     if not _settings["compiled"]:
         return None
     try:
-        return compiled.load("cupy_allocate")
+        module = compiled.load("cupy_allocate")
+        module.use_blocking_hook(gpumem.function_address("gm_set_blocking_hook"))
+        return module
     except ImportError as error:
         warnings.warn(f"{error}\ngpumem.cupy: CuPy's allocations go through Python instead, which is slower "
                       "(a C compiler and Python's headers, Debian's python3-dev, give the compiled path)",

@@ -13,10 +13,12 @@
  *   - the current stream is not the default one and not kept alive yet: the Python keep_stream;
  *   - gm_malloc or gm_free fails: the Python function that raises what the Python path raises.
  * The allocator's handle is read at every call from where the Python Allocator stores it (zeroed in
- * place once the allocator is closed, which gpumem then refuses), never cached here. gm_malloc and gm_free run without the GIL, as ctypes calls them:
- * gpumem may call back into Python (a governor callback) while another thread waits for its lock.
- * They come as the addresses of the loaded libgpumem's functions, so the module links to nothing but
- * Python. gpumem/compiled.py builds it on first use.
+ * place once the allocator is closed, which gpumem then refuses), never cached here. The GIL is kept
+ * through a call into gpumem unless gpumem is about to wait (GPUMEM_CALL below): a thread must not hold
+ * it while waiting for gpumem's lock, which another thread may hold while it calls back into Python, or
+ * for the device, whose host callbacks may need it.
+ * libgpumem's functions come as their addresses in the loaded library, so the module links to nothing
+ * but Python. gpumem/compiled.py builds it on first use.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -31,6 +33,40 @@
 #if PY_VERSION_HEX < 0x030D0000
 #define Py_IsFinalizing _Py_IsFinalizing
 #endif
+
+typedef void (*gm_set_blocking_hook_function)(void (*hook)(void *context), void *context);
+
+/* gm_set_blocking_hook of the loaded libgpumem (use_blocking_hook), or NULL. With it the GIL is kept
+ * through a gpumem call unless gpumem is about to wait (for a lock another thread holds, for the
+ * device, for a callback): libgpumem calls release_gil right before its first wait, and the GIL is taken
+ * back after the call. Letting the GIL go around every call would cost more than a call served from
+ * gpumem's cache. Without it (never set), the GIL is let go around every call, as ctypes does. */
+static gm_set_blocking_hook_function set_blocking_hook;
+
+typedef struct {
+    PyThreadState *saved;
+} released_gil;
+
+static void release_gil(void *context)
+{
+    ((released_gil *)context)->saved = PyEval_SaveThread();
+}
+
+/* Run `statement`, calls into libgpumem, without holding the GIL while gpumem waits. */
+#define GPUMEM_CALL(statement)                                                                                  \
+    do {                                                                                                        \
+        if (set_blocking_hook) {                                                                                \
+            released_gil released_ = {NULL};                                                                    \
+            set_blocking_hook(release_gil, &released_);                                                         \
+            statement;                                                                                          \
+            set_blocking_hook(NULL, NULL);                                                                      \
+            if (released_.saved)                                                                                \
+                PyEval_RestoreThread(released_.saved);                                                          \
+        } else {                                                                                                \
+            Py_BEGIN_ALLOW_THREADS statement;                                                                   \
+            Py_END_ALLOW_THREADS                                                                                \
+        }                                                                                                       \
+    } while (0)
 
 typedef int (*gm_malloc_function)(void *allocator, size_t size, size_t stream, void **pointer_out);
 typedef int (*gm_free_function)(void *allocator, void *pointer);
@@ -186,9 +222,7 @@ static void block_free(Block *self)
         return;
     void *handle = *self->handle_cell;
     int status;
-    Py_BEGIN_ALLOW_THREADS
-    status = allocate->free(handle, self->pointer);
-    Py_END_ALLOW_THREADS
+    GPUMEM_CALL(status = allocate->free(handle, self->pointer));
     if (status == 0)
         return;
     report_failed_free(allocate->free_failed, status);
@@ -273,9 +307,7 @@ static PyObject *wrap(Allocate *self, PyObject *device_state, void **handle_cell
 {
     Block *block = PyObject_New(Block, &BlockType);
     if (block == NULL) {
-        Py_BEGIN_ALLOW_THREADS
-        self->free(handle, pointer);
-        Py_END_ALLOW_THREADS
+        GPUMEM_CALL(self->free(handle, pointer));
         return NULL;
     }
     Py_INCREF(self);
@@ -317,9 +349,7 @@ static PyObject *allocate_on(Allocate *self, PyObject *device, PyObject *size_ob
     if (current_stream(self, device, &stream) == 0 && handle_cell_of(device_state, &handle_cell) == 0) {
         void *handle = *handle_cell;
         int status;
-        Py_BEGIN_ALLOW_THREADS
-        status = self->malloc(handle, size, stream, &pointer);
-        Py_END_ALLOW_THREADS
+        GPUMEM_CALL(status = self->malloc(handle, size, stream, &pointer));
         result = status == 0 ? wrap(self, device_state, handle_cell, device, handle, pointer, size_object)
                              : call_with_status(self->malloc_failed, status, size_object);
     }
@@ -457,6 +487,17 @@ static size_t stream_at_free(PinnedAllocate *allocate, PyObject *device, int *kn
     return *known ? value : 0;
 }
 
+/* Record the block's streams, then free it; a block whose streams could not be recorded is not freed
+ * (as the Python path: never reused while a copy may use it). */
+static void record_and_free(PinnedAllocate *allocate, void *handle, void *pointer, const size_t *streams,
+                            int count, int *status_out)
+{
+    int status = 0;
+    for (int stream = 0; stream < count && status == 0; stream++)
+        status = allocate->host_record_stream(handle, pointer, streams[stream]);
+    *status_out = status == 0 ? allocate->host_free(handle, pointer) : status;
+}
+
 static void pinned_block_free(PinnedBlock *self)
 {
     PinnedAllocate *allocate = self->allocate;
@@ -478,12 +519,7 @@ static void pinned_block_free(PinnedBlock *self)
         streams[count++] = current;
     void *handle = *self->handle_cell;
     int status = 0;
-    Py_BEGIN_ALLOW_THREADS
-    for (int stream = 0; stream < count && status == 0; stream++)
-        status = allocate->host_record_stream(handle, self->pointer, streams[stream]);
-    if (status == 0) /* as the Python path: a block whose streams could not be recorded is not reused */
-        status = allocate->host_free(handle, self->pointer);
-    Py_END_ALLOW_THREADS
+    GPUMEM_CALL(record_and_free(allocate, handle, self->pointer, streams, count, &status));
     if (status == 0)
         return;
     report_failed_free(allocate->free_failed, status);
@@ -538,9 +574,7 @@ static PyObject *pinned_wrap(PinnedAllocate *self, PyObject *device_state, void 
     PinnedBlock *block = PyObject_New(PinnedBlock, &PinnedBlockType);
     if (block == NULL) {
         void *handle = *handle_cell;
-        Py_BEGIN_ALLOW_THREADS
-        self->host_free(handle, pointer);
-        Py_END_ALLOW_THREADS
+        GPUMEM_CALL(self->host_free(handle, pointer));
         return NULL;
     }
     Py_INCREF(self);
@@ -576,9 +610,7 @@ static PyObject *pinned_allocate_on(PinnedAllocate *self, PyObject *device, PyOb
     if (handle_cell_of(device_state, &handle_cell) == 0 && (stream = call_nothing(self->get_stream)) != NULL) {
         void *handle = *handle_cell, *pointer = NULL;
         int status;
-        Py_BEGIN_ALLOW_THREADS
-        status = self->host_malloc(handle, size, &pointer);
-        Py_END_ALLOW_THREADS
+        GPUMEM_CALL(status = self->host_malloc(handle, size, &pointer));
         result = status == 0 ? pinned_wrap(self, device_state, handle_cell, device, stream, pointer, size_object)
                              : call_with_status(self->malloc_failed, status, NULL);
     }
@@ -650,7 +682,20 @@ static PyObject *make_pinned_allocate(PyObject *module, PyObject *arguments)
     return function;
 }
 
+static PyObject *use_blocking_hook(PyObject *module, PyObject *address_object)
+{
+    (void)module;
+    void *address = PyLong_AsVoidPtr(address_object);
+    if (address == NULL && PyErr_Occurred())
+        return NULL;
+    set_blocking_hook = (gm_set_blocking_hook_function)address;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
+    {"use_blocking_hook", use_blocking_hook, METH_O,
+     "use_blocking_hook(gm_set_blocking_hook's address, or 0): keep the GIL through gpumem calls unless gpumem "
+     "waits"},
     {"make_allocate", make_allocate, METH_VARARGS,
      "make_allocate(gm_malloc address, gm_free address, get_device, get_stream, has_hooks, registered_hooks, "
      "devices, kept_streams, keep_stream, slow_allocate, malloc_failed, free_slow, free_failed, UnownedMemory, "

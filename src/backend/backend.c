@@ -8,6 +8,7 @@
  */
 #include "backend/backend.h"
 
+#include "base/blocking.h"
 #include "base/error.h"
 
 #include <errno.h>
@@ -146,6 +147,7 @@ static bool injected_failure(gm_backend *backend, gm_device_call kind)
 
 #define COUNTED_CALL(backend, kind, size, call)                                                            \
     do {                                                                                                   \
+        gm_before_blocking();                                                                              \
         if ((backend)->faults_armed && injected_failure(backend, kind))                                    \
             return gm_fail(GM_ERROR_DEVICE, "%s failed (injected: fault_rate or gm_inject_device_failures)",\
                            gm_device_call_name(kind));                                                     \
@@ -245,11 +247,13 @@ gm_status gm_backend_copy_into(gm_backend *backend, uint64_t handle, uint64_t si
 
 gm_status gm_backend_event_create(gm_backend *backend, uint64_t *event_out)
 {
+    gm_before_blocking();
     return backend->operations->event_create(backend, event_out);
 }
 
 gm_status gm_backend_event_destroy(gm_backend *backend, uint64_t event)
 {
+    gm_before_blocking();
     return backend->operations->event_destroy(backend, event);
 }
 
@@ -270,6 +274,7 @@ gm_status gm_backend_event_synchronize(gm_backend *backend, uint64_t event)
 
 gm_status gm_backend_memory_info(gm_backend *backend, uint64_t *free_out, uint64_t *total_out)
 {
+    gm_before_blocking();
     return backend->operations->memory_info(backend, free_out, total_out);
 }
 
@@ -280,6 +285,7 @@ gm_status gm_backend_host_allocate(gm_backend *backend, uint64_t size, void **po
     if (!backend->operations->host_allocate)
         return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend has no page-locked host memory",
                        backend->operations->name);
+    gm_before_blocking();
     return backend->operations->host_allocate(backend, size, pointer_out);
 }
 
@@ -288,6 +294,7 @@ gm_status gm_backend_host_free(gm_backend *backend, void *pointer, uint64_t size
     if (!backend->operations->host_free)
         return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend has no page-locked host memory",
                        backend->operations->name);
+    gm_before_blocking();
     return backend->operations->host_free(backend, pointer, size);
 }
 
@@ -319,6 +326,7 @@ gm_status gm_backend_export(gm_backend *backend, uint64_t handle, int *descripto
     if (!backend->operations->export_handle)
         return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend cannot share memory with other processes (the "
                        "host and cuda backends can)", backend->operations->name);
+    gm_before_blocking();
     return backend->operations->export_handle(backend, handle, descriptor_out);
 }
 

@@ -18,6 +18,7 @@
 #ifndef GM_BACKEND_H
 #define GM_BACKEND_H
 
+#include "base/blocking.h"
 #include "gpumem.h"
 
 #include <stdbool.h>
@@ -178,12 +179,18 @@ gm_status gm_backend_event_synchronize(gm_backend *backend, uint64_t event);
 /* Whether `stream` is being captured (a query, not a counted device call). */
 static inline bool gm_backend_stream_is_capturing(gm_backend *backend, gm_stream stream)
 {
-    return backend->operations->stream_is_capturing && backend->operations->stream_is_capturing(backend, stream);
+    if (!backend->operations->stream_is_capturing)
+        return false;
+    gm_before_blocking();
+    return backend->operations->stream_is_capturing(backend, stream);
 }
 /* Whether `stream` still runs work queued on it (a query, not a counted device call; an error reads as busy). */
 static inline bool gm_backend_stream_is_busy(gm_backend *backend, gm_stream stream)
 {
-    return backend->operations->stream_is_busy && backend->operations->stream_is_busy(backend, stream);
+    if (!backend->operations->stream_is_busy)
+        return false;
+    gm_before_blocking();
+    return backend->operations->stream_is_busy(backend, stream);
 }
 /* Host memory (not counted in GM_DEVICE_CALLS: the pinned host cache counts them in gm_host_stats). */
 gm_status gm_backend_host_allocate(gm_backend *backend, uint64_t size, void **pointer_out);

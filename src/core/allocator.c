@@ -28,6 +28,7 @@
  * steady state allocates no host memory.
  */
 #include "core/arena.h"
+#include "base/blocking.h"
 
 #include "base/error.h"
 #include "base/hash_map.h"
@@ -97,7 +98,7 @@ static inline void end_change(gm_allocator *allocator)
 
 void gm_lock_for_change(gm_allocator *allocator)
 {
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     begin_change(allocator);
 }
 
@@ -168,7 +169,7 @@ gm_status gm_publish_status(gm_allocator *allocator, char *path_out, size_t path
 {
     if (!allocator || (!path_out && path_size))
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_publish_status: an argument is NULL");
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     gm_status status = allocator->publish_status;
     if (status != GM_OK)
         gm_fail(status, "%s", allocator->publish_error);
@@ -338,7 +339,7 @@ __attribute__((noinline, cold)) static gm_status allocate_after_failure(gm_alloc
         end_change(allocator);
         pthread_mutex_unlock(&allocator->lock);
         attempts.callbacks_called = gm_pressure_dispatch(allocator, &event);
-        pthread_mutex_lock(&allocator->lock);
+        gm_mutex_lock(&allocator->lock);
         begin_change(allocator);
         allocator->unlocked_allocations--;
         gm_pressure_end_critical_locked(allocator);
@@ -395,7 +396,7 @@ void gm_count_new_allocation_locked(gm_allocator *allocator, gm_heap *heap, gm_b
 __attribute__((noinline, cold)) static gm_status refuse_impossible_request(gm_allocator *allocator, uint64_t size,
                                                                           gm_stream stream)
 {
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     begin_change(allocator);
     allocator->arena.stats->num_ooms++;
     gm_write_impossible_request_report(&allocator->arena, stream, size, GM_MAX_REQUEST);
@@ -417,7 +418,7 @@ gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void
     uint64_t rounded = gm_round_up(size, 512);
     int pool = rounded <= allocator->options.small_size ? GM_POOL_SMALL : GM_POOL_LARGE;
 
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     begin_change(allocator);
     if (allocator->pending_head)
         gm_process_pending_frees_locked(allocator, false);
@@ -467,7 +468,7 @@ gm_status gm_free(gm_allocator *allocator, void *pointer)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_free: allocator is NULL");
     if (!pointer)
         return GM_OK;
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     uint64_t key = (uint64_t)(uintptr_t)pointer, value = 0;
     if (!gm_hash_map_remove(&allocator->live_blocks, key, &value)) { /* one probe finds and removes */
         pthread_mutex_unlock(&allocator->lock);
@@ -529,7 +530,7 @@ gm_status gm_record_stream(gm_allocator *allocator, void *pointer, gm_stream str
     if (!allocator || !pointer)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_record_stream: %s is NULL", allocator ? "pointer" : "allocator");
     gm_status status = GM_OK;
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     gm_block *block = find_live_block(allocator, pointer);
     if (!block) {
         status = not_live("gm_record_stream", pointer);
@@ -548,7 +549,7 @@ gm_status gm_allocation_size(gm_allocator *allocator, const void *pointer, size_
 {
     if (!allocator || !pointer || !size_out)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_allocation_size: an argument is NULL");
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     gm_block *block = find_live_block(allocator, pointer);
     if (block)
         *size_out = block->size;
@@ -560,7 +561,7 @@ int gm_owns(gm_allocator *allocator, const void *pointer)
 {
     if (!allocator || !pointer)
         return 0;
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     int owned = find_live_block(allocator, pointer) != NULL;
     pthread_mutex_unlock(&allocator->lock);
     return owned;
@@ -570,7 +571,7 @@ gm_status gm_empty_cache(gm_allocator *allocator)
 {
     if (!allocator)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_empty_cache: allocator is NULL");
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     begin_change(allocator);
     if (allocator->pending_head)
         gm_process_pending_frees_locked(allocator, false);
@@ -586,7 +587,7 @@ gm_status gm_set_memory_limit(gm_allocator *allocator, uint64_t bytes)
 {
     if (!allocator)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_set_memory_limit: allocator is NULL");
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     begin_change(allocator);
     uint64_t total = allocator->arena.backend->total_bytes;
     allocator->arena.memory_limit = bytes && bytes < total ? bytes : total;
@@ -604,7 +605,7 @@ gm_status gm_get_memory_limit(gm_allocator *allocator, uint64_t *bytes_out)
 {
     if (!allocator || !bytes_out)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_memory_limit: an argument is NULL");
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     *bytes_out = allocator->arena.memory_limit;
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
@@ -631,7 +632,7 @@ gm_status gm_cache_info(gm_allocator *allocator, uint64_t *free_bytes_out, uint6
 {
     if (!allocator || !free_bytes_out || !largest_block_out)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_cache_info: an argument is NULL");
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     cache_info_locked(allocator, free_bytes_out, largest_block_out);
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
@@ -650,7 +651,7 @@ gm_status gm_get_stats(gm_allocator *allocator, gm_stats *stats_out)
 {
     if (!allocator || !stats_out)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_stats: an argument is NULL");
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     gm_read_stats_locked(allocator, stats_out);
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
@@ -660,7 +661,7 @@ gm_status gm_reset_peak_stats(gm_allocator *allocator)
 {
     if (!allocator)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_reset_peak_stats: allocator is NULL");
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     begin_change(allocator);
     gm_stats_reset_peaks(allocator->arena.stats);
     end_change(allocator);
@@ -672,7 +673,7 @@ gm_status gm_reset_accumulated_stats(gm_allocator *allocator)
 {
     if (!allocator)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_reset_accumulated_stats: allocator is NULL");
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     begin_change(allocator);
     gm_stats_reset_accumulated(allocator->arena.stats);
     memset(allocator->arena.backend->calls, 0, sizeof allocator->arena.backend->calls);
@@ -685,7 +686,7 @@ gm_status gm_reset_accumulated_stats(gm_allocator *allocator)
 
 gm_arena *gm_lock_arena(gm_allocator *allocator)
 {
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     return &allocator->arena;
 }
 
@@ -703,7 +704,7 @@ void gm_destroy(gm_allocator *allocator, size_t *live_allocations_out)
     if (!allocator)
         return;
     gm_pressure_stop(allocator); /* joins the sampling thread, which may be waiting for the lock */
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     allocator->destroying = true;
     stop_publishing(allocator);
     if (live_allocations_out)

@@ -7,6 +7,7 @@
  * less room, gm_validate leaves it out).
  */
 #include "core/allocator.h"
+#include "base/blocking.h"
 
 #include "base/error.h"
 
@@ -35,7 +36,7 @@ gm_status gm_get_device_info(gm_allocator *allocator, gm_device_info *info_out)
 {
     if (!allocator || !info_out)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_device_info: an argument is NULL");
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     gm_status status = gm_read_device_info_locked(allocator, info_out);
     pthread_mutex_unlock(&allocator->lock);
     return status;
@@ -49,7 +50,7 @@ gm_status gm_sim_stream_enqueue(gm_allocator *allocator, gm_stream stream, uint6
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_sim_stream_enqueue: allocator is NULL");
     if (!allocator->arena.backend->operations->stream_enqueue)
         return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend has real streams", allocator->arena.backend->operations->name);
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     gm_status status = allocator->arena.backend->operations->stream_enqueue(allocator->arena.backend, stream, units);
     pthread_mutex_unlock(&allocator->lock);
     return status;
@@ -61,7 +62,7 @@ gm_status gm_sim_stream_complete(gm_allocator *allocator, gm_stream stream)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_sim_stream_complete: allocator is NULL");
     if (!allocator->arena.backend->operations->stream_complete)
         return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend has real streams", allocator->arena.backend->operations->name);
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     gm_status status = allocator->arena.backend->operations->stream_complete(allocator->arena.backend, stream);
     pthread_mutex_unlock(&allocator->lock);
     return status;
@@ -73,7 +74,7 @@ gm_status gm_sim_stream_set_capturing(gm_allocator *allocator, gm_stream stream,
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_sim_stream_set_capturing: allocator is NULL");
     if (!allocator->arena.backend->operations->stream_set_capturing)
         return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend has real streams", allocator->arena.backend->operations->name);
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     gm_status status = allocator->arena.backend->operations->stream_set_capturing(allocator->arena.backend, stream,
                                                                                  capturing != 0);
     pthread_mutex_unlock(&allocator->lock);
@@ -87,7 +88,7 @@ gm_status gm_sim_set_used_elsewhere(gm_allocator *allocator, uint64_t bytes)
     gm_backend *backend = allocator->arena.backend;
     if (!backend->operations->stream_enqueue)
         return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend's device has real other users", backend->operations->name);
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     uint64_t free_bytes = 0, total_bytes = 0;
     gm_status status = gm_backend_memory_info(backend, &free_bytes, &total_bytes);
     if (status == GM_OK && bytes > free_bytes + backend->used_elsewhere)
@@ -108,7 +109,7 @@ gm_status gm_inject_device_failures(gm_allocator *allocator, gm_device_call call
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_inject_device_failures: allocator is NULL");
     if ((unsigned)call >= GM_CALL_KIND_COUNT)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_inject_device_failures: no device call of kind %d", (int)call);
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     allocator->arena.backend->succeed_before_failing[call] = after_calls;
     allocator->arena.backend->failures_to_inject[call] = failures;
     allocator->arena.backend->faults_armed = true;
@@ -133,7 +134,7 @@ gm_status gm_named_stream(gm_allocator *allocator, uint64_t name, gm_stream *str
         return GM_OK;
     }
     gm_status status = GM_OK;
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     size_t i = 0;
     while (i < allocator->named_stream_count && allocator->named_streams[i].name != name)
         i++;
@@ -166,7 +167,7 @@ gm_status gm_holds_stream(gm_allocator *allocator, gm_stream stream, int *held_o
 {
     if (!allocator || !held_out)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_holds_stream: %s is NULL", allocator ? "held_out" : "allocator");
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     int held = 0;
     for (size_t h = 0; h < allocator->arena.heap_count && !held; h++) /* lanes and pool heaps too */
         held = allocator->arena.heaps[h]->stream == stream;

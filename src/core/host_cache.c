@@ -42,6 +42,7 @@
  * calls far rarer than gm_malloc, and gm_host_get_stats keeps reading the public struct.
  */
 #include "core/allocator.h"
+#include "base/blocking.h"
 
 #include "base/array.h"
 #include "base/error.h"
@@ -357,7 +358,7 @@ gm_status gm_host_record_stream(gm_allocator *allocator, void *pointer, gm_strea
 {
     if (!allocator || !pointer)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_host_record_stream: %s is NULL", allocator ? "pointer" : "allocator");
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     gm_host_block *block = NULL;
     gm_status status = find_live_locked(allocator, "gm_host_record_stream", pointer, &block);
     bool known = false;
@@ -391,7 +392,7 @@ gm_status gm_host_get_stats(gm_allocator *allocator, gm_host_stats *stats_out)
 {
     if (!allocator || !stats_out)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_host_get_stats: %s is NULL", allocator ? "stats_out" : "allocator");
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     *stats_out = allocator->host_cache.stats;
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;

@@ -45,6 +45,7 @@
  * would wait for each other).
  */
 #include "core/pressure.h"
+#include "base/blocking.h"
 
 #include "base/error.h"
 #include "core/allocator.h"
@@ -301,7 +302,7 @@ static ptrdiff_t find_registration(const gm_pressure *pressure, gm_pressure_call
 
 static bool still_registered(gm_pressure *pressure, uint64_t id)
 {
-    pthread_mutex_lock(&pressure->callbacks_lock);
+    gm_mutex_lock(&pressure->callbacks_lock);
     bool found = false;
     for (size_t i = 0; i < pressure->callback_count && !found; i++)
         found = pressure->callbacks[i].id == id;
@@ -311,7 +312,7 @@ static bool still_registered(gm_pressure *pressure, uint64_t id)
 
 static size_t callback_count(gm_pressure *pressure)
 {
-    pthread_mutex_lock(&pressure->callbacks_lock);
+    gm_mutex_lock(&pressure->callbacks_lock);
     size_t count = pressure->callback_count;
     pthread_mutex_unlock(&pressure->callbacks_lock);
     return count;
@@ -322,7 +323,7 @@ static unsigned call_callbacks(gm_allocator *allocator, const gm_pressure_readin
 {
     gm_pressure *pressure = &allocator->pressure;
     gm_pressure_registration list[GM_PRESSURE_MAX_CALLBACKS];
-    pthread_mutex_lock(&pressure->callbacks_lock);
+    gm_mutex_lock(&pressure->callbacks_lock);
     size_t count = pressure->callback_count;
     memcpy(list, pressure->callbacks, count * sizeof list[0]);
     pressure->dispatches++;
@@ -334,7 +335,7 @@ static unsigned call_callbacks(gm_allocator *allocator, const gm_pressure_readin
         list[i].function(allocator, event->level, event, list[i].context);
         called++;
     }
-    pthread_mutex_lock(&pressure->callbacks_lock);
+    gm_mutex_lock(&pressure->callbacks_lock);
     pressure->dispatches--;
     pthread_cond_broadcast(&pressure->callbacks_idle);
     pthread_mutex_unlock(&pressure->callbacks_lock);
@@ -362,6 +363,7 @@ unsigned gm_pressure_dispatch(gm_allocator *allocator, const gm_pressure_reading
     }
     if (!callback_count(&allocator->pressure))
         return 0;
+    gm_before_blocking(); /* callbacks are the caller's code: they may wait for its lock */
     /* Callbacks call gpumem, which sets this thread's last error: the caller's (an OOM report) is kept. */
     char *saved_error = strdup(gm_last_error());
     gm_oom_cause saved_cause = gm_last_oom_cause();
@@ -392,7 +394,7 @@ gm_status gm_on_pressure(gm_allocator *allocator, gm_pressure_callback callback,
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_on_pressure: %s is NULL", allocator ? "callback" : "allocator");
     gm_pressure *pressure = &allocator->pressure;
     gm_status status = GM_OK;
-    pthread_mutex_lock(&pressure->callbacks_lock);
+    gm_mutex_lock(&pressure->callbacks_lock);
     if (find_registration(pressure, callback, context) >= 0)
         status = gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_on_pressure: this callback is already registered with this "
                          "context");
@@ -419,7 +421,7 @@ gm_status gm_remove_pressure_callback(gm_allocator *allocator, gm_pressure_callb
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_remove_pressure_callback: %s is NULL",
                        allocator ? "callback" : "allocator");
     gm_pressure *pressure = &allocator->pressure;
-    pthread_mutex_lock(&pressure->callbacks_lock);
+    gm_mutex_lock(&pressure->callbacks_lock);
     ptrdiff_t index = find_registration(pressure, callback, context);
     if (index < 0) {
         pthread_mutex_unlock(&pressure->callbacks_lock);
@@ -434,6 +436,8 @@ gm_status gm_remove_pressure_callback(gm_allocator *allocator, gm_pressure_callb
     bool inside = frame_of(allocator) != NULL;
     if (inside)
         begin_waiting_locked(pressure);
+    if (pressure->dispatches > pressure->dispatches_waiting)
+        gm_before_blocking();
     while (pressure->dispatches > pressure->dispatches_waiting)
         pthread_cond_wait(&pressure->callbacks_idle, &pressure->callbacks_lock);
     if (inside)
@@ -547,7 +551,7 @@ static void *sampler_main(void *argument)
     gm_allocator *allocator = argument;
     gm_pressure *pressure = &allocator->pressure;
     sampling_for = allocator;
-    pthread_mutex_lock(&pressure->sampler_lock);
+    gm_mutex_lock(&pressure->sampler_lock);
     while (!pressure->sampler_stop) {
         struct timespec deadline = deadline_after(pressure->policy.interval_ms);
         int waited = 0;
@@ -559,7 +563,7 @@ static void *sampler_main(void *argument)
         gm_pressure_readings event;
         if (sample_and_evaluate(allocator, &event))
             gm_pressure_dispatch(allocator, &event);
-        pthread_mutex_lock(&pressure->sampler_lock);
+        gm_mutex_lock(&pressure->sampler_lock);
     }
     pthread_mutex_unlock(&pressure->sampler_lock);
     return NULL;
@@ -582,10 +586,11 @@ static void stop_sampler(gm_allocator *allocator)
     gm_pressure *pressure = &allocator->pressure;
     if (!pressure->sampler_running)
         return;
-    pthread_mutex_lock(&pressure->sampler_lock);
+    gm_mutex_lock(&pressure->sampler_lock);
     pressure->sampler_stop = true;
     pthread_cond_signal(&pressure->sampler_wake);
     pthread_mutex_unlock(&pressure->sampler_lock);
+    gm_before_blocking();
     pthread_join(pressure->sampler, NULL);
     pressure->sampler_running = false;
 }
@@ -653,14 +658,14 @@ gm_status gm_set_pressure_policy(gm_allocator *allocator, const gm_pressure_poli
      * wait in a removal for its dispatch: it counts as waiting meanwhile. */
     bool inside = frame_of(allocator) != NULL;
     if (inside) {
-        pthread_mutex_lock(&pressure->callbacks_lock);
+        gm_mutex_lock(&pressure->callbacks_lock);
         begin_waiting_locked(pressure);
         pthread_mutex_unlock(&pressure->callbacks_lock);
     }
-    pthread_mutex_lock(&pressure->policy_lock);
+    gm_mutex_lock(&pressure->policy_lock);
     stop_sampler(allocator);
     if (inside) {
-        pthread_mutex_lock(&pressure->callbacks_lock);
+        gm_mutex_lock(&pressure->callbacks_lock);
         pressure->dispatches_waiting--;
         pthread_mutex_unlock(&pressure->callbacks_lock);
     }
@@ -681,7 +686,7 @@ gm_status gm_get_pressure_policy(gm_allocator *allocator, gm_pressure_policy *po
 {
     if (!allocator || !policy_out)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_pressure_policy: an argument is NULL");
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     *policy_out = allocator->pressure.policy;
     pthread_mutex_unlock(&allocator->lock);
     return GM_OK;
@@ -691,7 +696,7 @@ gm_status gm_get_pressure(gm_allocator *allocator, gm_pressure_readings *reading
 {
     if (!allocator || !readings_out)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_pressure: an argument is NULL");
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     gm_pressure_readings readings = current_readings(allocator);
     readings.signals_high = signals_at_or_above(&allocator->pressure, &readings, true);
     if (allocator->pressure.critical_calls)
@@ -708,7 +713,7 @@ gm_status gm_check_pressure(gm_allocator *allocator, gm_pressure_readings *readi
     gm_pressure *pressure = &allocator->pressure;
     bool sampler = on_sampler_thread(allocator); /* a callback there: the policy cannot change meanwhile */
     if (!sampler)
-        pthread_mutex_lock(&pressure->policy_lock);
+        gm_mutex_lock(&pressure->policy_lock);
     gm_pressure_readings event;
     bool changed = sample_and_evaluate(allocator, &event);
     if (!sampler)
@@ -738,7 +743,7 @@ void gm_pressure_init(gm_pressure *pressure)
 
 void gm_pressure_stop(gm_allocator *allocator)
 {
-    pthread_mutex_lock(&allocator->pressure.policy_lock);
+    gm_mutex_lock(&allocator->pressure.policy_lock);
     stop_sampler(allocator);
     pthread_mutex_unlock(&allocator->pressure.policy_lock);
 }

@@ -30,6 +30,7 @@
  * pool's free memory (gm_pool_allocate_at): the free block holding it is cut in three.
  */
 #include "core/allocator.h"
+#include "base/blocking.h"
 
 #include "base/error.h"
 
@@ -183,7 +184,7 @@ gm_status gm_begin_allocate_to_pool(gm_allocator *allocator, gm_pool_id id, gm_s
     gm_status status = check_arguments("gm_begin_allocate_to_pool", allocator, id);
     if (status != GM_OK)
         return status;
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     gm_private_pool *pool = retain(allocator, id);
     status = pool ? add_route(allocator, pool, filter, context)
                   : gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a private pool");
@@ -200,7 +201,7 @@ gm_status gm_end_allocate_to_pool(gm_allocator *allocator, gm_pool_id id)
     gm_status status = check_arguments("gm_end_allocate_to_pool", allocator, id);
     if (status != GM_OK)
         return status;
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     size_t i = 0;
     while (i < allocator->pool_route_count && !same_id(allocator->pool_routes[i].pool->id, id))
         i++;
@@ -225,7 +226,7 @@ gm_status gm_retain_pool(gm_allocator *allocator, gm_pool_id id)
     gm_status status = check_arguments("gm_retain_pool", allocator, id);
     if (status != GM_OK)
         return status;
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     if (!retain(allocator, id))
         status = gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a private pool");
     pthread_mutex_unlock(&allocator->lock);
@@ -237,7 +238,7 @@ gm_status gm_release_pool(gm_allocator *allocator, gm_pool_id id)
     gm_status status = check_arguments("gm_release_pool", allocator, id);
     if (status != GM_OK)
         return status;
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     gm_private_pool *pool = find_pool(allocator, id);
     if (!pool || pool->users == 0) {
         status = no_such_pool("gm_release_pool", id);
@@ -254,7 +255,7 @@ gm_status gm_set_pool_use_on_oom(gm_allocator *allocator, gm_pool_id id, int use
     gm_status status = check_arguments("gm_set_pool_use_on_oom", allocator, id);
     if (status != GM_OK)
         return status;
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     gm_private_pool *pool = find_pool(allocator, id);
     if (!pool)
         status = no_such_pool("gm_set_pool_use_on_oom", id);
@@ -281,7 +282,7 @@ gm_status gm_get_pool_info(gm_allocator *allocator, gm_pool_id id, gm_pool_info 
         status = gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_pool_info: info_out is NULL");
     if (status != GM_OK)
         return status;
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     gm_private_pool *pool = find_pool(allocator, id);
     if (!pool) {
         status = no_such_pool("gm_get_pool_info", id);
@@ -307,7 +308,7 @@ gm_status gm_get_pool_allocations(gm_allocator *allocator, gm_pool_id id, gm_poo
     if (status != GM_OK)
         return status;
     size_t count = 0;
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     gm_private_pool *pool = find_pool(allocator, id);
     for (size_t h = 0; pool && h < allocator->arena.heap_count; h++) {
         const gm_heap *heap = allocator->arena.heaps[h];

@@ -9,6 +9,7 @@
  * The sharer must keep the allocation live while the other process uses it (torch counts the users).
  */
 #include "core/allocator.h"
+#include "base/blocking.h"
 
 #include "base/array.h"
 #include "base/error.h"
@@ -27,7 +28,7 @@ gm_status gm_share(gm_allocator *allocator, const void *pointer, uint64_t *offse
     if (!allocator || !offset_out || !count_out || (capacity && !pieces))
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_share: %s is NULL",
                        !allocator ? "allocator" : !offset_out ? "offset_out" : !count_out ? "count_out" : "pieces");
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     uint64_t value = 0;
     gm_status status;
     if (!gm_hash_map_get(&allocator->live_blocks, (uint64_t)(uintptr_t)pointer, &value))
@@ -69,7 +70,7 @@ gm_status gm_open_shared(gm_allocator *allocator, int process, const gm_shared_p
     if (!backend->operations->open_shared)
         return gm_fail(GM_ERROR_NOT_SUPPORTED, "gm_open_shared: the %s backend cannot map memory of other processes "
                        "(the host and cuda backends can)", backend->operations->name);
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     uintptr_t address = 0;
     gm_opened_share *grown = gm_array_room_for_one(allocator->opened_shares, allocator->opened_share_count,
                                                    &allocator->opened_share_capacity, sizeof *grown, 4);
@@ -89,7 +90,7 @@ gm_status gm_close_shared(gm_allocator *allocator, void *pointer)
 {
     if (!allocator)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_close_shared: allocator is NULL");
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     size_t i = 0;
     while (i < allocator->opened_share_count && allocator->opened_shares[i].address != (uintptr_t)pointer)
         i++;

@@ -4,6 +4,7 @@
  * engine checks its own invariants on the way (engine.validate).
  */
 #include "core/allocator.h"
+#include "base/blocking.h"
 
 #include "base/error.h"
 
@@ -114,7 +115,7 @@ gm_status gm_validate(gm_allocator *allocator)
 {
     if (!allocator)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_validate: allocator is NULL");
-    pthread_mutex_lock(&allocator->lock);
+    gm_mutex_lock(&allocator->lock);
     gm_status status = validate_locked(allocator);
     pthread_mutex_unlock(&allocator->lock);
     return status;

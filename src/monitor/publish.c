@@ -24,6 +24,7 @@
  * pairs take 56 ns), over the 5% target; the two stores of the bracket are within it.
  */
 #include "monitor/publish.h"
+#include "base/blocking.h"
 
 #include "base/error.h"
 #include "monitor/region.h"
@@ -55,7 +56,7 @@ static gm_publisher *open_publishers;
 static bool published_here(const char *path)
 {
     bool found = false;
-    pthread_mutex_lock(&open_lock);
+    gm_mutex_lock(&open_lock);
     for (gm_publisher *publisher = open_publishers; publisher && !found; publisher = publisher->next_open)
         found = strcmp(publisher->path, path) == 0;
     pthread_mutex_unlock(&open_lock);
@@ -68,7 +69,7 @@ static bool published_here(const char *path)
  * loaded with dlopen is unloaded. */
 static void remove_regions_at_exit(void)
 {
-    pthread_mutex_lock(&open_lock);
+    gm_mutex_lock(&open_lock);
     for (gm_publisher *publisher = open_publishers; publisher; publisher = publisher->next_open)
         if (publisher->owner == getpid())
             unlink(publisher->path);
@@ -85,7 +86,7 @@ static void remember(gm_publisher *publisher, bool open)
     static pthread_once_t exit_handler_once = PTHREAD_ONCE_INIT;
     if (open)
         pthread_once(&exit_handler_once, register_exit_handler);
-    pthread_mutex_lock(&open_lock);
+    gm_mutex_lock(&open_lock);
     gm_publisher **link = &open_publishers;
     while (*link && *link != publisher)
         link = &(*link)->next_open;

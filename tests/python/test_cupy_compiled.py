@@ -9,7 +9,8 @@ path's own:
 - a failure after gm_malloc (CuPy's memory object raising) frees the block again; a free that gpumem
   refuses (its allocator closed) is reported as Python reports an error in __del__, not a crash;
 - a hook registered after the allocation sees the free, with the memory object's id;
-- threads allocating at once lose nothing;
+- threads allocating at once lose nothing, and Python pressure callbacks called during their allocations
+  do not deadlock with the GIL the compiled path keeps through gpumem calls (let go only if gpumem waits);
 - the pinned allocator: the same blocks, cache reuse and statistics as the Python path; out of pinned
   memory is the runtime error CuPy falls back on; a failure after gm_host_malloc gives the block back;
 - bad arguments are errors; a build that fails (no compiler, a cache that cannot be written) warns and
@@ -178,6 +179,48 @@ class CompiledPathTest(RecordsUnraisable):
             thread.join()
         self.assertEqual(errors, [])
         self.assertEqual((self.stats()["allocation.all.allocated"], self.stats()["allocation.all.current"]), (8000, 0))
+
+    def test_python_callbacks_while_threads_allocate(self):
+        """The GIL is kept through gpumem calls unless gpumem waits: a Python pressure callback, which
+        gpumem calls during an allocation (on its thread or another), and threads contending for
+        gpumem's lock must not deadlock with it."""
+        allocate = self.install()
+        allocator = self.module.allocator()
+        allocator.set_pressure_policy(high=0.1, low=0.05, signals=("allocated",))  # 25.6 MiB
+        seen = []
+        allocator.on_pressure(lambda level, readings: seen.append(level))
+        errors = []
+
+        def work():
+            try:
+                for step in range(300):
+                    block = allocate(16 * MiB if step % 3 == 0 else 4096)  # 4 threads: at most 160 of 256 MiB
+                    held = [allocate(8 * MiB) for _ in range(step % 4)]
+                    del block, held
+            except Exception as error:  # the assertion below reports it
+                errors.append(error)
+
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        self.assertFalse(any(thread.is_alive() for thread in threads), "deadlock")
+        self.assertEqual(errors, [])
+        self.assertIn("high", seen)
+        self.assertEqual(self.stats()["allocation.all.current"], 0)
+
+    def test_without_the_blocking_hook_the_gil_is_let_go_around_each_call(self):
+        module = compiled.load("cupy_allocate")
+        module.use_blocking_hook(0)
+        try:
+            allocate = self.install()
+            blocks = [allocate(size) for size in (512, 3 * MiB, 0)]
+            self.assertEqual(self.stats()["allocation.all.current"], 2)
+            del blocks
+            self.assertEqual(self.stats()["allocation.all.current"], 0)
+        finally:
+            module.use_blocking_hook(gpumem.function_address("gm_set_blocking_hook"))
 
     def test_bad_arguments_are_errors(self):
         allocate = self.install()
