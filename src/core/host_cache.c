@@ -97,38 +97,11 @@ static void push_free(gm_host_cache *cache, gm_host_block *block)
     cache->free_lists[size_class] = block;
 }
 
-/* Streams found still running during one look at the pending blocks: a stream runs its work in order,
- * so once one of its events is not done, the events recorded on it later are not either and need no
- * query. Past the set's room, streams are queried as before. */
-typedef struct {
-    gm_stream streams[16];
-    size_t count;
-} busy_streams;
-
-static bool is_busy(const busy_streams *busy, gm_stream stream)
-{
-    for (size_t i = 0; i < busy->count; i++)
-        if (busy->streams[i] == stream)
-            return true;
-    return false;
-}
-
 /* Whether the pending block's newest remaining event is done (with `wait`, after waiting for it). */
-static bool last_event_done(gm_allocator *allocator, gm_host_block *block, bool wait, busy_streams *busy)
+static bool last_event_done(gm_allocator *allocator, gm_host_block *block, bool wait, gm_busy_streams *busy)
 {
-    gm_backend *backend = allocator->arena.backend;
-    uint64_t event = block->events[block->event_count - 1];
-    gm_stream stream = block->streams[block->event_count - 1];
-    bool done = false;
-    if (wait)
-        return gm_backend_event_synchronize(backend, event) == GM_OK;
-    if (is_busy(busy, stream))
-        return false;
-    if (gm_backend_event_query(backend, event, &done) != GM_OK)
-        done = false;
-    if (!done && busy->count < sizeof busy->streams / sizeof busy->streams[0])
-        busy->streams[busy->count++] = stream;
-    return done;
+    return gm_event_done_locked(allocator, block->events[block->event_count - 1],
+                                block->streams[block->event_count - 1], wait, busy);
 }
 
 /* Move pending blocks whose events are all done to their free lists (their events back to the
@@ -136,7 +109,7 @@ static bool last_event_done(gm_allocator *allocator, gm_host_block *block, bool 
 static void process_pending(gm_allocator *allocator, bool wait)
 {
     gm_host_cache *cache = &allocator->host_cache;
-    busy_streams busy = {.count = 0};
+    gm_busy_streams busy = {.count = 0};
     gm_host_block **link = &cache->pending, *previous = NULL;
     while (*link) {
         gm_host_block *block = *link;

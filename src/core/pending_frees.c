@@ -66,15 +66,7 @@ void gm_retire_block_locked(gm_allocator *allocator, gm_block *block)
         gm_pool_block_retired_locked(allocator, pool);
 }
 
-/* Streams found busy during one pass over the pending frees; beyond BUSY_STREAMS_KEPT, events are
- * simply asked about. */
-#define BUSY_STREAMS_KEPT 16
-typedef struct busy_streams {
-    gm_stream streams[BUSY_STREAMS_KEPT];
-    size_t count;
-} busy_streams;
-
-static bool is_busy(const busy_streams *busy, gm_stream stream)
+static bool is_busy(const gm_busy_streams *busy, gm_stream stream)
 {
     for (size_t i = 0; i < busy->count; i++)
         if (busy->streams[i] == stream)
@@ -82,20 +74,18 @@ static bool is_busy(const busy_streams *busy, gm_stream stream)
     return false;
 }
 
-/* Whether the event of `pending` is done: waited for with `wait`; else asked, unless an earlier event
- * of its stream is not done (then neither is this one). */
-static bool event_done(gm_allocator *allocator, const gm_pending_free *pending, bool wait, busy_streams *busy)
+bool gm_event_done_locked(gm_allocator *allocator, uint64_t event, gm_stream stream, bool wait, gm_busy_streams *busy)
 {
     gm_backend *backend = allocator->arena.backend;
     if (wait)
-        return gm_backend_event_synchronize(backend, pending->event) == GM_OK;
-    if (is_busy(busy, pending->stream))
+        return gm_backend_event_synchronize(backend, event) == GM_OK;
+    if (is_busy(busy, stream))
         return false;
     bool done = false;
-    if (gm_backend_event_query(backend, pending->event, &done) != GM_OK)
+    if (gm_backend_event_query(backend, event, &done) != GM_OK)
         done = false;
-    if (!done && busy->count < BUSY_STREAMS_KEPT)
-        busy->streams[busy->count++] = pending->stream;
+    if (!done && busy->count < GM_BUSY_STREAMS_KEPT)
+        busy->streams[busy->count++] = stream;
     return done;
 }
 
@@ -104,10 +94,10 @@ void gm_process_pending_frees_locked(gm_allocator *allocator, bool wait)
 {
     gm_pending_free **link = &allocator->pending_head;
     gm_pending_free *previous = NULL;
-    busy_streams busy = {.count = 0};
+    gm_busy_streams busy = {.count = 0};
     while (*link) {
         gm_pending_free *pending = *link;
-        if (!event_done(allocator, pending, wait, &busy)) {
+        if (!gm_event_done_locked(allocator, pending->event, pending->stream, wait, &busy)) {
             previous = pending;
             link = &pending->next;
             continue;
