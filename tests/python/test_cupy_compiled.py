@@ -60,6 +60,25 @@ def failing_on_demand(original, message):
     return function, failing
 
 
+def in_threads(work, count=4, timeout=60):
+    """Run work() on `count` threads at once: (the exceptions they raised, how many still run after
+    `timeout` seconds)."""
+    errors = []
+
+    def run():
+        try:
+            work()
+        except Exception as error:  # returned to the caller, which asserts on it
+            errors.append(error)
+
+    threads = [threading.Thread(target=run) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+    return errors, sum(thread.is_alive() for thread in threads)
+
+
 class RecordsUnraisable(StandInCupyTest):
     """Errors raised where Python cannot raise them (a memory object's free) kept in self.unraisable."""
 
@@ -166,22 +185,13 @@ class CompiledPathTest(RecordsUnraisable):
 
     def test_threads_allocating_at_once_lose_nothing(self):
         allocate = self.install()
-        errors = []
 
         def work():
-            try:
-                for step in range(2000):
-                    block = allocate((step % 7 + 1) * 4096)
-                    del block
-            except Exception as error:  # the assertion below reports it
-                errors.append(error)
+            for step in range(2000):
+                block = allocate((step % 7 + 1) * 4096)
+                del block
 
-        threads = [threading.Thread(target=work) for _ in range(4)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        self.assertEqual(errors, [])
+        self.assertEqual(in_threads(work), ([], 0))
         self.assertEqual((self.stats()["allocation.all.allocated"], self.stats()["allocation.all.current"]), (8000, 0))
 
     def test_python_callbacks_while_threads_allocate(self):
@@ -193,24 +203,14 @@ class CompiledPathTest(RecordsUnraisable):
         allocator.set_pressure_policy(high=0.1, low=0.05, signals=("allocated",))  # 25.6 MiB
         seen = []
         allocator.on_pressure(lambda level, readings: seen.append(level))
-        errors = []
 
         def work():
-            try:
-                for step in range(300):
-                    block = allocate(16 * MiB if step % 3 == 0 else 4096)  # 4 threads: at most 160 of 256 MiB
-                    held = [allocate(8 * MiB) for _ in range(step % 4)]
-                    del block, held
-            except Exception as error:  # the assertion below reports it
-                errors.append(error)
+            for step in range(300):
+                block = allocate(16 * MiB if step % 3 == 0 else 4096)  # 4 threads: at most 160 of 256 MiB
+                held = [allocate(8 * MiB) for _ in range(step % 4)]
+                del block, held
 
-        threads = [threading.Thread(target=work) for _ in range(4)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
-        self.assertFalse(any(thread.is_alive() for thread in threads), "deadlock")
-        self.assertEqual(errors, [])
+        self.assertEqual(in_threads(work), ([], 0))  # no error, and no thread left waiting (a deadlock)
         self.assertIn("high", seen)
         self.assertEqual(self.stats()["allocation.all.current"], 0)
 
