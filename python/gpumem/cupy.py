@@ -63,6 +63,9 @@ _streams_lock = threading.Lock()
 _STREAMS_BEFORE_LOOKING = 256
 _look_above = [_STREAMS_BEFORE_LOOKING]
 _settings = {"config": "", "compiled": True}  # compiled: False for the Python path alone (tests)
+# Whether the calling thread's device context was made current (_context_maker) by the Python paths; the
+# compiled ones keep a flag of their own.
+_thread_state = threading.local()
 
 
 def _keep_stream(device, stream):
@@ -176,6 +179,28 @@ def _allocator(device):
     return _device_state(device).allocator
 
 
+def _context_maker(cupy):
+    """device -> None, called at each thread's first allocation: makes `device`, CuPy's current device,
+    current again through CuPy's runtime (cudaSetDevice, which since CUDA 12 also makes the device's
+    primary context current on the thread). gpumem drives the device through the driver API and leaves a
+    thread's context as it found it, so a thread whose only CUDA work is allocating would have no current
+    context, and CuPy asks cudaGetDevice at every allocation (the device, the current stream), which takes
+    the runtime's slow path on a thread without one. CuPy's own pool escapes that because its first
+    cudaMalloc makes the context current. The device is the current one already: nothing else changes."""
+    set_device = getattr(cupy.cuda.runtime, "setDevice", None)
+
+    def make_current(device):
+        if set_device is not None:
+            set_device(device)
+    return make_current
+
+
+def _context_for_thread(make_current, device):
+    if not getattr(_thread_state, "has_context", False):
+        make_current(device)
+        _thread_state.has_context = True
+
+
 def _current_stream_getter(cupy):
     """A function device -> that device's current cupy Stream. CuPy's get_current_stream takes a
     device_id in the versions that have it; in older ones only the current device's stream is known."""
@@ -206,6 +231,7 @@ def _device_allocate(cupy):
     hooks = cupy_hooks.lookup(cupy)
     has_hooks, registered_hooks = hooks
     devices = _allocators
+    make_current = _context_maker(cupy)
 
     def wrap(state, pointer, size, device):
         """CuPy's pointer to a new gpumem block (its `mem`, the memory object, owns the block)."""
@@ -228,6 +254,7 @@ def _device_allocate(cupy):
 
     def allocate(size):
         device = get_device()
+        _context_for_thread(make_current, device)
         state = devices.get(device) or _device_state(device)
         stream = get_stream()
         stream_pointer = stream.ptr
@@ -249,7 +276,7 @@ def _device_allocate(cupy):
         except gpumem.OutOfMemoryError as error:
             raise OutOfMemoryError(size, str(error)) from None
 
-    return _compiled_allocate(cupy, allocate, hooks, malloc_failed) or allocate
+    return _compiled_allocate(cupy, allocate, hooks, malloc_failed, make_current) or allocate
 
 
 def _compiled_module():
@@ -267,7 +294,7 @@ def _compiled_module():
         return None
 
 
-def _compiled_allocate(cupy, slow_allocate, hooks, malloc_failed):
+def _compiled_allocate(cupy, slow_allocate, hooks, malloc_failed, make_current):
     """CuPy's allocator function from cupy_allocate.c, which does what `slow_allocate` does in compiled
     code and calls it for the rare cases; None where it cannot be built."""
     module = _compiled_module()
@@ -277,7 +304,7 @@ def _compiled_allocate(cupy, slow_allocate, hooks, malloc_failed):
         gpumem.function_address("gm_malloc"), gpumem.function_address("gm_free"), cupy.cuda.runtime.getDevice,
         cupy.cuda.get_current_stream, hooks[0], hooks[1], _allocators, _streams, _keep_stream, slow_allocate,
         malloc_failed, lambda state, pointer, device, memory_id: _free_block(state, pointer, device, memory_id, hooks),
-        gpumem.check_status, cupy.cuda.UnownedMemory, cupy.cuda.MemoryPointer,
+        gpumem.check_status, cupy.cuda.UnownedMemory, cupy.cuda.MemoryPointer, make_current,
         _cupy_capsule(cupy, "device", "get_device_id"), _cupy_capsule(cupy, "stream", "get_current_stream_ptr"),
         _cupy_capsule(cupy, "memory_hook", "_has_memory_hooks"))
 
@@ -302,9 +329,11 @@ def _pinned_allocate(cupy):
             return self.report
 
     current_stream = _current_stream_getter(cupy)
+    make_current = _context_maker(cupy)
 
     def allocate(size):
         device = runtime.getDevice()
+        _context_for_thread(make_current, device)
         allocator = _allocator(device)
         try:
             pointer = allocator.host_malloc(size)
@@ -326,7 +355,7 @@ def _pinned_allocate(cupy):
         gpumem.function_address("gm_host_malloc"), gpumem.function_address("gm_host_free"),
         gpumem.function_address("gm_host_record_stream"), runtime.getDevice, cupy.cuda.get_current_stream,
         cupy.cuda.get_current_stream, current_stream, _allocators, allocate, malloc_failed, gpumem.check_status,
-        cupy.cuda.PinnedMemoryPointer)
+        cupy.cuda.PinnedMemoryPointer, make_current)
 
 
 def install(config="", pinned=True):

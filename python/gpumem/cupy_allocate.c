@@ -103,6 +103,7 @@ typedef struct {
     PyObject *free_failed;      /* status -> raises gpumem's error */
     PyObject *unowned_memory;   /* cupy.cuda.UnownedMemory */
     PyObject *memory_pointer;   /* cupy.cuda.MemoryPointer */
+    PyObject *make_current;     /* device -> None: the device's context made current (context_for_thread) */
 } Allocate;
 
 /* The PyObject fields of Allocate, which follow its two function pointers. */
@@ -135,6 +136,22 @@ static int call_truth(PyObject *function)
     int truth = PyObject_IsTrue(answer);
     Py_DECREF(answer);
     return truth;
+}
+
+/* Whether this thread's first allocation has made its device's context current: make_current (cupy.py's
+ * _context_maker, which says why) is called once per thread, at its first allocation of either kind. */
+static _Thread_local int thread_has_context;
+
+static int context_for_thread(PyObject *make_current, PyObject *device)
+{
+    if (thread_has_context)
+        return 0;
+    PyObject *done = PyObject_Vectorcall(make_current, &device, 1, NULL);
+    if (done == NULL)
+        return -1;
+    Py_DECREF(done);
+    thread_has_context = 1;
+    return 0;
 }
 
 /* function(status[, extra]): the Python function that raises what a failed gpumem call raises. */
@@ -370,7 +387,8 @@ static PyObject *allocate(PyObject *self_object, PyObject *size_object)
     PyObject *device = current_device(self);
     if (device == NULL)
         return NULL;
-    PyObject *result = allocate_on(self, device, size_object, size);
+    PyObject *result = context_for_thread(self->make_current, device) == 0 ? allocate_on(self, device, size_object, size)
+                                                                           : NULL;
     Py_DECREF(device);
     return result;
 }
@@ -407,12 +425,12 @@ static PyObject *make_allocate(PyObject *module, PyObject *arguments)
     unsigned long long malloc_address, free_address;
     Allocate parsed;
     PyObject *device_capsule = NULL, *stream_capsule = NULL, *hooks_capsule = NULL;
-    if (!PyArg_ParseTuple(arguments, "KKOOOOO!O!OOOOOOO|OOO:make_allocate", &malloc_address, &free_address,
+    if (!PyArg_ParseTuple(arguments, "KKOOOOO!O!OOOOOOOO|OOO:make_allocate", &malloc_address, &free_address,
                           &parsed.get_device, &parsed.get_stream, &parsed.has_hooks, &parsed.registered_hooks,
                           &PyDict_Type, &parsed.devices, &PyDict_Type, &parsed.kept_streams, &parsed.keep_stream,
                           &parsed.slow_allocate, &parsed.malloc_failed, &parsed.free_slow, &parsed.free_failed,
-                          &parsed.unowned_memory, &parsed.memory_pointer, &device_capsule, &stream_capsule,
-                          &hooks_capsule))
+                          &parsed.unowned_memory, &parsed.memory_pointer, &parsed.make_current, &device_capsule,
+                          &stream_capsule, &hooks_capsule))
         return NULL;
     if (malloc_address == 0 || free_address == 0) {
         PyErr_SetString(PyExc_ValueError, "make_allocate: gm_malloc and gm_free need their addresses");
@@ -454,6 +472,7 @@ typedef struct {
     PyObject *malloc_failed;         /* status -> raises what the Python path raises */
     PyObject *free_failed;           /* status -> raises gpumem's error */
     PyObject *pinned_memory_pointer; /* cupy.cuda.PinnedMemoryPointer */
+    PyObject *make_current;          /* as Allocate's */
 } PinnedAllocate;
 
 #define PINNED_OBJECTS ((sizeof(PinnedAllocate) - offsetof(PinnedAllocate, get_device)) / sizeof(PyObject *))
@@ -629,7 +648,9 @@ static PyObject *pinned_allocate(PyObject *self_object, PyObject *size_object)
     PyObject *device = call_nothing(self->get_device);
     if (device == NULL)
         return NULL;
-    PyObject *result = pinned_allocate_on(self, device, size_object, size);
+    PyObject *result = context_for_thread(self->make_current, device) == 0
+                           ? pinned_allocate_on(self, device, size_object, size)
+                           : NULL;
     Py_DECREF(device);
     return result;
 }
@@ -658,10 +679,11 @@ static PyObject *make_pinned_allocate(PyObject *module, PyObject *arguments)
     (void)module;
     unsigned long long malloc_address, free_address, record_address;
     PinnedAllocate parsed;
-    if (!PyArg_ParseTuple(arguments, "KKKOOOOO!OOOO:make_pinned_allocate", &malloc_address, &free_address,
+    if (!PyArg_ParseTuple(arguments, "KKKOOOOO!OOOOO:make_pinned_allocate", &malloc_address, &free_address,
                           &record_address, &parsed.get_device, &parsed.get_stream, &parsed.stream_of_device,
                           &parsed.stream_of_device_slow, &PyDict_Type, &parsed.devices, &parsed.slow_allocate,
-                          &parsed.malloc_failed, &parsed.free_failed, &parsed.pinned_memory_pointer))
+                          &parsed.malloc_failed, &parsed.free_failed, &parsed.pinned_memory_pointer,
+                          &parsed.make_current))
         return NULL;
     if (malloc_address == 0 || free_address == 0 || record_address == 0) {
         PyErr_SetString(PyExc_ValueError,
@@ -699,12 +721,12 @@ static PyMethodDef module_methods[] = {
     {"make_allocate", make_allocate, METH_VARARGS,
      "make_allocate(gm_malloc address, gm_free address, get_device, get_stream, has_hooks, registered_hooks, "
      "devices, kept_streams, keep_stream, slow_allocate, malloc_failed, free_slow, free_failed, UnownedMemory, "
-     "MemoryPointer[, CuPy's capsules of get_device_id, get_current_stream_ptr, _has_memory_hooks]) -> CuPy's "
+     "MemoryPointer, make_current[, CuPy's capsules of get_device_id, get_current_stream_ptr, _has_memory_hooks]) -> CuPy's "
      "allocator function"},
     {"make_pinned_allocate", make_pinned_allocate, METH_VARARGS,
      "make_pinned_allocate(gm_host_malloc, gm_host_free and gm_host_record_stream addresses, get_device, "
      "get_stream, stream_of_device, stream_of_device_slow, devices, slow_allocate, malloc_failed, free_failed, "
-     "PinnedMemoryPointer) -> CuPy's pinned memory allocator function"},
+     "PinnedMemoryPointer, make_current) -> CuPy's pinned memory allocator function"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -233,7 +233,7 @@ class CompiledPathTest(RecordsUnraisable):
         with self.assertRaises(TypeError):
             allocate("many")
         module = compiled.load("cupy_allocate")
-        functions = [len] * 13
+        functions = [len] * 14
         with self.assertRaisesRegex(ValueError, "addresses"):
             module.make_allocate(0, 0, *functions[:4], {}, {}, *functions[6:])
         with self.assertRaises(TypeError):
@@ -315,7 +315,7 @@ class CompiledPinnedPathTest(RecordsUnraisable):
         with self.assertRaises(OverflowError):
             allocate(-5)
         module = compiled.load("cupy_allocate")
-        functions = [len] * 9
+        functions = [len] * 10
         with self.assertRaisesRegex(ValueError, "addresses"):
             module.make_pinned_allocate(1, 1, 0, *functions[:4], {}, *functions[5:])
         with self.assertRaises(TypeError):

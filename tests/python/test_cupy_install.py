@@ -78,7 +78,8 @@ def _fake_memory_hook_module():
 def fake_cupy(streams_by_device=True):
     """A module with the parts of cupy that gpumem.cupy uses. streams_by_device=False: an older CuPy whose
     get_current_stream takes no device."""
-    state = types.SimpleNamespace(device=0, streams={0: _Stream(0)}, allocator=None, pinned_allocator=None)
+    state = types.SimpleNamespace(device=0, streams={0: _Stream(0)}, allocator=None, pinned_allocator=None,
+                                  device_sets=[])
 
     def get_current_stream(*device):
         if device and not streams_by_device:
@@ -86,7 +87,8 @@ def fake_cupy(streams_by_device=True):
         return state.streams[device[0] if device and device[0] >= 0 else state.device]
 
     runtime = types.SimpleNamespace(getDevice=lambda: state.device, CUDARuntimeError=_CUDARuntimeError,
-                                    errorMemoryAllocation=2)
+                                    errorMemoryAllocation=2,
+                                    setDevice=lambda device: state.device_sets.append((threading.get_ident(), device)))
     cuda = types.SimpleNamespace(
         runtime=runtime, memory=types.SimpleNamespace(OutOfMemoryError=_OutOfMemoryError),
         get_current_stream=get_current_stream, PinnedMemoryPointer=_PinnedMemoryPointer,
@@ -243,6 +245,26 @@ class CupyInstallTest(StandInCupyTest):
         self.assertFalse(self.reuses_a_block(state, allocator))
         complete(9)
         self.assertTrue(self.reuses_a_block(state, allocator))
+        self.assertEqual(self.unraisable, [])
+
+    def test_each_thread_makes_its_device_current_once(self):
+        """A thread's first allocation, device or pinned, makes CuPy's current device current again
+        (cudaSetDevice: the device's primary context current on the thread, so that the cudaGetDevice CuPy
+        asks at every allocation finds one); its later allocations do not ask again."""
+        state = self.install()
+        threads = []
+
+        def allocations(first):
+            threads.append(threading.get_ident())
+            blocks = [first(4096), state.allocator(512), state.pinned_allocator(4096), state.allocator(0)]
+            del blocks
+
+        for first in (state.allocator, state.pinned_allocator):
+            state.device_sets.clear()
+            thread = threading.Thread(target=allocations, args=(first,))
+            thread.start()
+            thread.join()
+            self.assertEqual(state.device_sets, [(threads[-1], 0)])
         self.assertEqual(self.unraisable, [])
 
     def test_size_zero_is_a_null_pointer(self):
