@@ -1,7 +1,7 @@
 /*
  * test_page_engine.c -- placement rules of the pages engine that the statistics alone do not show:
  * the growth lane (tensors replaced again and again by slightly larger copies, as a KV cache grows,
- * are kept in few runs -- a ring -- of an address range of their own, once enough such replacements
+ * are kept in few runs -- a ring -- in the upper part of their stream's range, once enough such replacements
  * were seen), the tail chunk (the partly used last page of a growth is a chunk of its own) and
  * rechunking (an idle chunk that a fit covers in part is made anew in two). Each rule is checked
  * against the same workload with the rule switched off in GPUMEM_CONF. Also the waits for a stream
@@ -151,7 +151,7 @@ static void lane_opens_after_enough_regrowths(void)
     }
     void *copy = NULL, *other = NULL;
     CHECK_OK(gm_malloc(allocator, size + (64 << 10), 0, &copy));
-    CHECK(address_of(copy) - address_of(anchor) > (16ull << 30)); /* in the lane, a range of its own */
+    CHECK(address_of(copy) - address_of(anchor) > (8ull << 30)); /* in the lane: the upper part of the stream's range */
     CHECK_OK(gm_malloc(allocator, 3 * MIB, 0, &other));               /* another size: not in the lane */
     CHECK(address_of(other) - address_of(anchor) < (1ull << 30));
     CHECK_OK(gm_free(allocator, tensor));
@@ -186,7 +186,7 @@ static void lane_blocks_wait_for_recorded_streams(void)
         tensor = copy;
         size += 64 << 10;
     }
-    CHECK(address_of(tensor) - first > (16ull << 30)); /* in the lane */
+    CHECK(address_of(tensor) - first > (8ull << 30)); /* in the lane */
     CHECK_OK(gm_record_stream(allocator, tensor, 2));
     CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1)); /* a kernel on stream 2 still reads it */
     uintptr_t used_start = address_of(tensor), used_end = used_start + size;
@@ -243,18 +243,49 @@ static void empty_lane_reuses_its_free_memory(void)
     CHECK_OK(gm_malloc(allocator, 4 * MIB, 0, &anchor));
     uint64_t size = 0;
     void *tensor = open_lane(allocator, &size);
-    CHECK(address_of(tensor) - address_of(anchor) > (16ull << 30)); /* in the lane */
+    CHECK(address_of(tensor) - address_of(anchor) > (8ull << 30)); /* in the lane */
     CHECK_OK(gm_free(allocator, tensor));                           /* the lane is empty */
     gm_stats before, after;
     CHECK_OK(gm_get_stats(allocator, &before));
     void *next = NULL;
     CHECK_OK(gm_malloc(allocator, size - (64 << 10), 0, &next));
     CHECK_OK(gm_get_stats(allocator, &after));
-    CHECK(address_of(next) - address_of(anchor) > (16ull << 30)); /* the lane again */
+    CHECK(address_of(next) - address_of(anchor) > (8ull << 30)); /* the lane again */
     CHECK_EQ_INT(after.device_calls[GM_CALL_MAP], before.device_calls[GM_CALL_MAP]);
     CHECK_EQ_INT(after.device_calls[GM_CALL_PHYSICAL_CREATE], before.device_calls[GM_CALL_PHYSICAL_CREATE]);
     CHECK_OK(gm_validate(allocator));
     CHECK_OK(gm_free(allocator, next));
+    CHECK_OK(gm_free(allocator, anchor));
+    gm_destroy(allocator, NULL);
+}
+
+/* A stream's heap and its lane share one range: once the lane is empty (between two generate calls),
+ * a request of the stream's own (the next prefill's temporaries) fits into the memory the ring used,
+ * with no device call -- with a range of its own, the lane's pages would have moved to the stream. */
+
+
+static void stream_reuses_the_rings_memory(void)
+{
+    gm_allocator *allocator = make("engine:pages,capacity:16GiB");
+    void *anchor = NULL;
+    CHECK_OK(gm_malloc(allocator, 4 * MIB, 0, &anchor));
+    uint64_t size = 0;
+    void *tensor = open_lane(allocator, &size);
+    uintptr_t ring = address_of(tensor);
+    /* In the lane: the upper part of the stream's own range (32 GiB, twice the capacity; the ring's top
+     * starts at its middle), not a range of its own. */
+    CHECK(ring - address_of(anchor) > (8ull << 30) && ring - address_of(anchor) < (24ull << 30));
+    CHECK_OK(gm_free(allocator, tensor)); /* the lane is empty */
+    gm_stats before, after;
+    CHECK_OK(gm_get_stats(allocator, &before));
+    void *temporary = NULL; /* not a regrowing size: the stream's heap */
+    CHECK_OK(gm_malloc(allocator, 20 * MIB, 0, &temporary));
+    CHECK_OK(gm_get_stats(allocator, &after));
+    CHECK(address_of(temporary) - address_of(anchor) > (8ull << 30)); /* where the ring was */
+    CHECK_EQ_INT(after.device_calls[GM_CALL_MAP], before.device_calls[GM_CALL_MAP]);
+    CHECK_EQ_INT(after.device_calls[GM_CALL_PHYSICAL_CREATE], before.device_calls[GM_CALL_PHYSICAL_CREATE]);
+    CHECK_OK(gm_validate(allocator));
+    CHECK_OK(gm_free(allocator, temporary));
     CHECK_OK(gm_free(allocator, anchor));
     gm_destroy(allocator, NULL);
 }
@@ -402,6 +433,6 @@ static void a_wait_covers_chunks_freed_before_it(void)
 
 RUN_TESTS(TEST_CASE(regrowing_tensors_stay_in_few_runs), TEST_CASE(lane_opens_after_enough_regrowths),
           TEST_CASE(lane_blocks_wait_for_recorded_streams), TEST_CASE(empty_lane_reuses_its_free_memory),
-          TEST_CASE(lane_request_fits_elsewhere_before_new_memory), TEST_CASE(growth_tail_page_is_its_own_chunk),
+          TEST_CASE(stream_reuses_the_rings_memory), TEST_CASE(lane_request_fits_elsewhere_before_new_memory), TEST_CASE(growth_tail_page_is_its_own_chunk),
           TEST_CASE(fit_in_part_of_idle_chunk_remakes_it), TEST_CASE(one_wait_per_stream_and_growth),
           TEST_CASE(a_wait_covers_chunks_freed_before_it))

@@ -215,7 +215,9 @@ static size_t find_pinned_chunks(gm_arena *arena, const gm_region *keep_region, 
                 for (uintptr_t page = chunk->address; page < chunk->address + chunk->size; page += page_size)
                     free_bytes += map[page_index(region, page, page_size)] ? page_size : 0;
                 bool kept = region == keep_region && chunk->address < keep_end && chunk->address + chunk->size > keep_start;
-                if (free_bytes < least || free_bytes == chunk->size || chunk->exported || kept)
+                /* A lane's ring lives in the upper part of its stream's range (lane.c): its chunks stay whole. */
+                bool ring = state_of(heap)->lane && chunk->address >= pages_ring_floor(region);
+                if (free_bytes < least || free_bytes == chunk->size || chunk->exported || kept || ring)
                     continue;
                 if (count == capacity) {
                     pinned_chunk *grown = realloc(chunks, (capacity ? 2 * capacity : 16) * sizeof *chunks);

@@ -6,9 +6,10 @@
  *   0. a request of a size its stream keeps regrowing goes to the stream's growth lane (lane.c);
  *   1. from a free mapped block of the stream's heap: TLSF good fit, no device call (with rechunk_min,
  *      an idle chunk that the fit covers in part is first made anew in two: rechunk.c);
- *   2. otherwise in the window of free addresses needing the fewest new pages (windows.c) -- perhaps
- *      in the lane's range, when the lane has mapped memory to lend (lane_sharing.c) -- backed by
+ *   2. otherwise in the window of free addresses needing the fewest new pages (windows.c), backed by
  *      idle chunks moved from elsewhere or by new memory (growth.c).
+ * A stream's heap and its lane share one range; the stream's fits and windows keep out of the ring's
+ * way (lane_sharing.c).
  * A freed block merges with its free neighbours and belongs to its region's heap again; empty_cache
  * unmaps and releases every idle chunk.
  * docs/engine.md explains why this reserves less than PyTorch's segments.
@@ -21,10 +22,10 @@
 #include <stdlib.h>
 
 /* A free block of exactly `size` bytes in `heap`'s `pool`, detached: a fit, else growth in the window
- * needing the fewest new pages -- perhaps one the stream's lane lends (lane_sharing.c). */
+ * needing the fewest new pages -- neither in the way of the stream's lane (lane_sharing.c). */
 static gm_status fit_or_grow(gm_arena *arena, gm_heap *heap, int pool, uint64_t size, gm_block **block_out)
 {
-    gm_block *block = gm_size_index_find(gm_heap_index(heap, pool), size);
+    gm_block *block = pages_fit_beside_lane(heap, pool, size);
     if (block) {
         gm_block *remade = NULL; /* the fit with an idle chunk it covers in part made anew (rechunk.c) */
         gm_status status = arena->options->rechunk_min ? pages_rechunk_fit(arena, block, size, &remade) : GM_OK;
@@ -36,8 +37,7 @@ static gm_status fit_or_grow(gm_arena *arena, gm_heap *heap, int pool, uint64_t 
             gm_unindex_free_block(arena, block);
     } else {
         uint64_t page_size = engine_of(arena)->page_size;
-        window where = pages_choose_window(heap, pool, size, page_size, NULL);
-        where = pages_window_with_lane(heap, pool, size, page_size, where);
+        window where = pages_choose_window(heap, pool, size, page_size, pages_run_outside_lane);
         gm_status status = pages_grow(arena, heap, pool, size, where, &block);
         if (status != GM_OK)
             return status;
@@ -66,7 +66,7 @@ static gm_status pages_allocate(gm_arena *arena, gm_heap *heap, int pool, uint64
     if (status != GM_OK) { /* the stream's own heap */
         if ((status = fit_or_grow(arena, heap, pool, size, &block)) != GM_OK)
             return status;
-        block->heap = heap; /* the block may lie in the lane's range: it is the stream's while allocated */
+        block->heap = heap;
     }
     block->state = GM_BLOCK_ALLOCATED;
     if (pool == GM_POOL_LARGE && size >= engine->page_size)
@@ -239,6 +239,8 @@ static gm_status forget_one_heap(gm_arena *arena, gm_heap *heap)
 static gm_status pages_forget_heap(gm_arena *arena, gm_heap *heap)
 {
     gm_heap *lane = heap->engine_data ? state_of(heap)->lane : NULL;
+    if (lane && state_of(lane)->live) /* the lane's blocks lie in this heap's range: it stays */
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "the heap's lane still has live blocks");
     if (lane) {
         gm_status status = forget_one_heap(arena, lane);
         if (status != GM_OK)

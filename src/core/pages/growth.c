@@ -44,7 +44,7 @@ static uint64_t move_idle_chunks(gm_arena *arena, const window *where, uintptr_t
     size_t count = pages_sorted_idle_chunks(arena, target, where->run_start, where->run_end);
     /* Memory moved into the small pool stays there (small blocks pin it), and a lane takes pages, not
      * large chunks: move only what is needed. */
-    uint64_t limit = target->pool == GM_POOL_SMALL || is_lane(target->heap) || room < need ? need : room;
+    uint64_t limit = target->pool == GM_POOL_SMALL || engine->placing_lane || room < need ? need : room;
     uint64_t mapped = 0;
     size_t first = 0; /* entries before it are taken: with page-sized chunks each pick is the first */
     ptrdiff_t pick;
@@ -62,7 +62,7 @@ static uint64_t move_idle_chunks(gm_arena *arena, const window *where, uintptr_t
             *status_out = status;
             return mapped;
         }
-        if (candidate->region != target && !is_lane(target->heap) && !is_lane(candidate->region->heap)) {
+        if (candidate->region != target && !engine->placing_lane) {
             page_region *donor = data_of(candidate->region);
             if (engine->allocations - donor->donated_at >= PING_PONG_ALLOCATIONS)
                 donor->donated_bytes = 0;
@@ -138,7 +138,7 @@ static gm_status create_memory(gm_arena *arena, gm_region *region, uintptr_t add
 {
     page_engine *engine = engine_of(arena);
     uint64_t page_size = engine->page_size, pages = need / page_size;
-    bool fine = region->pool == GM_POOL_SMALL || is_lane(region->heap) || memory_is_limited(arena) ||
+    bool fine = region->pool == GM_POOL_SMALL || engine->placing_lane || memory_is_limited(arena) ||
                 (pages <= FINE_GROWTH_PAGES && engine->credit_ns >= (int64_t)pages * engine->page_chunk_cost_ns);
     uint64_t piece = fine ? page_size : need < engine->max_chunk_size ? need : engine->max_chunk_size;
     uintptr_t end = address + need;
@@ -226,14 +226,14 @@ static gm_status back_part(gm_arena *arena, const window *where, uintptr_t from,
         if (move_spends_budget(arena, region, need))
             engine->bounce_credit_ns -= arena->backend->modelled_ns - moving_since;
     }
-    if (status == GM_OK && mapped < need && arena->options->compact_min && !is_lane(region->heap) &&
+    if (status == GM_OK && mapped < need && arena->options->compact_min && !engine->placing_lane &&
         should_recycle(arena, need - mapped)) {
         const gm_stat *reserved = arena->stats->reserved_bytes;
         int64_t excess = gm_stat_total(reserved) + (int64_t)(need - mapped) - reserved[GM_POOL_ALL].peak;
         if (excess > reserved[GM_POOL_ALL].peak / COMPACT_ABOVE_PEAK_DIVISOR)
             status = pages_compact_for(arena, where, (uint64_t)excess);
     }
-    if (status == GM_OK && mapped < need && is_lane(region->heap) && should_recycle(arena, need - mapped)) {
+    if (status == GM_OK && mapped < need && engine->placing_lane && should_recycle(arena, need - mapped)) {
         engine->moving_by_choice = true;
         release_idle_for(arena, where, need - mapped);
         engine->moving_by_choice = false;

@@ -18,6 +18,11 @@
  * a tensor every step needed new pages at every step, moved from the top of the run to its bottom.
  * A copy that would need new memory above the peak takes a fitting free block of the stream's own
  * heap instead, when there is one.
+ *
+ * The lane has no range of its own: the ring lives in the upper part of its stream's large-pool range
+ * (from pages_ring_floor up; the stream's own blocks start at the range's base), its top first in the
+ * range's middle, and its free memory is the stream's free memory (lane_sharing.c). The ring's jumps
+ * stay in that upper part.
  */
 #include "core/pages/pages.h"
 
@@ -87,6 +92,11 @@ static gm_block *take_spot(gm_arena *arena, const lane_spot *spot, uint64_t size
 {
     window where = {spot->run_first->region, spot->run_first, spot->run_first->address, spot->run_end, spot->start,
                     spot->pages, 0};
+    /* The run below the ring reaches down to the stream's own blocks: the idle chunks the stream's
+     * part of it holds may still move to the ring (only those of the ring's part stay, as in any run). */
+    uintptr_t floor = pages_ring_floor(where.region);
+    if (where.run_start < floor && spot->start >= floor)
+        where.run_start = floor;
     gm_block *opened = NULL;
     if ((*status_out = pages_open_window(arena, where, size, &opened)) != GM_OK)
         return NULL;
@@ -109,11 +119,11 @@ static bool spot_below(gm_block *above, uint64_t size, uint64_t page_size, lane_
     return true;
 }
 
-/* The region of the lane that holds the address just below `end`, or NULL. */
+/* The large-pool region of the lane's stream that holds the address just below `end`, or NULL. */
 static gm_region *region_below(gm_heap *lane_heap, uintptr_t end)
 {
-    for (gm_region *region = gm_first_region(lane_heap); region; region = gm_next_region(region))
-        if (end > region->base && end <= region->base + region->size)
+    for (gm_region *region = gm_first_region(state_of(lane_heap)->owner); region; region = gm_next_region(region))
+        if (region->pool == GM_POOL_LARGE && end > region->base && end <= region->base + region->size)
             return region;
     return NULL;
 }
@@ -142,10 +152,13 @@ static bool spot_ending_at(gm_heap *lane_heap, uintptr_t end, uint64_t size, uin
     return true;
 }
 
-/* The highest free block from `from` down to `stop` (not included) with `room` bytes below `top`. */
+/* The highest free block of the ring's part of the range (pages_ring_floor) from `from` down to `stop`
+ * (not included) with `room` bytes below `top`: the stream's own blocks lie below. */
 static gm_block *free_block_below(gm_block *from, const gm_block *stop, uintptr_t top, uint64_t room)
 {
-    for (gm_block *block = from; block && block != stop; block = block->previous) {
+    uintptr_t floor = from ? pages_ring_floor(from->region) : 0;
+    for (gm_block *block = from; block && block != stop && block->address + block->size > floor;
+         block = block->previous) {
         uintptr_t end = block->address + block->size < top ? block->address + block->size : top;
         if (block->state == GM_BLOCK_FREE && end >= block->address + room)
             return block;
@@ -207,10 +220,10 @@ static bool spot_below_lowest(const page_heap *lane, uint64_t size, uint64_t pag
     return lowest && spot_below(lowest, size, page_size, spot);
 }
 
-/* Where the fewest new pages are needed, anywhere in the lane's range. */
+/* Where the fewest new pages are needed, anywhere in the stream's large-pool range. */
 static bool spot_anywhere(gm_heap *lane_heap, uint64_t size, uint64_t page_size, lane_spot *spot)
 {
-    window where = pages_choose_window(lane_heap, GM_POOL_LARGE, size, page_size, NULL);
+    window where = pages_choose_window(state_of(lane_heap)->owner, GM_POOL_LARGE, size, page_size, NULL);
     if (!where.region)
         return false;
     *spot = (lane_spot){where.run_first, where.run_end, where.start, where.pages};
@@ -259,16 +272,19 @@ static bool choose_spot(gm_heap *lane_heap, uint64_t size, uint64_t page_size, l
     return spot_below_lowest(lane, size, page_size, spot) || spot_anywhere(lane_heap, size, page_size, spot);
 }
 
-/* Place a request of `size` bytes in `lane_heap`; the lane's first request makes its range, the
- * ring's top in its middle. */
+/* Place a request of `size` bytes in `lane_heap`; the lane's first request puts the ring's top in the
+ * middle of the stream's large-pool range (made if the stream has none yet), far above the stream's
+ * own blocks. */
 static gm_status lane_allocate(gm_arena *arena, gm_heap *lane_heap, uint64_t size, gm_block **block_out)
 {
     page_heap *lane = state_of(lane_heap);
     uint64_t page_size = engine_of(arena)->page_size;
     gm_status status = GM_OK;
     if (!lane->top) {
-        gm_region *region = NULL;
-        if ((status = pages_add_region(arena, lane_heap, GM_POOL_LARGE, size, &region)) != GM_OK)
+        gm_region *region = gm_first_region(lane->owner);
+        while (region && region->pool != GM_POOL_LARGE)
+            region = gm_next_region(region);
+        if (!region && (status = pages_add_region(arena, lane->owner, GM_POOL_LARGE, size, &region)) != GM_OK)
             return status;
         lane->top = page_floor(region->base + region->size / 2, page_size);
     }
@@ -287,16 +303,20 @@ static gm_status lane_allocate(gm_arena *arena, gm_heap *lane_heap, uint64_t siz
 gm_status pages_lane_place(gm_arena *arena, gm_heap *heap, gm_heap *lane, uint64_t size, gm_block **block_out)
 {
     page_engine *engine = engine_of(arena);
-    engine->keep_peak = gm_size_index_find(gm_heap_index(heap, GM_POOL_LARGE), size) != NULL;
+    engine->keep_peak = pages_fit_beside_lane(heap, GM_POOL_LARGE, size) != NULL;
+    engine->placing_lane = true;
     gm_status status = lane_allocate(arena, lane, size, block_out);
+    engine->placing_lane = false;
     engine->keep_peak = false;
-    if (status == GM_OK)
+    if (status == GM_OK) {
+        (*block_out)->heap = lane; /* it lies in the stream's range: the lane's while allocated */
         lane_append(state_of(lane), *block_out);
+    }
     return status;
 }
 
-/* A lane's allocation-order list holds exactly its allocated and pending blocks (its range may also
- * hold blocks of the stream's heap: lane_sharing.c). */
+/* A lane's allocation-order list holds exactly its allocated and pending blocks, which lie in its
+ * stream's regions (lane_sharing.c). */
 gm_status pages_validate_lane(const gm_heap *heap)
 {
     const page_heap *lane = state_of(heap);
@@ -308,7 +328,7 @@ gm_status pages_validate_lane(const gm_heap *heap)
                            block->state);
         bytes += block->size;
     }
-    for (const gm_region *region = gm_first_region(heap); region; region = gm_next_region(region))
+    for (const gm_region *region = gm_first_region(lane->owner); region; region = gm_next_region(region))
         for (const gm_block *block = region->first_block; block; block = block->next)
             live += block->heap == heap && (block->state == GM_BLOCK_ALLOCATED || block->state == GM_BLOCK_PENDING);
     if (listed != lane->live || live != lane->live || bytes != lane->live_bytes)

@@ -8,7 +8,7 @@
  *   windows.c       where a request could go in free address space, and what that needs backed
  *   growth.c        backing a window with pages: idle chunks moved, new memory made
  *   lane.c          the growth lane for tensors that keep being replaced by larger copies
- *   lane_sharing.c  a stream's heap borrowing its lane's mapped memory in place
+ *   lane_sharing.c  a stream's heap and its lane sharing one range: the stream's requests beside the ring
  *   rechunk.c       an idle chunk that a fit covers in part made anew in two (rechunk_min, off by default)
  *   compaction.c    pinned chunks split around their live pages before a growth lifts the peak
  *                   (compact_min, off by default)
@@ -17,7 +17,7 @@
  * Invariants (checked by pages_validate): the blocks of a region tile it; a block's pages are mapped
  * exactly when it is not unmapped; every chunk is mapped at one place and the page table points at it
  * from each of its pages; a free or unmapped block belongs to its region's heap, an allocated or pending
- * one to the heap that asked for it (a stream's block may lie in its lane's region: lane_sharing.c);
+ * one to the heap that asked for it (a lane's blocks lie in its stream's large-pool region: lane_sharing.c);
  * every free block is in its heap's size index and every unmapped block in its region's unmapped list;
  * a lane lists exactly its allocated and pending blocks, oldest first.
  */
@@ -54,9 +54,11 @@
  * over slivers it cannot reuse. */
 #define RING_JUMP_COPIES 5
 
-/* A stream's heap may borrow its lane's mapped memory while the lane's live blocks take at most
- * 1/LANE_LENDS_BELOW of it (lane_sharing.c). */
-#define LANE_LENDS_BELOW 4
+/* A stream's request fits into a free block bordering a live lane block only if the block leaves this
+ * much beside it: less is the ring's next room, which its next copies (a KV cache's tensors, tens of
+ * MiB each) need; a free block that large is the stream's free memory as much as the ring's
+ * (lane_sharing.c). */
+#define RING_FIT_ROOM (256ull << 20)
 
 /* Physical memory made by one cuMemCreate, mapped at exactly one place. */
 typedef struct page_chunk {
@@ -91,7 +93,8 @@ typedef struct idle_chunk {
 
 /* The engine's state for one heap (heap->engine_data). A stream's heap watches for regrowths and,
  * once LANE_AFTER_REGROWTHS were seen, owns a lane: an engine-private heap of the same stream whose
- * live blocks are kept in allocation order and placed as a ring below its top (lane.c). */
+ * live blocks are kept in allocation order and placed as a ring below its top, in the upper part of the
+ * stream's large-pool range (lane.c); the lane has no region of its own. */
 typedef struct page_heap {
     uint64_t waited_at;          /* the engine's free count when this heap's stream was last waited for */
     gm_heap *owner;              /* lane: the stream's heap it serves; NULL for a stream's heap */
@@ -102,7 +105,7 @@ typedef struct page_heap {
     gm_queue order; /* lane: live (allocated or pending) blocks, oldest first, through gm_block.order */
     uint64_t live;
     uint64_t live_bytes; /* lane: the bytes of those blocks */
-    uintptr_t top;       /* lane: the ring's upper end, 0 until its region is made */
+    uintptr_t top;       /* lane: the ring's upper end, 0 until its first request */
 } page_heap;
 
 typedef struct page_engine {
@@ -118,6 +121,7 @@ typedef struct page_engine {
     idle_chunk *idle;            /* scratch list for the growth path */
     size_t idle_capacity;
     uint64_t allocations;        /* allocations served so far */
+    bool placing_lane;           /* the window being backed is a lane's: page-sized chunks, only what it needs */
     bool keep_peak;              /* placing in a lane: refuse new memory above the peak (lane_place) */
     bool moving_by_choice;       /* idle chunks are looked for to keep reserved memory at its peak, not
                                     because new memory cannot be had: those of another stream than the
@@ -315,9 +319,18 @@ gm_status pages_validate_lane(const gm_heap *heap);
 
 /* ---------------------------------------------------------------- lane_sharing.c */
 
-/* The window for a request of the stream's heap `heap`: `own`, the best window of its own regions,
- * or one of its lane's region that needs fewer new pages, when the lane has memory to lend. */
-window pages_window_with_lane(gm_heap *heap, int pool, uint64_t size, uint64_t page_size, window own);
+/* The ring's part of a stream's large-pool region: its addresses from here up (lane.c keeps the ring
+ * there; the stream's own blocks start at the region's base). */
+static inline uintptr_t pages_ring_floor(const gm_region *region)
+{
+    return region->base + region->size / 4;
+}
+/* A fit for a request of the stream's heap `heap`: the size index's, unless it lies in the way of
+ * the stream's lane (a free block bordering a live lane block without RING_FIT_ROOM beside the
+ * request): then the first other block that fits, or NULL. */
+gm_block *pages_fit_beside_lane(gm_heap *heap, int pool, uint64_t size);
+/* A run filter (pages_choose_window) for the stream's growth: not a run between two live lane blocks. */
+bool pages_run_outside_lane(const gm_block *first, const gm_block *last);
 
 /* ---------------------------------------------------------------- rechunk.c */
 
