@@ -234,6 +234,19 @@ static void *open_lane(gm_allocator *allocator, uint64_t *size_out)
     return tensor;
 }
 
+/* gm_malloc of `size` bytes on stream 0, which must map and create nothing. */
+static void *malloc_without_device_call(gm_allocator *allocator, uint64_t size)
+{
+    gm_stats before, after;
+    CHECK_OK(gm_get_stats(allocator, &before));
+    void *pointer = NULL;
+    CHECK_OK(gm_malloc(allocator, size, 0, &pointer));
+    CHECK_OK(gm_get_stats(allocator, &after));
+    CHECK_EQ_INT(after.device_calls[GM_CALL_MAP], before.device_calls[GM_CALL_MAP]);
+    CHECK_EQ_INT(after.device_calls[GM_CALL_PHYSICAL_CREATE], before.device_calls[GM_CALL_PHYSICAL_CREATE]);
+    return pointer;
+}
+
 /* A lane with no live block left (between two generate calls) places the next request in its own
  * free memory, with no device call: neither end of the conveyor exists then. */
 static void empty_lane_reuses_its_free_memory(void)
@@ -245,14 +258,8 @@ static void empty_lane_reuses_its_free_memory(void)
     void *tensor = open_lane(allocator, &size);
     CHECK(address_of(tensor) - address_of(anchor) > (8ull << 30)); /* in the lane */
     CHECK_OK(gm_free(allocator, tensor));                           /* the lane is empty */
-    gm_stats before, after;
-    CHECK_OK(gm_get_stats(allocator, &before));
-    void *next = NULL;
-    CHECK_OK(gm_malloc(allocator, size - (64 << 10), 0, &next));
-    CHECK_OK(gm_get_stats(allocator, &after));
+    void *next = malloc_without_device_call(allocator, size - (64 << 10));
     CHECK(address_of(next) - address_of(anchor) > (8ull << 30)); /* the lane again */
-    CHECK_EQ_INT(after.device_calls[GM_CALL_MAP], before.device_calls[GM_CALL_MAP]);
-    CHECK_EQ_INT(after.device_calls[GM_CALL_PHYSICAL_CREATE], before.device_calls[GM_CALL_PHYSICAL_CREATE]);
     CHECK_OK(gm_validate(allocator));
     CHECK_OK(gm_free(allocator, next));
     CHECK_OK(gm_free(allocator, anchor));
@@ -262,8 +269,6 @@ static void empty_lane_reuses_its_free_memory(void)
 /* A stream's heap and its lane share one range: once the lane is empty (between two generate calls),
  * a request of the stream's own (the next prefill's temporaries) fits into the memory the ring used,
  * with no device call -- with a range of its own, the lane's pages would have moved to the stream. */
-
-
 static void stream_reuses_the_rings_memory(void)
 {
     gm_allocator *allocator = make("engine:pages,capacity:16GiB");
@@ -276,14 +281,8 @@ static void stream_reuses_the_rings_memory(void)
      * starts at its middle), not a range of its own. */
     CHECK(ring - address_of(anchor) > (8ull << 30) && ring - address_of(anchor) < (24ull << 30));
     CHECK_OK(gm_free(allocator, tensor)); /* the lane is empty */
-    gm_stats before, after;
-    CHECK_OK(gm_get_stats(allocator, &before));
-    void *temporary = NULL; /* not a regrowing size: the stream's heap */
-    CHECK_OK(gm_malloc(allocator, 20 * MIB, 0, &temporary));
-    CHECK_OK(gm_get_stats(allocator, &after));
+    void *temporary = malloc_without_device_call(allocator, 20 * MIB); /* not a regrowing size: the stream's */
     CHECK(address_of(temporary) - address_of(anchor) > (8ull << 30)); /* where the ring was */
-    CHECK_EQ_INT(after.device_calls[GM_CALL_MAP], before.device_calls[GM_CALL_MAP]);
-    CHECK_EQ_INT(after.device_calls[GM_CALL_PHYSICAL_CREATE], before.device_calls[GM_CALL_PHYSICAL_CREATE]);
     CHECK_OK(gm_validate(allocator));
     CHECK_OK(gm_free(allocator, temporary));
     CHECK_OK(gm_free(allocator, anchor));
