@@ -355,7 +355,8 @@ def _pinned_allocate(cupy):
         gpumem.function_address("gm_host_malloc"), gpumem.function_address("gm_host_free"),
         gpumem.function_address("gm_host_record_stream"), runtime.getDevice, cupy.cuda.get_current_stream,
         cupy.cuda.get_current_stream, current_stream, _allocators, allocate, malloc_failed, gpumem.check_status,
-        cupy.cuda.PinnedMemoryPointer, make_current)
+        cupy.cuda.PinnedMemoryPointer, make_current, _cupy_capsule(cupy, "device", "get_device_id"),
+        _cupy_capsule(cupy, "stream", "get_current_stream_ptr"))
 
 
 def install(config="", pinned=True):

@@ -189,12 +189,13 @@ static int hooks_registered(Allocate *self)
     return maybe > 0 ? call_truth(self->registered_hooks) : maybe;
 }
 
-/* The current device, as an int object. */
-static PyObject *current_device(Allocate *self)
+/* The current device, as an int object: from CuPy's C function `device_id` where there is one, else
+ * from `get_device`. */
+static PyObject *current_device(cupy_device_id_function device_id, PyObject *get_device)
 {
-    if (!self->device_id)
-        return call_nothing(self->get_device);
-    int device = self->device_id(0);
+    if (!device_id)
+        return call_nothing(get_device);
+    int device = device_id(0);
     return device == -1 && PyErr_Occurred() ? NULL : PyLong_FromLong(device);
 }
 
@@ -384,7 +385,7 @@ static PyObject *allocate(PyObject *self_object, PyObject *size_object)
     int hooks = hooks_registered(self);
     if (hooks != 0)
         return hooks < 0 ? NULL : PyObject_Vectorcall(self->slow_allocate, &size_object, 1, NULL);
-    PyObject *device = current_device(self);
+    PyObject *device = current_device(self->device_id, self->get_device);
     if (device == NULL)
         return NULL;
     PyObject *result = context_for_thread(self->make_current, device) == 0 ? allocate_on(self, device, size_object, size)
@@ -463,6 +464,8 @@ typedef struct {
     gm_host_malloc_function host_malloc;
     gm_host_free_function host_free;
     gm_host_record_stream_function host_record_stream;
+    cupy_device_id_function device_id; /* CuPy's C functions, or NULL, as Allocate's */
+    cupy_stream_pointer_function stream_pointer;
     PyObject *get_device;            /* () -> the current device */
     PyObject *get_stream;            /* () -> the current device's current cupy Stream */
     PyObject *stream_of_device;      /* device -> that device's current Stream (CuPy's get_current_stream) */
@@ -484,14 +487,25 @@ typedef struct {
     PinnedAllocate *allocate;
     PyObject *device_state; /* keeps the handle's storage */
     void **handle_cell;
-    PyObject *stream; /* the Stream current at the allocation, alive until the free */
+    PyObject *stream;         /* the Stream current at the allocation, alive until the free; None: the default one */
+    size_t stream_pointer;    /* its pointer */
     void *pointer;
     PyObject *ptr, *size, *device;
 } PinnedBlock;
 
-/* The pointer of `device`'s current stream, or 0 with *known 0 where CuPy cannot say it. */
+/* The pointer of `device`'s current stream, or 0 with *known 0 where CuPy cannot say it: from CuPy's C
+ * functions when `device` is the current device, else from its Python ones. */
 static size_t stream_at_free(PinnedAllocate *allocate, PyObject *device, int *known)
 {
+    if (allocate->device_id && allocate->stream_pointer) {
+        int current = allocate->device_id(0);
+        intptr_t pointer = PyErr_Occurred() || PyLong_AsLong(device) != current ? -1 : allocate->stream_pointer();
+        if (!PyErr_Occurred() && pointer != -1) {
+            *known = 1;
+            return (size_t)pointer;
+        }
+        PyErr_Clear();
+    }
     PyObject *stream = PyObject_Vectorcall(allocate->stream_of_device, &device, 1, NULL);
     if (stream == NULL) {
         PyErr_Clear();
@@ -522,17 +536,8 @@ static void pinned_block_free(PinnedBlock *self)
     PinnedAllocate *allocate = self->allocate;
     if (self->pointer == NULL || Py_IsFinalizing()) /* size 0, or CUDA may be gone already */
         return;
-    PyObject *allocation_pointer = PyObject_GetAttr(self->stream, name_ptr);
-    size_t streams[2];
-    int count = 0, known;
-    if (allocation_pointer != NULL) {
-        streams[count++] = (size_t)PyLong_AsUnsignedLongLong(allocation_pointer);
-        Py_DECREF(allocation_pointer);
-    }
-    if (PyErr_Occurred()) {
-        PyErr_WriteUnraisable(allocate->free_failed);
-        return;
-    }
+    size_t streams[2] = {self->stream_pointer, 0};
+    int count = 1, known;
     size_t current = stream_at_free(allocate, self->device, &known);
     if (known && current != streams[0])
         streams[count++] = current;
@@ -588,7 +593,7 @@ static PyTypeObject PinnedBlockType = {
 
 /* CuPy's PinnedMemoryPointer to a new block; if making it fails, dropping the block gives it back. */
 static PyObject *pinned_wrap(PinnedAllocate *self, PyObject *device_state, void **handle_cell, PyObject *device,
-                             PyObject *stream, void *pointer, PyObject *size)
+                             PyObject *stream, size_t stream_pointer, void *pointer, PyObject *size)
 {
     PinnedBlock *block = PyObject_New(PinnedBlock, &PinnedBlockType);
     if (block == NULL) {
@@ -605,6 +610,7 @@ static PyObject *pinned_wrap(PinnedAllocate *self, PyObject *device_state, void 
     block->device_state = device_state;
     block->handle_cell = handle_cell;
     block->stream = stream;
+    block->stream_pointer = stream_pointer;
     block->pointer = pointer;
     block->size = size;
     block->device = device;
@@ -618,6 +624,28 @@ static PyObject *pinned_wrap(PinnedAllocate *self, PyObject *device_state, void 
     return result;
 }
 
+/* The current stream at an allocation and its pointer: None for the default stream, which CuPy's C
+ * function says with no Python call and which needs keeping alive by no one; any other the Stream. */
+static PyObject *allocation_stream(PinnedAllocate *self, size_t *pointer_out)
+{
+    if (self->stream_pointer) {
+        intptr_t pointer = self->stream_pointer();
+        if (pointer == -1 && PyErr_Occurred())
+            return NULL;
+        *pointer_out = 0;
+        if (pointer == 0)
+            Py_RETURN_NONE;
+    }
+    PyObject *stream = call_nothing(self->get_stream);
+    PyObject *pointer = stream ? PyObject_GetAttr(stream, name_ptr) : NULL;
+    if (pointer != NULL)
+        *pointer_out = (size_t)PyLong_AsUnsignedLongLong(pointer);
+    Py_XDECREF(pointer);
+    if (pointer == NULL || PyErr_Occurred())
+        Py_CLEAR(stream);
+    return stream;
+}
+
 static PyObject *pinned_allocate_on(PinnedAllocate *self, PyObject *device, PyObject *size_object, size_t size)
 {
     PyObject *device_state = PyDict_GetItemWithError(self->devices, device); /* borrowed */
@@ -625,12 +653,14 @@ static PyObject *pinned_allocate_on(PinnedAllocate *self, PyObject *device, PyOb
         return PyErr_Occurred() ? NULL : PyObject_Vectorcall(self->slow_allocate, &size_object, 1, NULL);
     Py_INCREF(device_state);
     void **handle_cell;
+    size_t stream_pointer;
     PyObject *result = NULL, *stream = NULL;
-    if (handle_cell_of(device_state, &handle_cell) == 0 && (stream = call_nothing(self->get_stream)) != NULL) {
+    if (handle_cell_of(device_state, &handle_cell) == 0 && (stream = allocation_stream(self, &stream_pointer)) != NULL) {
         void *handle = *handle_cell, *pointer = NULL;
         int status;
         GPUMEM_CALL(status = self->host_malloc(handle, size, &pointer));
-        result = status == 0 ? pinned_wrap(self, device_state, handle_cell, device, stream, pointer, size_object)
+        result = status == 0 ? pinned_wrap(self, device_state, handle_cell, device, stream, stream_pointer, pointer,
+                                           size_object)
                              : call_with_status(self->malloc_failed, status, NULL);
     }
     Py_XDECREF(stream);
@@ -645,7 +675,7 @@ static PyObject *pinned_allocate(PyObject *self_object, PyObject *size_object)
     size_t size = PyLong_AsSize_t(size_object);
     if (size == (size_t)-1 && PyErr_Occurred())
         return NULL;
-    PyObject *device = call_nothing(self->get_device);
+    PyObject *device = current_device(self->device_id, self->get_device);
     if (device == NULL)
         return NULL;
     PyObject *result = context_for_thread(self->make_current, device) == 0
@@ -679,11 +709,12 @@ static PyObject *make_pinned_allocate(PyObject *module, PyObject *arguments)
     (void)module;
     unsigned long long malloc_address, free_address, record_address;
     PinnedAllocate parsed;
-    if (!PyArg_ParseTuple(arguments, "KKKOOOOO!OOOOO:make_pinned_allocate", &malloc_address, &free_address,
+    PyObject *device_capsule = NULL, *stream_capsule = NULL;
+    if (!PyArg_ParseTuple(arguments, "KKKOOOOO!OOOOO|OO:make_pinned_allocate", &malloc_address, &free_address,
                           &record_address, &parsed.get_device, &parsed.get_stream, &parsed.stream_of_device,
                           &parsed.stream_of_device_slow, &PyDict_Type, &parsed.devices, &parsed.slow_allocate,
                           &parsed.malloc_failed, &parsed.free_failed, &parsed.pinned_memory_pointer,
-                          &parsed.make_current))
+                          &parsed.make_current, &device_capsule, &stream_capsule))
         return NULL;
     if (malloc_address == 0 || free_address == 0 || record_address == 0) {
         PyErr_SetString(PyExc_ValueError,
@@ -696,6 +727,8 @@ static PyObject *make_pinned_allocate(PyObject *module, PyObject *arguments)
     self->host_malloc = (gm_host_malloc_function)(uintptr_t)malloc_address;
     self->host_free = (gm_host_free_function)(uintptr_t)free_address;
     self->host_record_stream = (gm_host_record_stream_function)(uintptr_t)record_address;
+    self->device_id = (cupy_device_id_function)capsule_function(device_capsule, CUPY_DEVICE_ID_SIGNATURE);
+    self->stream_pointer = (cupy_stream_pointer_function)capsule_function(stream_capsule, CUPY_STREAM_POINTER_SIGNATURE);
     memcpy(&self->get_device, &parsed.get_device, PINNED_OBJECTS * sizeof(PyObject *));
     for (PyObject **field = &self->get_device; field < &self->get_device + PINNED_OBJECTS; field++)
         Py_INCREF(*field);
@@ -726,7 +759,7 @@ static PyMethodDef module_methods[] = {
     {"make_pinned_allocate", make_pinned_allocate, METH_VARARGS,
      "make_pinned_allocate(gm_host_malloc, gm_host_free and gm_host_record_stream addresses, get_device, "
      "get_stream, stream_of_device, stream_of_device_slow, devices, slow_allocate, malloc_failed, free_failed, "
-     "PinnedMemoryPointer, make_current) -> CuPy's pinned memory allocator function"},
+     "PinnedMemoryPointer, make_current[, CuPy's capsules of get_device_id, get_current_stream_ptr]) -> CuPy's pinned memory allocator function"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -5,7 +5,8 @@ compiled path calls cupy.cuda.device.get_device_id, cupy.cuda.stream.get_current
 cupy.cuda.memory_hook._has_memory_hooks through them instead of through Python. fake_cupy_capi.c
 exports such capsules, with values set from the test and its calls counted, on the stand-in cupy of
 test_cupy_install.py. Pinned here:
-- with the capsules, an allocation on the default stream calls no Python function of CuPy's;
+- with the capsules, an allocation on the default stream calls no Python function of CuPy's, device
+  memory or pinned memory (whose dropped blocks still wait for the streams CuPy's functions say);
 - a stream other than the default one is still kept alive (its Stream object asked for once);
 - an error raised by CuPy's C function is the allocation's error, and nothing is allocated;
 - a capsule of another signature is not used: the Python function is called instead;
@@ -20,9 +21,10 @@ import unittest
 
 from gpumem import compiled
 from test_cupy_compiled import RecordsUnraisable
-from test_cupy_install import _Stream
+from test_cupy_install import _Stream, sim_streams
 
 CONFIG = "backend:sim,capacity:256MiB"
+MiB = 1 << 20
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -38,7 +40,9 @@ def build_fake_capi(folder):
     return module
 
 
-class CupyCapsulesTest(RecordsUnraisable):
+class CapsulesTest(RecordsUnraisable):
+    """The fake capsules as CuPy's __pyx_capi__, and CuPy's Python functions counted in python_calls."""
+
     @classmethod
     def setUpClass(cls):
         cls.folder = tempfile.TemporaryDirectory()
@@ -78,6 +82,8 @@ class CupyCapsulesTest(RecordsUnraisable):
         self.capi.set(0, stream, hooks, failing)
         self.cupy.state.streams[0] = _Stream(stream)
 
+
+class CupyCapsulesTest(CapsulesTest):
     def install(self):
         self.module.install(CONFIG, pinned=False)
         self.module.allocator(0)
@@ -144,6 +150,60 @@ class CupyCapsulesTest(RecordsUnraisable):
         block = allocate(4096)
         self.assertEqual(type(block.mem.owner).__name__, "Block")
         del block
+
+
+class PinnedCapsulesTest(CapsulesTest):
+    """CuPy's pinned memory allocator on the compiled path with CuPy's C functions: the current device and
+    stream without Python calls, the streams a dropped block waits for as on the Python path."""
+
+    def setUp(self):
+        super().setUp()
+        self.kept = []
+
+    def install(self):
+        self.module.install(CONFIG)
+        self.module.allocator(0)
+        self.python_calls.clear()
+        return self.cupy.state.pinned_allocator
+
+    def reused(self, allocate):
+        """Whether a new MiB request is served by a freed block (kept, so that it is not freed again)."""
+        hits = self.module.allocator(0).host_stats()["cache_hits"]
+        self.kept.append(allocate(MiB))
+        return self.module.allocator(0).host_stats()["cache_hits"] == hits + 1
+
+    def test_the_default_stream_calls_no_python_function_of_cupys(self):
+        allocate = self.install()
+        before = self.capi.calls()
+        block = allocate(4096)
+        self.assertEqual(self.capi.calls() - before, 2)  # device, stream
+        del block
+        self.assertEqual(self.python_calls, [])
+        self.assertEqual(self.module.allocator().host_stats()["allocations"]["current"], 0)
+        self.assertEqual(self.unraisable, [])
+
+    def test_a_dropped_block_waits_for_the_streams_cupys_functions_say(self):
+        allocate = self.install()
+        enqueue, complete = sim_streams(self.module.allocator(0))
+        block = allocate(MiB)  # on the default stream
+        self.set(stream=7)     # a copy queued on stream 7, then the array dropped
+        enqueue(7, 1)
+        del block
+        self.assertEqual(self.python_calls, [])
+        self.assertFalse(self.reused(allocate))
+        self.assertEqual(self.python_calls, ["get_current_stream"])  # stream 7's Stream, kept by the new block
+        complete(7)
+        self.assertTrue(self.reused(allocate))
+        self.kept.clear()
+        self.assertEqual(self.unraisable, [])
+
+    def test_another_device_asks_cupys_python_function(self):
+        allocate = self.install()
+        block = allocate(4096)
+        self.capi.set(1, 0, 0, 0)  # device 1 current at the drop: the block's device's stream from Python
+        del block
+        self.assertEqual(self.python_calls, ["get_current_stream"])
+        self.capi.set(0, 0, 0, 0)
 
 
 if __name__ == "__main__":
