@@ -24,7 +24,8 @@
 #              PyTorch trainer with 4 DataLoader workers (tests/gpu/doctor_dataloader.sh), CuPy's pinned memory
 #              through gpumem (tests/gpu/test_cupy_pinned.py), CuPy's pool calls (test_cupy_pools.py),
 #              bench/pinned_host.py's table of pinned allocators (pinned_host.md, pinned_host.jsonl), and
-#              bench/cupy_alloc.py's time per CuPy allocation, CuPy's pool against gpumem (cupy_alloc.md)
+#              bench/cupy_alloc.py's time per CuPy allocation, CuPy's pool against gpumem (cupy_alloc.md), and
+#              bench/cupy_parts.py's parts of one such allocation in one process (cupy_parts.md)
 #   traces     bench/record_traces.py (not in "all"; needs no build): new traces of bench/more_workloads.py's
 #              workloads, two seeds each, replayed under torch-native, torch-expandable and cuda-async, into
 #              logs/more_traces (NAME-seedS.csv.gz, anchors.json, table.md; in gpu-results.tgz); then, where
@@ -149,6 +150,8 @@ if [[ " $steps " == *" host "* ]]; then
     [ "${PIPESTATUS[0]}" -eq 0 ] || { failed=1; tail -20 "$out/pinned_host.err"; }
     GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 bench/cupy_alloc.py --out "$out/cupy_alloc.jsonl" \
         | tee "$out/cupy_alloc.md"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
+    GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 bench/cupy_parts.py | tee "$out/cupy_parts.md"
     [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
 fi
 exit $failed
