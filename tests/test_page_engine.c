@@ -6,7 +6,8 @@
  * rechunking (an idle chunk that a fit covers in part is made anew in two). Each rule is checked
  * against the same workload with the rule switched off in GPUMEM_CONF. Also the waits for a stream
  * before its idle chunks are unmapped: one per growth however many of its heaps (its own, its lane)
- * give chunks, none for chunks freed before its last wait.
+ * give chunks, none for chunks freed before its last wait; and small requests borrowing the stream's
+ * large-pool memory while its lane is empty.
  */
 #include "test.h"
 
@@ -321,6 +322,43 @@ static void lane_request_fits_elsewhere_before_new_memory(void)
     gm_destroy(allocator, NULL);
 }
 
+/* While the stream's lane is empty, a small request that no small-pool block fits, and for which the
+ * small pool would grow above the peak, takes a free block of the stream's own part of its large-pool
+ * range: no page moves into the small pool (to move back when the next ring needs it). A tiny request
+ * (under a 32nd of a page) still grows the small pool. */
+static void small_request_borrows_while_lane_is_empty(void)
+{
+    gm_allocator *allocator = make("engine:pages,capacity:16GiB");
+    void *anchor = NULL, *scratch = NULL;
+    CHECK_OK(gm_malloc(allocator, 4 * MIB, 0, &anchor));
+    CHECK_OK(gm_malloc(allocator, 6 * MIB, 0, &scratch)); /* a prefill's temporary: the stream's own part */
+    uint64_t size = 0;
+    void *tensor = open_lane(allocator, &size);
+    CHECK_OK(gm_free(allocator, tensor)); /* the lane is empty */
+    CHECK_OK(gm_free(allocator, scratch));
+    CHECK_OK(gm_reset_peak_stats(allocator)); /* at the peak: a new small-pool page would lift it */
+    gm_stats before, after;
+    CHECK_OK(gm_get_stats(allocator, &before));
+    void *cached = NULL; /* a cached tensor under 1 MiB */
+    CHECK_OK(gm_malloc(allocator, 640 << 10, 0, &cached));
+    CHECK_OK(gm_get_stats(allocator, &after));
+    CHECK(address_of(cached) >= address_of(anchor) && address_of(cached) - address_of(anchor) < (8ull << 30));
+    CHECK_EQ_INT(after.device_calls[GM_CALL_MAP], before.device_calls[GM_CALL_MAP]);
+    CHECK_EQ_INT(after.device_calls[GM_CALL_PHYSICAL_CREATE], before.device_calls[GM_CALL_PHYSICAL_CREATE]);
+    CHECK_EQ_INT(after.reserved_bytes[GM_POOL_SMALL].current, before.reserved_bytes[GM_POOL_SMALL].current);
+    CHECK_EQ_INT(after.reserved_bytes[GM_POOL_ALL].peak, before.reserved_bytes[GM_POOL_ALL].peak);
+    void *temporary = NULL;
+    CHECK_OK(gm_malloc(allocator, 16 << 10, 0, &temporary));
+    CHECK_OK(gm_get_stats(allocator, &after));
+    CHECK(after.reserved_bytes[GM_POOL_SMALL].current > before.reserved_bytes[GM_POOL_SMALL].current);
+    CHECK_OK(gm_validate(allocator));
+    CHECK_OK(gm_free(allocator, temporary));
+    CHECK_OK(gm_free(allocator, cached));
+    CHECK_OK(gm_free(allocator, anchor));
+    CHECK_OK(gm_validate(allocator));
+    gm_destroy(allocator, NULL);
+}
+
 static void growth_tail_page_is_its_own_chunk(void)
 {
     for (int tail_chunk = 0; tail_chunk <= 1; tail_chunk++) {
@@ -432,6 +470,7 @@ static void a_wait_covers_chunks_freed_before_it(void)
 
 RUN_TESTS(TEST_CASE(regrowing_tensors_stay_in_few_runs), TEST_CASE(lane_opens_after_enough_regrowths),
           TEST_CASE(lane_blocks_wait_for_recorded_streams), TEST_CASE(empty_lane_reuses_its_free_memory),
-          TEST_CASE(stream_reuses_the_rings_memory), TEST_CASE(lane_request_fits_elsewhere_before_new_memory), TEST_CASE(growth_tail_page_is_its_own_chunk),
+          TEST_CASE(stream_reuses_the_rings_memory), TEST_CASE(lane_request_fits_elsewhere_before_new_memory),
+          TEST_CASE(small_request_borrows_while_lane_is_empty), TEST_CASE(growth_tail_page_is_its_own_chunk),
           TEST_CASE(fit_in_part_of_idle_chunk_remakes_it), TEST_CASE(one_wait_per_stream_and_growth),
           TEST_CASE(a_wait_covers_chunks_freed_before_it))

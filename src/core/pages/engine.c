@@ -9,7 +9,8 @@
  *   2. otherwise in the window of free addresses needing the fewest new pages (windows.c), backed by
  *      idle chunks moved from elsewhere or by new memory (growth.c).
  * A stream's heap and its lane share one range; the stream's fits and windows keep out of the ring's
- * way (lane_sharing.c).
+ * way (lane_sharing.c). While the lane is empty, a small request that would grow the small pool above
+ * the peak may take a free block of the stream's large-pool range instead (small_borrowing.c).
  * A freed block merges with its free neighbours and belongs to its region's heap again; empty_cache
  * unmaps and releases every idle chunk.
  * docs/engine.md explains why this reserves less than PyTorch's segments.
@@ -22,11 +23,14 @@
 #include <stdlib.h>
 
 /* A free block of exactly `size` bytes in `heap`'s `pool`, detached: a fit, else growth in the window
- * needing the fewest new pages -- neither in the way of the stream's lane (lane_sharing.c). */
+ * needing the fewest new pages -- neither in the way of the stream's lane (lane_sharing.c). A small
+ * request may take the stream's large-pool memory instead of growing (small_borrowing.c). */
 static gm_status fit_or_grow(gm_arena *arena, gm_heap *heap, int pool, uint64_t size, gm_block **block_out)
 {
     gm_block *block = pages_fit_beside_lane(heap, pool, size);
-    if (block) {
+    if (!block && pool == GM_POOL_SMALL && (block = pages_borrow_for_small(arena, heap, size)) != NULL) {
+        gm_unindex_free_block(arena, block);
+    } else if (block) {
         gm_block *remade = NULL; /* the fit with an idle chunk it covers in part made anew (rechunk.c) */
         gm_status status = arena->options->rechunk_min ? pages_rechunk_fit(arena, block, size, &remade) : GM_OK;
         if (status != GM_OK)

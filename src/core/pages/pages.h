@@ -1,7 +1,7 @@
 /*
  * pages.h -- the pages engine's shared state and the operations its files offer one another.
  *
- * The engine is eight files, each using only those before it:
+ * The engine is these files, each using only those before it:
  *   block_states.c  the four block states and the moves between them (carving, merging)
  *   chunks.c        regions, chunks of physical memory (made, mapped, unmapped, released) and
  *                   finding idle ones
@@ -9,6 +9,7 @@
  *   growth.c        backing a window with pages: idle chunks moved, new memory made
  *   lane.c          the growth lane for tensors that keep being replaced by larger copies
  *   lane_sharing.c  a stream's heap and its lane sharing one range: the stream's requests beside the ring
+ *   small_borrowing.c  small requests in the stream's large-pool memory while its lane is empty
  *   rechunk.c       an idle chunk that a fit covers in part made anew in two (rechunk_min, off by default)
  *   compaction.c    pinned chunks split around their live pages before a growth lifts the peak
  *                   (compact_min, off by default)
@@ -331,6 +332,18 @@ static inline uintptr_t pages_ring_floor(const gm_region *region)
 gm_block *pages_fit_beside_lane(gm_heap *heap, int pool, uint64_t size);
 /* A run filter (pages_choose_window) for the stream's growth: not a run between two live lane blocks. */
 bool pages_run_outside_lane(const gm_block *first, const gm_block *last);
+
+/* ---------------------------------------------------------------- small_borrowing.c */
+
+/* Small requests of at least 1/SMALL_BORROW_PAGE_FRACTION of a page may borrow the stream's large-pool
+ * memory (small_borrowing.c); smaller ones, temporaries for the most part, stay in the small pool. */
+#define SMALL_BORROW_PAGE_FRACTION 32
+
+/* For a small request of `size` bytes of the stream's heap `heap` that no free block of its small pool
+ * fits: a free block (indexed) of the stream's own part of its large-pool range, when the stream's lane
+ * exists but holds no block and a new small-pool page would lift reserved memory above its peak; else
+ * NULL (the small pool grows). */
+gm_block *pages_borrow_for_small(gm_arena *arena, gm_heap *heap, uint64_t size);
 
 /* ---------------------------------------------------------------- rechunk.c */
 
