@@ -74,7 +74,11 @@ def main():
     parser.add_argument("--count", type=int, default=200000)
     arguments = parser.parse_args()
     sys.path.insert(0, os.path.join(ROOT, "python"))
-    import cupy
+    try:
+        import cupy
+        cupy.cuda.runtime.getDeviceCount()
+    except Exception as error:  # no CuPy, or no GPU: nothing to time
+        sys.exit(f"bench/cupy_parts.py needs CuPy and a GPU: {type(error).__name__}: {error}")
     import gpumem
     import gpumem.cupy
     with tempfile.TemporaryDirectory() as folder:

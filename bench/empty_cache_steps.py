@@ -29,12 +29,19 @@ DEFAULT_TRACES = ["data/traces/gpt2.csv.gz", "data/traces-extra/gpt2_batch8.csv.
 
 
 def load(path):
+    """The trace's operations; exits with a message if it cannot be read or a line is not an operation."""
     operations = []
-    with gzip.open(path, "rt") as lines:
-        for line in lines:
-            if not line.startswith("#"):
+    try:
+        with gzip.open(path, "rt") as lines:
+            for number, line in enumerate(lines, 1):
+                if line.startswith("#"):
+                    continue
                 kind, identifier, size, stream = line.strip().split(",")
+                if kind not in ("a", "f"):
+                    raise ValueError(f"line {number}: operation {kind!r} is neither 'a' nor 'f'")
                 operations.append((kind, int(identifier), int(size), int(stream)))
+    except (OSError, EOFError, ValueError) as error:
+        sys.exit(f"bench/empty_cache_steps.py: cannot read the trace {path}: {error}")
     return operations
 
 
@@ -99,10 +106,16 @@ def main():
     for path in arguments.traces.split(","):
         operations = load(os.path.join(ROOT, path) if not os.path.isabs(path) else path)
         ends = step_ends(operations)
+        if not ends:
+            print(f"| {os.path.basename(path)} | - | 0 | no step ends found | | | |")
+            continue
         for conf in arguments.confs.split(","):
             conf = "" if conf == "-" else conf
-            kept, _, peak_kept = replay(operations, ends, conf, False)
-            emptied, made, peak_emptied = replay(operations, ends, conf, True)
+            try:
+                kept, _, peak_kept = replay(operations, ends, conf, False)
+                emptied, made, peak_emptied = replay(operations, ends, conf, True)
+            except gpumem.GpumemError as error:
+                sys.exit(f"bench/empty_cache_steps.py: {os.path.basename(path)} with conf {conf!r}: {error}")
             print(f"| {os.path.basename(path).replace('.csv.gz', '')} | {conf or 'defaults'} | {len(ends)} "
                   f"| {median_after_two(kept):.1f} | {median_after_two(emptied):.1f} | {median_after_two(made)} "
                   f"| {peak_kept >> 20} / {peak_emptied >> 20} |", flush=True)
