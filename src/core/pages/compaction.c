@@ -197,7 +197,7 @@ static size_t find_pinned_chunks(gm_arena *arena, const gm_region *keep_region, 
     bool out_of_memory = false; /* without host memory the search stops: compaction is only an economy */
     for (size_t h = 0; h < arena->heap_count && !out_of_memory; h++) {
         gm_heap *heap = arena->heaps[h];
-        if (heap->private_pool || is_lane(heap) || !heap->engine_data)
+        if (heap->private_pool || !heap->engine_data) /* a lane has no region of its own: its stream's */
             continue;
         for (gm_region *region = gm_first_region(heap); region && !out_of_memory; region = gm_next_region(region)) {
             if (region->pool != GM_POOL_LARGE)

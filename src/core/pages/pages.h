@@ -146,11 +146,6 @@ static inline page_heap *state_of(const gm_heap *heap)
     return (page_heap *)heap->engine_data;
 }
 
-static inline bool is_lane(const gm_heap *heap)
-{
-    return heap->engine_private;
-}
-
 static inline uint64_t page_index(const gm_region *region, uintptr_t address, uint64_t page_size)
 {
     return (address - region->base) / page_size;

@@ -56,8 +56,8 @@ gm_status pages_rechunk_fit(gm_arena *arena, gm_block *block, uint64_t size, gm_
     page_engine *engine = engine_of(arena);
     uint64_t page_size = engine->page_size, least = arena->options->rechunk_min;
     *block_out = NULL;
-    /* Not in a lane (page-sized chunks already), nor under a memory limit below the device (the same). */
-    if (is_lane(block->region->heap) || block->pool != GM_POOL_LARGE || arena->memory_limit < arena->backend->total_bytes)
+    /* Not under a memory limit below the device (page-sized chunks already). */
+    if (block->pool != GM_POOL_LARGE || arena->memory_limit < arena->backend->total_bytes)
         return GM_OK;
     page_chunk *chunk = chunk_covered_in_part(block, size, least, page_size);
     if (!chunk)
