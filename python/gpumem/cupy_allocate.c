@@ -499,10 +499,12 @@ static size_t stream_at_free(PinnedAllocate *allocate, PyObject *device, int *kn
 {
     if (allocate->device_id && allocate->stream_pointer) {
         int current = allocate->device_id(0);
-        intptr_t pointer = PyErr_Occurred() || PyLong_AsLong(device) != current ? -1 : allocate->stream_pointer();
-        if (!PyErr_Occurred() && pointer != -1) {
-            *known = 1;
-            return (size_t)pointer;
+        if (!PyErr_Occurred() && PyLong_AsLong(device) == current) {
+            intptr_t pointer = allocate->stream_pointer();
+            if (!PyErr_Occurred()) {
+                *known = 1;
+                return (size_t)pointer;
+            }
         }
         PyErr_Clear();
     }
