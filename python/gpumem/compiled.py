@@ -1,16 +1,18 @@
-"""The package's compiled parts: CPython extension modules of one C file each (cupy_allocate.c), built on
-first use with the C compiler Python was built with and cached, as torch.utils.cpp_extension builds
-gpumem.torch's adapter.
+"""The package's compiled parts: CPython extension modules built on first use with the C compiler Python
+was built with and cached, as torch.utils.cpp_extension builds gpumem.torch's adapter. A module is built
+from `name`.c, or from the files SOURCES lists for it (cupy_allocate: cupy_allocate.c, cupy_pinned.c and
+cupy_objects.c, which include cupy_allocate.h), compiled together.
 
     module = gpumem.compiled.load("cupy_allocate")   # the module _gpumem_cupy_allocate
 
 Such a module links to nothing but Python (libgpumem's functions reach it as addresses), so one build
 serves every libgpumem. The cache is $GPUMEM_CACHE_DIR, else $XDG_CACHE_HOME/gpumem (~/.cache/gpumem),
 or where that cannot be written a folder of the user's in the temporary directory. A build's name
-carries a digest of its source and of the Python it is for, so that a changed source or another Python
-builds anew. A build is written under a temporary name and renamed, so that processes building at once
-never load a half-written file; a folder that is not the user's own, or that others may write in, is
-neither built in nor loaded from. A failed build raises BuildError with the compiler's command and output.
+carries a digest of its files (headers included) and of the Python it is for, so that a changed file or
+another Python builds anew. A build is written under a temporary name and renamed, so that processes
+building at once never load a half-written file; a folder that is not the user's own, or that others may
+write in, is neither built in nor loaded from. A failed build raises BuildError with the compiler's
+command and output.
 """
 import hashlib
 import importlib.machinery
@@ -26,6 +28,9 @@ import tempfile
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _loaded = {}
+# name -> (the C files compiled into the module _gpumem_`name`, the first holding its PyInit; the headers
+# they include). A name not listed is built from `name`.c alone.
+SOURCES = {"cupy_allocate": (("cupy_allocate.c", "cupy_pinned.c", "cupy_objects.c"), ("cupy_allocate.h",))}
 
 
 class BuildError(ImportError):
@@ -52,20 +57,36 @@ def _owned_by_this_user(folder):
     return status.st_uid == os.getuid() and not status.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
-def compile_command(source, target):
-    """The compiler's command line that builds `source` into the extension module `target`: $CC, else the
-    compiler Python was built with where it is installed, else cc."""
+def compile_command(sources, target):
+    """The compiler's command line that builds `sources` (a C file's path, or a list of them) into the
+    extension module `target`: $CC, else the compiler Python was built with where it is installed, else cc."""
     compiler = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
     if not os.environ.get("CC") and not shutil.which(shlex.split(compiler)[0]):
         compiler = "cc"
     include = sysconfig.get_paths()["include"]
-    return [*shlex.split(compiler), "-O2", "-fPIC", "-shared", "-Wall", "-Wextra", f"-I{include}", source,
+    sources = [sources] if isinstance(sources, str) else list(sources)
+    return [*shlex.split(compiler), "-O2", "-fPIC", "-shared", "-Wall", "-Wextra", f"-I{include}", *sources,
             "-o", target]
 
 
-def _build_name(name, source_text):
+def source_files(name):
+    """(the paths of the C files module `name` is built from, the paths of the headers they include)."""
+    sources, headers = SOURCES.get(name, ((f"{name}.c",), ()))
+    return [os.path.join(_HERE, file) for file in sources], [os.path.join(_HERE, file) for file in headers]
+
+
+def build_file_name(name):
+    """The file name of module `name`'s build: a digest of its files and of the Python it is for."""
+    sources, headers = source_files(name)
+    texts = []
+    for path in sources + headers:
+        try:
+            with open(path, "rb") as source:
+                texts.append(source.read())
+        except OSError as error:
+            raise BuildError(f"gpumem: cannot read {os.path.basename(path)}: {error}") from None
     tag = f"{sys.implementation.cache_tag}-{sysconfig.get_platform()}".encode()
-    digest = hashlib.sha256(source_text + b"\0" + tag).hexdigest()[:16]
+    digest = hashlib.sha256(b"\0".join([*texts, tag])).hexdigest()[:16]
     return f"_gpumem_{name}-{digest}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
 
 
@@ -88,11 +109,11 @@ def _partial_file(name, file_name):
 
 
 def build(name, file_name):
-    """Compile `name`.c of this package into `file_name` in a cache folder (renamed into place once
-    complete); returns its path."""
-    source = os.path.join(_HERE, f"{name}.c")
+    """Compile module `name`'s C files (source_files) into `file_name` in a cache folder (renamed into
+    place once complete); returns its path."""
+    sources, _ = source_files(name)
     target, partial = _partial_file(name, file_name)
-    command = compile_command(source, partial)
+    command = compile_command(sources, partial)
     try:
         finished = subprocess.run(command, capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as error:
@@ -106,15 +127,11 @@ def build(name, file_name):
 
 
 def load(name):
-    """The extension module built from `name`.c (module name _gpumem_`name`), built first if need be."""
+    """The extension module _gpumem_`name`, built from its files (source_files) first if need be."""
     module = _loaded.get(name)
     if module is not None:
         return module
-    try:
-        with open(os.path.join(_HERE, f"{name}.c"), "rb") as source:
-            file_name = _build_name(name, source.read())
-    except OSError as error:
-        raise BuildError(f"gpumem: cannot read {name}.c: {error}") from None
+    file_name = build_file_name(name)
     built = [os.path.join(folder, file_name) for folder in cache_folders()
              if _owned_by_this_user(folder) and os.path.exists(os.path.join(folder, file_name))]
     target = built[0] if built else build(name, file_name)

@@ -11,12 +11,15 @@ return gpumem's stand-ins (free_all_blocks, used_bytes, total_bytes, set_limit, 
 CUPY_GPU_MEMORY_LIMIT caps each device's allocator as it caps CuPy's pools. CuPy's memory hooks
 (cupy.cuda.MemoryHook) see gpumem's allocations and frees as they saw the pool's (cupy_hooks.py).
 
-Both allocator functions are compiled (cupy_allocate.c, built on first install by gpumem/compiled.py
-and cached), so that an allocation and its free pay for no Python frame and no ctypes call, as in
-CuPy's own compiled pools. They do what the Python functions below do (allocate() and _Block, the
-pinned allocate() and _PinnedBlock) and call them for the rare cases: a memory hook registered, a
-device's first allocation, a failure. Where they cannot be built (no C compiler or no Python headers)
-install() warns and the Python functions serve every allocation.
+Both allocator functions are compiled (cupy_allocate.c, cupy_pinned.c and cupy_objects.c, built on first
+install by gpumem/compiled.py and cached), so that an allocation and its free pay for no Python frame and
+no ctypes call, as in CuPy's own compiled pools. They do what the Python functions below do (allocate()
+and _Block, the pinned allocate() and _PinnedBlock) and call them for the rare cases: a memory hook
+registered, a device's first allocation, a failure. They make CuPy's UnownedMemory, MemoryPointer and
+PinnedMemoryPointer as CuPy's own pools do, through tp_new and their fields, where a check at install
+shows that this makes what the constructors make (cupy_objects.c), and else through the constructors.
+Where they cannot be built (no C compiler or no Python headers) install() warns and the Python functions
+serve every allocation.
 
 Device memory: an allocation that does not fit raises cupy.cuda.memory.OutOfMemoryError carrying
 gpumem's report. CuPy frees memory by dropping its owner object, which gives the block back to gpumem on
@@ -280,7 +283,8 @@ def _device_allocate(cupy):
 
 
 def _compiled_module():
-    """The compiled allocation paths (cupy_allocate.c); None, with a warning, where they cannot be built."""
+    """The compiled allocation paths (cupy_allocate.c and the files compiled with it); None, with a warning,
+    where they cannot be built."""
     if not _settings["compiled"]:
         return None
     try:

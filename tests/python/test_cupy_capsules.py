@@ -1,16 +1,22 @@
-"""gpumem.cupy's compiled path calling CuPy's own C functions (cupy_allocate.c), without CuPy or a GPU.
+"""gpumem.cupy's compiled path calling CuPy's own C functions (cupy_allocate.c) and making CuPy's memory
+objects as CuPy's pools do (cupy_objects.c), without CuPy or a GPU.
 
 CuPy's Cython modules export their C functions in __pyx_capi__ (capsules named by the C signature); the
 compiled path calls cupy.cuda.device.get_device_id, cupy.cuda.stream.get_current_stream_ptr and
 cupy.cuda.memory_hook._has_memory_hooks through them instead of through Python. fake_cupy_capi.c
-exports such capsules, with values set from the test and its calls counted, on the stand-in cupy of
+exports such capsules, with values set from the test and its calls counted, and C memory types laid out
+as CuPy's Cython types are (UnownedMemory, MemoryPointer, PinnedMemoryPointer), on the stand-in cupy of
 test_cupy_install.py. Pinned here:
 - with the capsules, an allocation on the default stream calls no Python function of CuPy's, device
   memory or pinned memory (whose dropped blocks still wait for the streams CuPy's functions say);
 - a stream other than the default one is still kept alive (its Stream object asked for once);
-- an error raised by CuPy's C function is the allocation's error, and nothing is allocated;
+- an error raised by CuPy's C function is the allocation's error, whatever it returns with it, and
+  nothing is allocated;
 - a capsule of another signature is not used: the Python function is called instead;
-- with hooks registered, the hooks see the allocation as on the Python path.
+- with hooks registered, the hooks see the allocation as on the Python path;
+- CuPy's memory objects are made through tp_new and their fields, with no constructor call, and equal
+  what the constructors make; where a constructor sets more than those fields they are made through the
+  constructors; tp_new failing after the allocation gives the block back.
 """
 import importlib.util
 import os
@@ -70,17 +76,32 @@ class CapsulesTest(RecordsUnraisable):
         cuda.device = types.SimpleNamespace(__pyx_capi__=self.capi.device)
         cuda.stream = types.SimpleNamespace(__pyx_capi__=self.capi.stream)
         cuda.memory_hook.__pyx_capi__ = self.capi.memory_hook
+        cuda.UnownedMemory, cuda.MemoryPointer = self.capi.UnownedMemory, self.capi.MemoryPointer
+        cuda.PinnedMemoryPointer = self.capi.PinnedMemoryPointer
         self.set(stream=0)
         self.state = state
 
     def tearDown(self):
         self.capi.set(0, 0, 0, 0)
+        self.capi.set_objects(0, 0)
         super().tearDown()
 
-    def set(self, stream, hooks=0, failing=0):
-        """The current stream, for CuPy's C function and its Python one alike."""
-        self.capi.set(0, stream, hooks, failing)
+    def set(self, stream, hooks=0, failing=0, only=""):
+        """The current stream, for CuPy's C function and its Python one alike; `failing` (1: -1 returned, 2:
+        the usual value) makes CuPy's C functions raise, or only the one named `only`."""
+        self.capi.set(0, stream, hooks, failing, only)
         self.cupy.state.streams[0] = _Stream(stream)
+
+    def assert_each_error_is_the_allocations(self, allocate, functions, current):
+        """Each of CuPy's C functions raising, whatever it returns with it: -1 (Cython's `except? -1`) or its
+        usual value (`except *`), is the allocation's error; nothing stays allocated."""
+        for only in functions:
+            for failing in (1, 2):
+                self.set(stream=0, failing=failing, only=only)
+                with self.assertRaisesRegex(RuntimeError, "CuPy's C function failed", msg=(only, failing)):
+                    allocate(4096)
+                self.set(stream=0)
+                self.assertEqual(current(), 0)
 
 
 class CupyCapsulesTest(CapsulesTest):
@@ -116,12 +137,8 @@ class CupyCapsulesTest(CapsulesTest):
         del first, second
 
     def test_an_error_of_cupys_function_is_the_allocations(self):
-        allocate = self.install()
-        self.set(stream=0, failing=1)
-        with self.assertRaisesRegex(RuntimeError, "CuPy's C function failed"):
-            allocate(4096)
-        self.set(stream=0)
-        self.assertEqual(self.current(), 0)
+        self.assert_each_error_is_the_allocations(
+            self.install(), ("_has_memory_hooks", "get_device_id", "get_current_stream_ptr"), self.current)
 
     def test_a_capsule_of_another_signature_is_not_used(self):
         self.cupy.cuda.device = types.SimpleNamespace(__pyx_capi__=self.capi.wrong_device)
@@ -148,7 +165,7 @@ class CupyCapsulesTest(CapsulesTest):
         self.assertEqual(calls, ["malloc_preprocess", "malloc_postprocess", "free_preprocess", "free_postprocess"])
         self.set(stream=0, hooks=1)  # CuPy's check says maybe, but none is registered: no hook, no Python path
         block = allocate(4096)
-        self.assertEqual(type(block.mem.owner).__name__, "Block")
+        self.assertEqual(type(block.mem._owner).__name__, "Block")
         del block
 
 
@@ -197,6 +214,11 @@ class PinnedCapsulesTest(CapsulesTest):
         self.kept.clear()
         self.assertEqual(self.unraisable, [])
 
+    def test_an_error_of_cupys_function_is_the_allocations(self):
+        self.assert_each_error_is_the_allocations(
+            self.install(), ("get_device_id", "get_current_stream_ptr"),
+            lambda: self.module.allocator().host_stats()["allocations"]["current"])
+
     def test_another_device_asks_cupys_python_function(self):
         allocate = self.install()
         block = allocate(4096)
@@ -204,6 +226,73 @@ class PinnedCapsulesTest(CapsulesTest):
         del block
         self.assertEqual(self.python_calls, ["get_current_stream"])
         self.capi.set(0, 0, 0, 0)
+
+
+class CupyObjectsTest(CapsulesTest):
+    """CuPy's memory objects made as CuPy's own pools make them (cupy_objects.c), on C types laid out as
+    CuPy's; capi.object_counts() is (constructor calls, tp_new calls)."""
+
+    def install(self):
+        self.module.install(CONFIG)
+        self.module.allocator(0)
+        return self.cupy.state.allocator, self.cupy.state.pinned_allocator
+
+    def made_by_constructors(self, allocate):
+        return compiled.load("cupy_allocate").made_by_constructors(allocate)
+
+    def test_device_objects_come_from_tp_new_and_equal_the_constructors(self):
+        allocate, _ = self.install()
+        self.assertEqual(self.made_by_constructors(allocate), (False, False))
+        before = self.capi.object_counts()
+        block = allocate(4096)
+        self.assertEqual(self.capi.object_counts(), (before[0], before[1] + 2))
+        memory = block.mem
+        self.assertEqual((type(block), type(memory), type(memory._owner).__name__),
+                         (self.capi.MemoryPointer, self.capi.UnownedMemory, "Block"))
+        constructed = self.capi.MemoryPointer(self.capi.UnownedMemory(block.ptr, 4096, memory._owner, 0), 0)
+        self.assertEqual((block.ptr, block.device_id, memory.ptr, memory.size, memory.device_id),
+                         (constructed.ptr, constructed.device_id, constructed.mem.ptr, 4096, 0))
+        self.assertEqual(self.module.allocator().memory_stats()["allocation.all.current"], 1)
+        del block, memory, constructed
+        self.assertEqual(self.module.allocator().memory_stats()["allocation.all.current"], 0)
+        self.assertEqual(self.unraisable, [])
+
+    def test_pinned_objects_come_from_tp_new_and_equal_the_constructors(self):
+        _, allocate = self.install()
+        self.assertEqual(self.made_by_constructors(allocate), (False,))
+        before = self.capi.object_counts()
+        block = allocate(3000)
+        self.assertEqual(self.capi.object_counts(), (before[0], before[1] + 1))
+        self.assertEqual((type(block), type(block.mem).__name__), (self.capi.PinnedMemoryPointer, "PinnedBlock"))
+        constructed = self.capi.PinnedMemoryPointer(block.mem, 0)
+        self.assertEqual((block.ptr, block.mem.size), (constructed.ptr, 3000))
+        del block, constructed
+        self.assertEqual(self.module.allocator().host_stats()["allocations"]["current"], 0)
+        self.assertEqual(self.unraisable, [])
+
+    def test_a_constructor_that_sets_more_is_called(self):
+        self.capi.set_objects(1, 0)  # each __init__ also sets a field that tp_new leaves 0
+        allocate, pinned = self.install()
+        self.assertEqual((self.made_by_constructors(allocate), self.made_by_constructors(pinned)),
+                         ((True, True), (True,)))
+        before = self.capi.object_counts()
+        blocks = [allocate(4096), pinned(4096)]
+        self.assertEqual(self.capi.object_counts(), (before[0] + 3, before[1] + 3))
+        self.assertEqual((blocks[0].mem.size, blocks[0].ptr, blocks[1].mem.size), (4096, blocks[0].mem.ptr, 4096))
+        del blocks
+        self.assertEqual(self.module.allocator().memory_stats()["allocation.all.current"], 0)
+        self.assertEqual(self.module.allocator().host_stats()["allocations"]["current"], 0)
+
+    def test_a_failing_tp_new_gives_the_block_back(self):
+        allocate, pinned = self.install()
+        self.capi.set_objects(0, 1)
+        for function in (allocate, pinned):
+            with self.assertRaisesRegex(RuntimeError, "tp_new failed"):
+                function(5 * MiB)
+        self.capi.set_objects(0, 0)
+        self.assertEqual(self.module.allocator().memory_stats()["allocation.all.current"], 0)
+        self.assertEqual(self.module.allocator().host_stats()["allocations"]["current"], 0)
+        self.assertEqual(self.unraisable, [])
 
 
 if __name__ == "__main__":

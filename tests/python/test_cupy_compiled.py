@@ -11,12 +11,19 @@ path's own:
 - a hook registered after the allocation sees the free, with the memory object's id;
 - threads allocating at once lose nothing, and Python pressure callbacks called during their allocations
   do not deadlock with the GIL the compiled path keeps through gpumem calls (let go only if gpumem waits);
+- a device's handle address is read once per gpumem.cupy._Device, device memory and pinned alike, each
+  device keeping its own: a replaced _Device (its allocator closed and made anew) is read again, and
+  allocations go to the allocator of the device current at each;
+- CuPy types that are Python classes (these stand-ins) are made through their constructors;
 - the pinned allocator: the same blocks, cache reuse and statistics as the Python path; out of pinned
   memory is the runtime error CuPy falls back on; a failure after gm_host_malloc gives the block back;
 - bad arguments are errors; a build that fails (no compiler, a cache that cannot be written) warns and
   leaves the Python path, which works; the source builds without a compiler warning.
 """
+import importlib.machinery
+import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -119,6 +126,7 @@ class CompiledPathTest(RecordsUnraisable):
         self.module.install(CONFIG, pinned=False)
         allocate = self.cupy.state.allocator
         self.assertEqual(type(allocate).__name__, "builtin_function_or_method")
+        self.assertEqual(compiled.load("cupy_allocate").made_by_constructors(allocate), (True, True))
         first = allocate(10)  # the device's first allocation makes its allocator, in Python
         self.assertEqual(type(first.mem.owner).__name__, "_Block")
         del first
@@ -182,6 +190,59 @@ class CompiledPathTest(RecordsUnraisable):
         self.assertEqual([name for name, _ in calls], ["free_preprocess", "free_postprocess"])
         self.assertEqual((calls[0][1]["pmem_id"], calls[0][1]["mem_ptr"]), (memory_id, pointer))
         self.assertEqual(self.stats()["allocation.all.current"], 0)
+
+    def counting_states(self, devices):
+        """Each device's _Device in gpumem.cupy's dict behind a stand-in that counts the reads of its
+        handle_address (and passes everything else on)."""
+        class Counting:
+            def __init__(self, state):
+                self.state, self.reads = state, 0
+
+            @property
+            def handle_address(self):
+                self.reads += 1
+                return self.state.handle_address
+
+            def __getattr__(self, name):
+                return getattr(self.state, name)
+
+        for device in devices:
+            self.module._allocators[device] = Counting(self.module._allocators[device])
+        return [self.module._allocators[device] for device in devices]
+
+    def test_a_devices_handle_address_is_read_once(self):
+        """Two devices (the sim has one: device 1's allocator is a second one on it), allocated on in turn,
+        device memory and pinned: each _Device's handle address is read once; a _Device put in its place
+        is read again, and its allocator serves from then on."""
+        self.module.install(CONFIG + ",device:0")  # after the device's own setting: device 1 on sim device 0
+        self.cupy.state.streams[1] = self.cupy.state.streams[0]
+        for device in (0, 1):
+            self.cupy.state.device = device
+            self.module.allocator(device)
+        states = self.counting_states((0, 1))
+        blocks = []
+        for step in range(8):
+            self.cupy.state.device = step % 2
+            blocks.append(self.cupy.state.allocator(4096))
+            blocks.append(self.cupy.state.pinned_allocator(4096))
+            self.assertEqual(blocks[-2].mem.device_id, step % 2)
+        self.assertEqual([state.reads for state in states], [2, 2])  # device memory's cell, pinned memory's
+        self.assertEqual([self.module.allocator(device).memory_stats()["allocation.all.current"] for device in (0, 1)],
+                         [4, 4])
+        self.assertEqual([self.module.allocator(device).host_stats()["allocations"]["current"] for device in (0, 1)],
+                         [4, 4])
+        del blocks
+        self.cupy.state.device = 0
+        self.module.allocator(0).close()  # device 0's allocator closed and made anew
+        self.module._allocators.pop(0)
+        kept = [self.cupy.state.allocator(4096), self.cupy.state.pinned_allocator(4096)]  # made in Python
+        replaced = self.counting_states((0,))[0]
+        kept += [self.cupy.state.allocator(4096), self.cupy.state.pinned_allocator(4096)]
+        self.assertEqual(replaced.reads, 2)
+        self.assertEqual(self.module.allocator(0).memory_stats()["allocation.all.current"], 2)
+        self.assertEqual(self.module.allocator(0).host_stats()["allocations"]["current"], 2)
+        del kept
+        self.assertEqual(self.unraisable, [])
 
     def test_threads_allocating_at_once_lose_nothing(self):
         allocate = self.install()
@@ -360,13 +421,32 @@ class BuildTest(StandInCupyTest):
                     compiled.load("cupy_allocate")
             self.assertEqual(os.listdir(shared), [])
 
-    def test_the_source_builds_without_warnings(self):
+    def test_the_sources_build_without_warnings(self):
+        sources, headers = compiled.source_files("cupy_allocate")
+        self.assertEqual([os.path.basename(path) for path in sources + headers],
+                         ["cupy_allocate.c", "cupy_pinned.c", "cupy_objects.c", "cupy_allocate.h"])
         with tempfile.TemporaryDirectory() as folder:
-            source = os.path.join(os.path.dirname(compiled.__file__), "cupy_allocate.c")
-            command = compiled.compile_command(source, os.path.join(folder, "module.so")) + ["-Werror"]
+            target = os.path.join(folder, "_gpumem_cupy_allocate" + importlib.machinery.EXTENSION_SUFFIXES[0])
+            command = compiled.compile_command(sources, target) + ["-Werror"]
             finished = subprocess.run(command, capture_output=True, text=True)
-        self.assertEqual((finished.returncode, finished.stderr), (0, ""))
+            self.assertEqual((finished.returncode, finished.stderr), (0, ""))
+            spec = importlib.util.spec_from_file_location("_gpumem_cupy_allocate", target)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)  # loads: every file's symbols are there
+            self.assertTrue(callable(module.made_by_constructors))
 
+    def test_a_changed_file_of_the_module_builds_anew(self):
+        """The build's name covers every file of the module, the header included."""
+        sources, headers = compiled.source_files("cupy_allocate")
+        with tempfile.TemporaryDirectory() as folder, mock.patch.object(compiled, "_HERE", folder):
+            for path in sources + headers:
+                shutil.copy(path, folder)
+            names = {compiled.build_file_name("cupy_allocate")}
+            for path in sources + headers:
+                with open(os.path.join(folder, os.path.basename(path)), "ab") as copy:
+                    copy.write(b"\n")
+                names.add(compiled.build_file_name("cupy_allocate"))
+        self.assertEqual(len(names), len(sources + headers) + 1)
 
 if __name__ == "__main__":
     unittest.main()
