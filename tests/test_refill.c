@@ -4,8 +4,9 @@
  * reserved memory stays what it is with the rule off (refill_groups:false); the bytes of every block
  * stay intact on real memory. And the guards that keep the peak where it is: a chunk moved in joins no
  * group, a step of other shapes makes no group, memory made ahead of need that a step does not take
- * can move and is released by the next empty_cache, groups only where the last two steps agree, and a
- * loop alternating between two layouts repeats the step before last. Last, two recorded training
+ * can move and is released by the next empty_cache, a step is followed only after one that repeated
+ * an earlier step all through, groups only where the last two steps agree, and a loop alternating
+ * between two layouts repeats the step before last. Last, two recorded training
  * loops (data/traces-extra, data/traces-more) with the cache emptied at every step's end, as
  * bench/empty_cache_steps.py replays them: one of fixed shapes, one of variable lengths.
  */
@@ -277,6 +278,42 @@ static void an_empty_cache_releases_memory_made_ahead(void)
     gm_destroy(allocator, NULL);
 }
 
+static void a_step_is_followed_only_after_one_that_repeated_all_through(void)
+{
+    /* 650 MiB of addresses between two kept blocks; two steps make three blocks of 200 MiB there (one
+     * group, released twice), the second after a small block on another stream, so that it grew as no
+     * step before it did. The next step repeats the one before last for its first block, then keeps it
+     * and asks for 700 MiB: followed, it would have made the whole group for that block. */
+    int64_t peak[2];
+    for (int refill = 0; refill <= 1; refill++) {
+        gm_allocator *allocator = make("capacity:16GiB", refill);
+        void *low = take(allocator, 100, 0), *between = take(allocator, 650, 0), *high = take(allocator, 100, 0);
+        give(allocator, between);
+        CHECK_OK(gm_empty_cache(allocator));
+        for (int step = 0; step < 2; step++) {
+            if (step == 1)
+                give(allocator, take(allocator, 10, 1));
+            void *blocks[3];
+            for (int i = 0; i < 3; i++)
+                blocks[i] = take(allocator, 200, 0);
+            for (int i = 0; i < 3; i++)
+                give(allocator, blocks[i]);
+            CHECK_OK(gm_empty_cache(allocator));
+        }
+        void *first = take(allocator, 200, 0), *other = take(allocator, 700, 0);
+        CHECK_OK(gm_validate(allocator));
+        give(allocator, first);
+        give(allocator, other);
+        CHECK_OK(gm_empty_cache(allocator));
+        peak[refill] = peak_mib(allocator);
+        give(allocator, low);
+        give(allocator, high);
+        gm_destroy(allocator, NULL);
+    }
+    CHECK_EQ_INT(peak[1], peak[0]);
+    CHECK_EQ_INT(peak[1], 1100);
+}
+
 /* Steps whose fourth block alternates between 200 and 300 MiB (`alternate_fourth`) or whose second
  * alternates between 120 and 200 MiB: the layout after it changes from one step to the next. Ten
  * steps; the chunks made by each of the last two (*last_chunks_out) and the peak. */
@@ -457,6 +494,7 @@ static void a_recorded_loop_of_variable_lengths_keeps_its_peak(void)
 RUN_TESTS(TEST_CASE(a_repeating_step_is_made_again_in_few_chunks), TEST_CASE(bytes_stay_intact_in_memory_made_ahead),
           TEST_CASE(a_chunk_moved_in_joins_no_group), TEST_CASE(memory_made_ahead_that_a_step_leaves_can_move),
           TEST_CASE(a_step_of_other_shapes_makes_no_group), TEST_CASE(an_empty_cache_releases_memory_made_ahead),
+          TEST_CASE(a_step_is_followed_only_after_one_that_repeated_all_through),
           TEST_CASE(groups_only_where_the_last_two_steps_agree),
           TEST_CASE(a_loop_of_two_layouts_repeats_the_step_before_last),
           TEST_CASE(a_recorded_loop_of_fixed_shapes_makes_its_steps_in_few_chunks),

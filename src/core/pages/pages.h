@@ -390,7 +390,8 @@ gm_status pages_rechunk_fit(gm_arena *arena, gm_block *block, uint64_t size, gm_
 void pages_plan_refill(gm_arena *arena, size_t count);
 /* A growth into the window `where` for `size` bytes. After an empty_cache it is logged, and when it is
  * not the growth that any of the last REPEAT_PERIODS steps made at this point, the step repeats none of
- * them: no group is made from then on. */
+ * them: no group is made from then on. (Nor in a step after one that did not repeat an earlier one all
+ * through: pages_plan_refill.) */
 void pages_follow_growth(gm_arena *arena, const window *where, uint64_t size);
 /* No more groups: memory is wanted back (a release that keeps some). */
 void pages_drop_plan(page_engine *engine);

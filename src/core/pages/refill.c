@@ -13,11 +13,13 @@
  * ring) as groups. A chunk moved in from elsewhere during the step joins none: its memory was made
  * where it came from, and the next step will move it again; a group holding it would make that memory
  * twice. The plan is the groups the empty_cache before released too, as they were -- the step repeated
- * that part of the last one. While the next step grows as one of the last REPEAT_PERIODS steps did
- * (every growth's window logged and compared, pages_follow_growth), the first growth that reaches a
- * group makes all of it -- its part of that growth's unmapped block -- as one chunk, if reserved
- * memory stays within its peak with it. At the first growth that differs, the plan is dropped: a step
- * of other shapes (other lengths, another batch size) grows as the first one did.
+ * that part of the last one. Every growth's window is logged; once a step has grown exactly as one of
+ * the REPEAT_PERIODS steps before it, and while the next one grows as one of them did
+ * (pages_follow_growth), the first growth that reaches a group makes all of it -- its part of that
+ * growth's unmapped block -- as one chunk, if reserved memory stays within its peak with it. At the
+ * first growth that differs the plan is dropped: a step of other shapes (other lengths, another batch
+ * size) grows as the first one did, and so do the steps until the loop has settled (the first steps
+ * after a cold one each grow a little differently).
  *
  * The pages that growth does not need are waiting: mapped, counted as reserved, but left under the
  * unmapped block as if they were not there yet. Fits do not see them and windows price them as new
@@ -150,6 +152,13 @@ static void record_released(gm_arena *arena, size_t count)
  * that overflowed is no step to repeat. */
 static void start_growth_log(page_engine *engine)
 {
+    /* Did the step just ended grow as an earlier one did, all through? Only then is the next one
+     * followed: a step that repeats the last one for a while and then differs (the first after a cold
+     * step, say) would have groups made for a layout it leaves. */
+    bool repeated = false;
+    for (size_t period = 0; period < REPEAT_PERIODS; period++)
+        repeated = repeated || (engine->repeating[period] && engine->growths.count < GROWTH_LOG_LIMIT &&
+                                engine->growths.count == engine->earlier_growths[period].count);
     refill_list oldest = engine->earlier_growths[REPEAT_PERIODS - 1];
     for (size_t period = REPEAT_PERIODS - 1; period > 0; period--)
         engine->earlier_growths[period] = engine->earlier_growths[period - 1];
@@ -162,7 +171,7 @@ static void start_growth_log(page_engine *engine)
         engine->repeating[period] = engine->logging_growths && earlier->count < GROWTH_LOG_LIMIT;
         any = any || engine->repeating[period];
     }
-    if (!any)
+    if (!any || !repeated)
         engine->plan.count = 0;
     engine->logging_growths = true;
 }
