@@ -12,7 +12,8 @@
  * way (lane_sharing.c). While the lane is empty, a small request that would grow the small pool above
  * the peak may take a free block of the stream's large-pool range instead (small_borrowing.c).
  * A freed block merges with its free neighbours and belongs to its region's heap again; empty_cache
- * unmaps and releases every idle chunk.
+ * unmaps and releases every idle chunk, and records what it releases, so that a next step repeating
+ * this one gets it back in few chunks (refill.c).
  * docs/engine.md explains why this reserves less than PyTorch's segments.
  */
 #include "core/pages/pages.h"

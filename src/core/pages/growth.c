@@ -25,7 +25,8 @@
  * operation (alternating 1 MiB and 64 MiB requests, streams freeing each other's memory:
  * bench/adversarial.py). An option (tail_chunk, off by default: one more chunk per growth) makes the
  * last page of a growth a chunk of its own when the request ends inside it, so that a block placed after
- * the request pins one page, not the whole growth.
+ * the request pins one page, not the whole growth. After an empty_cache, a growth in a step that repeats
+ * an earlier one may find its pages already made, waiting (refill.c): it takes them as they are.
  */
 #include "core/pages/pages.h"
 

@@ -105,11 +105,12 @@ typedef struct refill_group {
  * two layouts): how many earlier steps' growths a step is compared with. */
 #define REPEAT_PERIODS 2
 
-/* Groups in order of region and address. */
+/* Groups in order of region and address, or a step's growths in the order they came. */
 typedef struct refill_list {
     refill_group *items;
     size_t count;
     size_t capacity;
+    bool overflowed; /* a log that lost growths (too many, or no host memory): no step to compare with */
 } refill_list;
 
 typedef struct idle_chunk {

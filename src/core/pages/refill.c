@@ -149,7 +149,7 @@ static void record_released(gm_arena *arena, size_t count)
 }
 
 /* Start a step's log: the step just ended becomes the last one, the others move back by one; a log
- * that overflowed is no step to repeat. */
+ * that overflowed is no step to compare with. */
 static void start_growth_log(page_engine *engine)
 {
     /* Did the step just ended grow as an earlier one did, all through? Only then is the next one
@@ -157,7 +157,7 @@ static void start_growth_log(page_engine *engine)
      * step, say) would have groups made for a layout it leaves. */
     bool repeated = false;
     for (size_t period = 0; period < REPEAT_PERIODS; period++)
-        repeated = repeated || (engine->repeating[period] && engine->growths.count < GROWTH_LOG_LIMIT &&
+        repeated = repeated || (engine->repeating[period] && !engine->growths.overflowed &&
                                 engine->growths.count == engine->earlier_growths[period].count);
     refill_list oldest = engine->earlier_growths[REPEAT_PERIODS - 1];
     for (size_t period = REPEAT_PERIODS - 1; period > 0; period--)
@@ -165,10 +165,10 @@ static void start_growth_log(page_engine *engine)
     engine->earlier_growths[0] = engine->growths;
     engine->growths = oldest;
     engine->growths.count = 0;
+    engine->growths.overflowed = false;
     bool any = false;
     for (size_t period = 0; period < REPEAT_PERIODS; period++) {
-        const refill_list *earlier = &engine->earlier_growths[period];
-        engine->repeating[period] = engine->logging_growths && earlier->count < GROWTH_LOG_LIMIT;
+        engine->repeating[period] = engine->logging_growths && !engine->earlier_growths[period].overflowed;
         any = any || engine->repeating[period];
     }
     if (!any || !repeated)
@@ -204,7 +204,7 @@ void pages_plan_refill(gm_arena *arena, size_t count)
 void pages_follow_growth(gm_arena *arena, const window *where, uint64_t size)
 {
     page_engine *engine = engine_of(arena);
-    if (!engine->logging_growths || engine->growths.count >= GROWTH_LOG_LIMIT)
+    if (!engine->logging_growths || engine->growths.overflowed)
         return;
     refill_group growth = {where->region, where->start, where->start + size};
     size_t index = engine->growths.count;
@@ -217,8 +217,10 @@ void pages_follow_growth(gm_arena *arena, const window *where, uint64_t size)
     }
     if (!any)
         engine->plan.count = 0;
-    if (!append(&engine->growths, growth.region, growth.start, growth.end))
-        engine->growths.count = GROWTH_LOG_LIMIT; /* no host memory: as if the log overflowed */
+    if (engine->growths.count >= GROWTH_LOG_LIMIT || !append(&engine->growths, growth.region, growth.start, growth.end)) {
+        engine->growths.overflowed = true; /* the rest of the step cannot be compared: followed no more */
+        engine->plan.count = 0;
+    }
 }
 
 /* ---------------------------------------------------------------- making a group */
