@@ -16,10 +16,10 @@ A step's end is found in the trace: the points where live memory comes back down
 between steps (the minimum over the trace's second half, plus 2% and 1 MiB) after it has been more than
 halfway up to its peak. Traces whose steps do not come back to one level (variable lengths) show few.
 
---repeat-step K replays the trace up to the end of its first step, then its step K (counted from 0,
-at least 1) N times (--repeats, default 8): a loop of fixed shapes made from one whose steps differ (a decoder trained
-at one sequence length). A block the step frees that an earlier step made stands for the block of the
-same size (else the nearest) that the last repetition left live.
+--repeat-step K replays the trace up to the start of its step K (counted from 0, at least 1), then
+step K N times (--repeats, default 8): a loop of fixed shapes made from one whose steps differ (a
+decoder trained at one sequence length). A block the step frees that an earlier step made stands for
+the block of the same size (else the nearest) that the last repetition left live.
 """
 import argparse
 import gzip
@@ -73,10 +73,10 @@ def step_ends(operations):
 
 
 def repeated(operations, ends, step, repeats):
-    """The operations up to the first step's end, then step `step` `repeats` times, each identifier
-    renamed per repetition (see the module docstring), and the new step ends."""
+    """The operations before step `step`, then that step `repeats` times, each identifier renamed per
+    repetition (see the module docstring), and the new step ends."""
     sizes, live = {}, {}
-    prologue = operations[:ends[0] + 1]
+    prologue = operations[:ends[step - 1] + 1]
     for kind, identifier, size, _ in prologue:
         if kind == "a":
             live[identifier] = size
@@ -86,7 +86,7 @@ def repeated(operations, ends, step, repeats):
     for kind, identifier, size, _ in operations:
         if kind == "a":
             sizes[identifier] = size
-    result, new_ends, carried = list(prologue), [len(prologue) - 1], {}
+    result, new_ends, carried = list(prologue), list(ends[:step]), {}
     for identifier, size in live.items():
         carried.setdefault(size, []).append(identifier)
     fresh = max(sizes) + 1
