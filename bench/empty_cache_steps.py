@@ -2,6 +2,7 @@
 """bench/empty_cache_steps.py -- training traces replayed on the sim with empty_cache() at every step.
 
     python3 bench/empty_cache_steps.py [--traces data/traces/gpt2.csv.gz,...] [--confs -,engine:segments]
+                                       [--repeat-step K [--repeats N]]
 
 Scripts that call torch.cuda.empty_cache() at the end of every training step give the whole cache back
 to the driver and make it again in the next step, so each step pays a growth's device calls. This
@@ -14,6 +15,11 @@ reserved memory, with and without the empty_cache calls.
 A step's end is found in the trace: the points where live memory comes back down to the level it keeps
 between steps (the minimum over the trace's second half, plus 2% and 1 MiB) after it has been more than
 halfway up to its peak. Traces whose steps do not come back to one level (variable lengths) show few.
+
+--repeat-step K replays the trace up to the start of its step K (counted from 0, at least 1), then
+step K N times (--repeats, default 8): a loop of fixed shapes made from one whose steps differ (a
+decoder trained at one sequence length). A block the step frees that an earlier step made stands for
+the block of the same size (else the nearest) that the last repetition left live.
 """
 import argparse
 import gzip
@@ -66,6 +72,44 @@ def step_ends(operations):
     return ends
 
 
+def repeated(operations, ends, step, repeats):
+    """The operations before step `step`, then that step `repeats` times, each identifier renamed per
+    repetition (see the module docstring), and the new step ends."""
+    sizes, live = {}, {}
+    prologue = operations[:ends[step - 1] + 1]
+    for kind, identifier, size, _ in prologue:
+        if kind == "a":
+            live[identifier] = size
+        else:
+            del live[identifier]
+    body = operations[ends[step - 1] + 1:ends[step] + 1]
+    for kind, identifier, size, _ in operations:
+        if kind == "a":
+            sizes[identifier] = size
+    result, new_ends, carried = list(prologue), list(ends[:step]), {}
+    for identifier, size in live.items():
+        carried.setdefault(size, []).append(identifier)
+    fresh = max(sizes) + 1
+    for _ in range(repeats):
+        renamed = {}
+        for kind, identifier, size, stream in body:
+            if kind == "a":
+                renamed[identifier] = fresh
+                fresh += 1
+                result.append((kind, renamed[identifier], size, stream))
+                continue
+            if identifier in renamed:
+                result.append((kind, renamed.pop(identifier), size, stream))
+                continue
+            want = sizes[identifier]
+            key = want if carried.get(want) else min((k for k in carried if carried[k]), key=lambda k: abs(k - want))
+            result.append((kind, carried[key].pop(0), key, stream))
+        for identifier, new in renamed.items():
+            carried.setdefault(sizes[identifier], []).append(new)
+        new_ends.append(len(result) - 1)
+    return result, new_ends
+
+
 def replay(operations, ends, conf, empty_cache):
     """(device ms of each step, device allocations of each step, peak reserved bytes)."""
     allocator = gpumem.Allocator("backend:sim,capacity:140GiB" + (f",{conf}" if conf else ""))
@@ -99,6 +143,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--traces", default=",".join(DEFAULT_TRACES))
     parser.add_argument("--confs", default="-,engine:segments")
+    parser.add_argument("--repeat-step", type=int, help="replay this step (from 0) again and again")
+    parser.add_argument("--repeats", type=int, default=8)
     arguments = parser.parse_args()
     print("| trace | conf | steps found | device ms a step, no empty_cache | device ms a step, empty_cache "
           "every step | device allocations a step | peak reserved MiB, without / with |")
@@ -109,6 +155,11 @@ def main():
         if not ends:
             print(f"| {os.path.basename(path)} | - | 0 | no step ends found | | | |")
             continue
+        if arguments.repeat_step is not None:
+            if not 1 <= arguments.repeat_step < len(ends):
+                sys.exit(f"bench/empty_cache_steps.py: {os.path.basename(path)} has steps 1 to {len(ends) - 1} "
+                         "to repeat")
+            operations, ends = repeated(operations, ends, arguments.repeat_step, arguments.repeats)
         for conf in arguments.confs.split(","):
             conf = "" if conf == "-" else conf
             try:
@@ -116,7 +167,10 @@ def main():
                 emptied, made, peak_emptied = replay(operations, ends, conf, True)
             except gpumem.GpumemError as error:
                 sys.exit(f"bench/empty_cache_steps.py: {os.path.basename(path)} with conf {conf!r}: {error}")
-            print(f"| {os.path.basename(path).replace('.csv.gz', '')} | {conf or 'defaults'} | {len(ends)} "
+            name = os.path.basename(path).replace('.csv.gz', '')
+            if arguments.repeat_step is not None:
+                name += f", step {arguments.repeat_step} x{arguments.repeats}"
+            print(f"| {name} | {conf or 'defaults'} | {len(ends)} "
                   f"| {median_after_two(kept):.1f} | {median_after_two(emptied):.1f} | {median_after_two(made)} "
                   f"| {peak_kept >> 20} / {peak_emptied >> 20} |", flush=True)
 

@@ -21,6 +21,7 @@ static void defaults_are_documented_values(void)
     CHECK_EQ_INT(options.max_chunk_size, 128 << 20);
     CHECK(options.growth_lane);
     CHECK(!options.tail_chunk);
+    CHECK(options.refill_groups);
     CHECK_EQ_INT(options.rechunk_min, 0);
 }
 
@@ -32,7 +33,8 @@ static void every_key_is_parsed(void)
                                         "memory_limit:1g,small_size:512KiB,small_segment_size:4MiB,"
                                         "large_segment_size:32MiB,min_large_alloc:16MiB,"
                                         "release_before_growth:false,cost_model:False,device_credit_ns:900,"
-                                        "max_chunk_size:64MiB,growth_lane:false,tail_chunk:0,rechunk_min:8MiB"));
+                                        "max_chunk_size:64MiB,growth_lane:false,tail_chunk:0,refill_groups:false,"
+                                        "rechunk_min:8MiB"));
     CHECK(!strcmp(options.backend, "host"));
     CHECK_EQ_INT(options.device, 3);
     CHECK_EQ_INT(options.engine, GM_ENGINE_SEGMENTS);
@@ -49,6 +51,7 @@ static void every_key_is_parsed(void)
     CHECK_EQ_INT(options.max_chunk_size, 64 << 20);
     CHECK(!options.growth_lane);
     CHECK(!options.tail_chunk);
+    CHECK(!options.refill_groups);
     CHECK_EQ_INT(options.rechunk_min, 8 << 20);
 }
 
@@ -84,7 +87,7 @@ static void bad_strings_are_refused_with_clear_errors(void)
         const char *message;
     } cases[] = {
         {"colour:blue", "unknown key 'colour'"},
-        {"colour:blue", "max_chunk_size, growth_lane, tail_chunk, rechunk_min, compact_min, history, publish"}, /* the known keys */
+        {"colour:blue", "max_chunk_size, growth_lane, tail_chunk, refill_groups, rechunk_min, compact_min, history, publish"}, /* the known keys */
         {"colour:blue", "pressure_psi_high, pressure_psi_low, fault_rate, fault_seed)"},                                  /* from the table */
         {"max_chunk_size:big", "bad value for key 'max_chunk_size'"},
         {"engine:fast", "bad value 'fast' for key 'engine'"},

@@ -84,6 +84,10 @@ static const option_descriptor descriptors[] = {
      "pages engine: when a request ends inside the last page of new memory, that page is a chunk of "
      "its own, so the next block placed there pins one page, not the whole growth; costs a device "
      "call per growth (default false)"},
+    {"refill_groups", KIND_BOOLEAN, FIELD(refill_groups), NULL,
+     "pages engine: after an empty_cache, while a step grows as one of the last two did, memory that the "
+     "last two empty_caches released as the same run of adjacent chunks is made again as one chunk, when "
+     "the first growth reaches it (default true)"},
     {"rechunk_min", KIND_SIZE, FIELD(rechunk_min), NULL,
      "pages engine: when a block placed in free memory covers part of an idle chunk and leaves at least "
      "this many bytes of it, that chunk is made anew in two, the block's pages and the rest, so the block "
@@ -161,6 +165,7 @@ void gm_options_default(gm_options *options)
     options->max_chunk_size = 128ull << 20;
     options->growth_lane = true;
     options->tail_chunk = false;
+    options->refill_groups = true;
     options->rechunk_min = 0;
     options->compact_min = 0;
     options->publish = false;

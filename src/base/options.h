@@ -44,6 +44,8 @@ typedef struct gm_options {
     uint64_t max_chunk_size;     /* pages engine: largest chunk of physical memory made at once */
     bool growth_lane;            /* pages engine: regrowing tensors get an address range of their own */
     bool tail_chunk;             /* pages engine: a growth's last, partly used page is a chunk of its own */
+    bool refill_groups;          /* pages engine: after an empty_cache, a repeating step's memory made again in
+                                    few chunks (refill.c) */
     uint64_t compact_min;        /* pages engine: pinned chunks split before the peak rises; 0: off */
     uint64_t rechunk_min;        /* pages engine: an idle chunk a fit leaves this much of is made anew; 0: off */
     int history;                 /* events kept in the history ring (0: none) */

@@ -12,7 +12,8 @@
  * way (lane_sharing.c). While the lane is empty, a small request that would grow the small pool above
  * the peak may take a free block of the stream's large-pool range instead (small_borrowing.c).
  * A freed block merges with its free neighbours and belongs to its region's heap again; empty_cache
- * unmaps and releases every idle chunk.
+ * unmaps and releases every idle chunk, and records what it releases, so that a next step repeating
+ * this one gets it back in few chunks (refill.c).
  * docs/engine.md explains why this reserves less than PyTorch's segments.
  */
 #include "core/pages/pages.h"
@@ -112,7 +113,13 @@ static void pages_release_cached(gm_arena *arena, uint64_t keep_bytes)
 {
     page_engine *engine = engine_of(arena);
     pages_retry_releases(arena);
+    if (pages_settle_waiting(arena, NULL) != GM_OK)
+        return; /* the engine's state is corrupt: validate says so */
     size_t count = pages_find_idle_chunks(arena, NULL, 0, 0);
+    if (keep_bytes == 0) /* an empty_cache: what it releases is what the next step makes again */
+        pages_plan_refill(arena, count);
+    else /* memory is wanted back: none is made ahead of need */
+        pages_drop_plan(engine);
     for (size_t i = 0; i < count && (uint64_t)gm_stat_total(arena->stats->reserved_bytes) > keep_bytes; i++) {
         idle_chunk *candidate = &engine->idle[i];
         if (pages_evict_chunk(arena, candidate->region, candidate->chunk) == GM_OK)
@@ -132,13 +139,13 @@ static gm_status check_block_pages(const gm_region *region, const gm_block *bloc
     uint64_t last = page_index(region, block->address + block->size - 1, page_size);
     bool mapped_expected = block->state != GM_BLOCK_UNMAPPED;
     for (uint64_t page = first; page <= last; page++)
-        if ((data->pages[page] != NULL) != mapped_expected)
+        if ((data->pages[page] != NULL) != mapped_expected && (mapped_expected || !data->pages[page]->waiting))
             return gm_fail(GM_ERROR_CORRUPT, "block 0x%" PRIxPTR " (state %d) has page %" PRIu64 " %s", block->address,
                            block->state, page, mapped_expected ? "unmapped" : "mapped");
     return GM_OK;
 }
 
-static gm_status validate_region(gm_arena *arena, gm_region *region, gm_stats *recomputed)
+static gm_status validate_region(gm_arena *arena, gm_region *region, gm_stats *recomputed, uint64_t *waiting)
 {
     page_engine *engine = engine_of(arena);
     page_region *data = data_of(region);
@@ -149,6 +156,7 @@ static gm_status validate_region(gm_arena *arena, gm_region *region, gm_stats *r
     for (gm_link *link = data->chunks.first; link; link = link->next) {
         const page_chunk *chunk = gm_list_item(link, page_chunk, link);
         mapped += chunk->size;
+        *waiting += chunk->waiting;
         gm_stat_change(recomputed->reserved_bytes, region->pool, (int64_t)chunk->size);
         gm_stat_change(recomputed->segment, region->pool, 1);
         uint64_t first = page_index(region, chunk->address, engine->page_size);
@@ -165,6 +173,7 @@ static gm_status validate_region(gm_arena *arena, gm_region *region, gm_stats *r
 
 static gm_status pages_validate(gm_arena *arena, gm_stats *recomputed)
 {
+    uint64_t waiting = 0;
     for (gm_link *link = engine_of(arena)->unreleased.first; link; link = link->next) {
         const page_chunk *chunk = gm_list_item(link, page_chunk, link);
         gm_stat_change(recomputed->reserved_bytes, chunk->pool, (int64_t)chunk->size);
@@ -178,11 +187,14 @@ static gm_status pages_validate(gm_arena *arena, gm_stats *recomputed)
                 return status;
         }
         for (gm_region *region = gm_first_region(arena->heaps[h]); region; region = gm_next_region(region)) {
-            gm_status status = validate_region(arena, region, recomputed);
+            gm_status status = validate_region(arena, region, recomputed, &waiting);
             if (status != GM_OK)
                 return status;
         }
     }
+    if (waiting != engine_of(arena)->waiting_bytes)
+        return gm_fail(GM_ERROR_CORRUPT, "chunks hold %" PRIu64 " waiting bytes, the engine counts %" PRIu64, waiting,
+                       engine_of(arena)->waiting_bytes);
     return GM_OK;
 }
 
@@ -209,6 +221,10 @@ static gm_status pages_create(gm_arena *arena)
 static gm_status drop_free_region(gm_arena *arena, gm_region *region)
 {
     page_region *data = data_of(region);
+    gm_status settled = pages_settle_waiting(arena, region);
+    if (settled != GM_OK)
+        return settled;
+    pages_forget_region_plan(engine_of(arena), region);
     while (data->chunks.first) {
         page_chunk *chunk = gm_list_item(data->chunks.first, page_chunk, link);
         gm_status status = pages_evict_chunk(arena, region, chunk);
@@ -289,6 +305,7 @@ static void pages_destroy(gm_arena *arena)
         pages_release_physical(arena, chunk);
     }
     free(engine->idle);
+    pages_free_refill(engine);
     free(engine);
     arena->engine_state = NULL;
 }

@@ -25,7 +25,8 @@
  * operation (alternating 1 MiB and 64 MiB requests, streams freeing each other's memory:
  * bench/adversarial.py). An option (tail_chunk, off by default: one more chunk per growth) makes the
  * last page of a growth a chunk of its own when the request ends inside it, so that a block placed after
- * the request pins one page, not the whole growth.
+ * the request pins one page, not the whole growth. After an empty_cache, a growth in a step that repeats
+ * an earlier one may find its pages already made, waiting (refill.c): it takes them as they are.
  */
 #include "core/pages/pages.h"
 
@@ -62,6 +63,7 @@ static uint64_t move_idle_chunks(gm_arena *arena, const window *where, uintptr_t
             *status_out = status;
             return mapped;
         }
+        chunk->moved = true; /* its memory was made elsewhere: no group takes it in (refill.c) */
         if (candidate->region != target && !engine->placing_lane) {
             page_region *donor = data_of(candidate->region);
             if (engine->allocations - donor->donated_at >= PING_PONG_ALLOCATIONS)
@@ -213,6 +215,10 @@ static gm_status back_part(gm_arena *arena, const window *where, uintptr_t from,
     gm_region *region = where->region;
     gm_block *hole = pages_unmapped_at(region, from);
     uint64_t need = to - from, room = hole->address + hole->size - from;
+    if (engine->waiting_bytes) { /* moved chunks stop short of the hole's waiting pages (refill.c) */
+        bool waiting = false;
+        room = pages_waiting_part_end(region, from, hole->address + hole->size, engine->page_size, &waiting) - from;
+    }
     int64_t spent_before = arena->backend->modelled_ns;
     uint64_t mapped = 0, created = 0;
     /* Moving idle chunks changes neither reserved memory nor the device's free memory: one reading. */
@@ -222,6 +228,11 @@ static gm_status back_part(gm_arena *arena, const window *where, uintptr_t from,
         int64_t moving_since = arena->backend->modelled_ns;
         engine->moving_by_choice = need <= new_room; /* else no new memory can be had */
         mapped = move_idle_chunks(arena, where, from, need, room, &status);
+        /* Pages made ahead of need that still wait when new memory would lift the peak: the step
+         * did not repeat the last one. They become free memory, and chunks no growth took move. */
+        if (status == GM_OK && mapped < need && engine->waiting_bytes && should_recycle(arena, need - mapped) &&
+            (status = pages_settle_waiting(arena, NULL)) == GM_OK)
+            mapped += move_idle_chunks(arena, where, from + mapped, need - mapped, room - mapped, &status);
         engine->moving_by_choice = false;
         if (move_spends_budget(arena, region, need))
             engine->bounce_credit_ns -= arena->backend->modelled_ns - moving_since;
@@ -291,6 +302,7 @@ gm_status pages_open_window(gm_arena *arena, window where, uint64_t size, gm_blo
         *block_out = take_free_block_holding(arena, where.run_first, where.start, end);
         return *block_out ? GM_OK : gm_fail(GM_ERROR_CORRUPT, "a window needing no page is not one free block");
     }
+    pages_follow_growth(arena, &where, size);
     gm_block *opened = NULL;
     /* The unmapped blocks of the run that the window needs, in address order. Backing one turns it
      * into free space merged with its neighbours (`opened`); the walk goes on after that. */
@@ -300,9 +312,18 @@ gm_status pages_open_window(gm_arena *arena, window where, uint64_t size, gm_blo
             block = block->next;
             continue;
         }
+        /* After an empty_cache, the groups this part reaches are made whole first; their pages wait
+         * under the unmapped block, and the part is taken in pieces: waiting pages as they are, the
+         * others backed (refill.c). */
+        bool waiting = false;
+        if (engine->plan.count)
+            pages_prepare_groups(arena, &where, from, to);
+        if (engine->waiting_bytes)
+            to = pages_waiting_part_end(where.region, from, to, page_size, &waiting);
         if (opened) /* the previous part: indexed; the next part merges it back */
             gm_index_free_block(arena, opened);
-        gm_status status = back_part(arena, &where, from, to, &opened);
+        gm_status status = waiting ? pages_take_waiting(arena, where.region, from, to, &opened)
+                                   : back_part(arena, &where, from, to, &opened);
         if (status != GM_OK) {
             if (opened)
                 gm_index_free_block(arena, opened);

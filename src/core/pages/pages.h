@@ -13,10 +13,13 @@
  *   rechunk.c       an idle chunk that a fit covers in part made anew in two (rechunk_min, off by default)
  *   compaction.c    pinned chunks split around their live pages before a growth lifts the peak
  *                   (compact_min, off by default)
+ *   refill.c        after an empty_cache, when the step repeats the last one, the memory the
+ *                   empty_cache released made again as one chunk per run of adjacent chunks
  *   engine.c        the engine operations the front end calls
  *
  * Invariants (checked by pages_validate): the blocks of a region tile it; a block's pages are mapped
- * exactly when it is not unmapped; every chunk is mapped at one place and the page table points at it
+ * when it is not unmapped, and an unmapped block's pages are not, except those of a chunk made ahead of
+ * need after an empty_cache (refill.c: its `waiting` bytes); every chunk is mapped at one place and the page table points at it
  * from each of its pages; a free or unmapped block belongs to its region's heap, an allocated or pending
  * one to the heap that asked for it (a lane's blocks lie in its stream's large-pool region: lane_sharing.c);
  * every free block is in its heap's size index and every unmapped block in its region's unmapped list;
@@ -72,6 +75,9 @@ typedef struct page_chunk {
                      the cleanup of a failed map): unmapped before it is released */
     uint64_t freed_at; /* the engine's free count when a block over it was last freed here; 0: no block
                           has used it since it was mapped here */
+    uint64_t waiting;  /* bytes of it made ahead of need (refill.c) that no growth has taken yet: they lie
+                          under unmapped blocks, as if not there, until one does */
+    bool moved;        /* moved here from elsewhere (growth.c): it joins no group (refill.c) */
     int exported;      /* 1 + the file descriptor exported for gm_share, closed when the chunk goes back
                           to the device; 0: none */
 } page_chunk;
@@ -86,6 +92,26 @@ typedef struct page_region {
     gm_list chunks;
     gm_list unmapped; /* unmapped blocks, through gm_block.link */
 } page_region;
+
+/* A range of a region: a group, memory an empty_cache released as adjacent chunks, made again as one
+ * chunk (refill.c); or the window of a growth, in refill.c's log. */
+typedef struct refill_group {
+    gm_region *region;
+    uintptr_t start;
+    uintptr_t end;
+} refill_group;
+
+/* A step may repeat the last step or one of the few before it (a loop whose steps alternate between
+ * two layouts): how many earlier steps' growths a step is compared with. */
+#define REPEAT_PERIODS 2
+
+/* Groups in order of region and address, or a step's growths in the order they came. */
+typedef struct refill_list {
+    refill_group *items;
+    size_t count;
+    size_t capacity;
+    bool overflowed; /* a log that lost growths (too many, or no host memory): no step to compare with */
+} refill_list;
 
 typedef struct idle_chunk {
     page_chunk *chunk;
@@ -129,6 +155,14 @@ typedef struct page_engine {
                                     asking region's that is still at work stay where they are
                                     (pages_find_idle_chunks) */
     gm_list unreleased;          /* chunks unmapped whose release failed: still reserved, released later */
+    refill_list released;        /* the groups the last empty_cache released (refill.c) */
+    refill_list plan;            /* those of them the empty_cache before released too, not made again yet */
+    refill_list growths;         /* the windows grown since the last empty_cache, in order (refill.c) */
+    refill_list earlier_growths[REPEAT_PERIODS]; /* those of the steps before: [0] the last one, [1] the one
+                                                     before it, ... */
+    bool repeating[REPEAT_PERIODS]; /* whether this step has grown as that earlier one so far */
+    bool logging_growths;        /* from the first empty_cache on */
+    uint64_t waiting_bytes;      /* the chunks' waiting bytes, all together */
 } page_engine;
 
 static inline page_engine *engine_of(gm_arena *arena)
@@ -348,6 +382,39 @@ gm_block *pages_borrow_for_small(gm_arena *arena, gm_heap *heap, uint64_t size);
  * the detached free block, starting where `block` did, that holds the block's pages. *block_out NULL:
  * nothing was done (the fit proceeds as usual). */
 gm_status pages_rechunk_fit(gm_arena *arena, gm_block *block, uint64_t size, gm_block **block_out);
+
+/* ---------------------------------------------------------------- refill.c */
+
+/* An empty_cache is about to release the idle chunks engine->idle[0, count): the groups it releases are
+ * their runs of adjacent chunks (but those moved in); those that the empty_cache before released too
+ * (the step repeated that part of the last one) are the plan. */
+void pages_plan_refill(gm_arena *arena, size_t count);
+/* A growth into the window `where` for `size` bytes. After an empty_cache it is logged, and when it is
+ * not the growth that any of the last REPEAT_PERIODS steps made at this point, the step repeats none of
+ * them: no group is made from then on. (Nor in a step after one that did not repeat an earlier one all
+ * through: pages_plan_refill.) */
+void pages_follow_growth(gm_arena *arena, const window *where, uint64_t size);
+/* No more groups: memory is wanted back (a release that keeps some). */
+void pages_drop_plan(page_engine *engine);
+/* The engine's lists freed (the engine goes). */
+void pages_free_refill(page_engine *engine);
+/* The groups and logged growths of `region` go with it. */
+void pages_forget_region_plan(page_engine *engine, const gm_region *region);
+/* Before [from, to) of an unmapped block of the window's region is backed: each planned group it
+ * touches is made as one chunk over the group's part of that block, if reserved memory stays within
+ * its peak; its pages stay under the unmapped block (waiting) until a growth takes them. */
+void pages_prepare_groups(gm_arena *arena, const window *where, uintptr_t from, uintptr_t to);
+/* The end of the part of [from, to) (in an unmapped block) whose pages are all waiting, or all not
+ * backed, as the page at `from` is (*waiting_out). */
+uintptr_t pages_waiting_part_end(const gm_region *region, uintptr_t from, uintptr_t to, uint64_t page_size,
+                                 bool *waiting_out);
+/* Turn [from, to) of an unmapped block, whose pages are all waiting, into free space merged with its
+ * neighbours: *opened_out, detached. */
+gm_status pages_take_waiting(gm_arena *arena, gm_region *region, uintptr_t from, uintptr_t to,
+                             gm_block **opened_out);
+/* Every waiting page of `region` (NULL: of every region) taken into free space, so that its chunks
+ * can be released or moved like any other. */
+gm_status pages_settle_waiting(gm_arena *arena, gm_region *region);
 
 /* ---------------------------------------------------------------- compaction.c */
 
