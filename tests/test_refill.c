@@ -112,12 +112,46 @@ static void a_repeating_step_is_made_again_in_few_chunks(void)
     int64_t peak = 0, peak_without = 0;
     step_cost with = repeating_steps(1, &peak), without = repeating_steps(0, &peak_without);
     /* Without the rule: a chunk per growth, those of 300 and 500 MiB cut at 128 MiB. With it: the
-     * memory the step held at its end, one run of adjacent chunks, made as one. */
+     * memory the step held at its end, one run of adjacent chunks of 1440 MiB, made as two. */
     CHECK_EQ_INT(without.chunks, 16);
-    CHECK_EQ_INT(with.chunks, 1);
-    CHECK(with.device_ns * 2 < without.device_ns);
+    CHECK_EQ_INT(with.chunks, 2); /* 1024 MiB (group_chunk_limit) and the rest */
+    CHECK(with.device_ns * 10 < without.device_ns * 6);
     CHECK_EQ_INT(peak, peak_without);
     CHECK_EQ_INT(peak, 1540);
+}
+
+/* The steps above, then one more that keeps its first activation past its end: the empty_cache
+ * cannot release the chunk that block lies in. A group is made of chunks of at most 1024 MiB, so the
+ * kept 24 MiB hold at most that much (one chunk for the whole 1440 MiB group would hold all of it). */
+static void a_block_kept_past_a_step_pins_one_piece_of_its_group(void)
+{
+    static const uint64_t sizes[] = {24, 48, 96, 200, 300, 40, 160, 72}, later[] = {130, 20, 500};
+    gm_allocator *allocator = make("capacity:16GiB", 1);
+    void *kept = take(allocator, 100, 0), *saved = NULL;
+    for (int step = 0; step < 9; step++) {
+        void *blocks[8], *more[3];
+        for (int i = 0; i < 8; i++)
+            blocks[i] = take(allocator, sizes[i], 0);
+        give(allocator, blocks[3]);
+        give(allocator, blocks[1]);
+        for (int i = 0; i < 3; i++)
+            more[i] = take(allocator, later[i], 0);
+        for (int i = 0; i < 8; i++)
+            if (i != 1 && i != 3 && !(step == 8 && i == 0))
+                give(allocator, blocks[i]);
+        for (int i = 0; i < 3; i++)
+            give(allocator, more[i]);
+        saved = blocks[0];
+        CHECK_OK(gm_empty_cache(allocator));
+    }
+    int64_t held_mib = stats_of(allocator).reserved_bytes[GM_POOL_ALL].current / (int64_t)MIB;
+    CHECK(held_mib >= 100 + 24);
+    CHECK(held_mib <= 100 + 1024);
+    give(allocator, saved);
+    give(allocator, kept);
+    CHECK_OK(gm_empty_cache(allocator));
+    CHECK_EQ_INT(stats_of(allocator).reserved_bytes[GM_POOL_ALL].current, 0);
+    gm_destroy(allocator, NULL);
 }
 
 /* On the host backend (real bytes, chunks mapped where the engine says): blocks stamped when made and
@@ -491,7 +525,8 @@ static void a_recorded_loop_of_variable_lengths_keeps_its_peak(void)
     CHECK_EQ_INT(peak, peak_without);
 }
 
-RUN_TESTS(TEST_CASE(a_repeating_step_is_made_again_in_few_chunks), TEST_CASE(bytes_stay_intact_in_memory_made_ahead),
+RUN_TESTS(TEST_CASE(a_repeating_step_is_made_again_in_few_chunks),
+          TEST_CASE(a_block_kept_past_a_step_pins_one_piece_of_its_group), TEST_CASE(bytes_stay_intact_in_memory_made_ahead),
           TEST_CASE(a_chunk_moved_in_joins_no_group), TEST_CASE(memory_made_ahead_that_a_step_leaves_can_move),
           TEST_CASE(a_step_of_other_shapes_makes_no_group), TEST_CASE(an_empty_cache_releases_memory_made_ahead),
           TEST_CASE(a_step_is_followed_only_after_one_that_repeated_all_through),

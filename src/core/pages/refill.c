@@ -16,7 +16,8 @@
  * that part of the last one. Every growth's window is logged; once a step has grown exactly as one of
  * the REPEAT_PERIODS steps before it, and while the next one grows as one of them did
  * (pages_follow_growth), the first growth that reaches a group makes all of it -- its part of that
- * growth's unmapped block -- as one chunk, if reserved memory stays within its peak with it. At the
+ * growth's unmapped block -- in chunks of at most group_chunk_limit, if reserved memory stays within
+ * its peak with it. At the
  * first growth that differs the plan is dropped: a step of other shapes (other lengths, another batch
  * size) grows as the first one did, and so do the steps until the loop has settled (the first steps
  * after a cold one each grow a little differently).
@@ -245,6 +246,17 @@ static bool may_make(gm_arena *arena, uint64_t size)
            (gm_backend_memory_info(arena->backend, &device_free, &device_total) != GM_OK || device_free >= size);
 }
 
+/* The largest chunk a group is made of. A group is memory the last steps released whole, but a step
+ * that keeps one block of it past its end (a tensor saved for later) pins the chunk that block lies in
+ * through every empty_cache until it is freed: GROUP_CHUNKS_PER_MAX_CHUNK chunks of max_chunk_size
+ * bound what one such block can keep, where one chunk per group could keep gigabytes. */
+#define GROUP_CHUNKS_PER_MAX_CHUNK 8
+static uint64_t group_chunk_limit(const page_engine *engine)
+{
+    uint64_t limit = engine->max_chunk_size;
+    return limit > UINT64_MAX / GROUP_CHUNKS_PER_MAX_CHUNK ? UINT64_MAX : limit * GROUP_CHUNKS_PER_MAX_CHUNK;
+}
+
 /* Make [start, end) of `region` one chunk whose pages all wait. */
 static gm_status make_waiting_chunk(gm_arena *arena, gm_region *region, uintptr_t start, uintptr_t end)
 {
@@ -281,8 +293,14 @@ void pages_prepare_groups(gm_arena *arena, const window *where, uintptr_t from, 
         /* Reached: made now or never (a growth that cannot have it backs its pages as usual). */
         uintptr_t start = group.start > hole->address ? group.start : hole->address;
         uintptr_t end = group.end < hole_end ? group.end : hole_end;
-        if (may_make(arena, end - start) && all_unbacked(region, start, end, engine->page_size))
-            (void)make_waiting_chunk(arena, region, start, end); /* failed: backed as usual */
+        if (!may_make(arena, end - start) || !all_unbacked(region, start, end, engine->page_size))
+            continue;
+        uint64_t limit = group_chunk_limit(engine);
+        for (uintptr_t piece = start, piece_end; piece < end; piece = piece_end) {
+            piece_end = end - piece > limit ? piece + limit : end;
+            if (make_waiting_chunk(arena, region, piece, piece_end) != GM_OK)
+                break; /* the rest backed as usual */
+        }
     }
     engine->plan.count = kept;
     engine->credit_ns -= arena->backend->modelled_ns - spent_before;
