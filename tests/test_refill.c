@@ -71,6 +71,30 @@ static step_cost cost_since(gm_allocator *allocator, const gm_stats *before)
 
 /* ---------------------------------------------------------------- the rule at work */
 
+/* One step's body in the tests here: `count` activations taken on stream 0, the two at freed_early[0]
+ * and [1] given back in that order (then gm_validate: pages made ahead wait under unmapped blocks),
+ * `later_count` more taken, then every activation given back but the early ones and the one at `keep`
+ * (-1: none), then the later ones. Returns the kept block, or NULL. */
+static void *run_step(gm_allocator *allocator, const uint64_t *sizes, int count, const int freed_early[2],
+                      const uint64_t *later, int later_count, int keep)
+{
+    void *blocks[8], *more[3];
+    REQUIRE(count <= 8 && later_count <= 3);
+    for (int i = 0; i < count; i++)
+        blocks[i] = take(allocator, sizes[i], 0);
+    give(allocator, blocks[freed_early[0]]);
+    give(allocator, blocks[freed_early[1]]);
+    CHECK_OK(gm_validate(allocator));
+    for (int i = 0; i < later_count; i++)
+        more[i] = take(allocator, later[i], 0);
+    for (int i = 0; i < count; i++)
+        if (i != freed_early[0] && i != freed_early[1] && i != keep)
+            give(allocator, blocks[i]);
+    for (int i = 0; i < later_count; i++)
+        give(allocator, more[i]);
+    return keep >= 0 ? blocks[keep] : NULL;
+}
+
 /* A training step of eight activations, two freed early and three more requests after them; the
  * cache emptied at its end. Eight steps after a block kept throughout: the last step's cost, and the
  * peak (*peak_out). */
@@ -82,19 +106,7 @@ static step_cost repeating_steps(int refill, int64_t *peak_out)
     step_cost cost = {0, 0};
     for (int step = 0; step < 8; step++) {
         gm_stats before = stats_of(allocator);
-        void *blocks[8], *more[3];
-        for (int i = 0; i < 8; i++)
-            blocks[i] = take(allocator, sizes[i], 0);
-        give(allocator, blocks[3]);
-        give(allocator, blocks[1]);
-        CHECK_OK(gm_validate(allocator)); /* pages made ahead wait under unmapped blocks */
-        for (int i = 0; i < 3; i++)
-            more[i] = take(allocator, later[i], 0);
-        for (int i = 0; i < 8; i++)
-            if (i != 1 && i != 3)
-                give(allocator, blocks[i]);
-        for (int i = 0; i < 3; i++)
-            give(allocator, more[i]);
+        run_step(allocator, sizes, 8, (const int[2]){3, 1}, later, 3, -1);
         CHECK_OK(gm_validate(allocator));
         CHECK_OK(gm_empty_cache(allocator));
         cost = cost_since(allocator, &before);
@@ -129,19 +141,7 @@ static void a_block_kept_past_a_step_pins_one_piece_of_its_group(void)
     gm_allocator *allocator = make("capacity:16GiB", 1);
     void *kept = take(allocator, 100, 0), *saved = NULL;
     for (int step = 0; step < 9; step++) {
-        void *blocks[8], *more[3];
-        for (int i = 0; i < 8; i++)
-            blocks[i] = take(allocator, sizes[i], 0);
-        give(allocator, blocks[3]);
-        give(allocator, blocks[1]);
-        for (int i = 0; i < 3; i++)
-            more[i] = take(allocator, later[i], 0);
-        for (int i = 0; i < 8; i++)
-            if (i != 1 && i != 3 && !(step == 8 && i == 0))
-                give(allocator, blocks[i]);
-        for (int i = 0; i < 3; i++)
-            give(allocator, more[i]);
-        saved = blocks[0];
+        saved = run_step(allocator, sizes, 8, (const int[2]){3, 1}, later, 3, step == 8 ? 0 : -1);
         CHECK_OK(gm_empty_cache(allocator));
     }
     int64_t held_mib = stats_of(allocator).reserved_bytes[GM_POOL_ALL].current / (int64_t)MIB;
@@ -363,17 +363,7 @@ static int64_t alternating_steps(int refill, int alternate_fourth, int64_t last_
         else
             sizes[1] = odd ? 200 : 120;
         int64_t before = chunks_made(allocator);
-        void *blocks[6];
-        for (int i = 0; i < 6; i++)
-            blocks[i] = take(allocator, sizes[i], 0);
-        give(allocator, blocks[1]);
-        give(allocator, blocks[3]);
-        void *more[2] = {take(allocator, 120, 0), take(allocator, 250, 0)};
-        for (int i = 0; i < 6; i++)
-            if (i != 1 && i != 3)
-                give(allocator, blocks[i]);
-        give(allocator, more[0]);
-        give(allocator, more[1]);
+        run_step(allocator, sizes, 6, (const int[2]){1, 3}, (const uint64_t[]){120, 250}, 2, -1);
         CHECK_OK(gm_validate(allocator));
         CHECK_OK(gm_empty_cache(allocator));
         if (step >= 8)
@@ -406,17 +396,7 @@ static void a_loop_of_two_layouts_repeats_the_step_before_last(void)
             int64_t before = chunks_made(allocator);
             void *other = take(allocator, step % 2 ? 40 : 60, 1);
             static const uint64_t sizes[] = {24, 200, 48, 300, 96, 160};
-            void *blocks[6];
-            for (int i = 0; i < 6; i++)
-                blocks[i] = take(allocator, sizes[i], 0);
-            give(allocator, blocks[1]);
-            give(allocator, blocks[3]);
-            void *more[2] = {take(allocator, 120, 0), take(allocator, 250, 0)};
-            for (int i = 0; i < 6; i++)
-                if (i != 1 && i != 3)
-                    give(allocator, blocks[i]);
-            give(allocator, more[0]);
-            give(allocator, more[1]);
+            run_step(allocator, sizes, 6, (const int[2]){1, 3}, (const uint64_t[]){120, 250}, 2, -1);
             give(allocator, other);
             CHECK_OK(gm_validate(allocator));
             CHECK_OK(gm_empty_cache(allocator));
