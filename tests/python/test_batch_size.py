@@ -167,6 +167,10 @@ class StepModelTest(unittest.TestCase):
         self.assertEqual(batch_size.replay([("a", 0, 1, 0)], config, limit=0), (False, 0, 0))
         with self.assertRaises(gpumem.GpumemError):
             batch_size.replay([], batch_size.replay_config("page_size:3", 1 << 30))
+        # Compaction and the refill rule change where blocks go, so the replay keeps them too.
+        config = batch_size.replay_config("compact_min:2MiB,refill_groups:false,history:1000", 1 << 30)
+        self.assertEqual(config, "backend:sim,capacity:1073741824,compact_min:2MiB,refill_groups:false")
+        self.assertEqual(batch_size.replay([("a", 0, 1 << 20, 0)], config)[0], True)
 
 
 if __name__ == "__main__":
