@@ -233,20 +233,34 @@ static PyObject *device_part_names(PyObject *module, PyObject *unused)
     return names_list(device_names);
 }
 
+/* The arguments of device_part and pinned_part, (step name, allocator function, count): the function's
+ * object of `type` (NULL with the error set), the step's index among `names` and the count. */
+static PyObject *part_arguments(PyObject *arguments, PyTypeObject *type, const char **names, int *step_out,
+                                Py_ssize_t *count_out)
+{
+    const char *name;
+    PyObject *function;
+    if (!PyArg_ParseTuple(arguments, "sOn", &name, &function, count_out))
+        return NULL;
+    PyObject *self = self_of(function, type);
+    *step_out = self ? step_index(names, name) : -1;
+    if (*step_out < 0)
+        return NULL;
+    if (*count_out <= 0)
+        return PyErr_Format(PyExc_ValueError, "count must be positive");
+    if (gmcupy_set_blocking_hook == NULL)
+        return PyErr_Format(PyExc_RuntimeError, "set this copy's blocking hook first (module.use_blocking_hook)");
+    return self;
+}
+
 static PyObject *device_part(PyObject *module, PyObject *arguments)
 {
     (void)module;
-    const char *name;
-    PyObject *function;
+    int step;
     Py_ssize_t count;
-    if (!PyArg_ParseTuple(arguments, "sOn", &name, &function, &count))
+    Allocate *self = (Allocate *)part_arguments(arguments, &AllocateType, device_names, &step, &count);
+    if (!self)
         return NULL;
-    Allocate *self = (Allocate *)self_of(function, &AllocateType);
-    int step = self ? step_index(device_names, name) : -1;
-    if (step < 0 || count <= 0)
-        return step < 0 ? NULL : PyErr_Format(PyExc_ValueError, "count must be positive");
-    if (gmcupy_set_blocking_hook == NULL)
-        return PyErr_Format(PyExc_RuntimeError, "set this copy's blocking hook first (module.use_blocking_hook)");
     double nanoseconds = step == D_MADE || step == D_DROPPED ? device_objects(self, step == D_DROPPED, count)
                                                               : device_steps(self, step, count);
     return nanoseconds < 0 ? NULL : PyFloat_FromDouble(nanoseconds);
@@ -344,17 +358,11 @@ static PyObject *pinned_part_names(PyObject *module, PyObject *unused)
 static PyObject *pinned_part(PyObject *module, PyObject *arguments)
 {
     (void)module;
-    const char *name;
-    PyObject *function;
+    int step;
     Py_ssize_t count;
-    if (!PyArg_ParseTuple(arguments, "sOn", &name, &function, &count))
+    PinnedAllocate *self = (PinnedAllocate *)part_arguments(arguments, &PinnedAllocateType, pinned_names, &step, &count);
+    if (!self)
         return NULL;
-    PinnedAllocate *self = (PinnedAllocate *)self_of(function, &PinnedAllocateType);
-    int step = self ? step_index(pinned_names, name) : -1;
-    if (step < 0 || count <= 0)
-        return step < 0 ? NULL : PyErr_Format(PyExc_ValueError, "count must be positive");
-    if (gmcupy_set_blocking_hook == NULL)
-        return PyErr_Format(PyExc_RuntimeError, "set this copy's blocking hook first (module.use_blocking_hook)");
     double nanoseconds = pinned_steps(self, step, count);
     return nanoseconds < 0 ? NULL : PyFloat_FromDouble(nanoseconds);
 }
