@@ -231,13 +231,13 @@ static void a_chunk_moved_in_joins_no_group(void)
     CHECK(chunks < chunks_without);
 }
 
-/* 600 MiB of addresses between two kept blocks, where every step makes three blocks of 200 MiB (one
- * group). Then a step that makes only the first (`first` MiB), keeps it, and asks for 700 MiB more;
- * *current_out: reserved memory after that step's empty_cache. The peak. */
-static int64_t a_step_that_stops_repeating(int refill, uint64_t first, int keep_first, int64_t *current_out)
+/* 600 MiB of addresses between two kept blocks of 100 MiB (*low, *high), then five steps that each
+ * make three blocks of 200 MiB there (one group) and empty the cache at their end. */
+static void three_block_steps_between_kept_blocks(gm_allocator *allocator, void **low, void **high)
 {
-    gm_allocator *allocator = make("capacity:16GiB", refill);
-    void *low = take(allocator, 100, 0), *between = take(allocator, 600, 0), *high = take(allocator, 100, 0);
+    *low = take(allocator, 100, 0);
+    void *between = take(allocator, 600, 0);
+    *high = take(allocator, 100, 0);
     give(allocator, between);
     CHECK_OK(gm_empty_cache(allocator));
     for (int step = 0; step < 5; step++) {
@@ -248,6 +248,16 @@ static int64_t a_step_that_stops_repeating(int refill, uint64_t first, int keep_
             give(allocator, blocks[i]);
         CHECK_OK(gm_empty_cache(allocator));
     }
+}
+
+/* The steps of three_block_steps_between_kept_blocks (one group). Then a step that makes only the
+ * first (`first` MiB), keeps it, and asks for 700 MiB more; *current_out: reserved memory after that
+ * step's empty_cache. The peak. */
+static int64_t a_step_that_stops_repeating(int refill, uint64_t first, int keep_first, int64_t *current_out)
+{
+    gm_allocator *allocator = make("capacity:16GiB", refill);
+    void *low, *high;
+    three_block_steps_between_kept_blocks(allocator, &low, &high);
     void *changed = take(allocator, first, 0);
     if (!keep_first)
         give(allocator, changed);
@@ -289,17 +299,8 @@ static void a_step_of_other_shapes_makes_no_group(void)
 static void an_empty_cache_releases_memory_made_ahead(void)
 {
     gm_allocator *allocator = make("capacity:16GiB", 1);
-    void *low = take(allocator, 100, 0), *between = take(allocator, 600, 0), *high = take(allocator, 100, 0);
-    give(allocator, between);
-    CHECK_OK(gm_empty_cache(allocator));
-    for (int step = 0; step < 5; step++) {
-        void *blocks[3];
-        for (int i = 0; i < 3; i++)
-            blocks[i] = take(allocator, 200, 0);
-        for (int i = 0; i < 3; i++)
-            give(allocator, blocks[i]);
-        CHECK_OK(gm_empty_cache(allocator));
-    }
+    void *low, *high;
+    three_block_steps_between_kept_blocks(allocator, &low, &high);
     void *first = take(allocator, 200, 0); /* the step ends after its first block */
     CHECK_EQ_INT(stats_of(allocator).reserved_bytes[GM_POOL_ALL].current, 800 * (int64_t)MIB); /* the group's */
     CHECK_OK(gm_validate(allocator));
