@@ -14,7 +14,7 @@
  *   compaction.c    pinned chunks split around their live pages before a growth lifts the peak
  *                   (compact_min, off by default)
  *   refill.c        after an empty_cache, when the step repeats the last one, the memory the
- *                   empty_cache released made again as one chunk per run of adjacent chunks
+ *                   empty_cache released made again in few chunks (at most 8 x max_chunk_size each)
  *   engine.c        the engine operations the front end calls
  *
  * Invariants (checked by pages_validate): the blocks of a region tile it; a block's pages are mapped
@@ -93,8 +93,8 @@ typedef struct page_region {
     gm_list unmapped; /* unmapped blocks, through gm_block.link */
 } page_region;
 
-/* A range of a region: a group, memory an empty_cache released as adjacent chunks, made again as one
- * chunk (refill.c); or the window of a growth, in refill.c's log. */
+/* A range of a region: a group, memory an empty_cache released as adjacent chunks, made again in few
+ * chunks (refill.c); or the window of a growth, in refill.c's log. */
 typedef struct refill_group {
     gm_region *region;
     uintptr_t start;
