@@ -401,8 +401,9 @@ void pages_free_refill(page_engine *engine);
 /* The groups and logged growths of `region` go with it. */
 void pages_forget_region_plan(page_engine *engine, const gm_region *region);
 /* Before [from, to) of an unmapped block of the window's region is backed: each planned group it
- * touches is made as one chunk over the group's part of that block, if reserved memory stays within
- * its peak; its pages stay under the unmapped block (waiting) until a growth takes them. */
+ * touches is made over the group's part of that block, in chunks of at most 8 x max_chunk_size, if
+ * reserved memory stays within its peak; its pages stay under the unmapped block (waiting) until a
+ * growth takes them. */
 void pages_prepare_groups(gm_arena *arena, const window *where, uintptr_t from, uintptr_t to);
 /* The end of the part of [from, to) (in an unmapped block) whose pages are all waiting, or all not
  * backed, as the page at `from` is (*waiting_out). */
