@@ -17,7 +17,9 @@
  *   returns_object  a C function that returns a fixed object: the Python loop's own cost around a call
  * The objects' steps time a batch of BATCH made, then the batch dropped, so that making and dropping are
  * two steps; their blocks have no memory (pointer NULL), and their free's hooks check is a stub (the check
- * is its own step). Built by cupy_parts.py with the system's C compiler.
+ * is its own step). Where the memory object is gpumem's own BaseMemory, its type (and so its dealloc) is
+ * the one the real module made, which frees through the same code as this copy's. Built by cupy_parts.py
+ * with the system's C compiler.
  */
 #include "../python/gpumem/cupy_allocate.c"
 #include "../python/gpumem/cupy_pinned.c"
@@ -118,7 +120,8 @@ static int hook_twice(void)
 static const char *device_names[] = {
     "size argument", "memory hooks check, allocation", "current device", "thread's context check",
     "device's allocator found", "current stream", "gm_malloc + gm_free", "blocking hook set and cleared, twice",
-    "objects made: Block, UnownedMemory, MemoryPointer", "objects dropped", "memory hooks check, free", NULL,
+    "objects made: the memory (gpumem's BaseMemory, or Block and UnownedMemory), MemoryPointer", "objects dropped",
+    "memory hooks check, free", NULL,
 };
 enum { D_SIZE, D_HOOKS, D_DEVICE, D_CONTEXT, D_STATE, D_STREAM, D_GPUMEM, D_BLOCKING, D_MADE, D_DROPPED, D_HOOKS_FREE };
 
@@ -177,6 +180,7 @@ static Allocate *quiet_copy(Allocate *self)
         Py_INCREF(*field);
     for (int slot = 0; slot < GMCUPY_CACHED_DEVICES; slot++)
         Py_XINCREF(copy->cells.state[slot]);
+    Py_XINCREF(copy->owned_recipe.type);
     Py_XINCREF(copy->memory_recipe.type);
     Py_XINCREF(copy->pointer_recipe.type);
     copy->has_hooks_function = no_hooks;

@@ -12,8 +12,10 @@ gpumem.cupy.install() made, so that the steps add up to one allocation and its f
   device memory     the allocator function for 256 B: its size argument, the memory hooks check (CuPy's
                     _has_memory_hooks), the current device (get_device_id), the thread's context check,
                     the device's allocator found, the current stream (get_current_stream_ptr), gm_malloc +
-                    gm_free, the blocking hook set and cleared around both, CuPy's objects made (the owner
-                    Block, UnownedMemory, MemoryPointer) and dropped, the memory hooks check of the free
+                    gm_free, the blocking hook set and cleared around both, CuPy's objects made (the memory
+                    object: gpumem's own subclass of BaseMemory, or where CuPy's BaseMemory does not allow
+                    it an UnownedMemory owning a Block; MemoryPointer) and dropped, the memory hooks check
+                    of the free
   pinned memory     the pinned allocator function for 4 KiB: its size argument, the current device, the
                     context check, the device's allocator found, the current stream at the allocation,
                     gm_host_malloc + gm_host_record_stream + gm_host_free, the blocking hook, the objects
@@ -152,8 +154,10 @@ def main():
         made_by = compiled.load("cupy_allocate").made_by_constructors
         made = [cell(timed(lambda function: str(made_by(function)), function)) if function else "no pinned allocator"
                 for function in (allocate, pinned_allocate)]
-        print(f"CuPy {cupy.__version__}; objects made through their constructors (else tp_new and their fields): "
-              f"UnownedMemory, MemoryPointer {made[0]}, PinnedMemoryPointer {made[1]}")
+        memory_type = cell(timed(lambda: compiled.load("cupy_allocate").memory_type(allocate).__qualname__))
+        print(f"CuPy {cupy.__version__}; the device memory object: {memory_type}; objects made through their "
+              f"constructors (else tp_new and their fields): the memory, MemoryPointer {made[0]}, "
+              f"PinnedMemoryPointer {made[1]}")
 
         per_call_ns(allocate, count // 10, DEVICE_SIZE)  # warm: the device's allocator made, its cache filled
         device_whole = timed(per_call_ns, allocate, count, DEVICE_SIZE)

@@ -15,9 +15,11 @@ Both allocator functions are compiled (cupy_allocate.c, cupy_pinned.c and cupy_o
 install by gpumem/compiled.py and cached), so that an allocation and its free pay for no Python frame and
 no ctypes call, as in CuPy's own compiled pools. They do what the Python functions below do (allocate()
 and _Block, the pinned allocate() and _PinnedBlock) and call them for the rare cases: a memory hook
-registered, a device's first allocation, a failure. They make CuPy's UnownedMemory, MemoryPointer and
-PinnedMemoryPointer as CuPy's own pools do, through tp_new and their fields, where a check at install
-shows that this makes what the constructors make (cupy_objects.c), and else through the constructors.
+registered, a device's first allocation, a failure. They make CuPy's objects as CuPy's own pools do,
+through tp_new and their fields, where a check at install shows that this makes what the constructors
+make (cupy_objects.c), and else through the constructors; where CuPy's BaseMemory allows it, the
+compiled device path's memory object is, as the pool's PooledMemory is, a subclass of BaseMemory that
+owns the block itself, instead of an UnownedMemory owning a block object.
 Where they cannot be built (no C compiler or no Python headers) install() warns and the Python functions
 serve every allocation.
 
@@ -310,7 +312,7 @@ def _compiled_allocate(cupy, slow_allocate, hooks, malloc_failed, make_current):
         malloc_failed, lambda state, pointer, device, memory_id: _free_block(state, pointer, device, memory_id, hooks),
         gpumem.check_status, cupy.cuda.UnownedMemory, cupy.cuda.MemoryPointer, make_current,
         _cupy_capsule(cupy, "device", "get_device_id"), _cupy_capsule(cupy, "stream", "get_current_stream_ptr"),
-        _cupy_capsule(cupy, "memory_hook", "_has_memory_hooks"))
+        _cupy_capsule(cupy, "memory_hook", "_has_memory_hooks"), getattr(cupy.cuda.memory, "BaseMemory", None))
 
 
 def _cupy_capsule(cupy, module, function):

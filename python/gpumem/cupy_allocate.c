@@ -4,9 +4,12 @@
  * goes. CuPy's own pool does both in compiled code; gpumem.cupy's Python path pays for a Python frame,
  * a ctypes call and a Python owner object each way. This module does the common case of that path in C:
  * make_allocate() returns CuPy's allocator function (size -> cupy.cuda.MemoryPointer), whose blocks are
- * owned by a small C object that frees them when CuPy drops the memory. The pinned memory allocator is in
- * cupy_pinned.c, CuPy's objects made without their constructors in cupy_objects.c, what the three files
- * share in cupy_allocate.h; this file also holds the helpers both paths use and the module itself.
+ * owned by a small C object that frees them when CuPy drops the memory: CuPy's memory object itself where
+ * it can be (a subclass of CuPy's BaseMemory, as CuPy's pool's PooledMemory is, which spares an object per
+ * allocation), else a Block under CuPy's UnownedMemory, as the Python path does. The pinned memory
+ * allocator is in cupy_pinned.c, CuPy's objects made without their constructors in cupy_objects.c, what
+ * the three files share in cupy_allocate.h; this file also holds the helpers both paths use and the
+ * module itself.
  *
  * gpumem.cupy (cupy.py) stays the reference: this file does what its Python allocate() and _Block do,
  * in the same order, and hands every other case back to that Python code, which it is given:
@@ -46,7 +49,8 @@ typedef struct {
     cupy_stream_pointer_function stream_pointer;
     cupy_has_hooks_function has_hooks_function;
     gmcupy_device_cells cells;    /* where each device's handle lives */
-    gmcupy_recipe memory_recipe;  /* UnownedMemory without its constructor, where it can */
+    gmcupy_recipe owned_recipe;   /* gpumem's own memory object (a BaseMemory), where it can be used */
+    gmcupy_recipe memory_recipe;  /* else UnownedMemory without its constructor, where it can */
     gmcupy_recipe pointer_recipe; /* MemoryPointer likewise */
     PyObject *get_device;       /* () -> the current device (int) */
     PyObject *get_stream;       /* () -> the current device's current cupy Stream */
@@ -67,14 +71,19 @@ typedef struct {
 /* The PyObject fields of Allocate, which end it. */
 #define ALLOCATE_OBJECTS ((sizeof(Allocate) - offsetof(Allocate, get_device)) / sizeof(PyObject *))
 
-/* One gpumem block, the owner of CuPy's UnownedMemory: freed when CuPy drops the memory. */
+/* One gpumem block as its owner holds it: gpumem's own memory object (a subclass of CuPy's BaseMemory,
+ * cupy_objects.c), or where that cannot be used a Block under CuPy's UnownedMemory. */
 typedef struct {
-    PyObject_HEAD
-    Allocate *allocate;
+    Allocate *allocate;     /* NULL in a memory object that owns no block (the recipe checks' probes) */
     PyObject *device_state; /* keeps the handle's storage */
     void **handle_cell;
     PyObject *device;
     void *pointer;
+} OwnedBlock;
+
+typedef struct {
+    PyObject_HEAD
+    OwnedBlock block;
     void *memory; /* the UnownedMemory's address: its id(), which CuPy's hooks are told at the free */
 } Block;
 
@@ -219,21 +228,23 @@ void gmcupy_device_cells_clear(gmcupy_device_cells *cells)
         Py_CLEAR(cells->state[slot]);
 }
 
-static void block_free(Block *self)
+/* Give the block back, under CuPy's memory hooks if this thread has any; `memory` is CuPy's memory
+ * object, whose id() the hooks are told. */
+static void block_free(OwnedBlock *self, void *memory)
 {
     Allocate *allocate = self->allocate;
     int hooks = hooks_registered(allocate);
     if (hooks < 0) /* as the Python path: at interpreter exit CuPy's modules may be gone already */
         PyErr_Clear();
     if (hooks > 0) {
-        PyObject *pointer = PyLong_FromVoidPtr(self->pointer), *memory = PyLong_FromVoidPtr(self->memory);
+        PyObject *pointer = PyLong_FromVoidPtr(self->pointer), *memory_id = PyLong_FromVoidPtr(memory);
         PyObject *done = NULL;
-        if (pointer != NULL && memory != NULL) {
-            PyObject *arguments[4] = {self->device_state, pointer, self->device, memory};
+        if (pointer != NULL && memory_id != NULL) {
+            PyObject *arguments[4] = {self->device_state, pointer, self->device, memory_id};
             done = PyObject_Vectorcall(allocate->free_slow, arguments, 4, NULL);
         }
         Py_XDECREF(pointer);
-        Py_XDECREF(memory);
+        Py_XDECREF(memory_id);
         if (done == NULL)
             PyErr_WriteUnraisable(allocate->free_slow);
         Py_XDECREF(done);
@@ -249,16 +260,54 @@ static void block_free(Block *self)
     gmcupy_report_failed_free(allocate->free_failed, status);
 }
 
-static void block_dealloc(Block *self)
+/* The block freed (an exception being raised meanwhile kept), and its owner's references dropped. */
+static void owned_block_release(OwnedBlock *block, void *memory)
 {
+    if (block->allocate == NULL)
+        return;
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback);
-    block_free(self);
+    block_free(block, memory);
     PyErr_Restore(type, value, traceback);
-    Py_DECREF(self->allocate);
-    Py_DECREF(self->device_state);
-    Py_DECREF(self->device);
+    Py_DECREF(block->allocate);
+    Py_DECREF(block->device_state);
+    Py_DECREF(block->device);
+}
+
+/* Takes references to what the block needs until its free. */
+static void owned_block_set(OwnedBlock *block, Allocate *allocate, PyObject *device_state, void **handle_cell,
+                            PyObject *device, void *pointer)
+{
+    Py_INCREF(allocate);
+    Py_INCREF(device_state);
+    Py_INCREF(device);
+    block->allocate = allocate;
+    block->device_state = device_state;
+    block->handle_cell = handle_cell;
+    block->device = device;
+    block->pointer = pointer;
+}
+
+static void block_dealloc(Block *self)
+{
+    owned_block_release(&self->block, self->memory);
     PyObject_Free(self);
+}
+
+static OwnedBlock *owned_block_of(PyObject *memory)
+{
+    return (OwnedBlock *)((char *)memory + gmcupy_owned_fields_offset(Py_TYPE(memory)->tp_base));
+}
+
+/* gpumem's memory object dropped: the block freed (CuPy's hooks told this object's id), then BaseMemory's
+ * own dealloc, then the reference each object of a heap type holds to it (BaseMemory is a static type,
+ * whose dealloc does not drop it: CPython's subtype_dealloc does the same). */
+static void owned_memory_dealloc(PyObject *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    owned_block_release(owned_block_of(self), self);
+    type->tp_base->tp_dealloc(self);
+    Py_DECREF(type);
 }
 
 static PyTypeObject BlockType = {
@@ -321,28 +370,39 @@ static int current_stream(Allocate *self, PyObject *device, size_t *stream_out)
     return result;
 }
 
-/* CuPy's MemoryPointer to a new block: the block owns it, CuPy's UnownedMemory owns the block. If
- * making CuPy's objects fails, dropping the block frees the memory again. */
-static PyObject *wrap(Allocate *self, PyObject *device_state, void **handle_cell, PyObject *device, int device_id,
-                      void *handle, void *pointer, PyObject *size_object, size_t size)
+/* CuPy's memory object of a new block, which owns the block: gpumem's own memory where its recipe is
+ * usable, else CuPy's UnownedMemory owning a Block. If it cannot be made, the memory is freed again
+ * (by dropping the Block where there is one, under the hooks as any drop). */
+static PyObject *memory_of_block(Allocate *self, PyObject *device_state, void **handle_cell, PyObject *device,
+                                 int device_id, void *handle, void *pointer, PyObject *size_object, size_t size)
 {
+    if (self->owned_recipe.type != NULL) {
+        PyObject *memory = gmcupy_owned_memory(&self->owned_recipe, pointer, size, device_id);
+        if (memory == NULL)
+            GPUMEM_CALL(self->free(handle, pointer));
+        else
+            owned_block_set(owned_block_of(memory), self, device_state, handle_cell, device, pointer);
+        return memory;
+    }
     Block *block = PyObject_New(Block, &BlockType);
     if (block == NULL) {
         GPUMEM_CALL(self->free(handle, pointer));
         return NULL;
     }
-    Py_INCREF(self);
-    Py_INCREF(device_state);
-    Py_INCREF(device);
-    block->allocate = self;
-    block->device_state = device_state;
-    block->handle_cell = handle_cell;
-    block->device = device;
-    block->pointer = pointer;
+    owned_block_set(&block->block, self, device_state, handle_cell, device, pointer);
     PyObject *memory = gmcupy_unowned_memory(&self->memory_recipe, self->unowned_memory, pointer, size_object, size,
                                              (PyObject *)block, device, device_id);
     block->memory = memory;
     Py_DECREF(block);
+    return memory;
+}
+
+/* CuPy's MemoryPointer to a new block. If it cannot be made, dropping the memory frees the block. */
+static PyObject *wrap(Allocate *self, PyObject *device_state, void **handle_cell, PyObject *device, int device_id,
+                      void *handle, void *pointer, PyObject *size_object, size_t size)
+{
+    PyObject *memory =
+        memory_of_block(self, device_state, handle_cell, device, device_id, handle, pointer, size_object, size);
     if (memory == NULL)
         return NULL;
     PyObject *result = gmcupy_memory_pointer(&self->pointer_recipe, self->memory_pointer, memory, pointer, device_id);
@@ -396,6 +456,7 @@ static PyObject *allocate(PyObject *self_object, PyObject *size_object)
 static void allocate_dealloc(Allocate *self)
 {
     gmcupy_device_cells_clear(&self->cells);
+    gmcupy_recipe_clear(&self->owned_recipe);
     gmcupy_recipe_clear(&self->memory_recipe);
     gmcupy_recipe_clear(&self->pointer_recipe);
     for (PyObject **field = &self->get_device; field < &self->get_device + ALLOCATE_OBJECTS; field++)
@@ -427,13 +488,13 @@ static PyObject *make_allocate(PyObject *module, PyObject *arguments)
     (void)module;
     unsigned long long malloc_address, free_address;
     Allocate parsed;
-    PyObject *device_capsule = NULL, *stream_capsule = NULL, *hooks_capsule = NULL;
-    if (!PyArg_ParseTuple(arguments, "KKOOOOO!O!OOOOOOOO|OOO:make_allocate", &malloc_address, &free_address,
+    PyObject *device_capsule = NULL, *stream_capsule = NULL, *hooks_capsule = NULL, *base_memory = NULL;
+    if (!PyArg_ParseTuple(arguments, "KKOOOOO!O!OOOOOOOO|OOOO:make_allocate", &malloc_address, &free_address,
                           &parsed.get_device, &parsed.get_stream, &parsed.has_hooks, &parsed.registered_hooks,
                           &PyDict_Type, &parsed.devices, &PyDict_Type, &parsed.kept_streams, &parsed.keep_stream,
                           &parsed.slow_allocate, &parsed.malloc_failed, &parsed.free_slow, &parsed.free_failed,
                           &parsed.unowned_memory, &parsed.memory_pointer, &parsed.make_current, &device_capsule,
-                          &stream_capsule, &hooks_capsule))
+                          &stream_capsule, &hooks_capsule, &base_memory))
         return NULL;
     if (malloc_address == 0 || free_address == 0) {
         PyErr_SetString(PyExc_ValueError, "make_allocate: gm_malloc and gm_free need their addresses");
@@ -453,8 +514,13 @@ static PyObject *make_allocate(PyObject *module, PyObject *arguments)
     memcpy(&self->get_device, &parsed.get_device, ALLOCATE_OBJECTS * sizeof(PyObject *));
     for (PyObject **field = &self->get_device; field < &self->get_device + ALLOCATE_OBJECTS; field++)
         Py_INCREF(*field);
-    gmcupy_unowned_memory_recipe(&self->memory_recipe, self->unowned_memory);
-    gmcupy_memory_pointer_recipe(&self->pointer_recipe, self->memory_pointer, self->unowned_memory);
+    gmcupy_owned_memory_recipe(&self->owned_recipe, base_memory == Py_None ? NULL : base_memory,
+                               sizeof(OwnedBlock), owned_memory_dealloc);
+    self->memory_recipe.type = NULL;
+    if (self->owned_recipe.type == NULL)
+        gmcupy_unowned_memory_recipe(&self->memory_recipe, self->unowned_memory);
+    gmcupy_memory_pointer_recipe(&self->pointer_recipe, self->memory_pointer, self->unowned_memory,
+                                 &self->owned_recipe);
     PyObject *function = PyCFunction_New(&allocate_method, (PyObject *)self);
     Py_DECREF(self);
     return function;
@@ -470,24 +536,45 @@ static PyObject *use_blocking_hook(PyObject *module, PyObject *address_object)
     Py_RETURN_NONE;
 }
 
-/* made_by_constructors(allocator function) -> (UnownedMemory's, MemoryPointer's) or (PinnedMemoryPointer's,):
- * whether each of CuPy's objects is made through its constructor (True) or through tp_new and its fields
- * (False, cupy_objects.c), for the tests and bench/cupy_parts.py. */
+/* The Allocate behind a device allocator function of this module, or NULL. */
+static Allocate *allocate_of(PyObject *function)
+{
+    PyObject *self = PyCFunction_Check(function) ? PyCFunction_GET_SELF(function) : NULL;
+    return self != NULL && Py_TYPE(self) == &AllocateType ? (Allocate *)self : NULL;
+}
+
+/* made_by_constructors(allocator function) -> (the memory object's, MemoryPointer's) or
+ * (PinnedMemoryPointer's,): whether each of CuPy's objects is made through its constructor (True) or
+ * through tp_new and its fields (False, cupy_objects.c), for the tests and bench/cupy_parts.py. */
 static PyObject *made_by_constructors(PyObject *module, PyObject *function)
 {
     (void)module;
-    PyObject *self = PyCFunction_Check(function) ? PyCFunction_GET_SELF(function) : NULL;
-    if (self != NULL && Py_TYPE(self) == &AllocateType) {
-        Allocate *allocate = (Allocate *)self;
-        return Py_BuildValue("(OO)", allocate->memory_recipe.type ? Py_False : Py_True,
+    Allocate *allocate = allocate_of(function);
+    if (allocate != NULL)
+        return Py_BuildValue("(OO)", allocate->owned_recipe.type || allocate->memory_recipe.type ? Py_False : Py_True,
                              allocate->pointer_recipe.type ? Py_False : Py_True);
-    }
+    PyObject *self = PyCFunction_Check(function) ? PyCFunction_GET_SELF(function) : NULL;
     const gmcupy_recipe *pinned = self ? gmcupy_pinned_recipe(self) : NULL;
     if (pinned == NULL) {
         PyErr_SetString(PyExc_TypeError, "made_by_constructors: not an allocator function of this module");
         return NULL;
     }
     return Py_BuildValue("(O)", pinned->type ? Py_False : Py_True);
+}
+
+/* memory_type(device allocator function) -> the type of the memory objects its MemoryPointers hold:
+ * gpumem's own subclass of CuPy's BaseMemory, or CuPy's UnownedMemory (which then owns a Block). */
+static PyObject *memory_type(PyObject *module, PyObject *function)
+{
+    (void)module;
+    Allocate *allocate = allocate_of(function);
+    if (allocate == NULL) {
+        PyErr_SetString(PyExc_TypeError, "memory_type: not a device allocator function of this module");
+        return NULL;
+    }
+    PyObject *type = allocate->owned_recipe.type ? (PyObject *)allocate->owned_recipe.type : allocate->unowned_memory;
+    Py_INCREF(type);
+    return type;
 }
 
 static PyMethodDef module_methods[] = {
@@ -497,8 +584,8 @@ static PyMethodDef module_methods[] = {
     {"make_allocate", make_allocate, METH_VARARGS,
      "make_allocate(gm_malloc address, gm_free address, get_device, get_stream, has_hooks, registered_hooks, "
      "devices, kept_streams, keep_stream, slow_allocate, malloc_failed, free_slow, free_failed, UnownedMemory, "
-     "MemoryPointer, make_current[, CuPy's capsules of get_device_id, get_current_stream_ptr, _has_memory_hooks]) -> CuPy's "
-     "allocator function"},
+     "MemoryPointer, make_current[, CuPy's capsules of get_device_id, get_current_stream_ptr, _has_memory_hooks, "
+     "CuPy's BaseMemory]) -> CuPy's allocator function"},
     {"make_pinned_allocate", gmcupy_make_pinned_allocate, METH_VARARGS,
      "make_pinned_allocate(gm_host_malloc, gm_host_free and gm_host_record_stream addresses, get_device, "
      "get_stream, stream_of_device, stream_of_device_slow, devices, slow_allocate, malloc_failed, free_failed, "
@@ -506,6 +593,8 @@ static PyMethodDef module_methods[] = {
     {"made_by_constructors", made_by_constructors, METH_O,
      "made_by_constructors(allocator function) -> a tuple: for each of CuPy's objects it makes, whether through "
      "its constructor"},
+    {"memory_type", memory_type, METH_O,
+     "memory_type(device allocator function) -> the type of the memory objects it hands CuPy"},
     {NULL, NULL, 0, NULL},
 };
 

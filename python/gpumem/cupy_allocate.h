@@ -111,10 +111,28 @@ typedef struct {
 
 /* The recipes for UnownedMemory(ptr, size, owner, device_id), MemoryPointer(memory, 0) and
  * PinnedMemoryPointer(memory, 0), where `type` passes the checks (MemoryPointer's are made with probe
- * memories of `unowned_memory_type`); else recipe->type stays NULL. Never fails and leaves no exception:
- * a type that cannot be checked is made through its constructor. */
+ * memories of gpumem's own memory where `owned` has a type, else of `unowned_memory_type`); else
+ * recipe->type stays NULL. Never fails and leaves no exception: a type that cannot be checked is made
+ * through its constructor. */
 void gmcupy_unowned_memory_recipe(gmcupy_recipe *recipe, PyObject *type);
-void gmcupy_memory_pointer_recipe(gmcupy_recipe *recipe, PyObject *type, PyObject *unowned_memory_type);
+void gmcupy_memory_pointer_recipe(gmcupy_recipe *recipe, PyObject *type, PyObject *unowned_memory_type,
+                                  const gmcupy_recipe *owned);
+
+/* gpumem's own memory object (cupy_objects.c says why and how it is checked): a subclass of CuPy's
+ * BaseMemory `base` whose objects end with `fields_size` bytes of the caller's (zeroed by tp_new, then
+ * the caller's to fill), freed by `dealloc`, which must end with the base's tp_dealloc and then drop the
+ * reference to the object's type. Its recipe holds the subclass and where ptr, size and device_id are;
+ * recipe->type stays NULL where `base` is NULL or fails the checks. Never fails and leaves no exception. */
+void gmcupy_owned_memory_recipe(gmcupy_recipe *recipe, PyObject *base, Py_ssize_t fields_size, destructor dealloc);
+/* One such object at `pointer`, `size` bytes on `device`; NULL with an exception on an error. */
+PyObject *gmcupy_owned_memory(const gmcupy_recipe *recipe, void *pointer, size_t size, int device);
+
+/* Where the caller's fields begin in an object of a subclass of `base`: after base's, aligned. */
+static inline Py_ssize_t gmcupy_owned_fields_offset(PyTypeObject *base)
+{
+    Py_ssize_t alignment = (Py_ssize_t)sizeof(void *);
+    return (base->tp_basicsize + alignment - 1) / alignment * alignment;
+}
 void gmcupy_pinned_pointer_recipe(gmcupy_recipe *recipe, PyObject *type);
 void gmcupy_recipe_clear(gmcupy_recipe *recipe);
 

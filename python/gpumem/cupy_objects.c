@@ -17,6 +17,17 @@
  * A type that fails any check, or an error while checking, leaves the constructor in use; nothing is
  * raised. What the checks cannot see is a constructor's effect outside the object; CuPy's constructors of
  * these types (cupy/cuda/memory.pyx, pinned_memory.pyx) only assign their fields.
+ *
+ * gpumem's own memory object. CuPy's pool hands out one memory object per block, a PooledMemory: a
+ * subclass of BaseMemory made by BaseMemory's tp_new with its public ptr, size and device_id assigned.
+ * The device path does the same where it can: a C subclass of CuPy's BaseMemory that is itself the owner
+ * of the gpumem block (the caller's fields follow BaseMemory's), instead of a Block under an
+ * UnownedMemory. The subclass is made only where BaseMemory is a plain static C type (check 1, not
+ * garbage collected, subclassable), and used only where the checks above pass for it with
+ * "the constructor" being tp_new and then the public attributes assigned (CuPy's own setters, what
+ * PooledMemory's fields go through): each probe value found at exactly one place, and an object whose
+ * fields were written at those places equal byte for byte to one whose attributes were assigned.
+ * Else the caller keeps its Block and UnownedMemory.
  */
 #include "cupy_allocate.h"
 
@@ -212,6 +223,78 @@ PyObject *gmcupy_unowned_memory(const gmcupy_recipe *recipe, PyObject *type, voi
     return memory;
 }
 
+/* ---- gpumem's memory: a subclass of CuPy's BaseMemory, its ptr, size and device_id assigned ---- */
+
+static void owned_values(field_value *values, intptr_t pointer, size_t size, int device)
+{
+    values[0] = (field_value){FIELD_WORD, pointer, 0, NULL};
+    values[1] = (field_value){FIELD_WORD, (intptr_t)size, 0, NULL};
+    values[2] = (field_value){FIELD_INT, 0, device, NULL};
+}
+
+/* "The constructor" of gpumem's memory: tp_new, then ptr, size and device_id assigned through the
+ * attributes BaseMemory makes public (the setters CuPy's own code writes them through). */
+static PyObject *owned_memory_assigned(PyObject *type, const field_value *values)
+{
+    static const char *const names[3] = {"ptr", "size", "device_id"};
+    PyObject *memory = ((PyTypeObject *)type)->tp_new((PyTypeObject *)type, gmcupy_empty_tuple, NULL);
+    for (int field = 0; field < 3 && memory != NULL; field++) {
+        PyObject *value = values[field].kind == FIELD_INT ? PyLong_FromLong(values[field].integer)
+                                                          : PyLong_FromSsize_t(values[field].word);
+        if (value == NULL || PyObject_SetAttrString(memory, names[field], value) < 0)
+            Py_CLEAR(memory);
+        Py_XDECREF(value);
+    }
+    return memory;
+}
+
+/* 1 if gpumem's memory may subclass `base`: check 1, and a static type (whose dealloc leaves the
+ * subclass's type reference to the subclass, as CPython's own subclasses assume), subclassable, not
+ * garbage collected (the subclass adds no traversal of its own). */
+static int plain_base(PyObject *base)
+{
+    if (!plain_type(base))
+        return 0;
+    unsigned long flags = PyType_GetFlags((PyTypeObject *)base);
+    return (flags & Py_TPFLAGS_BASETYPE) && !(flags & (Py_TPFLAGS_HEAPTYPE | Py_TPFLAGS_HAVE_GC));
+}
+
+void gmcupy_owned_memory_recipe(gmcupy_recipe *recipe, PyObject *base, Py_ssize_t fields_size, destructor dealloc)
+{
+    recipe->type = NULL;
+#if OBJECTS_HAVE_RECIPES
+    if (base == NULL || !plain_base(base))
+        return;
+    PyType_Slot slots[] = {
+        {Py_tp_dealloc, (void *)dealloc},
+        {Py_tp_doc, (void *)"CuPy's memory object of one gpumem block, which it gives back when dropped."},
+        {0, NULL},
+    };
+    Py_ssize_t size = gmcupy_owned_fields_offset((PyTypeObject *)base) + fields_size;
+    PyType_Spec spec = {"_gpumem_cupy_allocate.Memory", (int)size, 0, Py_TPFLAGS_DEFAULT, slots};
+    PyObject *bases = PyTuple_Pack(1, base);
+    PyObject *type = bases ? PyType_FromSpecWithBases(&spec, bases) : NULL;
+    Py_XDECREF(bases);
+    if (type != NULL) {
+        field_value first[3], second[3];
+        owned_values(first, PROBE_WORD(9), (size_t)PROBE_WORD(10), PROBE_INT(5));
+        owned_values(second, PROBE_WORD(11), (size_t)PROBE_WORD(12), PROBE_INT(6));
+        find_recipe(recipe, type, owned_memory_assigned, first, second, 3);
+    }
+    Py_XDECREF(type); /* the recipe holds its own reference where the type is usable */
+    PyErr_Clear();
+#else
+    (void)base, (void)fields_size, (void)dealloc;
+#endif
+}
+
+PyObject *gmcupy_owned_memory(const gmcupy_recipe *recipe, void *pointer, size_t size, int device)
+{
+    field_value values[3];
+    owned_values(values, (intptr_t)pointer, size, device);
+    return made_by_recipe(recipe, values, 3);
+}
+
 /* ---- MemoryPointer(memory, 0): its ptr (memory.ptr), device_id (memory.device_id) and mem ---- */
 
 static PyObject *memory_pointer_constructed(PyObject *type, const field_value *values)
@@ -221,9 +304,13 @@ static PyObject *memory_pointer_constructed(PyObject *type, const field_value *v
     return call_type(type, arguments, 2);
 }
 
-/* A probe memory for MemoryPointer: an UnownedMemory (`type`) at `pointer` on `device`, owned by nothing. */
-static PyObject *probe_memory(PyObject *type, intptr_t pointer, int device)
+/* A probe memory for MemoryPointer at `pointer` on `device`, of the kind the allocations will hand it:
+ * gpumem's memory (`owned`, whose fields are left empty: it owns no block) where its recipe is usable,
+ * else an UnownedMemory (`type`) owned by nothing. */
+static PyObject *probe_memory(PyObject *type, const gmcupy_recipe *owned, intptr_t pointer, int device)
 {
+    if (owned->type != NULL)
+        return gmcupy_owned_memory(owned, (void *)pointer, 1, device);
     field_value values[4];
     unowned_values(values, pointer, 1, Py_None, device);
     return unowned_memory_constructed(type, values);
@@ -236,12 +323,14 @@ static void pointer_values(field_value *values, intptr_t pointer, int device, Py
     values[2] = (field_value){FIELD_OBJECT, 0, 0, memory};
 }
 
-void gmcupy_memory_pointer_recipe(gmcupy_recipe *recipe, PyObject *type, PyObject *unowned_memory_type)
+void gmcupy_memory_pointer_recipe(gmcupy_recipe *recipe, PyObject *type, PyObject *unowned_memory_type,
+                                  const gmcupy_recipe *owned)
 {
     recipe->type = NULL;
 #if OBJECTS_HAVE_RECIPES
-    PyObject *first_memory = probe_memory(unowned_memory_type, PROBE_WORD(5), PROBE_INT(3));
-    PyObject *second_memory = first_memory ? probe_memory(unowned_memory_type, PROBE_WORD(6), PROBE_INT(4)) : NULL;
+    PyObject *first_memory = probe_memory(unowned_memory_type, owned, PROBE_WORD(5), PROBE_INT(3));
+    PyObject *second_memory =
+        first_memory ? probe_memory(unowned_memory_type, owned, PROBE_WORD(6), PROBE_INT(4)) : NULL;
     if (second_memory != NULL) {
         field_value first[3], second[3];
         pointer_values(first, PROBE_WORD(5), PROBE_INT(3), first_memory);
@@ -252,7 +341,7 @@ void gmcupy_memory_pointer_recipe(gmcupy_recipe *recipe, PyObject *type, PyObjec
     Py_XDECREF(second_memory);
     PyErr_Clear();
 #else
-    (void)type, (void)unowned_memory_type;
+    (void)type, (void)unowned_memory_type, (void)owned;
 #endif
 }
 

@@ -3,12 +3,13 @@
  *   - the C functions of CuPy's Cython modules it calls, exported as Cython exports them (a module's
  *     __pyx_capi__: name -> capsule named by the C signature); the values they return are set from
  *     Python, and each call is counted, so that a test sees which of CuPy's functions the allocation called;
- *   - CuPy's memory types as Cython lays them out (CuPy 14: BaseMemory with public ptr, size and device_id;
- *     UnownedMemory adding a read-only _owner; MemoryPointer and PinnedMemoryPointer with a vtable pointer
- *     and read-only fields; tp_new sets the vtable and None in object fields, __init__ parses its arguments
- *     and sets the fields), whose constructors and tp_new calls are counted. Switches: `stamping` makes each
- *     __init__ also set a field tp_new leaves 0 (a constructor that does more than the fields gpumem.cupy
- *     knows), `failing_new` makes tp_new raise. */
+ *   - CuPy's memory types as Cython lays them out (CuPy 14: BaseMemory with public ptr, size and device_id,
+ *     subclassable; UnownedMemory adding a read-only _owner; MemoryPointer and PinnedMemoryPointer with a
+ *     vtable pointer and read-only fields; tp_new sets the vtable and None in object fields, __init__
+ *     parses its arguments and sets the fields), whose constructors and tp_new calls are counted.
+ *     Switches: `stamping` makes each __init__, and BaseMemory's ptr setter, also set a field tp_new leaves
+ *     0 (a constructor or setter that does more than the fields gpumem.cupy knows), `failing_new` makes
+ *     tp_new raise. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
@@ -79,6 +80,7 @@ typedef struct {
     intptr_t ptr;
     size_t size;
     int device_id;
+    int stamp;
 } BaseMemory;
 
 typedef struct {
@@ -118,9 +120,17 @@ static PyObject *cython_new(PyTypeObject *type, Py_ssize_t vtab_offset, Py_ssize
     made_new++;
     if (vtab_offset >= 0)
         *(void **)((char *)object + vtab_offset) = &vtable;
-    Py_INCREF(Py_None);
-    *(PyObject **)((char *)object + object_offset) = Py_None;
+    if (object_offset >= 0) {
+        Py_INCREF(Py_None);
+        *(PyObject **)((char *)object + object_offset) = Py_None;
+    }
     return object;
+}
+
+static PyObject *base_new(PyTypeObject *type, PyObject *arguments, PyObject *keywords)
+{
+    (void)arguments, (void)keywords;
+    return cython_new(type, -1, -1);
 }
 
 static PyObject *unowned_new(PyTypeObject *type, PyObject *arguments, PyObject *keywords)
@@ -230,8 +240,29 @@ static void dealloc(PyObject *self)
     Py_TYPE(self)->tp_free(self);
 }
 
+/* BaseMemory's public ptr, through a setter as Cython makes one (which `stamping` makes do more). */
+static PyObject *base_get_ptr(PyObject *self, void *unused)
+{
+    (void)unused;
+    return PyLong_FromSsize_t(((BaseMemory *)self)->ptr);
+}
+
+static int base_set_ptr(PyObject *self, PyObject *value, void *unused)
+{
+    (void)unused;
+    Py_ssize_t ptr = value ? PyLong_AsSsize_t(value) : -1;
+    if (value == NULL)
+        PyErr_SetString(PyExc_AttributeError, "ptr cannot be deleted");
+    if (PyErr_Occurred())
+        return -1;
+    ((BaseMemory *)self)->ptr = ptr;
+    ((BaseMemory *)self)->stamp = stamping;
+    return 0;
+}
+
+static PyGetSetDef base_getset[] = {{"ptr", base_get_ptr, base_set_ptr, NULL, NULL}, {NULL, NULL, NULL, NULL, NULL}};
+
 static PyMemberDef base_members[] = {
-    {"ptr", T_PYSSIZET, offsetof(BaseMemory, ptr), 0, NULL},
     {"size", T_PYSSIZET, offsetof(BaseMemory, size), 0, NULL},
     {"device_id", T_INT, offsetof(BaseMemory, device_id), 0, NULL},
     {NULL, 0, 0, 0, NULL},
@@ -255,7 +286,9 @@ static PyTypeObject BaseMemoryType = {
     .tp_name = "fake_cupy_capi.BaseMemory",
     .tp_basicsize = sizeof(BaseMemory),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_new = base_new,
     .tp_members = base_members,
+    .tp_getset = base_getset,
 };
 
 #define GC_TYPE_FLAGS (Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC)
@@ -314,12 +347,26 @@ static PyObject *object_counts(PyObject *module, PyObject *unused)
     return Py_BuildValue("(ll)", constructed, made_new);
 }
 
+/* A BaseMemory that is a heap type, as Cython makes its types where it builds through type specs. */
+static PyObject *heap_base_memory(PyObject *module, PyObject *unused)
+{
+    (void)module, (void)unused;
+    PyType_Slot slots[] = {{0, NULL}};
+    PyType_Spec spec = {"fake_cupy_capi.HeapBaseMemory", (int)sizeof(BaseMemory), 0,
+                        Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE, slots};
+    PyObject *bases = PyTuple_Pack(1, (PyObject *)&BaseMemoryType);
+    PyObject *type = bases ? PyType_FromSpecWithBases(&spec, bases) : NULL;
+    Py_XDECREF(bases);
+    return type;
+}
+
 static PyMethodDef methods[] = {
     {"set", set_values, METH_VARARGS,
      "set(device, stream pointer, has hooks, failing: 0, 1 (-1 returned) or 2[, the one function failing])"},
     {"calls", call_count, METH_NOARGS, "how many times the C functions were called"},
     {"set_objects", set_objects, METH_VARARGS, "set_objects(stamping, failing_new): the memory types' switches"},
     {"object_counts", object_counts, METH_NOARGS, "(constructor calls, tp_new calls) of the memory types"},
+    {"heap_base_memory", heap_base_memory, METH_NOARGS, "a new heap type subclassing BaseMemory, adding nothing"},
     {NULL, NULL, 0, NULL},
 };
 

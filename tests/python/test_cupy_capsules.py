@@ -5,8 +5,8 @@ CuPy's Cython modules export their C functions in __pyx_capi__ (capsules named b
 compiled path calls cupy.cuda.device.get_device_id, cupy.cuda.stream.get_current_stream_ptr and
 cupy.cuda.memory_hook._has_memory_hooks through them instead of through Python. fake_cupy_capi.c
 exports such capsules, with values set from the test and its calls counted, and C memory types laid out
-as CuPy's Cython types are (UnownedMemory, MemoryPointer, PinnedMemoryPointer), on the stand-in cupy of
-test_cupy_install.py. Pinned here:
+as CuPy's Cython types are (BaseMemory, UnownedMemory, MemoryPointer, PinnedMemoryPointer), on the
+stand-in cupy of test_cupy_install.py. Pinned here:
 - with the capsules, an allocation on the default stream calls no Python function of CuPy's, device
   memory or pinned memory (whose dropped blocks still wait for the streams CuPy's functions say);
 - a stream other than the default one is still kept alive (its Stream object asked for once);
@@ -16,11 +16,15 @@ test_cupy_install.py. Pinned here:
 - with hooks registered, the hooks see the allocation as on the Python path;
 - CuPy's memory objects are made through tp_new and their fields, with no constructor call, and equal
   what the constructors make; where a constructor sets more than those fields they are made through the
-  constructors; tp_new failing after the allocation gives the block back.
+  constructors; tp_new failing after the allocation gives the block back;
+- the device memory object is gpumem's own subclass of CuPy's BaseMemory, which owns the block (CuPy's
+  hooks told its id at the free); a BaseMemory it cannot subclass safely, or whose setters do more than
+  set the fields, leaves CuPy's UnownedMemory owning a Block.
 """
 import importlib.util
 import os
 import subprocess
+import sys
 import tempfile
 import types
 import unittest
@@ -78,6 +82,7 @@ class CapsulesTest(RecordsUnraisable):
         cuda.memory_hook.__pyx_capi__ = self.capi.memory_hook
         cuda.UnownedMemory, cuda.MemoryPointer = self.capi.UnownedMemory, self.capi.MemoryPointer
         cuda.PinnedMemoryPointer = self.capi.PinnedMemoryPointer
+        cuda.memory.BaseMemory = self.capi.BaseMemory
         self.set(stream=0)
         self.state = state
 
@@ -165,8 +170,8 @@ class CupyCapsulesTest(CapsulesTest):
         self.assertEqual(calls, ["malloc_preprocess", "malloc_postprocess", "free_preprocess", "free_postprocess"])
         self.set(stream=0, hooks=1)  # CuPy's check says maybe, but none is registered: no hook, no Python path
         block = allocate(4096)
-        self.assertEqual(type(block.mem._owner).__name__, "Block")
-        del block
+        self.assertIs(type(block.mem), compiled.load("cupy_allocate").memory_type(allocate))  # the Python
+        del block                                                                               # path's: UnownedMemory
 
 
 class PinnedCapsulesTest(CapsulesTest):
@@ -240,21 +245,88 @@ class CupyObjectsTest(CapsulesTest):
     def made_by_constructors(self, allocate):
         return compiled.load("cupy_allocate").made_by_constructors(allocate)
 
+    def memory_type(self, allocate):
+        return compiled.load("cupy_allocate").memory_type(allocate)
+
     def test_device_objects_come_from_tp_new_and_equal_the_constructors(self):
+        """Two objects, as CuPy's pool makes: gpumem's memory, a BaseMemory that owns the block, and the
+        MemoryPointer; each equal to what CuPy's own setters and constructor make."""
         allocate, _ = self.install()
         self.assertEqual(self.made_by_constructors(allocate), (False, False))
         before = self.capi.object_counts()
         block = allocate(4096)
         self.assertEqual(self.capi.object_counts(), (before[0], before[1] + 2))
         memory = block.mem
-        self.assertEqual((type(block), type(memory), type(memory._owner).__name__),
-                         (self.capi.MemoryPointer, self.capi.UnownedMemory, "Block"))
-        constructed = self.capi.MemoryPointer(self.capi.UnownedMemory(block.ptr, 4096, memory._owner, 0), 0)
+        self.assertEqual((type(block), type(memory), type(memory).__name__, type(memory).__base__),
+                         (self.capi.MemoryPointer, self.memory_type(allocate), "Memory", self.capi.BaseMemory))
+        self.assertFalse(hasattr(memory, "_owner") or hasattr(memory, "__dict__"))
+        assigned = type(memory)()  # tp_new, then the fields through BaseMemory's setters; it owns nothing
+        assigned.ptr, assigned.size, assigned.device_id = block.ptr, 4096, 0
+        constructed = self.capi.MemoryPointer(assigned, 0)
         self.assertEqual((block.ptr, block.device_id, memory.ptr, memory.size, memory.device_id),
-                         (constructed.ptr, constructed.device_id, constructed.mem.ptr, 4096, 0))
+                         (constructed.ptr, constructed.device_id, assigned.ptr, assigned.size, assigned.device_id))
         self.assertEqual(self.module.allocator().memory_stats()["allocation.all.current"], 1)
-        del block, memory, constructed
+        del block
+        self.assertEqual(self.module.allocator().memory_stats()["allocation.all.current"], 1)  # memory holds it
+        del memory
         self.assertEqual(self.module.allocator().memory_stats()["allocation.all.current"], 0)
+        del constructed, assigned  # owned nothing: frees nothing
+        self.assertEqual(self.module.allocator().memory_stats()["allocation.all.current"], 0)
+        self.assertEqual(self.unraisable, [])
+
+    def test_gpumems_memory_type_lives_as_long_as_its_objects(self):
+        """Each memory object holds its (heap) type, and gives it back when dropped, as CPython's own
+        subclasses do: no reference is lost or gained over many allocations."""
+        allocate, _ = self.install()
+        memory_type = self.memory_type(allocate)
+        before = sys.getrefcount(memory_type)
+        blocks = [allocate(4096) for _ in range(100)]
+        self.assertEqual(sys.getrefcount(memory_type), before + 100)
+        del blocks
+        self.assertEqual(sys.getrefcount(memory_type), before)
+        self.assertEqual(self.module.allocator().memory_stats()["allocation.all.current"], 0)
+        self.assertEqual(self.unraisable, [])
+
+    def test_a_hook_sees_gpumems_memory_id_at_the_free(self):
+        allocate, _ = self.install()
+        block = allocate(3 * MiB)
+        memory_id, pointer = id(block.mem), block.ptr
+        calls = []
+
+        class Recorder(self.cupy.cuda.memory_hook.MemoryHook):
+            name = "recorder"
+
+            def __getattr__(self, method):
+                return lambda **arguments: calls.append((method, arguments))
+
+        self.set(stream=0, hooks=1)
+        with Recorder():
+            del block
+        self.assertEqual([name for name, _ in calls], ["free_preprocess", "free_postprocess"])
+        self.assertEqual([(arguments["pmem_id"], arguments["mem_ptr"]) for _, arguments in calls],
+                         [(memory_id, pointer)] * 2)
+        self.assertEqual(self.module.allocator().memory_stats()["allocation.all.current"], 0)
+        self.assertEqual(self.unraisable, [])
+
+    def test_a_base_memory_that_cannot_be_subclassed_safely_keeps_unowned_memory(self):
+        """BaseMemory missing, a Python class (an instance dict), a C heap type, garbage-collected types (a
+        Python class without a dict, a C type), a type that cannot be subclassed: CuPy's UnownedMemory
+        owning a Block, as before."""
+        class PythonBase:
+            pass
+
+        class SlotsBase(self.capi.BaseMemory):
+            __slots__ = ()
+
+        for base in (None, PythonBase, self.capi.heap_base_memory(), SlotsBase, self.capi.UnownedMemory, type(None)):
+            self.cupy.cuda.memory.BaseMemory = base
+            allocate, _ = self.install()
+            self.assertIs(self.memory_type(allocate), self.capi.UnownedMemory, base)
+            self.assertEqual(self.made_by_constructors(allocate), (False, False))
+            block = allocate(4096)
+            self.assertEqual((type(block.mem), type(block.mem._owner).__name__), (self.capi.UnownedMemory, "Block"))
+            del block
+            self.assertEqual(self.module.allocator().memory_stats()["allocation.all.current"], 0)
         self.assertEqual(self.unraisable, [])
 
     def test_pinned_objects_come_from_tp_new_and_equal_the_constructors(self):
@@ -275,6 +347,7 @@ class CupyObjectsTest(CapsulesTest):
         allocate, pinned = self.install()
         self.assertEqual((self.made_by_constructors(allocate), self.made_by_constructors(pinned)),
                          ((True, True), (True,)))
+        self.assertIs(self.memory_type(allocate), self.capi.UnownedMemory)  # BaseMemory's ptr setter stamps too
         before = self.capi.object_counts()
         blocks = [allocate(4096), pinned(4096)]
         self.assertEqual(self.capi.object_counts(), (before[0] + 3, before[1] + 3))
