@@ -140,7 +140,9 @@ static double device_steps(Allocate *self, int step, Py_ssize_t count)
         TIMED(failed = PyLong_AsSize_t(device_size_object) != DEVICE_SIZE);
         break;
     case D_HOOKS:
-    case D_HOOKS_FREE:
+    case D_HOOKS_FREE: /* the free runs the very check the allocation runs (CuPy's _has_memory_hooks through
+                        * its capsule, where there is one): two rows because it is paid twice, and a
+                        * difference between them is the machine's, not the code's */
         TIMED(failed = hooks_registered(self) != 0);
         break;
     case D_DEVICE:

@@ -43,7 +43,11 @@ typedef struct {
 
 void gmcupy_release_gil(void *context);
 
-/* Run `statement`, calls into libgpumem, without holding the GIL while gpumem waits. */
+/* Run `statement`, calls into libgpumem, without holding the GIL while gpumem waits. The hook is set
+ * and cleared around each call, not once per thread: gpumem forgets it once it has called it (one-shot),
+ * so a hook set once would be gone after the thread's first wait, and its later calls would wait holding
+ * the GIL; and one left set would be called by another caller's gpumem call on this thread, with this
+ * call's context gone. */
 #define GPUMEM_CALL(statement)                                                                                  \
     do {                                                                                                        \
         if (gmcupy_set_blocking_hook) {                                                                         \
