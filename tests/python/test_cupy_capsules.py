@@ -30,7 +30,7 @@ import types
 import unittest
 
 from gpumem import compiled
-from test_cupy_compiled import RecordsUnraisable
+from test_cupy_compiled import RecordsUnraisable, in_threads
 from test_cupy_install import _Stream, sim_streams
 
 CONFIG = "backend:sim,capacity:256MiB"
@@ -285,6 +285,20 @@ class CupyObjectsTest(CapsulesTest):
         del blocks
         self.assertEqual(sys.getrefcount(memory_type), before)
         self.assertEqual(self.module.allocator().memory_stats()["allocation.all.current"], 0)
+        self.assertEqual(self.unraisable, [])
+
+    def test_threads_allocating_gpumems_memory_at_once_lose_nothing(self):
+        allocate, _ = self.install()
+
+        def work():
+            for step in range(1000):
+                block = allocate((step % 7 + 1) * 4096)
+                self.assertEqual(block.mem.size, (step % 7 + 1) * 4096)
+                del block
+
+        self.assertEqual(in_threads(work), ([], 0))
+        stats = self.module.allocator().memory_stats()
+        self.assertEqual((stats["allocation.all.allocated"], stats["allocation.all.current"]), (4000, 0))
         self.assertEqual(self.unraisable, [])
 
     def test_a_hook_sees_gpumems_memory_id_at_the_free(self):
