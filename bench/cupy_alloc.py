@@ -1,7 +1,7 @@
 """CuPy's allocations: time per iteration under CuPy's own memory pools and under gpumem.cupy.
 
-    python3 bench/cupy_alloc.py [--allocators cupy-pool,gpumem] [--patterns empty-small,...] [--repeats 5]
-                                [--out results.jsonl]
+    python3 bench/cupy_alloc.py [--allocators cupy-pool,gpumem] [--patterns empty-small,...] [--repeats 3]
+                                [--rounds 20] [--out results.jsonl]
 
 Once gpumem.cupy.install() has made gpumem CuPy's allocator, every CuPy allocation goes through
 gpumem.cupy's allocator functions (compiled: python/gpumem/cupy_allocate.c; the Python ones where that
@@ -20,9 +20,13 @@ end of each timed loop; a warm-up loop first):
   objects       cupy.cuda.UnownedMemory(...) and cupy.cuda.MemoryPointer(memory, 0) made and dropped over
                 a fixed pointer, no allocation: what making CuPy's two memory objects costs (the floor
                 under gpumem's allocator function, which makes them for every block)
-Each (allocator, pattern, repeat) runs in a fresh process; repeats alternate the allocators' order.
-The table gives the median over repeats of each run's time per iteration, the spread, and gpumem's
-median over the pool's.
+Allocators take turns inside one process, so that the machine's drift (which moves whole runs between fresh
+processes) falls on both alike: each (pattern, repeat) runs in a fresh
+process that installs gpumem.cupy once, keeps both allocators' functions (CuPy's default pools' malloc
+and gpumem's), and times --rounds rounds of PATTERNS[pattern] / rounds iterations, each round every
+allocator in turn (the order alternating from round to round), switched by cupy.cuda.set_allocator and
+set_pinned_memory_allocator. The table gives each allocator's median time per iteration over all rounds
+of all repeats, and the median of the per-round ratios to the first allocator with their quartiles.
 """
 import argparse
 import json
@@ -39,14 +43,31 @@ PATTERNS = {"empty-small": 200000, "empty-mixed": 100000, "ops-small": 50000, "o
 MIXED = [512, 64 << 10, 1 << 20, 16 << 20]
 
 
-def child(allocator, pattern):
-    import cupy
-    import numpy
-    if allocator == "gpumem":
+def switches(cupy, allocators):
+    """allocator name -> a function making it CuPy's device and pinned allocator."""
+    pool, pinned_pool = cupy.get_default_memory_pool(), cupy.get_default_pinned_memory_pool()
+    made = {"cupy-pool": (pool.malloc, pinned_pool.malloc)}
+    if "gpumem" in allocators:
         import gpumem.cupy
-        gpumem.cupy.install()
-    iterations = PATTERNS[pattern]
+        set_pinned, captured = cupy.cuda.set_pinned_memory_allocator, []
+        cupy.cuda.set_pinned_memory_allocator = lambda function: (captured.append(function), set_pinned(function))
+        try:
+            gpumem.cupy.install()
+        finally:
+            cupy.cuda.set_pinned_memory_allocator = set_pinned
+        made["gpumem"] = (cupy.cuda.get_allocator(), captured[-1])
+    unknown = set(allocators) - set(made)
+    if unknown:
+        raise SystemExit(f"unknown allocator(s): {', '.join(sorted(unknown))} (known: cupy-pool, gpumem)")
 
+    def switch(allocator):
+        device, pinned = made[allocator]
+        cupy.cuda.set_allocator(device)
+        cupy.cuda.set_pinned_memory_allocator(pinned)
+    return switch
+
+
+def make_loop(cupy, numpy, pattern):
     def loop(count):
         if pattern == "empty-small":
             for _ in range(count):
@@ -81,64 +102,98 @@ def child(allocator, pattern):
                 y = x * 2 + 1
                 del y
         cupy.cuda.Device().synchronize()
+    return loop
 
-    loop(max(iterations // 10, 10))
-    start = time.perf_counter()
-    loop(iterations)
-    result = {"allocator": allocator, "pattern": pattern, "iterations": iterations,
-              "us_per_iteration": (time.perf_counter() - start) / iterations * 1e6}
-    if allocator == "gpumem":  # the compiled allocation path, or the Python one where it could not be built
+
+def child(allocators, pattern, rounds):
+    """{"pattern", "rounds": [{allocator: us per iteration}, ...], "compiled"} for one process."""
+    import cupy
+    import numpy
+    switch = switches(cupy, allocators)
+    loop = make_loop(cupy, numpy, pattern)
+    iterations = max(PATTERNS[pattern] // rounds, 1)
+    for allocator in allocators:  # warm-up: each allocator's cache and CuPy's kernels
+        switch(allocator)
+        loop(max(iterations // 2, 10))
+    times = []
+    for index in range(rounds):
+        this_round = {}
+        for allocator in (allocators if index % 2 == 0 else allocators[::-1]):
+            switch(allocator)
+            start = time.perf_counter()
+            loop(iterations)
+            this_round[allocator] = (time.perf_counter() - start) / iterations * 1e6
+        times.append(this_round)
+    result = {"pattern": pattern, "iterations_per_round": iterations, "rounds": times}
+    if "gpumem" in allocators:  # the compiled allocation path, or the Python one where it could not be built
+        switch("gpumem")
         result["compiled"] = not isinstance(cupy.cuda.get_allocator(), types.FunctionType)
     return result
 
 
-def run(allocator, pattern):
+def run(allocators, pattern, rounds):
     environment = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
-    result = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", allocator, pattern],
-                            env=environment, capture_output=True, text=True, timeout=600)
+    command = [sys.executable, os.path.abspath(__file__), "--child", ",".join(allocators), pattern, str(rounds)]
+    result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=600)
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     if result.returncode or not lines:
-        return {"allocator": allocator, "pattern": pattern, "error": result.stderr[-1500:]}
+        return {"pattern": pattern, "error": result.stderr[-1500:]}
     return json.loads(lines[-1])
+
+
+def quartiles(values):
+    if len(values) < 2:
+        return values[0], values[0]
+    cut = statistics.quantiles(values, n=4)
+    return cut[0], cut[2]
 
 
 def main():
     if sys.argv[1:2] == ["--child"]:
-        print(json.dumps(child(sys.argv[2], sys.argv[3])), flush=True)
+        print(json.dumps(child(sys.argv[2].split(","), sys.argv[3], int(sys.argv[4]))), flush=True)
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--allocators", default="cupy-pool,gpumem")
     parser.add_argument("--patterns", default=",".join(PATTERNS))
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--out")
     args = parser.parse_args()
     allocators, patterns = args.allocators.split(","), args.patterns.split(",")
+    unknown = [pattern for pattern in patterns if pattern not in PATTERNS]
+    if unknown or args.repeats < 1 or args.rounds < 1:
+        parser.error(f"unknown pattern(s) {', '.join(unknown)}" if unknown else "--repeats and --rounds must be >= 1")
     results = {}
     with open(args.out, "a") if args.out else open(os.devnull, "w") as out:
         for repeat in range(args.repeats):
             for pattern in patterns:
-                for allocator in (allocators if repeat % 2 == 0 else allocators[::-1]):
-                    result = run(allocator, pattern)
-                    out.write(json.dumps(dict(result, repeat=repeat)) + "\n")
-                    results.setdefault((pattern, allocator), []).append(result)
-    print("| pattern | allocator | us per iteration (median) | spread | vs " + allocators[0] + " |")
-    print("|---|---|---|---|---|")
+                result = run(allocators, pattern, args.rounds)
+                out.write(json.dumps(dict(result, repeat=repeat)) + "\n")
+                results.setdefault(pattern, []).append(result)
+    first = allocators[0]
+    print(f"| pattern | allocator | us per iteration (median of rounds) | vs {first}: median of per-round ratios | "
+          "quartiles |")
+    print("|---|---|---:|---:|---|")
     failed = False
     for pattern in patterns:
-        reference = None
+        runs = results[pattern]
+        errors = [r["error"] for r in runs if "error" in r]
+        if errors:
+            failed = True
+            lines = errors[0].strip().splitlines()
+            print(f"| {pattern} | | failed: {lines[-1] if lines else 'no output'} | | |")
+            continue
+        rounds = [times for r in runs for times in r["rounds"]]
         for allocator in allocators:
-            runs = results[(pattern, allocator)]
-            times = [r["us_per_iteration"] for r in runs if "us_per_iteration" in r]
-            if len(times) < len(runs):
-                failed = True
-                error = next(r["error"] for r in runs if "error" in r).strip().splitlines()
-                print(f"| {pattern} | {allocator} | failed: {error[-1] if error else 'no output'} | | |")
+            median = statistics.median(times[allocator] for times in rounds)
+            label = allocator + (" (Python path)" if allocator == "gpumem" and
+                                 any(r.get("compiled") is False for r in runs) else "")
+            if allocator == first:
+                print(f"| {pattern} | {label} | {median:.2f} | 1.00 | |")
                 continue
-            median = statistics.median(times)
-            reference = median if allocator == allocators[0] else reference
-            ratio = f"{median / reference:.2f}" if reference else ""
-            label = allocator + (" (Python path)" if any(r.get("compiled") is False for r in runs) else "")
-            print(f"| {pattern} | {label} | {median:.2f} | {min(times):.2f}-{max(times):.2f} | {ratio} |")
+            ratios = [times[allocator] / times[first] for times in rounds]
+            low, high = quartiles(ratios)
+            print(f"| {pattern} | {label} | {median:.2f} | {statistics.median(ratios):.2f} | {low:.2f}-{high:.2f} |")
     sys.exit(1 if failed else 0)
 
 
