@@ -450,7 +450,9 @@ GM_API gm_status gm_get_device_info(gm_allocator *allocator, gm_device_info *inf
 /* ---------------------------------------------------------------- snapshots and history */
 
 /* What a block of a snapshot is: handed to the user, freed but still used by a stream it was
- * recorded on, free and cached (mapped), or addresses with no memory behind them (pages engine). */
+ * recorded on, free and cached (mapped; with the pages engine also memory made ahead of need after an
+ * empty_cache, which a growth there takes next), or addresses with no memory behind them (pages
+ * engine). */
 typedef enum gm_block_kind {
     GM_BLOCK_KIND_FREE = 0,
     GM_BLOCK_KIND_ALLOCATED = 1,

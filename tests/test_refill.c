@@ -6,7 +6,9 @@
  * group, a step of other shapes makes no group, memory made ahead of need that a step does not take
  * can move and is released by the next empty_cache, a step is followed only after one that repeated
  * an earlier step all through, groups only where the last two steps agree, and a loop alternating
- * between two layouts repeats the step before last. Last, two recorded training
+ * between two layouts repeats the step before last. A snapshot taken mid-step shows the memory made
+ * ahead that no request has taken yet as free memory, so that it adds up to the statistics. Last, two
+ * recorded training
  * loops (data/traces-extra, data/traces-more) with the cache emptied at every step's end, as
  * bench/empty_cache_steps.py replays them: one of fixed shapes, one of variable lengths.
  */
@@ -415,6 +417,99 @@ static void a_loop_of_two_layouts_repeats_the_step_before_last(void)
     }
 }
 
+/* ---------------------------------------------------------------- snapshots mid-step */
+
+/* The block of `snapshot` that starts at `address`, or NULL. */
+static const gm_snapshot_block *block_at(const gm_snapshot *snapshot, const void *address)
+{
+    for (size_t b = 0; b < snapshot->block_count; b++)
+        if (snapshot->blocks[b].address == (uint64_t)(uintptr_t)address)
+            return &snapshot->blocks[b];
+    return NULL;
+}
+
+/* A snapshot that adds up to the statistics taken with it: each region's mapped bytes are its blocks
+ * but the unmapped ones, all regions' together are reserved_bytes, its allocated blocks are
+ * allocated_bytes and its free blocks the rest of reserved_bytes (no pending block in these steps). */
+static gm_snapshot *snapshot_adding_up(gm_allocator *allocator)
+{
+    gm_snapshot *snapshot = NULL;
+    REQUIRE(gm_snapshot_take(allocator, &snapshot) == GM_OK);
+    uint64_t mapped = 0, bytes_of_kind[4] = {0};
+    for (size_t r = 0; r < snapshot->region_count; r++) {
+        const gm_snapshot_region *region = &snapshot->regions[r];
+        uint64_t region_mapped = 0;
+        for (size_t b = 0; b < region->block_count; b++) {
+            const gm_snapshot_block *block = &snapshot->blocks[region->first_block + b];
+            bytes_of_kind[block->kind] += block->size;
+            region_mapped += block->kind == GM_BLOCK_KIND_UNMAPPED ? 0 : block->size;
+        }
+        CHECK_EQ_INT(region->mapped_bytes, region_mapped);
+        mapped += region->mapped_bytes;
+    }
+    const gm_stats *stats = &snapshot->stats;
+    CHECK_EQ_INT(mapped, stats->reserved_bytes[GM_POOL_ALL].current);
+    CHECK_EQ_INT(bytes_of_kind[GM_BLOCK_KIND_ALLOCATED], stats->allocated_bytes[GM_POOL_ALL].current);
+    CHECK_EQ_INT(bytes_of_kind[GM_BLOCK_KIND_PENDING], 0);
+    CHECK_EQ_INT(bytes_of_kind[GM_BLOCK_KIND_FREE],
+                 stats->reserved_bytes[GM_POOL_ALL].current - stats->allocated_bytes[GM_POOL_ALL].current);
+    return snapshot;
+}
+
+/* Whether `snapshot` shows `size` bytes at `address` as one block of `kind`. */
+static int shows(const gm_snapshot *snapshot, const void *address, uint64_t size, gm_block_kind kind)
+{
+    const gm_snapshot_block *block = block_at(snapshot, address);
+    return block && block->size == size && block->kind == kind;
+}
+
+/* The steps of a_repeating_step_is_made_again_in_few_chunks, then a ninth looked at request by request.
+ * Its first growth makes the whole group (1440 MiB above the kept block); each activation then takes
+ * its part of it, and what none has taken yet waits: a snapshot shows it as free memory, from the last
+ * activation's end up to the group's end, and the addresses above it as unmapped. The last request
+ * (500 MiB) takes the rest. */
+static void a_snapshot_mid_step_shows_waiting_pages_as_free_memory(void)
+{
+    static const uint64_t sizes[] = {24, 48, 96, 200, 300, 40, 160, 72}, later[] = {130, 20, 500};
+    gm_allocator *allocator = make("capacity:16GiB", 1);
+    char *kept = take(allocator, 100, 0), *group_end = kept + 1540 * MIB, *taken_end = kept + 100 * MIB;
+    for (int step = 0; step < 8; step++) {
+        run_step(allocator, sizes, 8, (const int[2]){3, 1}, later, 3, -1);
+        CHECK_OK(gm_empty_cache(allocator));
+    }
+    void *blocks[8], *more[3];
+    for (int i = 0; i < 8; i++) {
+        blocks[i] = take(allocator, sizes[i], 0);
+        CHECK(blocks[i] == taken_end);
+        taken_end += sizes[i] * MIB;
+        gm_snapshot *snapshot = snapshot_adding_up(allocator);
+        CHECK(shows(snapshot, blocks[i], sizes[i] * MIB, GM_BLOCK_KIND_ALLOCATED));
+        CHECK(shows(snapshot, taken_end, (uint64_t)(group_end - taken_end), GM_BLOCK_KIND_FREE));
+        CHECK(block_at(snapshot, group_end) && block_at(snapshot, group_end)->kind == GM_BLOCK_KIND_UNMAPPED);
+        gm_snapshot_free(snapshot);
+    }
+    give(allocator, blocks[3]);
+    give(allocator, blocks[1]);
+    for (int i = 0; i < 3; i++) {
+        more[i] = take(allocator, later[i], 0);
+        gm_snapshot_free(snapshot_adding_up(allocator));
+    }
+    gm_snapshot *snapshot = snapshot_adding_up(allocator);
+    CHECK(more[2] == taken_end);
+    CHECK(shows(snapshot, more[2], 500 * MIB, GM_BLOCK_KIND_ALLOCATED));
+    CHECK(block_at(snapshot, group_end) && block_at(snapshot, group_end)->kind == GM_BLOCK_KIND_UNMAPPED);
+    gm_snapshot_free(snapshot);
+    for (int i = 0; i < 8; i++)
+        if (i != 1 && i != 3)
+            give(allocator, blocks[i]);
+    for (int i = 0; i < 3; i++)
+        give(allocator, more[i]);
+    CHECK_OK(gm_empty_cache(allocator));
+    gm_snapshot_free(snapshot_adding_up(allocator));
+    give(allocator, kept);
+    gm_destroy(allocator, NULL);
+}
+
 /* ---------------------------------------------------------------- recorded training loops */
 
 /* The operation indices after which a step ends, as bench/empty_cache_steps.py finds them: where live
@@ -447,9 +542,10 @@ static size_t find_step_ends(const gm_trace *trace, size_t *ends, size_t capacit
     return count;
 }
 
-/* Replay `file` (under GPUMEM_DATA) with gm_empty_cache at every step's end: the chunks made and the
+/* Replay `file` (under GPUMEM_DATA) with gm_empty_cache at every step's end, and a snapshot that must
+ * add up to the statistics after every `snapshot_every`-th operation (0: none): the chunks made and the
  * device time of the last step, and the peak (*peak_out). */
-static step_cost replay_emptying(const char *file, int refill, int64_t *peak_out)
+static step_cost replay_emptying(const char *file, int refill, size_t snapshot_every, int64_t *peak_out)
 {
     char path[1024];
     const char *data = getenv("GPUMEM_DATA");
@@ -471,6 +567,8 @@ static step_cost replay_emptying(const char *file, int refill, int64_t *peak_out
         } else {
             give(allocator, pointers[operation->slot]);
         }
+        if (snapshot_every && i % snapshot_every == 0)
+            gm_snapshot_free(snapshot_adding_up(allocator));
         if (next < count && i == ends[next]) {
             next++;
             CHECK_OK(gm_empty_cache(allocator));
@@ -489,8 +587,8 @@ static step_cost replay_emptying(const char *file, int refill, int64_t *peak_out
 static void a_recorded_loop_of_fixed_shapes_makes_its_steps_in_few_chunks(void)
 {
     int64_t peak = 0, peak_without = 0;
-    step_cost with = replay_emptying("traces-extra/gpt2_batch8.csv.gz", 1, &peak);
-    step_cost without = replay_emptying("traces-extra/gpt2_batch8.csv.gz", 0, &peak_without);
+    step_cost with = replay_emptying("traces-extra/gpt2_batch8.csv.gz", 1, 0, &peak);
+    step_cost without = replay_emptying("traces-extra/gpt2_batch8.csv.gz", 0, 0, &peak_without);
     CHECK(with.chunks * 5 < without.chunks);
     CHECK(with.device_ns * 3 < without.device_ns * 2);
     CHECK_EQ_INT(peak, peak_without);
@@ -500,10 +598,18 @@ static void a_recorded_loop_of_variable_lengths_keeps_its_peak(void)
 {
     /* Every step of other lengths than the last: no step repeats another, and none makes a group. */
     int64_t peak = 0, peak_without = 0;
-    step_cost with = replay_emptying("traces-more/llama_varlen-seed0.csv.gz", 1, &peak);
-    step_cost without = replay_emptying("traces-more/llama_varlen-seed0.csv.gz", 0, &peak_without);
+    step_cost with = replay_emptying("traces-more/llama_varlen-seed0.csv.gz", 1, 0, &peak);
+    step_cost without = replay_emptying("traces-more/llama_varlen-seed0.csv.gz", 0, 0, &peak_without);
     CHECK_EQ_INT(with.chunks, without.chunks);
     CHECK_EQ_INT(peak, peak_without);
+}
+
+/* The recorded loop of fixed shapes, a snapshot taken every 97 operations: in the steps that make
+ * groups, several while pages wait; each adds up to the statistics as it is taken. */
+static void snapshots_of_a_recorded_loop_add_up_mid_step(void)
+{
+    int64_t peak = 0;
+    replay_emptying("traces-extra/gpt2_batch8.csv.gz", 1, 97, &peak);
 }
 
 RUN_TESTS(TEST_CASE(a_repeating_step_is_made_again_in_few_chunks),
@@ -513,5 +619,7 @@ RUN_TESTS(TEST_CASE(a_repeating_step_is_made_again_in_few_chunks),
           TEST_CASE(a_step_is_followed_only_after_one_that_repeated_all_through),
           TEST_CASE(groups_only_where_the_last_two_steps_agree),
           TEST_CASE(a_loop_of_two_layouts_repeats_the_step_before_last),
+          TEST_CASE(a_snapshot_mid_step_shows_waiting_pages_as_free_memory),
           TEST_CASE(a_recorded_loop_of_fixed_shapes_makes_its_steps_in_few_chunks),
-          TEST_CASE(a_recorded_loop_of_variable_lengths_keeps_its_peak))
+          TEST_CASE(a_recorded_loop_of_variable_lengths_keeps_its_peak),
+          TEST_CASE(snapshots_of_a_recorded_loop_add_up_mid_step))

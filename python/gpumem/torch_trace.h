@@ -197,7 +197,8 @@ class History {
   std::mutex &mutex() { return mutex_; }
   bool keeps_events() const { return capacity_ != 0; }
 
-  // Each run of mapped blocks of a gpumem region is one segment, as PyTorch's snapshot lists them; with
+  // Each run of mapped blocks of a gpumem region is one segment, as PyTorch's snapshot lists them (memory
+  // the pages engine made ahead of need comes as free blocks: the trace's segment_map covers it); with
   // a pool named, only that pool's. `own_pool` names the pool of an allocator that serves one MemPool.
   void add_segments(gm_allocator *allocator, c10::DeviceIndex device, SnapshotInfo &result, MempoolId_t only,
                     MempoolId_t own_pool = {0, 0}) {

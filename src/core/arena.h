@@ -106,6 +106,12 @@ struct gm_engine_operations {
      * to give (plain segments). */
     gm_status (*share_block)(gm_arena *arena, const gm_block *block, uint64_t *offset_out, gm_shared_piece *pieces,
                              size_t capacity, size_t *count_out);
+    /* For snapshots: an unmapped block may lie over memory the engine made ahead of need (the pages
+     * engine's waiting pages), mapped and counted as reserved though no block holds it yet. The end of
+     * the part of the unmapped `block` that begins at `from`, all of whose pages are such memory
+     * (*reserved_out true) or all addresses without memory; parts taken from the block's start on tile
+     * it. NULL: the engine makes no memory ahead of need (its unmapped blocks, if any, hold none). */
+    uintptr_t (*unmapped_part_end)(const gm_arena *arena, const gm_block *block, uintptr_t from, bool *reserved_out);
 };
 
 extern const gm_engine_operations gm_segment_engine;

@@ -5,7 +5,9 @@
  * A snapshot walks every heap's regions and their blocks under the allocator's lock, twice: once to
  * count (so each array is allocated in one piece) and once to fill. It sees the
  * engines' regions as they are: a device segment, or a reserved virtual range whose unmapped blocks
- * are addresses without memory; a region of a growth lane is marked as such.
+ * are addresses without memory; a region of a growth lane is marked as such. Memory an engine made
+ * ahead of need under an unmapped block (the pages engine's waiting pages) is shown as free blocks
+ * where it lies (describe_unmapped), so that the regions' mapped bytes add up to reserved_bytes.
  */
 #include "core/allocator.h"
 
@@ -28,6 +30,39 @@ static gm_block_kind kind_of(const gm_block *block)
     }
 }
 
+/* The parts of an unmapped block, written from out[0] on unless `out` is NULL: how many. Memory the
+ * engine made ahead of need under it is shown as free blocks: mapped memory no allocation holds, which
+ * is what it is; shown as unmapped, it would leave the regions' mapped bytes short of reserved_bytes.
+ * The rest of the block is unmapped addresses. */
+static size_t describe_unmapped(const gm_arena *arena, const gm_block *block, gm_snapshot_block *out)
+{
+    uintptr_t end = block->address + block->size;
+    size_t count = 0;
+    for (uintptr_t from = block->address, to; from < end; from = to, count++) {
+        bool reserved = false;
+        to = arena->engine->unmapped_part_end(arena, block, from, &reserved);
+        if (to <= from || to > end) /* an engine's fault: the rest shown as one part, not a loop */
+            to = end;
+        if (out)
+            out[count] = (gm_snapshot_block){from, to - from, 0,
+                                             reserved ? GM_BLOCK_KIND_FREE : GM_BLOCK_KIND_UNMAPPED};
+    }
+    return count;
+}
+
+/* The snapshot's blocks for `block`, written from out[0] on unless `out` is NULL (the counting pass):
+ * how many. One, but for an unmapped block of an engine that may make memory ahead of need. */
+static size_t describe_block(const gm_arena *arena, const gm_block *block, gm_snapshot_block *out)
+{
+    gm_block_kind kind = kind_of(block);
+    if (kind == GM_BLOCK_KIND_UNMAPPED && arena->engine->unmapped_part_end)
+        return describe_unmapped(arena, block, out);
+    bool live = kind == GM_BLOCK_KIND_ALLOCATED || kind == GM_BLOCK_KIND_PENDING;
+    if (out)
+        *out = (gm_snapshot_block){block->address, block->size, live ? block->requested : 0, kind};
+    return 1;
+}
+
 static void count_regions(const gm_arena *arena, size_t *regions_out, size_t *blocks_out)
 {
     *regions_out = *blocks_out = 0;
@@ -35,7 +70,7 @@ static void count_regions(const gm_arena *arena, size_t *regions_out, size_t *bl
         for (const gm_region *region = gm_first_region(arena->heaps[h]); region; region = gm_next_region(region)) {
             (*regions_out)++;
             for (const gm_block *block = region->first_block; block; block = block->next)
-                (*blocks_out)++;
+                *blocks_out += describe_block(arena, block, NULL);
         }
 }
 
@@ -50,14 +85,13 @@ static void fill_regions(const gm_arena *arena, gm_snapshot *snapshot)
                                         .pool = region->pool, .growth_lane = heap->engine_private,
                                         .private_pool = gm_heap_pool_id(heap),
                                         .first_block = b};
-            for (const gm_block *block = region->first_block; block; block = block->next, b++) {
-                gm_block_kind kind = kind_of(block);
-                bool live = kind == GM_BLOCK_KIND_ALLOCATED || kind == GM_BLOCK_KIND_PENDING;
-                snapshot->blocks[b] = (gm_snapshot_block){block->address, block->size, live ? block->requested : 0,
-                                                          kind};
-                out->mapped_bytes += kind == GM_BLOCK_KIND_UNMAPPED ? 0 : block->size;
-                out->block_count++;
+            for (const gm_block *block = region->first_block; block; block = block->next)
+                out->block_count += describe_block(arena, block, &snapshot->blocks[b + out->block_count]);
+            for (size_t i = b; i < b + out->block_count; i++) {
+                const gm_snapshot_block *shown = &snapshot->blocks[i];
+                out->mapped_bytes += shown->kind == GM_BLOCK_KIND_UNMAPPED ? 0 : shown->size;
             }
+            b += out->block_count;
         }
     }
 }

@@ -198,6 +198,20 @@ static gm_status pages_validate(gm_arena *arena, gm_stats *recomputed)
     return GM_OK;
 }
 
+/* A snapshot's view of an unmapped block (engine operation unmapped_part_end): its waiting pages
+ * (refill.c) are reserved memory, its other pages addresses only. Without waiting pages anywhere the
+ * block is one part, and its pages are not looked at. */
+static uintptr_t pages_unmapped_part_end(const gm_arena *arena, const gm_block *block, uintptr_t from,
+                                         bool *reserved_out)
+{
+    const page_engine *engine = arena->engine_state;
+    uintptr_t end = block->address + block->size;
+    *reserved_out = false;
+    if (!engine->waiting_bytes)
+        return end;
+    return pages_waiting_part_end(block->region, from, end, engine->page_size, reserved_out);
+}
+
 static gm_status pages_create(gm_arena *arena)
 {
     page_engine *engine = calloc(1, sizeof *engine);
@@ -321,4 +335,5 @@ const gm_engine_operations gm_page_engine = {
     .forget_heap = pages_forget_heap,
     .grant_peer_access = pages_grant_peer_access,
     .share_block = pages_share_block,
+    .unmapped_part_end = pages_unmapped_part_end,
 };

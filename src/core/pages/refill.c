@@ -27,6 +27,9 @@
  * pages, so the step places every block where the last step placed it, and the growth that reaches
  * them later takes them without a device call; were they free memory at once, the step's requests
  * would fit into them earlier and elsewhere, and the layout -- and with it the peak -- would drift.
+ * A snapshot shows waiting pages as free blocks where they lie (engine.c, unmapped_part_end): mapped
+ * memory that no allocation holds, which is what they are to anyone looking, so that its mapped bytes
+ * add up to reserved_bytes; the engine's own blocks stay as they are.
  * Waiting pages become free memory (pages_settle_waiting) at an empty_cache and before a region is
  * given back, so that their chunk is released like any other, and when a growth would make new memory
  * above the peak while pages wait (growth.c): the step did not repeat the last one after all, and a
