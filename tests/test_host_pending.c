@@ -4,7 +4,7 @@
  * idle after its free (or an event recorded after it is done); an alloc/free loop on an idle stream asks
  * the stream once per rotation of a small class, not once per free, and holds at most the rotation's
  * blocks; large classes hold one; host_limit and gm_host_empty_cache with waiting blocks; failing events;
- * gm_host_free_with_streams.
+ * a stream being captured; gm_host_free_with_streams.
  */
 #include "test.h"
 
@@ -271,8 +271,37 @@ static void free_with_streams_records_then_frees(void)
     gm_destroy(allocator, NULL);
 }
 
+/* A stream being captured into a CUDA graph is not asked (the query would break the capture) and gets no
+ * event (it would be a node of the graph): its blocks stay unchecked until a look after the capture. */
+static void a_capturing_stream_is_left_alone(void)
+{
+    gm_allocator *allocator = NULL;
+    CHECK_OK(gm_create(config, &allocator));
+    void *block = NULL, *held[3] = {NULL}, *again = NULL;
+    CHECK_OK(gm_host_malloc(allocator, 1u << 20, &block));
+    CHECK_OK(gm_host_record_stream(allocator, block, 7));
+    CHECK_OK(gm_sim_stream_enqueue(allocator, 7, 1));
+    CHECK_OK(gm_host_free(allocator, block));
+    CHECK_OK(gm_sim_stream_set_capturing(allocator, 7, 1));
+    int64_t asked = stream_queries(allocator), recorded = event_records(allocator);
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK(gm_host_malloc(allocator, 1u << 20, &held[i])); /* each looks: stream 7 is not asked */
+        CHECK(held[i] != block);
+    }
+    CHECK_EQ_INT(stream_queries(allocator) - asked, 0);
+    CHECK_EQ_INT(event_records(allocator) - recorded, 0);
+    CHECK_OK(gm_sim_stream_set_capturing(allocator, 7, 0));
+    CHECK_OK(gm_sim_stream_complete(allocator, 7));
+    CHECK_OK(gm_host_malloc(allocator, 1u << 20, &again));
+    CHECK(again == block);
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(gm_host_free(allocator, held[i]));
+    CHECK_OK(gm_host_free(allocator, again));
+    gm_destroy(allocator, NULL);
+}
+
 RUN_TESTS(TEST_CASE(a_block_freed_on_a_busy_stream_waits_for_it), TEST_CASE(an_idle_loop_asks_once_per_rotation),
           TEST_CASE(a_held_block_leaves_the_rotation_alone), TEST_CASE(host_limit_checks_waiting_blocks_first),
           TEST_CASE(empty_cache_releases_checked_blocks_and_keeps_busy_ones),
           TEST_CASE(a_failed_event_keeps_the_block_waiting), TEST_CASE(destroy_gives_back_unchecked_blocks),
-          TEST_CASE(free_with_streams_records_then_frees))
+          TEST_CASE(free_with_streams_records_then_frees), TEST_CASE(a_capturing_stream_is_left_alone))

@@ -17,7 +17,11 @@
  *                     one an event is recorded now, which follows every copy queued before the free (and
  *                     perhaps some after: conservative); the block then waits for its events. If an event
  *                     cannot be made or recorded, none stays recorded and the block stays unchecked, not
- *                     reusable: the next look tries again.
+ *                     reusable: the next look tries again. A stream being captured into a CUDA graph is
+ *                     not asked (cuStreamQuery would invalidate the capture, and an event recorded on it
+ *                     would be a node of the graph, never done): the block stays unchecked until a look
+ *                     after the capture. The free used to ask at once; a look may come during a capture
+ *                     that began after the free, hence the check.
  *   waiting block     its events are asked, newest first; the block goes to its free list once all are
  *                     done. A stream runs its work in order: once one of its events is not done, the later
  *                     ones on it are not asked in this look (gm_busy_streams). The events just recorded
@@ -38,11 +42,13 @@
 
 #include <stdlib.h>
 
+typedef enum stream_state { stream_idle, stream_busy, stream_capturing } stream_state;
+
 /* Streams asked in one look and their answers; beyond the first few, streams are simply asked again. */
 enum { streams_remembered = 16 };
 typedef struct look {
     gm_stream asked[streams_remembered];
-    bool busy[streams_remembered];
+    stream_state states[streams_remembered];
     size_t asked_count;
     gm_busy_streams busy_events; /* streams with an event found not done in this look */
     bool wait;
@@ -60,17 +66,19 @@ void gm_host_pending_add(gm_host_cache *cache, gm_host_block *block)
     cache->stats.pending_blocks++;
 }
 
-static bool stream_busy(gm_backend *backend, look *look, gm_stream stream)
+static stream_state state_of(gm_backend *backend, look *look, gm_stream stream)
 {
     for (size_t i = 0; i < look->asked_count; i++)
         if (look->asked[i] == stream)
-            return look->busy[i];
-    bool busy = gm_backend_stream_is_busy(backend, stream);
+            return look->states[i];
+    stream_state state = gm_backend_stream_is_capturing(backend, stream) ? stream_capturing
+                         : gm_backend_stream_is_busy(backend, stream)    ? stream_busy
+                                                                         : stream_idle;
     if (look->asked_count < streams_remembered) {
         look->asked[look->asked_count] = stream;
-        look->busy[look->asked_count++] = busy;
+        look->states[look->asked_count++] = state;
     }
-    return busy;
+    return state;
 }
 
 /* Record an event on each of the block's streams (all busy). On failure none stays recorded. */
@@ -98,18 +106,23 @@ static gm_status record_events(gm_allocator *allocator, gm_host_block *block)
     return GM_OK;
 }
 
-/* Ask an unchecked block's streams: keep the busy ones, with an event recorded on each. Whether none
- * was busy. */
+/* Ask an unchecked block's streams: keep the busy ones, with an event recorded on each unless one is
+ * being captured. Whether none was busy. */
 static bool check_streams(gm_allocator *allocator, gm_host_block *block, look *look)
 {
     size_t busy = 0;
-    for (size_t i = 0; i < block->stream_count; i++)
-        if (stream_busy(allocator->arena.backend, look, block->streams[i]))
+    bool capturing = false;
+    for (size_t i = 0; i < block->stream_count; i++) {
+        stream_state state = state_of(allocator->arena.backend, look, block->streams[i]);
+        capturing = capturing || state == stream_capturing;
+        if (state != stream_idle)
             block->streams[busy++] = block->streams[i];
+    }
     block->stream_count = busy; /* the idle ones were seen idle after the free: done with */
     if (!busy)
         return true;
-    (void)record_events(allocator, block); /* failed: still unchecked, asked again at the next look */
+    if (!capturing)
+        (void)record_events(allocator, block); /* failed: still unchecked, asked again at the next look */
     return false;
 }
 
