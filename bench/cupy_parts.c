@@ -276,7 +276,7 @@ static PyObject *device_part(PyObject *module, PyObject *arguments)
 
 static const char *pinned_names[] = {
     "size argument", "current device", "thread's context check", "device's allocator found",
-    "current stream, allocation", "gm_host_malloc + gm_host_record_stream + gm_host_free",
+    "current stream, allocation", "gm_host_malloc + gm_host_free_with_streams",
     "blocking hook set and cleared, twice", "objects made: PinnedBlock, its ptr, PinnedMemoryPointer",
     "objects dropped", "current stream, free", NULL,
 };
@@ -340,7 +340,7 @@ static double pinned_steps(PinnedAllocate *self, int step, Py_ssize_t count)
         break;
     case P_GPUMEM:
         TIMED(failed = self->host_malloc(handle, PINNED_SIZE, &pointer) != 0 ||
-                       self->host_record_stream(handle, pointer, stream) != 0 || self->host_free(handle, pointer) != 0);
+                       self->host_free_with_streams(handle, pointer, &stream, 1) != 0);
         break;
     case P_BLOCKING:
         TIMED(failed = hook_twice());

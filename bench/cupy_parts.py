@@ -18,7 +18,7 @@ gpumem.cupy.install() made, so that the steps add up to one allocation and its f
                     of the free
   pinned memory     the pinned allocator function for 4 KiB: its size argument, the current device, the
                     context check, the device's allocator found, the current stream at the allocation,
-                    gm_host_malloc + gm_host_record_stream + gm_host_free, the blocking hook, the objects
+                    gm_host_malloc + gm_host_free_with_streams, the blocking hook, the objects
                     (PinnedBlock, its ptr, PinnedMemoryPointer) made and dropped, the current stream at the free
 Each table ends with the sum of the steps, the whole (the allocator function called from Python, the
 pointer dropped) and the whole less the sum: what running the steps together costs beyond running each

@@ -15,7 +15,7 @@ Patterns, timed after a warm-up of 16 iterations:
   mixed   64 KiB, 128 KiB, ..., 64 MiB in turn
   copies  4 MiB blocks, each the source of an async host-to-device copy on a non-default stream, freed as
           soon as the copy is queued (as DataLoader's pinned batches are), at most 4 copies in flight.
-          Safe where reuse is deferred: gpumem (host_record_stream on the copy's stream), torch (copy_
+          Safe where reuse is deferred: gpumem (host_free with the copy's stream), torch (copy_
           records an event), cupy-pool (CuPy's watch list, as its own transfers use it); cudaHostAlloc
           waits for the copy before cudaFreeHost.
 µs per alloc+free: the loop's host time per iteration (for copies, queueing the copy included). Memory
@@ -90,9 +90,7 @@ class Gpumem(CupyCopied):
         return self.allocator.host_malloc(size)
 
     def release(self, block, size, copy_event):
-        if copy_event is not None:
-            self.allocator.host_record_stream(block, self.stream.ptr)
-        self.allocator.host_free(block)
+        self.allocator.host_free(block, (self.stream.ptr,) if copy_event is not None else ())
 
     def held(self):
         reserved = self.allocator.host_stats()["reserved_bytes"]

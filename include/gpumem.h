@@ -393,17 +393,30 @@ GM_API gm_status gm_validate(gm_allocator *allocator);
 /* A cache of page-locked host memory for copies between host and device (PyTorch's
  * CachingHostAllocator): sizes are rounded up to a power of two (at least 512 bytes); a freed block
  * is reused only once the work queued before its free on every stream recorded for it
- * (gm_host_record_stream) has finished. The memory comes from the backend: cuMemHostAlloc on "cuda",
- * ordinary memory on "sim" and "host". GPUMEM_CONF's host_limit:BYTES caps the bytes held: beyond it
- * gm_host_malloc first gives the idle cache back, then fails with GM_ERROR_OUT_OF_MEMORY.
+ * (gm_host_record_stream) has finished. The free asks no stream: a later gm_host_malloc that needs
+ * the block, or gm_host_empty_cache, asks each stream of the freed blocks once (cuStreamQuery) and
+ * records an event on the busy ones. A small size class (up to 32 KiB) may make a few new blocks
+ * (at most 64 KiB of them) before asking, so that one question serves several freed blocks.
+ * The memory comes from the backend: cuMemHostAlloc on "cuda", ordinary memory on "sim" and "host".
+ * GPUMEM_CONF's host_limit:BYTES caps the bytes held: beyond it gm_host_malloc first looks at the
+ * freed blocks, gives the idle ones back, then fails with GM_ERROR_OUT_OF_MEMORY.
  * A size of 0 gives *pointer_out = NULL and GM_OK. */
 GM_API gm_status gm_host_malloc(gm_allocator *allocator, size_t size, void **pointer_out);
 /* Free a pointer from gm_host_malloc (NULL: nothing). Anything else, or a second free, is
  * GM_ERROR_INVALID_POINTER and changes nothing. */
 GM_API gm_status gm_host_free(gm_allocator *allocator, void *pointer);
+/* gm_host_record_stream for each of `count` streams (a stream given twice, or recorded before, counts
+ * once), then gm_host_free, in one call under one lock. The errors of those calls: NULL pointer:
+ * nothing (GM_OK); not a live block or a second free: GM_ERROR_INVALID_POINTER; no memory to record
+ * the streams: GM_ERROR_OUT_OF_MEMORY; on an error the block stays live, its streams unchanged.
+ * streams may be NULL when count is 0 (then it is gm_host_free); NULL with a count is
+ * GM_ERROR_INVALID_ARGUMENT. */
+GM_API gm_status gm_host_free_with_streams(gm_allocator *allocator, void *pointer, const gm_stream *streams,
+                                           size_t count);
 /* Mark a live block as used by work on `stream` (a copy): it is not reused before that work is done. */
 GM_API gm_status gm_host_record_stream(gm_allocator *allocator, void *pointer, gm_stream stream);
-/* Give every idle cached block (free, its events done) back to the backend. */
+/* Look at the freed blocks' streams, then give every idle cached block back to the backend (those
+ * whose streams still run keep waiting). */
 GM_API gm_status gm_host_empty_cache(gm_allocator *allocator);
 
 /* The pinned host cache's statistics. */
@@ -416,7 +429,8 @@ typedef struct gm_host_stats {
     int64_t cache_misses;     /* gm_host_malloc that needed a new backend allocation */
     int64_t host_allocations; /* backend allocations made (cuMemHostAlloc on cuda) */
     int64_t host_frees;       /* backend frees made (cuMemFreeHost on cuda) */
-    int64_t pending_blocks;   /* freed blocks still waiting for their streams' events */
+    int64_t pending_blocks;   /* freed blocks not reusable yet: their streams not asked yet (a look
+                                 will), or busy and their events not done */
     uint64_t limit;           /* host_limit (0: none) */
 } gm_host_stats;
 

@@ -5,6 +5,8 @@
  */
 #include "test.h"
 
+#include "core/allocator.h"
+
 #include <pthread.h>
 #include <stdint.h>
 
@@ -36,13 +38,17 @@ static void freed_block_is_reused_at_once_without_streams(void)
     }
 }
 
+/* A class of 1 MiB: its rotation is one block, so a malloc with no free block of the class looks at its
+ * pending ones (test_host_pending.c has the small classes' rotation). */
+enum { large = 1 << 20 };
+
 static void reuse_waits_for_the_recorded_streams(void)
 {
     for (size_t c = 0; c < config_count; c++) {
         gm_allocator *allocator = NULL;
         CHECK_OK(gm_create(configs[c], &allocator));
         void *block = NULL, *other = NULL, *again = NULL;
-        CHECK_OK(gm_host_malloc(allocator, 4096, &block));
+        CHECK_OK(gm_host_malloc(allocator, large, &block));
         CHECK_OK(gm_host_record_stream(allocator, block, 2));
         CHECK_OK(gm_host_record_stream(allocator, block, 2)); /* twice is once */
         CHECK_OK(gm_host_record_stream(allocator, block, 3));
@@ -53,20 +59,20 @@ static void reuse_waits_for_the_recorded_streams(void)
         CHECK_OK(gm_host_get_stats(allocator, &stats));
         CHECK_EQ_INT(stats.pending_blocks, 1);
         CHECK_EQ_INT(stats.allocated_bytes.current, 0);
-        CHECK_EQ_INT(stats.reserved_bytes.current, 4096);
-        CHECK_OK(gm_host_malloc(allocator, 4096, &other));
-        CHECK(other != block); /* streams 2 and 3 still run */
+        CHECK_EQ_INT(stats.reserved_bytes.current, large);
+        CHECK_OK(gm_host_malloc(allocator, large, &other));
+        CHECK(other != block); /* streams 2 and 3 still run: an event on each */
         CHECK_OK(gm_host_free(allocator, other));
         CHECK_OK(gm_sim_stream_complete(allocator, 2));
-        CHECK_OK(gm_host_malloc(allocator, 4096, &again));
+        CHECK_OK(gm_host_malloc(allocator, large, &again));
         CHECK(again == other); /* block still waits for stream 3; `other` is idle */
         CHECK_OK(gm_host_free(allocator, again));
         CHECK_OK(gm_sim_stream_complete(allocator, 3));
-        /* now both are idle: the free list gives the one freed last */
+        /* now both are idle: `other` from the free list, then `block` after a look at its events */
         void *first = NULL, *second = NULL;
-        CHECK_OK(gm_host_malloc(allocator, 4096, &first));
-        CHECK_OK(gm_host_malloc(allocator, 4096, &second));
-        CHECK((first == block && second == other) || (first == other && second == block));
+        CHECK_OK(gm_host_malloc(allocator, large, &first));
+        CHECK_OK(gm_host_malloc(allocator, large, &second));
+        CHECK(first == other && second == block);
         CHECK_OK(gm_host_get_stats(allocator, &stats));
         CHECK_EQ_INT(stats.pending_blocks, 0);
         CHECK_EQ_INT(stats.host_allocations, 2);
@@ -82,31 +88,44 @@ static void reuse_waits_for_the_recorded_streams(void)
     }
 }
 
-static void work_after_the_free_does_not_delay_reuse(void)
+/* A busy stream's event is recorded at the first look after the free: work queued on the stream after
+ * it does not delay the block's reuse. */
+static void work_after_the_look_does_not_delay_reuse(void)
 {
     gm_allocator *allocator = NULL;
     CHECK_OK(gm_create(configs[0], &allocator));
-    void *block = NULL, *again = NULL;
-    CHECK_OK(gm_host_malloc(allocator, 4096, &block));
+    void *block = NULL, *other = NULL, *first = NULL, *again = NULL;
+    CHECK_OK(gm_host_malloc(allocator, large, &block));
     CHECK_OK(gm_host_record_stream(allocator, block, 2));
     CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1));
     CHECK_OK(gm_host_free(allocator, block));
+    CHECK_OK(gm_host_malloc(allocator, large, &other)); /* the look: stream 2 busy, an event recorded */
+    CHECK_OK(gm_host_free(allocator, other));
     CHECK_OK(gm_sim_stream_complete(allocator, 2));
-    CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1)); /* queued after the free: not waited for */
-    CHECK_OK(gm_host_malloc(allocator, 4096, &again));
-    CHECK(again == block);
+    CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1)); /* queued after the event: not waited for */
+    CHECK_OK(gm_host_malloc(allocator, large, &first));
+    CHECK_OK(gm_host_malloc(allocator, large, &again));
+    CHECK(first == other && again == block);
+    CHECK_OK(gm_host_free(allocator, first));
     CHECK_OK(gm_host_free(allocator, again));
     gm_destroy(allocator, NULL);
 }
 
-/* A recorded stream with nothing queued at the free needs no event: the block waits only for the busy
- * ones, and is idle at once when none is busy. */
+static int64_t device_calls(gm_allocator *allocator, gm_device_call kind)
+{
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    return stats.device_calls[kind];
+}
+
+/* A recorded stream found idle at the look needs no event: the block waits only for the busy ones, and
+ * is reusable at the look when none is busy. */
 static void idle_streams_are_not_waited_for(void)
 {
     gm_allocator *allocator = NULL;
     CHECK_OK(gm_create(configs[0], &allocator));
     void *block = NULL, *other = NULL, *again = NULL;
-    CHECK_OK(gm_host_malloc(allocator, 4096, &block));
+    CHECK_OK(gm_host_malloc(allocator, large, &block));
     CHECK_OK(gm_host_record_stream(allocator, block, 5)); /* idle */
     CHECK_OK(gm_host_record_stream(allocator, block, 6));
     CHECK_OK(gm_sim_stream_enqueue(allocator, 6, 1)); /* busy */
@@ -114,14 +133,19 @@ static void idle_streams_are_not_waited_for(void)
     gm_host_stats stats;
     CHECK_OK(gm_host_get_stats(allocator, &stats));
     CHECK_EQ_INT(stats.pending_blocks, 1);
-    CHECK_OK(gm_host_malloc(allocator, 4096, &other));
+    int64_t records = device_calls(allocator, GM_CALL_EVENT_RECORD);
+    CHECK_OK(gm_host_malloc(allocator, large, &other));
     CHECK(other != block); /* stream 6 still runs */
+    CHECK_EQ_INT(device_calls(allocator, GM_CALL_EVENT_RECORD) - records, 1); /* on stream 6 only */
     CHECK_OK(gm_host_record_stream(allocator, other, 5));
-    CHECK_OK(gm_host_free(allocator, other)); /* only idle streams: straight to the free list */
+    CHECK_OK(gm_host_free(allocator, other)); /* pending, unchecked */
+    CHECK_OK(gm_host_get_stats(allocator, &stats));
+    CHECK_EQ_INT(stats.pending_blocks, 2);
+    CHECK_OK(gm_host_malloc(allocator, large, &again)); /* the look: stream 5 idle, no event */
+    CHECK(again == other);
+    CHECK_EQ_INT(device_calls(allocator, GM_CALL_EVENT_RECORD) - records, 1);
     CHECK_OK(gm_host_get_stats(allocator, &stats));
     CHECK_EQ_INT(stats.pending_blocks, 1);
-    CHECK_OK(gm_host_malloc(allocator, 4096, &again));
-    CHECK(again == other);
     CHECK_OK(gm_sim_stream_complete(allocator, 6));
     CHECK_OK(gm_host_free(allocator, again));
     CHECK_OK(gm_host_empty_cache(allocator));
@@ -131,20 +155,19 @@ static void idle_streams_are_not_waited_for(void)
     gm_destroy(allocator, NULL);
 }
 
-static int64_t event_queries(gm_allocator *allocator)
+static int64_t stream_queries(gm_allocator *allocator)
 {
-    gm_stats stats;
-    CHECK_OK(gm_get_stats(allocator, &stats));
-    return stats.device_calls[GM_CALL_EVENT_QUERY];
+    return allocator->arena.backend->stream_queries;
 }
 
-/* Ten blocks wait for one busy stream: a look at them queries it once, not ten times; once the stream
- * is done, each event is found done once, oldest first. */
+/* Ten blocks freed after copies on one busy stream: the look asks the stream once, not ten times, and
+ * records an event for each; the next look asks the oldest event only (a stream runs its work in
+ * order); once the stream is done, each event is found done once, oldest first. */
 static void a_busy_stream_is_queried_once_a_look(void)
 {
     gm_allocator *allocator = NULL;
     CHECK_OK(gm_create(configs[0], &allocator));
-    void *blocks[10], *fresh = NULL, *reused = NULL;
+    void *blocks[10], *fresh = NULL, *other = NULL, *reused = NULL;
     for (int i = 0; i < 10; i++)
         CHECK_OK(gm_host_malloc(allocator, 4096, &blocks[i]));
     for (int i = 0; i < 10; i++) {
@@ -152,18 +175,25 @@ static void a_busy_stream_is_queried_once_a_look(void)
         CHECK_OK(gm_sim_stream_enqueue(allocator, 4, 1)); /* a copy from block i */
         CHECK_OK(gm_host_free(allocator, blocks[i]));
     }
-    int64_t before = event_queries(allocator);
+    int64_t asked = stream_queries(allocator), queried = device_calls(allocator, GM_CALL_EVENT_QUERY),
+            recorded = device_calls(allocator, GM_CALL_EVENT_RECORD);
     CHECK_OK(gm_host_malloc(allocator, 4096, &fresh));
-    CHECK_EQ_INT(event_queries(allocator) - before, 1);
+    CHECK_EQ_INT(stream_queries(allocator) - asked, 1);
+    CHECK_EQ_INT(device_calls(allocator, GM_CALL_EVENT_RECORD) - recorded, 10);
+    CHECK_EQ_INT(device_calls(allocator, GM_CALL_EVENT_QUERY) - queried, 0);
+    CHECK_OK(gm_host_malloc(allocator, 4096, &other));
+    CHECK_EQ_INT(device_calls(allocator, GM_CALL_EVENT_QUERY) - queried, 1);
+    CHECK_EQ_INT(stream_queries(allocator) - asked, 1);
     CHECK_OK(gm_sim_stream_complete(allocator, 4));
-    before = event_queries(allocator);
+    queried = device_calls(allocator, GM_CALL_EVENT_QUERY);
     CHECK_OK(gm_host_malloc(allocator, 4096, &reused));
-    CHECK_EQ_INT(event_queries(allocator) - before, 10);
+    CHECK_EQ_INT(device_calls(allocator, GM_CALL_EVENT_QUERY) - queried, 10);
     CHECK(reused == blocks[9]); /* the free list's head: the block moved there last, freed last */
     gm_host_stats stats;
     CHECK_OK(gm_host_get_stats(allocator, &stats));
     CHECK_EQ_INT(stats.pending_blocks, 0);
     CHECK_OK(gm_host_free(allocator, fresh));
+    CHECK_OK(gm_host_free(allocator, other));
     CHECK_OK(gm_host_free(allocator, reused));
     gm_destroy(allocator, NULL);
 }
@@ -317,7 +347,11 @@ static void *work(void *argument)
         if (held[slot]) {
             for (size_t b = 0; b < sizes[slot]; b++)
                 self->failures += held[slot][b] != (unsigned char)(self->index + slot);
-            self->failures += gm_host_free(self->allocator, held[slot]) != GM_OK;
+            gm_stream streams[] = {(gm_stream)(10 + self->index), (gm_stream)(20 + self->index)}; /* 20s: idle */
+            if (round % 3 == 0)
+                self->failures += gm_host_free_with_streams(self->allocator, held[slot], streams, 2) != GM_OK;
+            else
+                self->failures += gm_host_free(self->allocator, held[slot]) != GM_OK;
             held[slot] = NULL;
         }
         sizes[slot] = (size_t)(512u << ((round * 7 + self->index) % 6));
@@ -411,7 +445,7 @@ static void bad_inputs_are_clear_errors(void)
 }
 
 RUN_TESTS(TEST_CASE(freed_block_is_reused_at_once_without_streams), TEST_CASE(reuse_waits_for_the_recorded_streams),
-          TEST_CASE(work_after_the_free_does_not_delay_reuse), TEST_CASE(idle_streams_are_not_waited_for),
+          TEST_CASE(work_after_the_look_does_not_delay_reuse), TEST_CASE(idle_streams_are_not_waited_for),
           TEST_CASE(a_busy_stream_is_queried_once_a_look),
           TEST_CASE(statistics_are_exact),
           TEST_CASE(empty_cache_keeps_pending_blocks), TEST_CASE(limit_empties_the_idle_cache_then_fails),

@@ -255,6 +255,7 @@ def _load():
         "gm_sim_set_used_elsewhere": (status, [pointer, ctypes.c_uint64]),
         "gm_host_malloc": (status, [pointer, ctypes.c_size_t, ctypes.POINTER(pointer)]),
         "gm_host_free": (status, [pointer, pointer]),
+        "gm_host_free_with_streams": (status, [pointer, pointer, ctypes.POINTER(ctypes.c_size_t), ctypes.c_size_t]),
         "gm_host_record_stream": (status, [pointer, pointer, ctypes.c_size_t]),
         "gm_host_empty_cache": (status, [pointer]),
         "gm_host_get_stats": (status, [pointer, ctypes.POINTER(_HostStats)]),
@@ -472,8 +473,16 @@ class Allocator:
         _check(_library.gm_host_malloc(self._handle, size, ctypes.byref(pointer)))
         return pointer.value or 0
 
-    def host_free(self, pointer):
-        _check(_library.gm_host_free(self._handle, ctypes.c_void_p(pointer)))
+    def host_free(self, pointer, streams=()):
+        """Give a pinned block back. ``streams`` (stream pointers, any iterable) are recorded for it first,
+        in the same call (gm_host_free_with_streams): it is not reused before the work queued on them
+        until now is done."""
+        if not streams:
+            _check(_library.gm_host_free(self._handle, ctypes.c_void_p(pointer)))
+            return
+        streams = [_unsigned(stream, "stream") for stream in streams]
+        array = (ctypes.c_size_t * len(streams))(*streams)
+        _check(_library.gm_host_free_with_streams(self._handle, ctypes.c_void_p(pointer), array, len(streams)))
 
     def host_record_stream(self, pointer, stream):
         """The block is used by work on ``stream``: not reused before that work finished."""

@@ -39,11 +39,12 @@ memory object gives the block back when CuPy drops it.
 When may a dropped pinned block be reused? CuPy's own transfers keep the PinnedMemoryPointer alive until
 an event recorded after their asynchronous copy has completed (cupy.cuda.pinned_memory._add_to_watch_list),
 but a user may drop an array of cupyx.empty_pinned while a copy from it is still queued, and CuPy's
-PinnedMemoryPool reuses a freed block at once. gpumem does better: on the drop it records for the block
-(gm_host_record_stream) the device's stream current then and the stream that was current at the
-allocation (kept alive by the block until then), and gm_host_free records an event on each; the cache
-hands the block out again only once those events have completed, so a copy queued on either stream
-before the drop finishes first. Work queued on any other stream is the caller's to order.
+PinnedMemoryPool reuses a freed block at once. gpumem does better: on the drop it gives the block back
+with the device's stream current then and the stream that was current at the allocation (kept alive by
+the block until then) recorded for it, in one call (gm_host_free_with_streams); the cache hands the block
+out again only once each of those streams was seen idle after the drop, or an event recorded on it then
+has completed (it asks the streams later, once for several freed blocks), so a copy queued on either
+stream before the drop finishes first. Work queued on any other stream is the caller's to order.
 
 A pinned request the cache cannot serve (host_limit, or cuMemHostAlloc failing) raises
 cupy.cuda.runtime.CUDARuntimeError with status cudaErrorMemoryAllocation, what CuPy's transfer code
@@ -154,10 +155,9 @@ class _PinnedBlock:
     def __del__(self):
         if not self.ptr or sys.is_finalizing():  # size 0, or CUDA may be gone already
             return
-        for stream_pointer in {self.stream.ptr, self._stream_at_free()}:
-            if stream_pointer is not None:
-                self.allocator.host_record_stream(self.ptr, stream_pointer)
-        self.allocator.host_free(self.ptr)
+        streams = {self.stream.ptr, self._stream_at_free()}
+        streams.discard(None)
+        self.allocator.host_free(self.ptr, streams)
 
     def _stream_at_free(self):
         """The pointer of the block's device's current stream, or None if CuPy cannot say it."""
@@ -358,8 +358,8 @@ def _pinned_allocate(cupy):
     if module is None:
         return allocate
     return module.make_pinned_allocate(
-        gpumem.function_address("gm_host_malloc"), gpumem.function_address("gm_host_free"),
-        gpumem.function_address("gm_host_record_stream"), runtime.getDevice, cupy.cuda.get_current_stream,
+        gpumem.function_address("gm_host_malloc"), gpumem.function_address("gm_host_free_with_streams"),
+        runtime.getDevice, cupy.cuda.get_current_stream,
         cupy.cuda.get_current_stream, current_stream, _allocators, allocate, malloc_failed, gpumem.check_status,
         cupy.cuda.PinnedMemoryPointer, make_current, _cupy_capsule(cupy, "device", "get_device_id"),
         _cupy_capsule(cupy, "stream", "get_current_stream_ptr"))

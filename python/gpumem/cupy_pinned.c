@@ -4,9 +4,10 @@
  * staging buffers of its transfers, and drops the PinnedMemoryPointer when it is done. This file does
  * what gpumem.cupy's Python _pinned_allocate and _PinnedBlock do (cupy.py, which says why), in the same
  * order: a block of the current device's pinned host cache (gm_host_malloc), owned by a PinnedBlock that
- * CuPy's PinnedMemoryPointer holds as its memory (CuPy reads its `ptr` and `size`). Dropping it records
- * the block's streams, the one current at the allocation and the one current at the drop, then gives it
- * back (gm_host_record_stream, gm_host_free), so the cache reuses it only after their work is done.
+ * CuPy's PinnedMemoryPointer holds as its memory (CuPy reads its `ptr` and `size`). Dropping it gives the
+ * block back with its streams recorded, the one current at the allocation and the one current at the
+ * drop, in one call under one lock (gm_host_free_with_streams), so the cache reuses it only after their
+ * work is done.
  *
  * The current device and stream come from CuPy's C functions where it exports them, else from its
  * Python ones; the stream current at the drop is asked of CuPy's Python function when the block's device
@@ -17,14 +18,13 @@
 #include "cupy_allocate.h"
 
 typedef int (*gm_host_malloc_function)(void *allocator, size_t size, void **pointer_out);
-typedef int (*gm_host_free_function)(void *allocator, void *pointer);
-typedef int (*gm_host_record_stream_function)(void *allocator, void *pointer, size_t stream);
+/* gm_host_free_with_streams; a gm_stream is a uintptr_t, the size of a size_t here (Linux) */
+typedef int (*gm_host_free_with_streams_function)(void *allocator, void *pointer, const size_t *streams, size_t count);
 
 typedef struct {
     PyObject_HEAD
     gm_host_malloc_function host_malloc;
-    gm_host_free_function host_free;
-    gm_host_record_stream_function host_record_stream;
+    gm_host_free_with_streams_function host_free_with_streams;
     cupy_device_id_function device_id; /* CuPy's C functions, or NULL, as Allocate's */
     cupy_stream_pointer_function stream_pointer;
     gmcupy_device_cells cells;         /* where each device's handle lives */
@@ -87,15 +87,12 @@ static size_t stream_at_free(PinnedAllocate *allocate, PyObject *device, int dev
     return *known ? value : 0;
 }
 
-/* Record the block's streams, then free it; a block whose streams could not be recorded is not freed
- * (as the Python path: never reused while a copy may use it). */
+/* Record the block's streams and free it, in one call; a block whose streams could not be recorded is
+ * not freed (as the Python path: never reused while a copy may use it). */
 static void record_and_free(PinnedAllocate *allocate, void *handle, void *pointer, const size_t *streams,
                             int count, int *status_out)
 {
-    int status = 0;
-    for (int stream = 0; stream < count && status == 0; stream++)
-        status = allocate->host_record_stream(handle, pointer, streams[stream]);
-    *status_out = status == 0 ? allocate->host_free(handle, pointer) : status;
+    *status_out = allocate->host_free_with_streams(handle, pointer, streams, (size_t)count);
 }
 
 static void pinned_block_free(PinnedBlock *self)
@@ -165,7 +162,7 @@ static PyObject *pinned_wrap(PinnedAllocate *self, PyObject *device_state, void 
     PinnedBlock *block = PyObject_New(PinnedBlock, &PinnedBlockType);
     if (block == NULL) {
         void *handle = *handle_cell;
-        GPUMEM_CALL(self->host_free(handle, pointer));
+        GPUMEM_CALL(self->host_free_with_streams(handle, pointer, NULL, 0));
         return NULL;
     }
     Py_INCREF(self);
@@ -287,26 +284,25 @@ static PyMethodDef pinned_allocate_method = {"allocate_pinned", pinned_allocate,
 PyObject *gmcupy_make_pinned_allocate(PyObject *module, PyObject *arguments)
 {
     (void)module;
-    unsigned long long malloc_address, free_address, record_address;
+    unsigned long long malloc_address, free_address;
     PinnedAllocate parsed;
     PyObject *device_capsule = NULL, *stream_capsule = NULL;
-    if (!PyArg_ParseTuple(arguments, "KKKOOOOO!OOOOO|OO:make_pinned_allocate", &malloc_address, &free_address,
-                          &record_address, &parsed.get_device, &parsed.get_stream, &parsed.stream_of_device,
+    if (!PyArg_ParseTuple(arguments, "KKOOOOO!OOOOO|OO:make_pinned_allocate", &malloc_address, &free_address,
+                          &parsed.get_device, &parsed.get_stream, &parsed.stream_of_device,
                           &parsed.stream_of_device_slow, &PyDict_Type, &parsed.devices, &parsed.slow_allocate,
                           &parsed.malloc_failed, &parsed.free_failed, &parsed.pinned_memory_pointer,
                           &parsed.make_current, &device_capsule, &stream_capsule))
         return NULL;
-    if (malloc_address == 0 || free_address == 0 || record_address == 0) {
+    if (malloc_address == 0 || free_address == 0) {
         PyErr_SetString(PyExc_ValueError,
-                        "make_pinned_allocate: gm_host_malloc, gm_host_free and gm_host_record_stream need their addresses");
+                        "make_pinned_allocate: gm_host_malloc and gm_host_free_with_streams need their addresses");
         return NULL;
     }
     PinnedAllocate *self = PyObject_New(PinnedAllocate, &PinnedAllocateType);
     if (self == NULL)
         return NULL;
     self->host_malloc = (gm_host_malloc_function)(uintptr_t)malloc_address;
-    self->host_free = (gm_host_free_function)(uintptr_t)free_address;
-    self->host_record_stream = (gm_host_record_stream_function)(uintptr_t)record_address;
+    self->host_free_with_streams = (gm_host_free_with_streams_function)(uintptr_t)free_address;
     self->device_id = (cupy_device_id_function)gmcupy_capsule_function(device_capsule, CUPY_DEVICE_ID_SIGNATURE);
     self->stream_pointer =
         (cupy_stream_pointer_function)gmcupy_capsule_function(stream_capsule, CUPY_STREAM_POINTER_SIGNATURE);

@@ -118,6 +118,8 @@ struct gm_backend {
     int64_t call_ns_by_kind[GM_CALL_KIND_COUNT];
     int64_t memory_calls;       /* calls that reserve, make, map or free memory: all but the events' */
     int64_t modelled_ns;        /* total cost of all calls by the H200 model, on every backend */
+    int64_t stream_queries;     /* stream_is_busy asked (gm_backend_stream_is_busy): not a device call kind,
+                                   counted for tests of how often the callers ask; under the allocator's lock */
     uint64_t used_elsewhere;    /* sim/host: device memory taken by "other processes" (gm_sim_set_used_elsewhere),
                                    which the device model counts as used */
     bool host_memory_failed;    /* a host allocation failed for lack of memory (the host backend's mmap):
@@ -190,6 +192,7 @@ static inline bool gm_backend_stream_is_busy(gm_backend *backend, gm_stream stre
     if (!backend->operations->stream_is_busy)
         return false;
     gm_before_blocking();
+    backend->stream_queries++;
     return backend->operations->stream_is_busy(backend, stream);
 }
 /* Host memory (not counted in GM_DEVICE_CALLS: the pinned host cache counts them in gm_host_stats). */

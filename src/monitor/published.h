@@ -22,7 +22,7 @@ typedef struct gm_published_pinned_host {
     uint64_t cache_hits;
     uint64_t cache_misses;
     uint64_t host_frees;           /* blocks given back to the backend */
-    uint64_t pending_blocks;       /* freed blocks waiting for their streams' events */
+    uint64_t pending_blocks;       /* freed blocks not reusable yet (streams not asked yet, or events not done) */
     uint64_t limit_bytes;          /* host_limit; 0: none */
 } gm_published_pinned_host;
 

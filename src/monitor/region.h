@@ -72,7 +72,7 @@ typedef struct gm_region_pinned_host {
     uint64_t cache_hits;           /* gm_host_malloc served from the cache */
     uint64_t cache_misses;         /* gm_host_malloc that needed a new backend allocation */
     uint64_t host_frees;           /* blocks given back to the backend (gm_host_empty_cache, host_limit) */
-    uint64_t pending_blocks;       /* freed blocks waiting for their streams' events */
+    uint64_t pending_blocks;       /* freed blocks not reusable yet (streams not asked yet, or events not done) */
     uint64_t limit_bytes;          /* host_limit; 0: none */
 } gm_region_pinned_host;
 

@@ -378,9 +378,9 @@ class CompiledPinnedPathTest(RecordsUnraisable):
         module = compiled.load("cupy_allocate")
         functions = [len] * 10
         with self.assertRaisesRegex(ValueError, "addresses"):
-            module.make_pinned_allocate(1, 1, 0, *functions[:4], {}, *functions[5:])
+            module.make_pinned_allocate(1, 0, *functions[:4], {}, *functions[5:])
         with self.assertRaises(TypeError):
-            module.make_pinned_allocate(1, 1, 1, *functions)  # devices must be a dict
+            module.make_pinned_allocate(1, 1, *functions)  # devices must be a dict
 
 
 class BuildTest(StandInCupyTest):

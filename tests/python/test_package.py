@@ -140,11 +140,18 @@ class PackageTest(unittest.TestCase):
         stats = self.allocator.host_stats()
         self.assertEqual(stats["allocated_bytes"]["peak"], 1024)
         self.assertEqual(stats["reserved_bytes"]["current"], 1024)
-        self.assertEqual(stats["pending_blocks"], 0)  # nothing was queued on stream 3: no event to wait for
+        self.assertEqual(stats["pending_blocks"], 1)  # stream 3 is asked later, by the next look
         self.assertEqual((stats["cache_hits"], stats["cache_misses"], stats["host_allocations"]), (0, 1, 1))
-        self.allocator.host_empty_cache()  # the idle block goes back
+        self.allocator.host_empty_cache()  # the look finds stream 3 idle: the block goes back
         stats = self.allocator.host_stats()
         self.assertEqual((stats["reserved_bytes"]["current"], stats["host_frees"], stats["pending_blocks"]), (0, 1, 0))
+        pointer = self.allocator.host_malloc(1000)
+        self.allocator.host_free(pointer, {3, 4})  # gm_host_free_with_streams
+        with self.assertRaises(gpumem.GpumemError):
+            self.allocator.host_free(pointer, [3])
+        with self.assertRaises(ValueError):
+            self.allocator.host_free(self.allocator.host_malloc(1000), [-1])
+        self.assertEqual(self.allocator.host_stats()["pending_blocks"], 1)
 
     def test_memory_limit(self):
         self.allocator.set_memory_limit(64 << 20)
