@@ -393,10 +393,13 @@ GM_API gm_status gm_validate(gm_allocator *allocator);
 /* A cache of page-locked host memory for copies between host and device (PyTorch's
  * CachingHostAllocator): sizes are rounded up to a power of two (at least 512 bytes); a freed block
  * is reused only once the work queued before its free on every stream recorded for it
- * (gm_host_record_stream) has finished. The free asks no stream: a later gm_host_malloc that needs
- * the block, or gm_host_empty_cache, asks each stream of the freed blocks once (cuStreamQuery) and
- * records an event on the busy ones. A small size class (up to 32 KiB) may make a few new blocks
- * (at most 64 KiB of them) before asking, so that one question serves several freed blocks.
+ * (gm_host_record_stream) has finished. When the block's streams are all default streams (0, the
+ * legacy and the per-thread default stream, which the driver never destroys) the free asks no stream:
+ * a later gm_host_malloc that needs the block, or gm_host_empty_cache, asks each stream of the freed
+ * blocks once (cuStreamQuery) and records an event on the busy ones. A small size class (up to 32 KiB)
+ * may make a few new blocks (at most 64 KiB of them) before asking, so that one question serves
+ * several freed blocks. Any other stream may be destroyed once the free returns: the free asks it
+ * then, and records an event on it if it is busy.
  * The memory comes from the backend: cuMemHostAlloc on "cuda", ordinary memory on "sim" and "host".
  * GPUMEM_CONF's host_limit:BYTES caps the bytes held: beyond it gm_host_malloc first looks at the
  * freed blocks, gives the idle ones back, then fails with GM_ERROR_OUT_OF_MEMORY.
@@ -408,7 +411,9 @@ GM_API gm_status gm_host_free(gm_allocator *allocator, void *pointer);
 /* gm_host_record_stream for each of `count` streams (a stream given twice, or recorded before, counts
  * once), then gm_host_free, in one call under one lock. The errors of those calls: NULL pointer:
  * nothing (GM_OK); not a live block or a second free: GM_ERROR_INVALID_POINTER; no memory to record
- * the streams: GM_ERROR_OUT_OF_MEMORY; on an error the block stays live, its streams unchanged.
+ * the streams: GM_ERROR_OUT_OF_MEMORY; an event for a busy non-default stream that cannot be made
+ * or recorded: the backend's error (the block stays live, never reused while a copy may use it);
+ * on an error the block stays live.
  * streams may be NULL when count is 0 (then it is gm_host_free); NULL with a count is
  * GM_ERROR_INVALID_ARGUMENT. */
 GM_API gm_status gm_host_free_with_streams(gm_allocator *allocator, void *pointer, const gm_stream *streams,

@@ -126,27 +126,27 @@ static void idle_streams_are_not_waited_for(void)
     CHECK_OK(gm_create(configs[0], &allocator));
     void *block = NULL, *other = NULL, *again = NULL;
     CHECK_OK(gm_host_malloc(allocator, large, &block));
-    CHECK_OK(gm_host_record_stream(allocator, block, 5)); /* idle */
-    CHECK_OK(gm_host_record_stream(allocator, block, 6));
-    CHECK_OK(gm_sim_stream_enqueue(allocator, 6, 1)); /* busy */
+    CHECK_OK(gm_host_record_stream(allocator, block, 1)); /* idle */
+    CHECK_OK(gm_host_record_stream(allocator, block, 2));
+    CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1)); /* busy */
     CHECK_OK(gm_host_free(allocator, block));
     gm_host_stats stats;
     CHECK_OK(gm_host_get_stats(allocator, &stats));
     CHECK_EQ_INT(stats.pending_blocks, 1);
     int64_t records = device_calls(allocator, GM_CALL_EVENT_RECORD);
     CHECK_OK(gm_host_malloc(allocator, large, &other));
-    CHECK(other != block); /* stream 6 still runs */
-    CHECK_EQ_INT(device_calls(allocator, GM_CALL_EVENT_RECORD) - records, 1); /* on stream 6 only */
-    CHECK_OK(gm_host_record_stream(allocator, other, 5));
+    CHECK(other != block); /* stream 2 still runs */
+    CHECK_EQ_INT(device_calls(allocator, GM_CALL_EVENT_RECORD) - records, 1); /* on stream 2 only */
+    CHECK_OK(gm_host_record_stream(allocator, other, 1));
     CHECK_OK(gm_host_free(allocator, other)); /* pending, unchecked */
     CHECK_OK(gm_host_get_stats(allocator, &stats));
     CHECK_EQ_INT(stats.pending_blocks, 2);
-    CHECK_OK(gm_host_malloc(allocator, large, &again)); /* the look: stream 5 idle, no event */
+    CHECK_OK(gm_host_malloc(allocator, large, &again)); /* the look: stream 1 idle, no event */
     CHECK(again == other);
     CHECK_EQ_INT(device_calls(allocator, GM_CALL_EVENT_RECORD) - records, 1);
     CHECK_OK(gm_host_get_stats(allocator, &stats));
     CHECK_EQ_INT(stats.pending_blocks, 1);
-    CHECK_OK(gm_sim_stream_complete(allocator, 6));
+    CHECK_OK(gm_sim_stream_complete(allocator, 2));
     CHECK_OK(gm_host_free(allocator, again));
     CHECK_OK(gm_host_empty_cache(allocator));
     CHECK_OK(gm_host_get_stats(allocator, &stats));
@@ -171,8 +171,8 @@ static void a_busy_stream_is_queried_once_a_look(void)
     for (int i = 0; i < 10; i++)
         CHECK_OK(gm_host_malloc(allocator, 4096, &blocks[i]));
     for (int i = 0; i < 10; i++) {
-        CHECK_OK(gm_host_record_stream(allocator, blocks[i], 4));
-        CHECK_OK(gm_sim_stream_enqueue(allocator, 4, 1)); /* a copy from block i */
+        CHECK_OK(gm_host_record_stream(allocator, blocks[i], 2));
+        CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1)); /* a copy from block i */
         CHECK_OK(gm_host_free(allocator, blocks[i]));
     }
     int64_t asked = stream_queries(allocator), queried = device_calls(allocator, GM_CALL_EVENT_QUERY),
@@ -184,7 +184,7 @@ static void a_busy_stream_is_queried_once_a_look(void)
     CHECK_OK(gm_host_malloc(allocator, 4096, &other));
     CHECK_EQ_INT(device_calls(allocator, GM_CALL_EVENT_QUERY) - queried, 1);
     CHECK_EQ_INT(stream_queries(allocator) - asked, 1);
-    CHECK_OK(gm_sim_stream_complete(allocator, 4));
+    CHECK_OK(gm_sim_stream_complete(allocator, 2));
     queried = device_calls(allocator, GM_CALL_EVENT_QUERY);
     CHECK_OK(gm_host_malloc(allocator, 4096, &reused));
     CHECK_EQ_INT(device_calls(allocator, GM_CALL_EVENT_QUERY) - queried, 10);

@@ -51,12 +51,12 @@ static void a_block_freed_on_a_busy_stream_waits_for_it(void)
         CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1)); /* a copy from it */
         CHECK_OK(gm_host_free(allocator, busy));
         for (int i = 0; i < 40; i++)
-            CHECK(use_once(allocator, sizes[s], 3) != busy); /* stream 3 is idle */
+            CHECK(use_once(allocator, sizes[s], 0) != busy); /* the legacy default stream is idle */
         CHECK(host_stats(allocator).pending_blocks >= 1);
         CHECK_OK(gm_sim_stream_complete(allocator, 2));
         bool reused = false;
         for (int i = 0; i < 20 && !reused; i++)
-            reused = use_once(allocator, sizes[s], 3) == busy;
+            reused = use_once(allocator, sizes[s], 0) == busy;
         CHECK(reused);
         gm_destroy(allocator, NULL);
     }
@@ -81,7 +81,7 @@ static void an_idle_loop_asks_once_per_rotation(void)
         CHECK_OK(gm_create(config, &allocator));
         int64_t before = stream_queries(allocator);
         for (int i = 0; i < iterations; i++)
-            use_once(allocator, rotations[r].size, 3);
+            use_once(allocator, rotations[r].size, 0);
         int64_t blocks = rotations[r].blocks, queries = stream_queries(allocator) - before;
         gm_host_stats stats = host_stats(allocator);
         if (queries > (iterations - 1) / blocks || stats.host_allocations != blocks)
@@ -106,7 +106,7 @@ static void a_held_block_leaves_the_rotation_alone(void)
     CHECK_OK(gm_host_malloc(allocator, 4096, &held));
     int64_t before = stream_queries(allocator);
     for (int i = 0; i < 81; i++)
-        use_once(allocator, 4096, 3);
+        use_once(allocator, 4096, 0);
     CHECK(stream_queries(allocator) - before <= 10);
     CHECK_EQ_INT(host_stats(allocator).host_allocations, 1 + 8);
     CHECK_OK(gm_host_free(allocator, held));
@@ -121,7 +121,7 @@ static void host_limit_checks_waiting_blocks_first(void)
     gm_allocator *allocator = NULL;
     CHECK_OK(gm_create("backend:sim,capacity:1GiB,host_limit:16KiB", &allocator));
     for (int i = 0; i < 50; i++)
-        use_once(allocator, 4096, 3);
+        use_once(allocator, 4096, 0);
     gm_host_stats stats = host_stats(allocator);
     CHECK_EQ_INT(stats.reserved_bytes.peak, 16 << 10);
     CHECK_EQ_INT(stats.host_frees, 0);
@@ -161,8 +161,8 @@ static void empty_cache_releases_checked_blocks_and_keeps_busy_ones(void)
     CHECK_OK(gm_host_record_stream(allocator, busy, 2));
     CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1));
     CHECK_OK(gm_host_free(allocator, busy));
-    use_once(allocator, 4096, 3);
-    use_once(allocator, 1u << 20, 3);
+    use_once(allocator, 4096, 0);
+    use_once(allocator, 1u << 20, 0);
     CHECK_EQ_INT(host_stats(allocator).pending_blocks, 3);
     CHECK_OK(gm_host_empty_cache(allocator));
     gm_host_stats stats = host_stats(allocator);
@@ -190,12 +190,12 @@ static void a_failed_event_keeps_the_block_waiting(void)
     CHECK_OK(gm_host_free(allocator, busy));
     CHECK_OK(gm_inject_device_failures(allocator, GM_CALL_EVENT_RECORD, 0, 3));
     for (int i = 0; i < 6; i++)
-        CHECK(use_once(allocator, 1u << 20, 3) != busy);
+        CHECK(use_once(allocator, 1u << 20, 0) != busy);
     CHECK_EQ_INT(host_stats(allocator).pending_blocks, 2); /* it, and the last one freed (unchecked) */
     CHECK_OK(gm_sim_stream_complete(allocator, 2));
     bool reused = false;
     for (int i = 0; i < 4 && !reused; i++)
-        reused = use_once(allocator, 1u << 20, 3) == busy;
+        reused = use_once(allocator, 1u << 20, 0) == busy;
     CHECK(reused);
     gm_destroy(allocator, NULL);
 }
@@ -211,7 +211,7 @@ static void destroy_gives_back_unchecked_blocks(void)
     CHECK_OK(gm_host_record_stream(allocator, block, 2));
     CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1));
     CHECK_OK(gm_host_free(allocator, block));
-    use_once(allocator, 4096, 3);
+    use_once(allocator, 4096, 0);
     CHECK_OK(gm_inject_device_failures(allocator, GM_CALL_EVENT_SYNCHRONIZE, 0, UINT64_MAX));
     gm_destroy(allocator, NULL); /* AddressSanitizer's leak check sees a block left behind */
 }
@@ -229,7 +229,7 @@ static void free_with_streams_records_then_frees(void)
 {
     gm_allocator *allocator = NULL;
     CHECK_OK(gm_create(config, &allocator));
-    gm_stream twice[] = {2, 2}, three_four[] = {3, 4};
+    gm_stream twice[] = {2, 2}, legacy_two[] = {0, 1};
     int local = 0;
     CHECK_STATUS(gm_host_free_with_streams(NULL, &local, twice, 2), GM_ERROR_INVALID_ARGUMENT);
     CHECK_MESSAGE("gm_host_free_with_streams: allocator is NULL");
@@ -258,8 +258,8 @@ static void free_with_streams_records_then_frees(void)
     CHECK_EQ_INT(host_stats(allocator).pending_blocks, 1);
     CHECK_OK(gm_host_malloc(allocator, 1u << 20, &again));
     CHECK(again == other);
-    CHECK_OK(gm_host_record_stream(allocator, again, 3));
-    CHECK_OK(gm_host_free_with_streams(allocator, again, three_four, 2)); /* streams 3 and 4 */
+    CHECK_OK(gm_host_record_stream(allocator, again, 0));
+    CHECK_OK(gm_host_free_with_streams(allocator, again, legacy_two, 2)); /* streams 0 and 1 */
     asked = stream_queries(allocator);
     CHECK_OK(gm_host_empty_cache(allocator));
     CHECK_EQ_INT(stream_queries(allocator) - asked, 2);
@@ -271,6 +271,49 @@ static void free_with_streams_records_then_frees(void)
     gm_destroy(allocator, NULL);
 }
 
+/* A stream its owner may destroy once the free returns (any but the default streams 0, 1 and 2) is
+ * asked at the free and never after: idle, the block is reusable at once; busy, an event is recorded on
+ * it at the free, and the looks ask the event, not the stream. If the event cannot be recorded the free
+ * fails and the block stays live, until a free that can. */
+static void a_stream_its_owner_may_destroy_is_asked_at_the_free(void)
+{
+    gm_allocator *allocator = NULL;
+    CHECK_OK(gm_create(config, &allocator));
+    void *block = NULL, *again = NULL, *other = NULL;
+    CHECK_OK(gm_host_malloc(allocator, 4096, &block));
+    int64_t asked = stream_queries(allocator);
+    gm_stream own = 7;
+    CHECK_OK(gm_host_free_with_streams(allocator, block, &own, 1)); /* stream 7 idle */
+    CHECK_EQ_INT(stream_queries(allocator) - asked, 1);
+    CHECK_EQ_INT(host_stats(allocator).pending_blocks, 0);
+    CHECK_OK(gm_host_malloc(allocator, 4096, &again));
+    CHECK(again == block);
+    CHECK_EQ_INT(stream_queries(allocator) - asked, 1);
+
+    CHECK_OK(gm_sim_stream_enqueue(allocator, 7, 1)); /* a copy from it */
+    int64_t recorded = event_records(allocator);
+    CHECK_OK(gm_inject_device_failures(allocator, GM_CALL_EVENT_RECORD, 0, 1));
+    CHECK(gm_host_free_with_streams(allocator, again, &own, 1) != GM_OK);
+    CHECK_EQ_INT(host_stats(allocator).allocations.current, 1); /* still live */
+    CHECK_OK(gm_host_free_with_streams(allocator, again, &own, 1));
+    CHECK_EQ_INT(event_records(allocator) - recorded, 1);
+    CHECK_EQ_INT(host_stats(allocator).pending_blocks, 1);
+    asked = stream_queries(allocator);
+    for (int i = 0; i < 20; i++) { /* the stream is never asked again: it may be gone */
+        CHECK_OK(gm_host_malloc(allocator, 4096, &other));
+        CHECK(other != block);
+        CHECK_OK(gm_host_free(allocator, other));
+    }
+    CHECK_OK(gm_host_empty_cache(allocator));
+    CHECK_EQ_INT(stream_queries(allocator) - asked, 0);
+    CHECK_OK(gm_sim_stream_complete(allocator, 7));
+    CHECK_OK(gm_host_malloc(allocator, 4096, &other));
+    CHECK(other == block);
+    CHECK_EQ_INT(stream_queries(allocator) - asked, 0);
+    CHECK_OK(gm_host_free(allocator, other));
+    gm_destroy(allocator, NULL);
+}
+
 /* A stream being captured into a CUDA graph is not asked (the query would break the capture) and gets no
  * event (it would be a node of the graph): its blocks stay unchecked until a look after the capture. */
 static void a_capturing_stream_is_left_alone(void)
@@ -279,19 +322,19 @@ static void a_capturing_stream_is_left_alone(void)
     CHECK_OK(gm_create(config, &allocator));
     void *block = NULL, *held[3] = {NULL}, *again = NULL;
     CHECK_OK(gm_host_malloc(allocator, 1u << 20, &block));
-    CHECK_OK(gm_host_record_stream(allocator, block, 7));
-    CHECK_OK(gm_sim_stream_enqueue(allocator, 7, 1));
+    CHECK_OK(gm_host_record_stream(allocator, block, 2));
+    CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1));
     CHECK_OK(gm_host_free(allocator, block));
-    CHECK_OK(gm_sim_stream_set_capturing(allocator, 7, 1));
+    CHECK_OK(gm_sim_stream_set_capturing(allocator, 2, 1));
     int64_t asked = stream_queries(allocator), recorded = event_records(allocator);
     for (int i = 0; i < 3; i++) {
-        CHECK_OK(gm_host_malloc(allocator, 1u << 20, &held[i])); /* each looks: stream 7 is not asked */
+        CHECK_OK(gm_host_malloc(allocator, 1u << 20, &held[i])); /* each looks: stream 2 is not asked */
         CHECK(held[i] != block);
     }
     CHECK_EQ_INT(stream_queries(allocator) - asked, 0);
     CHECK_EQ_INT(event_records(allocator) - recorded, 0);
-    CHECK_OK(gm_sim_stream_set_capturing(allocator, 7, 0));
-    CHECK_OK(gm_sim_stream_complete(allocator, 7));
+    CHECK_OK(gm_sim_stream_set_capturing(allocator, 2, 0));
+    CHECK_OK(gm_sim_stream_complete(allocator, 2));
     CHECK_OK(gm_host_malloc(allocator, 1u << 20, &again));
     CHECK(again == block);
     for (int i = 0; i < 3; i++)
@@ -304,4 +347,5 @@ RUN_TESTS(TEST_CASE(a_block_freed_on_a_busy_stream_waits_for_it), TEST_CASE(an_i
           TEST_CASE(a_held_block_leaves_the_rotation_alone), TEST_CASE(host_limit_checks_waiting_blocks_first),
           TEST_CASE(empty_cache_releases_checked_blocks_and_keeps_busy_ones),
           TEST_CASE(a_failed_event_keeps_the_block_waiting), TEST_CASE(destroy_gives_back_unchecked_blocks),
-          TEST_CASE(free_with_streams_records_then_frees), TEST_CASE(a_capturing_stream_is_left_alone))
+          TEST_CASE(free_with_streams_records_then_frees),
+          TEST_CASE(a_stream_its_owner_may_destroy_is_asked_at_the_free), TEST_CASE(a_capturing_stream_is_left_alone))

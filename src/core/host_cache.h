@@ -63,11 +63,14 @@ static inline void gm_host_push_free(gm_host_cache *cache, gm_host_block *block)
     cache->free_lists[size_class] = block;
 }
 
-/* host_pending.c, lock held. A freed block with recorded streams joins the pending list unchecked.
+/* host_pending.c, lock held. A freed block with recorded streams joins the pending list, unchecked, or
+ * waiting for its events if it has any (recorded by gm_host_pending_check_at_free, which asks the block's
+ * streams now, keeps the busy ones and records an event on each; on failure none stays recorded).
  * A look moves to the free lists the pending blocks found reusable (with `wait`, after waiting for
  * their streams). At gm_destroy, after a waiting look, the blocks it could not wait for are taken out
  * one by one, oldest first, their events destroyed (NULL once none is left). */
 void gm_host_pending_add(gm_host_cache *cache, gm_host_block *block);
+gm_status gm_host_pending_check_at_free(gm_allocator *allocator, gm_host_block *block);
 void gm_host_look_at_pending(gm_allocator *allocator, bool wait);
 gm_host_block *gm_host_pending_abandon(gm_allocator *allocator);
 

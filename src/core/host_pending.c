@@ -4,10 +4,17 @@
  *
  * Why a block waits unchecked
  *   Asking a stream whether it is busy is a driver call (cuStreamQuery), as dear as the rest of a small
- *   alloc/free together. A free therefore asks nothing: a block freed with recorded streams joins the
- *   pending list unchecked, and the question is put later, by a look, once for many blocks: a look asks
- *   each distinct stream once, whatever the number of blocks freed on it, and host_cache.c's rotation
- *   lets a small class's loop free several blocks between looks.
+ *   alloc/free together. A free whose streams are all default streams therefore asks nothing: the block
+ *   joins the pending list unchecked, and the question is put later, by a look, once for many blocks: a
+ *   look asks each distinct stream once, whatever the number of blocks freed on it, and host_cache.c's
+ *   rotation lets a small class's loop free several blocks between looks.
+ *   Only default streams may be asked after the free returns: the driver never destroys them (the
+ *   legacy default stream, 0 or CU_STREAM_LEGACY, and CU_STREAM_PER_THREAD). Any other stream may be
+ *   destroyed by its owner as soon as the free returns (a CuPy stream whose last reference goes, an
+ *   external stream), and asking a destroyed stream is undefined (a crash in the driver). A block with
+ *   such a stream is checked at its free (gm_host_pending_check_at_free): its idle streams are done
+ *   with, an event is recorded on each busy one, and it joins the pending list waiting for them (or its
+ *   free list, if none was busy); events outlive their streams.
  *
  * A look (gm_host_look_at_pending) goes through the pending list oldest first:
  *   unchecked block   each of its streams is asked whether it still runs work, each stream once per look
@@ -62,7 +69,10 @@ void gm_host_pending_add(gm_host_cache *cache, gm_host_block *block)
     else
         cache->pending = block;
     cache->pending_tail = block;
-    cache->unchecked[gm_host_size_class_of(block->size)]++;
+    if (block->event_count)
+        cache->waiting[gm_host_size_class_of(block->size)]++;
+    else
+        cache->unchecked[gm_host_size_class_of(block->size)]++;
     cache->stats.pending_blocks++;
 }
 
@@ -104,6 +114,17 @@ static gm_status record_events(gm_allocator *allocator, gm_host_block *block)
     }
     block->event_count = block->stream_count;
     return GM_OK;
+}
+
+gm_status gm_host_pending_check_at_free(gm_allocator *allocator, gm_host_block *block)
+{
+    gm_backend *backend = allocator->arena.backend;
+    size_t busy = 0;
+    for (size_t i = 0; i < block->stream_count; i++)
+        if (gm_backend_stream_is_busy(backend, block->streams[i]))
+            block->streams[busy++] = block->streams[i];
+    block->stream_count = busy; /* the idle ones were seen idle after the free's work was queued */
+    return busy ? record_events(allocator, block) : GM_OK;
 }
 
 /* Ask an unchecked block's streams: keep the busy ones, with an event recorded on each unless one is
