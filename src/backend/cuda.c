@@ -68,6 +68,7 @@ enum {
     CU_SUCCESS = 0,
     CU_ERROR_OUT_OF_MEMORY = 2,
     CU_ERROR_NOT_READY = 600,
+    CU_ERROR_STREAM_CAPTURE_IMPLICIT = 906,
     CU_LOCATION_DEVICE = 1,
     CU_ALLOCATION_PINNED = 1,
     CU_ACCESS_READ_WRITE = 3,
@@ -661,16 +662,23 @@ static gm_status cuda_event_synchronize(gm_backend *backend, uint64_t event)
     DRIVER_CALL(backend, "cuEventSynchronize", driver.event_synchronize((cu_event)(uintptr_t)event));
 }
 
+/* Whether work on the stream would be captured, or would break a capture: the stream itself is being
+ * captured, or it is the legacy default stream while a blocking stream is being captured (the driver
+ * answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: the legacy stream is unusable until that capture ends,
+ * and querying it or waiting for it would invalidate the capture). */
 static bool cuda_stream_is_capturing(gm_backend *backend, gm_stream stream)
 {
     int status = CU_STREAM_CAPTURE_STATUS_NONE;
+    bool implicit = false;
     if (!driver.stream_is_capturing)
         return false;
     IN_CONTEXT(backend, {
-        if (driver.stream_is_capturing((cu_stream)stream, &status) != CU_SUCCESS)
+        cu_result result = driver.stream_is_capturing((cu_stream)stream, &status);
+        implicit = result == CU_ERROR_STREAM_CAPTURE_IMPLICIT;
+        if (result != CU_SUCCESS)
             status = CU_STREAM_CAPTURE_STATUS_NONE;
     });
-    return status != CU_STREAM_CAPTURE_STATUS_NONE;
+    return implicit || status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
 /* cuStreamQuery: CUDA_SUCCESS when all work queued on the stream is done, CUDA_ERROR_NOT_READY while

@@ -12,6 +12,10 @@
  *   out of memory     allocating until the device is full gives an error code and a report; after
  *                     frees, allocation works again
  *   empty_cache       the device's own free-memory reading shows the memory given back
+ *   pinned memory     a pinned block freed on a stream that is then destroyed waits for that stream's
+ *                     work and never has the stream asked again; a look at freed pinned blocks during a
+ *                     graph capture of a blocking stream leaves the legacy stream alone (the capture
+ *                     stays valid)
  *   replay            the bundled traces on the GPU reach the same peaks as on the sim backend
  *
  * The driver is loaded at run time like the library does, so this builds without CUDA; without a
@@ -51,6 +55,9 @@ static struct {
     cu_result (*event_create)(cu_handle *, unsigned);
     cu_result (*event_record)(cu_handle, cu_handle);
     cu_result (*event_query)(cu_handle);
+    cu_result (*begin_capture)(cu_handle, int);
+    cu_result (*end_capture)(cu_handle, cu_handle *);
+    cu_result (*graph_destroy)(cu_handle);
 } cu;
 
 static cu_handle slow_fill_kernel, fill_kernel, check_kernel;
@@ -83,6 +90,9 @@ static int load_driver_for_tests(void)
         {"cuEventCreate", (void **)&cu.event_create},
         {"cuEventRecord", (void **)&cu.event_record},
         {"cuEventQuery", (void **)&cu.event_query},
+        {"cuStreamBeginCapture_v2", (void **)&cu.begin_capture},
+        {"cuStreamEndCapture", (void **)&cu.end_capture},
+        {"cuGraphDestroy", (void **)&cu.graph_destroy},
     };
     for (size_t i = 0; i < sizeof symbols / sizeof symbols[0]; i++)
         if (!(*symbols[i].slot = gm_cuda_driver_symbol(symbols[i].name)))
@@ -478,6 +488,89 @@ static void trace_streams_become_real_streams(void)
     gm_trace_free(&trace);
 }
 
+/* ---------------------------------------------------------------- pinned host memory */
+
+/* A kernel on `stream` that writes a device buffer for well over 100 ms; `done` is recorded after it. */
+static void start_slow_writer(unsigned long long device, size_t size, cu_handle stream, cu_handle done)
+{
+    unsigned long long words = size / 4, spin = 20000;
+    unsigned pattern = 0x5A5A5A5Au;
+    void *arguments[] = {&device, &words, &pattern, &spin};
+    CU_CHECK(cu.launch(slow_fill_kernel, 1, 1, 1, 256, 1, 1, 0, stream, arguments, NULL));
+    CU_CHECK(cu.event_record(done, stream));
+}
+
+/* CuPy destroys a stream as soon as its last reference goes, which may be right after a pinned block
+ * used on it is freed: the block must still wait for the stream's work, and no later look may ask the
+ * destroyed stream (undefined in the driver). */
+static void a_pinned_block_outlives_its_destroyed_stream(void)
+{
+    enum { held_count = 32 };
+    gm_allocator *allocator = make("backend:cuda");
+    cu_handle side = NULL, done = NULL;
+    CU_CHECK(cu.stream_create(&side, 1));
+    CU_CHECK(cu.event_create(&done, 2));
+    size_t size = 16u << 20;
+    unsigned long long device = 0;
+    CU_CHECK(cu.memory_allocate(&device, size));
+    void *block = NULL, *held[held_count] = {NULL}, *again = NULL;
+    CHECK_OK(gm_host_malloc(allocator, 4096, &block));
+    start_slow_writer(device, size, side, done);
+    gm_stream stream = (gm_stream)side;
+    CHECK_OK(gm_host_free_with_streams(allocator, block, &stream, 1));
+    CU_CHECK(cu.stream_destroy(side)); /* its kernel goes on; the handle is gone */
+    bool reused_early = false;
+    for (int i = 0; i < held_count; i++) { /* each allocation may look at the freed block */
+        CHECK_OK(gm_host_malloc(allocator, 4096, &held[i]));
+        reused_early = reused_early || (held[i] == block && cu.event_query(done) != 0);
+    }
+    CHECK_OK(gm_host_empty_cache(allocator)); /* a look too */
+    CHECK(!reused_early);
+    CU_CHECK(cu.context_synchronize());
+    for (int i = 0; i < held_count; i++)
+        CHECK_OK(gm_host_free(allocator, held[i]));
+    bool reused = false;
+    for (int i = 0; i < held_count + 1 && !reused; i++) {
+        CHECK_OK(gm_host_malloc(allocator, 4096, &again));
+        reused = again == block;
+    }
+    CHECK(reused);
+    CHECK_OK(gm_host_free(allocator, again));
+    CU_CHECK(cu.memory_free(device));
+    gm_destroy(allocator, NULL);
+}
+
+/* While a blocking stream is captured into a graph, the legacy stream cannot be used: a look at pinned
+ * blocks freed on it must leave it alone, or the capture is invalidated. The block is reused after. */
+static void a_graph_capture_survives_a_look_at_pinned_blocks(void)
+{
+    gm_allocator *allocator = make("backend:cuda");
+    cu_handle capturing = NULL, graph = NULL;
+    CU_CHECK(cu.stream_create(&capturing, 0)); /* blocking: the legacy stream waits for it */
+    size_t size = 1u << 20;
+    unsigned long long device = 0;
+    CU_CHECK(cu.memory_allocate(&device, size));
+    void *block = NULL, *other = NULL, *again = NULL;
+    CHECK_OK(gm_host_malloc(allocator, size, &block));
+    gm_stream legacy = 0;
+    CHECK_OK(gm_host_free_with_streams(allocator, block, &legacy, 1)); /* asked at a later look */
+    CU_CHECK(cu.begin_capture(capturing, 0)); /* CU_STREAM_CAPTURE_MODE_GLOBAL */
+    fill((void *)(uintptr_t)device, size, 0x22222222u, capturing);
+    CHECK_OK(gm_host_malloc(allocator, size, &other)); /* a look, during the capture */
+    CHECK(other != block); /* the legacy stream was not asked, so the block is not known idle */
+    cu_result ended = cu.end_capture(capturing, &graph);
+    CHECK(ended == 0); /* 901 (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) if the legacy stream was asked */
+    if (graph)
+        cu.graph_destroy(graph);
+    CHECK_OK(gm_host_malloc(allocator, size, &again)); /* a look after the capture */
+    CHECK(again == block);
+    CHECK_OK(gm_host_free(allocator, other));
+    CHECK_OK(gm_host_free(allocator, again));
+    CU_CHECK(cu.memory_free(device));
+    cu.stream_destroy(capturing);
+    gm_destroy(allocator, NULL);
+}
+
 int main(void)
 {
     gm_allocator *allocator = NULL;
@@ -500,6 +593,8 @@ int main(void)
         TEST_CASE(memory_used_outside_is_seen_and_named),
         TEST_CASE(traces_reach_the_sim_peaks),
         TEST_CASE(trace_streams_become_real_streams),
+        TEST_CASE(a_pinned_block_outlives_its_destroyed_stream),
+        TEST_CASE(a_graph_capture_survives_a_look_at_pinned_blocks),
     };
     return run_tests(cases, sizeof cases / sizeof cases[0]);
 }
