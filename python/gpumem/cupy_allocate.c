@@ -587,7 +587,7 @@ static PyMethodDef module_methods[] = {
      "MemoryPointer, make_current[, CuPy's capsules of get_device_id, get_current_stream_ptr, _has_memory_hooks, "
      "CuPy's BaseMemory]) -> CuPy's allocator function"},
     {"make_pinned_allocate", gmcupy_make_pinned_allocate, METH_VARARGS,
-     "make_pinned_allocate(gm_host_malloc, gm_host_free and gm_host_record_stream addresses, get_device, "
+     "make_pinned_allocate(gm_host_malloc and gm_host_free_with_streams addresses, get_device, "
      "get_stream, stream_of_device, stream_of_device_slow, devices, slow_allocate, malloc_failed, free_failed, "
      "PinnedMemoryPointer, make_current[, CuPy's capsules of get_device_id, get_current_stream_ptr]) -> CuPy's pinned memory allocator function"},
     {"made_by_constructors", made_by_constructors, METH_O,

@@ -87,14 +87,6 @@ static size_t stream_at_free(PinnedAllocate *allocate, PyObject *device, int dev
     return *known ? value : 0;
 }
 
-/* Record the block's streams and free it, in one call; a block whose streams could not be recorded is
- * not freed (as the Python path: never reused while a copy may use it). */
-static void record_and_free(PinnedAllocate *allocate, void *handle, void *pointer, const size_t *streams,
-                            int count, int *status_out)
-{
-    *status_out = allocate->host_free_with_streams(handle, pointer, streams, (size_t)count);
-}
-
 static void pinned_block_free(PinnedBlock *self)
 {
     PinnedAllocate *allocate = self->allocate;
@@ -107,7 +99,9 @@ static void pinned_block_free(PinnedBlock *self)
         streams[count++] = current;
     void *handle = *self->handle_cell;
     int status = 0;
-    GPUMEM_CALL(record_and_free(allocate, handle, self->pointer, streams, count, &status));
+    /* the streams recorded and the block freed in one call; a block whose streams could not be recorded is
+     * not freed (as the Python path: never reused while a copy may use it) */
+    GPUMEM_CALL(status = allocate->host_free_with_streams(handle, self->pointer, streams, (size_t)count));
     if (status == 0)
         return;
     gmcupy_report_failed_free(allocate->free_failed, status);
