@@ -393,13 +393,15 @@ GM_API gm_status gm_validate(gm_allocator *allocator);
 /* A cache of page-locked host memory for copies between host and device (PyTorch's
  * CachingHostAllocator): sizes are rounded up to a power of two (at least 512 bytes); a freed block
  * is reused only once the work queued before its free on every stream recorded for it
- * (gm_host_record_stream) has finished. When the block's streams are all default streams (0, the
- * legacy and the per-thread default stream, which the driver never destroys) the free asks no stream:
- * a later gm_host_malloc that needs the block, or gm_host_empty_cache, asks each stream of the freed
- * blocks once (cuStreamQuery) and records an event on the busy ones. A small size class (up to 32 KiB)
- * may make a few new blocks (at most 64 KiB of them) before asking, so that one question serves
- * several freed blocks. Any other stream may be destroyed once the free returns: the free asks it
- * then, and records an event on it if it is busy.
+ * (gm_host_record_stream) has finished. When the block's streams are all the legacy default stream
+ * (0 or CU_STREAM_LEGACY, which the driver never destroys and no graph captures) the free asks no
+ * stream: a later gm_host_malloc that needs the block, or gm_host_empty_cache, asks each stream of the
+ * freed blocks once (cuStreamQuery) and records an event on the busy ones. A small size class (up to
+ * 32 KiB) may make a few new blocks (at most 64 KiB of them) before asking, so that one question serves
+ * several freed blocks. Any other stream (the per-thread default stream too) may be destroyed once the
+ * free returns, or be being captured into a CUDA graph: the free asks it then, and records an event on
+ * it if it is busy; a block freed while one of its streams is being captured may be copied by every
+ * replay of the graph, and is never reused (gm_destroy gives it back).
  * The memory comes from the backend: cuMemHostAlloc on "cuda", ordinary memory on "sim" and "host".
  * GPUMEM_CONF's host_limit:BYTES caps the bytes held: beyond it gm_host_malloc first looks at the
  * freed blocks, gives the idle ones back, then fails with GM_ERROR_OUT_OF_MEMORY.

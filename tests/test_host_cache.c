@@ -96,13 +96,13 @@ static void work_after_the_look_does_not_delay_reuse(void)
     CHECK_OK(gm_create(configs[0], &allocator));
     void *block = NULL, *other = NULL, *first = NULL, *again = NULL;
     CHECK_OK(gm_host_malloc(allocator, large, &block));
-    CHECK_OK(gm_host_record_stream(allocator, block, 2));
-    CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1));
+    CHECK_OK(gm_host_record_stream(allocator, block, 1));
+    CHECK_OK(gm_sim_stream_enqueue(allocator, 1, 1));
     CHECK_OK(gm_host_free(allocator, block));
-    CHECK_OK(gm_host_malloc(allocator, large, &other)); /* the look: stream 2 busy, an event recorded */
+    CHECK_OK(gm_host_malloc(allocator, large, &other)); /* the look: stream 1 busy, an event recorded */
     CHECK_OK(gm_host_free(allocator, other));
-    CHECK_OK(gm_sim_stream_complete(allocator, 2));
-    CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1)); /* queued after the event: not waited for */
+    CHECK_OK(gm_sim_stream_complete(allocator, 1));
+    CHECK_OK(gm_sim_stream_enqueue(allocator, 1, 1)); /* queued after the event: not waited for */
     CHECK_OK(gm_host_malloc(allocator, large, &first));
     CHECK_OK(gm_host_malloc(allocator, large, &again));
     CHECK(first == other && again == block);
@@ -127,16 +127,16 @@ static void idle_streams_are_not_waited_for(void)
     void *block = NULL, *other = NULL, *again = NULL;
     CHECK_OK(gm_host_malloc(allocator, large, &block));
     CHECK_OK(gm_host_record_stream(allocator, block, 1)); /* idle */
-    CHECK_OK(gm_host_record_stream(allocator, block, 2));
-    CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1)); /* busy */
+    CHECK_OK(gm_host_record_stream(allocator, block, 0));
+    CHECK_OK(gm_sim_stream_enqueue(allocator, 0, 1)); /* busy */
     CHECK_OK(gm_host_free(allocator, block));
     gm_host_stats stats;
     CHECK_OK(gm_host_get_stats(allocator, &stats));
     CHECK_EQ_INT(stats.pending_blocks, 1);
     int64_t records = device_calls(allocator, GM_CALL_EVENT_RECORD);
     CHECK_OK(gm_host_malloc(allocator, large, &other));
-    CHECK(other != block); /* stream 2 still runs */
-    CHECK_EQ_INT(device_calls(allocator, GM_CALL_EVENT_RECORD) - records, 1); /* on stream 2 only */
+    CHECK(other != block); /* stream 0 still runs */
+    CHECK_EQ_INT(device_calls(allocator, GM_CALL_EVENT_RECORD) - records, 1); /* on stream 0 only */
     CHECK_OK(gm_host_record_stream(allocator, other, 1));
     CHECK_OK(gm_host_free(allocator, other)); /* pending, unchecked */
     CHECK_OK(gm_host_get_stats(allocator, &stats));
@@ -146,7 +146,7 @@ static void idle_streams_are_not_waited_for(void)
     CHECK_EQ_INT(device_calls(allocator, GM_CALL_EVENT_RECORD) - records, 1);
     CHECK_OK(gm_host_get_stats(allocator, &stats));
     CHECK_EQ_INT(stats.pending_blocks, 1);
-    CHECK_OK(gm_sim_stream_complete(allocator, 2));
+    CHECK_OK(gm_sim_stream_complete(allocator, 0));
     CHECK_OK(gm_host_free(allocator, again));
     CHECK_OK(gm_host_empty_cache(allocator));
     CHECK_OK(gm_host_get_stats(allocator, &stats));
@@ -171,8 +171,8 @@ static void a_busy_stream_is_queried_once_a_look(void)
     for (int i = 0; i < 10; i++)
         CHECK_OK(gm_host_malloc(allocator, 4096, &blocks[i]));
     for (int i = 0; i < 10; i++) {
-        CHECK_OK(gm_host_record_stream(allocator, blocks[i], 2));
-        CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1)); /* a copy from block i */
+        CHECK_OK(gm_host_record_stream(allocator, blocks[i], 0));
+        CHECK_OK(gm_sim_stream_enqueue(allocator, 0, 1)); /* a copy from block i */
         CHECK_OK(gm_host_free(allocator, blocks[i]));
     }
     int64_t asked = stream_queries(allocator), queried = device_calls(allocator, GM_CALL_EVENT_QUERY),
@@ -184,7 +184,7 @@ static void a_busy_stream_is_queried_once_a_look(void)
     CHECK_OK(gm_host_malloc(allocator, 4096, &other));
     CHECK_EQ_INT(device_calls(allocator, GM_CALL_EVENT_QUERY) - queried, 1);
     CHECK_EQ_INT(stream_queries(allocator) - asked, 1);
-    CHECK_OK(gm_sim_stream_complete(allocator, 2));
+    CHECK_OK(gm_sim_stream_complete(allocator, 0));
     queried = device_calls(allocator, GM_CALL_EVENT_QUERY);
     CHECK_OK(gm_host_malloc(allocator, 4096, &reused));
     CHECK_EQ_INT(device_calls(allocator, GM_CALL_EVENT_QUERY) - queried, 10);

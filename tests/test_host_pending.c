@@ -4,7 +4,7 @@
  * idle after its free (or an event recorded after it is done); an alloc/free loop on an idle stream asks
  * the stream once per rotation of a small class, not once per free, and holds at most the rotation's
  * blocks; large classes hold one; host_limit and gm_host_empty_cache with waiting blocks; failing events;
- * a stream being captured; gm_host_free_with_streams.
+ * a stream being captured, and a block freed during its stream's capture; gm_host_free_with_streams.
  */
 #include "test.h"
 
@@ -158,8 +158,8 @@ static void empty_cache_releases_checked_blocks_and_keeps_busy_ones(void)
     CHECK_OK(gm_create(config, &allocator));
     void *busy = NULL;
     CHECK_OK(gm_host_malloc(allocator, 4096, &busy));
-    CHECK_OK(gm_host_record_stream(allocator, busy, 2));
-    CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1));
+    CHECK_OK(gm_host_record_stream(allocator, busy, 1));
+    CHECK_OK(gm_sim_stream_enqueue(allocator, 1, 1));
     CHECK_OK(gm_host_free(allocator, busy));
     use_once(allocator, 4096, 0);
     use_once(allocator, 1u << 20, 0);
@@ -169,7 +169,7 @@ static void empty_cache_releases_checked_blocks_and_keeps_busy_ones(void)
     CHECK_EQ_INT(stats.reserved_bytes.current, 4096);
     CHECK_EQ_INT(stats.pending_blocks, 1);
     CHECK_EQ_INT(stats.host_frees, 2);
-    CHECK_OK(gm_sim_stream_complete(allocator, 2));
+    CHECK_OK(gm_sim_stream_complete(allocator, 1));
     CHECK_OK(gm_host_empty_cache(allocator));
     stats = host_stats(allocator);
     CHECK_EQ_INT(stats.reserved_bytes.current, 0);
@@ -185,14 +185,14 @@ static void a_failed_event_keeps_the_block_waiting(void)
     CHECK_OK(gm_create(config, &allocator));
     void *busy = NULL;
     CHECK_OK(gm_host_malloc(allocator, 1u << 20, &busy));
-    CHECK_OK(gm_host_record_stream(allocator, busy, 2));
-    CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1));
+    CHECK_OK(gm_host_record_stream(allocator, busy, 1));
+    CHECK_OK(gm_sim_stream_enqueue(allocator, 1, 1));
     CHECK_OK(gm_host_free(allocator, busy));
     CHECK_OK(gm_inject_device_failures(allocator, GM_CALL_EVENT_RECORD, 0, 3));
     for (int i = 0; i < 6; i++)
         CHECK(use_once(allocator, 1u << 20, 0) != busy);
     CHECK_EQ_INT(host_stats(allocator).pending_blocks, 2); /* it, and the last one freed (unchecked) */
-    CHECK_OK(gm_sim_stream_complete(allocator, 2));
+    CHECK_OK(gm_sim_stream_complete(allocator, 1));
     bool reused = false;
     for (int i = 0; i < 4 && !reused; i++)
         reused = use_once(allocator, 1u << 20, 0) == busy;
@@ -208,8 +208,8 @@ static void destroy_gives_back_unchecked_blocks(void)
     CHECK_OK(gm_create(config, &allocator));
     void *block = NULL;
     CHECK_OK(gm_host_malloc(allocator, 4096, &block));
-    CHECK_OK(gm_host_record_stream(allocator, block, 2));
-    CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1));
+    CHECK_OK(gm_host_record_stream(allocator, block, 1));
+    CHECK_OK(gm_sim_stream_enqueue(allocator, 1, 1));
     CHECK_OK(gm_host_free(allocator, block));
     use_once(allocator, 4096, 0);
     CHECK_OK(gm_inject_device_failures(allocator, GM_CALL_EVENT_SYNCHRONIZE, 0, UINT64_MAX));
@@ -229,7 +229,7 @@ static void free_with_streams_records_then_frees(void)
 {
     gm_allocator *allocator = NULL;
     CHECK_OK(gm_create(config, &allocator));
-    gm_stream twice[] = {2, 2}, legacy_two[] = {0, 1};
+    gm_stream twice[] = {1, 1}, legacy_two[] = {0, 1};
     int local = 0;
     CHECK_STATUS(gm_host_free_with_streams(NULL, &local, twice, 2), GM_ERROR_INVALID_ARGUMENT);
     CHECK_MESSAGE("gm_host_free_with_streams: allocator is NULL");
@@ -243,13 +243,13 @@ static void free_with_streams_records_then_frees(void)
     CHECK_MESSAGE("streams is NULL");
     CHECK_EQ_INT(host_stats(allocator).allocations.current, 1); /* still live */
 
-    CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1));
+    CHECK_OK(gm_sim_stream_enqueue(allocator, 1, 1));
     CHECK_OK(gm_host_free_with_streams(allocator, block, twice, 2));
     CHECK_EQ_INT(host_stats(allocator).pending_blocks, 1);
     CHECK_STATUS(gm_host_free_with_streams(allocator, block, twice, 2), GM_ERROR_INVALID_POINTER);
     CHECK_MESSAGE("already freed");
     int64_t asked = stream_queries(allocator), recorded = event_records(allocator);
-    CHECK_OK(gm_host_malloc(allocator, 1u << 20, &other)); /* the look: stream 2 asked once, one event */
+    CHECK_OK(gm_host_malloc(allocator, 1u << 20, &other)); /* the look: stream 1 asked once, one event */
     CHECK(other != block);
     CHECK_EQ_INT(stream_queries(allocator) - asked, 1);
     CHECK_EQ_INT(event_records(allocator) - recorded, 1);
@@ -264,14 +264,14 @@ static void free_with_streams_records_then_frees(void)
     CHECK_OK(gm_host_empty_cache(allocator));
     CHECK_EQ_INT(stream_queries(allocator) - asked, 2);
     gm_host_stats stats = host_stats(allocator);
-    CHECK_EQ_INT(stats.reserved_bytes.current, 1 << 20); /* `block` waits for stream 2 */
+    CHECK_EQ_INT(stats.reserved_bytes.current, 2 << 20); /* `block` and `again` wait for stream 1 */
     CHECK_EQ_INT(stats.allocations.allocated, 3);
     CHECK_EQ_INT(stats.allocations.current, 0);
     CHECK_EQ_INT(stats.requested_bytes, 0);
     gm_destroy(allocator, NULL);
 }
 
-/* A stream its owner may destroy once the free returns (any but the default streams 0, 1 and 2) is
+/* A stream its owner may destroy once the free returns (any but the legacy default stream, 0 and 1) is
  * asked at the free and never after: idle, the block is reusable at once; busy, an event is recorded on
  * it at the free, and the looks ask the event, not the stream. If the event cannot be recorded the free
  * fails and the block stays live, until a free that can. */
@@ -314,27 +314,28 @@ static void a_stream_its_owner_may_destroy_is_asked_at_the_free(void)
     gm_destroy(allocator, NULL);
 }
 
-/* A stream being captured into a CUDA graph is not asked (the query would break the capture) and gets no
- * event (it would be a node of the graph): its blocks stay unchecked until a look after the capture. */
+/* The legacy stream while it reads as capturing (another stream's capture makes it unusable) is not
+ * asked (the query would break the capture) and gets no event (it would be a node of the graph): its
+ * blocks, freed before, stay unchecked until a look after the capture. */
 static void a_capturing_stream_is_left_alone(void)
 {
     gm_allocator *allocator = NULL;
     CHECK_OK(gm_create(config, &allocator));
     void *block = NULL, *held[3] = {NULL}, *again = NULL;
     CHECK_OK(gm_host_malloc(allocator, 1u << 20, &block));
-    CHECK_OK(gm_host_record_stream(allocator, block, 2));
-    CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 1));
+    CHECK_OK(gm_host_record_stream(allocator, block, 0));
+    CHECK_OK(gm_sim_stream_enqueue(allocator, 0, 1));
     CHECK_OK(gm_host_free(allocator, block));
-    CHECK_OK(gm_sim_stream_set_capturing(allocator, 2, 1));
+    CHECK_OK(gm_sim_stream_set_capturing(allocator, 0, 1));
     int64_t asked = stream_queries(allocator), recorded = event_records(allocator);
     for (int i = 0; i < 3; i++) {
-        CHECK_OK(gm_host_malloc(allocator, 1u << 20, &held[i])); /* each looks: stream 2 is not asked */
+        CHECK_OK(gm_host_malloc(allocator, 1u << 20, &held[i])); /* each looks: stream 0 is not asked */
         CHECK(held[i] != block);
     }
     CHECK_EQ_INT(stream_queries(allocator) - asked, 0);
     CHECK_EQ_INT(event_records(allocator) - recorded, 0);
-    CHECK_OK(gm_sim_stream_set_capturing(allocator, 2, 0));
-    CHECK_OK(gm_sim_stream_complete(allocator, 2));
+    CHECK_OK(gm_sim_stream_set_capturing(allocator, 0, 0));
+    CHECK_OK(gm_sim_stream_complete(allocator, 0));
     CHECK_OK(gm_host_malloc(allocator, 1u << 20, &again));
     CHECK(again == block);
     for (int i = 0; i < 3; i++)
@@ -343,9 +344,50 @@ static void a_capturing_stream_is_left_alone(void)
     gm_destroy(allocator, NULL);
 }
 
+/* A block freed while one of its streams is being captured into a CUDA graph (the per-thread default
+ * stream, 2, or any other) may be copied by the graph at every replay: the free neither asks the stream
+ * nor records an event on it, and the block is never handed out again, not after the capture, not once
+ * the stream is idle, not by an empty_cache; gm_destroy gives it back (AddressSanitizer's leak check). A
+ * block freed on the same stream once the capture is over is reused as usual. */
+static void a_block_freed_during_its_streams_capture_is_held_for_the_graph(void)
+{
+    static const gm_stream captured[] = {2, 7};
+    for (size_t s = 0; s < sizeof captured / sizeof captured[0]; s++) {
+        gm_allocator *allocator = NULL;
+        CHECK_OK(gm_create(config, &allocator));
+        gm_stream stream = captured[s];
+        void *block = NULL, *other = NULL, *after = NULL, *again = NULL;
+        CHECK_OK(gm_host_malloc(allocator, 4096, &block));
+        CHECK_OK(gm_sim_stream_set_capturing(allocator, stream, 1));
+        int64_t asked = stream_queries(allocator), recorded = event_records(allocator);
+        CHECK_OK(gm_host_free_with_streams(allocator, block, &stream, 1));
+        CHECK_EQ_INT(stream_queries(allocator) - asked, 0);
+        CHECK_EQ_INT(event_records(allocator) - recorded, 0);
+        CHECK_EQ_INT(host_stats(allocator).pending_blocks, 1);
+        CHECK_OK(gm_sim_stream_set_capturing(allocator, stream, 0));
+        for (int i = 0; i < 40; i++)
+            CHECK(use_once(allocator, 4096, 0) != block);
+        CHECK_OK(gm_host_empty_cache(allocator));
+        gm_host_stats stats = host_stats(allocator);
+        CHECK_EQ_INT(stats.pending_blocks, 1);
+        CHECK_EQ_INT(stats.reserved_bytes.current, 4096);
+        CHECK_OK(gm_host_malloc(allocator, 4096, &other));
+        CHECK(other != block);
+        CHECK_OK(gm_host_free_with_streams(allocator, other, &stream, 1)); /* after the capture: idle */
+        CHECK_OK(gm_host_malloc(allocator, 4096, &after));
+        CHECK(after == other);
+        CHECK_OK(gm_host_malloc(allocator, 4096, &again));
+        CHECK(again != block);
+        CHECK_OK(gm_host_free(allocator, after));
+        CHECK_OK(gm_host_free(allocator, again));
+        gm_destroy(allocator, NULL);
+    }
+}
+
 RUN_TESTS(TEST_CASE(a_block_freed_on_a_busy_stream_waits_for_it), TEST_CASE(an_idle_loop_asks_once_per_rotation),
           TEST_CASE(a_held_block_leaves_the_rotation_alone), TEST_CASE(host_limit_checks_waiting_blocks_first),
           TEST_CASE(empty_cache_releases_checked_blocks_and_keeps_busy_ones),
           TEST_CASE(a_failed_event_keeps_the_block_waiting), TEST_CASE(destroy_gives_back_unchecked_blocks),
           TEST_CASE(free_with_streams_records_then_frees),
-          TEST_CASE(a_stream_its_owner_may_destroy_is_asked_at_the_free), TEST_CASE(a_capturing_stream_is_left_alone))
+          TEST_CASE(a_stream_its_owner_may_destroy_is_asked_at_the_free), TEST_CASE(a_capturing_stream_is_left_alone),
+          TEST_CASE(a_block_freed_during_its_streams_capture_is_held_for_the_graph))

@@ -43,8 +43,9 @@ PinnedMemoryPool reuses a freed block at once. gpumem does better: on the drop i
 with the device's stream current then and the stream that was current at the allocation (kept alive by
 the block until then) recorded for it, in one call (gm_host_free_with_streams); the cache hands the block
 out again only once each of those streams was seen idle after the drop, or an event recorded on it then
-has completed (the default streams it asks later, once for several freed blocks; any other at the drop,
-since CuPy may destroy it right after), so a copy queued on either stream before the drop finishes first. Work queued on any other stream is the caller's to order.
+has completed (the legacy default stream it asks later, once for several freed blocks; any other at the
+drop, since CuPy may destroy it right after or be capturing it into a graph, in which case the block is
+never reused), so a copy queued on either stream before the drop finishes first. Work queued on any other stream is the caller's to order.
 
 A pinned request the cache cannot serve (host_limit, or cuMemHostAlloc failing) raises
 cupy.cuda.runtime.CUDARuntimeError with status cudaErrorMemoryAllocation, what CuPy's transfer code

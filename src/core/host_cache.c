@@ -10,13 +10,15 @@
  *                   "cuda", ordinary aligned memory on "sim" and "host".
  *   Streams         a live block remembers the streams recorded for it (gm_host_record_stream: the
  *                   streams whose copies read or write it). A block freed without streams goes to its
- *                   free list; one whose streams are all default streams (which the driver never
- *                   destroys) joins the pending list unchecked, and the free asks the driver nothing. A
- *                   look (host_pending.c) asks each stream of the pending blocks once: a block whose
- *                   streams are all idle goes to its free list, one with a busy stream gets an event
- *                   recorded on it and waits for it. A block with any other stream, which its owner
- *                   may destroy once the free returns, is checked at the free the same way. So a block
- *                   is reused only once the work queued on its streams before the free has finished.
+ *                   free list; one whose streams are all the legacy default stream (which the driver
+ *                   never destroys and no graph captures) joins the pending list unchecked, and the
+ *                   free asks the driver nothing. A look (host_pending.c) asks each stream of the
+ *                   pending blocks once: a block whose streams are all idle goes to its free list, one
+ *                   with a busy stream gets an event recorded on it and waits for it. A block with any
+ *                   other stream, which its owner may destroy once the free returns or capture into a
+ *                   graph, is checked at the free the same way, and one freed during a capture of its
+ *                   stream is held until gm_destroy. So a block is reused only once the work queued on
+ *                   its streams before the free has finished, and never while a graph may copy it.
  *   When to look    gm_host_malloc takes a free block without looking when its class has one. Else it
  *                   looks when a look could give the class a block worth its queries: the class has
  *                   blocks waiting for events, or at least its rotation of unchecked ones; otherwise it
@@ -37,12 +39,13 @@
  *                   idle blocks back (the pending ones cannot be: copies may still use them), then
  *                   fails with GM_ERROR_OUT_OF_MEMORY and a message with the numbers.
  *   Destroy         gm_destroy looks while waiting for every busy stream's event and frees every
- *                   block, live or idle (a pending one whose events cannot be waited for too).
+ *                   block, live or idle (a pending one whose events cannot be waited for, and one held
+ *                   for a graph, too).
  *   Failures        if an event cannot be made or recorded at a look, the block stays pending
  *                   unchecked (never reused while a copy might use it) and the next look tries again;
  *                   at a free, the free fails and the block stays live (the caller may retry).
- *   Statistics      pending_blocks counts the freed blocks not reusable yet: unchecked ones, and those
- *                   waiting for events. In a loop on idle streams up to K of a class are pending.
+ *   Statistics      pending_blocks counts the freed blocks not reusable yet: unchecked ones, those
+ *                   waiting for events, and those held for a graph. In a loop on idle streams up to K of a class are pending.
  *
  * Locking: the allocator's mutex, not one of the cache's own. The backend's call counters and its
  * events are guarded by that mutex (allocator.c calls them under it), and the cache calls the backend
@@ -297,23 +300,25 @@ static gm_status add_streams_locked(gm_host_block *block, const char *call, cons
 /* Whether the driver never destroys the stream, so that a look may ask it long after the free: the
  * legacy default stream (0, or CU_STREAM_LEGACY) and the per-thread default stream (CU_STREAM_PER_THREAD).
  * The sim and host backends number their streams alike. */
-static bool stream_is_permanent(gm_stream stream)
+/* The legacy default stream (0, or CU_STREAM_LEGACY): never destroyed, never captured. */
+static bool stream_is_legacy(gm_stream stream)
 {
-    return stream <= 2;
+    return stream <= 1;
 }
 
-/* Whether every stream of the block may be asked after the free returns (host_pending.c says why). */
-static bool streams_are_permanent(const gm_host_block *block)
+/* Whether the block may join the pending list unchecked: its streams may be asked after the free
+ * returns, and none of them can have been captured into a graph (host_pending.c says why). */
+static bool streams_may_wait_unchecked(const gm_host_block *block)
 {
     for (size_t i = 0; i < block->stream_count; i++)
-        if (!stream_is_permanent(block->streams[i]))
+        if (!stream_is_legacy(block->streams[i]))
             return false;
     return true;
 }
 
 /* gm_host_free and gm_host_free_with_streams, lock held: the block leaves the live table, for its free
- * list if it has no streams; else for the pending list, unchecked if its streams are all default
- * streams, otherwise checked now (host_pending.c). If that check cannot record an event, the call fails
+ * list if it has no streams; else for the pending list, unchecked if its streams are all the legacy
+ * default stream, otherwise checked now (host_pending.c). If that check cannot record an event, the call fails
  * and the block stays live, never reused while a copy may use it; the caller may retry. */
 static gm_status free_locked(gm_allocator *allocator, const char *call, void *pointer, const gm_stream *streams,
                              size_t count)
@@ -323,7 +328,7 @@ static gm_status free_locked(gm_allocator *allocator, const char *call, void *po
     gm_status status = find_live_locked(allocator, call, pointer, &block);
     if (status == GM_OK && count)
         status = add_streams_locked(block, call, streams, count);
-    if (status == GM_OK && block->stream_count && !streams_are_permanent(block))
+    if (status == GM_OK && block->stream_count && !streams_may_wait_unchecked(block))
         status = gm_host_pending_check_at_free(allocator, block);
     if (status != GM_OK)
         return status;

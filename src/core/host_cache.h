@@ -27,6 +27,8 @@ typedef struct gm_host_block {
     uint64_t *events;          /* pending: events[i] recorded on streams[i], not yet found done; none
                                   while the block is unchecked (its streams not yet asked) */
     size_t event_count;
+    bool held_for_graph;       /* freed while one of its streams was being captured into a CUDA graph,
+                                  whose replays may still copy it: pending until gm_destroy */
     struct gm_host_block *next; /* in its size class's free list, or in the pending list */
 } gm_host_block;
 
@@ -65,7 +67,8 @@ static inline void gm_host_push_free(gm_host_cache *cache, gm_host_block *block)
 
 /* host_pending.c, lock held. A freed block with recorded streams joins the pending list, unchecked, or
  * waiting for its events if it has any (recorded by gm_host_pending_check_at_free, which asks the block's
- * streams now, keeps the busy ones and records an event on each; on failure none stays recorded).
+ * streams now, keeps the busy ones and records an event on each; on failure none stays recorded), or
+ * held for good if that check found one of its streams being captured into a graph.
  * A look moves to the free lists the pending blocks found reusable (with `wait`, after waiting for
  * their streams). At gm_destroy, after a waiting look, the blocks it could not wait for are taken out
  * one by one, oldest first, their events destroyed (NULL once none is left). */

@@ -4,17 +4,23 @@
  *
  * Why a block waits unchecked
  *   Asking a stream whether it is busy is a driver call (cuStreamQuery), as dear as the rest of a small
- *   alloc/free together. A free whose streams are all default streams therefore asks nothing: the block
- *   joins the pending list unchecked, and the question is put later, by a look, once for many blocks: a
- *   look asks each distinct stream once, whatever the number of blocks freed on it, and host_cache.c's
- *   rotation lets a small class's loop free several blocks between looks.
- *   Only default streams may be asked after the free returns: the driver never destroys them (the
- *   legacy default stream, 0 or CU_STREAM_LEGACY, and CU_STREAM_PER_THREAD). Any other stream may be
- *   destroyed by its owner as soon as the free returns (a CuPy stream whose last reference goes, an
- *   external stream), and asking a destroyed stream is undefined (a crash in the driver). A block with
- *   such a stream is checked at its free (gm_host_pending_check_at_free): its idle streams are done
- *   with, an event is recorded on each busy one, and it joins the pending list waiting for them (or its
- *   free list, if none was busy); events outlive their streams.
+ *   alloc/free together. A free whose streams are all the legacy default stream therefore asks nothing:
+ *   the block joins the pending list unchecked, and the question is put later, by a look, once for many
+ *   blocks: a look asks each distinct stream once, whatever the number of blocks freed on it, and
+ *   host_cache.c's rotation lets a small class's loop free several blocks between looks.
+ *   Only the legacy stream (0 or CU_STREAM_LEGACY) may be left for later, for two reasons. Any other
+ *   stream may be destroyed by its owner as soon as the free returns (a CuPy stream whose last
+ *   reference goes, an external stream), and asking a destroyed stream is undefined (a crash in the
+ *   driver). And any other stream, the per-thread default stream included, may be being captured into a
+ *   CUDA graph at the free: a copy of the block captured into the graph runs again at every replay, so
+ *   the block must never be reused, and only the free can tell (a look after the capture would find the
+ *   stream idle). The legacy stream is never destroyed and cannot be captured (while another stream's
+ *   capture makes it unusable, the backend reads it as capturing: a look then leaves it for later, which
+ *   is safe, since no copy on it can have joined that graph). So a block with any other stream is checked
+ *   at its free (gm_host_pending_check_at_free): if one of its streams is being captured, the block is
+ *   held for the graph, pending until gm_destroy (the graph's lifetime is not the allocator's to know);
+ *   otherwise its idle streams are done with, an event is recorded on each busy one, and it joins the
+ *   pending list waiting for them (or its free list, if none was busy); events outlive their streams.
  *
  * A look (gm_host_look_at_pending) goes through the pending list oldest first:
  *   unchecked block   each of its streams is asked whether it still runs work, each stream once per look
@@ -24,22 +30,22 @@
  *                     one an event is recorded now, which follows every copy queued before the free (and
  *                     perhaps some after: conservative); the block then waits for its events. If an event
  *                     cannot be made or recorded, none stays recorded and the block stays unchecked, not
- *                     reusable: the next look tries again. A stream being captured into a CUDA graph is
- *                     not asked (cuStreamQuery would invalidate the capture, and an event recorded on it
- *                     would be a node of the graph, never done): the block stays unchecked until a look
- *                     after the capture. The free used to ask at once; a look may come during a capture
- *                     that began after the free, hence the check.
+ *                     reusable: the next look tries again. A stream that reads as capturing is not asked
+ *                     (cuStreamQuery would invalidate the capture, and an event recorded on it would be a
+ *                     node of the graph, never done): the block stays unchecked until a later look.
  *   waiting block     its events are asked, newest first; the block goes to its free list once all are
  *                     done. A stream runs its work in order: once one of its events is not done, the later
  *                     ones on it are not asked in this look (gm_busy_streams). The events just recorded
  *                     are not asked in the look that recorded them (their streams were just found busy);
  *                     with `wait` (gm_destroy) every event is waited for.
+ *   held block        left alone; gm_destroy releases it.
  * Invariant: a block reaches a free list only after each of its streams was seen idle after its free,
  * or an event recorded on it after the free was done. The free lists are never filled otherwise (a
  * block without streams goes there at its free: nothing may use it).
  *
  * The per-class counts (cache->unchecked, cache->waiting) let gm_host_malloc decide without walking the
- * list whether a look could give its class a block. stats.pending_blocks counts both kinds.
+ * list whether a look could give its class a block; held blocks are in neither. stats.pending_blocks
+ * counts all three kinds.
  *
  * Locking: the allocator's lock, held by every caller (host_cache.c).
  */
@@ -61,6 +67,15 @@ typedef struct look {
     bool wait;
 } look;
 
+/* The count a pending block of this kind is in, or NULL for a held one. */
+static uint32_t *count_of(gm_host_cache *cache, const gm_host_block *block)
+{
+    if (block->held_for_graph)
+        return NULL;
+    int size_class = gm_host_size_class_of(block->size);
+    return block->event_count ? &cache->waiting[size_class] : &cache->unchecked[size_class];
+}
+
 void gm_host_pending_add(gm_host_cache *cache, gm_host_block *block)
 {
     block->next = NULL;
@@ -69,10 +84,9 @@ void gm_host_pending_add(gm_host_cache *cache, gm_host_block *block)
     else
         cache->pending = block;
     cache->pending_tail = block;
-    if (block->event_count)
-        cache->waiting[gm_host_size_class_of(block->size)]++;
-    else
-        cache->unchecked[gm_host_size_class_of(block->size)]++;
+    uint32_t *count = count_of(cache, block);
+    if (count)
+        (*count)++;
     cache->stats.pending_blocks++;
 }
 
@@ -116,35 +130,43 @@ static gm_status record_events(gm_allocator *allocator, gm_host_block *block)
     return GM_OK;
 }
 
-gm_status gm_host_pending_check_at_free(gm_allocator *allocator, gm_host_block *block)
+/* Ask the block's streams (each at most once per look) and keep those not idle: the idle ones were seen
+ * idle after the free, done with. What the kept ones are: busy, or one of them capturing. */
+static stream_state keep_unfinished_streams(gm_allocator *allocator, gm_host_block *block, look *look)
 {
-    gm_backend *backend = allocator->arena.backend;
-    size_t busy = 0;
-    for (size_t i = 0; i < block->stream_count; i++)
-        if (gm_backend_stream_is_busy(backend, block->streams[i]))
-            block->streams[busy++] = block->streams[i];
-    block->stream_count = busy; /* the idle ones were seen idle after the free's work was queued */
-    return busy ? record_events(allocator, block) : GM_OK;
-}
-
-/* Ask an unchecked block's streams: keep the busy ones, with an event recorded on each unless one is
- * being captured. Whether none was busy. */
-static bool check_streams(gm_allocator *allocator, gm_host_block *block, look *look)
-{
-    size_t busy = 0;
-    bool capturing = false;
+    size_t kept = 0;
+    stream_state worst = stream_idle;
     for (size_t i = 0; i < block->stream_count; i++) {
         stream_state state = state_of(allocator->arena.backend, look, block->streams[i]);
-        capturing = capturing || state == stream_capturing;
-        if (state != stream_idle)
-            block->streams[busy++] = block->streams[i];
+        if (state == stream_idle)
+            continue;
+        block->streams[kept++] = block->streams[i];
+        if (worst != stream_capturing)
+            worst = state;
     }
-    block->stream_count = busy; /* the idle ones were seen idle after the free: done with */
-    if (!busy)
-        return true;
-    if (!capturing)
+    block->stream_count = kept;
+    return worst;
+}
+
+gm_status gm_host_pending_check_at_free(gm_allocator *allocator, gm_host_block *block)
+{
+    look look = {.asked_count = 0};
+    stream_state state = keep_unfinished_streams(allocator, block, &look);
+    if (state == stream_capturing) {
+        block->held_for_graph = true;
+        return GM_OK;
+    }
+    return state == stream_busy ? record_events(allocator, block) : GM_OK;
+}
+
+/* Ask an unchecked block's streams: keep the busy ones, with an event recorded on each, unless one of
+ * them reads as capturing (asked again at a later look). Whether none was busy. */
+static bool check_streams(gm_allocator *allocator, gm_host_block *block, look *look)
+{
+    stream_state state = keep_unfinished_streams(allocator, block, look);
+    if (state == stream_busy)
         (void)record_events(allocator, block); /* failed: still unchecked, asked again at the next look */
-    return false;
+    return state == stream_idle;
 }
 
 /* Whether the waiting block's events are all done (with `wait`, after waiting for them); the done ones
@@ -167,6 +189,8 @@ static bool reusable(gm_allocator *allocator, gm_host_block *block, look *look)
 {
     gm_host_cache *cache = &allocator->host_cache;
     int size_class = gm_host_size_class_of(block->size);
+    if (block->held_for_graph)
+        return false;
     if (!block->event_count) {
         if (check_streams(allocator, block, look)) {
             cache->unchecked[size_class]--;
@@ -214,11 +238,9 @@ gm_host_block *gm_host_pending_abandon(gm_allocator *allocator)
     cache->pending = block->next;
     if (!cache->pending)
         cache->pending_tail = NULL;
-    int size_class = gm_host_size_class_of(block->size);
-    if (block->event_count)
-        cache->waiting[size_class]--;
-    else
-        cache->unchecked[size_class]--;
+    uint32_t *count = count_of(cache, block);
+    if (count)
+        (*count)--;
     while (block->event_count)
         gm_backend_event_destroy(allocator->arena.backend, block->events[--block->event_count]);
     cache->stats.pending_blocks--;

@@ -571,6 +571,42 @@ static void a_graph_capture_survives_a_look_at_pinned_blocks(void)
     gm_destroy(allocator, NULL);
 }
 
+/* A pinned block freed on a stream during that stream's capture (a copy of it may be a node of the
+ * graph, run at every replay): the free neither queries the stream nor records an event on it, which
+ * would invalidate the capture, and the block is never handed out again, not even once the graph has
+ * run and the stream is idle. */
+static void a_pinned_block_freed_during_a_capture_is_held(void)
+{
+    gm_allocator *allocator = make("backend:cuda");
+    cu_handle capturing = NULL, graph = NULL;
+    CU_CHECK(cu.stream_create(&capturing, 1)); /* CU_STREAM_NON_BLOCKING */
+    size_t size = 1u << 20;
+    unsigned long long device = 0;
+    CU_CHECK(cu.memory_allocate(&device, size));
+    void *block = NULL, *again = NULL;
+    CHECK_OK(gm_host_malloc(allocator, size, &block));
+    CU_CHECK(cu.begin_capture(capturing, 0)); /* CU_STREAM_CAPTURE_MODE_GLOBAL */
+    fill((void *)(uintptr_t)device, size, 0x33333333u, capturing);
+    gm_stream stream = (gm_stream)(uintptr_t)capturing;
+    CHECK_OK(gm_host_free_with_streams(allocator, block, &stream, 1));
+    cu_result ended = cu.end_capture(capturing, &graph);
+    CHECK(ended == 0); /* 901 (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) if the stream was asked */
+    if (graph)
+        cu.graph_destroy(graph);
+    CU_CHECK(cu.stream_synchronize(capturing));
+    gm_host_stats stats;
+    CHECK_OK(gm_host_get_stats(allocator, &stats));
+    CHECK_EQ_INT(stats.pending_blocks, 1);
+    for (int i = 0; i < 4; i++) {
+        CHECK_OK(gm_host_malloc(allocator, size, &again));
+        CHECK(again != block);
+        CHECK_OK(gm_host_free(allocator, again));
+    }
+    CU_CHECK(cu.memory_free(device));
+    cu.stream_destroy(capturing);
+    gm_destroy(allocator, NULL);
+}
+
 int main(void)
 {
     gm_allocator *allocator = NULL;
@@ -595,6 +631,7 @@ int main(void)
         TEST_CASE(trace_streams_become_real_streams),
         TEST_CASE(a_pinned_block_outlives_its_destroyed_stream),
         TEST_CASE(a_graph_capture_survives_a_look_at_pinned_blocks),
+        TEST_CASE(a_pinned_block_freed_during_a_capture_is_held),
     };
     return run_tests(cases, sizeof cases / sizeof cases[0]);
 }

@@ -132,7 +132,7 @@ class PackageTest(unittest.TestCase):
     def test_pinned_host_cache(self):
         pointer = self.allocator.host_malloc(1000)
         self.assertNotEqual(pointer, 0)
-        self.allocator.host_record_stream(pointer, 2)  # the per-thread default stream: asked later
+        self.allocator.host_record_stream(pointer, 1)  # the legacy default stream: asked later
         self.allocator.host_free(pointer)
         with self.assertRaises(gpumem.GpumemError) as caught:
             self.allocator.host_free(pointer)
@@ -140,16 +140,16 @@ class PackageTest(unittest.TestCase):
         stats = self.allocator.host_stats()
         self.assertEqual(stats["allocated_bytes"]["peak"], 1024)
         self.assertEqual(stats["reserved_bytes"]["current"], 1024)
-        self.assertEqual(stats["pending_blocks"], 1)  # stream 2 is asked later, by the next look
+        self.assertEqual(stats["pending_blocks"], 1)  # stream 1 is asked later, by the next look
         self.assertEqual((stats["cache_hits"], stats["cache_misses"], stats["host_allocations"]), (0, 1, 1))
-        self.allocator.host_empty_cache()  # the look finds stream 2 idle: the block goes back
+        self.allocator.host_empty_cache()  # the look finds stream 1 idle: the block goes back
         stats = self.allocator.host_stats()
         self.assertEqual((stats["reserved_bytes"]["current"], stats["host_frees"], stats["pending_blocks"]), (0, 1, 0))
         pointer = self.allocator.host_malloc(1000)
         self.allocator.host_free(pointer, {3, 4})  # gm_host_free_with_streams; streams of their own: asked now
         self.assertEqual(self.allocator.host_stats()["pending_blocks"], 0)  # both idle: reusable at once
         pointer = self.allocator.host_malloc(1000)
-        self.allocator.host_free(pointer, [0, 2])  # default streams: asked later
+        self.allocator.host_free(pointer, [0, 1])  # the legacy default stream: asked later
         with self.assertRaises(gpumem.GpumemError):
             self.allocator.host_free(pointer, [3])
         with self.assertRaises(ValueError):
