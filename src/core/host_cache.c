@@ -297,10 +297,10 @@ static gm_status add_streams_locked(gm_host_block *block, const char *call, cons
     return GM_OK;
 }
 
-/* Whether the driver never destroys the stream, so that a look may ask it long after the free: the
- * legacy default stream (0, or CU_STREAM_LEGACY) and the per-thread default stream (CU_STREAM_PER_THREAD).
- * The sim and host backends number their streams alike. */
-/* The legacy default stream (0, or CU_STREAM_LEGACY): never destroyed, never captured. */
+/* The legacy default stream (0, or CU_STREAM_LEGACY): the driver never destroys it, so a look may ask
+ * it long after the free, and no graph captures it. The per-thread default stream (CU_STREAM_PER_THREAD,
+ * 2) is never destroyed either, but it may be captured. The sim and host backends number their streams
+ * alike. */
 static bool stream_is_legacy(gm_stream stream)
 {
     return stream <= 1;
