@@ -17,6 +17,9 @@ end of each timed loop; a warm-up loop first):
   asarray-small cupy.asarray of a 1024-float32 NumPy array and del (CuPy stages the copy in pinned memory)
   allocator-small  CuPy's current allocator function called directly for 256 bytes, and the pointer
                 dropped: the allocator's own cost, without cupy.empty's array around it
+  allocator-hooked  the same on a thread that has used a memory hook once (its dict of hooks made, now
+                empty, as after `with cupy.cuda.memory_hooks.LineProfileHook():`): CuPy's hook check
+                then stays true, and every allocation and free asks the dict
   objects       cupy.cuda.UnownedMemory(...) and cupy.cuda.MemoryPointer(memory, 0) made and dropped over
                 a fixed pointer, no allocation: what making CuPy's two memory objects costs (the floor
                 under gpumem's allocator function, which makes them for every block)
@@ -39,7 +42,8 @@ import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PATTERNS = {"empty-small": 200000, "empty-mixed": 100000, "ops-small": 50000, "ops-large": 300,
-            "pinned-small": 100000, "asarray-small": 30000, "allocator-small": 200000, "objects": 200000}
+            "pinned-small": 100000, "asarray-small": 30000, "allocator-small": 200000, "allocator-hooked": 200000,
+            "objects": 200000}
 MIXED = [512, 64 << 10, 1 << 20, 16 << 20]
 
 
@@ -81,7 +85,7 @@ def make_loop(cupy, numpy, pattern):
             for _ in range(count):
                 memory = cupy.cuda.alloc_pinned_memory(4096)
                 del memory
-        elif pattern == "allocator-small":
+        elif pattern in ("allocator-small", "allocator-hooked"):
             allocate = cupy.cuda.get_allocator()
             for _ in range(count):
                 pointer = allocate(256)
@@ -110,6 +114,8 @@ def child(allocators, pattern, rounds):
     import cupy
     import numpy
     switch = switches(cupy, allocators)
+    if pattern == "allocator-hooked":
+        cupy.cuda.memory_hook.get_memory_hooks()  # the thread's dict of hooks, left empty
     loop = make_loop(cupy, numpy, pattern)
     iterations = max(PATTERNS[pattern] // rounds, 1)
     for allocator in allocators:  # warm-up: each allocator's cache and CuPy's kernels

@@ -313,7 +313,8 @@ def _compiled_allocate(cupy, slow_allocate, hooks, malloc_failed, make_current):
         malloc_failed, lambda state, pointer, device, memory_id: _free_block(state, pointer, device, memory_id, hooks),
         gpumem.check_status, cupy.cuda.UnownedMemory, cupy.cuda.MemoryPointer, make_current,
         _cupy_capsule(cupy, "device", "get_device_id"), _cupy_capsule(cupy, "stream", "get_current_stream_ptr"),
-        _cupy_capsule(cupy, "memory_hook", "_has_memory_hooks"), getattr(cupy.cuda.memory, "BaseMemory", None))
+        _cupy_capsule(cupy, "memory_hook", "_has_memory_hooks"), getattr(cupy.cuda.memory, "BaseMemory", None),
+        _cupy_capsule(cupy, "memory_hook", "get_memory_hooks"))
 
 
 def _cupy_capsule(cupy, module, function):

@@ -48,6 +48,7 @@ typedef struct {
     cupy_device_id_function device_id;       /* CuPy's C functions, or NULL */
     cupy_stream_pointer_function stream_pointer;
     cupy_has_hooks_function has_hooks_function;
+    cupy_get_hooks_function get_hooks_function;
     gmcupy_device_cells cells;    /* where each device's handle lives */
     gmcupy_recipe owned_recipe;   /* gpumem's own memory object (a BaseMemory), where it can be used */
     gmcupy_recipe memory_recipe;  /* else UnownedMemory without its constructor, where it can */
@@ -141,7 +142,22 @@ void gmcupy_report_failed_free(PyObject *free_failed, int status)
         PyErr_WriteUnraisable(free_failed);
 }
 
-/* 1 if hooks are registered on this thread now, 0 if none, -1 with an exception set. */
+/* 1 if the thread's dict of hooks (CuPy's C get_memory_hooks) holds any, 0 if not, -1 with an exception
+ * set. */
+static int hooks_in_registry(Allocate *self)
+{
+    PyObject *hooks = self->get_hooks_function(0);
+    if (hooks == NULL)
+        return -1;
+    int truth = PyErr_Occurred() ? -1 : PyObject_IsTrue(hooks);
+    Py_DECREF(hooks);
+    return truth;
+}
+
+/* 1 if hooks are registered on this thread now, 0 if none, -1 with an exception set. CuPy's
+ * _has_memory_hooks is true once the thread's dict of hooks exists, which the first `with hook:` makes
+ * and which stays after the hook is gone (empty): then the dict itself is asked, through CuPy's C
+ * function where there is one, as CuPy's pool does at every allocation and free, else through Python. */
 static int hooks_registered(Allocate *self)
 {
     int maybe;
@@ -153,7 +169,9 @@ static int hooks_registered(Allocate *self)
     } else {
         maybe = call_truth(self->has_hooks);
     }
-    return maybe > 0 ? call_truth(self->registered_hooks) : maybe;
+    if (maybe <= 0)
+        return maybe;
+    return self->get_hooks_function ? hooks_in_registry(self) : call_truth(self->registered_hooks);
 }
 
 PyObject *gmcupy_current_device(cupy_device_id_function device_id, PyObject *get_device, int *device_out)
@@ -488,13 +506,14 @@ static PyObject *make_allocate(PyObject *module, PyObject *arguments)
     (void)module;
     unsigned long long malloc_address, free_address;
     Allocate parsed;
-    PyObject *device_capsule = NULL, *stream_capsule = NULL, *hooks_capsule = NULL, *base_memory = NULL;
-    if (!PyArg_ParseTuple(arguments, "KKOOOOO!O!OOOOOOOO|OOOO:make_allocate", &malloc_address, &free_address,
+    PyObject *device_capsule = NULL, *stream_capsule = NULL, *hooks_capsule = NULL, *base_memory = NULL,
+             *get_hooks_capsule = NULL;
+    if (!PyArg_ParseTuple(arguments, "KKOOOOO!O!OOOOOOOO|OOOOO:make_allocate", &malloc_address, &free_address,
                           &parsed.get_device, &parsed.get_stream, &parsed.has_hooks, &parsed.registered_hooks,
                           &PyDict_Type, &parsed.devices, &PyDict_Type, &parsed.kept_streams, &parsed.keep_stream,
                           &parsed.slow_allocate, &parsed.malloc_failed, &parsed.free_slow, &parsed.free_failed,
                           &parsed.unowned_memory, &parsed.memory_pointer, &parsed.make_current, &device_capsule,
-                          &stream_capsule, &hooks_capsule, &base_memory))
+                          &stream_capsule, &hooks_capsule, &base_memory, &get_hooks_capsule))
         return NULL;
     if (malloc_address == 0 || free_address == 0) {
         PyErr_SetString(PyExc_ValueError, "make_allocate: gm_malloc and gm_free need their addresses");
@@ -510,6 +529,8 @@ static PyObject *make_allocate(PyObject *module, PyObject *arguments)
         (cupy_stream_pointer_function)gmcupy_capsule_function(stream_capsule, CUPY_STREAM_POINTER_SIGNATURE);
     self->has_hooks_function =
         (cupy_has_hooks_function)gmcupy_capsule_function(hooks_capsule, CUPY_HAS_HOOKS_SIGNATURE);
+    self->get_hooks_function =
+        (cupy_get_hooks_function)gmcupy_capsule_function(get_hooks_capsule, CUPY_GET_HOOKS_SIGNATURE);
     memset(&self->cells, 0, sizeof self->cells);
     memcpy(&self->get_device, &parsed.get_device, ALLOCATE_OBJECTS * sizeof(PyObject *));
     for (PyObject **field = &self->get_device; field < &self->get_device + ALLOCATE_OBJECTS; field++)
@@ -585,7 +606,7 @@ static PyMethodDef module_methods[] = {
      "make_allocate(gm_malloc address, gm_free address, get_device, get_stream, has_hooks, registered_hooks, "
      "devices, kept_streams, keep_stream, slow_allocate, malloc_failed, free_slow, free_failed, UnownedMemory, "
      "MemoryPointer, make_current[, CuPy's capsules of get_device_id, get_current_stream_ptr, _has_memory_hooks, "
-     "CuPy's BaseMemory]) -> CuPy's allocator function"},
+     "CuPy's BaseMemory, CuPy's capsule of get_memory_hooks]) -> CuPy's allocator function"},
     {"make_pinned_allocate", gmcupy_make_pinned_allocate, METH_VARARGS,
      "make_pinned_allocate(gm_host_malloc and gm_host_free_with_streams addresses, get_device, "
      "get_stream, stream_of_device, stream_of_device_slow, devices, slow_allocate, malloc_failed, free_failed, "

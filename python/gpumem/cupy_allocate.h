@@ -64,16 +64,20 @@ void gmcupy_release_gil(void *context);
     } while (0)
 
 /* CuPy's own C functions, where its Cython modules export them (__pyx_capi__) with these signatures:
- * cupy.cuda.device.get_device_id, cupy.cuda.stream.get_current_stream_ptr and
- * cupy.cuda.memory_hook._has_memory_hooks. Calling them costs no Python call; a capsule of any other
- * signature is not used, and the Python functions are called instead. An error they raise is seen
- * through PyErr_Occurred whatever they return (Cython may declare them `except *`). */
+ * cupy.cuda.device.get_device_id, cupy.cuda.stream.get_current_stream_ptr,
+ * cupy.cuda.memory_hook._has_memory_hooks and cupy.cuda.memory_hook.get_memory_hooks (a new reference
+ * to the thread's dict of hooks, made empty at the thread's first call). Calling them costs no Python
+ * call; a capsule of any other signature is not used, and the Python functions are called instead. An
+ * error they raise is seen through PyErr_Occurred whatever they return (Cython may declare them
+ * `except *`). */
 #define CUPY_DEVICE_ID_SIGNATURE "int (int __pyx_skip_dispatch)"
 #define CUPY_STREAM_POINTER_SIGNATURE "intptr_t (void)"
 #define CUPY_HAS_HOOKS_SIGNATURE "int (int __pyx_skip_dispatch)"
+#define CUPY_GET_HOOKS_SIGNATURE "PyObject *(int __pyx_skip_dispatch)"
 typedef int (*cupy_device_id_function)(int skip_dispatch);
 typedef intptr_t (*cupy_stream_pointer_function)(void);
 typedef int (*cupy_has_hooks_function)(int skip_dispatch);
+typedef PyObject *(*cupy_get_hooks_function)(int skip_dispatch);
 
 /* Interned "handle_address" and "ptr", the int 0 and the empty tuple; made at the module's import. */
 extern PyObject *gmcupy_name_handle_address, *gmcupy_name_ptr, *gmcupy_zero, *gmcupy_empty_tuple;

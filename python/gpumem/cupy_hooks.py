@@ -16,7 +16,9 @@ arguments and meanings:
   free_*     around the free of the block, on the thread that drops the memory, as CuPy's are.
 
 Without a registered hook (cupy.cuda.memory_hook._has_memory_hooks() is false, one call) nothing
-else is done. A block allocated while no hook was registered tells a hook at its free the id of CuPy's
+else is done. That check stays true once the thread has used a hook (its dict of hooks stays, empty):
+the compiled path then asks the dict through CuPy's C get_memory_hooks, as CuPy's pool does, and only
+the Python path calls `registered` below. A block allocated while no hook was registered tells a hook at its free the id of CuPy's
 memory object all the same.
 """
 

@@ -2,7 +2,8 @@
  * tests/python/test_cupy_capsules.py:
  *   - the C functions of CuPy's Cython modules it calls, exported as Cython exports them (a module's
  *     __pyx_capi__: name -> capsule named by the C signature); the values they return are set from
- *     Python, and each call is counted, so that a test sees which of CuPy's functions the allocation called;
+ *     Python (get_memory_hooks calls a function set from Python), and each call is counted, so that a
+ *     test sees which of CuPy's functions the allocation called;
  *   - CuPy's memory types as Cython lays them out (CuPy 14: BaseMemory with public ptr, size and device_id,
  *     subclassable; UnownedMemory adding a read-only _owner; MemoryPointer and PinnedMemoryPointer with a
  *     vtable pointer and read-only fields; tp_new sets the vtable and None in object fields, __init__
@@ -47,6 +48,27 @@ static int has_memory_hooks(int skip_dispatch)
 {
     (void)skip_dispatch;
     return failed("_has_memory_hooks") ? -1 : has_hooks;
+}
+
+static PyObject *hooks_source; /* () -> the thread's dict of hooks: the stand-in's get_memory_hooks */
+
+static PyObject *get_memory_hooks(int skip_dispatch)
+{
+    (void)skip_dispatch;
+    if (failed("get_memory_hooks") || PyErr_Occurred()) /* an object's error is always NULL */
+        return NULL;
+    if (hooks_source == NULL)
+        return PyDict_New();
+    return PyObject_CallNoArgs(hooks_source);
+}
+
+static PyObject *set_hooks_source(PyObject *module, PyObject *function)
+{
+    (void)module;
+    Py_XDECREF(hooks_source);
+    Py_INCREF(function);
+    hooks_source = function;
+    Py_RETURN_NONE;
 }
 
 static PyObject *set_values(PyObject *module, PyObject *arguments)
@@ -364,6 +386,7 @@ static PyMethodDef methods[] = {
     {"set", set_values, METH_VARARGS,
      "set(device, stream pointer, has hooks, failing: 0, 1 (-1 returned) or 2[, the one function failing])"},
     {"calls", call_count, METH_NOARGS, "how many times the C functions were called"},
+    {"set_hooks_source", set_hooks_source, METH_O, "the function get_memory_hooks's C function calls"},
     {"set_objects", set_objects, METH_VARARGS, "set_objects(stamping, failing_new): the memory types' switches"},
     {"object_counts", object_counts, METH_NOARGS, "(constructor calls, tp_new calls) of the memory types"},
     {"heap_base_memory", heap_base_memory, METH_NOARGS, "a new heap type subclassing BaseMemory, adding nothing"},
@@ -373,17 +396,23 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef definition = {PyModuleDef_HEAD_INIT, "fake_cupy_capi", NULL, -1, methods,
                                         NULL, NULL, NULL, NULL};
 
-/* module.NAME = {function: capsule named `signature`} */
+/* module.NAME[function] = a capsule named `signature` (module.NAME made on its first function) */
 static int export(PyObject *module, const char *name, const char *function, void *pointer, const char *signature)
 {
-    PyObject *capi = PyDict_New();
+    PyObject *capi = PyObject_GetAttrString(module, name);
+    if (capi == NULL) {
+        PyErr_Clear();
+        capi = PyDict_New();
+        if (capi == NULL || PyModule_AddObject(module, name, capi) != 0) {
+            Py_XDECREF(capi);
+            return -1;
+        }
+        Py_INCREF(capi);
+    }
     PyObject *capsule = PyCapsule_New(pointer, signature, NULL);
-    int result = capi && capsule ? PyDict_SetItemString(capi, function, capsule) : -1;
+    int result = capsule ? PyDict_SetItemString(capi, function, capsule) : -1;
     Py_XDECREF(capsule);
-    if (result == 0)
-        result = PyModule_AddObject(module, name, capi);
-    if (result != 0)
-        Py_XDECREF(capi);
+    Py_DECREF(capi);
     return result;
 }
 
@@ -395,6 +424,8 @@ PyMODINIT_FUNC PyInit_fake_cupy_capi(void)
     if (export(module, "device", "get_device_id", (void *)get_device_id, "int (int __pyx_skip_dispatch)") ||
         export(module, "stream", "get_current_stream_ptr", (void *)get_current_stream_ptr, "intptr_t (void)") ||
         export(module, "memory_hook", "_has_memory_hooks", (void *)has_memory_hooks, "int (int __pyx_skip_dispatch)") ||
+        export(module, "memory_hook", "get_memory_hooks", (void *)get_memory_hooks,
+               "PyObject *(int __pyx_skip_dispatch)") ||
         export(module, "wrong_device", "get_device_id", (void *)get_device_id, "long (int __pyx_skip_dispatch)")) {
         Py_DECREF(module);
         return NULL;

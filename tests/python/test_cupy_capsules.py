@@ -3,7 +3,7 @@ objects as CuPy's pools do (cupy_objects.c), without CuPy or a GPU.
 
 CuPy's Cython modules export their C functions in __pyx_capi__ (capsules named by the C signature); the
 compiled path calls cupy.cuda.device.get_device_id, cupy.cuda.stream.get_current_stream_ptr and
-cupy.cuda.memory_hook._has_memory_hooks through them instead of through Python. fake_cupy_capi.c
+cupy.cuda.memory_hook._has_memory_hooks and get_memory_hooks through them instead of through Python. fake_cupy_capi.c
 exports such capsules, with values set from the test and its calls counted, and C memory types laid out
 as CuPy's Cython types are (BaseMemory, UnownedMemory, MemoryPointer, PinnedMemoryPointer), on the
 stand-in cupy of test_cupy_install.py. Pinned here:
@@ -13,7 +13,8 @@ stand-in cupy of test_cupy_install.py. Pinned here:
 - an error raised by CuPy's C function is the allocation's error, whatever it returns with it, and
   nothing is allocated;
 - a capsule of another signature is not used: the Python function is called instead;
-- with hooks registered, the hooks see the allocation as on the Python path;
+- with hooks registered, the hooks see the allocation as on the Python path; with the thread's dict of
+  hooks made but empty, the dict is asked through CuPy's C function, with no Python call;
 - CuPy's memory objects are made through tp_new and their fields, with no constructor call, and equal
   what the constructors make; where a constructor sets more than those fields they are made through the
   constructors; tp_new failing after the allocation gives the block back;
@@ -80,6 +81,7 @@ class CapsulesTest(RecordsUnraisable):
         cuda.device = types.SimpleNamespace(__pyx_capi__=self.capi.device)
         cuda.stream = types.SimpleNamespace(__pyx_capi__=self.capi.stream)
         cuda.memory_hook.__pyx_capi__ = self.capi.memory_hook
+        self.capi.set_hooks_source(cuda.memory_hook.get_memory_hooks)
         cuda.UnownedMemory, cuda.MemoryPointer = self.capi.UnownedMemory, self.capi.MemoryPointer
         cuda.PinnedMemoryPointer = self.capi.PinnedMemoryPointer
         cuda.memory.BaseMemory = self.capi.BaseMemory
@@ -172,6 +174,34 @@ class CupyCapsulesTest(CapsulesTest):
         block = allocate(4096)
         self.assertIs(type(block.mem), compiled.load("cupy_allocate").memory_type(allocate))  # the Python
         del block                                                                               # path's: UnownedMemory
+
+
+    def test_an_empty_registry_of_hooks_is_asked_through_cupys_c_function(self):
+        # Once a thread has used a hook, CuPy's _has_memory_hooks stays true with the thread's dict empty:
+        # each allocation and free then asks the dict through CuPy's C get_memory_hooks, as CuPy's pool
+        # does, not through gpumem.cupy's Python function (which makes a list of the hooks).
+        hook_module = self.cupy.cuda.memory_hook
+        asked_in_python = []
+        get_hooks = hook_module.get_memory_hooks
+        hook_module.get_memory_hooks = lambda: asked_in_python.append(1) or get_hooks()
+        allocate = self.install()
+        allocate(4096)  # reserved and cached
+        get_hooks()  # the thread's dict made, empty
+        self.set(stream=0, hooks=1)
+        before = self.capi.calls()
+        block = allocate(4096)
+        self.assertIs(type(block.mem), compiled.load("cupy_allocate").memory_type(allocate))
+        del block
+        self.assertEqual(self.capi.calls() - before, 6)  # allocation: hooks, the dict, device, stream; free: 2
+        self.assertEqual((asked_in_python, self.python_calls), ([], []))
+        self.assertEqual(self.current(), 0)
+        for failing in (1, 2):  # CuPy's get_memory_hooks raising is the allocation's error
+            self.set(stream=0, hooks=1, failing=failing, only="get_memory_hooks")
+            with self.assertRaisesRegex(RuntimeError, "CuPy's C function failed"):
+                allocate(4096)
+            self.assertEqual(self.current(), 0)
+        self.set(stream=0)
+        self.assertEqual(self.unraisable, [])
 
 
 class PinnedCapsulesTest(CapsulesTest):
