@@ -276,9 +276,9 @@ static void use_the_allocator(gm_allocator *allocator, gm_pressure_level level, 
     (void)readings;
     inside_checks *checks = context;
     checks->calls++;
-    checks->lock_was_free = pthread_mutex_trylock(&allocator->lock) == 0;
+    checks->lock_was_free = gm_lock_try_acquire(&allocator->lock);
     if (checks->lock_was_free)
-        pthread_mutex_unlock(&allocator->lock);
+        gm_lock_release(&allocator->lock);
     checks->sequence_even = !allocator->published || allocator->published->value % 2 == 0;
     void *pointer = NULL;
     gm_stats stats;

@@ -7,8 +7,9 @@
  * for the device, whose host callbacks may need it. Letting it go around every call costs more than
  * the call itself on the common path (a cached block: no wait, no device call), so the caller sets a
  * one-shot hook for its next call (gm_set_blocking_hook, gpumem.h) and gpumem calls it right before the
- * first wait of that call: a mutex another thread holds (gm_mutex_lock), a condition wait, a thread
- * join, any backend call, a pressure dispatch. Without a hook set these cost one thread-local test.
+ * first wait of that call: a mutex another thread holds (gm_mutex_lock, and the allocator's own mutex,
+ * lock.h), a condition wait, a thread join, any backend call, a pressure dispatch. Without a hook set
+ * these cost one thread-local test.
  */
 #ifndef GM_BLOCKING_H
 #define GM_BLOCKING_H

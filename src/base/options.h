@@ -26,6 +26,11 @@
 typedef enum gm_engine_kind { GM_ENGINE_PAGES = 0, GM_ENGINE_SEGMENTS = 1 } gm_engine_kind;
 
 typedef struct gm_options {
+    /* Read by every request: first, in one cache line. */
+    uint64_t small_size;         /* requests up to this size use the small pool */
+    uint64_t rechunk_min;        /* pages engine: an idle chunk a fit leaves this much of is made anew; 0: off */
+    bool growth_lane;            /* pages engine: regrowing tensors get an address range of their own */
+
     char backend[16];            /* "sim", "host" or "cuda" */
     int device;                  /* device index */
     gm_engine_kind engine;       /* "pages" (default) or "segments" */
@@ -33,7 +38,6 @@ typedef struct gm_options {
     uint64_t page_size;          /* sim/host: mapping granularity */
     uint64_t memory_limit;       /* cap on reserved bytes, 0 = the device's memory */
     uint64_t host_limit;         /* cap on the pinned host cache's held bytes, 0 = none */
-    uint64_t small_size;         /* requests up to this size use the small pool */
     uint64_t small_segment_size; /* segments engine: segment size of the small pool */
     uint64_t large_segment_size; /* segments engine: segment size for requests below min_large_alloc */
     uint64_t min_large_alloc;    /* segments engine: from here on a segment is sized to the request */
@@ -42,12 +46,10 @@ typedef struct gm_options {
     bool cost_model;             /* sim: charge each device call its measured H200 cost */
     int device_credit_ns;        /* pages engine: device-call time each allocation earns */
     uint64_t max_chunk_size;     /* pages engine: largest chunk of physical memory made at once */
-    bool growth_lane;            /* pages engine: regrowing tensors get an address range of their own */
     bool tail_chunk;             /* pages engine: a growth's last, partly used page is a chunk of its own */
     bool refill_groups;          /* pages engine: after an empty_cache, a repeating step's memory made again in
                                     few chunks (refill.c) */
     uint64_t compact_min;        /* pages engine: pinned chunks split before the peak rises; 0: off */
-    uint64_t rechunk_min;        /* pages engine: an idle chunk a fit leaves this much of is made anew; 0: off */
     int history;                 /* events kept in the history ring (0: none) */
     bool publish;                /* keep the statistics in a shared-memory region for other processes */
     double pressure_high;        /* a pressure policy's high watermark, a fraction; 0: no policy */

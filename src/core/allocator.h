@@ -9,6 +9,7 @@
 #include "core/arena.h"
 
 #include "base/hash_map.h"
+#include "base/lock.h"
 #include "core/host_cache.h"
 #include "core/pressure.h"
 #include "monitor/publish.h"
@@ -32,12 +33,21 @@ typedef struct gm_pool_route {
 
 /* The front end's state: the arena the engine works on, and what only the front end knows. */
 struct gm_allocator {
-    pthread_mutex_t lock;
-    gm_options options;
-    gm_arena arena;
-    bool exclusive_device;  /* sim/host: nobody else uses the device, so its used bytes are ours */
-    gm_hash_map live_blocks; /* address -> allocated block */
+    /* What every call reads comes first, a cache line each: these fields, the arena's first ones, the
+     * options' first ones and the pressure watch. In an interpreter's loop the processor's caches keep
+     * little of gpumem between two calls, and each line read costs a trip to a slower cache. */
+    gm_lock lock;
+    uint32_t unlocked_allocations; /* allocations waiting for pressure callbacks, lock released */
+    bool pools_to_forget;          /* a gone pool waits for those to finish */
+    size_t pool_route_count;       /* the pools being allocated to (pool_routes) */
     gm_pending_free *pending_head; /* freed blocks waiting for stream events, oldest first */
+    gm_seqlock_writer *published;  /* the statistics region's seqlock (publish:true), or NULL */
+    gm_hash_map live_blocks;       /* address -> allocated block */
+    _Alignas(64) gm_arena arena;
+    _Alignas(64) gm_options options;
+    _Alignas(64) gm_pressure pressure; /* the pressure policy, level and callbacks (pressure.c) */
+
+    bool exclusive_device;  /* sim/host: nobody else uses the device, so its used bytes are ours */
     gm_pending_free *pending_tail;
     gm_pending_free *spare_pending; /* recycled list nodes */
     uint64_t *spare_events;         /* pooled backend events */
@@ -45,19 +55,14 @@ struct gm_allocator {
     size_t spare_event_capacity;
     gm_stats own_stats;            /* the statistics, unless they are kept in the published region */
     gm_publisher *publisher;       /* publish:true and its region was made; else NULL */
-    gm_seqlock_writer *published;  /* its seqlock, or NULL */
     gm_status publish_status;      /* why there is no publisher */
     char publish_error[512];
     uint32_t publish_countdown;    /* calls until the device-call counts are published again */
     int64_t published_memory_calls; /* the backend's memory_calls when they were published last */
-    gm_pressure pressure;          /* the pressure policy, level and callbacks (pressure.c) */
     gm_host_cache host_cache;      /* the pinned host memory cache (host_cache.c), under `lock` */
     gm_private_pool *private_pools; /* every private pool that exists (private_pool.c) */
     gm_pool_route *pool_routes;     /* the pools being allocated to, in the order begun */
-    size_t pool_route_count;
     size_t pool_route_capacity;
-    uint32_t unlocked_allocations; /* allocations waiting for pressure callbacks, lock released */
-    bool pools_to_forget;          /* a gone pool waits for those to finish */
     bool destroying;               /* gm_destroy: no pool is forgotten one by one */
     struct gm_opened_share *opened_shares; /* memory of other processes mapped here (sharing.c) */
     size_t opened_share_count;

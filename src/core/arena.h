@@ -65,19 +65,21 @@ struct gm_heap {
 typedef struct gm_engine_operations gm_engine_operations;
 
 typedef struct gm_arena {
+    /* Read by every request: first, in one cache line. */
     const gm_options *options;
-    gm_backend *backend;
     const gm_engine_operations *engine;
     void *engine_state;
-    uint64_t memory_limit; /* reserved bytes never exceed this */
     gm_stats *stats; /* the front end's, or the published region's (publish:true), where other processes
                         read them: change them only inside the front end's publication bracket */
-    gm_block_pool block_pool;
-    gm_heap **heaps;
-    size_t heap_count;
     gm_heap *last_heap; /* the stream's heap found last */
+    size_t heap_count;
     uint64_t clock;     /* counts requests, for gm_heap.last_used */
     gm_history *history; /* the event ring, NULL when history is off */
+
+    gm_backend *backend;
+    uint64_t memory_limit; /* reserved bytes never exceed this */
+    gm_block_pool block_pool;
+    gm_heap **heaps;
 } gm_arena;
 
 struct gm_engine_operations {

@@ -36,9 +36,9 @@ gm_status gm_get_device_info(gm_allocator *allocator, gm_device_info *info_out)
 {
     if (!allocator || !info_out)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_device_info: an argument is NULL");
-    gm_mutex_lock(&allocator->lock);
+    gm_lock_acquire(&allocator->lock);
     gm_status status = gm_read_device_info_locked(allocator, info_out);
-    pthread_mutex_unlock(&allocator->lock);
+    gm_lock_release(&allocator->lock);
     return status;
 }
 
@@ -50,9 +50,9 @@ gm_status gm_sim_stream_enqueue(gm_allocator *allocator, gm_stream stream, uint6
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_sim_stream_enqueue: allocator is NULL");
     if (!allocator->arena.backend->operations->stream_enqueue)
         return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend has real streams", allocator->arena.backend->operations->name);
-    gm_mutex_lock(&allocator->lock);
+    gm_lock_acquire(&allocator->lock);
     gm_status status = allocator->arena.backend->operations->stream_enqueue(allocator->arena.backend, stream, units);
-    pthread_mutex_unlock(&allocator->lock);
+    gm_lock_release(&allocator->lock);
     return status;
 }
 
@@ -62,9 +62,9 @@ gm_status gm_sim_stream_complete(gm_allocator *allocator, gm_stream stream)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_sim_stream_complete: allocator is NULL");
     if (!allocator->arena.backend->operations->stream_complete)
         return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend has real streams", allocator->arena.backend->operations->name);
-    gm_mutex_lock(&allocator->lock);
+    gm_lock_acquire(&allocator->lock);
     gm_status status = allocator->arena.backend->operations->stream_complete(allocator->arena.backend, stream);
-    pthread_mutex_unlock(&allocator->lock);
+    gm_lock_release(&allocator->lock);
     return status;
 }
 
@@ -74,10 +74,10 @@ gm_status gm_sim_stream_set_capturing(gm_allocator *allocator, gm_stream stream,
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_sim_stream_set_capturing: allocator is NULL");
     if (!allocator->arena.backend->operations->stream_set_capturing)
         return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend has real streams", allocator->arena.backend->operations->name);
-    gm_mutex_lock(&allocator->lock);
+    gm_lock_acquire(&allocator->lock);
     gm_status status = allocator->arena.backend->operations->stream_set_capturing(allocator->arena.backend, stream,
                                                                                  capturing != 0);
-    pthread_mutex_unlock(&allocator->lock);
+    gm_lock_release(&allocator->lock);
     return status;
 }
 
@@ -88,7 +88,7 @@ gm_status gm_sim_set_used_elsewhere(gm_allocator *allocator, uint64_t bytes)
     gm_backend *backend = allocator->arena.backend;
     if (!backend->operations->stream_enqueue)
         return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend's device has real other users", backend->operations->name);
-    gm_mutex_lock(&allocator->lock);
+    gm_lock_acquire(&allocator->lock);
     uint64_t free_bytes = 0, total_bytes = 0;
     gm_status status = gm_backend_memory_info(backend, &free_bytes, &total_bytes);
     if (status == GM_OK && bytes > free_bytes + backend->used_elsewhere)
@@ -96,7 +96,7 @@ gm_status gm_sim_set_used_elsewhere(gm_allocator *allocator, uint64_t bytes)
                          "allocator's; %" PRIu64 " could be used elsewhere", bytes, free_bytes + backend->used_elsewhere);
     if (status == GM_OK)
         backend->used_elsewhere = bytes;
-    pthread_mutex_unlock(&allocator->lock);
+    gm_lock_release(&allocator->lock);
     return status;
 }
 
@@ -109,11 +109,11 @@ gm_status gm_inject_device_failures(gm_allocator *allocator, gm_device_call call
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_inject_device_failures: allocator is NULL");
     if ((unsigned)call >= GM_CALL_KIND_COUNT)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_inject_device_failures: no device call of kind %d", (int)call);
-    gm_mutex_lock(&allocator->lock);
+    gm_lock_acquire(&allocator->lock);
     allocator->arena.backend->succeed_before_failing[call] = after_calls;
     allocator->arena.backend->failures_to_inject[call] = failures;
     allocator->arena.backend->faults_armed = true;
-    pthread_mutex_unlock(&allocator->lock);
+    gm_lock_release(&allocator->lock);
     return GM_OK;
 }
 
@@ -134,7 +134,7 @@ gm_status gm_named_stream(gm_allocator *allocator, uint64_t name, gm_stream *str
         return GM_OK;
     }
     gm_status status = GM_OK;
-    gm_mutex_lock(&allocator->lock);
+    gm_lock_acquire(&allocator->lock);
     size_t i = 0;
     while (i < allocator->named_stream_count && allocator->named_streams[i].name != name)
         i++;
@@ -149,7 +149,7 @@ gm_status gm_named_stream(gm_allocator *allocator, uint64_t name, gm_stream *str
     }
     if (status == GM_OK)
         *stream_out = allocator->named_streams[i].stream;
-    pthread_mutex_unlock(&allocator->lock);
+    gm_lock_release(&allocator->lock);
     return status;
 }
 
@@ -167,11 +167,11 @@ gm_status gm_holds_stream(gm_allocator *allocator, gm_stream stream, int *held_o
 {
     if (!allocator || !held_out)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_holds_stream: %s is NULL", allocator ? "held_out" : "allocator");
-    gm_mutex_lock(&allocator->lock);
+    gm_lock_acquire(&allocator->lock);
     int held = 0;
     for (size_t h = 0; h < allocator->arena.heap_count && !held; h++) /* lanes and pool heaps too */
         held = allocator->arena.heaps[h]->stream == stream;
-    pthread_mutex_unlock(&allocator->lock);
+    gm_lock_release(&allocator->lock);
     *held_out = held;
     return GM_OK;
 }

@@ -373,12 +373,12 @@ gm_status gm_host_record_stream(gm_allocator *allocator, void *pointer, gm_strea
 {
     if (!allocator || !pointer)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_host_record_stream: %s is NULL", allocator ? "pointer" : "allocator");
-    gm_mutex_lock(&allocator->lock);
+    gm_lock_acquire(&allocator->lock);
     gm_host_block *block = NULL;
     gm_status status = find_live_locked(allocator, "gm_host_record_stream", pointer, &block);
     if (status == GM_OK)
         status = add_streams_locked(block, "gm_host_record_stream", &stream, 1);
-    pthread_mutex_unlock(&allocator->lock);
+    gm_lock_release(&allocator->lock);
     return status;
 }
 
@@ -397,8 +397,8 @@ gm_status gm_host_get_stats(gm_allocator *allocator, gm_host_stats *stats_out)
 {
     if (!allocator || !stats_out)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_host_get_stats: %s is NULL", allocator ? "stats_out" : "allocator");
-    gm_mutex_lock(&allocator->lock);
+    gm_lock_acquire(&allocator->lock);
     *stats_out = allocator->host_cache.stats;
-    pthread_mutex_unlock(&allocator->lock);
+    gm_lock_release(&allocator->lock);
     return GM_OK;
 }

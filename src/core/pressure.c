@@ -686,9 +686,9 @@ gm_status gm_get_pressure_policy(gm_allocator *allocator, gm_pressure_policy *po
 {
     if (!allocator || !policy_out)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_pressure_policy: an argument is NULL");
-    gm_mutex_lock(&allocator->lock);
+    gm_lock_acquire(&allocator->lock);
     *policy_out = allocator->pressure.policy;
-    pthread_mutex_unlock(&allocator->lock);
+    gm_lock_release(&allocator->lock);
     return GM_OK;
 }
 
@@ -696,12 +696,12 @@ gm_status gm_get_pressure(gm_allocator *allocator, gm_pressure_readings *reading
 {
     if (!allocator || !readings_out)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_pressure: an argument is NULL");
-    gm_mutex_lock(&allocator->lock);
+    gm_lock_acquire(&allocator->lock);
     gm_pressure_readings readings = current_readings(allocator);
     readings.signals_high = signals_at_or_above(&allocator->pressure, &readings, true);
     if (allocator->pressure.critical_calls)
         readings.level = GM_PRESSURE_CRITICAL;
-    pthread_mutex_unlock(&allocator->lock);
+    gm_lock_release(&allocator->lock);
     *readings_out = readings;
     return GM_OK;
 }

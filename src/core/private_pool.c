@@ -184,7 +184,7 @@ gm_status gm_begin_allocate_to_pool(gm_allocator *allocator, gm_pool_id id, gm_s
     gm_status status = check_arguments("gm_begin_allocate_to_pool", allocator, id);
     if (status != GM_OK)
         return status;
-    gm_mutex_lock(&allocator->lock);
+    gm_lock_acquire(&allocator->lock);
     gm_private_pool *pool = retain(allocator, id);
     status = pool ? add_route(allocator, pool, filter, context)
                   : gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a private pool");
@@ -192,7 +192,7 @@ gm_status gm_begin_allocate_to_pool(gm_allocator *allocator, gm_pool_id id, gm_s
         pool->users--;
         forget_if_gone(allocator, pool);
     }
-    pthread_mutex_unlock(&allocator->lock);
+    gm_lock_release(&allocator->lock);
     return status;
 }
 
@@ -201,7 +201,7 @@ gm_status gm_end_allocate_to_pool(gm_allocator *allocator, gm_pool_id id)
     gm_status status = check_arguments("gm_end_allocate_to_pool", allocator, id);
     if (status != GM_OK)
         return status;
-    gm_mutex_lock(&allocator->lock);
+    gm_lock_acquire(&allocator->lock);
     size_t i = 0;
     while (i < allocator->pool_route_count && !same_id(allocator->pool_routes[i].pool->id, id))
         i++;
@@ -217,7 +217,7 @@ gm_status gm_end_allocate_to_pool(gm_allocator *allocator, gm_pool_id id)
             gm_release_frees_held_for_capture_locked(allocator); /* their events can be recorded now */
         gm_forget_gone_pools_locked(allocator); /* one released before its end may be gone now */
     }
-    pthread_mutex_unlock(&allocator->lock);
+    gm_lock_release(&allocator->lock);
     return status;
 }
 
@@ -226,10 +226,10 @@ gm_status gm_retain_pool(gm_allocator *allocator, gm_pool_id id)
     gm_status status = check_arguments("gm_retain_pool", allocator, id);
     if (status != GM_OK)
         return status;
-    gm_mutex_lock(&allocator->lock);
+    gm_lock_acquire(&allocator->lock);
     if (!retain(allocator, id))
         status = gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a private pool");
-    pthread_mutex_unlock(&allocator->lock);
+    gm_lock_release(&allocator->lock);
     return status;
 }
 
@@ -238,7 +238,7 @@ gm_status gm_release_pool(gm_allocator *allocator, gm_pool_id id)
     gm_status status = check_arguments("gm_release_pool", allocator, id);
     if (status != GM_OK)
         return status;
-    gm_mutex_lock(&allocator->lock);
+    gm_lock_acquire(&allocator->lock);
     gm_private_pool *pool = find_pool(allocator, id);
     if (!pool || pool->users == 0) {
         status = no_such_pool("gm_release_pool", id);
@@ -246,7 +246,7 @@ gm_status gm_release_pool(gm_allocator *allocator, gm_pool_id id)
         pool->users--;
         forget_if_gone(allocator, pool);
     }
-    pthread_mutex_unlock(&allocator->lock);
+    gm_lock_release(&allocator->lock);
     return status;
 }
 
@@ -255,13 +255,13 @@ gm_status gm_set_pool_use_on_oom(gm_allocator *allocator, gm_pool_id id, int use
     gm_status status = check_arguments("gm_set_pool_use_on_oom", allocator, id);
     if (status != GM_OK)
         return status;
-    gm_mutex_lock(&allocator->lock);
+    gm_lock_acquire(&allocator->lock);
     gm_private_pool *pool = find_pool(allocator, id);
     if (!pool)
         status = no_such_pool("gm_set_pool_use_on_oom", id);
     else
         pool->use_on_oom = use_on_oom != 0;
-    pthread_mutex_unlock(&allocator->lock);
+    gm_lock_release(&allocator->lock);
     return status;
 }
 
@@ -282,7 +282,7 @@ gm_status gm_get_pool_info(gm_allocator *allocator, gm_pool_id id, gm_pool_info 
         status = gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_pool_info: info_out is NULL");
     if (status != GM_OK)
         return status;
-    gm_mutex_lock(&allocator->lock);
+    gm_lock_acquire(&allocator->lock);
     gm_private_pool *pool = find_pool(allocator, id);
     if (!pool) {
         status = no_such_pool("gm_get_pool_info", id);
@@ -295,7 +295,7 @@ gm_status gm_get_pool_info(gm_allocator *allocator, gm_pool_id id, gm_pool_info 
                 info_out->reserved_bytes += gm_region_reserved_bytes(region);
         }
     }
-    pthread_mutex_unlock(&allocator->lock);
+    gm_lock_release(&allocator->lock);
     return status;
 }
 
@@ -308,7 +308,7 @@ gm_status gm_get_pool_allocations(gm_allocator *allocator, gm_pool_id id, gm_poo
     if (status != GM_OK)
         return status;
     size_t count = 0;
-    gm_mutex_lock(&allocator->lock);
+    gm_lock_acquire(&allocator->lock);
     gm_private_pool *pool = find_pool(allocator, id);
     for (size_t h = 0; pool && h < allocator->arena.heap_count; h++) {
         const gm_heap *heap = allocator->arena.heaps[h];
@@ -318,7 +318,7 @@ gm_status gm_get_pool_allocations(gm_allocator *allocator, gm_pool_id id, gm_poo
                 if (block->state == GM_BLOCK_ALLOCATED && count++ < capacity)
                     allocations[count - 1] = (gm_pool_allocation){block->address, block->size, block->requested};
     }
-    pthread_mutex_unlock(&allocator->lock);
+    gm_lock_release(&allocator->lock);
     *count_out = count;
     return GM_OK;
 }

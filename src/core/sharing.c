@@ -28,7 +28,7 @@ gm_status gm_share(gm_allocator *allocator, const void *pointer, uint64_t *offse
     if (!allocator || !offset_out || !count_out || (capacity && !pieces))
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_share: %s is NULL",
                        !allocator ? "allocator" : !offset_out ? "offset_out" : !count_out ? "count_out" : "pieces");
-    gm_mutex_lock(&allocator->lock);
+    gm_lock_acquire(&allocator->lock);
     uint64_t value = 0;
     gm_status status;
     if (!gm_hash_map_get(&allocator->live_blocks, (uint64_t)(uintptr_t)pointer, &value))
@@ -39,7 +39,7 @@ gm_status gm_share(gm_allocator *allocator, const void *pointer, uint64_t *offse
     else
         status = allocator->arena.engine->share_block(&allocator->arena, (const gm_block *)(uintptr_t)value, offset_out,
                                                       pieces, capacity, count_out);
-    pthread_mutex_unlock(&allocator->lock);
+    gm_lock_release(&allocator->lock);
     return status;
 }
 
@@ -70,7 +70,7 @@ gm_status gm_open_shared(gm_allocator *allocator, int process, const gm_shared_p
     if (!backend->operations->open_shared)
         return gm_fail(GM_ERROR_NOT_SUPPORTED, "gm_open_shared: the %s backend cannot map memory of other processes "
                        "(the host and cuda backends can)", backend->operations->name);
-    gm_mutex_lock(&allocator->lock);
+    gm_lock_acquire(&allocator->lock);
     uintptr_t address = 0;
     gm_opened_share *grown = gm_array_room_for_one(allocator->opened_shares, allocator->opened_share_count,
                                                    &allocator->opened_share_capacity, sizeof *grown, 4);
@@ -82,7 +82,7 @@ gm_status gm_open_shared(gm_allocator *allocator, int process, const gm_shared_p
         allocator->opened_shares[allocator->opened_share_count++] = (gm_opened_share){address, size};
         *pointer_out = (void *)address;
     }
-    pthread_mutex_unlock(&allocator->lock);
+    gm_lock_release(&allocator->lock);
     return status;
 }
 
@@ -90,7 +90,7 @@ gm_status gm_close_shared(gm_allocator *allocator, void *pointer)
 {
     if (!allocator)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_close_shared: allocator is NULL");
-    gm_mutex_lock(&allocator->lock);
+    gm_lock_acquire(&allocator->lock);
     size_t i = 0;
     while (i < allocator->opened_share_count && allocator->opened_shares[i].address != (uintptr_t)pointer)
         i++;
@@ -100,7 +100,7 @@ gm_status gm_close_shared(gm_allocator *allocator, void *pointer)
         allocator->arena.backend->operations->close_shared(allocator->arena.backend, share.address, share.size);
         allocator->opened_shares[i] = allocator->opened_shares[--allocator->opened_share_count];
     }
-    pthread_mutex_unlock(&allocator->lock);
+    gm_lock_release(&allocator->lock);
     return found ? GM_OK
                  : gm_fail(GM_ERROR_INVALID_POINTER, "gm_close_shared: %p was not mapped by gm_open_shared", pointer);
 }

@@ -115,9 +115,9 @@ gm_status gm_validate(gm_allocator *allocator)
 {
     if (!allocator)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_validate: allocator is NULL");
-    gm_mutex_lock(&allocator->lock);
+    gm_lock_acquire(&allocator->lock);
     gm_status status = validate_locked(allocator);
-    pthread_mutex_unlock(&allocator->lock);
+    gm_lock_release(&allocator->lock);
     return status;
 }
 

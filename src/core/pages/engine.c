@@ -22,6 +22,7 @@
 
 #include <inttypes.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* A free block of exactly `size` bytes in `heap`'s `pool`, detached: a fit, else growth in the window
  * needing the fewest new pages -- neither in the way of the stream's lane (lane_sharing.c). A small
@@ -214,9 +215,11 @@ static uintptr_t pages_unmapped_part_end(const gm_arena *arena, const gm_block *
 
 static gm_status pages_create(gm_arena *arena)
 {
-    page_engine *engine = calloc(1, sizeof *engine);
+    /* On a cache line of its own start: the fields every request reads share one line. */
+    page_engine *engine = aligned_alloc(64, gm_round_up(sizeof *engine, 64));
     if (!engine)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the pages engine");
+    memset(engine, 0, sizeof *engine);
     engine->page_size = arena->backend->page_size;
     /* Twice the usable memory: room for holes left by moved chunks. */
     engine->region_size = gm_round_up(arena->memory_limit, engine->page_size) * 2;

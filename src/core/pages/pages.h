@@ -136,18 +136,20 @@ typedef struct page_heap {
 } page_heap;
 
 typedef struct page_engine {
+    /* Read or counted by every allocation and free: first, in one cache line. */
     uint64_t page_size;
-    uint64_t region_size;
     int64_t credit_ns;
     int64_t credit_per_allocation;
     int64_t bounce_credit_ns;    /* BOUNCE_CREDIT_NS per allocation, spent on moves that bounce, and on
                                     every move by choice under a memory limit (growth.c) */
+    uint64_t frees;              /* blocks freed so far: the clock of freed_at and waited_at */
+    uint64_t allocations;        /* allocations served so far */
+
+    uint64_t region_size;
     int64_t page_chunk_cost_ns;  /* what one page-sized chunk costs (create, map, set access) */
     uint64_t max_chunk_size;     /* whole pages; UINT64_MAX: no limit */
-    uint64_t frees;              /* blocks freed so far: the clock of freed_at and waited_at */
     idle_chunk *idle;            /* scratch list for the growth path */
     size_t idle_capacity;
-    uint64_t allocations;        /* allocations served so far */
     bool placing_lane;           /* the window being backed is a lane's: page-sized chunks, only what it needs */
     bool keep_peak;              /* placing in a lane: refuse new memory above the peak (lane_place) */
     bool moving_by_choice;       /* idle chunks are looked for to keep reserved memory at its peak, not
