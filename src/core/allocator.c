@@ -36,8 +36,6 @@
 #include "core/oom_report.h"
 #include "monitor/publish.h"
 
-#include <pthread.h>
-
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -224,7 +222,6 @@ static gm_status create_with_options(const gm_options *options, const gm_segment
         free(allocator);
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the allocator");
     }
-    atomic_init(&allocator->lock.state, 0);
     gm_pressure_init(&allocator->pressure);
     if (!gm_host_cache_init(&allocator->host_cache, options->host_limit)) {
         gm_destroy(allocator, NULL);

@@ -14,8 +14,6 @@
 #include "core/pressure.h"
 #include "monitor/publish.h"
 
-#include <pthread.h>
-
 /* A freed block waiting for one stream's event (one node per recorded stream). */
 typedef struct gm_pending_free {
     gm_block *block;
