@@ -49,6 +49,7 @@
 
 typedef struct run_state {
     pid_t child;
+    int64_t start_time_ns; /* CLOCK_REALTIME just before the command started */
     gm_published_watch *watches[MAX_WATCHED];
     char paths[MAX_WATCHED][4096];
     size_t watch_count;
@@ -182,14 +183,34 @@ static bool watched(const run_state *state, const char *path)
     return false;
 }
 
+/* A region whose writer is gone cannot be placed by walking the living processes' parents: its
+ * writer may have been killed between two polls. The region names the writer's parent, and its
+ * creation time tells it from a region some earlier process with a reused pid left. */
+static bool dead_writer_in_command_tree(const run_state *state, gm_published_watch *watch)
+{
+    gm_published published;
+    return gm_published_watch_read(watch, &published) == GM_OK && published.start_time_ns >= state->start_time_ns &&
+           published.parent_pid > 1 && in_command_tree(published.parent_pid, state->child);
+}
+
 static bool watch_new_region(const char *path, long pid, int device, void *context)
 {
     run_state *state = context;
     (void)device;
-    if (state->watch_count == MAX_WATCHED || watched(state, path) || !in_command_tree(pid, state->child))
+    if (state->watch_count == MAX_WATCHED || watched(state, path))
         return true;
-    if (gm_published_watch_open(path, &state->watches[state->watch_count]) == GM_OK)
-        snprintf(state->paths[state->watch_count++], sizeof state->paths[0], "%s", path);
+    bool alive_in_tree = in_command_tree(pid, state->child);
+    if (!alive_in_tree && gm_published_process_alive(pid))
+        return true;
+    gm_published_watch *watch = NULL;
+    if (gm_published_watch_open(path, &watch) != GM_OK)
+        return true;
+    if (!alive_in_tree && !dead_writer_in_command_tree(state, watch)) {
+        gm_published_watch_close(watch);
+        return true;
+    }
+    state->watches[state->watch_count] = watch;
+    snprintf(state->paths[state->watch_count++], sizeof state->paths[0], "%s", path);
     return true;
 }
 
@@ -299,6 +320,9 @@ static int run(char **command, const char *conf, const char *report)
     double started = now_seconds();
     static run_state state;
     memset(&state, 0, sizeof state);
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    state.start_time_ns = (int64_t)wall.tv_sec * 1000000000 + wall.tv_nsec;
     state.child = fork();
     if (state.child == 0) {
         sigaction(SIGINT, &old_interrupt, NULL);

@@ -53,6 +53,7 @@ static void check_published_equals_stats(gm_allocator *allocator, const char *pa
     CHECK_EQ_INT(stats.allocated_bytes[GM_POOL_ALL].current, allocated);
     CHECK(memcmp(&published.stats, &stats, sizeof stats) == 0);
     CHECK_EQ_INT(published.pid, getpid());
+    CHECK_EQ_INT(published.parent_pid, getppid());
     CHECK(!strcmp(published.backend, "sim") && !strcmp(published.engine, "pages"));
     CHECK_EQ_INT(published.device_total_bytes, 1ull << 30);
 }

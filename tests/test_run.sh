@@ -72,6 +72,15 @@ grep -q "process $pid, sim device 0 (pages engine): peak allocated 1.00 MiB" "$w
     fail "gpumem run did not report its grandchild $pid: $(cat "$work/live.err")"
 [ -z "$(ls "$GPUMEM_SHM_DIR")" ] || fail "the killed process's region was not removed: $(ls "$GPUMEM_SHM_DIR")"
 
+# A grandchild killed as soon as it has published, likely before gpumem run looked (it polls): its
+# region names its parent, so it is still the command's, reported and removed.
+"$gpumem" run -- sh -c "'$holder' 2097152 >'$work/quick.out' & while [ ! -s '$work/quick.out' ]; do :; done
+kill -9 \$!; wait; true" >/dev/null 2>"$work/quick.err"
+read -r pid _ <"$work/quick.out"
+grep -q "process $pid, sim device 0 (pages engine): peak allocated 2.00 MiB" "$work/quick.err" ||
+    fail "gpumem run did not report its grandchild $pid killed at once: $(cat "$work/quick.err")"
+[ -z "$(ls "$GPUMEM_SHM_DIR")" ] || fail "the quickly killed process's region was not removed: $(ls "$GPUMEM_SHM_DIR")"
+
 # --report: the report is made from the history the command's allocators wrote into GPUMEM_RUN_OUTPUT
 # (gpumem.torch does it at exit; this command does what it does, for a sim allocator).
 "$gpumem" run --report "$work/run.html" -- python3 -c '

@@ -124,6 +124,7 @@ static void write_header(gm_region *region, const gm_publish_identity *identity)
     header->header_size = sizeof *header;
     header->total_size = sizeof *region;
     header->pid = (int64_t)getpid();
+    header->parent_pid = (int32_t)getppid();
     header->device = identity->device;
     header->stats_size = sizeof(gm_stats);
     header->pool_statistic_count = GM_REGION_POOL_STATISTIC_COUNT;

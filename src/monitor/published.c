@@ -157,6 +157,7 @@ static void complete(gm_stats *stats)
 static void copy_header(const gm_region_header *header, gm_published *published)
 {
     published->pid = (long)header->pid;
+    published->parent_pid = (long)header->parent_pid;
     published->device = header->device;
     snprintf(published->backend, sizeof published->backend, "%.15s", header->backend);
     snprintf(published->engine, sizeof published->engine, "%.15s", header->engine);

@@ -29,6 +29,7 @@ typedef struct gm_published_pinned_host {
 /* One consistent snapshot of a region. */
 typedef struct gm_published {
     long pid;
+    long parent_pid; /* the writer's parent when it made the region; 0: unknown */
     int device;
     char backend[16];
     char engine[16];

@@ -42,7 +42,7 @@ typedef struct gm_region_header {
     uint32_t pool_statistic_count; /* entries of GM_POOL_STATISTICS */
     uint32_t counter_count;        /* entries of GM_COUNTERS */
     uint32_t call_kind_count;      /* GM_CALL_KIND_COUNT */
-    uint32_t reserved;             /* 0 */
+    int32_t parent_pid;            /* the writing process's parent when the region was made (0: unknown) */
     char backend[16];              /* "sim", "host", "cuda", NUL-terminated */
     char engine[16];               /* "pages", "segments", NUL-terminated */
     uint64_t page_size;            /* the backend's mapping granularity */
