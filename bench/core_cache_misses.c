@@ -1,12 +1,13 @@
 /*
  * bench/core_cache_misses.c -- the program bench/core_cache_misses.py runs under cachegrind: gm_malloc
- * and gm_free of one pattern on the sim, with 64 KiB read after every call.
+ * and gm_free of one pattern on the sim, with 64 KiB read and 40 KiB of code run after every call.
  *
  * In an interpreter's loop (Python, with CuPy or PyTorch around the allocator) the processor's
  * first-level cache keeps little of gpumem from one call to the next, so what a call costs there is
  * largely the cache lines it touches. Timing that is at the mercy of the machine's drift; cachegrind
  * counts it: the reads between calls push gpumem's lines out of its simulated 32 KiB cache, and the
- * misses counted inside gpumem's functions are the lines a call touches.
+ * misses counted inside gpumem's functions are the lines a call touches (data, and code: 40 KiB of
+ * no-ops run between calls push gpumem's code out of the simulated instruction cache).
  *
  *     gpumem_core_cache_misses ITERATIONS FIRST_SIZE SECOND_SIZE   (sizes alternate)
  */
@@ -19,13 +20,22 @@
 
 static volatile unsigned char stirred[STIRRED_BYTES];
 
-/* Read one byte of every cache line of `stirred`: kept out of gpumem's functions' counts. */
+/* Run 40 KiB of straight-line code (one-byte no-ops): the simulated 32 KiB instruction cache then
+ * holds none of gpumem's code either, as after an interpreter's dispatch between two calls. */
+__attribute__((noinline)) static void stir_code(void)
+{
+    __asm__ volatile(".rept 40960\n\tnop\n\t.endr" ::: "memory");
+}
+
+/* Read one byte of every cache line of `stirred` and run stir_code: kept out of gpumem's functions'
+ * counts. */
 __attribute__((noinline)) static void stir_caches(void)
 {
     unsigned sum = 0;
     for (size_t i = 0; i < STIRRED_BYTES; i += 64)
         sum += stirred[i];
     stirred[0] = (unsigned char)sum;
+    stir_code();
 }
 
 int main(int argc, char **argv)
