@@ -14,7 +14,10 @@ byte (what Python and the dispatcher cost without any allocator work), and the s
 straight through the allocator interface PyTorch calls (bench/allocator_interface_loop.cpp, compiled
 at start: allocate and the deleter, nothing else). "allocator µs" is the CUDA loop's time per
 iteration less the CPU loop's; it still holds what a CUDA tensor costs beyond a CPU one (see `empty`).
-"interface µs" is the C++ loop's time per iteration: the allocator's own time. A repeat's figure
+"interface µs" is the C++ loop's time per iteration: the allocator's own time. "stirred µs" (patterns
+same, alternating, cycling, small, empty) is the same C++ loop with the first-level caches swept after
+every call (64 KiB of data read, 40 KiB of code run), less the sweeps alone: the allocator's own time
+when, as in an interpreter's loop, little of it stays cached between calls. A repeat's figure
 for an allocator is the median of its turns; the table gives the median over repeats and the spread
 (max - min) of the repeats' figures, and the ratios of each allocator's medians to torch-native's, of
 the whole loop, of the allocator µs and of the interface µs.
@@ -47,6 +50,7 @@ ALLOCATORS = {
     "gpumem": {"GPUMEM_TORCH": "1"},
 }
 PATTERNS = ("same", "alternating", "cycling", "small", "ascending", "streams", "empty")
+STIRRED_PATTERNS = ("same", "alternating", "cycling", "small", "empty")
 
 
 def sizes_of(pattern, iterations):
@@ -130,6 +134,8 @@ def child(arguments):
         if loop:
             torch.cuda.synchronize()
             result["interface_us"] = loop.time_pattern(pattern, sizes) / len(sizes) * 1e6
+            if pattern in STIRRED_PATTERNS:
+                result["stirred_us"] = loop.time_stirred(sizes) / len(sizes) * 1e6
         print(json.dumps(result), flush=True)
 
 
@@ -178,12 +184,12 @@ def one_repeat(allocators, arguments):
         for pattern in arguments.patterns.split(","):
             for contender in contenders:
                 contender.turn(pattern)  # warm-up: the cache fills, the code is loaded
-                turns[contender.allocator][pattern] = {"us": [], "cpu_us": [], "interface_us": []}
+                turns[contender.allocator][pattern] = {"us": [], "cpu_us": [], "interface_us": [], "stirred_us": []}
             for round_number in range(arguments.rounds):
                 shift = round_number % len(contenders)
                 for contender in contenders[shift:] + contenders[:shift]:
                     result = contender.turn(pattern)
-                    for key in ("us", "cpu_us", "interface_us"):
+                    for key in ("us", "cpu_us", "interface_us", "stirred_us"):
                         if key in result:
                             turns[contender.allocator][pattern][key].append(result[key])
     finally:
@@ -287,6 +293,31 @@ def print_table(records):
             print(f"| {pattern} | {name} | {median_of(pattern, name, whole):.2f} | "
                   f"{max(repeat_medians) - min(repeat_medians):.2f} | {mine_own:.2f} | {beyond} | {interface_cell} | "
                   + " | ".join(cells) + " |")
+    print_stirred_table(by_key, allocators, patterns)
+
+
+def print_stirred_table(by_key, allocators, patterns):
+    """The interface loop with the caches swept between calls: median µs and the paired ratio."""
+    def stirred(turns, index):
+        return turns["stirred_us"][index]
+
+    rows = [(pattern, name) for pattern in patterns for name in allocators
+            if all(t.get("stirred_us") for t in by_key[(pattern, name)])]
+    if not rows:
+        return
+    print()
+    print("| pattern | allocator | stirred µs (interface, caches swept between calls) | spread of repeats "
+          "| ratio to torch-native |")
+    print("|---|---|---|---|---|")
+    for pattern, name in rows:
+        turns = by_key[(pattern, name)]
+        values = [v for t in turns for v in t["stirred_us"]]
+        repeat_medians = [statistics.median(t["stirred_us"]) for t in turns]
+        ratio = ""
+        if name != "torch-native" and (pattern, "torch-native") in rows:
+            ratio = f"{paired_ratio(turns, by_key[(pattern, 'torch-native')], stirred):.2f}"
+        print(f"| {pattern} | {name} | {statistics.median(values):.3f} | "
+              f"{max(repeat_medians) - min(repeat_medians):.3f} | {ratio} |")
 
 
 if __name__ == "__main__":
