@@ -280,6 +280,47 @@ static void peaks_and_accumulated_stats_reset(void)
     gm_destroy(allocator, NULL);
 }
 
+/* Blocks alive across a reset of the accumulated readings: what they free afterwards is counted as
+ * freed in their pool, and the readings of the statistics every call changes stay consistent
+ * (current = allocated - freed + what was current at the reset). */
+static void accumulated_readings_after_a_reset_with_live_blocks(void)
+{
+    gm_allocator *allocator = make("capacity:1GiB");
+    void *large = NULL, *small = NULL, *later = NULL;
+    CHECK_OK(gm_malloc(allocator, 8u << 20, 0, &large));
+    CHECK_OK(gm_malloc(allocator, 4096, 0, &small));
+    CHECK_OK(gm_reset_accumulated_stats(allocator));
+    CHECK_OK(gm_free(allocator, large));
+    CHECK_OK(gm_malloc(allocator, 2u << 20, 0, &later));
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    CHECK_EQ_INT(stats.allocated_bytes[GM_POOL_LARGE].allocated, 2 << 20);
+    CHECK_EQ_INT(stats.allocated_bytes[GM_POOL_LARGE].freed, 8 << 20);
+    CHECK_EQ_INT(stats.allocated_bytes[GM_POOL_LARGE].current, 2 << 20);
+    CHECK_EQ_INT(stats.allocated_bytes[GM_POOL_LARGE].peak, 8 << 20);
+    CHECK_EQ_INT(stats.allocated_bytes[GM_POOL_SMALL].allocated, 0);
+    CHECK_EQ_INT(stats.allocated_bytes[GM_POOL_SMALL].freed, 0);
+    CHECK_EQ_INT(stats.allocated_bytes[GM_POOL_SMALL].current, 4096);
+    CHECK_EQ_INT(stats.allocated_bytes[GM_POOL_ALL].current, (2 << 20) + 4096);
+    CHECK_EQ_INT(stats.allocated_bytes[GM_POOL_ALL].peak, (8 << 20) + 4096);
+    CHECK_EQ_INT(stats.allocated_bytes[GM_POOL_ALL].freed, 8 << 20);
+    CHECK_EQ_INT(stats.allocation[GM_POOL_ALL].allocated, 1);
+    CHECK_EQ_INT(stats.allocation[GM_POOL_ALL].freed, 1);
+    CHECK_EQ_INT(stats.allocation[GM_POOL_ALL].current, 2);
+    CHECK_EQ_INT(stats.active_bytes[GM_POOL_LARGE].freed, 8 << 20);
+    CHECK_EQ_INT(stats.requested_bytes[GM_POOL_LARGE].freed, 8 << 20);
+    CHECK_EQ_INT(stats.active[GM_POOL_SMALL].current, 1);
+    CHECK_OK(gm_free(allocator, small));
+    CHECK_OK(gm_reset_peak_stats(allocator));
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    CHECK_EQ_INT(stats.allocated_bytes[GM_POOL_SMALL].freed, 4096);
+    CHECK_EQ_INT(stats.allocated_bytes[GM_POOL_SMALL].peak, 0);
+    CHECK_EQ_INT(stats.allocated_bytes[GM_POOL_ALL].peak, 2 << 20);
+    CHECK_EQ_INT(stats.active[GM_POOL_ALL].peak, 1);
+    CHECK_OK(gm_free(allocator, later));
+    gm_destroy(allocator, NULL);
+}
+
 static void device_calls_are_counted_and_priced(void)
 {
     gm_allocator *allocator = make("engine:pages,capacity:1GiB");
@@ -533,7 +574,8 @@ RUN_TESTS(TEST_CASE(named_streams_are_their_names_on_sim), TEST_CASE(small_tenso
           TEST_CASE(malloc_and_free_basics), TEST_CASE(invalid_pointers_change_nothing),
           TEST_CASE(out_of_memory_explains_and_recovers), TEST_CASE(fragmentation_is_diagnosed),
           TEST_CASE(memory_limit_is_diagnosed), TEST_CASE(empty_cache_returns_memory),
-          TEST_CASE(peaks_and_accumulated_stats_reset), TEST_CASE(device_calls_are_counted_and_priced),
+          TEST_CASE(peaks_and_accumulated_stats_reset),
+          TEST_CASE(accumulated_readings_after_a_reset_with_live_blocks), TEST_CASE(device_calls_are_counted_and_priced),
           TEST_CASE(summary_has_pytorch_layout), TEST_CASE(status_names_and_messages),
           TEST_CASE(destroy_reports_live_allocations), TEST_CASE(device_info_describes_the_backend),
           TEST_CASE(impossible_requests_report_their_real_size), TEST_CASE(impossible_devices_are_refused))

@@ -88,6 +88,7 @@ static inline void end_change(gm_allocator *allocator)
 {
     if (!allocator->published)
         return;
+    gm_hot_stats_write(&allocator->arena.hot_stats, allocator->arena.stats);
     if (allocator->arena.backend->memory_calls != allocator->published_memory_calls ||
         --allocator->publish_countdown == 0)
         publish_device_calls(allocator);
@@ -110,7 +111,7 @@ void gm_unlock_after_change(gm_allocator *allocator)
  * without a policy, one branch. */
 static inline bool pressure_crossed(const gm_allocator *allocator)
 {
-    return GM_UNLIKELY(allocator->pressure.watching) && gm_pressure_crossed(&allocator->pressure, allocator->arena.stats);
+    return GM_UNLIKELY(allocator->pressure.watching) && gm_pressure_crossed(&allocator->pressure, &allocator->arena);
 }
 
 /* The end of such a call (lock held, statistics open): evaluate the level (a rise runs the ladder), then
@@ -139,6 +140,7 @@ static void start_publishing(gm_allocator *allocator)
                                     .engine = allocator->arena.engine->name, .page_size = backend->page_size,
                                     .device_total_bytes = backend->total_bytes};
     add_device_calls(backend, allocator->arena.stats);
+    gm_hot_stats_write(&allocator->arena.hot_stats, allocator->arena.stats);
     allocator->publish_status = gm_publisher_open(&identity, allocator->arena.stats, &allocator->host_cache.stats,
                                                   &allocator->publisher);
     if (allocator->publish_status != GM_OK) {
@@ -370,9 +372,10 @@ static inline __attribute__((always_inline)) void count_allocation(gm_allocator 
                                                                    int64_t sign)
 {
     int pool = block->pool;
-    gm_stat_change(allocator->arena.stats->allocation, pool, sign);
-    gm_stat_change(allocator->arena.stats->allocated_bytes, pool, sign * (int64_t)block->size);
-    gm_stat_change(allocator->arena.stats->requested_bytes, pool, sign * (int64_t)block->requested);
+    gm_hot_stats *hot = &allocator->arena.hot_stats;
+    gm_hot_stat_change(&hot->allocation, pool, sign);
+    gm_hot_stat_change(&hot->allocated_bytes, pool, sign * (int64_t)block->size);
+    gm_hot_stat_change(&hot->requested_bytes, pool, sign * (int64_t)block->requested);
 }
 
 void gm_count_new_allocation_locked(gm_allocator *allocator, gm_heap *heap, gm_block *block, size_t requested,
@@ -380,8 +383,8 @@ void gm_count_new_allocation_locked(gm_allocator *allocator, gm_heap *heap, gm_b
 {
     block->requested = requested;
     count_allocation(allocator, block, 1);
-    gm_stat_change(allocator->arena.stats->active, block->pool, 1);
-    gm_stat_change(allocator->arena.stats->active_bytes, block->pool, (int64_t)block->size);
+    gm_hot_stat_change(&allocator->arena.hot_stats.active, block->pool, 1);
+    gm_hot_stat_change(&allocator->arena.hot_stats.active_bytes, block->pool, (int64_t)block->size);
     gm_history_record(allocator->arena.history, GM_EVENT_ALLOC, block->address, requested, stream,
                       gm_heap_pool_id(block->heap));
     heap->live_blocks++;
@@ -641,8 +644,7 @@ gm_status gm_cache_info(gm_allocator *allocator, uint64_t *free_bytes_out, uint6
 
 void gm_read_stats_locked(gm_allocator *allocator, gm_stats *stats_out)
 {
-    *stats_out = *allocator->arena.stats;
-    gm_stats_complete(stats_out);
+    gm_arena_read_stats(&allocator->arena, stats_out);
     add_device_calls(allocator->arena.backend, stats_out);
 }
 
@@ -663,6 +665,7 @@ gm_status gm_reset_peak_stats(gm_allocator *allocator)
     gm_lock_acquire(&allocator->lock);
     begin_change(allocator);
     gm_stats_reset_peaks(allocator->arena.stats);
+    gm_hot_stats_reset_peaks(&allocator->arena.hot_stats);
     end_change(allocator);
     gm_lock_release(&allocator->lock);
     return GM_OK;
@@ -675,6 +678,7 @@ gm_status gm_reset_accumulated_stats(gm_allocator *allocator)
     gm_lock_acquire(&allocator->lock);
     begin_change(allocator);
     gm_stats_reset_accumulated(allocator->arena.stats);
+    gm_hot_stats_reset_accumulated(&allocator->arena.hot_stats);
     memset(allocator->arena.backend->calls, 0, sizeof allocator->arena.backend->calls);
     memset(allocator->arena.backend->call_ns_by_kind, 0, sizeof allocator->arena.backend->call_ns_by_kind);
     allocator->arena.backend->call_ns = 0;

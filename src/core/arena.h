@@ -80,7 +80,18 @@ typedef struct gm_arena {
     uint64_t memory_limit; /* reserved bytes never exceed this */
     gm_block_pool block_pool;
     gm_heap **heaps;
+    /* The statistics every allocation and free changes, kept here rather than in *stats (one cache
+     * line each); the front end writes them into *stats when the statistics are read or published. */
+    gm_hot_stats hot_stats;
 } gm_arena;
+
+/* The arena's statistics, every reading filled in (the hot ones and the all-pools sums). */
+static inline void gm_arena_read_stats(const gm_arena *arena, gm_stats *stats_out)
+{
+    *stats_out = *arena->stats;
+    gm_hot_stats_write(&arena->hot_stats, stats_out);
+    gm_stats_complete(stats_out);
+}
 
 struct gm_engine_operations {
     const char *name;

@@ -119,8 +119,8 @@ static free_pieces find_free_pieces(gm_arena *arena, const gm_heap *heap, int po
 
 static gm_oom_facts gather_facts(gm_arena *arena, uint64_t size, const gm_oom_attempts *attempts)
 {
-    gm_stats stats = *arena->stats;
-    gm_stats_complete(&stats);
+    gm_stats stats;
+    gm_arena_read_stats(arena, &stats);
     gm_oom_facts facts = {.size = size, .memory_limit = arena->memory_limit,
                           .host_failed = arena->backend->host_memory_failed};
     gm_backend_memory_info(arena->backend, &facts.device_free, &facts.device_total);
@@ -357,8 +357,8 @@ void gm_write_oom_report(gm_arena *arena, gm_heap *heap, uint64_t size, const gm
 {
     byte_texts texts = {.used = 0};
     byte_texts *t = &texts;
-    gm_stats stats = *arena->stats;
-    gm_stats_complete(&stats);
+    gm_stats stats;
+    gm_arena_read_stats(arena, &stats);
     gm_oom_facts facts = gather_facts(arena, size, attempts);
     int pool = size <= arena->options->small_size ? GM_POOL_SMALL : GM_POOL_LARGE;
     free_pieces pieces = find_free_pieces(arena, heap, pool);

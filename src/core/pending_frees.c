@@ -51,8 +51,8 @@ void gm_return_event_locked(gm_allocator *allocator, uint64_t event)
 /* A block that is neither allocated nor awaited any more: its memory goes back to the engine. */
 void gm_retire_block_locked(gm_allocator *allocator, gm_block *block)
 {
-    gm_stat_change(allocator->arena.stats->active, block->pool, -1);
-    gm_stat_change(allocator->arena.stats->active_bytes, block->pool, -(int64_t)block->size);
+    gm_hot_stat_change(&allocator->arena.hot_stats.active, block->pool, -1);
+    gm_hot_stat_change(&allocator->arena.hot_stats.active_bytes, block->pool, -(int64_t)block->size);
     if (block->recorded_more) { /* rare: a call into the C library costs a cache line or two of code */
         free(block->recorded_more);
         block->recorded_more = NULL;

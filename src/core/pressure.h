@@ -12,6 +12,7 @@
 
 #include "gpumem.h"
 
+#include "core/arena.h"
 #include "core/statistics.h"
 
 #include <pthread.h>
@@ -70,10 +71,10 @@ void gm_pressure_destroy(gm_pressure *pressure);
 
 /* Whether the byte readings crossed a watched bound: after every call that changes them, when
  * `watching`. Comparisons only. */
-static inline bool gm_pressure_crossed(const gm_pressure *pressure, const gm_stats *stats)
+static inline bool gm_pressure_crossed(const gm_pressure *pressure, const gm_arena *arena)
 {
-    uint64_t reserved = (uint64_t)gm_stat_total(stats->reserved_bytes);
-    uint64_t allocated = (uint64_t)gm_stat_total(stats->allocated_bytes);
+    uint64_t reserved = (uint64_t)gm_stat_total(arena->stats->reserved_bytes);
+    uint64_t allocated = (uint64_t)arena->hot_stats.allocated_bytes.all_current;
     return reserved >= pressure->reserved_above || allocated >= pressure->allocated_above ||
            (reserved < pressure->reserved_below && allocated < pressure->allocated_below);
 }

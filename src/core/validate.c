@@ -93,8 +93,8 @@ static gm_status validate_locked(gm_allocator *allocator)
     if (status == GM_OK)
         status = allocator->arena.engine->validate(&allocator->arena, &recomputed);
     gm_stats_complete(&recomputed);
-    gm_stats recorded_copy = *allocator->arena.stats;
-    gm_stats_complete(&recorded_copy);
+    gm_stats recorded_copy;
+    gm_arena_read_stats(&allocator->arena, &recorded_copy);
     gm_stat *recorded_array, *recomputed_array;
     for (size_t i = 0; status == GM_OK && (recorded_array = gm_stats_array(&recorded_copy, i)); i++) {
         recomputed_array = gm_stats_array(&recomputed, i);
