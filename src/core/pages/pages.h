@@ -299,6 +299,8 @@ gm_status pages_grow(gm_arena *arena, gm_heap *heap, int pool, uint64_t size, wi
 /* Cut the detached free block `block` to `size` bytes; the rest goes back to the index. */
 static inline void pages_trim_to_size(gm_arena *arena, gm_block *block, uint64_t size)
 {
+    if (block->size == size) /* an exact fit (a training loop's usual one) calls nothing */
+        return;
     gm_block *rest = gm_split_block(&arena->block_pool, block, size);
     if (rest)
         gm_index_free_block(arena, rest);
