@@ -464,6 +464,52 @@ static gm_status not_live(const char *call, const void *pointer)
                    "by gm_malloc, or already freed)", call, pointer);
 }
 
+/* The end of every free: the pressure watch, the statistics published, the lock released. */
+static inline gm_status finish_free(gm_allocator *allocator)
+{
+    if (pressure_crossed(allocator))
+        return finish_under_pressure(allocator, GM_OK);
+    end_change(allocator);
+    gm_lock_release(&allocator->lock);
+    return GM_OK;
+}
+
+/* The free of a block that record_stream gave other streams (lock held, the block out of the live map):
+ * its memory waits for their events, or, while a graph is captured, for the capture's end. Out of
+ * gm_free's line, so that the common free's code stays a few cache lines. */
+__attribute__((noinline)) static gm_status free_used_elsewhere(gm_allocator *allocator, gm_block *block, uint64_t key)
+{
+    /* While a graph is captured no event can be waited for: the block waits for the capture to end
+     * before its events are recorded (pending_frees.c). */
+    bool held = allocator->pool_route_count != 0;
+    if (held && gm_hold_free_for_capture_locked(allocator, block) != GM_OK) {
+        /* Nothing changed: the block goes back into the map, which just lost it, so the put needs no
+         * room and cannot fail. */
+        gm_hash_map_put(&allocator->live_blocks, key, (uint64_t)(uintptr_t)block);
+        gm_lock_release(&allocator->lock);
+        return GM_ERROR_OUT_OF_MEMORY;
+    }
+    begin_change(allocator);
+    count_allocation(allocator, block, -1);
+    block->state = GM_BLOCK_PENDING;
+    gm_history_record(allocator->arena.history, GM_EVENT_FREE_REQUESTED, block->address, block->requested,
+                      block->heap->stream, gm_heap_pool_id(block->heap));
+    if (held) /* counted as pending; released by gm_end_allocate_to_pool */
+        return finish_free(allocator);
+    gm_status deferred = GM_OK;
+    for (uint32_t i = 0; i < block->recorded_count && deferred == GM_OK; i++)
+        deferred = gm_defer_free_locked(allocator, block, gm_recorded_stream(block, i));
+    if (deferred != GM_OK && block->pending_events) {
+        /* An event could not be had: wait for every pending free (this block's too) rather than
+         * risk reuse while a stream still runs. */
+        allocator->arena.stats->num_sync_all_streams++;
+        gm_process_pending_frees_locked(allocator, true);
+    } else if (block->pending_events == 0) {
+        gm_retire_block_locked(allocator, block);
+    }
+    return finish_free(allocator);
+}
+
 gm_status gm_free(gm_allocator *allocator, void *pointer)
 {
     if (!allocator)
@@ -477,39 +523,16 @@ gm_status gm_free(gm_allocator *allocator, void *pointer)
         return not_live("gm_free", pointer);
     }
     gm_block *block = (gm_block *)(uintptr_t)value;
-    /* While a graph is captured no event can be waited for: a block used on other streams waits for
-     * the capture to end before its events are recorded (pending_frees.c). */
-    bool held = block->recorded_count && allocator->pool_route_count;
-    if (held && gm_hold_free_for_capture_locked(allocator, block) != GM_OK) {
-        /* Nothing changed: the block goes back into the map, which just lost it, so the put needs no
-         * room and cannot fail. */
-        gm_hash_map_put(&allocator->live_blocks, key, value);
-        gm_lock_release(&allocator->lock);
-        return GM_ERROR_OUT_OF_MEMORY;
-    }
+    if (GM_UNLIKELY(block->recorded_count))
+        return free_used_elsewhere(allocator, block, key);
     begin_change(allocator);
     count_allocation(allocator, block, -1);
     block->state = GM_BLOCK_PENDING;
     gm_history_record(allocator->arena.history, GM_EVENT_FREE_REQUESTED, block->address, block->requested,
                       block->heap->stream, gm_heap_pool_id(block->heap));
-    gm_status deferred = GM_OK;
-    for (uint32_t i = 0; i < block->recorded_count && deferred == GM_OK && !held; i++)
-        deferred = gm_defer_free_locked(allocator, block, gm_recorded_stream(block, i));
-    if (held) {
-        /* counted as pending; released by gm_end_allocate_to_pool */
-    } else if (deferred != GM_OK && block->pending_events) {
-        /* An event could not be had: wait for every pending free (this block's too) rather than
-         * risk reuse while a stream still runs. */
-        allocator->arena.stats->num_sync_all_streams++;
-        gm_process_pending_frees_locked(allocator, true);
-    } else if (block->pending_events == 0) {
+    if (block->pending_events == 0)
         gm_retire_block_locked(allocator, block);
-    }
-    if (pressure_crossed(allocator))
-        return finish_under_pressure(allocator, GM_OK);
-    end_change(allocator);
-    gm_lock_release(&allocator->lock);
-    return GM_OK;
+    return finish_free(allocator);
 }
 
 static gm_status add_recorded_stream(gm_block *block, gm_stream stream)
