@@ -51,7 +51,8 @@ struct gm_allocator {
     uint64_t *spare_events;         /* pooled backend events */
     size_t spare_event_count;
     size_t spare_event_capacity;
-    gm_stats own_stats;            /* the statistics, unless they are kept in the published region */
+    gm_stats own_stats;            /* the statistics (the five hot ones: arena.hot_stats), unless they are kept in
+                                      the published region */
     gm_publisher *publisher;       /* publish:true and its region was made; else NULL */
     gm_status publish_status;      /* why there is no publisher */
     char publish_error[512];
