@@ -31,13 +31,13 @@ static bool in_ring_way(const gm_block *block, uint64_t size)
     return block->size < size + RING_FIT_ROOM;
 }
 
-gm_block *pages_fit_beside_lane(gm_heap *heap, int pool, uint64_t size)
+/* pages_fit_beside_lane's part for a large-pool fit `fit` while the stream's ring has live blocks. */
+gm_block *pages_fit_among_lane(gm_heap *heap, gm_block *fit, uint64_t size)
 {
-    const gm_size_index *index = gm_heap_index(heap, pool);
-    gm_block *block = gm_size_index_find(index, size);
-    gm_heap *lane = heap->engine_data ? state_of(heap)->lane : NULL;
-    if (!block || !lane || !state_of(lane)->live || pool != GM_POOL_LARGE || !in_ring_way(block, size))
-        return block;
+    if (!in_ring_way(fit, size))
+        return fit;
+    const gm_size_index *index = gm_heap_index(heap, GM_POOL_LARGE);
+    gm_block *block;
     gm_index_cursor cursor;
     for (block = gm_size_index_begin_at(&cursor, index, size); block; block = gm_size_index_advance(&cursor))
         if (block->size >= size && !in_ring_way(block, size))

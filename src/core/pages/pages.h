@@ -362,7 +362,15 @@ static inline uintptr_t pages_ring_floor(const gm_region *region)
 /* A fit for a request of the stream's heap `heap`: the size index's, unless it lies in the way of
  * the stream's lane (a free block bordering a live lane block without RING_FIT_ROOM beside the
  * request): then the first other block that fits, or NULL. */
-gm_block *pages_fit_beside_lane(gm_heap *heap, int pool, uint64_t size);
+gm_block *pages_fit_among_lane(gm_heap *heap, gm_block *fit, uint64_t size);
+static inline gm_block *pages_fit_beside_lane(gm_heap *heap, int pool, uint64_t size)
+{
+    gm_block *block = gm_size_index_find(gm_heap_index(heap, pool), size);
+    gm_heap *lane = heap->engine_data ? state_of(heap)->lane : NULL;
+    if (!block || !lane || !state_of(lane)->live || pool != GM_POOL_LARGE)
+        return block; /* no live ring beside: the size index's fit (inline: the common case) */
+    return pages_fit_among_lane(heap, block, size);
+}
 /* A run filter (pages_choose_window) for the stream's growth: not a run between two live lane blocks. */
 bool pages_run_outside_lane(const gm_block *first, const gm_block *last);
 
