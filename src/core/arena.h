@@ -195,10 +195,29 @@ static inline gm_region *gm_next_region(const gm_region *region)
 
 /* ---------------------------------------------------------------- free blocks and accounting (block.c) */
 
-/* Put a free block into its heap's size index, counting it as inactive-split if it has neighbours. */
-void gm_index_free_block(gm_arena *arena, gm_block *block);
+/* Put a free block into its heap's size index, counting it as inactive-split if it has neighbours.
+ * Inline, as its twin below: every malloc and free runs them. */
+static inline void gm_index_free_block(gm_arena *arena, gm_block *block)
+{
+    gm_size_index_insert(gm_heap_index(block->heap, block->pool), block);
+    block->indexed = 1;
+    block->counted_split = gm_block_is_split(block);
+    if (block->counted_split) {
+        gm_stat_change(arena->stats->inactive_split, block->pool, 1);
+        gm_stat_change(arena->stats->inactive_split_bytes, block->pool, (int64_t)block->size);
+    }
+}
+
 /* Take a free block out of its size index (undoing the inactive-split count). */
-void gm_unindex_free_block(gm_arena *arena, gm_block *block);
+static inline void gm_unindex_free_block(gm_arena *arena, gm_block *block)
+{
+    gm_size_index_remove(gm_heap_index(block->heap, block->pool), block);
+    block->indexed = 0;
+    if (block->counted_split) {
+        gm_stat_change(arena->stats->inactive_split, block->pool, -1);
+        gm_stat_change(arena->stats->inactive_split_bytes, block->pool, -(int64_t)block->size);
+    }
+}
 /* Check the blocks of `region`: they tile it in address order, no two free (or two unmapped) blocks
  * touch, every free block is indexed; free blocks with neighbours are added to the inactive-split
  * statistics of *recomputed. `check` (may be NULL) then sees every block, for an engine's own rules. */

@@ -70,27 +70,6 @@ void gm_block_pool_free_all(gm_block_pool *pool)
     memset(pool, 0, sizeof *pool);
 }
 
-void gm_index_free_block(gm_arena *arena, gm_block *block)
-{
-    gm_size_index_insert(gm_heap_index(block->heap, block->pool), block);
-    block->indexed = 1;
-    block->counted_split = gm_block_is_split(block);
-    if (block->counted_split) {
-        gm_stat_change(arena->stats->inactive_split, block->pool, 1);
-        gm_stat_change(arena->stats->inactive_split_bytes, block->pool, (int64_t)block->size);
-    }
-}
-
-void gm_unindex_free_block(gm_arena *arena, gm_block *block)
-{
-    gm_size_index_remove(gm_heap_index(block->heap, block->pool), block);
-    block->indexed = 0;
-    if (block->counted_split) {
-        gm_stat_change(arena->stats->inactive_split, block->pool, -1);
-        gm_stat_change(arena->stats->inactive_split_bytes, block->pool, -(int64_t)block->size);
-    }
-}
-
 gm_block *gm_split_block(gm_block_pool *pool, gm_block *block, uint64_t size)
 {
     if (block->size == size)
