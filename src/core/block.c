@@ -1,6 +1,7 @@
 /*
- * block.c -- block metadata and the operations every engine shares: splitting, coalescing,
- * (un)indexing free blocks with their inactive-split accounting, and counting reserved memory.
+ * block.c -- block metadata and the operations every engine shares: splitting, coalescing and
+ * counting reserved memory ((un)indexing free blocks with their inactive-split accounting is inline,
+ * in arena.h: every malloc and free runs it).
  *
  * Block structs come from a pool that grows by chunks of 1024 and recycles through a spare list,
  * so the steady state allocates nothing. Inactive-split statistics follow PyTorch: a free block
