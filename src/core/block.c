@@ -49,8 +49,10 @@ gm_block *gm_block_new(gm_block_pool *pool)
 
 void gm_block_delete(gm_block_pool *pool, gm_block *block)
 {
-    free(block->recorded_more);
-    block->recorded_more = NULL;
+    if (block->recorded_more) { /* rare: a call into the C library costs a line or two of code */
+        free(block->recorded_more);
+        block->recorded_more = NULL;
+    }
     gm_list_push_front(&pool->spare, &block->link);
     pool->spare_count++;
 }
