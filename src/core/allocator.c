@@ -472,6 +472,17 @@ static gm_status not_live(const char *call, const void *pointer)
                    "by gm_malloc, or already freed)", call, pointer);
 }
 
+/* The start of every free that goes ahead (lock held, the block out of the live map): the statistics
+ * opened and counted, the block pending, the request in the history. */
+static inline void begin_free(gm_allocator *allocator, gm_block *block)
+{
+    begin_change(allocator);
+    count_allocation(allocator, block, -1);
+    block->state = GM_BLOCK_PENDING;
+    gm_history_record(allocator->arena.history, GM_EVENT_FREE_REQUESTED, block->address, block->requested,
+                      block->heap->stream, gm_heap_pool_id(block->heap));
+}
+
 /* The end of every free: the pressure watch, the statistics published, the lock released. */
 static inline gm_status finish_free(gm_allocator *allocator)
 {
@@ -497,11 +508,7 @@ __attribute__((noinline)) static gm_status free_used_elsewhere(gm_allocator *all
         gm_lock_release(&allocator->lock);
         return GM_ERROR_OUT_OF_MEMORY;
     }
-    begin_change(allocator);
-    count_allocation(allocator, block, -1);
-    block->state = GM_BLOCK_PENDING;
-    gm_history_record(allocator->arena.history, GM_EVENT_FREE_REQUESTED, block->address, block->requested,
-                      block->heap->stream, gm_heap_pool_id(block->heap));
+    begin_free(allocator, block);
     if (held) /* counted as pending; released by gm_end_allocate_to_pool */
         return finish_free(allocator);
     gm_status deferred = GM_OK;
@@ -533,11 +540,7 @@ gm_status gm_free(gm_allocator *allocator, void *pointer)
     gm_block *block = (gm_block *)(uintptr_t)value;
     if (GM_UNLIKELY(block->recorded_count))
         return free_used_elsewhere(allocator, block, key);
-    begin_change(allocator);
-    count_allocation(allocator, block, -1);
-    block->state = GM_BLOCK_PENDING;
-    gm_history_record(allocator->arena.history, GM_EVENT_FREE_REQUESTED, block->address, block->requested,
-                      block->heap->stream, gm_heap_pool_id(block->heap));
+    begin_free(allocator, block);
     if (block->pending_events == 0)
         gm_retire_block_locked(allocator, block);
     return finish_free(allocator);

@@ -49,10 +49,7 @@ gm_block *gm_block_new(gm_block_pool *pool)
 
 void gm_block_delete(gm_block_pool *pool, gm_block *block)
 {
-    if (block->recorded_more) { /* rare: a call into the C library costs a line or two of code */
-        free(block->recorded_more);
-        block->recorded_more = NULL;
-    }
+    gm_block_forget_streams(block);
     gm_list_push_front(&pool->spare, &block->link);
     pool->spare_count++;
 }

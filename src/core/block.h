@@ -15,6 +15,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 typedef struct gm_region gm_region;
 typedef struct gm_heap gm_heap;
@@ -53,6 +54,18 @@ typedef struct gm_block {
 static inline gm_stream gm_recorded_stream(const gm_block *block, uint32_t i)
 {
     return i ? block->recorded_more[i - 1] : block->recorded_first;
+}
+
+/* Forget the streams given to record_stream (a block retired or given back to the pool). The C library
+ * is called only for a block used on three streams or more: a call there costs lines of code that the
+ * common free need not fetch. */
+static inline void gm_block_forget_streams(gm_block *block)
+{
+    if (block->recorded_more) {
+        free(block->recorded_more);
+        block->recorded_more = NULL;
+    }
+    block->recorded_count = 0;
 }
 
 static inline gm_block *gm_block_of(gm_link *link)

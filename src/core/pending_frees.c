@@ -53,11 +53,7 @@ void gm_retire_block_locked(gm_allocator *allocator, gm_block *block)
 {
     gm_hot_stat_change(&allocator->arena.hot_stats.active, block->pool, -1);
     gm_hot_stat_change(&allocator->arena.hot_stats.active_bytes, block->pool, -(int64_t)block->size);
-    if (block->recorded_more) { /* rare: a call into the C library costs a cache line or two of code */
-        free(block->recorded_more);
-        block->recorded_more = NULL;
-    }
-    block->recorded_count = 0;
+    gm_block_forget_streams(block);
     gm_history_record(allocator->arena.history, GM_EVENT_FREE_COMPLETED, block->address, block->requested,
                       block->heap->stream, gm_heap_pool_id(block->heap));
     gm_private_pool *pool = block->heap->private_pool; /* the engine may merge the block away */
