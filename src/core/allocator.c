@@ -88,7 +88,6 @@ static inline void end_change(gm_allocator *allocator)
 {
     if (!allocator->published)
         return;
-    gm_hot_stats_write(&allocator->arena.hot_stats, allocator->arena.stats);
     if (allocator->arena.backend->memory_calls != allocator->published_memory_calls ||
         --allocator->publish_countdown == 0)
         publish_device_calls(allocator);
@@ -148,6 +147,7 @@ static void start_publishing(gm_allocator *allocator)
         return;
     }
     allocator->arena.stats = gm_publisher_stats(allocator->publisher); /* from now on kept there */
+    allocator->arena.stats_published = true; /* the hot ones too (they were just written there) */
     allocator->published = gm_publisher_seqlock(allocator->publisher);
     allocator->published_memory_calls = backend->memory_calls;
     allocator->publish_countdown = GM_PUBLISH_ALL_EVERY;
@@ -372,10 +372,12 @@ static inline __attribute__((always_inline)) void count_allocation(gm_allocator 
                                                                    int64_t sign)
 {
     int pool = block->pool;
-    gm_hot_stats *hot = &allocator->arena.hot_stats;
-    gm_hot_stat_change(&hot->allocation, pool, sign);
-    gm_hot_stat_change(&hot->allocated_bytes, pool, sign * (int64_t)block->size);
-    gm_hot_stat_change(&hot->requested_bytes, pool, sign * (int64_t)block->requested);
+    gm_arena *arena = &allocator->arena;
+    gm_arena_count(arena, &arena->hot_stats.allocation, arena->stats->allocation, pool, sign);
+    gm_arena_count(arena, &arena->hot_stats.allocated_bytes, arena->stats->allocated_bytes, pool,
+                   sign * (int64_t)block->size);
+    gm_arena_count(arena, &arena->hot_stats.requested_bytes, arena->stats->requested_bytes, pool,
+                   sign * (int64_t)block->requested);
 }
 
 /* Inlined into gm_malloc, whose code it then shares: a call less, and fewer lines of code to fetch. */
@@ -385,8 +387,9 @@ static inline __attribute__((always_inline)) void count_new_allocation(gm_alloca
 {
     block->requested = requested;
     count_allocation(allocator, block, 1);
-    gm_hot_stat_change(&allocator->arena.hot_stats.active, block->pool, 1);
-    gm_hot_stat_change(&allocator->arena.hot_stats.active_bytes, block->pool, (int64_t)block->size);
+    gm_arena *arena = &allocator->arena;
+    gm_arena_count(arena, &arena->hot_stats.active, arena->stats->active, block->pool, 1);
+    gm_arena_count(arena, &arena->hot_stats.active_bytes, arena->stats->active_bytes, block->pool, (int64_t)block->size);
     gm_history_record(allocator->arena.history, GM_EVENT_ALLOC, block->address, requested, stream,
                       gm_heap_pool_id(block->heap));
     heap->live_blocks++;

@@ -72,7 +72,9 @@ typedef struct gm_arena {
     gm_stats *stats; /* the front end's, or the published region's (publish:true), where other processes
                         read them: change them only inside the front end's publication bracket */
     gm_heap *last_heap; /* the stream's heap found last */
-    size_t heap_count;
+    uint32_t heap_count;
+    bool stats_published; /* publish:true: the hot statistics too are kept in *stats (the region), not in
+                             hot_stats, for the region's readers to see every call's result */
     uint64_t clock;     /* counts requests, for gm_heap.last_used */
     gm_history *history; /* the event ring, NULL when history is off */
 
@@ -81,15 +83,35 @@ typedef struct gm_arena {
     gm_block_pool block_pool;
     gm_heap **heaps;
     /* The statistics every allocation and free changes, kept here rather than in *stats (one cache
-     * line each); the front end writes them into *stats when the statistics are read or published. */
+     * line each) unless they are published; written into a gm_stats when the statistics are read. */
     gm_hot_stats hot_stats;
 } gm_arena;
+
+/* Change one of the hot statistics by `amount` in `pool`: `hot` (in hot_stats) or, while the statistics
+ * are published, `stat` (the same statistic in *stats). Keeping them in one place or the other spares a
+ * publishing allocator a copy of all five at the end of every call. */
+static inline void gm_arena_count(gm_arena *arena, gm_hot_stat *hot, gm_stat stat[GM_POOL_COUNT], int pool,
+                                  int64_t amount)
+{
+    if (__builtin_expect(arena->stats_published, 0))
+        gm_stat_change(stat, pool, amount);
+    else
+        gm_hot_stat_change(hot, pool, amount);
+}
+
+/* The bytes allocated now, in every pool. */
+static inline int64_t gm_arena_allocated_bytes(const gm_arena *arena)
+{
+    return arena->stats_published ? gm_stat_total(arena->stats->allocated_bytes)
+                                  : arena->hot_stats.allocated_bytes.all_current;
+}
 
 /* The arena's statistics, every reading filled in (the hot ones and the all-pools sums). */
 static inline void gm_arena_read_stats(const gm_arena *arena, gm_stats *stats_out)
 {
     *stats_out = *arena->stats;
-    gm_hot_stats_write(&arena->hot_stats, stats_out);
+    if (!arena->stats_published)
+        gm_hot_stats_write(&arena->hot_stats, stats_out);
     gm_stats_complete(stats_out);
 }
 

@@ -51,8 +51,9 @@ void gm_return_event_locked(gm_allocator *allocator, uint64_t event)
 /* A block that is neither allocated nor awaited any more: its memory goes back to the engine. */
 void gm_retire_block_locked(gm_allocator *allocator, gm_block *block)
 {
-    gm_hot_stat_change(&allocator->arena.hot_stats.active, block->pool, -1);
-    gm_hot_stat_change(&allocator->arena.hot_stats.active_bytes, block->pool, -(int64_t)block->size);
+    gm_arena *arena = &allocator->arena;
+    gm_arena_count(arena, &arena->hot_stats.active, arena->stats->active, block->pool, -1);
+    gm_arena_count(arena, &arena->hot_stats.active_bytes, arena->stats->active_bytes, block->pool, -(int64_t)block->size);
     gm_block_forget_streams(block);
     gm_history_record(allocator->arena.history, GM_EVENT_FREE_COMPLETED, block->address, block->requested,
                       block->heap->stream, gm_heap_pool_id(block->heap));

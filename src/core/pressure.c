@@ -103,7 +103,7 @@ static gm_pressure_readings current_readings(gm_allocator *allocator)
     readings.level = pressure->level;
     readings.signals_high = 0;
     readings.reserved_bytes = (uint64_t)gm_stat_total(allocator->arena.stats->reserved_bytes);
-    readings.allocated_bytes = (uint64_t)allocator->arena.hot_stats.allocated_bytes.all_current;
+    readings.allocated_bytes = (uint64_t)gm_arena_allocated_bytes(&allocator->arena);
     readings.limit_bytes = allocator->arena.memory_limit;
     readings.high_bytes = pressure->policy_set ? pressure->high_bytes : 0;
     readings.low_bytes = pressure->policy_set ? pressure->low_bytes : 0;

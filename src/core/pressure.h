@@ -74,7 +74,7 @@ void gm_pressure_destroy(gm_pressure *pressure);
 static inline bool gm_pressure_crossed(const gm_pressure *pressure, const gm_arena *arena)
 {
     uint64_t reserved = (uint64_t)gm_stat_total(arena->stats->reserved_bytes);
-    uint64_t allocated = (uint64_t)arena->hot_stats.allocated_bytes.all_current;
+    uint64_t allocated = (uint64_t)gm_arena_allocated_bytes(arena);
     return reserved >= pressure->reserved_above || allocated >= pressure->allocated_above ||
            (reserved < pressure->reserved_below && allocated < pressure->allocated_below);
 }

@@ -12,7 +12,9 @@
  * other pool's current), and in an interpreter's loop, which leaves little of gpumem cached between
  * calls, every line is a trip to a slower cache. A line holds both pools' current, peak and
  * allocated readings with the all-pools current and peak; freed is what was allocated less what is
- * still there (gm_hot_stats_write fills them into a gm_stats when the statistics are read).
+ * still there (gm_hot_stats_write fills them into a gm_stats when the statistics are read). With
+ * publish:true they stay in the region's gm_stats instead, where other processes read them
+ * (gm_arena_count, arena.h).
  */
 #ifndef GM_STATISTICS_H
 #define GM_STATISTICS_H
