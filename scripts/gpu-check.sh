@@ -3,7 +3,7 @@
 # `gpumem info`, the GPU tests, the GPU tests under compute-sanitizer memcheck, trace replay on the
 # cuda backend, and the side-by-side GPU benchmark (bench/gpu_replay.py). Logs and results go to
 # $OUT (the device tool's output folder) or ./gpu-results, as gpu-results.tgz and gpu_replay.md.
-# Usage: scripts/gpu-check.sh [build|tests|memcheck|bench|python|workloads|top|run|whatif|governor|latency|capped|host|traces|all]...
+# Usage: scripts/gpu-check.sh [build|tests|memcheck|bench|python|workloads|top|run|whatif|governor|latency|graphs|capped|host|traces|all]...
 #        (default: all)
 #   python     the PyTorch/CuPy integration tests (tests/gpu/test_torch.py, test_governor.py, test_graphs.py,
 #              test_torch_conformance.py: each torch.cuda memory behaviour under native and under gpumem)
@@ -14,6 +14,9 @@
 #   governor   bench/governor.py: its three tables (under a cap, batch-size finders, leaks; not part of "all": long)
 #   latency    bench/torch_latency.py: time per torch.empty/del by allocation pattern, the allocators taking turns, and
 #              build-gpu/gpumem_core_latency: the C core alone on the same patterns (not in "all")
+#   graphs     bench/graph_workloads.py: workloads run through CUDA graphs (a captured training step, decode graphs
+#              sharing one pool, torch.compile reduce-overhead training and inference) under torch-native,
+#              torch-expandable and gpumem: time per iteration, memory, outputs bit for bit (not in "all")
 #   capped     bench/capped_steps.py: step time of resnet50 and gpt2 under torch's memory fraction, capped at
 #              1.01 / 1.05 x gpumem's own need and at 1.03 / 1.5 x torch-native's, and uncapped with
 #              torch.cuda.empty_cache() at every step (not in "all"; about 15 minutes: CAPPED_ARGS="--repeats 1"
@@ -42,7 +45,7 @@ steps=${*:-all}
 has() { [[ " $steps " == *" $1 "* || " $steps " == *" all "* ]]; }
 failed=0
 
-if has build || has tests || has memcheck || has bench || has python || has whatif || has top || has run || [[ " $steps " == *" workloads "* || " $steps " == *" governor "* || " $steps " == *" latency "* \
+if has build || has tests || has memcheck || has bench || has python || has whatif || has top || has run || [[ " $steps " == *" workloads "* || " $steps " == *" governor "* || " $steps " == *" latency "* || " $steps " == *" graphs "* \
     || " $steps " == *" capped "* || " $steps " == *" host "* || " $steps " == *" multi "* ]]; then
     { cmake -S . -B $build -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake --build $build -j"$(nproc)"; } >"$out/build.log" 2>&1 \
         || { echo "build failed"; tail -30 "$out/build.log"; exit 1; }
@@ -111,6 +114,11 @@ if [[ " $steps " == *" latency "* ]]; then
     [ "${PIPESTATUS[0]}" -eq 0 ] || { failed=1; tail -20 "$out/torch_latency.err"; }
     $build/gpumem_core_latency backend:cuda 2>&1 | tee "$out/core_latency.md"
     [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
+fi
+if [[ " $steps " == *" graphs "* ]]; then
+    GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 bench/graph_workloads.py --out "$out/graph_workloads.jsonl" \
+        ${GRAPHS_ARGS:-} 2>"$out/graph_workloads.err" | tee "$out/graph_workloads.md"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { failed=1; tail -30 "$out/graph_workloads.err"; }
 fi
 if [[ " $steps " == *" capped "* ]]; then
     for reference in gpumem:1.01,1.05 torch-native:1.03,1.5 "torch-native:none --empty-cache"; do
