@@ -23,8 +23,8 @@ Every (workload, allocator) is a fresh process (this script with --child). Colum
 warm-up and capture or compilation; the second process of a workload finds inductor's on-disk cache
 filled by the first, so compare setup only between later runs), ms per iteration (median over the
 repeats, each a loop of ITERATIONS replays timed between two synchronizations; spread = max - min),
-peak allocated and peak reserved MiB (torch.cuda.memory_stats, over the whole run), reserved after
-setup, and whether every output (losses, logits) equals the first torch-native run's bit for bit. An
+memory (torch.cuda.memory_stats): the peaks of the setup, what is allocated and reserved after it, and
+the peaks of the timed iterations (the peaks reset after the setup), and whether every output (losses, logits) equals the first torch-native run's bit for bit. An
 allocator named twice runs twice: the default list ends with a second torch-native run, the control
 that shows whether a workload gives the same results twice. Exit status 1 if any run failed.
 """
@@ -142,6 +142,9 @@ def decoder(torch, seed, layers=4, width=1024, vocabulary=8192, max_batch=64, ma
 
 
 def shared_pool_decode(torch, iterations):
+    # cuBLAS may pick another reduction for the same product from one process to the next (its
+    # workspace differs per stream): without its deterministic mode two torch-native runs differ.
+    torch.use_deterministic_algorithms(True)
     step = decoder(torch, 0)
     sizes = (64, 32, 16, 8, 4, 2, 1)
     pool = torch.cuda.graph_pool_handle()
@@ -212,12 +215,14 @@ def compiled_inference(torch, iterations):
 
 
 def run_child(workload, iterations, repeats):
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts
     import torch
     started = time.perf_counter()
     step, outputs = globals()[workload](torch, iterations)
     torch.cuda.synchronize()
     setup_s = time.perf_counter() - started
-    reserved_after_setup = torch.cuda.memory_reserved()
+    setup_stats = torch.cuda.memory_stats()
+    torch.cuda.reset_peak_memory_stats()
     index = 0
     times = []
     for _ in range(repeats):
@@ -232,11 +237,17 @@ def run_child(workload, iterations, repeats):
     for output in outputs[-(len(outputs) // 2):]:  # the later half: every graph replayed many times by then
         digest.update(output.float().cpu().numpy().tobytes())
     stats = torch.cuda.memory_stats()
+    segments = [{"bytes": segment["total_size"], "allocated": segment["allocated_size"],
+                 "private_pool": list(segment["segment_pool_id"]) != [0, 0], "stream": segment["stream"]}
+                for segment in torch.cuda.memory_snapshot()]
     print(json.dumps({"setup_s": setup_s, "ms_per_iteration": times,
+                      "setup_peak_allocated_MiB": setup_stats["allocated_bytes.all.peak"] / MIB,
+                      "setup_peak_reserved_MiB": setup_stats["reserved_bytes.all.peak"] / MIB,
+                      "allocated_after_setup_MiB": setup_stats["allocated_bytes.all.current"] / MIB,
+                      "reserved_after_setup_MiB": setup_stats["reserved_bytes.all.current"] / MIB,
                       "peak_allocated_MiB": stats["allocated_bytes.all.peak"] / MIB,
                       "peak_reserved_MiB": stats["reserved_bytes.all.peak"] / MIB,
-                      "reserved_after_setup_MiB": reserved_after_setup / MIB,
-                      "outputs": digest.hexdigest(), "output_count": len(outputs)}))
+                      "segments": segments, "outputs": digest.hexdigest(), "output_count": len(outputs)}))
 
 
 # ----------------------------------------------------------------------------------------- the parent
@@ -270,9 +281,10 @@ def main():
     if unknown:
         sys.exit(f"graph_workloads: unknown workload or allocator: {', '.join(unknown)}")
     allocators = a.allocators.split(",")
-    print("| workload | allocator | setup s | ms per iteration (median) | spread | peak allocated MiB | "
-          "peak reserved MiB | reserved after setup MiB | outputs |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| workload | allocator | setup s | ms per iteration (median) | spread | setup: peak allocated MiB | "
+          "setup: peak reserved MiB | after setup: allocated MiB | after setup: reserved MiB | iterations: peak "
+          "allocated MiB | iterations: peak reserved MiB | outputs |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     failed = False
     for workload in a.workloads.split(","):
         reference = None
@@ -285,7 +297,7 @@ def main():
             if r["exit"] != 0:
                 failed = True
                 last = r["error"].strip().splitlines()[-1] if r["error"].strip() else f"exit status {r['exit']}"
-                print(f"| {workload} | {label} | failed: {last} ||||||||", flush=True)
+                print(f"| {workload} | {label} | failed: {last} |||||||||||", flush=True)
                 print(r["error"], file=sys.stderr)
                 continue
             if allocator == "torch-native" and reference is None:
@@ -293,8 +305,9 @@ def main():
             same = "no reference" if reference is None else ("identical" if r["outputs"] == reference else "DIFFER")
             times = r["ms_per_iteration"]
             print(f"| {workload} | {label} | {r['setup_s']:.1f} | {statistics.median(times):.3f} | "
-                  f"{max(times) - min(times):.3f} | {r['peak_allocated_MiB']:.1f} | {r['peak_reserved_MiB']:.1f} | "
-                  f"{r['reserved_after_setup_MiB']:.1f} | {same} |", flush=True)
+                  f"{max(times) - min(times):.3f} | {r['setup_peak_allocated_MiB']:.1f} | {r['setup_peak_reserved_MiB']:.1f} | "
+                  f"{r['allocated_after_setup_MiB']:.1f} | {r['reserved_after_setup_MiB']:.1f} | "
+                  f"{r['peak_allocated_MiB']:.1f} | {r['peak_reserved_MiB']:.1f} | {same} |", flush=True)
     sys.exit(1 if failed else 0)
 
 

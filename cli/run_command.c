@@ -44,6 +44,7 @@
 #include <unistd.h>
 
 #define MAX_WATCHED 64
+#define MAX_REJECTED 256
 #define POLL_NANOSECONDS 50000000L
 #define RUN_HISTORY_EVENTS "262144" /* events kept for the report: a few MiB of host memory */
 
@@ -53,6 +54,14 @@ typedef struct run_state {
     gm_published_watch *watches[MAX_WATCHED];
     char paths[MAX_WATCHED][4096];
     size_t watch_count;
+    /* Regions of dead writers found not to be the command's, by file identity: such a region never
+     * becomes the command's (a writer with a reused pid makes a new file), so it is read only once,
+     * not at every poll. */
+    struct rejected_region {
+        dev_t device;
+        ino_t inode;
+    } rejected[MAX_REJECTED];
+    size_t rejected_count;
 } run_state;
 
 static int usage(FILE *out, int status)
@@ -193,6 +202,14 @@ static bool dead_writer_in_command_tree(const run_state *state, gm_published_wat
            published.parent_pid > 1 && in_command_tree(published.parent_pid, state->child);
 }
 
+static bool rejected_before(const run_state *state, const struct stat *file)
+{
+    for (size_t i = 0; i < state->rejected_count; i++)
+        if (state->rejected[i].device == file->st_dev && state->rejected[i].inode == file->st_ino)
+            return true;
+    return false;
+}
+
 static bool watch_new_region(const char *path, long pid, int device, void *context)
 {
     run_state *state = context;
@@ -202,11 +219,17 @@ static bool watch_new_region(const char *path, long pid, int device, void *conte
     bool alive_in_tree = in_command_tree(pid, state->child);
     if (!alive_in_tree && gm_published_process_alive(pid))
         return true;
+    struct stat file;
+    bool identified = stat(path, &file) == 0;
+    if (!alive_in_tree && identified && rejected_before(state, &file))
+        return true;
     gm_published_watch *watch = NULL;
     if (gm_published_watch_open(path, &watch) != GM_OK)
         return true;
     if (!alive_in_tree && !dead_writer_in_command_tree(state, watch)) {
         gm_published_watch_close(watch);
+        if (identified && state->rejected_count < MAX_REJECTED)
+            state->rejected[state->rejected_count++] = (struct rejected_region){file.st_dev, file.st_ino};
         return true;
     }
     state->watches[state->watch_count] = watch;
@@ -261,6 +284,9 @@ static void print_final(const run_state *state, bool summary)
             fprintf(stderr, " (%.3fx)", (double)peak_reserved / (double)peak_allocated);
         fprintf(stderr, ", %" PRId64 " OOMs, %" PRId64 " retries, %" PRId64 " device calls\n", stats->num_ooms,
                 stats->num_alloc_retries, calls);
+        if (published.torn)
+            fprintf(stderr, "gpumem run: process %ld was killed inside an allocator call: that call may be counted "
+                            "in part\n", published.pid);
         static char table[16384];
         if (summary && gm_summary_of_stats(stats, published.backend, published.device, table, sizeof table, NULL) ==
             GM_OK)

@@ -3,7 +3,8 @@
  * back through the reader of src/monitor; its numbers exact after every call (the pinned host cache's
  * too) and consistent while another thread allocates; its file's name, mode and removal; and the reader
  * refusing what it must: a symbolic link, a short file, a bad magic, another layout version (older or
- * newer), a wrong size, another owner, and a region whose process is gone (stale).
+ * newer), a wrong size, another owner, and a region whose process is gone (stale); a region whose
+ * writer died or stopped inside an update is read at once or given up on, not spun on.
  */
 #include "test.h"
 
@@ -406,6 +407,61 @@ static void test_stale_region(void)
     CHECK(access(path, F_OK) != 0);
 }
 
+/* A pid that no process has: a child's, reaped. */
+static pid_t gone_pid(void)
+{
+    pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0)
+        _exit(0);
+    REQUIRE(waitpid(child, NULL, 0) == child);
+    return child;
+}
+
+/* A writer killed inside an update leaves the sequence odd for good: the watch (gpumem run's reader of
+ * its command's dead processes) gets the last numbers, marked torn, at once, rather than spinning on
+ * the sequence; with an even sequence the same numbers are not torn. The plain reader still refuses
+ * the region as stale. */
+static void test_torn_region_of_a_dead_writer(void)
+{
+    if (!valid.header.magic[0])
+        capture_valid_region();
+    pid_t gone = gone_pid();
+    for (uint64_t sequence = 6; sequence <= 7; sequence++) {
+        gm_region region = valid_for(0);
+        region.header.pid = gone;
+        atomic_store(&region.sequence, sequence);
+        region.stats.allocated_bytes[GM_POOL_SMALL].current = 4096;
+        region.stats.allocated_bytes[GM_POOL_LARGE].current = 1 << 20;
+        char path[4096];
+        close(write_region((long)gone, 0, &region, sizeof region, path, sizeof path));
+        gm_published_watch *watch = NULL;
+        CHECK_OK(gm_published_watch_open(path, &watch));
+        gm_published published;
+        CHECK_OK(gm_published_watch_read(watch, &published));
+        CHECK_EQ_INT(published.torn, sequence & 1);
+        CHECK_EQ_INT(published.pid, gone);
+        CHECK_EQ_INT(published.stats.allocated_bytes[GM_POOL_ALL].current, 4096 + (1 << 20));
+        gm_published_watch_close(watch);
+        expect_refused(path, GM_ERROR_IO, "is gone");
+        unlink(path);
+    }
+}
+
+/* A writer alive but stuck inside an update (stopped in a debugger; here a crafted region of this
+ * process with an odd sequence) is given up on with an error that says so. */
+static void test_region_of_a_stuck_writer(void)
+{
+    if (!valid.header.magic[0])
+        capture_valid_region();
+    gm_region region = valid_for(20);
+    atomic_store(&region.sequence, 9);
+    char path[4096];
+    close(write_region((long)getpid(), 20, &region, sizeof region, path, sizeof path));
+    expect_refused(path, GM_ERROR_IO, "inside one update for over 200 ms (stopped?)");
+    unlink(path);
+}
+
 /* ---------------------------------------------------------------- consistency under a writer */
 
 /* Set by the writer thread when it is done, read by the main thread: atomic, not volatile (a volatile
@@ -544,6 +600,7 @@ static void test_cleanup(void)
 RUN_TESTS(TEST_CASE(test_exact_numbers), TEST_CASE(test_event_calls_published_periodically),
           TEST_CASE(test_publication_off_or_taken),
           TEST_CASE(test_stale_region_of_our_pid_replaced), TEST_CASE(test_hostile_regions),
+          TEST_CASE(test_torn_region_of_a_dead_writer), TEST_CASE(test_region_of_a_stuck_writer),
           TEST_CASE(test_stale_region), TEST_CASE(test_snapshots_consistent), TEST_CASE(test_pinned_host_published),
           TEST_CASE(test_pinned_host_snapshots_consistent), TEST_CASE(test_exit_and_fork),
           TEST_CASE(test_cleanup))

@@ -9,7 +9,8 @@
  * as such, never read as live numbers, and removable.
  *
  * The numbers are copied under the region's seqlock: read the sequence (acquire), copy, fence
- * (acquire), read it again; an odd or changed sequence means a write overlapped, so copy again.
+ * (acquire), read it again; an odd or changed sequence means a write overlapped, so copy again -- but
+ * not forever: a writer killed inside an update leaves the sequence odd for good (read_snapshot).
  */
 #include "monitor/published.h"
 
@@ -26,9 +27,12 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
-#define READ_ATTEMPTS 1000000
+#define READ_SPINS 64                  /* attempts before the reader yields its processor */
+#define READ_YIELDS_BETWEEN_CHECKS 256  /* yields between two looks at the writer and the clock */
+#define READ_PATIENCE_NS 200000000      /* how long a live writer may stay inside one update */
 
 bool gm_published_process_alive(long pid)
 {
@@ -123,24 +127,58 @@ static gm_status read_header(const char *path, int descriptor, off_t file_size, 
     return check_header(path, header, file_size);
 }
 
-/* Copy the statistics under the seqlock. */
-static bool read_snapshot(gm_region *region, gm_stats *stats_out, gm_region_cache *cache_out,
-                          gm_region_pinned_host *pinned_host_out)
+typedef enum snapshot_result {
+    SNAPSHOT_CONSISTENT,
+    SNAPSHOT_TORN, /* the writer died in the middle of an update */
+    SNAPSHOT_BUSY  /* the writer, alive, stayed in one update past READ_PATIENCE_NS */
+} snapshot_result;
+
+static void copy_numbers(const gm_region *region, gm_stats *stats_out, gm_region_cache *cache_out,
+                         gm_region_pinned_host *pinned_host_out)
 {
-    for (long attempt = 0; attempt < READ_ATTEMPTS; attempt++) {
+    memcpy(stats_out, &region->stats, sizeof *stats_out);
+    memcpy(cache_out, &region->cache, sizeof *cache_out);
+    memcpy(pinned_host_out, &region->pinned_host, sizeof *pinned_host_out);
+}
+
+static int64_t monotonic_ns(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
+}
+
+/* Copy the statistics under the seqlock. An update takes the writer microseconds (milliseconds when it
+ * waits for the device), so a sequence that stays odd is asked about now and then: a writer that is gone
+ * will never finish its update (killed inside it), and its last numbers, stable now, are taken as they
+ * are; a writer alive but stuck (stopped in a debugger) is given up on after READ_PATIENCE_NS, rather
+ * than spinning on it. */
+static snapshot_result read_snapshot(gm_region *region, long writer_pid, gm_stats *stats_out,
+                                     gm_region_cache *cache_out, gm_region_pinned_host *pinned_host_out)
+{
+    int64_t give_up_at = 0;
+    for (long attempt = 0;; attempt++) {
         uint64_t before = atomic_load_explicit(&region->sequence, memory_order_acquire);
-        if (!(before & 1)) {
-            memcpy(stats_out, &region->stats, sizeof *stats_out);
-            memcpy(cache_out, &region->cache, sizeof *cache_out);
-            memcpy(pinned_host_out, &region->pinned_host, sizeof *pinned_host_out);
-            atomic_thread_fence(memory_order_acquire);
-            if (atomic_load_explicit(&region->sequence, memory_order_relaxed) == before)
-                return true;
+        copy_numbers(region, stats_out, cache_out, pinned_host_out);
+        atomic_thread_fence(memory_order_acquire);
+        if (!(before & 1) && atomic_load_explicit(&region->sequence, memory_order_relaxed) == before)
+            return SNAPSHOT_CONSISTENT;
+        if (attempt < READ_SPINS)
+            continue;
+        if ((attempt - READ_SPINS) % READ_YIELDS_BETWEEN_CHECKS == 0) {
+            if (!gm_published_process_alive(writer_pid)) {
+                copy_numbers(region, stats_out, cache_out, pinned_host_out); /* nothing writes them now */
+                return atomic_load_explicit(&region->sequence, memory_order_acquire) & 1 ? SNAPSHOT_TORN
+                                                                                         : SNAPSHOT_CONSISTENT;
+            }
+            int64_t now = monotonic_ns();
+            if (!give_up_at)
+                give_up_at = now + READ_PATIENCE_NS;
+            else if (now > give_up_at)
+                return SNAPSHOT_BUSY;
         }
-        if (attempt > 64)
-            sched_yield();
+        sched_yield();
     }
-    return false;
 }
 
 /* The all-pools current, allocated and freed readings are sums the writer does not keep. */
@@ -235,8 +273,13 @@ gm_status gm_published_watch_read(const gm_published_watch *watch, gm_published 
     copy_header(&watch->header, published_out);
     gm_region_cache cache;
     gm_region_pinned_host pinned_host;
-    if (!read_snapshot(watch->mapping, &published_out->stats, &cache, &pinned_host))
-        return gm_fail(GM_ERROR_IO, "%s: its writer never finished an update (sequence stays odd)", watch->path);
+    snapshot_result result = read_snapshot(watch->mapping, (long)watch->header.pid, &published_out->stats, &cache,
+                                           &pinned_host);
+    if (result == SNAPSHOT_BUSY)
+        return gm_fail(GM_ERROR_IO, "%s: its writer, process %lld, has been inside one update for over %d ms "
+                       "(stopped?); try again", watch->path, (long long)watch->header.pid,
+                       (int)(READ_PATIENCE_NS / 1000000));
+    published_out->torn = result == SNAPSHOT_TORN;
     complete(&published_out->stats);
     published_out->cached_free_bytes = cache.free_bytes;
     published_out->largest_free_block_bytes = cache.largest_free_block_bytes;

@@ -40,19 +40,22 @@ typedef struct gm_published {
     uint64_t cached_free_bytes;        /* free in reserved memory, as gm_cache_info says (sampled) */
     uint64_t largest_free_block_bytes; /* the largest free piece of it (sampled) */
     gm_published_pinned_host pinned_host; /* exact after every gm_host_malloc, gm_host_free, gm_host_empty_cache */
+    bool torn; /* the writer died inside an update: that one call's changes may be counted in part */
 } gm_published;
 
 /* Open the region at `path`, check it (a regular file, not a symbolic link, of this user, of the
  * region's size, magic and layout version, its writer alive) and read it under its seqlock.
  * GM_ERROR_IO: missing, a symbolic link, another user's, or its process is gone (stale);
- * GM_ERROR_CORRUPT: wrong size, magic or header; GM_ERROR_NOT_SUPPORTED: another layout version.
+ * GM_ERROR_CORRUPT: wrong size, magic or header; GM_ERROR_NOT_SUPPORTED: another layout version;
+ * GM_ERROR_IO too when its writer, alive, stays inside one update for 200 ms (stopped in a debugger).
  * gm_last_error() names the reason. */
 gm_status gm_published_read(const char *path, gm_published *published_out);
 
 /* A region kept mapped, to read it again and again, and once more after its writer has exited: the
  * mapping keeps the last numbers even after the file is removed (`gpumem run` reads its command's
  * final statistics so). Opening checks the file as gm_published_read does, except that its writer
- * may be gone; reading needs no system call. */
+ * may be gone (one killed inside an update leaves its numbers `torn`); reading needs no system call
+ * unless the writer is inside an update. */
 typedef struct gm_published_watch gm_published_watch;
 gm_status gm_published_watch_open(const char *path, gm_published_watch **watch_out);
 gm_status gm_published_watch_read(const gm_published_watch *watch, gm_published *published_out);
