@@ -4,6 +4,7 @@ in time and memory and whether their results are the same. Prints a markdown tab
     python3 bench/graph_workloads.py [--workloads captured_training,shared_pool_decode,compiled_training,
                                       compiled_inference] [--allocators torch-native,torch-expandable,gpumem,
                                       torch-native] [--iterations 50] [--repeats 7] [--out results.jsonl]
+                                     [--snapshots FOLDER]
 
 CUDA graphs are how inference servers and torch.compile users cut launch overhead, and each uses the
 allocator's private pools in its own way:
@@ -214,9 +215,11 @@ def compiled_inference(torch, iterations):
     return step, outputs
 
 
-def run_child(workload, iterations, repeats):
+def run_child(workload, iterations, repeats, snapshot):
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts
     import torch
+    if snapshot:
+        torch.cuda.memory._record_memory_history(max_entries=1000000)
     started = time.perf_counter()
     step, outputs = globals()[workload](torch, iterations)
     torch.cuda.synchronize()
@@ -236,6 +239,8 @@ def run_child(workload, iterations, repeats):
     digest = hashlib.sha256()
     for output in outputs[-(len(outputs) // 2):]:  # the later half: every graph replayed many times by then
         digest.update(output.float().cpu().numpy().tobytes())
+    if snapshot:
+        torch.cuda.memory._dump_snapshot(snapshot)
     stats = torch.cuda.memory_stats()
     segments = [{"bytes": segment["total_size"], "allocated": segment["allocated_size"],
                  "private_pool": list(segment["segment_pool_id"]) != [0, 0], "stream": segment["stream"]}
@@ -253,12 +258,17 @@ def run_child(workload, iterations, repeats):
 # ----------------------------------------------------------------------------------------- the parent
 
 
-def run(workload, allocator, iterations, repeats):
+def run(workload, allocator, iterations, repeats, snapshots, label):
     env = dict(os.environ, **ALLOCATORS[allocator])
     if "PYTHONPATH" in ALLOCATORS[allocator] and os.environ.get("PYTHONPATH"):  # gpumem's folder first
         env["PYTHONPATH"] = os.pathsep.join([ALLOCATORS[allocator]["PYTHONPATH"], os.environ["PYTHONPATH"]])
-    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", workload, "--iterations",
-                           str(iterations), "--repeats", str(repeats)], env=env, capture_output=True, text=True)
+    command = [sys.executable, os.path.abspath(__file__), "--child", workload, "--iterations", str(iterations),
+               "--repeats", str(repeats)]
+    if snapshots:
+        os.makedirs(snapshots, exist_ok=True)
+        name = f"{workload}-{label.replace(' (again)', '-again')}.pickle"
+        command += ["--snapshot", os.path.join(snapshots, name)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     result = json.loads(lines[-1]) if lines and done.returncode == 0 else {"error": done.stderr[-2500:]}
     result.update(allocator=allocator, workload=workload, exit=done.returncode)
@@ -272,10 +282,13 @@ def main():
     parser.add_argument("--iterations", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out")
+    parser.add_argument("--snapshots", metavar="FOLDER", help="record each run's memory history and dump its "
+                        "snapshot there (WORKLOAD-ALLOCATOR.pickle, for memory_viz); slows the runs a little")
     parser.add_argument("--child", choices=WORKLOADS, help=argparse.SUPPRESS)
+    parser.add_argument("--snapshot", help=argparse.SUPPRESS)
     a = parser.parse_args()
     if a.child:
-        return run_child(a.child, a.iterations, a.repeats)
+        return run_child(a.child, a.iterations, a.repeats, a.snapshot)
     unknown = [name for name in a.workloads.split(",") if name not in WORKLOADS]
     unknown += [name for name in a.allocators.split(",") if name not in ALLOCATORS]
     if unknown:
@@ -290,7 +303,7 @@ def main():
         reference = None
         for index, allocator in enumerate(allocators):
             label = allocator + (" (again)" if allocator in allocators[:index] else "")
-            r = run(workload, allocator, a.iterations, a.repeats)
+            r = run(workload, allocator, a.iterations, a.repeats, a.snapshots, label)
             if a.out:
                 with open(a.out, "a") as out:
                     out.write(json.dumps(r) + "\n")
