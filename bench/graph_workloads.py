@@ -38,13 +38,9 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PYTHON_FOLDER = os.path.join(ROOT, "python")
-ALLOCATORS = {
-    "torch-native": {},
-    "torch-expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
-    "gpumem": {"GPUMEM_TORCH": "1", "PYTHONPATH": PYTHON_FOLDER},
-}
+from torch_allocators import environment
+
+ALLOCATORS = ("torch-native", "torch-expandable", "gpumem")
 WORKLOADS = ("captured_training", "shared_pool_decode", "compiled_training", "compiled_inference")
 MIB = 1 << 20
 
@@ -259,16 +255,13 @@ def run_child(workload, iterations, repeats, snapshot):
 
 
 def run(workload, allocator, iterations, repeats, snapshots, label):
-    env = dict(os.environ, **ALLOCATORS[allocator])
-    if "PYTHONPATH" in ALLOCATORS[allocator] and os.environ.get("PYTHONPATH"):  # gpumem's folder first
-        env["PYTHONPATH"] = os.pathsep.join([ALLOCATORS[allocator]["PYTHONPATH"], os.environ["PYTHONPATH"]])
     command = [sys.executable, os.path.abspath(__file__), "--child", workload, "--iterations", str(iterations),
                "--repeats", str(repeats)]
     if snapshots:
         os.makedirs(snapshots, exist_ok=True)
         name = f"{workload}-{label.replace(' (again)', '-again')}.pickle"
         command += ["--snapshot", os.path.join(snapshots, name)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    done = subprocess.run(command, env=environment(allocator), capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     result = json.loads(lines[-1]) if lines and done.returncode == 0 else {"error": done.stderr[-2500:]}
     result.update(allocator=allocator, workload=workload, exit=done.returncode)

@@ -21,23 +21,15 @@ import os
 import subprocess
 import sys
 
+from torch_allocators import SETTINGS as ALLOCATORS, environment
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PYTHON_FOLDER = os.path.join(ROOT, "python")
-ALLOCATORS = {
-    "torch-native": {},
-    "torch-expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
-    "gpumem": {"GPUMEM_TORCH": "1", "PYTHONPATH": PYTHON_FOLDER},
-    "gpumem-compact": {"GPUMEM_TORCH": "compact_min:2MiB", "PYTHONPATH": PYTHON_FOLDER},
-}
 
 
 def run(workload, seed, allocator, steps, warmup):
-    env = dict(os.environ, **ALLOCATORS[allocator])
-    if "PYTHONPATH" in ALLOCATORS[allocator] and os.environ.get("PYTHONPATH"):  # gpumem's folder first
-        env["PYTHONPATH"] = os.pathsep.join([ALLOCATORS[allocator]["PYTHONPATH"], os.environ["PYTHONPATH"]])
     done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "more_workloads.py"), workload,
                            "--seed", str(seed), "--steps", str(steps), "--warmup", str(warmup)],
-                          env=env, capture_output=True, text=True)
+                          env=environment(allocator), capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     result = json.loads(lines[-1]) if lines and done.returncode == 0 else {"error": done.stderr[-1500:]}
     result.update(allocator=allocator, workload=workload, seed=seed, exit=done.returncode)

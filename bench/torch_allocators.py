@@ -1,0 +1,27 @@
+"""The allocators PyTorch benchmarks compare, each as the environment of a fresh process.
+
+    from torch_allocators import SETTINGS, environment
+    subprocess.run([...], env=environment("gpumem"))
+
+torch-native and torch-expandable: PyTorch's allocator without and with expandable_segments:True;
+gpumem: GPUMEM_TORCH=1 with gpumem's python folder first on PYTHONPATH (its sitecustomize installs
+gpumem when torch is imported, so the unmodified script runs on it); gpumem-compact: the same with
+compact_min:2MiB (docs/engine.md, "Compaction").
+"""
+import os
+
+PYTHON_FOLDER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python")
+SETTINGS = {
+    "torch-native": {},
+    "torch-expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+    "gpumem": {"GPUMEM_TORCH": "1"},
+    "gpumem-compact": {"GPUMEM_TORCH": "compact_min:2MiB"},
+}
+
+
+def environment(allocator):
+    """os.environ with ALLOCATOR's settings (a name of SETTINGS)."""
+    env = dict(os.environ, **SETTINGS[allocator])
+    if "GPUMEM_TORCH" in SETTINGS[allocator]:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [PYTHON_FOLDER, os.environ.get("PYTHONPATH")]))
+    return env
