@@ -758,7 +758,9 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   gpumem_ipc::OpenedHandles opened_;
 };
 
-std::shared_ptr<GpumemAllocator> installed;
+// Never destroyed, as native: static destructors run after Python finalized, too late to free the
+// history's Python tracebacks (regions are removed by src/monitor/publish.c's atexit handler).
+std::shared_ptr<GpumemAllocator> &installed = *new std::shared_ptr<GpumemAllocator>();
 
 void delete_pointer(void *pointer) {
   if (installed)
@@ -774,12 +776,6 @@ void install(const std::string &config) {
   // memory statistics (and code that allocates through c10::GetAllocator) reach.
   c10::SetAllocator(c10::DeviceType::CUDA, allocator.get(), std::numeric_limits<uint8_t>::max());
   installed = allocator;
-  // Never destroyed, as PyTorch's own allocator: at exit the static shared_ptrs (this file's and
-  // torch's current allocator) go after Python has finalized, and the recorded history's stacks hold
-  // Python tracebacks that can no longer be freed then (with cudagraph trees recording, glibc aborted
-  // the exit with "double free or corruption"). The allocators' regions are removed by their own
-  // atexit handler (src/monitor/publish.c).
-  new std::shared_ptr<GpumemAllocator>(allocator);
 }
 
 bool is_installed() { return installed != nullptr; }

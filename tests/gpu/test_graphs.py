@@ -8,6 +8,7 @@
   back when the pool and its tensors are gone;
 - torch.compile(mode="reduce-overhead"): the same results as eager, also when a new branch is recorded
   after replays (the graph pool put back to a checkpoint);
+- a process recording its memory history under cudagraph trees exits cleanly;
 - a failed capture leaves the process usable: a normal training step follows (as with PyTorch's own
   allocator, its random generator stays unusable after a failed capture: that test runs last).
 """
@@ -127,6 +128,25 @@ def test_compile_reduce_overhead_new_branch_after_replays():
         for rows in (32, 64, 32):
             x = torch.randn(rows, 256, device="cuda")
             torch.testing.assert_close(compiled(x).clone(), model(x))
+
+
+def test_exit_after_recording_history_under_cudagraph_trees():
+    """A process that records its memory history (Python stacks) while torch.compile's cudagraph trees
+    run exits cleanly: the allocator (and the history's Python tracebacks) is never destroyed after
+    Python has finalized, as native's. glibc aborted that exit with "double free or corruption"."""
+    import os
+    import subprocess
+    import sys
+    script = ("import torch, gpumem.torch\n"
+              "gpumem.torch.install()\n"
+              "torch.cuda.memory._record_memory_history(max_entries=1000, stacks='python')\n"
+              "model = torch.compile(torch.nn.Linear(64, 64).cuda(), mode='reduce-overhead')\n"
+              "for _ in range(4):\n"
+              "    model(torch.randn(8, 64, device='cuda'))\n"
+              "print('done')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=dict(os.environ),
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr[-2000:]
 
 
 def test_process_stays_usable_after_a_failed_capture():
