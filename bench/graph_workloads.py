@@ -25,9 +25,10 @@ warm-up and capture or compilation; the second process of a workload finds induc
 filled by the first, so compare setup only between later runs), ms per iteration (median over the
 repeats, each a loop of ITERATIONS replays timed between two synchronizations; spread = max - min),
 memory (torch.cuda.memory_stats): the peaks of the setup, what is allocated and reserved after it, and
-the peaks of the timed iterations (the peaks reset after the setup), and whether every output (losses, logits) equals the first torch-native run's bit for bit. An
-allocator named twice runs twice: the default list ends with a second torch-native run, the control
-that shows whether a workload gives the same results twice. Exit status 1 if any run failed.
+the peaks of the timed iterations (the peaks reset after the setup), and whether every output
+(losses, logits) equals the first torch-native run's bit for bit. An allocator named twice runs
+twice: the default list ends with a second torch-native run, the control that shows whether a
+workload gives the same results twice. Exit status 1 if any run failed.
 """
 import argparse
 import hashlib

@@ -220,8 +220,8 @@ static bool watch_new_region(const char *path, long pid, int device, void *conte
     if (!alive_in_tree && gm_published_process_alive(pid))
         return true;
     struct stat file;
-    bool identified = stat(path, &file) == 0;
-    if (!alive_in_tree && identified && rejected_before(state, &file))
+    bool identified = !alive_in_tree && stat(path, &file) == 0; /* a dead writer's region, by its file */
+    if (identified && rejected_before(state, &file))
         return true;
     gm_published_watch *watch = NULL;
     if (gm_published_watch_open(path, &watch) != GM_OK)

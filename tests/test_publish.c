@@ -283,6 +283,8 @@ static gm_region valid; /* the bytes of a real region of this process */
 
 static void capture_valid_region(void)
 {
+    if (valid.header.magic[0])
+        return;
     char path[4096];
     gm_allocator *allocator = create_publishing("", path, sizeof path);
     int descriptor = open(path, O_RDONLY);
@@ -384,15 +386,21 @@ static void test_hostile_regions(void)
     CHECK_MESSAGE("for device 99");
 }
 
-static void test_stale_region(void)
+/* A pid that no process has: a child's, reaped. */
+static pid_t gone_pid(void)
 {
-    if (!valid.header.magic[0])
-        capture_valid_region();
     pid_t child = fork();
     REQUIRE(child >= 0);
     if (child == 0)
         _exit(0);
-    REQUIRE(waitpid(child, NULL, 0) == child); /* reaped: the pid is gone */
+    REQUIRE(waitpid(child, NULL, 0) == child);
+    return child;
+}
+
+static void test_stale_region(void)
+{
+    capture_valid_region();
+    pid_t child = gone_pid();
     CHECK(!gm_published_process_alive((long)child));
     CHECK(gm_published_process_alive((long)getpid()));
     gm_region region = valid_for(0);
@@ -407,25 +415,13 @@ static void test_stale_region(void)
     CHECK(access(path, F_OK) != 0);
 }
 
-/* A pid that no process has: a child's, reaped. */
-static pid_t gone_pid(void)
-{
-    pid_t child = fork();
-    REQUIRE(child >= 0);
-    if (child == 0)
-        _exit(0);
-    REQUIRE(waitpid(child, NULL, 0) == child);
-    return child;
-}
-
 /* A writer killed inside an update leaves the sequence odd for good: the watch (gpumem run's reader of
  * its command's dead processes) gets the last numbers, marked torn, at once, rather than spinning on
  * the sequence; with an even sequence the same numbers are not torn. The plain reader still refuses
  * the region as stale. */
 static void test_torn_region_of_a_dead_writer(void)
 {
-    if (!valid.header.magic[0])
-        capture_valid_region();
+    capture_valid_region();
     pid_t gone = gone_pid();
     for (uint64_t sequence = 6; sequence <= 7; sequence++) {
         gm_region region = valid_for(0);
@@ -452,8 +448,7 @@ static void test_torn_region_of_a_dead_writer(void)
  * process with an odd sequence) is given up on with an error that says so. */
 static void test_region_of_a_stuck_writer(void)
 {
-    if (!valid.header.magic[0])
-        capture_valid_region();
+    capture_valid_region();
     gm_region region = valid_for(20);
     atomic_store(&region.sequence, 9);
     char path[4096];
