@@ -8,7 +8,7 @@ whether gpumem meets the target min(1.02, torch-expandable's ratio). No GPU and 
 ANCHORS_JSON is record_traces.py's anchors.json; the traces (NAME.csv.gz) are looked for beside it
 unless TRACE_DIRECTORY is given. A trace that failed on the GPU, has no torch-expandable ratio, whose
 peak live differs from the anchors' (another recording) or that gpumem cannot replay fails the check;
-an unavailable workload (unet without diffusers) is listed as such and is never a pass.
+an unavailable workload (a package it needs not installed) is listed as such and is never a pass.
 
 Exit status: 0 gpumem meets the target on every trace that is not unavailable; 1 it misses it on some,
 or some could not be checked; 2 bad usage.

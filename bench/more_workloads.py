@@ -1,6 +1,7 @@
 """More real PyTorch training workloads to record allocation traces from, beside the anchors' four
 (bench/anchor_workloads.py): a ViT, a ConvNeXt at several resolutions, a Llama-style decoder with
-variable sequence lengths and a diffusion UNet.
+variable sequence lengths and a diffusion UNet (diffusers' UNet2DModel, or where diffusers is not
+installed the same network in plain PyTorch: bench/diffusion_unet.py).
 
     python3 bench/more_workloads.py WORKLOAD --seed S [--steps 4] [--warmup 2] [--trace OUT.csv]
 
@@ -14,8 +15,8 @@ Prints one JSON line, with the keys of bench/workloads.py's (peak allocated / re
 time, trace_events) plus the seed, the shape each step drew, each step's loss and time (warm-up
 included) and, under gpumem, the copies of each step (compaction's, compact_min).
 
-Exit status: 0 recorded; 4 the workload is unavailable here (unet without the diffusers package: the
-JSON line says so under "unavailable"); anything else a failure (a Python traceback on stderr).
+Exit status: 0 recorded; 4 the workload is unavailable here (torchvision or transformers not installed:
+the JSON line says so under "unavailable"); anything else a failure (a Python traceback on stderr).
 """
 import argparse
 import importlib.util
@@ -59,6 +60,10 @@ def build(name, dev, seed):
     torch.manual_seed(seed)
     shapes = random.Random(seed)
 
+    needed = {"vit": "torchvision", "convnext": "torchvision", "llama_varlen": "transformers"}.get(name)
+    if needed and importlib.util.find_spec(needed) is None:
+        raise Unavailable(f"{needed} not installed")
+
     if name == "vit":
         import torchvision
         model = torchvision.models.vit_b_16(weights=None).to(dev)
@@ -101,11 +106,12 @@ def build(name, dev, seed):
         return step
 
     if name == "unet":
-        if importlib.util.find_spec("diffusers") is None:
-            raise Unavailable("diffusers not installed")
-        import diffusers
+        if importlib.util.find_spec("diffusers") is not None:
+            from diffusers import UNet2DModel
+        else:  # the same network in plain PyTorch
+            from diffusion_unet import UNet2DModel
         # A small DDPM-style UNet: attention at the two coarsest levels and in the middle block.
-        model = diffusers.UNet2DModel(
+        model = UNet2DModel(
             in_channels=3, out_channels=3, layers_per_block=2, block_out_channels=(64, 128, 256, 256),
             down_block_types=("DownBlock2D", "DownBlock2D", "AttnDownBlock2D", "AttnDownBlock2D"),
             up_block_types=("AttnUpBlock2D", "AttnUpBlock2D", "UpBlock2D", "UpBlock2D")).to(dev)
@@ -163,6 +169,8 @@ def main():
            "losses": [loss.item() for loss in LOSSES], "step_ms": [round(1e3 * t, 2) for t in all_times],
            "copies_per_step": copies,
            "device": torch.cuda.get_device_name()}
+    if a.workload == "unet":
+        res["unet_from"] = "diffusers" if importlib.util.find_spec("diffusers") else "bench/diffusion_unet.py"
     st = torch.cuda.memory_stats()
     res["peak_alloc_MiB"] = st.get("allocated_bytes.all.peak", 0) / 2**20
     res["peak_reserved_MiB"] = st.get("reserved_bytes.all.peak", 0) / 2**20

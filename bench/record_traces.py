@@ -22,7 +22,7 @@ PyTorch's allocators and cudaMallocAsync, as the anchors (../shared/anchors) did
 
 Every failure (a recording or a replay that crashed, ran out of memory or past --deadline, seconds for
 the whole run) is in the table and the JSON with its message and makes the exit status 1. A workload
-unavailable here (unet without the diffusers package) is reported as unavailable: never a pass, and not
+unavailable here (torchvision or transformers not installed) is reported as unavailable: never a pass, and not
 a failure. bench/more_traces_table.py adds gpumem's ratio and the target (run where gpumem is built).
 """
 import argparse

@@ -2,7 +2,8 @@
 no GPU and no PyTorch.
 
 - record_traces.py runs end to end as processes over the stand-in stack in fake_gpu_stack/ (a fake torch,
-  numpy, torchvision, transformers; fake_diffusers/ where the unet workload should be available): each
+  numpy, torchvision), fake_diffusers/ (the unet's model) and fake_transformers/ (left out where the
+  llama_varlen workload should be unavailable): each
   workload draws its shapes from random.Random(seed) and trains under bf16 autocast; the traces are
   gzipped in the shared format; each allocator's process loads the extension once and starts each trace
   from a fresh process's state, so the ratios are those of each trace alone; a crashed recording, an
@@ -28,6 +29,7 @@ RECORD = os.path.join(ROOT, "bench", "record_traces.py")
 TABLE = os.path.join(ROOT, "bench", "more_traces_table.py")
 FAKE_STACK = os.path.join(HERE, "fake_gpu_stack")
 FAKE_DIFFUSERS = os.path.join(HERE, "fake_diffusers")
+FAKE_TRANSFORMERS = os.path.join(HERE, "fake_transformers")
 MiB = 2**20
 ALLOCATORS = ["torch-native", "torch-expandable", "cuda-async"]
 # The fake extension's allocators (fake_gpu_stack/torch/utils/cpp_extension.py): peak live rounded up to these.
@@ -73,12 +75,12 @@ def peak_live(text):
 
 
 class RecordTracesTest(unittest.TestCase):
-    def run_driver(self, workloads, diffusers=False, **fake):
+    def run_driver(self, workloads, transformers=True, **fake):
         folder = tempfile.mkdtemp()
         self.addCleanup(subprocess.run, ["rm", "-rf", folder])
         log = os.path.join(folder, "calls.jsonl")
         env = {k: v for k, v in os.environ.items() if not k.startswith(("FAKE_TORCH", "PYTORCH_CUDA_ALLOC_CONF"))}
-        env.update(PYTHONPATH=os.pathsep.join([FAKE_STACK] + ([FAKE_DIFFUSERS] if diffusers else [])),
+        env.update(PYTHONPATH=os.pathsep.join([FAKE_STACK, FAKE_DIFFUSERS] + ([FAKE_TRANSFORMERS] if transformers else [])),
                    FAKE_TORCH_LOG=log, **fake)
         out = os.path.join(folder, "out")
         run = subprocess.run([sys.executable, RECORD, "--out", out, "--workloads", ",".join(workloads),
@@ -130,24 +132,23 @@ class RecordTracesTest(unittest.TestCase):
 
     def test_failures_and_unavailable_are_reported(self):
         workloads = ["vit", "convnext", "llama_varlen", "unet"]
-        if importlib.util.find_spec("diffusers") is not None:
-            self.skipTest("diffusers is installed here: the unet workload would not be unavailable")
+        if importlib.util.find_spec("transformers") is not None:
+            self.skipTest("transformers is installed here: the llama_varlen workload would not be unavailable")
         run, out, document, calls = self.run_driver(
-            workloads, FAKE_TORCH_CRASH="convnext", FAKE_TORCH_OOM_CONF="expandable_segments:True",
+            workloads, transformers=False, FAKE_TORCH_CRASH="convnext", FAKE_TORCH_OOM_CONF="expandable_segments:True",
             FAKE_TORCH_OOM_SIZE="1000001")  # seed 1's traces run out of memory under expandable segments
         self.assertEqual(run.returncode, 1, run.stderr)
         traces = document["traces"]
         self.assertEqual(set(traces), {f"{w}-seed{s}" for w in workloads for s in (0, 1)})
         self.assertEqual(sorted(f for f in os.listdir(out) if f.endswith(".gz")),
-                         ["llama_varlen-seed0.csv.gz", "llama_varlen-seed1.csv.gz", "vit-seed0.csv.gz",
-                          "vit-seed1.csv.gz"])
-        self.check_recordings(out, document, calls, ["vit", "llama_varlen"])
+                         ["unet-seed0.csv.gz", "unet-seed1.csv.gz", "vit-seed0.csv.gz", "vit-seed1.csv.gz"])
+        self.check_recordings(out, document, calls, ["vit", "unet"])
         for seed in (0, 1):
             self.assertEqual(traces[f"convnext-seed{seed}"]["errors"],
                              {"record": "RuntimeError: fake crash in convnext's forward pass"})
-            self.assertEqual(traces[f"unet-seed{seed}"]["unavailable"], "diffusers not installed")
-            self.assertNotIn("errors", traces[f"unet-seed{seed}"])
-            for workload in ("vit", "llama_varlen"):
+            self.assertEqual(traces[f"llama_varlen-seed{seed}"]["unavailable"], "transformers not installed")
+            self.assertNotIn("errors", traces[f"llama_varlen-seed{seed}"])
+            for workload in ("vit", "unet"):
                 name = f"{workload}-seed{seed}"
                 for allocator in ALLOCATORS:
                     if seed == 1 and allocator == "torch-expandable":
@@ -159,7 +160,7 @@ class RecordTracesTest(unittest.TestCase):
         self.assertEqual(document["allocators"]["torch-expandable"], "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
         # The table and its summary say the same.
         self.assertIn("| convnext-seed0 | failed: RuntimeError: fake crash in convnext's forward pass |", run.stdout)
-        self.assertIn("| unet-seed1 | unavailable: diffusers not installed |", run.stdout)
+        self.assertIn("| llama_varlen-seed1 | unavailable: transformers not installed |", run.stdout)
         self.assertIn("- vit-seed1, torch-expandable: OutOfMemoryError: CUDA out of memory.", run.stdout)
         self.assertIn("2 of 8 traces recorded and replayed under every allocator", run.stdout)
         with open(os.path.join(out, "table.md")) as f:
@@ -183,7 +184,7 @@ class RecordTracesTest(unittest.TestCase):
 
     def test_every_workload_recorded_and_replayed(self):
         workloads = ["vit", "convnext", "llama_varlen", "unet"]
-        run, out, document, calls = self.run_driver(workloads, diffusers=True)
+        run, out, document, calls = self.run_driver(workloads)
         self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
         self.check_recordings(out, document, calls, workloads)
         for name, entry in document["traces"].items():
@@ -237,21 +238,21 @@ class TableTest(unittest.TestCase):
         run, rows = self.table({
             "fits": self.entry("fits", 1.0),  # target 1.0: met with equality
             "small": self.entry("small", 3.0),  # target 1.02 (the cap), missed
-            "unet-seed0": {"unavailable": "diffusers not installed"},
+            "llama_varlen-seed0": {"unavailable": "transformers not installed"},
             "broken": {"workload": "vit", "errors": {"record": "RuntimeError: boom"}},
         })
         self.assertEqual(run.returncode, 1, run.stderr)
         self.assertEqual(rows["fits"], ["fits", "20.0", "1.0000", "1.2500", "1.0000", "1.5000", "1.0000", "yes"])
         self.assertEqual(rows["small"], ["small", f"{small['peak_live_bytes'] / MiB:.1f}", f"{small['ratio']:.4f}",
                                          "1.2500", "3.0000", "1.5000", "1.0200", "no"])
-        self.assertEqual(rows["unet-seed0"][-1], "diffusers not installed")
+        self.assertEqual(rows["llama_varlen-seed0"][-1], "transformers not installed")
         self.assertEqual(rows["broken"][-1], "failed on the GPU (record): RuntimeError: boom")
-        self.assertIn("gpumem meets the target on 1 of 3 traces; unavailable (no pass): unet-seed0 "
-                      "(diffusers not installed)", run.stdout)
+        self.assertIn("gpumem meets the target on 1 of 3 traces; unavailable (no pass): llama_varlen-seed0 "
+                      "(transformers not installed)", run.stdout)
 
     def test_all_met(self):
         os.remove(os.path.join(self.folder, "small.csv.gz"))
-        run, rows = self.table({"fits": self.entry("fits", 1.5), "unet-seed0": {"unavailable": "diffusers not installed"}})
+        run, rows = self.table({"fits": self.entry("fits", 1.5), "llama_varlen-seed0": {"unavailable": "transformers not installed"}})
         self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
         self.assertEqual(rows["fits"][-2:], ["1.0200", "yes"])
         self.assertIn("gpumem meets the target on 1 of 1 traces", run.stdout)

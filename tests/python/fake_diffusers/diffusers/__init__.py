@@ -1,4 +1,4 @@
-"""A stand-in for diffusers (on PYTHONPATH only where a test wants the unet workload available): UNet2DModel is
+"""A stand-in for diffusers (on PYTHONPATH where a test runs the unet workload): UNet2DModel is
 the fake torch's model, model(sample, timesteps).sample of the sample's shape; the config is checked
 as diffusers would: one channel count per block, divisible by the GroupNorm groups."""
 import types
