@@ -162,9 +162,39 @@ static void fragmentation(void)
                      "in gpumem's reserved memory and 124.00 MiB more that the device allows.");
     CHECK_MESSAGE("the largest in this stream's large pool is 396.00 MiB");
     CHECK_MESSAGE("a live block pins the free pages of every chunk it touches");
-    CHECK_MESSAGE("  1. A smaller max_chunk_size in GPUMEM_CONF (now no limit)");
+    CHECK_MESSAGE("  1. compact_min:2MiB in GPUMEM_CONF: a chunk that a few live blocks pin is split");
+    CHECK_MESSAGE("  2. A smaller max_chunk_size in GPUMEM_CONF (now no limit)");
     (void)head, (void)second, (void)tail;
     gm_destroy(allocator, NULL);
+    /* The first remedy works: three 300 MiB chunks, each pinned by a 4 MiB block at its start, 888 MiB free
+     * but in pieces of 296 MiB and only 124 MiB more on the device. A 500 MiB request fails, and with
+     * compaction it fits: two chunks are split around their pinned pages. */
+    for (int compact = 0; compact <= 1; compact++) {
+        allocator = make(compact ? "engine:pages,capacity:1GiB,max_chunk_size:0,compact_min:2MiB"
+                                 : "engine:pages,capacity:1GiB,max_chunk_size:0");
+        void *chunks[3], *pins[3], *rests[3];
+        for (int i = 0; i < 3; i++)
+            chunks[i] = take(allocator, 300 * MiB);
+        for (int i = 0; i < 3; i++)
+            CHECK_OK(gm_free(allocator, chunks[i]));
+        for (int i = 0; i < 3; i++)
+            pins[i] = take(allocator, 4 * MiB), rests[i] = take(allocator, 296 * MiB);
+        for (int i = 0; i < 3; i++)
+            CHECK_OK(gm_free(allocator, rests[i]));
+        void *request = NULL;
+        if (!compact) {
+            fail(allocator, 500 * MiB, GM_OOM_CAUSE_FRAGMENTATION);
+            CHECK_MESSAGE("  1. compact_min:2MiB in GPUMEM_CONF: a chunk that a few live blocks pin is split");
+        } else {
+            CHECK_OK(gm_malloc(allocator, 500 * MiB, 0, &request));
+            fail(allocator, 1 * GiB, GM_OOM_CAUSE_CAPACITY);
+            CHECK(strstr(gm_last_error(), "compact_min") == NULL);
+            CHECK_OK(gm_free(allocator, request));
+        }
+        for (int i = 0; i < 3; i++)
+            CHECK_OK(gm_free(allocator, pins[i]));
+        gm_destroy(allocator, NULL);
+    }
 }
 
 static void other_processes(void)

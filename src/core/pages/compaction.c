@@ -245,8 +245,11 @@ static bool any_stream_capturing(gm_arena *arena)
 }
 
 /* Compaction is an economy: one that fails and is undone leaves the growth to new memory. Only what
- * leaves the books wrong is an error: a chunk that could not be put back (GM_ERROR_DEVICE). */
-gm_status pages_compact_for(gm_arena *arena, const window *where, uint64_t need)
+ * leaves the books wrong is an error: a chunk that could not be put back (GM_ERROR_DEVICE). A rescue
+ * (the device or the memory limit has no room for the growth's new memory: without compaction the
+ * request fails) may lift reserved memory above its peak for the moment of the copies; the copies'
+ * own memory must still be had, else the chunk is put back. */
+gm_status pages_compact_for(gm_arena *arena, const window *where, uint64_t need, bool rescue)
 {
     if (any_stream_capturing(arena))
         return GM_OK;
@@ -267,7 +270,7 @@ gm_status pages_compact_for(gm_arena *arena, const window *where, uint64_t need)
     for (size_t i = 0; i < count && released < need && status == GM_OK && !undone; i++) {
         uint64_t live = chunks[i].chunk->size - chunks[i].free_bytes, left = need - released;
         int64_t allowed = reserved[GM_POOL_ALL].peak + (int64_t)(left > chunks[i].free_bytes ? left - chunks[i].free_bytes : 0);
-        if (gm_stat_total(reserved) + (int64_t)live > allowed)
+        if (!rescue && gm_stat_total(reserved) + (int64_t)live > allowed)
             continue;
         status = compact_chunk(arena, &chunks[i], &undone);
         released += status == GM_OK && !undone ? chunks[i].free_bytes : 0;

@@ -204,6 +204,22 @@ static bool is_ping_pong(const gm_arena *arena, const gm_region *region, uint64_
            need <= new_room;
 }
 
+/* Compaction (compact_min) for `short_of` bytes that idle chunks did not cover: when new memory would
+ * lift reserved memory well above its peak, or, whatever the peak, when no new memory can be had for
+ * them (then it is that or out of memory). */
+static gm_status compact_for_growth(gm_arena *arena, const window *where, uint64_t short_of, uint64_t new_room)
+{
+    if (short_of > new_room)
+        return pages_compact_for(arena, where, short_of - new_room, true);
+    if (!should_recycle(arena, short_of))
+        return GM_OK;
+    const gm_stat *reserved = arena->stats->reserved_bytes;
+    int64_t excess = gm_stat_total(reserved) + (int64_t)short_of - reserved[GM_POOL_ALL].peak;
+    if (excess <= reserved[GM_POOL_ALL].peak / COMPACT_ABOVE_PEAK_DIVISOR)
+        return GM_OK;
+    return pages_compact_for(arena, where, (uint64_t)excess, false);
+}
+
 /* Back [from, to), inside an unmapped block, with physical memory: idle chunks first when new memory
  * would raise reserved memory past its peak (or the device is full), then new memory. The mapped
  * part is made accessible and turned into free space merged with its neighbours: *opened_out, the
@@ -237,13 +253,8 @@ static gm_status back_part(gm_arena *arena, const window *where, uintptr_t from,
         if (move_spends_budget(arena, region, need))
             engine->bounce_credit_ns -= arena->backend->modelled_ns - moving_since;
     }
-    if (status == GM_OK && mapped < need && arena->options->compact_min && !engine->placing_lane &&
-        should_recycle(arena, need - mapped)) {
-        const gm_stat *reserved = arena->stats->reserved_bytes;
-        int64_t excess = gm_stat_total(reserved) + (int64_t)(need - mapped) - reserved[GM_POOL_ALL].peak;
-        if (excess > reserved[GM_POOL_ALL].peak / COMPACT_ABOVE_PEAK_DIVISOR)
-            status = pages_compact_for(arena, where, (uint64_t)excess);
-    }
+    if (status == GM_OK && mapped < need && arena->options->compact_min && !engine->placing_lane)
+        status = compact_for_growth(arena, where, need - mapped, new_room);
     if (status == GM_OK && mapped < need && engine->placing_lane && should_recycle(arena, need - mapped)) {
         engine->moving_by_choice = true;
         release_idle_for(arena, where, need - mapped);

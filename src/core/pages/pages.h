@@ -437,9 +437,10 @@ gm_status pages_settle_waiting(gm_arena *arena, gm_region *region);
 #define COMPACT_ABOVE_PEAK_DIVISOR 200
 
 /* Called only with compact_min set, when a growth into `where` would lift reserved memory `need` bytes
- * above its peak (more than COMPACT_ABOVE_PEAK_DIVISOR allows): chunks that live blocks pin are split
- * around their live pages, which are copied, their whole free pages given back, until `need` bytes are
- * (or no chunk has compact_min free bytes). */
-gm_status pages_compact_for(gm_arena *arena, const window *where, uint64_t need);
+ * above its peak (more than COMPACT_ABOVE_PEAK_DIVISOR allows), or, as a `rescue`, when the device or
+ * the memory limit lacks `need` bytes for it: chunks that live blocks pin are split around their live
+ * pages, which are copied, their whole free pages given back, until `need` bytes are (or no chunk has
+ * compact_min free bytes). */
+gm_status pages_compact_for(gm_arena *arena, const window *where, uint64_t need, bool rescue);
 
 #endif
