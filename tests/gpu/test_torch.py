@@ -186,6 +186,48 @@ def test_compaction_keeps_tensors_and_waits_out_a_capture():
     assert capture["static"] == [2.0] * 16, capture
 
 
+RESCUE_PROGRAM = """
+    import json, torch
+    import gpumem.torch
+    MiB = 1 << 20
+    chunks = [torch.empty(300 * MiB, dtype=torch.uint8, device="cuda") for _ in range(3)]
+    del chunks  # three idle chunks of 300 MiB (max_chunk_size:0: one chunk per growth)
+    pins, rests = [], []
+    for index in range(3):  # each chunk pinned by a tensor at its start, the rest of it freed
+        pins.append(torch.full((MiB,), index + 0.5, dtype=torch.float32, device="cuda"))
+        rests.append(torch.empty(296 * MiB, dtype=torch.uint8, device="cuda"))
+    del rests
+    addresses = [t.data_ptr() for t in pins]
+    total = torch.cuda.mem_get_info()[1]
+    torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_reserved() + 124 * MiB) / total)
+    result = {}
+    try:
+        request = torch.ones(500 * MiB, dtype=torch.uint8, device="cuda")
+        result["fits"] = int(request.sum()) == 500 * MiB
+    except torch.OutOfMemoryError as error:
+        result["error"] = str(error)
+    torch.cuda.synchronize()
+    result["same_addresses"] = [t.data_ptr() for t in pins] == addresses
+    result["values"] = all(bool((t == i + 0.5).all()) for i, t in enumerate(pins))
+    print(json.dumps(result))
+"""
+
+
+def test_compaction_rescues_a_request_that_would_run_out_of_memory():
+    """A fragmented process under a memory cap: three chunks each pinned by one tensor, 888 MiB free in
+    pieces of 296 MiB and 124 MiB more under the cap. A 500 MiB request fails with an out-of-memory
+    error whose report names compact_min:2MiB; with compact_min:2MiB it fits (two chunks split around
+    their tensors, copied at the same addresses), and the tensors keep their values."""
+    without = json.loads(run_python(RESCUE_PROGRAM, GPUMEM_TORCH="max_chunk_size:0").strip().splitlines()[-1])
+    assert "fragmentation" in without.get("error", ""), without
+    assert "compact_min:2MiB in GPUMEM_CONF" in without["error"], without
+    rescued = json.loads(run_python(RESCUE_PROGRAM, GPUMEM_TORCH="max_chunk_size:0,compact_min:2MiB")
+                         .strip().splitlines()[-1])
+    assert rescued.get("fits") is True, rescued
+    assert rescued["same_addresses"] and rescued["values"], rescued
+    assert without["same_addresses"] and without["values"], without
+
+
 def test_record_stream_keeps_memory_until_the_stream_is_done():
     side = torch.cuda.Stream()
     # Both kernels run once first: a kernel's first launch loads its module (CUDA's lazy loading), which
