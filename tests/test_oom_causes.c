@@ -187,6 +187,9 @@ static void fragmentation(void)
             CHECK_MESSAGE("  1. compact_min:2MiB in GPUMEM_CONF: a chunk that a few live blocks pin is split");
         } else {
             CHECK_OK(gm_malloc(allocator, 500 * MiB, 0, &request));
+            gm_stats stats = {0};
+            CHECK_OK(gm_get_stats(allocator, &stats));
+            CHECK_EQ_INT(stats.num_alloc_retries, 0); /* compaction served it, not the release of the cache */
             fail(allocator, 1 * GiB, GM_OOM_CAUSE_CAPACITY);
             CHECK(strstr(gm_last_error(), "compact_min") == NULL);
             CHECK_OK(gm_free(allocator, request));

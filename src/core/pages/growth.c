@@ -253,8 +253,10 @@ static gm_status back_part(gm_arena *arena, const window *where, uintptr_t from,
         if (move_spends_budget(arena, region, need))
             engine->bounce_credit_ns -= arena->backend->modelled_ns - moving_since;
     }
-    if (status == GM_OK && mapped < need && arena->options->compact_min && !engine->placing_lane)
+    if (status == GM_OK && mapped < need && arena->options->compact_min && !engine->placing_lane) {
         status = compact_for_growth(arena, where, need - mapped, new_room);
+        new_room = room_for_new_memory(arena, engine->page_size); /* what compaction gave back */
+    }
     if (status == GM_OK && mapped < need && engine->placing_lane && should_recycle(arena, need - mapped)) {
         engine->moving_by_choice = true;
         release_idle_for(arena, where, need - mapped);
