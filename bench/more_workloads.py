@@ -13,7 +13,8 @@ written in the anchors' trace format (anchor_workloads.export_trace: a|f,id,byte
 
 Prints one JSON line, with the keys of bench/workloads.py's (peak allocated / reserved, median step
 time, trace_events) plus the seed, the shape each step drew, each step's loss and time (warm-up
-included) and, under gpumem, the copies of each step (compaction's, compact_min).
+included) and, under gpumem, the copies of each step (compaction's, compact_min) and what its device
+calls took (all of them, and the waits before unmapping).
 
 Exit status: 0 recorded; 4 the workload is unavailable here (torchvision or transformers not installed:
 the JSON line says so under "unavailable"); anything else a failure (a Python traceback on stderr).
@@ -132,6 +133,17 @@ def build(name, dev, seed):
     raise SystemExit(f"unknown workload {name} (known: {', '.join(WORKLOADS)})")
 
 
+def step_device_calls(before, after):
+    """What gpumem's device calls took in one step (from two memory_stats readings): all of them in ms,
+    the waits for a stream before unmapping memory it may still use (cuEventSynchronize) in ms and count,
+    and the chunks created."""
+    def spent(key):
+        return after[key] - before[key]
+    return {"ms": round(spent("device_call_ns") / 1e6, 2),
+            "wait_ms": round(spent("device_call_ns.event_synchronize") / 1e6, 2),
+            "waits": spent("device_calls.event_synchronize"), "created": spent("device_calls.physical_create")}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("workload", choices=WORKLOADS)
@@ -150,16 +162,18 @@ def main():
         print(json.dumps({"workload": a.workload, "seed": a.seed, "unavailable": str(why)}), flush=True)
         sys.exit(UNAVAILABLE_STATUS)
     gpumem_torch = sys.modules.get("gpumem.torch")  # under GPUMEM_TORCH: gpumem's device-call counts too
-    times, shapes, all_times, copies = [], [], [], []
+    times, shapes, all_times, copies, device_calls = [], [], [], [], []
     for i in range(a.warmup + a.steps):
         torch.cuda.synchronize()
-        copied = gpumem_torch.allocator().memory_stats()["device_calls.copy"] if gpumem_torch else 0
+        before = gpumem_torch.allocator().memory_stats() if gpumem_torch else None
         s = time.perf_counter()
         shapes.append(step(i))
         torch.cuda.synchronize()
         all_times.append(time.perf_counter() - s)
         if gpumem_torch:
-            copies.append(gpumem_torch.allocator().memory_stats()["device_calls.copy"] - copied)
+            after = gpumem_torch.allocator().memory_stats()
+            copies.append(after["device_calls.copy"] - before["device_calls.copy"])
+            device_calls.append(step_device_calls(before, after))
         if i >= a.warmup:
             times.append(all_times[-1])
     res = {"workload": a.workload, "seed": a.seed, "conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "native"),
@@ -167,7 +181,7 @@ def main():
            "step_ms_median": 1e3 * statistics.median(times) if times else None,
            "total_s": time.perf_counter() - t0, "torch": torch.__version__,
            "losses": [loss.item() for loss in LOSSES], "step_ms": [round(1e3 * t, 2) for t in all_times],
-           "copies_per_step": copies,
+           "copies_per_step": copies, "device_calls_per_step": device_calls,
            "device": torch.cuda.get_device_name()}
     if a.workload == "unet":
         res["unet_from"] = "diffusers" if importlib.util.find_spec("diffusers") else "bench/diffusion_unet.py"
