@@ -142,6 +142,19 @@ GM_API gm_status gm_record_stream(gm_allocator *allocator, void *pointer, gm_str
 /* Give every cached, entirely free piece of memory back to the device. */
 GM_API gm_status gm_empty_cache(gm_allocator *allocator);
 
+/* Defragment (the pages engine): give back the whole free pages of chunks that live blocks pin, which
+ * gm_empty_cache cannot. Each such chunk with at least `min_free_bytes` of whole free pages (0: one
+ * page) is split around its live pages: they are copied into new physical memory mapped at the same
+ * addresses (no pointer changes, no byte is lost), and the chunk's free pages go back to the device.
+ * The copies wait for the whole device first (every stream's queued work may use those pages), so call
+ * it where no other thread launches work on the device: between training steps, say, from the thread
+ * that runs them. Chunks of private pools (CUDA graphs, MemPools) and shared chunks stay whole.
+ * *released_out (may be NULL): the bytes given back. A chunk that cannot be split (no room for its
+ * copies, a device call refused) stays as it was. GM_ERROR_NOT_SUPPORTED under engine:segments (a
+ * segment cannot be split) and while a stream of the allocator is being captured into a CUDA graph
+ * (the wait would break the capture). */
+GM_API gm_status gm_defragment(gm_allocator *allocator, uint64_t min_free_bytes, uint64_t *released_out);
+
 /* Let device `peer` (an index, as GPUMEM_CONF's `device`) read and write this allocator's memory: every
  * mapping made so far and every later one (cuMemSetAccess for both devices, as PyTorch's expandable
  * segments do when torch enables peer access between two GPUs). The driver's peer access between the

@@ -3,7 +3,8 @@
  * than a two-hundredth of it) first splits chunks that live blocks pin around their live pages and
  * gives their whole free pages back; the live blocks stay where they are, with their data (the host
  * backend holds real bytes), and a failure at any step of a compaction loses nothing. No compaction
- * while a stream is being captured; engine:segments refuses the key.
+ * while a stream is being captured; engine:segments refuses the key. gm_defragment does the same split
+ * on demand, for every pinned chunk at once.
  */
 #include "pattern.h"
 #include "test.h"
@@ -178,9 +179,96 @@ static void the_segments_engine_refuses_compaction(void)
     CHECK(allocator == NULL);
 }
 
+/* gm_defragment on real memory: three stamped blocks pin a 64 MiB chunk with 44 MiB of whole free pages
+ * between and after them; one call gives those pages back at once, the blocks keep their addresses
+ * and bytes, and a second call finds nothing more. */
+static void defragment_gives_back_pinned_free_pages_on_demand(void)
+{
+    gm_allocator *allocator = NULL;
+    REQUIRE(gm_create("backend:host,capacity:1GiB,page_size:2MiB", &allocator) == GM_OK);
+    void *big = NULL, *fence = NULL, *live[3] = {0}, *gaps[2] = {0};
+    const size_t sizes[3] = {3 * MIB, 5 * MIB + 4096, 7 * MIB}, gap_sizes[2] = {20 * MIB, 24 * MIB};
+    CHECK_OK(gm_malloc(allocator, 64 * MIB, 0, &big));
+    CHECK_OK(gm_malloc(allocator, 2 * MIB, 0, &fence));
+    CHECK_OK(gm_free(allocator, big));
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK(gm_malloc(allocator, sizes[i], 0, &live[i]));
+        pattern_stamp(live[i], sizes[i], 300 + (uint64_t)i);
+        if (i < 2)
+            CHECK_OK(gm_malloc(allocator, gap_sizes[i], 0, &gaps[i]));
+    }
+    for (int i = 0; i < 2; i++)
+        CHECK_OK(gm_free(allocator, gaps[i]));
+    CHECK_OK(gm_empty_cache(allocator)); /* gives back nothing: every chunk is pinned */
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    CHECK_EQ_INT(stats.reserved_bytes[GM_POOL_ALL].current, 66 * MIB);
+    uint64_t released = 1;
+    CHECK_STATUS(gm_defragment(allocator, 64 * MIB, &released), GM_OK); /* no chunk has that much free */
+    CHECK_EQ_INT(released, 0);
+    CHECK_OK(gm_defragment(allocator, 0, &released));
+    CHECK_EQ_INT(released, 44 * MIB);
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    CHECK_EQ_INT(stats.reserved_bytes[GM_POOL_ALL].current, 22 * MIB);
+    CHECK_EQ_INT(stats.device_calls[GM_CALL_COPY], 3);
+    CHECK_OK(gm_validate(allocator));
+    for (int i = 0; i < 3; i++) {
+        size_t size = 0;
+        CHECK_OK(gm_allocation_size(allocator, live[i], &size)); /* same addresses, */
+        CHECK(pattern_intact(live[i], sizes[i], 300 + (uint64_t)i)); /* same bytes */
+    }
+    CHECK_OK(gm_defragment(allocator, 0, &released));
+    CHECK_EQ_INT(released, 0);
+    CHECK_OK(gm_defragment(allocator, 0, NULL));
+    void *again = NULL; /* the pages given back serve new requests */
+    CHECK_OK(gm_malloc(allocator, 40 * MIB, 0, &again));
+    memset(again, 0x33, 40 * MIB);
+    for (int i = 0; i < 3; i++)
+        CHECK(pattern_intact(live[i], sizes[i], 300 + (uint64_t)i));
+    CHECK_OK(gm_free(allocator, again));
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(gm_free(allocator, live[i]));
+    CHECK_OK(gm_free(allocator, fence));
+    CHECK_OK(gm_validate(allocator));
+    gm_destroy(allocator, NULL);
+}
+
+static void defragment_refuses_what_it_cannot_do(void)
+{
+    CHECK_STATUS(gm_defragment(NULL, 0, NULL), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_MESSAGE("allocator is NULL");
+    gm_allocator *allocator = NULL;
+    REQUIRE(gm_create("engine:segments", &allocator) == GM_OK);
+    uint64_t released = 7;
+    CHECK_STATUS(gm_defragment(allocator, 0, &released), GM_ERROR_NOT_SUPPORTED);
+    CHECK_MESSAGE("segments engine cannot split");
+    gm_destroy(allocator, NULL);
+    /* While a stream is captured: refused, the pinned chunk whole. */
+    REQUIRE(gm_create("capacity:4GiB,page_size:2MiB", &allocator) == GM_OK);
+    void *big = NULL, *fence = NULL, *pin = NULL;
+    CHECK_OK(gm_malloc(allocator, 64 * MIB, 0, &big));
+    CHECK_OK(gm_malloc(allocator, 2 * MIB, 0, &fence));
+    CHECK_OK(gm_free(allocator, big));
+    CHECK_OK(gm_malloc(allocator, MIB + 1, 0, &pin));
+    CHECK(pin == big); /* at the chunk's start: it pins all of it */
+    CHECK_OK(gm_sim_stream_set_capturing(allocator, 0, 1));
+    CHECK_STATUS(gm_defragment(allocator, 0, &released), GM_ERROR_NOT_SUPPORTED);
+    CHECK_MESSAGE("captured into a CUDA graph");
+    CHECK_EQ_INT(released, 0);
+    CHECK_OK(gm_sim_stream_set_capturing(allocator, 0, 0));
+    CHECK_OK(gm_defragment(allocator, 0, &released));
+    CHECK_EQ_INT(released, 62 * MIB);
+    CHECK_OK(gm_free(allocator, pin));
+    CHECK_OK(gm_free(allocator, fence));
+    CHECK_OK(gm_validate(allocator));
+    gm_destroy(allocator, NULL);
+}
+
 RUN_TESTS(TEST_CASE(a_growth_gives_back_the_free_pages_of_a_pinned_chunk),
           TEST_CASE(a_rise_of_the_peak_within_its_two_hundredth_is_let_through),
           TEST_CASE(a_compaction_on_real_memory_keeps_every_byte),
           TEST_CASE(a_failed_compaction_puts_the_chunk_back),
           TEST_CASE(no_compaction_while_a_stream_is_captured),
-          TEST_CASE(the_segments_engine_refuses_compaction))
+          TEST_CASE(the_segments_engine_refuses_compaction),
+          TEST_CASE(defragment_gives_back_pinned_free_pages_on_demand),
+          TEST_CASE(defragment_refuses_what_it_cannot_do))

@@ -225,6 +225,7 @@ def _load():
         "gm_free": (status, [pointer, pointer]),
         "gm_record_stream": (status, [pointer, pointer, ctypes.c_size_t]),
         "gm_empty_cache": (status, [pointer]),
+        "gm_defragment": (status, [pointer, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64)]),
         "gm_holds_stream": (status, [pointer, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int)]),
         "gm_enable_peer_access": (status, [pointer, ctypes.c_int]),
         "gm_allocation_size": (status, [pointer, pointer, ctypes.POINTER(ctypes.c_size_t)]),
@@ -449,6 +450,15 @@ class Allocator:
 
     def empty_cache(self):
         _check(_library.gm_empty_cache(self._handle))
+
+    def defragment(self, min_free_bytes=0):
+        """Give back the whole free pages of chunks that live blocks pin (gm_defragment): their live pages
+        are copied to new memory at the same addresses, after a wait for the whole device. Call it where
+        no other thread launches work on the device (between training steps). Returns the bytes given
+        back; GpumemError under engine:segments or while a CUDA graph is being captured."""
+        released = ctypes.c_uint64()
+        _check(_library.gm_defragment(self._handle, _unsigned(min_free_bytes, "min_free_bytes"), ctypes.byref(released)))
+        return released.value
 
     def holds_stream(self, stream):
         """Whether gpumem still keeps memory for ``stream`` (and may call the driver on it later), so that

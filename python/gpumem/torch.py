@@ -97,6 +97,14 @@ def allocator(device=None):
     return gpumem.Allocator.attach(_extension.handle(index))
 
 
+def defragment(device=None, min_free_bytes=0):
+    """Give back the device memory that live tensors pin inside gpumem's chunks (whole free pages that
+    torch.cuda.empty_cache() cannot return): the tensors' pages are copied to new memory at the same
+    addresses. Waits for the device; call it between steps, from the thread that launches the work.
+    Returns the bytes given back."""
+    return allocator(device).defragment(min_free_bytes)
+
+
 def pressure_is_high(device=None):
     """Whether gpumem's pressure level on the device is above normal (a policy must be set:
     GPUMEM_CONF pressure_high:F, or allocator().set_pressure_policy(...))."""

@@ -147,6 +147,10 @@ struct gm_engine_operations {
      * (*reserved_out true) or all addresses without memory; parts taken from the block's start on tile
      * it. NULL: the engine makes no memory ahead of need (its unmapped blocks, if any, hold none). */
     uintptr_t (*unmapped_part_end)(const gm_arena *arena, const gm_block *block, uintptr_t from, bool *reserved_out);
+    /* gm_defragment: split every chunk that live blocks pin with at least `least_free` bytes of whole
+     * free pages around its live pages, adding the bytes given back to *released_out. NULL: the engine
+     * cannot split its memory (plain segments). */
+    gm_status (*defragment)(gm_arena *arena, uint64_t least_free, uint64_t *released_out);
 };
 
 extern const gm_engine_operations gm_segment_engine;

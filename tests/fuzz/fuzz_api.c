@@ -82,6 +82,7 @@ typedef struct allocation {
 typedef struct fuzz_state {
     gm_allocator *allocator;
     bool host_backend; /* device memory is real (and may be stamped) */
+    bool segments;     /* engine:segments, which cannot defragment */
     uint64_t capacity;
     uint64_t host_limit;
     allocation device[DEVICE_SLOTS];
@@ -588,6 +589,7 @@ enum operation_kind {
     OP_STATISTICS,
     OP_LOOK_AROUND,
     OP_RESET_STATISTICS,
+    OP_DEFRAGMENT,
     OP_COUNT
 };
 
@@ -596,7 +598,7 @@ static const char *const operation_names[OP_COUNT] = {
     "stream complete", "empty_cache", "set_memory_limit", "inject device failures", "pool begin", "pool end",
     "pool retain", "pool release", "pool info", "used elsewhere", "host malloc", "host free",
     "host free of a pointer not live", "host record_stream", "host empty_cache", "statistics",
-    "snapshot, summary, history", "reset statistics"};
+    "snapshot, summary, history", "reset statistics", "defragment"};
 
 static void run_operation(fuzz_state *state, input *in, enum operation_kind kind)
 {
@@ -626,6 +628,16 @@ static void run_operation(fuzz_state *state, input *in, enum operation_kind kind
     case OP_EMPTY_CACHE:
         expect(gm_empty_cache(allocator) == GM_OK, "gm_empty_cache failed");
         break;
+    case OP_DEFRAGMENT: { /* refused only under segments or while a stream is captured; a device call may fail */
+        bool captured = false;
+        for (size_t i = 0; i < STREAMS; i++)
+            captured |= state->capturing[i] > 0;
+        gm_status status = gm_defragment(allocator, next_byte(in) % 4 * state->capacity / 64, NULL);
+        expect(state->segments ? status == GM_ERROR_NOT_SUPPORTED
+                               : status == GM_OK || status == GM_ERROR_DEVICE || (captured && status == GM_ERROR_NOT_SUPPORTED),
+               "gm_defragment gave an unexpected status");
+        break;
+    }
     case OP_SET_MEMORY_LIMIT: {
         const uint64_t limits[] = {0, 1, state->capacity / 4, state->capacity / 2, state->capacity - 1,
                                    state->capacity, 2 * state->capacity};
@@ -732,6 +744,7 @@ static void create_allocator(fuzz_state *state, input *in)
              compact_min);
     if (getenv("FUZZ_API_VERBOSE") && atoi(getenv("FUZZ_API_VERBOSE")) > 0)
         fprintf(stderr, "fuzz_api: gm_create(\"%s\")\n", config);
+    state->segments = first & 2;
     if (gm_create(config, &state->allocator) != GM_OK) {
         fprintf(stderr, "fuzz_api: gm_create(\"%s\") failed\n", config);
         fail("gm_create failed");

@@ -229,6 +229,44 @@ def test_compaction_rescues_a_request_that_would_run_out_of_memory():
     assert without["same_addresses"] and without["values"], without
 
 
+def test_defragment_gives_back_what_live_tensors_pin():
+    """gpumem.torch.defragment(): a 64 MiB chunk that three small tensors pin (with kernels still queued
+    that write them) keeps its pages through torch.cuda.empty_cache(); defragment gives its whole free
+    pages back, and the tensors keep their addresses and the values the queued kernels wrote."""
+    out = run_python("""
+        import json, torch
+        import gpumem.torch
+        MiB = 1 << 20
+        big = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+        fence = torch.empty(2 * MiB, dtype=torch.uint8, device="cuda")
+        start = big.data_ptr()
+        del big
+        kept, gaps = [], []
+        for index in range(3):
+            kept.append(torch.zeros(MiB // 4, dtype=torch.float32, device="cuda"))
+            gaps.append(torch.empty(12 * MiB, dtype=torch.uint8, device="cuda"))
+        del gaps
+        source = torch.randn(4096, 4096, device="cuda")
+        for index, tensor in enumerate(kept):  # queued behind the products: still to run when defragment starts
+            for _ in range(20):
+                source = source @ source / 64
+            tensor.fill_(index + 0.5)
+        addresses = [t.data_ptr() for t in kept]
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_reserved()
+        released = gpumem.torch.defragment()
+        after = torch.cuda.memory_reserved()
+        print(json.dumps({"inside": all(start <= a < start + 64 * MiB for a in addresses), "released": released,
+                          "dropped": before - after, "same_addresses": [t.data_ptr() for t in kept] == addresses,
+                          "values": [float(t.mean()) for t in kept], "again": gpumem.torch.defragment()}))
+    """, GPUMEM_TORCH="1")
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["inside"], result  # else the chunk is not pinned as planned
+    assert result["released"] >= 40 * MiB and result["dropped"] == result["released"], result
+    assert result["same_addresses"] and result["values"] == [0.5, 1.5, 2.5], result
+    assert result["again"] == 0, result
+
+
 def test_record_stream_keeps_memory_until_the_stream_is_done():
     side = torch.cuda.Stream()
     # Both kernels run once first: a kernel's first launch loads its module (CUDA's lazy loading), which

@@ -42,6 +42,30 @@ class PackageTest(unittest.TestCase):
         self.assertEqual(self.allocator.reserved_bytes(), 0)
         self.allocator.validate()
 
+    def test_defragment_gives_back_pinned_pages(self):
+        big = self.allocator.malloc(64 << 20)
+        fence = self.allocator.malloc(2 << 20)
+        self.allocator.free(big)
+        pin = self.allocator.malloc((1 << 20) + 1)  # the chunk's first page: it pins all 64 MiB
+        self.assertEqual(pin, big)
+        self.allocator.empty_cache()
+        self.assertEqual(self.allocator.reserved_bytes(), 66 << 20)
+        self.assertEqual(self.allocator.defragment(min_free_bytes=64 << 20), 0)
+        self.assertEqual(self.allocator.defragment(), 62 << 20)
+        self.assertEqual(self.allocator.reserved_bytes(), 4 << 20)
+        self.assertEqual(self.allocator.allocation_size(pin), (1 << 20) + 512)
+        self.allocator.validate()
+        for pointer in (pin, fence):
+            self.allocator.free(pointer)
+        with self.assertRaises(ValueError) as caught:
+            self.allocator.defragment(-1)
+        self.assertIn("min_free_bytes", str(caught.exception))
+        segments = gpumem.Allocator("backend:sim,engine:segments", from_environment=False)
+        with self.assertRaises(gpumem.GpumemError) as caught:
+            segments.defragment()
+        self.assertIn("segments engine cannot split", str(caught.exception))
+        segments.close()
+
     def test_peer_access(self):
         block = self.allocator.malloc(64 << 20)
         calls = self.allocator.memory_stats()["device_calls.set_access"]

@@ -24,6 +24,9 @@
  * copies are in place puts the chunk back and lets the growth take new memory instead. No compaction
  * while a stream is being captured into a CUDA graph: the wait would break the capture.
  *
+ * On demand too (gm_defragment, pages_defragment): every pinned chunk with at least the given whole free
+ * pages, in the same order and the same way, at a moment the program chooses.
+ *
  * What the engine cannot see: a kernel that another thread launches while the pages change place
  * would see the old memory or none. So compaction is for programs in which one thread at a time
  * launches work on the device (a training loop: the forward thread and autograd's backward thread take
@@ -184,13 +187,13 @@ static gm_status compact_chunk(gm_arena *arena, const pinned_chunk *pinned, bool
 }
 
 /* Every chunk of the shared large pools (not a private pool's, not a lane's: page-sized chunks) with
- * at least compact_min bytes of whole free pages that is not idle, exported, nor in [keep_start,
+ * at least `least` bytes of whole free pages that is not idle, exported, nor in [keep_start,
  * keep_end) of `keep_region` (the growth's own run). *free_pages_out: the page maps made, to free. */
-static size_t find_pinned_chunks(gm_arena *arena, const gm_region *keep_region, uintptr_t keep_start,
+static size_t find_pinned_chunks(gm_arena *arena, uint64_t least, const gm_region *keep_region, uintptr_t keep_start,
                                  uintptr_t keep_end, pinned_chunk **chunks_out, uint8_t ***free_pages_out,
                                  size_t *maps_out)
 {
-    uint64_t page_size = engine_of(arena)->page_size, least = arena->options->compact_min;
+    uint64_t page_size = engine_of(arena)->page_size;
     size_t count = 0, capacity = 0, maps = 0;
     pinned_chunk *chunks = NULL;
     uint8_t **free_pages = NULL;
@@ -256,7 +259,8 @@ gm_status pages_compact_for(gm_arena *arena, const window *where, uint64_t need,
     pinned_chunk *chunks = NULL;
     uint8_t **free_pages = NULL;
     size_t maps = 0;
-    size_t count = find_pinned_chunks(arena, where->region, where->run_start, where->run_end, &chunks, &free_pages, &maps);
+    size_t count = find_pinned_chunks(arena, arena->options->compact_min, where->region, where->run_start,
+                                      where->run_end, &chunks, &free_pages, &maps);
     if (count)
         qsort(chunks, count, sizeof *chunks, fewest_live_first);
     gm_status status = GM_OK;
@@ -274,6 +278,32 @@ gm_status pages_compact_for(gm_arena *arena, const window *where, uint64_t need,
             continue;
         status = compact_chunk(arena, &chunks[i], &undone);
         released += status == GM_OK && !undone ? chunks[i].free_bytes : 0;
+    }
+    for (size_t i = 0; i < maps; i++)
+        free(free_pages[i]);
+    free(free_pages);
+    free(chunks);
+    return status;
+}
+
+gm_status pages_defragment(gm_arena *arena, uint64_t least_free, uint64_t *released_out)
+{
+    if (any_stream_capturing(arena))
+        return gm_fail(GM_ERROR_NOT_SUPPORTED, "gm_defragment: a stream of this allocator is being captured into a "
+                       "CUDA graph, and the copies' wait for the device would break the capture");
+    uint64_t page_size = engine_of(arena)->page_size;
+    pinned_chunk *chunks = NULL;
+    uint8_t **free_pages = NULL;
+    size_t maps = 0;
+    size_t count = find_pinned_chunks(arena, least_free > page_size ? least_free : page_size, NULL, 0, 0, &chunks,
+                                      &free_pages, &maps);
+    if (count)
+        qsort(chunks, count, sizeof *chunks, fewest_live_first);
+    gm_status status = GM_OK;
+    for (size_t i = 0; i < count && status == GM_OK; i++) {
+        bool undone = false;
+        status = compact_chunk(arena, &chunks[i], &undone);
+        *released_out += status == GM_OK && !undone ? chunks[i].free_bytes : 0;
     }
     for (size_t i = 0; i < maps; i++)
         free(free_pages[i]);

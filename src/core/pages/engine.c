@@ -339,4 +339,5 @@ const gm_engine_operations gm_page_engine = {
     .grant_peer_access = pages_grant_peer_access,
     .share_block = pages_share_block,
     .unmapped_part_end = pages_unmapped_part_end,
+    .defragment = pages_defragment,
 };

@@ -443,4 +443,8 @@ gm_status pages_settle_waiting(gm_arena *arena, gm_region *region);
  * compact_min free bytes). */
 gm_status pages_compact_for(gm_arena *arena, const window *where, uint64_t need, bool rescue);
 
+/* gm_defragment: every pinned chunk with at least `least_free` bytes of whole free pages split (the
+ * engine operation `defragment`). GM_ERROR_NOT_SUPPORTED while a stream is being captured. */
+gm_status pages_defragment(gm_arena *arena, uint64_t least_free, uint64_t *released_out);
+
 #endif
