@@ -77,25 +77,35 @@ static void a_rise_of_the_peak_within_its_two_hundredth_is_let_through(void)
  * of 100 MiB, with one failure of `failing` (GM_CALL_KIND_COUNT: none) after `after` calls. Checks
  * that every block keeps its address and its bytes; returns the peak reserved memory and the copies
  * made (*copies_out). */
-static int64_t host_compaction_peak(const char *config, gm_device_call failing, uint64_t after, int64_t *copies_out)
+static const size_t sizes[3] = {3 * MIB, 5 * MIB + 4096, 7 * MIB};
+
+/* A 64 MiB chunk fenced by a live 2 MiB block (*fence_out), with three live blocks in it (live), each
+ * stamped with `stamp` + its index, and freed gaps of 20 and 24 MiB between them: 44 MiB of whole free
+ * pages that the blocks pin. */
+static void pin_a_chunk(gm_allocator *allocator, uint64_t stamp, void **fence_out, void *live[3])
 {
-    gm_allocator *allocator = NULL;
-    REQUIRE(gm_create(config, &allocator) == GM_OK);
-    void *big = NULL, *fence = NULL, *large = NULL, *live[3] = {0}, *gaps[2] = {0};
-    const size_t sizes[3] = {3 * MIB, 5 * MIB + 4096, 7 * MIB}, gap_sizes[2] = {20 * MIB, 24 * MIB};
+    void *big = NULL, *gaps[2] = {0};
+    const size_t gap_sizes[2] = {20 * MIB, 24 * MIB};
     CHECK_OK(gm_malloc(allocator, 64 * MIB, 0, &big));
-    CHECK_OK(gm_malloc(allocator, 2 * MIB, 0, &fence));
+    CHECK_OK(gm_malloc(allocator, 2 * MIB, 0, fence_out));
     CHECK_OK(gm_free(allocator, big));
     for (int i = 0; i < 3; i++) {
         CHECK_OK(gm_malloc(allocator, sizes[i], 0, &live[i]));
+        pattern_stamp(live[i], sizes[i], stamp + (uint64_t)i);
         if (i < 2)
             CHECK_OK(gm_malloc(allocator, gap_sizes[i], 0, &gaps[i]));
     }
     CHECK(live[0] == big && (char *)live[2] < (char *)big + 64 * MIB); /* all in the chunk */
-    for (int i = 0; i < 3; i++)
-        pattern_stamp(live[i], sizes[i], 100 + (uint64_t)i);
     for (int i = 0; i < 2; i++)
         CHECK_OK(gm_free(allocator, gaps[i]));
+}
+
+static int64_t host_compaction_peak(const char *config, gm_device_call failing, uint64_t after, int64_t *copies_out)
+{
+    gm_allocator *allocator = NULL;
+    REQUIRE(gm_create(config, &allocator) == GM_OK);
+    void *fence = NULL, *large = NULL, *live[3] = {0};
+    pin_a_chunk(allocator, 100, &fence, live);
     if (failing != GM_CALL_KIND_COUNT)
         CHECK_OK(gm_inject_device_failures(allocator, failing, after, 1));
     CHECK_OK(gm_malloc(allocator, 100 * MIB, 0, &large));
@@ -186,19 +196,8 @@ static void defragment_gives_back_pinned_free_pages_on_demand(void)
 {
     gm_allocator *allocator = NULL;
     REQUIRE(gm_create("backend:host,capacity:1GiB,page_size:2MiB", &allocator) == GM_OK);
-    void *big = NULL, *fence = NULL, *live[3] = {0}, *gaps[2] = {0};
-    const size_t sizes[3] = {3 * MIB, 5 * MIB + 4096, 7 * MIB}, gap_sizes[2] = {20 * MIB, 24 * MIB};
-    CHECK_OK(gm_malloc(allocator, 64 * MIB, 0, &big));
-    CHECK_OK(gm_malloc(allocator, 2 * MIB, 0, &fence));
-    CHECK_OK(gm_free(allocator, big));
-    for (int i = 0; i < 3; i++) {
-        CHECK_OK(gm_malloc(allocator, sizes[i], 0, &live[i]));
-        pattern_stamp(live[i], sizes[i], 300 + (uint64_t)i);
-        if (i < 2)
-            CHECK_OK(gm_malloc(allocator, gap_sizes[i], 0, &gaps[i]));
-    }
-    for (int i = 0; i < 2; i++)
-        CHECK_OK(gm_free(allocator, gaps[i]));
+    void *fence = NULL, *live[3] = {0};
+    pin_a_chunk(allocator, 300, &fence, live);
     CHECK_OK(gm_empty_cache(allocator)); /* gives back nothing: every chunk is pinned */
     gm_stats stats;
     CHECK_OK(gm_get_stats(allocator, &stats));

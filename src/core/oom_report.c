@@ -277,7 +277,8 @@ static void remedy_fragmentation(gm_arena *arena, const free_pieces *pieces, byt
         gm_error_append("  %u. compact_min:2MiB in GPUMEM_CONF: a chunk that a few live blocks pin is split, its live "
                         "pages copied to new memory at the same addresses and its free pages given back (for a "
                         "program in which one thread at a time launches work on the device, as a training loop "
-                        "does; docs/engine.md, \"Compaction\").\n", step++);
+                        "does; docs/engine.md, \"Compaction\"); or the same at a moment the program chooses, "
+                        "between steps: gm_defragment, gpumem.torch.defragment().\n", step++);
     if (arena->engine == &gm_page_engine)
         gm_error_append("  %u. A smaller max_chunk_size in GPUMEM_CONF (now %s) makes chunks finer, so live blocks "
                         "pin less free memory (for more device calls).\n", step++,
