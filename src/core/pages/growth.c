@@ -254,8 +254,10 @@ static gm_status back_part(gm_arena *arena, const window *where, uintptr_t from,
             engine->bounce_credit_ns -= arena->backend->modelled_ns - moving_since;
     }
     if (status == GM_OK && mapped < need && arena->options->compact_min && !engine->placing_lane) {
+        int64_t reserved_before = gm_stat_total(arena->stats->reserved_bytes);
         status = compact_for_growth(arena, where, need - mapped, new_room);
-        new_room = room_for_new_memory(arena, engine->page_size); /* what compaction gave back */
+        if (gm_stat_total(arena->stats->reserved_bytes) != reserved_before) /* compaction gave memory back */
+            new_room = room_for_new_memory(arena, engine->page_size);
     }
     if (status == GM_OK && mapped < need && engine->placing_lane && should_recycle(arena, need - mapped)) {
         engine->moving_by_choice = true;
