@@ -243,7 +243,7 @@ def test_defragment_gives_back_what_live_tensors_pin():
         del big
         kept, gaps = [], []
         for index in range(3):
-            kept.append(torch.zeros(MiB // 4, dtype=torch.float32, device="cuda"))
+            kept.append(torch.zeros(MiB // 2, dtype=torch.float32, device="cuda"))  # 2 MiB: the large pool
             gaps.append(torch.empty(12 * MiB, dtype=torch.uint8, device="cuda"))
         del gaps
         source = torch.randn(4096, 4096, device="cuda")
@@ -262,7 +262,8 @@ def test_defragment_gives_back_what_live_tensors_pin():
     """, GPUMEM_TORCH="1")
     result = json.loads(out.strip().splitlines()[-1])
     assert result["inside"], result  # else the chunk is not pinned as planned
-    assert result["released"] >= 40 * MiB and result["dropped"] == result["released"], result
+    # At least the two 12 MiB gaps (whole pages); the chunk's free end may hold cuBLAS's workspace.
+    assert result["released"] >= 24 * MiB and result["dropped"] == result["released"], result
     assert result["same_addresses"] and result["values"] == [0.5, 1.5, 2.5], result
     assert result["again"] == 0, result
 
