@@ -162,6 +162,8 @@ static void fragmentation(void)
                      "in gpumem's reserved memory and 124.00 MiB more that the device allows.");
     CHECK_MESSAGE("the largest in this stream's large pool is 396.00 MiB");
     CHECK_MESSAGE("a live block pins the free pages of every chunk it touches");
+    CHECK_MESSAGE("\n792.00 MiB of the cached memory is whole free pages inside chunks that live blocks pin, which "
+                  "gm_defragment would give back.\n");
     CHECK_MESSAGE("  1. compact_min:2MiB in GPUMEM_CONF: a chunk that a few live blocks pin is split");
     CHECK_MESSAGE("  2. A smaller max_chunk_size in GPUMEM_CONF (now no limit)");
     (void)head, (void)second, (void)tail;

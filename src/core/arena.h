@@ -151,6 +151,9 @@ struct gm_engine_operations {
      * free pages around its live pages, adding the bytes given back to *released_out. NULL: the engine
      * cannot split its memory (plain segments). */
     gm_status (*defragment)(gm_arena *arena, uint64_t least_free, uint64_t *released_out);
+    /* The whole free pages inside chunks that live blocks pin: what defragment could give back (for the
+     * out-of-memory report). NULL: the engine has none to tell (plain segments). */
+    uint64_t (*pinned_free_bytes)(gm_arena *arena);
 };
 
 extern const gm_engine_operations gm_segment_engine;

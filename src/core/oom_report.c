@@ -268,6 +268,9 @@ static void explain_fragmentation(gm_arena *arena, const gm_oom_facts *facts, co
                     bytes(t, pieces->largest),
                     arena->engine == &gm_page_engine ? "; a live block pins the free pages of every chunk it touches"
                                                      : "; a free segment goes back to the device only when wholly free");
+    if (arena->engine->pinned_free_bytes)
+        gm_error_append("%s of the cached memory is whole free pages inside chunks that live blocks pin, which "
+                        "gm_defragment would give back.\n", bytes(t, arena->engine->pinned_free_bytes(arena)));
 }
 
 static void remedy_fragmentation(gm_arena *arena, const free_pieces *pieces, byte_texts *t)

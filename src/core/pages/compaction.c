@@ -238,6 +238,15 @@ static size_t find_pinned_chunks(gm_arena *arena, uint64_t least, const gm_regio
     return count;
 }
 
+/* What find_pinned_chunks made. */
+static void free_found(pinned_chunk *chunks, uint8_t **free_pages, size_t maps)
+{
+    for (size_t i = 0; i < maps; i++)
+        free(free_pages[i]);
+    free(free_pages);
+    free(chunks);
+}
+
 /* A device-wide wait, which each copy needs, would break a CUDA graph's capture. */
 static bool any_stream_capturing(gm_arena *arena)
 {
@@ -279,10 +288,7 @@ gm_status pages_compact_for(gm_arena *arena, const window *where, uint64_t need,
         status = compact_chunk(arena, &chunks[i], &undone);
         released += status == GM_OK && !undone ? chunks[i].free_bytes : 0;
     }
-    for (size_t i = 0; i < maps; i++)
-        free(free_pages[i]);
-    free(free_pages);
-    free(chunks);
+    free_found(chunks, free_pages, maps);
     return status;
 }
 
@@ -305,9 +311,19 @@ gm_status pages_defragment(gm_arena *arena, uint64_t least_free, uint64_t *relea
         status = compact_chunk(arena, &chunks[i], &undone);
         *released_out += status == GM_OK && !undone ? chunks[i].free_bytes : 0;
     }
-    for (size_t i = 0; i < maps; i++)
-        free(free_pages[i]);
-    free(free_pages);
-    free(chunks);
+    free_found(chunks, free_pages, maps);
     return status;
+}
+
+uint64_t pages_pinned_free_bytes(gm_arena *arena)
+{
+    pinned_chunk *chunks = NULL;
+    uint8_t **free_pages = NULL;
+    size_t maps = 0;
+    size_t count = find_pinned_chunks(arena, engine_of(arena)->page_size, NULL, 0, 0, &chunks, &free_pages, &maps);
+    uint64_t total = 0;
+    for (size_t i = 0; i < count; i++)
+        total += chunks[i].free_bytes;
+    free_found(chunks, free_pages, maps);
+    return total;
 }

@@ -340,4 +340,5 @@ const gm_engine_operations gm_page_engine = {
     .share_block = pages_share_block,
     .unmapped_part_end = pages_unmapped_part_end,
     .defragment = pages_defragment,
+    .pinned_free_bytes = pages_pinned_free_bytes,
 };

@@ -447,4 +447,7 @@ gm_status pages_compact_for(gm_arena *arena, const window *where, uint64_t need,
  * engine operation `defragment`). GM_ERROR_NOT_SUPPORTED while a stream is being captured. */
 gm_status pages_defragment(gm_arena *arena, uint64_t least_free, uint64_t *released_out);
 
+/* The whole free pages of the chunks pages_defragment would split (0 without host memory to look). */
+uint64_t pages_pinned_free_bytes(gm_arena *arena);
+
 #endif
