@@ -12,7 +12,9 @@ those of the whole batch's mean loss (the same gradients, up to floating-point s
 the step raises ``torch.OutOfMemoryError`` -- or, when a gpumem pressure source says memory is high,
 before it does -- the partial gradients are dropped, their memory is freed with the failed step's
 graph, and the step runs again split into twice as many micro-batches (2, 4, ... up to the batch
-size). After ``merge_after`` steps in a row without trouble it tries half as many again. When even one
+size). Under gpumem an out-of-memory error is first met by defragmenting (``defragment``: the free
+pages that live tensors pin given back, once a step, between the failed try and the next, where no
+kernel of this step runs): when that gives memory back, the step runs again as it was. After ``merge_after`` steps in a row without trouble it tries half as many again. When even one
 sample per micro-batch does not fit, the modules named in ``checkpoint`` are switched to activation
 checkpointing (``torch.utils.checkpoint``) and the step is retried once more. Every decision is a log
 line (``log``, default: standard error) and a count in ``step.counts``.
@@ -117,7 +119,8 @@ class _BatchNormRecorder:
 class Adaptive:
     """A training step that splits itself into micro-batches when memory is short (see the module's text)."""
 
-    def __init__(self, loss_of, model, micro_batches=1, merge_after=50, checkpoint=(), pressure=None, log=None):
+    def __init__(self, loss_of, model, micro_batches=1, merge_after=50, checkpoint=(), pressure=None, log=None,
+                 defragment=None):
         self.loss_of = loss_of
         self.model = model if isinstance(model, torch.nn.Module) else None
         self.parameters = [p for p in (model.parameters() if self.model is not None else model) if p.requires_grad]
@@ -126,11 +129,12 @@ class Adaptive:
         self.checkpoint = list(checkpoint)
         self.checkpointing = False
         self.pressure = pressure
+        self.defragment = defragment
         self.log = log or _log_to_stderr
         self.steps = 0
         self.quiet_steps = 0
         self.counts = {"steps": 0, "out_of_memory": 0, "splits": 0, "merges": 0, "pressure_splits": 0,
-                       "checkpointing": 0, "failed_merges": 0}
+                       "checkpointing": 0, "failed_merges": 0, "defragments": 0}
 
     def __call__(self, batch):
         size = _batch_size(batch)
@@ -141,6 +145,7 @@ class Adaptive:
         kept = [p.grad for p in self.parameters]  # gradients accumulated before this step, added back after
         for p in self.parameters:
             p.grad = None
+        defragmented = False
         while True:
             try:
                 loss = self._run(batch, size)
@@ -151,6 +156,10 @@ class Adaptive:
                 p.grad = None  # the partial gradients go with the failed step's graph
             self.counts["out_of_memory"] += 1
             self.quiet_steps = 0
+            if not defragmented:
+                defragmented = True
+                if self._defragment(message):
+                    continue
             if merging:
                 merging = False
                 self.micro_batches *= 2
@@ -180,6 +189,20 @@ class Adaptive:
                 total = loss.detach() if total is None else total + loss.detach()
                 del loss
         return total
+
+    def _defragment(self, reason):
+        """The free pages that live tensors pin given back (self.defragment): True when some came back, and
+        the step is then tried again as it was."""
+        if self.defragment is None:
+            return False
+        released = self.defragment()
+        if released <= 0:
+            return False
+        self.counts["defragments"] += 1
+        self.log(f"gpumem.adaptive: step {self.steps}: out of memory ({reason}); defragmenting gave back "
+                 f"{released / 2**20:.1f} MiB, retrying with {self.micro_batches} micro-batch"
+                 f"{'es' if self.micro_batches > 1 else ''}")
+        return True
 
     def _split_further(self, size, reason):
         if self.micro_batches < size:
@@ -228,12 +251,15 @@ class Adaptive:
         self.counts["checkpointing"] += 1
 
 
-def adaptive(loss_of, model, micro_batches=1, merge_after=50, checkpoint=(), pressure=None, log=None):
+def adaptive(loss_of, model, micro_batches=1, merge_after=50, checkpoint=(), pressure=None, log=None,
+             defragment=None):
     """A step function ``step(batch) -> loss`` doing forward and backward of ``loss_of(batch)`` (the
     batch's mean loss) for the parameters of ``model`` (a module, or an iterable of parameters), split
     into micro-batches with gradient accumulation when memory runs short. ``pressure``: a callable that
-    says memory is high (split before running out); ``checkpoint``: modules to checkpoint as a last resort."""
-    return Adaptive(loss_of, model, micro_batches, merge_after, checkpoint, pressure, log)
+    says memory is high (split before running out); ``checkpoint``: modules to checkpoint as a last resort;
+    ``defragment``: a callable that gives back pinned free memory and returns the bytes (tried first,
+    once a step, after an out-of-memory error)."""
+    return Adaptive(loss_of, model, micro_batches, merge_after, checkpoint, pressure, log, defragment)
 
 
 class LeakWatch:

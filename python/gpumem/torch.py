@@ -113,10 +113,13 @@ def pressure_is_high(device=None):
 
 def adaptive(loss_of, model, **options):
     """A training step that splits itself into micro-batches when memory is short (gpumem.governor).
-    Under gpumem it also splits ahead of trouble when gpumem's pressure level is high."""
+    Under gpumem it also splits ahead of trouble when gpumem's pressure level is high, and meets an
+    out-of-memory error by defragmenting first."""
     from gpumem import governor
     if "pressure" not in options and is_installed():
         options["pressure"] = pressure_is_high
+    if "defragment" not in options and is_installed():
+        options["defragment"] = defragment
     return governor.adaptive(loss_of, model, **options)
 
 

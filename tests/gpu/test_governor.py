@@ -8,7 +8,8 @@
 - with batch-norm, the running statistics equal the unsplit run's;
 - find_batch_size finds, in at most 3 trials, a batch that fits and is at least 90% of the largest
   that doubling and bisection to one sample find, and restores the model and optimizer;
-- watch_leaks warns for the classic leak (keeping `loss`), naming the line, and not for `loss.item()`.
+- watch_leaks warns for the classic leak (keeping `loss`), naming the line, and not for `loss.item()`;
+- an out-of-memory error is met by defragmenting first, once a step.
 """
 import os
 
@@ -201,6 +202,35 @@ def test_find_batch_size_in_three_trials():
     assert search.out_of_memory == 0 and search.trials[-1][:2] == (search.batch_size, True), search
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), parameters_before)), "parameters restored"
     assert [float(value["step"]) for value in optimizer.state_dict()["state"].values()] == steps_before
+
+
+def test_out_of_memory_is_met_by_defragmenting_first():
+    """After an out-of-memory error the step first defragments (once a step): when that gives memory back
+    the step is tried again as it was, unsplit; when it gives nothing back, or the step runs out again,
+    it splits as before. Under gpumem, gpumem.torch.adaptive defragments with gpumem.torch.defragment."""
+    from gpumem import governor
+    model = torch.nn.Linear(4, 1)
+    batch = torch.randn(8, 4)
+
+    def run(failures, released):
+        tries, calls = [], []
+
+        def loss_of(part):
+            tries.append(part.shape[0])
+            if len(tries) <= failures:
+                raise torch.OutOfMemoryError("out of memory (a test's)")
+            return model(part).mean()
+        step = governor.adaptive(loss_of, model, log=lambda line: None,
+                                 defragment=lambda: calls.append(1) or released)
+        step(batch)
+        return tries, len(calls), step
+    tries, calls, step = run(failures=1, released=8 << 20)
+    assert tries == [8, 8] and calls == 1 and step.micro_batches == 1 and step.counts["defragments"] == 1
+    tries, calls, step = run(failures=1, released=0)
+    assert tries == [8, 4, 4] and calls == 1 and step.micro_batches == 2 and step.counts["defragments"] == 0
+    tries, calls, step = run(failures=2, released=8 << 20)
+    assert tries == [8, 8, 4, 4] and calls == 1 and step.micro_batches == 2 and step.counts["defragments"] == 1
+    assert gpumem.torch.adaptive(lambda part: None, model).defragment is gpumem.torch.defragment
 
 
 def test_pressure_splits_ahead_of_running_out():
