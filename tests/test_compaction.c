@@ -255,8 +255,15 @@ static void defragment_refuses_what_it_cannot_do(void)
     CHECK_MESSAGE("captured into a CUDA graph");
     CHECK_EQ_INT(released, 0);
     CHECK_OK(gm_sim_stream_set_capturing(allocator, 0, 0));
+    /* At a memory limit that reserved memory has reached, the copies' moment would pass it: refused. */
+    CHECK_OK(gm_set_memory_limit(allocator, 66 * MIB));
+    CHECK_OK(gm_defragment(allocator, 0, &released));
+    CHECK_EQ_INT(released, 0);
+    CHECK_EQ_INT(reserved_peak(allocator), 66 * MIB);
+    CHECK_OK(gm_set_memory_limit(allocator, 68 * MIB)); /* room for the pinning page's copy */
     CHECK_OK(gm_defragment(allocator, 0, &released));
     CHECK_EQ_INT(released, 62 * MIB);
+    CHECK_EQ_INT(reserved_peak(allocator), 68 * MIB);
     CHECK_OK(gm_free(allocator, pin));
     CHECK_OK(gm_free(allocator, fence));
     CHECK_OK(gm_validate(allocator));

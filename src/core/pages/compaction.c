@@ -134,6 +134,12 @@ static gm_status compact_chunk(gm_arena *arena, const pinned_chunk *pinned, bool
     size_t free_runs = 0;
     for (uintptr_t page = start; page < end; page = run_end(region, pinned->free_pages, page, end, page_size))
         free_runs += pinned->free_pages[page_index(region, page, page_size)];
+    /* The copies exist beside the chunk for a moment: reserved memory must stay within the memory limit
+     * even then (the callers bound it by the peak, or not at all when the alternative is out of memory). */
+    if ((uint64_t)gm_stat_total(arena->stats->reserved_bytes) + old->size - pinned->free_bytes > arena->memory_limit) {
+        *undone_out = true;
+        return GM_OK;
+    }
     page_chunk **copies = calloc(old->size / page_size, sizeof *copies);
     *undone_out = !copies || !gm_block_pool_reserve(&arena->block_pool, 2 * free_runs);
     if (*undone_out) {
