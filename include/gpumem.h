@@ -150,7 +150,7 @@ GM_API gm_status gm_empty_cache(gm_allocator *allocator);
  * it where no other thread launches work on the device: between training steps, say, from the thread
  * that runs them. Chunks of private pools (CUDA graphs, MemPools) and shared chunks stay whole.
  * *released_out (may be NULL): the bytes given back. A chunk that cannot be split (no room for its
- * copies, a device call refused) stays as it was. GM_ERROR_NOT_SUPPORTED under engine:segments (a
+ * copies on the device or under the memory limit, a device call refused) stays as it was. GM_ERROR_NOT_SUPPORTED under engine:segments (a
  * segment cannot be split) and while a stream of the allocator is being captured into a CUDA graph
  * (the wait would break the capture). */
 GM_API gm_status gm_defragment(gm_allocator *allocator, uint64_t min_free_bytes, uint64_t *released_out);
