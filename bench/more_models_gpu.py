@@ -1,7 +1,7 @@
 """The new models of bench/more_workloads.py trained on the GPU under several allocators: what each
 reserves against its live peak, its step time and its losses. Prints a markdown table.
 
-    python3 bench/more_models_gpu.py [--runs vit:0,vit:1,llama_varlen:0,llama_varlen:1]
+    python3 bench/more_models_gpu.py [--runs vit:0,vit:1,llama_varlen:0,llama_varlen:1,unet:0,unet:1]
                                      [--allocators torch-native,torch-expandable,gpumem,gpumem-compact,torch-native]
                                      [--steps 4] [--warmup 2] [--out results.jsonl]
 
@@ -38,7 +38,7 @@ def run(workload, seed, allocator, steps, warmup):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", default="vit:0,vit:1,llama_varlen:0,llama_varlen:1")
+    parser.add_argument("--runs", default="vit:0,vit:1,llama_varlen:0,llama_varlen:1,unet:0,unet:1")
     parser.add_argument("--allocators", default=",".join(ALLOCATORS) + ",torch-native")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=2)
