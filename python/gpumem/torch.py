@@ -105,6 +105,15 @@ def defragment(device=None, min_free_bytes=0):
     return allocator(device).defragment(min_free_bytes)
 
 
+def _defragment_if_possible():
+    """defragment(), or 0 where it cannot run (engine:segments, a CUDA graph being captured): for adaptive,
+    which then splits the step as it would without."""
+    try:
+        return defragment()
+    except gpumem.GpumemError:
+        return 0
+
+
 def pressure_is_high(device=None):
     """Whether gpumem's pressure level on the device is above normal (a policy must be set:
     GPUMEM_CONF pressure_high:F, or allocator().set_pressure_policy(...))."""
@@ -119,7 +128,7 @@ def adaptive(loss_of, model, **options):
     if "pressure" not in options and is_installed():
         options["pressure"] = pressure_is_high
     if "defragment" not in options and is_installed():
-        options["defragment"] = defragment
+        options["defragment"] = _defragment_if_possible
     return governor.adaptive(loss_of, model, **options)
 
 

@@ -280,6 +280,21 @@ class PackageTest(unittest.TestCase):
         import gpumem.torch  # importable; install() then needs torch
         self.assertFalse(gpumem.torch.is_installed())
 
+    def test_adaptive_defragments_only_where_it_can(self):
+        # What gpumem.torch.adaptive calls after an out-of-memory error: defragment's bytes, or 0 (the
+        # step then splits) where defragment is refused, as under engine:segments.
+        import gpumem.torch
+        def refused(device=None, min_free_bytes=0):
+            raise gpumem.GpumemError(7, "gm_defragment: the segments engine cannot split its memory")
+        saved = gpumem.torch.defragment
+        try:
+            gpumem.torch.defragment = refused
+            self.assertEqual(gpumem.torch._defragment_if_possible(), 0)
+            gpumem.torch.defragment = lambda device=None, min_free_bytes=0: 8 << 20
+            self.assertEqual(gpumem.torch._defragment_if_possible(), 8 << 20)
+        finally:
+            gpumem.torch.defragment = saved
+
 
 if __name__ == "__main__":
     unittest.main()
