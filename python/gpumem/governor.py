@@ -14,7 +14,8 @@ before it does -- the partial gradients are dropped, their memory is freed with 
 graph, and the step runs again split into twice as many micro-batches (2, 4, ... up to the batch
 size). Under gpumem an out-of-memory error is first met by defragmenting (``defragment``: the free
 pages that live tensors pin given back, once a step, between the failed try and the next, where no
-kernel of this step runs): when that gives memory back, the step runs again as it was. After ``merge_after`` steps in a row without trouble it tries half as many again. When even one
+kernel of this step runs): when that gives memory back, the step runs again as it was. After
+``merge_after`` steps in a row without trouble it tries half as many again. When even one
 sample per micro-batch does not fit, the modules named in ``checkpoint`` are switched to activation
 checkpointing (``torch.utils.checkpoint``) and the step is retried once more. Every decision is a log
 line (``log``, default: standard error) and a count in ``step.counts``.

@@ -244,6 +244,18 @@ static size_t find_pinned_chunks(gm_arena *arena, uint64_t least, const gm_regio
     return count;
 }
 
+/* find_pinned_chunks, the chunks in the order they are split: fewest live bytes first. */
+static size_t find_pinned_chunks_in_order(gm_arena *arena, uint64_t least, const gm_region *keep_region,
+                                          uintptr_t keep_start, uintptr_t keep_end, pinned_chunk **chunks_out,
+                                          uint8_t ***free_pages_out, size_t *maps_out)
+{
+    size_t count = find_pinned_chunks(arena, least, keep_region, keep_start, keep_end, chunks_out, free_pages_out,
+                                      maps_out);
+    if (count)
+        qsort(*chunks_out, count, sizeof **chunks_out, fewest_live_first);
+    return count;
+}
+
 /* What find_pinned_chunks made. */
 static void free_found(pinned_chunk *chunks, uint8_t **free_pages, size_t maps)
 {
@@ -274,10 +286,8 @@ gm_status pages_compact_for(gm_arena *arena, const window *where, uint64_t need,
     pinned_chunk *chunks = NULL;
     uint8_t **free_pages = NULL;
     size_t maps = 0;
-    size_t count = find_pinned_chunks(arena, arena->options->compact_min, where->region, where->run_start,
-                                      where->run_end, &chunks, &free_pages, &maps);
-    if (count)
-        qsort(chunks, count, sizeof *chunks, fewest_live_first);
+    size_t count = find_pinned_chunks_in_order(arena, arena->options->compact_min, where->region, where->run_start,
+                                               where->run_end, &chunks, &free_pages, &maps);
     gm_status status = GM_OK;
     bool undone = false;
     uint64_t released = 0;
@@ -307,10 +317,8 @@ gm_status pages_defragment(gm_arena *arena, uint64_t least_free, uint64_t *relea
     pinned_chunk *chunks = NULL;
     uint8_t **free_pages = NULL;
     size_t maps = 0;
-    size_t count = find_pinned_chunks(arena, least_free > page_size ? least_free : page_size, NULL, 0, 0, &chunks,
-                                      &free_pages, &maps);
-    if (count)
-        qsort(chunks, count, sizeof *chunks, fewest_live_first);
+    size_t count = find_pinned_chunks_in_order(arena, least_free > page_size ? least_free : page_size, NULL, 0, 0,
+                                               &chunks, &free_pages, &maps);
     gm_status status = GM_OK;
     for (size_t i = 0; i < count && status == GM_OK; i++) {
         bool undone = false;
