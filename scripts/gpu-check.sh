@@ -3,10 +3,12 @@
 # `gpumem info`, the GPU tests, the GPU tests under compute-sanitizer memcheck, trace replay on the
 # cuda backend, and the side-by-side GPU benchmark (bench/gpu_replay.py). Logs and results go to
 # $OUT (the device tool's output folder) or ./gpu-results, as gpu-results.tgz and gpu_replay.md.
-# Usage: scripts/gpu-check.sh [build|tests|memcheck|bench|python|workloads|top|run|whatif|governor|latency|graphs|capped|host|traces|all]...
+# Usage: scripts/gpu-check.sh [build|tests|memcheck|bench|python|cudnn|workloads|top|run|whatif|governor|latency|graphs|capped|host|traces|all]...
 #        (default: all)
 #   python     the PyTorch/CuPy integration tests (tests/gpu/test_torch.py, test_governor.py, test_graphs.py,
 #              test_torch_conformance.py: each torch.cuda memory behaviour under native and under gpumem)
+#   cudnn      bench/cudnn_workspace.py: convolutions with cudnn.benchmark off and on under each allocator, the
+#              workspace cuDNN's plan uses and the time (cuDNN sizes its plans by the allocator's cacheInfo)
 #   workloads  bench/torch_workloads.py: real models under every allocator (not part of "all": long)
 #   top        a PyTorch process with publish:true seen by gpumem top / gpumem stats from outside
 #   run        a training script under `gpumem run --report`, seen by gpumem top from a second shell
@@ -45,7 +47,7 @@ steps=${*:-all}
 has() { [[ " $steps " == *" $1 "* || " $steps " == *" all "* ]]; }
 failed=0
 
-if has build || has tests || has memcheck || has bench || has python || has whatif || has top || has run || [[ " $steps " == *" workloads "* || " $steps " == *" governor "* || " $steps " == *" latency "* || " $steps " == *" graphs "* \
+if has build || has tests || has memcheck || has bench || has python || has cudnn || has whatif || has top || has run || [[ " $steps " == *" workloads "* || " $steps " == *" governor "* || " $steps " == *" latency "* || " $steps " == *" graphs "* \
     || " $steps " == *" capped "* || " $steps " == *" host "* || " $steps " == *" multi "* ]]; then
     { cmake -S . -B $build -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake --build $build -j"$(nproc)"; } >"$out/build.log" 2>&1 \
         || { echo "build failed"; tail -30 "$out/build.log"; exit 1; }
@@ -61,7 +63,7 @@ if has tests; then
     for trace in data/traces/*.csv.gz; do $build/gpumem replay "$trace" --backend cuda --json; done | tee "$out/replay_cuda.jsonl"
 fi
 if has memcheck; then
-    GPUMEM_DATA=data GPUMEM_GPU_TEST_QUICK=1 compute-sanitizer --tool memcheck --error-exitcode 99 \
+    GPUMEM_DATA=data GPUMEM_GPU_TEST_QUICK=1 GPUMEM_GPU_TEST_UNDER_SANITIZER=1 compute-sanitizer --tool memcheck --error-exitcode 99 \
         $build/tests/test_gpu >"$out/memcheck.log" 2>&1
     status=$?
     echo "compute-sanitizer memcheck exit status $status"; tail -4 "$out/memcheck.log"
@@ -86,6 +88,11 @@ if has python; then
     PYTHONPATH=python GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 -m pytest -q -rs tests/gpu/test_torch_conformance.py \
         2>&1 | tee "$out/test_torch_conformance.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
+fi
+if has cudnn; then
+    GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 bench/cudnn_workspace.py --out "$out/cudnn_workspace.jsonl" \
+        2>"$out/cudnn_workspace.err" | tee "$out/cudnn_workspace.md"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { failed=1; tail -20 "$out/cudnn_workspace.err"; }
 fi
 if has top; then
     tests/gpu/top_while_training.sh $build 2>&1 | tee "$out/top.log"

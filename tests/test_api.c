@@ -526,6 +526,50 @@ static void memory_limit_changes_at_run_time(void)
     }
 }
 
+/* What cuDNN sizes its workspaces by (through torch's cacheInfo): the largest single allocation that can
+ * be had now, counting memory not yet reserved, not only the largest cached block (an empty cache
+ * would leave cuDNN only its plans without a workspace). Each answer is checked by allocating it. */
+static void largest_allocation_counts_what_can_still_be_reserved(void)
+{
+    for (size_t e = 0; e < 2; e++) {
+        gm_allocator *allocator = make(engines[e]); /* 1 GiB sim device */
+        uint64_t largest = 0, free_bytes = 0, cached_largest = 0;
+        CHECK_OK(gm_largest_allocation(allocator, &largest));
+        CHECK_EQ_INT(largest, 1ull << 30); /* nothing cached: the whole device */
+        void *held = NULL, *probe = NULL;
+        CHECK_OK(gm_malloc(allocator, 600u << 20, 0, &held));
+        CHECK_OK(gm_largest_allocation(allocator, &largest));
+        CHECK(largest >= 400u << 20 && largest <= 424u << 20); /* the device's rest, less rounding */
+        CHECK_OK(gm_malloc(allocator, largest, 0, &probe));
+        CHECK_OK(gm_free(allocator, probe));
+        CHECK_OK(gm_free(allocator, held));
+        CHECK_OK(gm_cache_info(allocator, &free_bytes, &cached_largest));
+        CHECK_OK(gm_largest_allocation(allocator, &largest));
+        CHECK(largest >= cached_largest && largest >= 600u << 20);
+        CHECK_OK(gm_malloc(allocator, largest, 0, &probe));
+        CHECK_OK(gm_free(allocator, probe));
+        CHECK_OK(gm_empty_cache(allocator));
+        CHECK_OK(gm_set_memory_limit(allocator, 256u << 20)); /* the limit bounds what can be reserved */
+        CHECK_OK(gm_largest_allocation(allocator, &largest));
+        CHECK_EQ_INT(largest, 256u << 20);
+        CHECK_OK(gm_malloc(allocator, largest, 0, &probe));
+        CHECK_OK(gm_free(allocator, probe));
+        CHECK_OK(gm_set_memory_limit(allocator, 0));
+        CHECK_OK(gm_empty_cache(allocator));
+        CHECK_OK(gm_sim_set_used_elsewhere(allocator, 900u << 20)); /* and so does the device's free memory */
+        CHECK_OK(gm_largest_allocation(allocator, &largest));
+        CHECK_EQ_INT(largest, 124u << 20);
+        CHECK_STATUS(gm_malloc(allocator, largest + (4u << 20), 0, &probe), GM_ERROR_OUT_OF_MEMORY);
+        CHECK_OK(gm_malloc(allocator, largest, 0, &probe));
+        CHECK_OK(gm_free(allocator, probe));
+        CHECK_OK(gm_sim_set_used_elsewhere(allocator, 0));
+        CHECK_STATUS(gm_largest_allocation(NULL, &largest), GM_ERROR_INVALID_ARGUMENT);
+        CHECK_STATUS(gm_largest_allocation(allocator, NULL), GM_ERROR_INVALID_ARGUMENT);
+        CHECK_OK(gm_validate(allocator));
+        gm_destroy(allocator, NULL);
+    }
+}
+
 /* A big tensor's memory comes in chunks of at most max_chunk_size (128 MiB): when small tensors take
  * the start of a freed big block, only the chunk under them stays pinned and the rest moves to where
  * the next big request goes. With one chunk per growth (max_chunk_size:0) the whole block stays. */
@@ -570,7 +614,8 @@ static void named_streams_are_their_names_on_sim(void)
     gm_destroy(allocator, NULL);
 }
 
-RUN_TESTS(TEST_CASE(named_streams_are_their_names_on_sim), TEST_CASE(small_tensors_pin_one_chunk_not_a_whole_block), TEST_CASE(memory_limit_changes_at_run_time), TEST_CASE(create_and_destroy), TEST_CASE(cuda_backend_without_gpu_is_a_clear_error),
+RUN_TESTS(TEST_CASE(named_streams_are_their_names_on_sim), TEST_CASE(largest_allocation_counts_what_can_still_be_reserved),
+          TEST_CASE(small_tensors_pin_one_chunk_not_a_whole_block), TEST_CASE(memory_limit_changes_at_run_time), TEST_CASE(create_and_destroy), TEST_CASE(cuda_backend_without_gpu_is_a_clear_error),
           TEST_CASE(malloc_and_free_basics), TEST_CASE(invalid_pointers_change_nothing),
           TEST_CASE(out_of_memory_explains_and_recovers), TEST_CASE(fragmentation_is_diagnosed),
           TEST_CASE(memory_limit_is_diagnosed), TEST_CASE(empty_cache_returns_memory),

@@ -5,7 +5,7 @@
 // plus the string given to install()). What torch.cuda users rely on works unchanged:
 //   - an allocation that does not fit raises torch.OutOfMemoryError with gpumem's report; memory_stats,
 //     memory_summary, reset_peak_memory_stats, empty_cache, set_per_process_memory_fraction (a memory
-//     limit), record_stream and cacheInfo (cuDNN's workspace sizing) reach gpumem;
+//     limit), record_stream and cacheInfo (cuDNN's workspace sizing: gm_largest_allocation) reach gpumem;
 //   - torch.multiprocessing shares CUDA tensors with other processes (torch_ipc.h); on two GPUs, torch's
 //     peer access reaches gpumem's mappings (gm_enable_peer_access);
 //   - the profiler's memory events, and _record_memory_history / _snapshot (memory_viz): gpumem's
@@ -356,9 +356,9 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   }
 
   void cacheInfo(c10::DeviceIndex device, size_t *largest_block) override {
-    uint64_t free_bytes = 0, largest = 0;
+    uint64_t largest = 0;
     if (gm_allocator *allocator = existing(device))
-      gm_cache_info(allocator, &free_bytes, &largest);
+      gm_largest_allocation(allocator, &largest);
     *largest_block = largest;
   }
 

@@ -59,14 +59,12 @@ static void add_device_calls(const gm_backend *backend, gm_stats *stats)
     memcpy(stats->device_call_ns_by_kind, backend->call_ns_by_kind, sizeof stats->device_call_ns_by_kind);
 }
 
-static void cache_info_locked(gm_allocator *allocator, uint64_t *free_bytes_out, uint64_t *largest_block_out);
-
 /* The device-call counts, and the cache's shape (a walk of the size indexes, too slow for every call). */
 static void publish_device_calls(gm_allocator *allocator)
 {
     add_device_calls(allocator->arena.backend, allocator->arena.stats);
     uint64_t free_bytes, largest_block;
-    cache_info_locked(allocator, &free_bytes, &largest_block);
+    gm_cache_info_locked(allocator, &free_bytes, &largest_block);
     gm_publisher_set_cache(allocator->publisher, free_bytes, largest_block);
     allocator->published_memory_calls = allocator->arena.backend->memory_calls;
     allocator->publish_countdown = GM_PUBLISH_ALL_EVERY;
@@ -646,33 +644,6 @@ gm_status gm_get_memory_limit(gm_allocator *allocator, uint64_t *bytes_out)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_memory_limit: an argument is NULL");
     gm_lock_acquire(&allocator->lock);
     *bytes_out = allocator->arena.memory_limit;
-    gm_lock_release(&allocator->lock);
-    return GM_OK;
-}
-
-static void cache_info_locked(gm_allocator *allocator, uint64_t *free_bytes_out, uint64_t *largest_block_out)
-{
-    *free_bytes_out = 0;
-    *largest_block_out = 0;
-    for (size_t h = 0; h < allocator->arena.heap_count; h++) {
-        if (!gm_heap_memory_available(allocator->arena.heaps[h], NULL))
-            continue; /* a private pool's: not for other allocations */
-        for (int pool = GM_POOL_SMALL; pool <= GM_POOL_LARGE; pool++) {
-            const gm_size_index *index = gm_heap_index(allocator->arena.heaps[h], pool);
-            const gm_block *largest = gm_size_index_largest(index);
-            *free_bytes_out += index->bytes;
-            if (largest && largest->size > *largest_block_out)
-                *largest_block_out = largest->size;
-        }
-    }
-}
-
-gm_status gm_cache_info(gm_allocator *allocator, uint64_t *free_bytes_out, uint64_t *largest_block_out)
-{
-    if (!allocator || !free_bytes_out || !largest_block_out)
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_cache_info: an argument is NULL");
-    gm_lock_acquire(&allocator->lock);
-    cache_info_locked(allocator, free_bytes_out, largest_block_out);
     gm_lock_release(&allocator->lock);
     return GM_OK;
 }

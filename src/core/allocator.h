@@ -130,6 +130,8 @@ void gm_close_all_shared(gm_allocator *allocator);
  * history, the heap's and its pool's live counts (lock held, statistics open for change). */
 void gm_count_new_allocation_locked(gm_allocator *allocator, gm_heap *heap, gm_block *block, size_t requested,
                                     gm_stream stream);
+/* gm_cache_info with the lock held (cache_info.c). */
+void gm_cache_info_locked(gm_allocator *allocator, uint64_t *free_bytes_out, uint64_t *largest_block_out);
 /* gm_get_stats and gm_get_device_info with the lock held. */
 void gm_read_stats_locked(gm_allocator *allocator, gm_stats *stats_out);
 gm_status gm_read_device_info_locked(gm_allocator *allocator, gm_device_info *info_out);

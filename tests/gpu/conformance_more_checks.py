@@ -2,7 +2,8 @@
 in the same child process as the others, before the failed capture): settings changed at run time,
 storage resized as FSDP does, the memory fraction read back, the out-of-memory message's parts, the
 summary table and the old names of the statistics, a dumped snapshot drawn by torch.cuda._memory_viz,
-streams made and dropped, mixed precision with activation checkpointing."""
+streams made and dropped, mixed precision with activation checkpointing, cuDNN's benchmark mode sizing its
+workspaces by the allocator's cacheInfo."""
 
 MIB = 1 << 20
 MORE_CHECKS = []
@@ -142,3 +143,28 @@ def mixed_precision_and_checkpointing_losses(torch):
         scaler.update()
         losses.append(loss.item())
     return losses
+
+
+@check
+def cudnn_benchmark_gets_its_workspace(torch):
+    """torch.backends.cudnn.benchmark with nothing cached: cuDNN leaves out every plan whose workspace is
+    larger than the allocator's cacheInfo, which torch's allocator answers with the device's free memory.
+    An allocator that answered with its cached blocks alone would leave only plans without a workspace,
+    several times slower (bench/cudnn_workspace.py)."""
+    torch.backends.cudnn.benchmark = True
+    try:
+        conv = torch.nn.Conv2d(128, 128, 3, padding=1).cuda()
+        images = torch.randn(48, 128, 64, 64, device="cuda")
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        with torch.no_grad():
+            conv(images)  # the plan is chosen here, with nothing cached
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            output = conv(images)
+            torch.cuda.synchronize()
+        workspace = torch.cuda.max_memory_allocated() - base - output.numel() * output.element_size()
+        assert workspace > 0, f"the convolution ran without a workspace ({workspace} bytes)"
+    finally:
+        torch.backends.cudnn.benchmark = False

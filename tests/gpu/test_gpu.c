@@ -21,7 +21,8 @@
  * The driver is loaded at run time like the library does, so this builds without CUDA; without a
  * driver or a GPU it prints why and exits 77, which CTest reports as skipped. The kernels are PTX
  * (slow_writer.cu) that the driver compiles at load time. GPUMEM_GPU_TEST_QUICK=1 shrinks the work
- * (for compute-sanitizer).
+ * (for compute-sanitizer); GPUMEM_GPU_TEST_UNDER_SANITIZER=1 leaves out the one case whose driver
+ * answer is an error by design (the legacy stream asked during a capture).
  */
 #include "../test.h"
 
@@ -63,6 +64,7 @@ static struct {
 static cu_handle slow_fill_kernel, fill_kernel, check_kernel;
 static unsigned long long mismatch_counter;
 static int quick;
+static int under_sanitizer;
 
 #define CU_CHECK(call) REQUIRE((call) == 0)
 
@@ -618,6 +620,7 @@ int main(void)
     gm_destroy(allocator, NULL);
     REQUIRE(load_driver_for_tests());
     quick = getenv("GPUMEM_GPU_TEST_QUICK") != NULL;
+    under_sanitizer = getenv("GPUMEM_GPU_TEST_UNDER_SANITIZER") != NULL;
     static const test_case cases[] = {
         TEST_CASE(data_integrity_pages_engine),
         TEST_CASE(data_integrity_segments_engine),
@@ -630,8 +633,15 @@ int main(void)
         TEST_CASE(traces_reach_the_sim_peaks),
         TEST_CASE(trace_streams_become_real_streams),
         TEST_CASE(a_pinned_block_outlives_its_destroyed_stream),
-        TEST_CASE(a_graph_capture_survives_a_look_at_pinned_blocks),
         TEST_CASE(a_pinned_block_freed_during_a_capture_is_held),
+        TEST_CASE(a_graph_capture_survives_a_look_at_pinned_blocks), /* last: left out under the sanitizer */
     };
-    return run_tests(cases, sizeof cases / sizeof cases[0]);
+    size_t count = sizeof cases / sizeof cases[0];
+    if (under_sanitizer) {
+        count--;
+        printf("skip a_graph_capture_survives_a_look_at_pinned_blocks: the driver answers the legacy stream asked\n"
+               "     during a capture with CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, the documented signal, which the\n"
+               "     sanitizer counts as an error (the tests step runs this case)\n");
+    }
+    return run_tests(cases, count);
 }
