@@ -510,6 +510,9 @@ static void check_statistics(fuzz_state *state)
     uint64_t free_bytes = 0, largest = 0;
     expect(gm_cache_info(state->allocator, &free_bytes, &largest) == GM_OK && largest <= free_bytes,
            "gm_cache_info failed or its largest block exceeds the free bytes");
+    uint64_t can_have = 0;
+    expect(gm_largest_allocation(state->allocator, &can_have) == GM_OK && can_have >= largest,
+           "gm_largest_allocation failed or is below the largest cached block");
 }
 
 static void look_around(fuzz_state *state, input *in)
