@@ -42,15 +42,19 @@ gm_status gm_cache_info(gm_allocator *allocator, uint64_t *free_bytes_out, uint6
     return GM_OK;
 }
 
-/* What can still be reserved: the room under the memory limit, at most what the device has free. */
+/* What can still be reserved: the room under the memory limit, at most what the device has free, in
+ * whole pages (memory is reserved in pages: a request for the odd rest would not fit). */
 static uint64_t room_to_reserve_locked(gm_allocator *allocator)
 {
+    gm_backend *backend = allocator->arena.backend;
     uint64_t reserved = (uint64_t)gm_stat_total(allocator->arena.stats->reserved_bytes);
     uint64_t room = allocator->arena.memory_limit > reserved ? allocator->arena.memory_limit - reserved : 0;
     uint64_t device_free = 0, device_total = 0;
-    if (gm_backend_memory_info(allocator->arena.backend, &device_free, &device_total) != GM_OK)
+    if (gm_backend_memory_info(backend, &device_free, &device_total) != GM_OK)
         return 0; /* the device cannot say: count on the cache alone */
-    return room < device_free ? room : device_free;
+    if (device_free < room)
+        room = device_free;
+    return backend->page_size ? room / backend->page_size * backend->page_size : room;
 }
 
 gm_status gm_largest_allocation(gm_allocator *allocator, uint64_t *bytes_out)
