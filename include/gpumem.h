@@ -276,8 +276,8 @@ GM_API gm_status gm_get_memory_limit(gm_allocator *allocator, uint64_t *bytes_ou
  * without a device call (for libraries that size workspaces by it, like cuDNN). */
 GM_API gm_status gm_cache_info(gm_allocator *allocator, uint64_t *free_bytes_out, uint64_t *largest_block_out);
 /* The largest single allocation that can be had now: the largest free cached block, or what can still be
- * reserved (under the memory limit, within the device's free memory), whichever is larger. What
- * PyTorch's cacheInfo answers cuDNN, which leaves out every convolution plan whose workspace is larger. */
+ * reserved in whole pages (under the memory limit, within the device's free memory), whichever is
+ * larger. What PyTorch's cacheInfo answers cuDNN, which leaves out every plan whose workspace is larger. */
 GM_API gm_status gm_largest_allocation(gm_allocator *allocator, uint64_t *bytes_out);
 
 /* The usable size of a live allocation (its size rounded up to the allocator's granularity). */
