@@ -553,6 +553,15 @@ static void largest_allocation_counts_what_can_still_be_reserved(void)
         CHECK_OK(gm_largest_allocation(allocator, &largest));
         CHECK_EQ_INT(largest, 256u << 20); /* in whole 2 MiB pages */
         CHECK_STATUS(gm_malloc(allocator, largest + (1u << 20), 0, &probe), GM_ERROR_OUT_OF_MEMORY);
+        CHECK_OK(gm_set_memory_limit(allocator, 512u << 20)); /* idle cached memory counts as room too */
+        CHECK_OK(gm_malloc(allocator, 400u << 20, 0, &probe));
+        CHECK_OK(gm_free(allocator, probe));
+        CHECK_OK(gm_cache_info(allocator, &free_bytes, &cached_largest));
+        CHECK_OK(gm_largest_allocation(allocator, &largest));
+        CHECK(cached_largest >= 400u << 20 && cached_largest < 512u << 20);
+        CHECK_EQ_INT(largest, 512u << 20);
+        CHECK_OK(gm_malloc(allocator, largest, 0, &probe));
+        CHECK_OK(gm_free(allocator, probe));
         CHECK_OK(gm_malloc(allocator, largest, 0, &probe));
         CHECK_OK(gm_free(allocator, probe));
         CHECK_OK(gm_set_memory_limit(allocator, 0));

@@ -154,6 +154,9 @@ struct gm_engine_operations {
     /* The whole free pages inside chunks that live blocks pin: what defragment could give back (for the
      * out-of-memory report). NULL: the engine has none to tell (plain segments). */
     uint64_t (*pinned_free_bytes)(gm_arena *arena);
+    /* The cached memory that release_cached(0) would give back (wholly free chunks or segments, outside
+     * private pools): what a request beyond the room under the memory limit can still be served from. */
+    uint64_t (*idle_bytes)(gm_arena *arena);
 };
 
 extern const gm_engine_operations gm_segment_engine;

@@ -96,6 +96,16 @@ static void segments_release_cached(gm_arena *arena, uint64_t keep_bytes)
     release_free_segments(arena, keep_bytes, false);
 }
 
+static uint64_t segments_idle_bytes(gm_arena *arena)
+{
+    uint64_t total = 0;
+    for (size_t h = 0; h < arena->heap_count; h++)
+        if (gm_heap_memory_available(arena->heaps[h], NULL))
+            for (gm_region *region = gm_first_region(arena->heaps[h]); region; region = gm_next_region(region))
+                total += region_is_free(region) ? region->size : 0;
+    return total;
+}
+
 static gm_status new_segment(gm_arena *arena, gm_heap *heap, int pool, uint64_t size, gm_block **block_out)
 {
     if (!gm_may_reserve(arena, size))
@@ -241,4 +251,5 @@ const gm_engine_operations gm_segment_engine = {
     .release_cached = segments_release_cached,
     .validate = segments_validate,
     .forget_heap = segments_forget_heap,
+    .idle_bytes = segments_idle_bytes,
 };

@@ -128,6 +128,16 @@ static void pages_release_cached(gm_arena *arena, uint64_t keep_bytes)
     }
 }
 
+static uint64_t pages_idle_bytes(gm_arena *arena)
+{
+    page_engine *engine = engine_of(arena);
+    size_t count = pages_find_idle_chunks(arena, NULL, 0, 0);
+    uint64_t total = 0;
+    for (size_t i = 0; i < count; i++)
+        total += engine->idle[i].chunk->size;
+    return total;
+}
+
 /* A block's pages are mapped exactly when it is not an unmapped block. */
 static gm_status check_block_pages(const gm_region *region, const gm_block *block, void *context)
 {
@@ -341,4 +351,5 @@ const gm_engine_operations gm_page_engine = {
     .unmapped_part_end = pages_unmapped_part_end,
     .defragment = pages_defragment,
     .pinned_free_bytes = pages_pinned_free_bytes,
+    .idle_bytes = pages_idle_bytes,
 };
