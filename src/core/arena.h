@@ -262,6 +262,10 @@ void gm_delete_region_blocks(gm_arena *arena, gm_region *region);
 uint64_t gm_region_reserved_bytes(const gm_region *region);
 /* Whether reserving `size` more bytes keeps within memory_limit. */
 bool gm_may_reserve(const gm_arena *arena, uint64_t size);
+/* What can still be reserved, in whole pages: the room under memory_limit, at most what the device has
+ * free -- counting `releasable` bytes of reserved memory as given back (0: none). The status of the
+ * device's answer; without one, *room_out is the room under the limit alone. */
+gm_status gm_room_to_reserve(gm_arena *arena, uint64_t releasable, uint64_t *room_out);
 /* Record reserved memory coming (positive) or going (negative) in a pool, as `segments` segments. */
 void gm_count_reserved(gm_arena *arena, int pool, int64_t bytes, int64_t segments);
 /* Move reserved memory (one segment of `bytes`) from one pool to the other; the total is unchanged. */

@@ -142,6 +142,20 @@ bool gm_may_reserve(const gm_arena *arena, uint64_t size)
     return size <= arena->memory_limit && reserved <= arena->memory_limit - size;
 }
 
+gm_status gm_room_to_reserve(gm_arena *arena, uint64_t releasable, uint64_t *room_out)
+{
+    uint64_t reserved = (uint64_t)gm_stat_total(arena->stats->reserved_bytes);
+    uint64_t kept = reserved > releasable ? reserved - releasable : 0;
+    uint64_t room = arena->memory_limit > kept ? arena->memory_limit - kept : 0;
+    uint64_t device_free = 0, device_total = 0;
+    gm_status status = gm_backend_memory_info(arena->backend, &device_free, &device_total);
+    if (status == GM_OK && device_free + releasable < room)
+        room = device_free + releasable;
+    uint64_t page_size = arena->backend->page_size;
+    *room_out = page_size ? room / page_size * page_size : room;
+    return status;
+}
+
 void gm_count_reserved(gm_arena *arena, int pool, int64_t bytes, int64_t segments)
 {
     gm_stat_change(arena->stats->reserved_bytes, pool, bytes);

@@ -43,24 +43,16 @@ gm_status gm_cache_info(gm_allocator *allocator, uint64_t *free_bytes_out, uint6
     return GM_OK;
 }
 
-/* What a request can have beyond the free blocks: the room under the memory limit and the idle cached
- * memory (wholly free chunks or segments, which a growth moves or gives back first), at most what the
- * device has free plus that idle memory, in whole pages (memory is reserved in pages: a request for
- * the odd rest would not fit). */
+/* What a request can have beyond the free blocks: what can still be reserved with the idle cached
+ * memory (wholly free chunks or segments, which a growth moves or gives back first) counted as given
+ * back, in whole pages (memory is reserved in pages: a request for the odd rest would not fit). */
 static uint64_t room_to_reserve_locked(gm_allocator *allocator)
 {
     gm_arena *arena = &allocator->arena;
-    gm_backend *backend = arena->backend;
-    uint64_t idle = arena->engine->idle_bytes ? arena->engine->idle_bytes(arena) : 0;
-    uint64_t reserved = (uint64_t)gm_stat_total(arena->stats->reserved_bytes);
-    uint64_t kept = reserved > idle ? reserved - idle : 0;
-    uint64_t room = arena->memory_limit > kept ? arena->memory_limit - kept : 0;
-    uint64_t device_free = 0, device_total = 0;
-    if (gm_backend_memory_info(backend, &device_free, &device_total) != GM_OK)
+    uint64_t idle = arena->engine->idle_bytes ? arena->engine->idle_bytes(arena) : 0, room = 0;
+    if (gm_room_to_reserve(arena, idle, &room) != GM_OK)
         return 0; /* the device cannot say: count on the cache alone */
-    if (device_free + idle < room)
-        room = device_free + idle;
-    return backend->page_size ? room / backend->page_size * backend->page_size : room;
+    return room;
 }
 
 gm_status gm_largest_allocation(gm_allocator *allocator, uint64_t *bytes_out)

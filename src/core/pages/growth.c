@@ -115,14 +115,11 @@ static bool memory_is_limited(const gm_arena *arena)
  * no more than the device reports free (other processes and the CUDA context use it too). A growth
  * that does not fit is refused as a whole before any cuMemCreate, so that a full device is found out
  * here, not by a failing driver call (which tools such as compute-sanitizer report as errors). */
-static uint64_t room_for_new_memory(gm_arena *arena, uint64_t page_size)
+static uint64_t room_for_new_memory(gm_arena *arena)
 {
-    int64_t reserved = gm_stat_total(arena->stats->reserved_bytes);
-    uint64_t room = arena->memory_limit > (uint64_t)reserved ? arena->memory_limit - (uint64_t)reserved : 0;
-    uint64_t device_free = 0, device_total = 0;
-    if (gm_backend_memory_info(arena->backend, &device_free, &device_total) == GM_OK && device_free < room)
-        room = device_free;
-    return room / page_size * page_size;
+    uint64_t room = 0;
+    gm_room_to_reserve(arena, 0, &room); /* a device that cannot say leaves the limit's room */
+    return room;
 }
 
 /* New memory for [address, address + need): page-sized chunks in the small pool, in a growth lane,
@@ -238,7 +235,7 @@ static gm_status back_part(gm_arena *arena, const window *where, uintptr_t from,
     int64_t spent_before = arena->backend->modelled_ns;
     uint64_t mapped = 0, created = 0;
     /* Moving idle chunks changes neither reserved memory nor the device's free memory: one reading. */
-    uint64_t new_room = room_for_new_memory(arena, engine->page_size);
+    uint64_t new_room = room_for_new_memory(arena);
     gm_status status = GM_OK;
     if ((should_recycle(arena, need) && !is_ping_pong(arena, region, need, new_room)) || need > new_room) {
         int64_t moving_since = arena->backend->modelled_ns;
@@ -257,7 +254,7 @@ static gm_status back_part(gm_arena *arena, const window *where, uintptr_t from,
         int64_t reserved_before = gm_stat_total(arena->stats->reserved_bytes);
         status = compact_for_growth(arena, where, need - mapped, new_room);
         if (gm_stat_total(arena->stats->reserved_bytes) != reserved_before) /* compaction gave memory back */
-            new_room = room_for_new_memory(arena, engine->page_size);
+            new_room = room_for_new_memory(arena);
     }
     if (status == GM_OK && mapped < need && engine->placing_lane && should_recycle(arena, need - mapped)) {
         engine->moving_by_choice = true;
