@@ -7,10 +7,10 @@
  * with the device's free memory or its largest cached block, whichever is larger, so with
  * torch.backends.cudnn.benchmark on every plan is a candidate. Answering with the largest cached
  * block alone would leave cuDNN only the plans without a workspace whenever the cache is empty (after
- * empty_cache, at the start of a run) and fix that choice for the rest of the process: convolutions
- * several times slower. So the answer counts the memory that can still be reserved too -- under the
- * memory limit, within what the device has free, and with the idle cached memory that a growth takes
- * first -- as a request would get it.
+ * empty_cache, at the start of a run) and fix that choice for the rest of the process: the faster
+ * plans, which trade memory for time, would never be tried. So the answer counts the memory that can
+ * still be reserved too -- under the memory limit, within what the device has free, and with the idle
+ * cached memory that a growth takes first -- as a request would get it.
  */
 #include "core/allocator.h"
 

@@ -150,7 +150,7 @@ def cudnn_benchmark_gets_its_workspace(torch):
     """torch.backends.cudnn.benchmark with nothing cached: cuDNN leaves out every plan whose workspace is
     larger than the allocator's cacheInfo, which torch's allocator answers with the device's free memory.
     An allocator that answered with its cached blocks alone would leave only plans without a workspace,
-    several times slower (bench/cudnn_workspace.py)."""
+    the slower ones (bench/cudnn_workspace.py measures it)."""
     torch.backends.cudnn.benchmark = True
     try:
         conv = torch.nn.Conv2d(128, 128, 3, padding=1).cuda()
