@@ -2,13 +2,14 @@
 reserves against its live peak, its step time and its losses. Prints a markdown table.
 
     python3 bench/more_models_gpu.py [--runs vit:0,vit:1,llama_varlen:0,llama_varlen:1,unet:0,unet:1]
-                                     [--allocators torch-native,torch-expandable,gpumem,gpumem-compact,torch-native]
+                                     [--allocators torch-native,torch-expandable,gpumem,gpumem-compact,gpumem-fine,torch-native]
                                      [--steps 4] [--warmup 2] [--out results.jsonl]
 
 Every run is a fresh process of bench/more_workloads.py (6 steps by default, as the recorded traces),
 with the allocators of a workload and seed run one after another. torch-native, torch-expandable:
 PyTorch's allocator without and with expandable_segments:True; gpumem: GPUMEM_TORCH=1 (defaults);
-gpumem-compact: GPUMEM_TORCH=compact_min:2MiB (docs/engine.md, "Compaction"). The ratio is peak
+gpumem-compact: GPUMEM_TORCH=compact_min:2MiB (docs/engine.md, "Compaction"); gpumem-fine:
+GPUMEM_TORCH=max_chunk_size:8MiB,move_slack:0.01 (small chunks that settle). The ratio is peak
 reserved over peak allocated, as torch.cuda.memory_stats reports them; step time is the median of the
 measured steps; "losses" says whether every step's loss equals the first torch-native run's bit for
 bit. An allocator named twice runs twice: the default list ends with a second torch-native run, the

@@ -6,7 +6,8 @@
 torch-native and torch-expandable: PyTorch's allocator without and with expandable_segments:True;
 gpumem: GPUMEM_TORCH=1 with gpumem's python folder first on PYTHONPATH (its sitecustomize installs
 gpumem when torch is imported, so the unmodified script runs on it); gpumem-compact: the same with
-compact_min:2MiB (docs/engine.md, "Compaction").
+compact_min:2MiB (docs/engine.md, "Compaction"); gpumem-fine: the same with max_chunk_size:8MiB,move_slack:0.01
+(small chunks, and room for the layout to settle: docs/engine.md).
 """
 import os
 
@@ -16,6 +17,7 @@ SETTINGS = {
     "torch-expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
     "gpumem": {"GPUMEM_TORCH": "1"},
     "gpumem-compact": {"GPUMEM_TORCH": "compact_min:2MiB"},
+    "gpumem-fine": {"GPUMEM_TORCH": "max_chunk_size:8MiB,move_slack:0.01"},
 }
 
 

@@ -23,6 +23,7 @@ static void defaults_are_documented_values(void)
     CHECK(!options.tail_chunk);
     CHECK(options.refill_groups);
     CHECK_EQ_INT(options.rechunk_min, 0);
+    CHECK(options.move_slack == 0); /* off: idle chunks move as soon as the peak would rise */
 }
 
 static void every_key_is_parsed(void)
@@ -53,6 +54,9 @@ static void every_key_is_parsed(void)
     CHECK(!options.tail_chunk);
     CHECK(!options.refill_groups);
     CHECK_EQ_INT(options.rechunk_min, 8 << 20);
+    gm_options_default(&options); /* move_slack is the pages engine's */
+    CHECK_OK(gm_options_parse(&options, "move_slack:0.01"));
+    CHECK(options.move_slack == 0.01);
 }
 
 static void sizes_take_suffixes(void)
@@ -87,7 +91,7 @@ static void bad_strings_are_refused_with_clear_errors(void)
         const char *message;
     } cases[] = {
         {"colour:blue", "unknown key 'colour'"},
-        {"colour:blue", "max_chunk_size, growth_lane, tail_chunk, refill_groups, rechunk_min, compact_min, history, publish"}, /* the known keys */
+        {"colour:blue", "max_chunk_size, growth_lane, tail_chunk, refill_groups, rechunk_min, compact_min, move_slack, history, publish"}, /* the known keys */
         {"colour:blue", "pressure_psi_high, pressure_psi_low, fault_rate, fault_seed)"},                                  /* from the table */
         {"max_chunk_size:big", "bad value for key 'max_chunk_size'"},
         {"engine:fast", "bad value 'fast' for key 'engine'"},
@@ -131,6 +135,11 @@ static void bad_strings_are_refused_with_clear_errors(void)
                                                        "device, host, psi or cgroup, joined by '+')"},
         {"pressure_high:0.9,pressure_signals:", "key 'pressure_signals' has no value"},
         {"pressure_high:0.9,pressure_signals:reserved+", "'' is not a pressure signal"},
+        {"move_slack:0", "bad value for key 'move_slack': '0' is not a number in (0, 1]"},
+        {"move_slack:1%", "bad value for key 'move_slack': '1%' is not a number in (0, 1] (a fraction such as 0.9)"},
+        {"move_slack:2", "bad value for key 'move_slack'"},
+        {"engine:segments,move_slack:0.01", "key 'move_slack' is about moving chunks of the pages engine, which "
+                                            "engine:segments does not have"},
         {"pressure_high:0.9,pressure_interval_ms:0", "key 'pressure_interval_ms' must be at least 1"},
         {"pressure_high:0.9,pressure_interval_ms:-5", "bad value for key 'pressure_interval_ms'"},
         {"pressure_high:0.9,pressure_psi_high:101", "'101' is not a number in (0, 100] (a percentage)"},

@@ -97,6 +97,11 @@ static const option_descriptor descriptors[] = {
      "and that hold at least this many bytes of whole free pages are split around their live pages (copied "
      "after a device-wide wait, pointers unchanged) and the free pages given back; only for programs in "
      "which one thread at a time launches work on the device (default 0: off)"},
+    {"move_slack", KIND_FRACTION, FIELD(move_slack), NULL,
+     "pages engine: idle chunks move by choice (to keep reserved memory at its peak) only once reserved "
+     "memory would pass this fraction above the peak of allocated memory; with small chunks "
+     "(max_chunk_size:8MiB, move_slack:0.01) the layout settles instead of moving pages at every step "
+     "(default 0: off)"},
     {"history", KIND_INTEGER, FIELD(history), NULL,
      "keep the newest N allocator events (alloc, free, map, unmap, oom) for gm_history_read and "
      "snapshots' timelines, at most 1048576 (default 0: none, no cost)"},
@@ -409,6 +414,9 @@ static gm_status check_consistency(const gm_options *options)
                        "and min_large_alloc <= large_segment_size");
     if (options->compact_min && options->engine != GM_ENGINE_PAGES)
         return gm_fail(GM_ERROR_BAD_CONFIG, "key 'compact_min' splits chunks of the pages engine, which "
+                       "engine:segments does not have");
+    if (options->move_slack > 0 && options->engine != GM_ENGINE_PAGES)
+        return gm_fail(GM_ERROR_BAD_CONFIG, "key 'move_slack' is about moving chunks of the pages engine, which "
                        "engine:segments does not have");
     if (!options->split_blocks && options->engine != GM_ENGINE_SEGMENTS)
         return gm_fail(GM_ERROR_BAD_CONFIG, "key 'split_blocks' is false, which only the segments engine "

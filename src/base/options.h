@@ -50,6 +50,7 @@ typedef struct gm_options {
     bool refill_groups;          /* pages engine: after an empty_cache, a repeating step's memory made again in
                                     few chunks (refill.c) */
     uint64_t compact_min;        /* pages engine: pinned chunks split before the peak rises; 0: off */
+    double move_slack;           /* pages engine: no moves by choice within (1 + this) x the allocated peak */
     int history;                 /* events kept in the history ring (0: none) */
     bool publish;                /* keep the statistics in a shared-memory region for other processes */
     double pressure_high;        /* a pressure policy's high watermark, a fraction; 0: no policy */

@@ -106,6 +106,13 @@ static inline int64_t gm_arena_allocated_bytes(const gm_arena *arena)
                                   : arena->hot_stats.allocated_bytes.all_current;
 }
 
+/* The peak of the bytes allocated in every pool (since the peaks were last reset). */
+static inline int64_t gm_arena_allocated_peak(const gm_arena *arena)
+{
+    return arena->stats_published ? arena->stats->allocated_bytes[GM_POOL_ALL].peak
+                                  : arena->hot_stats.allocated_bytes.all_peak;
+}
+
 /* The arena's statistics, every reading filled in (the hot ones and the all-pools sums). */
 static inline void gm_arena_read_stats(const gm_arena *arena, gm_stats *stats_out)
 {

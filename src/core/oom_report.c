@@ -284,7 +284,9 @@ static void remedy_fragmentation(gm_arena *arena, const free_pieces *pieces, byt
                         "between steps: gm_defragment, gpumem.torch.defragment().\n", step++);
     if (arena->engine == &gm_page_engine)
         gm_error_append("  %u. A smaller max_chunk_size in GPUMEM_CONF (now %s) makes chunks finer, so live blocks "
-                        "pin less free memory (for more device calls).\n", step++,
+                        "pin less free memory (for more device calls); with move_slack:0.01 beside it "
+                        "(max_chunk_size:8MiB,move_slack:0.01) a repeating step settles instead of moving pages "
+                        "at every step.\n", step++,
                         arena->options->max_chunk_size ? bytes(t, arena->options->max_chunk_size) : "no limit");
     else
         gm_error_append("  %u. Use the pages engine (engine:pages in GPUMEM_CONF): it remaps free pages so that "

@@ -164,12 +164,19 @@ static gm_status create_memory(gm_arena *arena, gm_region *region, uintptr_t add
  * when new memory would lift reserved memory above its peak -- and, under a memory limit below the
  * device's capacity, only once that is near the limit (nine tenths): the chunks are page-sized there,
  * and recycling them costs device calls at every step, which a process that set its limit only as a
- * precaution should not pay. */
+ * precaution should not pay. With move_slack, not while reserved memory stays within that fraction
+ * above the allocated peak: small chunks keep reserved memory so close to the live peak that a step
+ * whose fits differ a little from the last one's needs moves, each move leaves an unmapped hole that
+ * makes the next step's fits differ again, and the pages never stop moving; a little room lets the
+ * layout settle. */
 static bool should_recycle(const gm_arena *arena, uint64_t need)
 {
     const gm_stat *reserved = arena->stats->reserved_bytes;
     int64_t after = gm_stat_total(reserved) + (int64_t)need;
     if (after <= reserved[GM_POOL_ALL].peak)
+        return false;
+    double slack = arena->options->move_slack;
+    if (slack > 0 && (double)after <= (double)gm_arena_allocated_peak(arena) * (1 + slack))
         return false;
     return !memory_is_limited(arena) || (uint64_t)after > arena->memory_limit / 10 * 9;
 }
