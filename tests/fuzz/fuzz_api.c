@@ -16,7 +16,8 @@
  *   statistics, snapshots, the summary table, the history set, resized and read, and an event observer
  *   set and removed. The segments engine without cost_model also runs unsplit (split_blocks:false).
  *   The pages engine with tail_chunk also compacts pinned chunks (compact_min: 2 MiB on the sim, two pages
- *   on the host backend, whose stamps below check that the copies kept every block's bytes).
+ *   on the host backend, whose stamps below check that the copies kept every block's bytes). The
+ *   bit that sets the segments engine's release_before_growth gives the pages engine move_slack:0.01.
  * gm_destroy ends the input, with whatever is still live. FUZZ_API_VERBOSE=1 prints the configuration
  * and each operation with its argument bytes, to read a finding.
  *
@@ -737,14 +738,14 @@ static void create_allocator(fuzz_state *state, input *in)
     snprintf(config, sizeof config,
              "backend:%s,engine:%s,capacity:%llu,page_size:%llu,host_limit:%llu,memory_limit:%llu,tail_chunk:%s,"
              "growth_lane:%s,cost_model:%s,max_chunk_size:%s,release_before_growth:%s,history:%d,split_blocks:%s,"
-             "compact_min:%llu",
+             "compact_min:%llu%s",
              state->host_backend ? "host" : "sim", first & 2 ? "segments" : "pages",
              (unsigned long long)state->capacity, (unsigned long long)page_size,
              (unsigned long long)state->host_limit, (unsigned long long)memory_limits[(second >> 2) & 3],
              first & 64 ? "true" : "false", first & 128 ? "false" : "true", second & 16 ? "false" : "true",
              second & 32 ? "4MiB" : "128MiB", second & 64 ? "false" : "true", second & 128 ? 64 : 0,
              (first & 2) && (second & 16) ? "false" : "true",
-             compact_min);
+             compact_min, !(first & 2) && (second & 64) ? ",move_slack:0.01" : "");
     if (getenv("FUZZ_API_VERBOSE") && atoi(getenv("FUZZ_API_VERBOSE")) > 0)
         fprintf(stderr, "fuzz_api: gm_create(\"%s\")\n", config);
     state->segments = first & 2;

@@ -52,7 +52,8 @@ static bool same_options(const gm_options *a, const gm_options *b)
            a->min_large_alloc == b->min_large_alloc && a->release_before_growth == b->release_before_growth &&
            a->cost_model == b->cost_model && a->device_credit_ns == b->device_credit_ns &&
            a->max_chunk_size == b->max_chunk_size && a->growth_lane == b->growth_lane &&
-           a->tail_chunk == b->tail_chunk && a->rechunk_min == b->rechunk_min && a->compact_min == b->compact_min && a->history == b->history && a->publish == b->publish &&
+           a->tail_chunk == b->tail_chunk && a->rechunk_min == b->rechunk_min && a->compact_min == b->compact_min &&
+           a->move_slack == b->move_slack && a->history == b->history && a->publish == b->publish &&
            a->pressure_high == b->pressure_high && a->pressure_low == b->pressure_low &&
            a->pressure_signals == b->pressure_signals && a->pressure_interval_ms == b->pressure_interval_ms &&
            a->pressure_psi_high == b->pressure_psi_high && a->pressure_psi_low == b->pressure_psi_low &&
