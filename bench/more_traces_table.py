@@ -3,10 +3,11 @@ ratio (peak reserved / peak live, `gpumem replay TRACE --json` on the sim backen
 to the ratios of PyTorch's allocator, expandable segments and cudaMallocAsync measured on the GPU, and
 whether gpumem meets the target min(1.02, torch-expandable's ratio). No GPU and no PyTorch needed.
 
-    python3 bench/more_traces_table.py ANCHORS_JSON [TRACE_DIRECTORY] [--gpumem build/gpumem]
+    python3 bench/more_traces_table.py ANCHORS_JSON [TRACE_DIRECTORY] [--gpumem build/gpumem] [--conf KEYS]
 
 ANCHORS_JSON is record_traces.py's anchors.json; the traces (NAME.csv.gz) are looked for beside it
-unless TRACE_DIRECTORY is given. A trace that failed on the GPU, has no torch-expandable ratio, whose
+unless TRACE_DIRECTORY is given; --conf adds GPUMEM_CONF keys to gpumem's replay (for example
+max_chunk_size:8MiB,move_slack:0.01). A trace that failed on the GPU, has no torch-expandable ratio, whose
 peak live differs from the anchors' (another recording) or that gpumem cannot replay fails the check;
 an unavailable workload (a package it needs not installed) is listed as such and is never a pass.
 
@@ -24,13 +25,13 @@ LIMIT = 1.02
 MiB = 2**20
 
 
-def check(gpumem, path, entry):
+def check(gpumem, path, entry, conf=None):
     """One row of the table and whether it is a pass (None: unavailable, neither)."""
     name = os.path.basename(path).split(".")[0]
     if entry is not None and "unavailable" in entry:
         return [name] + [""] * 6 + [entry["unavailable"]], None
     try:
-        ours = replay(gpumem, path, "pages", 1) if os.path.exists(path) else None
+        ours = replay(gpumem, path, "pages", 1, conf) if os.path.exists(path) else None
     except SystemExit as failure:  # replay_table's message: gpumem's own error
         return [name] + [""] * 6 + ["gpumem replay failed: " + str(failure.code).replace("\n", " ")], False
     live = f"{ours['peak_live_bytes'] / MiB:.1f}" if ours else "-"
@@ -61,6 +62,7 @@ def main():
     parser.add_argument("anchors", help="anchors.json written by bench/record_traces.py")
     parser.add_argument("traces", nargs="?", help="the folder of NAME.csv.gz (default: the anchors' folder)")
     parser.add_argument("--gpumem", default=os.environ.get("GPUMEM", "build/gpumem"))
+    parser.add_argument("--conf", help="GPUMEM_CONF keys for gpumem's replay (default: none, the defaults)")
     args = parser.parse_args()
     directory = args.traces or os.path.dirname(os.path.abspath(args.anchors))
     if not os.path.isfile(args.anchors) or not os.path.isdir(directory):
@@ -76,7 +78,7 @@ def main():
     print("|" + "---|" * len(header))
     passes, checked, unavailable = 0, 0, []
     for name in sorted(names):
-        row, met = check(args.gpumem, os.path.join(directory, name + ".csv.gz"), entries.get(name))
+        row, met = check(args.gpumem, os.path.join(directory, name + ".csv.gz"), entries.get(name), args.conf)
         print("| " + " | ".join(cell.replace("|", "/") for cell in row) + " |")
         if met is None:
             unavailable.append(f"{name} ({row[-1]})")

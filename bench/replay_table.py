@@ -15,10 +15,10 @@ ENGINES = ["pages", "segments"]
 ANCHORS = ["torch-native", "torch-expandable", "cuda-async"]
 
 
-def replay(gpumem, path, engine, repeat):
+def replay(gpumem, path, engine, repeat, conf=None):
     runs = []
     for _ in range(repeat):
-        run = subprocess.run([gpumem, "replay", path, "--json", "--conf", f"engine:{engine}"],
+        run = subprocess.run([gpumem, "replay", path, "--json", "--conf", f"engine:{engine}" + (f",{conf}" if conf else "")],
                              capture_output=True, text=True)
         if run.returncode != 0:  # gpumem's own message says why; a traceback would hide it
             sys.exit(f"bench/replay.sh: gpumem replay {path} (engine {engine}) failed with exit status "
