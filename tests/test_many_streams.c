@@ -125,7 +125,9 @@ static void check_bounded(const footprint *at)
 {
     CHECK(at->heaps <= HEAP_BOUND);
     CHECK(at->model.streams <= 4);
-    CHECK(at->model.events <= 4);
+    CHECK(at->model.events <= 4 + 4); /* and the progress marks of the shared stream's heap: at most 4
+                                         (core/pages/progress.c); the streams used once free too little
+                                         to be marked */
     CHECK(at->model.reservations <= 2 * HEAP_BOUND);
     CHECK(at->model.returned_ranges <= 2 * HEAP_BOUND);
 }

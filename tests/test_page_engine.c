@@ -11,6 +11,7 @@
  */
 #include "test.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 
 #define TENSORS 48
@@ -468,9 +469,83 @@ static void a_wait_covers_chunks_freed_before_it(void)
     gm_destroy(allocator, NULL);
 }
 
+static int64_t calls_of(gm_allocator *allocator, int kind)
+{
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    return stats.device_calls[kind];
+}
+
+/* `count` small blocks of `stream` allocated and freed, one at a time. */
+static void free_small_blocks(gm_allocator *allocator, gm_stream stream, int count)
+{
+    for (int i = 0; i < count; i++) {
+        void *small = NULL;
+        CHECK_OK(gm_malloc(allocator, 512, stream, &small));
+        CHECK_OK(gm_free(allocator, small));
+    }
+}
+
+/* On stream 0: an 8 MiB block freed while work that may use it is queued (`idle`), a block after it
+ * kept live, then `frees` small frees (with the idle block's, 256 frees of the heap's memory record a
+ * progress mark; a small block kept live keeps the small pool's page from moving too), then
+ * `finished` the work queued so far finishes, and newer work is queued. A 16 MiB request then moves
+ * the idle chunks. The device calls of that request: *waits_out event waits, *records_out events
+ * recorded. */
+static void move_after_frees(int frees, bool finished, bool capturing, int64_t *waits_out, int64_t *records_out)
+{
+    gm_allocator *allocator = make("engine:pages,capacity:16GiB");
+    void *idle = NULL, *kept = NULL, *bigger = NULL, *pin = NULL;
+    CHECK_OK(gm_malloc(allocator, 512, 0, &pin));
+    CHECK_OK(gm_malloc(allocator, 8 * MIB, 0, &idle));
+    CHECK_OK(gm_malloc(allocator, 8 * MIB, 0, &kept));
+    CHECK_OK(gm_sim_stream_enqueue(allocator, 0, 1));
+    CHECK_OK(gm_free(allocator, idle));
+    CHECK_OK(gm_sim_stream_set_capturing(allocator, 0, capturing));
+    free_small_blocks(allocator, 0, frees);
+    CHECK_OK(gm_sim_stream_set_capturing(allocator, 0, 0));
+    if (finished)
+        CHECK_OK(gm_sim_stream_complete(allocator, 0));
+    CHECK_OK(gm_sim_stream_enqueue(allocator, 0, 1));
+    int64_t waits_before = waits(allocator), records_before = calls_of(allocator, GM_CALL_EVENT_RECORD);
+    int64_t unmaps_before = calls_of(allocator, GM_CALL_UNMAP);
+    CHECK_OK(gm_malloc(allocator, 16 * MIB, 0, &bigger));
+    CHECK(calls_of(allocator, GM_CALL_UNMAP) > unmaps_before); /* the idle chunks moved */
+    *waits_out = waits(allocator) - waits_before;
+    *records_out = calls_of(allocator, GM_CALL_EVENT_RECORD) - records_before;
+    CHECK_OK(gm_validate(allocator));
+    CHECK_OK(gm_free(allocator, bigger));
+    CHECK_OK(gm_free(allocator, kept));
+    CHECK_OK(gm_free(allocator, pin));
+    gm_destroy(allocator, NULL);
+}
+
+/* Events recorded as a stream's blocks are freed (progress marks, progress.c) tell how far its work
+ * has come: a chunk freed before a mark whose work has finished moves with no wait, though newer work
+ * is still queued; before one whose work has not, the wait is for that mark, not a new event (which
+ * would wait for the newer work too). Without a mark after the free (too few frees, or frees during a
+ * graph capture, where no mark is recorded), a new event is recorded and waited for, as before. */
+static void progress_marks_spare_waits(void)
+{
+    int64_t waits_seen = 0, records = 0;
+    move_after_frees(255, true, false, &waits_seen, &records);
+    CHECK_EQ_INT(waits_seen, 0);
+    CHECK_EQ_INT(records, 0);
+    move_after_frees(255, false, false, &waits_seen, &records);
+    CHECK_EQ_INT(waits_seen, 1);
+    CHECK_EQ_INT(records, 0); /* the mark's own event */
+    move_after_frees(200, true, false, &waits_seen, &records);
+    CHECK_EQ_INT(waits_seen, 1);
+    CHECK_EQ_INT(records, 1);
+    move_after_frees(255, true, true, &waits_seen, &records);
+    CHECK_EQ_INT(waits_seen, 1);
+    CHECK_EQ_INT(records, 1);
+}
+
 RUN_TESTS(TEST_CASE(regrowing_tensors_stay_in_few_runs), TEST_CASE(lane_opens_after_enough_regrowths),
           TEST_CASE(lane_blocks_wait_for_recorded_streams), TEST_CASE(empty_lane_reuses_its_free_memory),
           TEST_CASE(stream_reuses_the_rings_memory), TEST_CASE(lane_request_fits_elsewhere_before_new_memory),
           TEST_CASE(small_request_borrows_while_lane_is_empty), TEST_CASE(growth_tail_page_is_its_own_chunk),
           TEST_CASE(fit_in_part_of_idle_chunk_remakes_it), TEST_CASE(one_wait_per_stream_and_growth),
-          TEST_CASE(a_wait_covers_chunks_freed_before_it))
+          TEST_CASE(a_wait_covers_chunks_freed_before_it),
+          TEST_CASE(progress_marks_spare_waits))

@@ -153,11 +153,12 @@ static void trace_fits_a_limit_below_its_uncapped_peak(void)
     replay_and_validate(config, &traces[1], 500);
 }
 
-/* Total device calls of a replay's statistics. */
+/* A replay's device calls that make, map, unmap or release memory (not the events that mark its
+ * streams' progress). */
 static int64_t device_calls_of(const gm_replay_result *result)
 {
     int64_t total = 0;
-    for (int kind = 0; kind < GM_CALL_KIND_COUNT; kind++)
+    for (int kind = 0; kind < GM_CALL_EVENT_RECORD; kind++)
         total += result->stats.device_calls[kind];
     return total;
 }
@@ -167,7 +168,7 @@ static int64_t device_calls_of(const gm_replay_result *result)
  * the live peak that a warm pass whose fits differ a little from the last one's moves pages, and each
  * move makes the next pass differ again: without move_slack the third pass still moves pages and
  * reserves more than the first. With move_slack:0.01 the layout settles: the warm passes move no page
- * and the third makes no device call at all, and reserved memory stays within the slack above the live peak. */
+ * and the third makes, maps or unmaps nothing, and reserved memory stays within the slack above the live peak. */
 static void small_chunks_settle_with_move_slack(void)
 {
     char path[1024];

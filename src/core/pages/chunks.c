@@ -14,7 +14,8 @@
  * queued kernel still uses would fault. Only work queued before the chunk's last free can use it (later
  * work would need it allocated again), so a wait for the stream after that free already covers it: a
  * chunk freed before the stream's last wait, or unused since it was mapped, is unmapped without
- * another. One wait covers every heap of the stream (its own, its lane).
+ * another. One wait covers every heap of the stream (its own, its lane). Events recorded as blocks
+ * are freed (progress.c) spare most waits for chunks freed long before.
  */
 #include "core/pages/pages.h"
 
@@ -191,27 +192,11 @@ void pages_retry_releases(gm_arena *arena)
     }
 }
 
-/* Wait, unless an earlier wait covers it, until the work queued on `heap`'s stream that may use `chunk`
- * has finished: the work queued before the chunk's last free (see the top of the file). */
+/* Wait, unless an earlier wait or a completed mark covers it, until the work queued on `heap`'s stream
+ * that may use `chunk` has finished: the work queued before the chunk's last free (progress.c). */
 static gm_status quiesce(gm_arena *arena, gm_heap *heap, const page_chunk *chunk)
 {
-    page_engine *engine = engine_of(arena);
-    if (chunk->freed_at <= state_of(heap)->waited_at)
-        return GM_OK;
-    uint64_t event = 0;
-    gm_status status = gm_backend_event_create(arena->backend, &event);
-    if (status != GM_OK)
-        return status;
-    status = gm_backend_event_record(arena->backend, event, heap->stream);
-    if (status == GM_OK)
-        status = gm_backend_event_synchronize(arena->backend, event);
-    gm_backend_event_destroy(arena->backend, event);
-    if (status != GM_OK)
-        return status;
-    for (size_t h = 0; h < arena->heap_count; h++)
-        if (arena->heaps[h]->stream == heap->stream && arena->heaps[h]->engine_data)
-            state_of(arena->heaps[h])->waited_at = engine->frees;
-    return GM_OK;
+    return pages_wait_for_free(arena, heap, chunk->freed_at);
 }
 
 /* A search of the heap's free blocks of at least `size` bytes. */

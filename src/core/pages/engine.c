@@ -99,6 +99,7 @@ static void stamp_freed_chunks(page_engine *engine, const gm_block *block)
 static void pages_free_block(gm_arena *arena, gm_block *block)
 {
     stamp_freed_chunks(engine_of(arena), block);
+    pages_mark_progress(arena, block->region->heap);
     page_heap *state = state_of(block->heap);
     if (state->owner) {
         pages_lane_remove(state, block);
@@ -277,6 +278,7 @@ static gm_status forget_one_heap(gm_arena *arena, gm_heap *heap)
         if (status != GM_OK)
             return status;
     }
+    pages_forget_marks(arena, heap);
     free(heap->engine_data);
     heap->engine_data = NULL;
     gm_remove_heap(arena, heap);
@@ -321,6 +323,7 @@ static void pages_destroy(gm_arena *arena)
             region = next;
         }
         arena->heaps[h]->regions = (gm_list){0};
+        pages_forget_marks(arena, arena->heaps[h]);
         free(arena->heaps[h]->engine_data);
         arena->heaps[h]->engine_data = NULL;
     }

@@ -122,8 +122,22 @@ typedef struct idle_chunk {
  * once LANE_AFTER_REGROWTHS were seen, owns a lane: an engine-private heap of the same stream whose
  * live blocks are kept in allocation order and placed as a ring below its top, in the upper part of the
  * stream's large-pool range (lane.c); the lane has no region of its own. */
+/* An event recorded on a heap's stream after the free numbered `frees` (progress.c). */
+typedef struct progress_mark {
+    uint64_t event;
+    uint64_t frees;
+    bool made; /* the event exists (made on the slot's first use, kept for the next marks) */
+} progress_mark;
+
+#define MARKS 4 /* a heap's marks at most */
+
 typedef struct page_heap {
-    uint64_t waited_at;          /* the engine's free count when this heap's stream was last waited for */
+    uint64_t waited_at;          /* the engine's free count up to which this heap's stream's work is known
+                                    to have finished (a wait, or a completed mark) */
+    uint64_t frees_since_mark;   /* frees of this heap's memory since a mark was last due (progress.c) */
+    progress_mark marks[MARKS];  /* a ring: mark_count marks from marks[mark_first], oldest first */
+    unsigned mark_first;
+    unsigned mark_count;
     gm_heap *owner;              /* lane: the stream's heap it serves; NULL for a stream's heap */
     gm_heap *lane;               /* stream's heap: its lane, once made */
     gm_block *last_large;        /* stream's heap: the last large allocation, until the next free */
@@ -234,6 +248,15 @@ gm_block *pages_free_block_containing(gm_region *region, uintptr_t address, uint
 /* Turn [from, to) of the free block `around` (indexed), whose pages are no longer mapped, into unmapped
  * addresses. On failure (no block metadata) nothing changed. */
 gm_status pages_vacate(gm_arena *arena, gm_block *around, uintptr_t from, uintptr_t to);
+/* progress.c: record a mark on `heap`'s stream if one is due (called after each free of its memory). */
+void pages_mark_progress(gm_arena *arena, gm_heap *heap);
+/* Return once the work queued on `heap`'s stream before the free numbered `freed_at` has finished:
+ * at once if a wait or a completed mark covers it, else after waiting for the oldest mark after it, or
+ * for a new event. */
+gm_status pages_wait_for_free(gm_arena *arena, gm_heap *heap, uint64_t freed_at);
+/* Destroy `heap`'s marks (the heap goes). */
+void pages_forget_marks(gm_arena *arena, gm_heap *heap);
+
 /* Unmap an idle chunk from the free block around it; its addresses become unmapped. The chunk keeps
  * its handle and leaves the region. */
 gm_status pages_evict_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk);

@@ -1,0 +1,139 @@
+/*
+ * progress.c -- how far a stream's work has come, known without waiting for it.
+ *
+ * Before an idle chunk is unmapped, the work queued on its stream before the chunk's last free must
+ * have finished (chunks.c). Waiting for an event recorded at that moment waits for everything queued
+ * since too: on a GPU the host stalls until the device has caught up, and the step loses the lead its
+ * host had. Yet a chunk freed long before has usually had its work finish long ago. So, as a heap's
+ * blocks are freed, an event is recorded on its stream every MARK_EVERY_FREES frees of its memory: a mark, holding
+ * the engine's free count at that moment. Only work queued before a free can use the memory it frees,
+ * and a mark recorded after that free comes after that work in the stream's order, so:
+ *   - a mark that has completed (asked without waiting) covers every chunk freed before it: such a
+ *     chunk is unmapped with no wait at all;
+ *   - else the oldest mark after the chunk's free is waited for: the work queued up to that mark,
+ *     not everything queued since;
+ *   - only a chunk freed after the newest mark costs a new event and a wait, as before.
+ * A heap keeps at most MARKS marks, oldest first, each with an event made once and recorded again for
+ * later marks; when full, the oldest are asked and dropped if done, else the newest is recorded again. No mark is recorded on a stream being captured into a CUDA graph
+ * (an event recorded there could never be asked), and a mark that cannot be made or recorded is
+ * simply not there: the wait falls back to a new event.
+ */
+#include "core/pages/pages.h"
+
+#include <string.h>
+
+/* A stream's work keeps its heaps' chunks from moving until its marks say it finished: every 256
+ * frees one event is recorded, a device call too cheap to notice at that rate, and fine enough that
+ * a chunk freed a step ago is covered. */
+#define MARK_EVERY_FREES 256
+
+/* Every heap of `heap`'s stream has had its stream's work up to the free numbered `frees` finish. */
+static void covered_up_to(gm_arena *arena, const gm_heap *heap, uint64_t frees)
+{
+    for (size_t h = 0; h < arena->heap_count; h++)
+        if (arena->heaps[h]->stream == heap->stream && arena->heaps[h]->engine_data &&
+            state_of(arena->heaps[h])->waited_at < frees)
+            state_of(arena->heaps[h])->waited_at = frees;
+}
+
+/* The `index`-th mark of `state`, oldest first. */
+static progress_mark *mark_at(page_heap *state, unsigned index)
+{
+    return &state->marks[(state->mark_first + index) % MARKS];
+}
+
+/* Drop the oldest `count` marks of `state`; their events stay for the next marks. */
+static void drop_oldest(page_heap *state, unsigned count)
+{
+    state->mark_first = (state->mark_first + count) % MARKS;
+    state->mark_count -= count;
+}
+
+/* Ask the oldest marks, without waiting, whether their work finished; those that did cover their
+ * frees and go. Stops at the first that has not (the later ones cannot have either). */
+static void harvest(gm_arena *arena, gm_heap *heap)
+{
+    page_heap *state = state_of(heap);
+    unsigned done = 0;
+    uint64_t covered = 0;
+    while (done < state->mark_count) {
+        bool finished = false;
+        if (gm_backend_event_query(arena->backend, mark_at(state, done)->event, &finished) != GM_OK || !finished)
+            break;
+        covered = mark_at(state, done++)->frees;
+    }
+    if (done) {
+        drop_oldest(state, done);
+        covered_up_to(arena, heap, covered);
+    }
+}
+
+void pages_mark_progress(gm_arena *arena, gm_heap *heap)
+{
+    page_engine *engine = engine_of(arena);
+    page_heap *state = state_of(heap);
+    if (!state || ++state->frees_since_mark < MARK_EVERY_FREES)
+        return;
+    state->frees_since_mark = 0;
+    if (gm_backend_stream_is_capturing(arena->backend, heap->stream))
+        return;
+    if (state->mark_count == MARKS)
+        harvest(arena, heap);
+    bool full = state->mark_count == MARKS; /* the newest is recorded again */
+    progress_mark *mark = mark_at(state, full ? MARKS - 1 : state->mark_count);
+    if (!mark->made) {
+        if (gm_backend_event_create(arena->backend, &mark->event) != GM_OK)
+            return;
+        mark->made = true;
+    }
+    if (gm_backend_event_record(arena->backend, mark->event, heap->stream) != GM_OK) {
+        if (full)
+            state->mark_count--; /* the newest mark no longer says what it did */
+        return;
+    }
+    mark->frees = engine->frees;
+    if (!full)
+        state->mark_count++;
+}
+
+gm_status pages_wait_for_free(gm_arena *arena, gm_heap *heap, uint64_t freed_at)
+{
+    page_heap *state = state_of(heap);
+    if (freed_at <= state->waited_at)
+        return GM_OK;
+    harvest(arena, heap);
+    if (freed_at <= state->waited_at)
+        return GM_OK; /* a mark after the free has completed: no wait */
+    for (unsigned i = 0; i < state->mark_count; i++) {
+        if (mark_at(state, i)->frees < freed_at)
+            continue;
+        uint64_t frees = mark_at(state, i)->frees;
+        gm_status status = gm_backend_event_synchronize(arena->backend, mark_at(state, i)->event);
+        if (status != GM_OK)
+            break; /* a new event below */
+        drop_oldest(state, i + 1);
+        covered_up_to(arena, heap, frees);
+        return GM_OK;
+    }
+    uint64_t event = 0;
+    gm_status status = gm_backend_event_create(arena->backend, &event);
+    if (status != GM_OK)
+        return status;
+    status = gm_backend_event_record(arena->backend, event, heap->stream);
+    if (status == GM_OK)
+        status = gm_backend_event_synchronize(arena->backend, event);
+    gm_backend_event_destroy(arena->backend, event);
+    if (status == GM_OK)
+        covered_up_to(arena, heap, engine_of(arena)->frees);
+    return status;
+}
+
+void pages_forget_marks(gm_arena *arena, gm_heap *heap)
+{
+    page_heap *state = state_of(heap);
+    for (unsigned i = 0; state && i < MARKS; i++)
+        if (state->marks[i].made)
+            gm_backend_event_destroy(arena->backend, state->marks[i].event);
+    if (state)
+        memset(state->marks, 0, sizeof state->marks), state->mark_count = 0;
+}
