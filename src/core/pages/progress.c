@@ -5,18 +5,20 @@
  * have finished (chunks.c). Waiting for an event recorded at that moment waits for everything queued
  * since too: on a GPU the host stalls until the device has caught up, and the step loses the lead its
  * host had. Yet a chunk freed long before has usually had its work finish long ago. So, as a heap's
- * blocks are freed, an event is recorded on its stream every MARK_EVERY_FREES frees of its memory: a mark, holding
- * the engine's free count at that moment. Only work queued before a free can use the memory it frees,
- * and a mark recorded after that free comes after that work in the stream's order, so:
+ * blocks are freed, an event is recorded on its stream every MARK_EVERY_FREES frees of its memory: a
+ * mark, holding the engine's free count at that moment. Only work queued before a free can use the
+ * memory it frees, and a mark recorded after that free comes after that work in the stream's order,
+ * so:
  *   - a mark that has completed (asked without waiting) covers every chunk freed before it: such a
  *     chunk is unmapped with no wait at all;
  *   - else the oldest mark after the chunk's free is waited for: the work queued up to that mark,
  *     not everything queued since;
  *   - only a chunk freed after the newest mark costs a new event and a wait, as before.
  * A heap keeps at most MARKS marks, oldest first, each with an event made once and recorded again for
- * later marks; when full, the oldest are asked and dropped if done, else the newest is recorded again. No mark is recorded on a stream being captured into a CUDA graph
- * (an event recorded there could never be asked), and a mark that cannot be made or recorded is
- * simply not there: the wait falls back to a new event.
+ * later marks; when full, the oldest are asked and dropped if done, else the newest is recorded
+ * again. No mark is recorded on a stream being captured into a CUDA graph (an event recorded there
+ * could never be asked), and a mark that cannot be made or recorded is simply not there: the wait
+ * falls back to a new event.
  */
 #include "core/pages/pages.h"
 
