@@ -192,13 +192,6 @@ void pages_retry_releases(gm_arena *arena)
     }
 }
 
-/* Wait, unless an earlier wait or a completed mark covers it, until the work queued on `heap`'s stream
- * that may use `chunk` has finished: the work queued before the chunk's last free (progress.c). */
-static gm_status quiesce(gm_arena *arena, gm_heap *heap, const page_chunk *chunk)
-{
-    return pages_wait_for_free(arena, heap, chunk->freed_at);
-}
-
 /* A search of the heap's free blocks of at least `size` bytes. */
 gm_block *pages_free_block_containing(gm_region *region, uintptr_t address, uint64_t size)
 {
@@ -217,7 +210,7 @@ gm_status pages_evict_chunk(gm_arena *arena, gm_region *region, page_chunk *chun
     gm_block *around = pages_free_block_containing(region, chunk->address, chunk->size);
     if (!around)
         return gm_fail(GM_ERROR_CORRUPT, "idle chunk 0x%" PRIxPTR " is not inside a free block", chunk->address);
-    gm_status status = quiesce(arena, region->heap, chunk);
+    gm_status status = pages_wait_for_free(arena, region->heap, chunk->freed_at);
     if (status == GM_OK)
         status = pages_unmap_chunk(arena, region, chunk);
     if (status != GM_OK)
@@ -300,7 +293,7 @@ static bool remember_idle(page_engine *engine, size_t *count, page_chunk *chunk,
 }
 
 /* Whether the idle chunks of `heap` stay where they are in this search for `requester`: moving one
- * waits for the heap's stream (quiesce), which stalls the host until the device has caught up with it.
+ * waits for the heap's stream (pages_wait_for_free), which stalls the host until the device has caught up with it.
  * While the search is by choice (engine->moving_by_choice), a chunk of another stream that is still at
  * work is not worth that: new memory is made instead. Asked once per heap that has an idle chunk. */
 static bool stays_put(gm_arena *arena, const gm_heap *heap, const gm_heap *requester)
@@ -312,7 +305,7 @@ static bool stays_put(gm_arena *arena, const gm_heap *heap, const gm_heap *reque
 /* Collect into engine->idle every chunk that lies wholly inside a free block, in every heap and
  * pool, except in [keep_start, keep_end) of `keep_region` (the run a growth is using), in heaps
  * whose memory is a private pool's (unless keep_region is that pool's) or whose stream is being
- * captured into a CUDA graph (moving a chunk waits for the stream: quiesce), and in those that stay
+ * captured into a CUDA graph (moving a chunk waits for the stream: pages_wait_for_free), and in those that stay
  * put (stays_put). One pass over the free blocks, following the page table from chunk to chunk. */
 size_t pages_find_idle_chunks(gm_arena *arena, const gm_region *keep_region, uintptr_t keep_start,
                                uintptr_t keep_end)

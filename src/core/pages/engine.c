@@ -99,7 +99,8 @@ static void stamp_freed_chunks(page_engine *engine, const gm_block *block)
 static void pages_free_block(gm_arena *arena, gm_block *block)
 {
     stamp_freed_chunks(engine_of(arena), block);
-    pages_mark_progress(arena, block->region->heap);
+    if (pages_mark_due(block->region->heap))
+        pages_mark_progress(arena, block->region->heap);
     page_heap *state = state_of(block->heap);
     if (state->owner) {
         pages_lane_remove(state, block);

@@ -118,10 +118,6 @@ typedef struct idle_chunk {
     gm_region *region;
 } idle_chunk;
 
-/* The engine's state for one heap (heap->engine_data). A stream's heap watches for regrowths and,
- * once LANE_AFTER_REGROWTHS were seen, owns a lane: an engine-private heap of the same stream whose
- * live blocks are kept in allocation order and placed as a ring below its top, in the upper part of the
- * stream's large-pool range (lane.c); the lane has no region of its own. */
 /* An event recorded on a heap's stream after the free numbered `frees` (progress.c). */
 typedef struct progress_mark {
     uint64_t event;
@@ -130,6 +126,14 @@ typedef struct progress_mark {
 } progress_mark;
 
 #define MARKS 4 /* a heap's marks at most */
+/* A mark is recorded every this many frees of a heap's memory: one event per 256 frees costs the
+ * free path nothing worth counting, and is fine enough that a chunk freed a step ago is covered. */
+#define MARK_EVERY_FREES 256
+
+/* The engine's state for one heap (heap->engine_data). A stream's heap watches for regrowths and,
+ * once LANE_AFTER_REGROWTHS were seen, owns a lane: an engine-private heap of the same stream whose
+ * live blocks are kept in allocation order and placed as a ring below its top, in the upper part of the
+ * stream's large-pool range (lane.c); the lane has no region of its own. */
 
 typedef struct page_heap {
     uint64_t waited_at;          /* the engine's free count up to which this heap's stream's work is known
@@ -196,6 +200,17 @@ static inline page_heap *state_of(const gm_heap *heap)
     return (page_heap *)heap->engine_data;
 }
 
+/* Count one free of `heap`'s memory; whether a progress mark is due (every MARK_EVERY_FREES frees).
+ * Inline: the free path pays an increment, and a call only when a mark is due. */
+static inline bool pages_mark_due(const gm_heap *heap)
+{
+    page_heap *state = state_of(heap);
+    if (!state || ++state->frees_since_mark < MARK_EVERY_FREES)
+        return false;
+    state->frees_since_mark = 0;
+    return true;
+}
+
 static inline uint64_t page_index(const gm_region *region, uintptr_t address, uint64_t page_size)
 {
     return (address - region->base) / page_size;
@@ -248,7 +263,7 @@ gm_block *pages_free_block_containing(gm_region *region, uintptr_t address, uint
 /* Turn [from, to) of the free block `around` (indexed), whose pages are no longer mapped, into unmapped
  * addresses. On failure (no block metadata) nothing changed. */
 gm_status pages_vacate(gm_arena *arena, gm_block *around, uintptr_t from, uintptr_t to);
-/* progress.c: record a mark on `heap`'s stream if one is due (called after each free of its memory). */
+/* progress.c: record a mark on `heap`'s stream (called when pages_mark_due says one is due). */
 void pages_mark_progress(gm_arena *arena, gm_heap *heap);
 /* Return once the work queued on `heap`'s stream before the free numbered `freed_at` has finished:
  * at once if a wait or a completed mark covers it, else after waiting for the oldest mark after it, or

@@ -24,11 +24,6 @@
 
 #include <string.h>
 
-/* A stream's work keeps its heaps' chunks from moving until its marks say it finished: every 256
- * frees one event is recorded, a device call too cheap to notice at that rate, and fine enough that
- * a chunk freed a step ago is covered. */
-#define MARK_EVERY_FREES 256
-
 /* Every heap of `heap`'s stream has had its stream's work up to the free numbered `frees` finish. */
 static void covered_up_to(gm_arena *arena, const gm_heap *heap, uint64_t frees)
 {
@@ -74,9 +69,6 @@ void pages_mark_progress(gm_arena *arena, gm_heap *heap)
 {
     page_engine *engine = engine_of(arena);
     page_heap *state = state_of(heap);
-    if (!state || ++state->frees_since_mark < MARK_EVERY_FREES)
-        return;
-    state->frees_since_mark = 0;
     if (gm_backend_stream_is_capturing(arena->backend, heap->stream))
         return;
     if (state->mark_count == MARKS)
