@@ -303,7 +303,8 @@ static bool stays_put(gm_arena *arena, const gm_heap *heap, const gm_heap *reque
 }
 
 /* Collect into engine->idle every chunk that lies wholly inside a free block, in every heap and
- * pool, except in [keep_start, keep_end) of `keep_region` (the run a growth is using), in heaps
+ * pool, except those reaching into [keep_start, keep_end) of `keep_region` (the run a growth is
+ * using: a free block merged with a part already backed may start before the run), in heaps
  * whose memory is a private pool's (unless keep_region is that pool's) or whose stream is being
  * captured into a CUDA graph (moving a chunk waits for the stream: pages_wait_for_free), and in those that stay
  * put (stays_put). One pass over the free blocks, following the page table from chunk to chunk. */
@@ -325,14 +326,15 @@ size_t pages_find_idle_chunks(gm_arena *arena, const gm_region *keep_region, uin
             for (gm_block *block = gm_size_index_begin_at(&blocks, index, page_size); block;
                  block = gm_size_index_advance(&blocks)) {
                 gm_region *region = block->region;
-                if (block->size < page_size ||
-                    (region == keep_region && block->address >= keep_start && block->address < keep_end))
+                if (block->size < page_size)
                     continue;
                 page_chunk **pages = data_of(region)->pages;
                 uintptr_t end = block->address + block->size;
                 for (uintptr_t cursor = page_ceiling(block->address, page_size); cursor + page_size <= end;) {
                     page_chunk *chunk = pages[page_index(region, cursor, page_size)];
-                    if (chunk->address >= block->address && chunk->address + chunk->size <= end) {
+                    bool kept = region == keep_region && chunk->address < keep_end &&
+                                chunk->address + chunk->size > keep_start;
+                    if (!kept && chunk->address >= block->address && chunk->address + chunk->size <= end) {
                         if (busy < 0 && (busy = stays_put(arena, arena->heaps[h], requester)) == 1)
                             break;
                         if (!remember_idle(engine, &count, chunk, region))
