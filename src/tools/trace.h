@@ -49,7 +49,7 @@ typedef struct gm_replay_result {
     double ratio;               /* peak reserved / peak live */
     double ns_per_operation;    /* CPU time of the replay loop per operation */
     gm_stats stats;             /* at the end of the replay, before the remaining frees */
-    char first_failure[1024];   /* the report of the first failed allocation */
+    char first_failure[8192];   /* the report of the first failed allocation, whole (gm_last_error holds as much) */
 } gm_replay_result;
 
 /* Replay every operation through the allocator, then free what is still live. */
