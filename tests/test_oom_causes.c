@@ -164,16 +164,21 @@ static void fragmentation(void)
     CHECK_MESSAGE("a live block pins the free pages of every chunk it touches");
     CHECK_MESSAGE("\n792.00 MiB of the cached memory is whole free pages inside chunks that live blocks pin, which "
                   "gm_defragment would give back.\n");
-    CHECK_MESSAGE("  1. compact_min:2MiB in GPUMEM_CONF: a chunk that a few live blocks pin is split");
-    CHECK_MESSAGE("  2. A smaller max_chunk_size in GPUMEM_CONF (now no limit)");
+    CHECK_MESSAGE("  1. memory_limit:1023MiB in GPUMEM_CONF (what this device leaves the process), or "
+                  "torch.cuda.set_per_process_memory_fraction(0.999), set before the first allocation");
+    CHECK_MESSAGE("  2. compact_min:2MiB in GPUMEM_CONF: a chunk that a few live blocks pin is split");
+    CHECK_MESSAGE("  3. A smaller max_chunk_size in GPUMEM_CONF (now no limit)");
     (void)head, (void)second, (void)tail;
     gm_destroy(allocator, NULL);
-    /* The first remedy works: three 300 MiB chunks, each pinned by a 4 MiB block at its start, 888 MiB free
-     * but in pieces of 296 MiB and only 124 MiB more on the device. A 500 MiB request fails, and with
-     * compaction it fits: two chunks are split around their pinned pages. */
-    for (int compact = 0; compact <= 1; compact++) {
-        allocator = make(compact ? "engine:pages,capacity:1GiB,max_chunk_size:0,compact_min:2MiB"
-                                 : "engine:pages,capacity:1GiB,max_chunk_size:0");
+    /* The first two remedies work: three 300 MiB chunks, each pinned by a 4 MiB block at its start, 888 MiB
+     * free but in pieces of 296 MiB and only 124 MiB more on the device. A 500 MiB request fails; under the
+     * memory limit the report offers it fits (every chunk page-sized, the free pages move), and with
+     * compaction it fits (two chunks are split around their pinned pages). */
+    static const char *const configs[] = {"engine:pages,capacity:1GiB,max_chunk_size:0",
+                                           "engine:pages,capacity:1GiB,max_chunk_size:0,compact_min:2MiB",
+                                           "engine:pages,capacity:1GiB,max_chunk_size:0,memory_limit:1023MiB"};
+    for (int remedy = 0; remedy <= 2; remedy++) {
+        allocator = make(configs[remedy]);
         void *chunks[3], *pins[3], *rests[3];
         for (int i = 0; i < 3; i++)
             chunks[i] = take(allocator, 300 * MiB);
@@ -184,9 +189,13 @@ static void fragmentation(void)
         for (int i = 0; i < 3; i++)
             CHECK_OK(gm_free(allocator, rests[i]));
         void *request = NULL;
-        if (!compact) {
+        if (remedy == 0) {
             fail(allocator, 500 * MiB, GM_OOM_CAUSE_FRAGMENTATION);
-            CHECK_MESSAGE("  1. compact_min:2MiB in GPUMEM_CONF: a chunk that a few live blocks pin is split");
+            CHECK_MESSAGE("  1. memory_limit:1023MiB in GPUMEM_CONF");
+            CHECK_MESSAGE("  2. compact_min:2MiB in GPUMEM_CONF: a chunk that a few live blocks pin is split");
+        } else if (remedy == 2) {
+            CHECK_OK(gm_malloc(allocator, 500 * MiB, 0, &request));
+            CHECK_OK(gm_free(allocator, request));
         } else {
             CHECK_OK(gm_malloc(allocator, 500 * MiB, 0, &request));
             gm_stats stats = {0};

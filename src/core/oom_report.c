@@ -273,9 +273,31 @@ static void explain_fragmentation(gm_arena *arena, const gm_oom_facts *facts, co
                         "gm_defragment would give back.\n", bytes(t, arena->engine->pinned_free_bytes(arena)));
 }
 
-static void remedy_fragmentation(gm_arena *arena, const free_pieces *pieces, byte_texts *t)
+/* With no memory limit below the device's capacity, the pages engine makes chunks of up to max_chunk_size,
+ * and a live block pins all of one. Under a limit every chunk is page-sized and idle pages are recycled
+ * near the limit, so a program that nearly fills the device fits in little more than its live peak. The
+ * limit offered is what the device leaves this process, to the MiB, just under the device's capacity
+ * so that it counts as a limit. */
+static void remedy_limit_for_fragmentation(gm_arena *arena, const gm_oom_facts *facts, unsigned *step)
+{
+    if (arena->engine != &gm_page_engine || facts->memory_limit < facts->device_total)
+        return;
+    uint64_t room = facts->device_total - facts->outside;
+    uint64_t below_capacity = facts->device_total - (facts->device_total > (1ull << 20) ? (1ull << 20) : 0);
+    uint64_t limit_mib = (room < below_capacity ? room : below_capacity) >> 20;
+    uint64_t thousandths = (limit_mib << 20) / (facts->device_total / 1000 ? facts->device_total / 1000 : 1);
+    gm_error_append("  %u. memory_limit:%" PRIu64 "MiB in GPUMEM_CONF (what this device leaves the process), or "
+                    "torch.cuda.set_per_process_memory_fraction(0.%03" PRIu64 "), set before the first allocation: under a "
+                    "limit below the device's capacity every chunk is page-sized, so free pages anywhere serve a "
+                    "request, with no copies; memory costs more device calls as it is first made.\n",
+                    (*step)++, limit_mib, thousandths > 999 ? 999 : thousandths);
+}
+
+static void remedy_fragmentation(gm_arena *arena, const gm_oom_facts *facts, const free_pieces *pieces,
+                                 byte_texts *t)
 {
     unsigned step = 1;
+    remedy_limit_for_fragmentation(arena, facts, &step);
     if (arena->engine == &gm_page_engine && !arena->options->compact_min)
         gm_error_append("  %u. compact_min:2MiB in GPUMEM_CONF: a chunk that a few live blocks pin is split, its live "
                         "pages copied to new memory at the same addresses and its free pages given back (for a "
@@ -404,7 +426,7 @@ void gm_write_oom_report(gm_arena *arena, gm_heap *heap, uint64_t size, const gm
     case GM_OOM_CAUSE_MEMORY_LIMIT: remedy_limit(&facts, peak_live, t); break;
     case GM_OOM_CAUSE_OTHER_PROCESSES: remedy_other_processes(&facts, peak_live, t); break;
     case GM_OOM_CAUSE_HOST: remedy_host(); break;
-    default: remedy_fragmentation(arena, &pieces, t); break;
+    default: remedy_fragmentation(arena, &facts, &pieces, t); break;
     }
 }
 

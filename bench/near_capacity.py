@@ -1,0 +1,84 @@
+"""Programs that nearly fill the device: each trace replayed on a simulated device whose capacity is a
+little above the trace's peak of live bytes, under gpumem's defaults and under the remedies its
+out-of-memory report offers for fragmentation. A cell is "failed allocations / modelled device ms"
+(the H200's cost model); 0 failed means the trace fits on that device. No GPU needed.
+
+    python3 bench/near_capacity.py [--gpumem build/gpumem] [--factors 1.005,1.01,1.02] [TRACE ...]
+
+Without traces: every trace of data/traces, data/traces-extra and data/traces-more. The memory limit
+is the report's: the capacity less one MiB, to the MiB (what a device leaves a process, just under its
+capacity so that it counts as a limit).
+"""
+import argparse
+import concurrent.futures
+import glob
+import json
+import os
+import subprocess
+import sys
+
+MiB = 2**20
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def configurations(capacity):
+    limit_mib = (capacity - MiB) // MiB
+    return [("defaults", "engine:pages"),
+            ("memory_limit (capacity less 1 MiB)", f"memory_limit:{limit_mib}MiB"),
+            ("compact_min:2MiB", "compact_min:2MiB"),
+            ("max_chunk_size:8MiB,move_slack:0.01", "max_chunk_size:8MiB,move_slack:0.01")]
+
+
+def replay(gpumem, path, capacity=None, conf="engine:pages"):
+    command = [gpumem, "replay", path, "--json", "--conf", conf]
+    if capacity:
+        command += ["--capacity", str(capacity)]
+    run = subprocess.run(command, capture_output=True, text=True)
+    lines = [line for line in run.stdout.splitlines() if line.startswith("{")]
+    if run.returncode not in (0, 3) or not lines:  # 3: some allocations failed with out of memory
+        sys.exit(f"bench/near_capacity.py: {' '.join(command)} failed with exit status {run.returncode}:\n"
+                 f"{run.stderr.strip()}")
+    return json.loads(lines[0])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("traces", nargs="*")
+    parser.add_argument("--gpumem", default=os.path.join(ROOT, "build", "gpumem"))
+    parser.add_argument("--factors", default="1.005,1.01,1.02")
+    arguments = parser.parse_args()
+    factors = [float(f) for f in arguments.factors.split(",")]
+    traces = arguments.traces or sorted(
+        (p for d in ("traces", "traces-extra", "traces-more") for p in glob.glob(os.path.join(ROOT, "data", d, "*.csv.gz"))),
+        key=lambda p: (os.path.basename(os.path.dirname(p)), os.path.basename(p)))
+    if not traces:
+        sys.exit("bench/near_capacity.py: no traces")
+    names = [c[0] for c in configurations(1 << 40)]
+    header = ["trace", "peak live MiB", "capacity / peak live"] + names
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        peaks = dict(zip(traces, pool.map(lambda p: replay(arguments.gpumem, p)["peak_live_bytes"], traces)))
+        jobs = {}
+        for path in traces:
+            for factor in factors:
+                capacity = int(peaks[path] * factor)
+                for name, conf in configurations(capacity):
+                    jobs[(path, factor, name)] = pool.submit(replay, arguments.gpumem, path, capacity, conf)
+        fits = {name: 0 for name in names}
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for path in traces:
+            for factor in factors:
+                row = [os.path.basename(path).split(".")[0], f"{peaks[path] / MiB:.1f}", f"{factor:g}"]
+                for name in names:
+                    result = jobs[(path, factor, name)].result()
+                    fits[name] += result["ooms"] == 0
+                    row.append(f"{result['ooms']} / {result['device_call_ms']:.0f}")
+                print("| " + " | ".join(row) + " |")
+    cells = len(traces) * len(factors)
+    print()
+    for name in names:
+        print(f"{name}: fits {fits[name]} of {cells} (trace, capacity) pairs")
+
+
+if __name__ == "__main__":
+    main()
