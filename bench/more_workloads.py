@@ -3,7 +3,7 @@
 variable sequence lengths and a diffusion UNet (diffusers' UNet2DModel, or where diffusers is not
 installed the same network in plain PyTorch: bench/diffusion_unet.py).
 
-    python3 bench/more_workloads.py WORKLOAD --seed S [--steps 4] [--warmup 2] [--trace OUT.csv]
+    python3 bench/more_workloads.py WORKLOAD --seed S [--steps 4] [--warmup 2] [--trace OUT.csv] [--device-room MIB]
 
 WORKLOAD is one of vit, convnext, llama_varlen, unet. Every step is a full training step: forward under
 bf16 autocast, backward, optimizer step, zero_grad(set_to_none=True). The input shapes of each step
@@ -133,6 +133,21 @@ def build(name, dev, seed):
     raise SystemExit(f"unknown workload {name} (known: {', '.join(WORKLOADS)})")
 
 
+def hold_all_but(room_mib, free):
+    """Take the device's free memory but ROOM_MIB with one cuMemAlloc in the process's context (outside
+    any allocator, never freed), so that the run finds a device it nearly fills. Returns the bytes taken."""
+    import ctypes
+    driver = ctypes.CDLL("libcuda.so.1")
+    take = int(free - room_mib * 2**20)
+    if take <= 0:
+        return 0
+    pointer = ctypes.c_uint64()
+    status = driver.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(take))
+    if status != 0:
+        sys.exit(f"bench/more_workloads.py: cuMemAlloc of {take} bytes failed with CUDA error {status}")
+    return take
+
+
 def step_device_calls(before, after):
     """What gpumem's device calls took in one step (from two memory_stats readings): all of them in ms,
     the waits for a stream before unmapping memory it may still use (cuEventSynchronize) in ms and count,
@@ -151,8 +166,13 @@ def main():
     parser.add_argument("--steps", type=int, default=4, help="measured steps, after the warm-up")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--trace", help="record the run and write its allocation trace here")
+    parser.add_argument("--device-room", type=float, metavar="MIB",
+                        help="first take all but MIB of the device's free memory with cuMemAlloc, outside any "
+                             "allocator: a device that the run nearly fills")
     a = parser.parse_args()
     dev = torch.device("cuda")
+    free_at_start, total = torch.cuda.mem_get_info()  # creates the context, allocates nothing
+    ballast = hold_all_but(a.device_room, free_at_start) if a.device_room else 0
     if a.trace:
         torch.cuda.memory._record_memory_history(max_entries=5_000_000, context=None, stacks="python")
     t0 = time.perf_counter()
@@ -192,6 +212,9 @@ def main():
     res["num_alloc_retries"] = st.get("num_alloc_retries")
     free, total = torch.cuda.mem_get_info()
     res["driver_used_end_MiB"] = (total - free) / 2**20
+    res["driver_used_start_MiB"] = (total - free_at_start) / 2**20
+    res["reserved_end_MiB"] = torch.cuda.memory_reserved() / 2**20
+    res["ballast_MiB"] = ballast / 2**20
     if a.trace:
         snap = torch.cuda.memory._snapshot()
         res["trace_events"] = export_trace(snap, a.trace)

@@ -3,7 +3,7 @@
 # `gpumem info`, the GPU tests, the GPU tests under compute-sanitizer memcheck, trace replay on the
 # cuda backend, and the side-by-side GPU benchmark (bench/gpu_replay.py). Logs and results go to
 # $OUT (the device tool's output folder) or ./gpu-results, as gpu-results.tgz and gpu_replay.md.
-# Usage: scripts/gpu-check.sh [build|tests|memcheck|bench|python|cudnn|workloads|top|run|whatif|governor|latency|graphs|capped|host|traces|all]...
+# Usage: scripts/gpu-check.sh [build|tests|memcheck|bench|python|cudnn|workloads|top|run|whatif|governor|latency|graphs|capped|host|traces|near|all]...
 #        (default: all)
 #   python     the PyTorch/CuPy integration tests (tests/gpu/test_torch.py, test_governor.py, test_graphs.py,
 #              test_torch_conformance.py: each torch.cuda memory behaviour under native and under gpumem)
@@ -31,6 +31,9 @@
 #              bench/pinned_host.py's table of pinned allocators (pinned_host.md, pinned_host.jsonl), and
 #              bench/cupy_alloc.py's time per CuPy allocation, CuPy's pool against gpumem (cupy_alloc.md), and
 #              bench/cupy_parts.py's parts of one such allocation in one process (cupy_parts.md)
+#   near       bench/near_capacity_gpu.py: training on a device that the run nearly fills (the rest taken first),
+#              under torch-native, torch-expandable, gpumem and gpumem under the memory limit its OOM report
+#              offers (not in "all"; NEAR_ARGS, e.g. "--runs vit:0 --factors 1.02")
 #   traces     bench/record_traces.py (not in "all"; needs no build): new traces of bench/more_workloads.py's
 #              workloads, two seeds each, replayed under torch-native, torch-expandable and cuda-async, into
 #              logs/more_traces (NAME-seedS.csv.gz, anchors.json, table.md; in gpu-results.tgz); then, where
@@ -48,7 +51,7 @@ has() { [[ " $steps " == *" $1 "* || " $steps " == *" all "* ]]; }
 failed=0
 
 if has build || has tests || has memcheck || has bench || has python || has cudnn || has whatif || has top || has run || [[ " $steps " == *" workloads "* || " $steps " == *" governor "* || " $steps " == *" latency "* || " $steps " == *" graphs "* \
-    || " $steps " == *" capped "* || " $steps " == *" host "* || " $steps " == *" multi "* ]]; then
+    || " $steps " == *" capped "* || " $steps " == *" host "* || " $steps " == *" multi "* || " $steps " == *" near "* ]]; then
     { cmake -S . -B $build -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake --build $build -j"$(nproc)"; } >"$out/build.log" 2>&1 \
         || { echo "build failed"; tail -30 "$out/build.log"; exit 1; }
     echo "built"
@@ -134,6 +137,11 @@ if [[ " $steps " == *" capped "* ]]; then
             --out "$out/capped_steps.jsonl" 2>>"$out/capped_steps.err" | tee -a "$out/capped_steps.md"
         [ "${PIPESTATUS[0]}" -eq 0 ] || { failed=1; tail -20 "$out/capped_steps.err"; }
     done
+fi
+if [[ " $steps " == *" near "* ]]; then
+    GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 bench/near_capacity_gpu.py --out "$out/near_capacity_gpu.jsonl" \
+        ${NEAR_ARGS:-} 2>"$out/near_capacity_gpu.err" | tee "$out/near_capacity_gpu.md"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { failed=1; tail -20 "$out/near_capacity_gpu.err"; }
 fi
 if [[ " $steps " == *" multi "* ]]; then
     python3 bench/multi_gpu.py --out "$out/multi_gpu.jsonl" ${MULTI_ARGS:-} 2>"$out/multi_gpu.err" | tee "$out/multi_gpu.md"
