@@ -213,7 +213,7 @@ def main():
     free, total = torch.cuda.mem_get_info()
     res["driver_used_end_MiB"] = (total - free) / 2**20
     res["driver_used_start_MiB"] = (total - free_at_start) / 2**20
-    res["reserved_end_MiB"] = torch.cuda.memory_reserved() / 2**20
+    res["reserved_end_MiB"] = st.get("reserved_bytes.all.current", 0) / 2**20
     res["ballast_MiB"] = ballast / 2**20
     if a.trace:
         snap = torch.cuda.memory._snapshot()

@@ -7,7 +7,8 @@
   run's parameters;
 - with batch-norm, the running statistics equal the unsplit run's;
 - find_batch_size finds, in at most 3 trials, a batch that fits and is at least 90% of the largest
-  that doubling and bisection to one sample find, and restores the model and optimizer;
+  that doubling and bisection to one sample find, and restores the model and optimizer; under a cap,
+  and on a nearly full device with no cap (the replay then keeps the device's chunk sizes);
 - watch_leaks warns for the classic leak (keeping `loss`), naming the line, and not for `loss.item()`;
 - an out-of-memory error is met by defragmenting first, once a step.
 """
@@ -203,6 +204,57 @@ def test_find_batch_size_in_three_trials():
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), parameters_before)), "parameters restored"
     assert [float(value["step"]) for value in optimizer.state_dict()["state"].values()] == steps_before
 
+
+def test_find_batch_size_without_a_cap_on_a_nearly_full_device():
+    """No memory limit set, the device nearly full (all but 6 GiB more than gpumem holds taken with
+    cuMemAlloc, outside any allocator): the budget is the room the device leaves, and the replay bounds
+    it as the simulated device's capacity, not as a limit (under which gpumem's chunks would be
+    page-sized, unlike the trials'). find_batch_size finds, in at most 3 trials and with no out of
+    memory, at least 90% of what doubling and bisection find on the same device."""
+    import ctypes
+    driver = ctypes.CDLL("libcuda.so.1")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024),
+                                torch.nn.GELU(), torch.nn.Linear(1024, 10)).cuda()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+
+    def step(batch):
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(model(batch[0]).mean(1), batch[1]).backward()
+        optimizer.step()
+
+    def make_batch(size):
+        return torch.randn(size, 128, 1024, device="cuda"), torch.randint(0, 10, (size,), device="cuda")
+
+    torch.cuda.empty_cache()
+    assert gpumem.torch.allocator().memory_limit() >= torch.cuda.mem_get_info()[1]  # no limit set
+    ballast = ctypes.c_uint64()
+    free, _ = torch.cuda.mem_get_info()
+    assert driver.cuMemAlloc_v2(ctypes.byref(ballast), ctypes.c_size_t(free - 6 * 2**30)) == 0
+    try:
+        def fits(size):
+            try:
+                step(make_batch(size))
+                torch.cuda.synchronize()
+                return True
+            except torch.OutOfMemoryError:
+                return False
+        low, high = 2, 4
+        while fits(high):
+            low, high = high, high * 2
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if fits(middle) else (low, middle)
+        largest = low
+        search = gpumem.torch.find_batch_size(step, make_batch, state=(model, optimizer), log=lambda line: None)
+    finally:
+        torch.cuda.empty_cache()
+        assert driver.cuMemFree_v2(ballast) == 0
+    print(f"without a cap: find_batch_size found {search.batch_size} in {search.trials}; bisection found {largest}")
+    assert search.as_limit is False, search
+    assert len(search.trials) <= 3, search.trials
+    assert 0.9 * largest <= search.batch_size <= largest, (search, largest)
+    assert search.out_of_memory == 0 and search.trials[-1][:2] == (search.batch_size, True), search
 
 def test_out_of_memory_is_met_by_defragmenting_first():
     """After an out-of-memory error the step first defragments (once a step): when that gives memory back

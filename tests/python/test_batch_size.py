@@ -172,6 +172,46 @@ class StepModelTest(unittest.TestCase):
         self.assertEqual(config, "backend:sim,capacity:1073741824,compact_min:2MiB,refill_groups:false")
         self.assertEqual(batch_size.replay([("a", 0, 1 << 20, 0)], config)[0], True)
 
+    def test_without_a_limit_the_replay_keeps_the_devices_chunks(self):
+        """An allocator without a memory limit makes chunks of up to 128 MiB, one under a limit makes them
+        page-sized: a budget replayed as a limit would predict what only page-sized chunks fit. Bounded
+        as the device's capacity instead, the prediction is the largest size that fits on a device of
+        that size; each checked against brute force. A step whose layers each leave a small block
+        saved beside a large temporary (the saved blocks pin the temporaries' chunks) fits more under
+        the limit than on the device."""
+        def events(size):
+            made, saved = [], []
+            for layer in range(12):
+                temporary, kept = 30 * MIB * size // 4 + 4096 * layer, MIB + 8192 * layer
+                made += [("alloc", 2 * layer, temporary, 0), ("alloc", 2 * layer + 1, kept, 0),
+                         ("free_requested", 2 * layer, temporary, 0)]
+                saved.append(("free_requested", 2 * layer + 1, kept, 0))
+            return made + [("alloc", 99, 60 * MIB * size // 4, 0), ("free_requested", 99, 60 * MIB * size // 4, 0)] + saved
+        model = batch_size.StepModel(batch_size.Trial(4, events(4), [], 0, 0), batch_size.Trial(2, events(2), [], 0, 0))
+        differed = False
+        for budget in (333 * MIB, 700 * MIB, 1000 * MIB):
+            sizes = {}
+            for as_limit in (True, False):
+                predicted, _ = batch_size.predict_by_replay(model, budget, self.config, as_limit=as_limit)
+                on_device = lambda size: batch_size.replay(  # noqa: E731
+                    model.operations(size), self.config, budget, as_limit=as_limit)[0]
+                self.assertTrue(on_device(predicted), (budget, as_limit))
+                self.assertFalse(any(on_device(size) for size in range(predicted + 1, predicted + 20)),
+                                 (budget, as_limit))
+                sizes[as_limit] = predicted
+            self.assertGreaterEqual(sizes[True], sizes[False], budget)
+            differed |= sizes[True] != sizes[False]
+        self.assertTrue(differed)  # the two bounds are not the same device
+
+    def test_within_bounds_a_configuration_as_a_limit_or_as_the_capacity(self):
+        config = batch_size.replay_config("max_chunk_size:8MiB", 1 << 30)
+        self.assertEqual(batch_size.within(config, 5 << 20), config + ",memory_limit:5242880")
+        self.assertEqual(batch_size.within(config, 5 << 20, as_limit=False),
+                         "backend:sim,capacity:5242880,max_chunk_size:8MiB")
+        self.assertEqual(batch_size.replay([("a", 0, 1, 0)], config, 1 << 20, as_limit=False), (False, 0, 0))
+        self.assertEqual(batch_size.replay([("a", 0, 4 << 20, 0)], config, 5 << 20, as_limit=False)[0], True)
+        self.assertEqual(batch_size.replay([("a", 0, 6 << 20, 0)], config, 5 << 20, as_limit=False)[0], False)
+
 
 if __name__ == "__main__":
     unittest.main()
