@@ -285,6 +285,8 @@ static void remedy_limit_for_fragmentation(gm_arena *arena, const gm_oom_facts *
     uint64_t room = facts->device_total - facts->outside;
     uint64_t below_capacity = facts->device_total - (facts->device_total > (1ull << 20) ? (1ull << 20) : 0);
     uint64_t limit_mib = (room < below_capacity ? room : below_capacity) >> 20;
+    if (limit_mib == 0)
+        return; /* the device leaves nothing: another cause's remedies apply */
     uint64_t thousandths = (limit_mib << 20) / (facts->device_total / 1000 ? facts->device_total / 1000 : 1);
     gm_error_append("  %u. memory_limit:%" PRIu64 "MiB in GPUMEM_CONF (what this device leaves the process), or "
                     "torch.cuda.set_per_process_memory_fraction(0.%03" PRIu64 "), set before the first allocation: under a "
