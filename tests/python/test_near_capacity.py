@@ -1,0 +1,45 @@
+"""bench/near_capacity.py: a trace replayed on a simulated device a little larger than its live peak,
+under the defaults and the remedies of gpumem's out-of-memory report; the cells and totals it prints."""
+import os
+import subprocess
+import sys
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "bench", "near_capacity.py")
+TRACE = os.path.join(ROOT, "data", "traces-more", "vit-seed1.csv.gz")
+
+
+class NearCapacityTest(unittest.TestCase):
+    def setUp(self):
+        self.gpumem = os.environ.get("GPUMEM_CLI")
+        if not self.gpumem:
+            self.skipTest("GPUMEM_CLI (the gpumem command) is not set")
+
+    def test_the_offered_limit_fits_where_the_defaults_do_not(self):
+        """ViT seed 1 on a device 1.02 times its live peak: 128 MiB chunks pinned by live blocks leave the
+        defaults short (docs/benchmarks.md, "Near the device's capacity"); page-sized chunks under the
+        limit the report offers fit."""
+        run = subprocess.run([sys.executable, SCRIPT, "--gpumem", self.gpumem, "--factors", "1.02", TRACE],
+                             capture_output=True, text=True)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        rows = [line.strip("| ").split(" | ") for line in run.stdout.splitlines() if line.startswith("| vit-seed1")]
+        self.assertEqual(len(rows), 1, run.stdout)
+        trace, live, factor, defaults, limited, compact, fine = rows[0]
+        self.assertEqual((trace, live, factor), ("vit-seed1", "9724.0", "1.02"))
+        failed = lambda cell: int(cell.split(" / ")[0])  # noqa: E731
+        self.assertGreater(failed(defaults), 0)
+        self.assertEqual(failed(limited), 0)
+        self.assertGreater(float(limited.split(" / ")[1]), float(defaults.split(" / ")[1]))  # page-sized chunks cost
+        self.assertIn("defaults: fits 0 of 1 (trace, capacity) pairs", run.stdout)
+        self.assertIn("memory_limit (capacity less 1 MiB): fits 1 of 1 (trace, capacity) pairs", run.stdout)
+
+    def test_a_failed_replay_is_reported(self):
+        run = subprocess.run([sys.executable, SCRIPT, "--gpumem", self.gpumem, os.path.join(ROOT, "missing.csv.gz")],
+                             capture_output=True, text=True)
+        self.assertNotEqual(run.returncode, 0)
+        self.assertIn("cannot open", run.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
