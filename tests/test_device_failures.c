@@ -11,6 +11,9 @@
  */
 #include "test.h"
 
+#include <dirent.h>
+#include <unistd.h>
+
 #define MIB (1ull << 20)
 enum { SLOTS = 24 };
 
@@ -142,9 +145,33 @@ static void pages_engine_on_host(void)
     every_call_may_fail("backend:host,capacity:512MiB");
 }
 
+/* The host backend's physical memory this process holds: memfd descriptors and their mappings. */
+static int host_memory_held(void)
+{
+    int held = 0;
+    DIR *descriptors = opendir("/proc/self/fd");
+    REQUIRE(descriptors);
+    for (struct dirent *entry; (entry = readdir(descriptors));) {
+        char path[300], target[256] = {0};
+        snprintf(path, sizeof path, "/proc/self/fd/%s", entry->d_name);
+        if (readlink(path, target, sizeof target - 1) > 0 && strstr(target, "gpumem-physical"))
+            held++;
+    }
+    closedir(descriptors);
+    FILE *maps = fopen("/proc/self/maps", "r");
+    REQUIRE(maps);
+    for (char line[512]; fgets(line, sizeof line, maps);)
+        held += strstr(line, "gpumem-physical") != NULL;
+    fclose(maps);
+    return held;
+}
+
 /* A device that stops working for good (every call of a kind failing from some point on, until and
  * during gm_destroy): clean errors, exact books, and a destroy that frees everything once (the unmap
- * that failed used to leave a freed chunk in its region's list: a double free at destroy). */
+ * that failed used to leave a freed chunk in its region's list: a double free at destroy). On the host
+ * backend the memory that failed releases and unmaps kept from the host goes back when the backend
+ * closes: no descriptor or mapping outlives the allocator (fuzz_api ran out of mappings, once, after
+ * 160,000 inputs that each kept a few). */
 static void failures_until_destroy(void)
 {
     static const char *const configs[] = {"backend:sim,capacity:4GiB", "backend:sim,capacity:4GiB,engine:segments",
@@ -152,6 +179,7 @@ static void failures_until_destroy(void)
     for (size_t c = 0; c < 3; c++) {
         for (int kind = 0; kind < GM_CALL_KIND_COUNT; kind++) {
             for (uint64_t after = 0; after < 40; after += 13) {
+                int held_before = host_memory_held();
                 run r = {0};
                 REQUIRE(gm_create(configs[c], &r.allocator) == GM_OK);
                 CHECK_OK(gm_inject_device_failures(r.allocator, (gm_device_call)kind, after, UINT64_MAX));
@@ -159,6 +187,7 @@ static void failures_until_destroy(void)
                 CHECK_EQ_INT(r.unclean, 0);
                 CHECK_EQ_INT(r.invalid, 0);
                 gm_destroy(r.allocator, NULL);
+                CHECK_EQ_INT(host_memory_held(), held_before);
             }
         }
     }

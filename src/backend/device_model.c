@@ -94,6 +94,22 @@ static void free_values(gm_hash_map *map)
             free((void *)(uintptr_t)map->entries[i].value);
 }
 
+void gm_device_model_give_back_leftovers(const gm_device_model *model, const gm_model_leftovers *leftovers)
+{
+    const gm_hash_map *physical = &model->physical;
+    for (size_t i = 0; physical->entries && i < physical->capacity; i++) {
+        const physical_memory *memory = (const physical_memory *)(uintptr_t)physical->entries[i].value;
+        if (physical->entries[i].key && !memory->released)
+            leftovers->physical(physical->entries[i].key);
+    }
+    for (size_t i = 0; i < model->reservation_count; i++)
+        leftovers->range(model->reservations[i].base, model->reservations[i].size);
+    const gm_hash_map *segments = &model->segments;
+    for (size_t i = 0; segments->entries && i < segments->capacity; i++)
+        if (segments->entries[i].key)
+            leftovers->range((uintptr_t)segments->entries[i].key, segments->entries[i].value);
+}
+
 void gm_device_model_destroy(gm_device_model *model)
 {
     if (!model)

@@ -38,6 +38,14 @@ gm_status gm_device_model_unmap(gm_device_model *model, uintptr_t address, uint6
  * bytes, [source, source + size) mapped with access set, and no stream being captured (a device-wide
  * wait would break the capture). Then the wait itself: every stream's queued work completes. */
 gm_status gm_device_model_copy_into(gm_device_model *model, uint64_t handle, uint64_t size, uintptr_t source);
+/* What the model still holds, for a backend whose close gives back its real resources: each physical
+ * allocation not released (`physical`), each address reservation and each segment (`range`). A release
+ * or free that failed (or that an injected failure kept from the backend) leaves them here. */
+typedef struct gm_model_leftovers {
+    void (*physical)(uint64_t handle);
+    void (*range)(uintptr_t address, uint64_t size);
+} gm_model_leftovers;
+void gm_device_model_give_back_leftovers(const gm_device_model *model, const gm_model_leftovers *leftovers);
 
 
 /* Backend operations that only consult the model, for any backend whose state begins with a

@@ -274,10 +274,31 @@ static gm_status host_unmap(gm_backend *backend, uintptr_t address, uint64_t siz
     return placed == MAP_FAILED ? system_failure("mmap restoring a reservation") : GM_OK;
 }
 
+static void close_physical(uint64_t handle)
+{
+    close((int)(handle - 1));
+}
+
+static void unmap_range(uintptr_t address, uint64_t size)
+{
+    munmap((void *)address, size);
+}
+
+/* The backend goes: what the model still holds -- a release or free that failed, or that an injected
+ * failure kept from reaching the host -- is given back here, descriptors and mappings both, so that a
+ * process creating and destroying allocators does not run out of either. */
+static void host_close(gm_backend *backend)
+{
+    static const gm_model_leftovers leftovers = {close_physical, unmap_range};
+    if (backend->state)
+        gm_device_model_give_back_leftovers(state_of(backend)->model, &leftovers);
+    gm_model_close(backend);
+}
+
 const gm_backend_operations gm_host_backend_operations = {
     .name = "host",
     .open = host_open,
-    .close = gm_model_close,
+    .close = host_close,
     .memory_info = gm_model_memory_info,
     .segment_allocate = host_segment_allocate,
     .segment_free = host_segment_free,
