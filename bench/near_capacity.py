@@ -41,13 +41,25 @@ def replay(gpumem, path, capacity=None, conf="engine:pages"):
     return json.loads(lines[0])
 
 
+def factor_list(text):
+    """--factors: numbers of at least 1, comma-separated."""
+    try:
+        factors = [float(f) for f in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of numbers: {text!r}") from None
+    if not factors or any(f < 1 for f in factors):
+        raise argparse.ArgumentTypeError(f"each factor must be at least 1: {text!r}")
+    return factors
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("traces", nargs="*")
     parser.add_argument("--gpumem", default=os.path.join(ROOT, "build", "gpumem"))
-    parser.add_argument("--factors", default="1.005,1.01,1.02")
+    parser.add_argument("--factors", default="1.005,1.01,1.02", type=factor_list,
+                        help="capacities as multiples of the live peak, comma-separated, each at least 1")
     arguments = parser.parse_args()
-    factors = [float(f) for f in arguments.factors.split(",")]
+    factors = arguments.factors
     traces = arguments.traces or sorted(
         (p for d in ("traces", "traces-extra", "traces-more") for p in glob.glob(os.path.join(ROOT, "data", d, "*.csv.gz"))),
         key=lambda p: (os.path.basename(os.path.dirname(p)), os.path.basename(p)))

@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 
+from near_capacity import factor_list
 from torch_allocators import environment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,7 +65,7 @@ def row(r, warmup):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", default="vit:0,llama_varlen:1")
-    parser.add_argument("--factors", default="1.02,1.03")
+    parser.add_argument("--factors", default="1.02,1.03", type=factor_list)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--out")
@@ -84,7 +85,7 @@ def main():
         results = [calibration]
         print(f"{item}: peak allocated {peak:.0f} MiB, memory used outside the allocator grew {growth:.0f} MiB",
               file=sys.stderr, flush=True)
-        for factor in (float(f) for f in a.factors.split(",")):
+        for factor in a.factors:
             room = peak * factor + growth
             for allocator in ALLOCATORS:
                 r = run(workload, int(seed), allocator, a.steps, a.warmup, room)

@@ -34,6 +34,13 @@ class NearCapacityTest(unittest.TestCase):
         self.assertIn("defaults: fits 0 of 1 (trace, capacity) pairs", run.stdout)
         self.assertIn("memory_limit (capacity less 1 MiB): fits 1 of 1 (trace, capacity) pairs", run.stdout)
 
+    def test_bad_factors_are_refused(self):
+        for factors in ("x", "0.5", "1.02,,1.03"):
+            run = subprocess.run([sys.executable, SCRIPT, "--gpumem", self.gpumem, "--factors", factors, TRACE],
+                                 capture_output=True, text=True)
+            self.assertEqual(run.returncode, 2, factors)
+            self.assertIn("argument --factors", run.stderr)
+
     def test_a_failed_replay_is_reported(self):
         run = subprocess.run([sys.executable, SCRIPT, "--gpumem", self.gpumem, os.path.join(ROOT, "missing.csv.gz")],
                              capture_output=True, text=True)
