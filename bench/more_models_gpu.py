@@ -27,12 +27,14 @@ from torch_allocators import SETTINGS as ALLOCATORS, environment
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run(workload, seed, allocator, steps, warmup):
+def run(workload, seed, allocator, steps, warmup, extra_arguments=(), env=None, error_tail=1500):
+    """One fresh process of more_workloads.py under ALLOCATOR (or `env`, when given): its JSON line, or
+    {"error": the last `error_tail` characters of its stderr}, with the run's names and exit status."""
     done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "more_workloads.py"), workload,
-                           "--seed", str(seed), "--steps", str(steps), "--warmup", str(warmup)],
-                          env=environment(allocator), capture_output=True, text=True)
+                           "--seed", str(seed), "--steps", str(steps), "--warmup", str(warmup), *extra_arguments],
+                          env=env or environment(allocator), capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    result = json.loads(lines[-1]) if lines and done.returncode == 0 else {"error": done.stderr[-1500:]}
+    result = json.loads(lines[-1]) if lines and done.returncode == 0 else {"error": done.stderr[-error_tail:]}
     result.update(allocator=allocator, workload=workload, seed=seed, exit=done.returncode)
     return result
 

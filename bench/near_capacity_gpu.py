@@ -14,30 +14,26 @@ GPUMEM_TORCH=memory_limit:NMiB, N the room left less 1 MiB, as the report offers
 """
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 
+import more_models_gpu
 from near_capacity import factor_list
 from torch_allocators import environment
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALLOCATORS = ("torch-native", "torch-expandable", "gpumem", "gpumem-limit")
 
 
 def run(workload, seed, allocator, steps, warmup, room=None):
+    """more_models_gpu.run with the device left `room` MiB (when given); gpumem-limit is gpumem under
+    the memory limit its out-of-memory report offers, the room less 1 MiB. The error's tail is long
+    enough to hold PyTorch's out-of-memory sentence before gpumem's report."""
     env = environment("gpumem" if allocator == "gpumem-limit" else allocator)
     if allocator == "gpumem-limit":
         env["GPUMEM_TORCH"] = f"memory_limit:{int(room) - 1}MiB"
-    command = [sys.executable, os.path.join(ROOT, "bench", "more_workloads.py"), workload, "--seed", str(seed),
-               "--steps", str(steps), "--warmup", str(warmup)]
-    if room:
-        command += ["--device-room", f"{room:.0f}"]
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    result = json.loads(lines[-1]) if lines and done.returncode == 0 else {"error": done.stderr[-3000:]}
-    result.update(allocator=allocator, workload=workload, seed=seed, exit=done.returncode, room_MiB=room)
+    extra = ["--device-room", f"{room:.0f}"] if room else []
+    result = more_models_gpu.run(workload, seed, allocator, steps, warmup, extra, env, error_tail=3000)
+    result["room_MiB"] = room
     return result
 
 

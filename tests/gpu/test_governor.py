@@ -153,7 +153,8 @@ def test_no_leak_no_warning():
         assert leaky_loop(keep_tensor=False) == []
 
 
-def test_find_batch_size_in_three_trials():
+def mlp_training():
+    """The MLP the batch-size tests search on: (model, optimizer, step(batch), make_batch(size))."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024),
                                 torch.nn.GELU(), torch.nn.Linear(1024, 10)).cuda()
@@ -166,25 +167,34 @@ def test_find_batch_size_in_three_trials():
 
     def make_batch(size):
         return torch.randn(size, 128, 1024, device="cuda"), torch.randint(0, 10, (size,), device="cuda")
+    return model, optimizer, step, make_batch
 
+
+def largest_by_bisection(step, make_batch):
+    """Doubling from 4, then bisection to one sample: the largest batch whose step runs."""
+    def fits(size):
+        try:
+            step(make_batch(size))
+            torch.cuda.synchronize()
+            return True
+        except torch.OutOfMemoryError:
+            return False
+    low, high = 2, 4
+    while fits(high):
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
+
+
+def test_find_batch_size_in_three_trials():
+    model, optimizer, step, make_batch = mlp_training()
     torch.cuda.empty_cache()
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_reserved() + 6 * 2**30) / total)
     try:
-        def fits(size):
-            try:
-                step(make_batch(size))
-                torch.cuda.synchronize()
-                return True
-            except torch.OutOfMemoryError:
-                return False
-        low, high = 2, 4  # doubling, then bisection to one sample: the largest batch that fits
-        while fits(high):
-            low, high = high, high * 2
-        while high - low > 1:
-            middle = (low + high) // 2
-            low, high = (middle, high) if fits(middle) else (low, middle)
-        largest = low
+        largest = largest_by_bisection(step, make_batch)
         parameters_before = [p.detach().clone() for p in model.parameters()]
         steps_before = [float(value["step"]) for value in optimizer.state_dict()["state"].values()]
         search = gpumem.torch.find_batch_size(step, make_batch, state=(model, optimizer), log=lambda line: None)
@@ -213,39 +223,14 @@ def test_find_batch_size_without_a_cap_on_a_nearly_full_device():
     memory, at least 90% of what doubling and bisection find on the same device."""
     import ctypes
     driver = ctypes.CDLL("libcuda.so.1")
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024),
-                                torch.nn.GELU(), torch.nn.Linear(1024, 10)).cuda()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-
-    def step(batch):
-        optimizer.zero_grad(set_to_none=True)
-        F.cross_entropy(model(batch[0]).mean(1), batch[1]).backward()
-        optimizer.step()
-
-    def make_batch(size):
-        return torch.randn(size, 128, 1024, device="cuda"), torch.randint(0, 10, (size,), device="cuda")
-
+    model, optimizer, step, make_batch = mlp_training()
     torch.cuda.empty_cache()
     assert gpumem.torch.allocator().memory_limit() >= torch.cuda.mem_get_info()[1]  # no limit set
     ballast = ctypes.c_uint64()
     free, _ = torch.cuda.mem_get_info()
     assert driver.cuMemAlloc_v2(ctypes.byref(ballast), ctypes.c_size_t(free - 6 * 2**30)) == 0
     try:
-        def fits(size):
-            try:
-                step(make_batch(size))
-                torch.cuda.synchronize()
-                return True
-            except torch.OutOfMemoryError:
-                return False
-        low, high = 2, 4
-        while fits(high):
-            low, high = high, high * 2
-        while high - low > 1:
-            middle = (low + high) // 2
-            low, high = (middle, high) if fits(middle) else (low, middle)
-        largest = low
+        largest = largest_by_bisection(step, make_batch)
         search = gpumem.torch.find_batch_size(step, make_batch, state=(model, optimizer), log=lambda line: None)
     finally:
         torch.cuda.empty_cache()
@@ -255,6 +240,7 @@ def test_find_batch_size_without_a_cap_on_a_nearly_full_device():
     assert len(search.trials) <= 3, search.trials
     assert 0.9 * largest <= search.batch_size <= largest, (search, largest)
     assert search.out_of_memory == 0 and search.trials[-1][:2] == (search.batch_size, True), search
+
 
 def test_out_of_memory_is_met_by_defragmenting_first():
     """After an out-of-memory error the step first defragments (once a step): when that gives memory back

@@ -134,7 +134,6 @@ typedef struct progress_mark {
  * once LANE_AFTER_REGROWTHS were seen, owns a lane: an engine-private heap of the same stream whose
  * live blocks are kept in allocation order and placed as a ring below its top, in the upper part of the
  * stream's large-pool range (lane.c); the lane has no region of its own. */
-
 typedef struct page_heap {
     uint64_t waited_at;          /* the engine's free count up to which this heap's stream's work is known
                                     to have finished (a wait, or a completed mark) */

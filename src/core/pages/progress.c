@@ -125,9 +125,11 @@ gm_status pages_wait_for_free(gm_arena *arena, gm_heap *heap, uint64_t freed_at)
 void pages_forget_marks(gm_arena *arena, gm_heap *heap)
 {
     page_heap *state = state_of(heap);
-    for (unsigned i = 0; state && i < MARKS; i++)
+    if (!state)
+        return;
+    for (unsigned i = 0; i < MARKS; i++)
         if (state->marks[i].made)
             gm_backend_event_destroy(arena->backend, state->marks[i].event);
-    if (state)
-        memset(state->marks, 0, sizeof state->marks), state->mark_count = 0;
+    memset(state->marks, 0, sizeof state->marks);
+    state->mark_first = state->mark_count = 0;
 }
