@@ -170,8 +170,8 @@ static int host_memory_held(void)
  * during gm_destroy): clean errors, exact books, and a destroy that frees everything once (the unmap
  * that failed used to leave a freed chunk in its region's list: a double free at destroy). On the host
  * backend the memory that failed releases and unmaps kept from the host goes back when the backend
- * closes: no descriptor or mapping outlives the allocator (fuzz_api ran out of mappings, once, after
- * 160,000 inputs that each kept a few). */
+ * closes: no descriptor or mapping outlives the allocator (found by fuzz_api, whose long runs ran out of
+ * mappings when each such input kept a few). */
 static void failures_until_destroy(void)
 {
     static const char *const configs[] = {"backend:sim,capacity:4GiB", "backend:sim,capacity:4GiB,engine:segments",
