@@ -97,17 +97,29 @@ gm_status pages_unmap_chunk(gm_arena *arena, gm_region *region, page_chunk *chun
 {
     gm_pool_id pool = gm_heap_pool_id(region->heap);
     gm_history_record(arena->history, GM_EVENT_SEGMENT_UNMAP, chunk->address, chunk->size, region->heap->stream, pool);
-    gm_status status = gm_backend_unmap(arena->backend, chunk->address, chunk->size);
+    gm_status status = chunk->lost ? GM_OK : gm_backend_unmap(arena->backend, chunk->address, chunk->size);
     if (status != GM_OK) {
         gm_history_record(arena->history, GM_EVENT_SEGMENT_MAP, chunk->address, chunk->size, region->heap->stream,
                           pool);
         return status;
     }
+    engine_of(arena)->lost_chunks -= chunk->lost;
+    chunk->lost = false;
     gm_list_remove(&data_of(region)->chunks, &chunk->link);
     data_of(region)->mapped_bytes -= chunk->size;
     record_chunk_pages(region, chunk, NULL, engine_of(arena)->page_size);
     arena->stats->num_page_unmaps += (int64_t)(chunk->size / engine_of(arena)->page_size);
     return GM_OK;
+}
+
+void pages_keep_unreachable(gm_arena *arena, gm_region *region, page_chunk *chunk)
+{
+    chunk->lost = !chunk->stray; /* a stray chunk is mapped there, only without access */
+    chunk->stray = false;
+    engine_of(arena)->lost_chunks += chunk->lost;
+    gm_list_push_front(&data_of(region)->chunks, &chunk->link);
+    data_of(region)->mapped_bytes += chunk->size;
+    record_chunk_pages(region, chunk, chunk, engine_of(arena)->page_size);
 }
 
 gm_status pages_make_chunk(gm_arena *arena, const gm_region *region, uint64_t size, page_chunk **chunk_out)
@@ -201,6 +213,24 @@ gm_block *pages_free_block_containing(gm_region *region, uintptr_t address, uint
         if (block->region == region && block->address <= address && address + size <= block->address + block->size)
             return block;
     return NULL;
+}
+
+gm_status pages_give_back_lost_chunks(gm_arena *arena)
+{
+    for (size_t h = 0; h < arena->heap_count; h++)
+        for (gm_region *region = gm_first_region(arena->heaps[h]); region; region = gm_next_region(region))
+            for (gm_link *link = data_of(region)->chunks.first; link;) {
+                page_chunk *chunk = gm_list_item(link, page_chunk, link);
+                link = link->next;
+                if (chunk->lost && pages_free_block_containing(region, chunk->address, chunk->size) &&
+                    pages_evict_chunk(arena, region, chunk) == GM_OK)
+                    pages_release_chunk(arena, region, chunk);
+            }
+    if (engine_of(arena)->lost_chunks)
+        return gm_fail(GM_ERROR_DEVICE, "%" PRIu64 " chunk(s) of device memory lost their mapping in a failed "
+                       "compaction and still hold live blocks: no allocation until those blocks are freed",
+                       engine_of(arena)->lost_chunks);
+    return GM_OK;
 }
 
 /* Unmap an idle chunk from the free block around it; its addresses become unmapped. The chunk keeps

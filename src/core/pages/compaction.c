@@ -102,20 +102,43 @@ static gm_status make_copy(gm_arena *arena, gm_region *region, uintptr_t address
     return GM_OK;
 }
 
-/* Undo: the copies mapped so far unmapped, every copy given back, the old chunk mapped back if it was
- * unmapped. False if it could not be. */
-static bool restore_chunk(gm_arena *arena, gm_region *region, page_chunk *old, bool old_unmapped,
-                          page_chunk **copies, size_t made, size_t mapped)
+/* The copies given back: those mapped unmapped first (one that cannot be is left stray, unmapped
+ * before its release). */
+static void drop_copies(gm_arena *arena, gm_region *region, page_chunk **copies, size_t made, size_t mapped)
 {
     for (size_t i = 0; i < made; i++) {
         if (i < mapped && pages_unmap_chunk(arena, region, copies[i]) != GM_OK)
             copies[i]->stray = true;
         pages_release_chunk(arena, region, copies[i]);
     }
-    if (!old_unmapped || pages_map_chunk(arena, region, old, old->address) == GM_OK)
-        return true;
-    pages_release_chunk(arena, region, old); /* nothing can reach it now: not leaked at least */
-    return false;
+}
+
+/* A copy could not be mapped after the chunk was unmapped: the chunk put back (*undone_out), else the
+ * compaction finished with the copies after all, else the chunk kept unreachable (chunks.c). The
+ * copies mapped so far ([0, mapped)) are unmapped before the chunk goes back; one that cannot be is
+ * mapped where the chunk was, so only the copies can finish. */
+static gm_status recover_failed_map(gm_arena *arena, gm_region *region, page_chunk *old, page_chunk **copies,
+                                    size_t made, size_t mapped, bool *undone_out)
+{
+    while (mapped > 0 && pages_unmap_chunk(arena, region, copies[mapped - 1]) == GM_OK)
+        mapped--;
+    if (mapped == 0 && pages_map_chunk(arena, region, old, old->address) == GM_OK) {
+        drop_copies(arena, region, copies, made, 0);
+        *undone_out = true;
+        return GM_OK;
+    }
+    while (mapped < made && pages_map_chunk(arena, region, copies[mapped], copies[mapped]->address) == GM_OK)
+        mapped++;
+    if (mapped == made) {
+        *undone_out = false;
+        return GM_OK;
+    }
+    drop_copies(arena, region, copies, made, mapped);
+    pages_keep_unreachable(arena, region, old);
+    *undone_out = true;
+    return gm_fail(GM_ERROR_DEVICE, "compaction: neither chunk 0x%" PRIxPTR " (%" PRIu64 " bytes) nor its copies "
+                   "could be mapped again after a failed map: the live blocks in it stay allocated, but the "
+                   "device cannot reach their memory", old->address, old->size);
 }
 
 /* Split a pinned chunk without losing a byte: each run of touched pages copied into new memory while
@@ -159,7 +182,7 @@ static gm_status compact_chunk(gm_arena *arena, const pinned_chunk *pinned, bool
     if (status == GM_OK)
         status = pages_unmap_chunk(arena, region, old);
     if (status != GM_OK) { /* the chunk is still mapped: only the copies go */
-        restore_chunk(arena, region, old, false, copies, made, 0);
+        drop_copies(arena, region, copies, made, 0);
         free(copies);
         *undone_out = true;
         return GM_OK;
@@ -169,15 +192,11 @@ static gm_status compact_chunk(gm_arena *arena, const pinned_chunk *pinned, bool
         status = pages_map_chunk(arena, region, copies[mapped], copies[mapped]->address);
         mapped += status == GM_OK;
     }
-    if (status != GM_OK) {
-        bool restored = restore_chunk(arena, region, old, true, copies, made, mapped);
-        free(copies);
-        *undone_out = restored;
-        return restored ? GM_OK
-                        : gm_fail(GM_ERROR_DEVICE, "compaction: chunk 0x%" PRIxPTR " could not be mapped back after "
-                                  "a failed map; the blocks in it are unreachable", start);
-    }
+    if (status != GM_OK)
+        status = recover_failed_map(arena, region, old, copies, made, mapped, undone_out);
     free(copies);
+    if (status != GM_OK || *undone_out)
+        return status;
     pages_release_chunk(arena, region, old);
     for (uintptr_t page = start; page < end && status == GM_OK;) {
         uintptr_t next = run_end(region, pinned->free_pages, page, end, page_size);
@@ -193,7 +212,7 @@ static gm_status compact_chunk(gm_arena *arena, const pinned_chunk *pinned, bool
 }
 
 /* Every chunk of the shared large pools (not a private pool's, not a lane's: page-sized chunks) with
- * at least `least` bytes of whole free pages that is not idle, exported, nor in [keep_start,
+ * at least `least` bytes of whole free pages that is not idle, exported, lost (nothing to copy from), nor in [keep_start,
  * keep_end) of `keep_region` (the growth's own run). *free_pages_out: the page maps made, to free. */
 static size_t find_pinned_chunks(gm_arena *arena, uint64_t least, const gm_region *keep_region, uintptr_t keep_start,
                                  uintptr_t keep_end, pinned_chunk **chunks_out, uint8_t ***free_pages_out,
@@ -226,7 +245,7 @@ static size_t find_pinned_chunks(gm_arena *arena, uint64_t least, const gm_regio
                 bool kept = region == keep_region && chunk->address < keep_end && chunk->address + chunk->size > keep_start;
                 /* A lane's ring lives in the upper part of its stream's range (lane.c): its chunks stay whole. */
                 bool ring = state_of(heap)->lane && chunk->address >= pages_ring_floor(region);
-                if (free_bytes < least || free_bytes == chunk->size || chunk->exported || kept || ring)
+                if (free_bytes < least || free_bytes == chunk->size || chunk->exported || chunk->lost || kept || ring)
                     continue;
                 if (count == capacity) {
                     pinned_chunk *grown = realloc(chunks, (capacity ? 2 * capacity : 16) * sizeof *chunks);

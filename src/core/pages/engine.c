@@ -61,6 +61,11 @@ static gm_status pages_allocate(gm_arena *arena, gm_heap *heap, int pool, uint64
     if (engine->bounce_credit_ns < CREDIT_LIMIT_NS)
         engine->bounce_credit_ns += BOUNCE_CREDIT_NS;
     engine->allocations++;
+    if (engine->lost_chunks) {
+        gm_status given_back = pages_give_back_lost_chunks(arena);
+        if (given_back != GM_OK)
+            return given_back;
+    }
     if (!heap->engine_data && pages_new_heap_state(heap) != GM_OK)
         return GM_ERROR_OUT_OF_MEMORY;
     page_heap *state = state_of(heap);

@@ -73,6 +73,8 @@ typedef struct page_chunk {
     uint8_t pool; /* unreleased: the pool its reserved bytes are counted in */
     bool stray;   /* still mapped at `address` though no region holds it (an unmap that failed in
                      the cleanup of a failed map): unmapped before it is released */
+    bool lost;    /* held by its region at `address` but not mapped there: compaction could map neither
+                     it back nor its copies (pages_keep_unreachable); unmapping it makes no device call */
     uint64_t freed_at; /* the engine's free count when a block over it was last freed here; 0: no block
                           has used it since it was mapped here */
     uint64_t waiting;  /* bytes of it made ahead of need (refill.c) that no growth has taken yet: they lie
@@ -174,6 +176,8 @@ typedef struct page_engine {
                                     asking region's that is still at work stay where they are
                                     (pages_find_idle_chunks) */
     gm_list unreleased;          /* chunks unmapped whose release failed: still reserved, released later */
+    uint64_t lost_chunks;        /* chunks kept in the books though not mapped (pages_keep_unreachable):
+                                    no allocation until they are idle and given back (pages_allocate) */
     refill_list released;        /* the groups the last empty_cache released (refill.c) */
     refill_list plan;            /* those of them the empty_cache before released too, not made again yet */
     refill_list growths;         /* the windows grown since the last empty_cache, in order (refill.c) */
@@ -248,6 +252,12 @@ gm_status pages_add_region(gm_arena *arena, gm_heap *heap, int pool, uint64_t si
 /* Map `chunk` at `address` of `region` and make it accessible. */
 gm_status pages_map_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk, uintptr_t address);
 gm_status pages_unmap_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk);
+/* Keep `chunk` in `region`'s books at its address though it could not be mapped there (lost): its
+ * blocks stay allocated and every book consistent, but the device cannot reach their memory. */
+void pages_keep_unreachable(gm_arena *arena, gm_region *region, page_chunk *chunk);
+/* Give back every lost chunk that no live block uses any more; GM_ERROR_DEVICE while one still holds a
+ * live block: its free memory is not mapped, so nothing may be placed anywhere until then. */
+gm_status pages_give_back_lost_chunks(gm_arena *arena);
 /* Make a chunk of `size` bytes and map it at `address` (the caller has checked the room for it). */
 gm_status pages_create_chunk(gm_arena *arena, gm_region *region, uintptr_t address, uint64_t size);
 /* A chunk of `size` bytes of new physical memory, counted in `region`'s pool, not mapped anywhere. */
