@@ -240,15 +240,16 @@ gm_status pages_evict_chunk(gm_arena *arena, gm_region *region, page_chunk *chun
     gm_block *around = pages_free_block_containing(region, chunk->address, chunk->size);
     if (!around)
         return gm_fail(GM_ERROR_CORRUPT, "idle chunk 0x%" PRIxPTR " is not inside a free block", chunk->address);
+    /* The split's metadata first (pages_carve takes two blocks at most): once the chunk is unmapped its
+     * addresses must be marked so, or a fit would place a block on memory that is not there. */
+    if (!gm_block_pool_reserve(&arena->block_pool, 2))
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for block metadata");
     gm_status status = pages_wait_for_free(arena, region->heap, chunk->freed_at);
     if (status == GM_OK)
         status = pages_unmap_chunk(arena, region, chunk);
     if (status != GM_OK)
         return status;
-    status = pages_vacate(arena, around, chunk->address, chunk->address + chunk->size);
-    if (status != GM_OK) /* no metadata for the split: give the chunk its place back */
-        pages_map_chunk(arena, region, chunk, chunk->address);
-    return status;
+    return pages_vacate(arena, around, chunk->address, chunk->address + chunk->size);
 }
 
 gm_status pages_vacate(gm_arena *arena, gm_block *around, uintptr_t from, uintptr_t to)
