@@ -67,6 +67,9 @@ static void print_usage(FILE *out)
 
 int main(int argc, char **argv)
 {
+    /* On a pipe too, lines leave in the order they were written, stdout's and stderr's alike: an error
+     * stands on its own line, not inside a table still held in stdout's buffer (as on a terminal). */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         print_usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? GM_EXIT_USAGE : GM_EXIT_OK;

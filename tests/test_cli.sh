@@ -80,7 +80,7 @@ expect 0 '"action": "free_completed"' -- cat "$work/history.json"
 expect 0 'peak reserved' -- "$gpumem" replay "$work/small.csv" --history "$work/history.json" --conf history:3
 expect 0 '"dropped": 9, "events": \[$' -- cat "$work/history.json"
 expect 1 "cannot write the snapshot to '$work/no/such/dir.json'" -- "$gpumem" replay "$work/small.csv" --snapshot "$work/no/such/dir.json"
-expect 1 "cannot write the history to '$work/no/such/dir.json'" -- "$gpumem" replay "$work/small.csv" --history "$work/no/such/dir.json"
+expect 1 "^gpumem replay: cannot write the history to '$work/no/such/dir.json'" -- "$gpumem" replay "$work/small.csv" --history "$work/no/such/dir.json"
 expect 2 "--snapshot needs a file name" -- "$gpumem" replay "$work/small.csv" --snapshot
 expect 2 "bad value for key 'history'" -- "$gpumem" replay "$work/small.csv" --conf history:-1
 
