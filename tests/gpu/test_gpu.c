@@ -206,8 +206,10 @@ static void data_integrity_segments_engine(void)
 /* Compaction on the device: a 64 MiB chunk pinned by three live blocks with free gaps, one of them
  * still being written by a slow kernel on another stream, then a request that would lift the peak.
  * The copy must wait for that kernel (a device-wide wait), the blocks keep their addresses and
- * bytes, and the chunk's free pages go back. */
-static void compaction_keeps_data_that_queued_work_still_writes(void)
+ * bytes, and the chunk's free pages go back. With `map_failures` maps refused from the second copy's
+ * on: one puts the chunk back (mapped again where it was, no pages given back), two finish the
+ * compaction with the copies after the chunk's own map back failed; the bytes survive either way. */
+static void compaction_with_map_failures(uint64_t map_failures, int64_t reserved_mib)
 {
     gm_allocator *allocator = make("backend:cuda,engine:pages,compact_min:2MiB");
     cu_handle other = NULL;
@@ -232,18 +234,21 @@ static void compaction_keeps_data_that_queued_work_still_writes(void)
     CU_CHECK(cu.launch(slow_fill_kernel, 1, 1, 1, 256, 1, 1, 0, other, arguments, NULL)); /* many ms */
     gm_stats before, after;
     CHECK_OK(gm_get_stats(allocator, &before));
+    if (map_failures)
+        CHECK_OK(gm_inject_device_failures(allocator, GM_CALL_MAP, 1, map_failures));
     CHECK_OK(gm_malloc(allocator, 100 * mib, 0, &large));
     CHECK_OK(gm_get_stats(allocator, &after));
     CHECK_EQ_INT(after.device_calls[GM_CALL_COPY] - before.device_calls[GM_CALL_COPY], 3);
-    /* 64 + 2 reserved before; after: the live blocks' 2 + 4 + 4 pages, the fence and the request. */
-    CHECK_EQ_INT(after.reserved_bytes[GM_POOL_ALL].current, (int64_t)((20 + 2 + 100) * mib));
+    /* 64 + 2 reserved before; after a compaction: the live blocks' 2 + 4 + 4 pages, the fence and the
+     * request. */
+    CHECK_EQ_INT(after.reserved_bytes[GM_POOL_ALL].current, reserved_mib * (int64_t)mib);
     CHECK_EQ_INT(count_mismatches(live[0], sizes[0], 0xA0A0A0A1u), 0);
     CHECK_EQ_INT(count_mismatches(live[1], sizes[1], 0xB1B1B1B1u), 0);
     CHECK_EQ_INT(count_mismatches(live[2], sizes[2], 0xC2C2C2C3u), 0);
     fill(live[1], sizes[1], 0x5u, NULL); /* still writable where it was */
     CHECK_EQ_INT(count_mismatches(live[1], sizes[1], 0x5u), 0);
-    printf("     compaction: %lld copies, %.1f us of copy calls\n",
-           (long long)(after.device_calls[GM_CALL_COPY] - before.device_calls[GM_CALL_COPY]),
+    printf("     compaction, %llu map failures: %lld copies, %.1f us of copy calls\n",
+           (unsigned long long)map_failures, (long long)(after.device_calls[GM_CALL_COPY] - before.device_calls[GM_CALL_COPY]),
            (double)(after.device_call_ns_by_kind[GM_CALL_COPY] - before.device_call_ns_by_kind[GM_CALL_COPY]) / 1e3);
     for (int i = 0; i < 3; i++)
         CHECK_OK(gm_free(allocator, live[i]));
@@ -252,6 +257,13 @@ static void compaction_keeps_data_that_queued_work_still_writes(void)
     CHECK_OK(gm_validate(allocator));
     cu.stream_destroy(other);
     gm_destroy(allocator, NULL);
+}
+
+static void compaction_keeps_data_that_queued_work_still_writes(void)
+{
+    compaction_with_map_failures(0, 20 + 2 + 100);
+    compaction_with_map_failures(1, 64 + 2 + 100);
+    compaction_with_map_failures(2, 20 + 2 + 100);
 }
 
 /* ---------------------------------------------------------------- cross-stream safety */
