@@ -9,85 +9,10 @@
  * without failures, give everything back (empty_cache leaves nothing reserved) and be destroyed
  * without a leak or a double free (ASan/UBSan in CI). Both engines; the sim and host backends.
  */
-#include "test.h"
+#include "failure_workload.h"
 
 #include <dirent.h>
 #include <unistd.h>
-
-#define MIB (1ull << 20)
-enum { SLOTS = 24 };
-
-typedef struct run {
-    gm_allocator *allocator;
-    void *slots[SLOTS];
-    int unclean; /* a result other than OK, out of memory or device error */
-    int invalid; /* gm_validate failed */
-} run;
-
-static void note(run *r, gm_status status, const char *what)
-{
-    if (status != GM_OK && status != GM_ERROR_OUT_OF_MEMORY && status != GM_ERROR_DEVICE) {
-        fprintf(stderr, "[%s] %s: %s (%s)\n", test_current, what, gm_strerror(status), gm_last_error());
-        r->unclean++;
-    }
-    gm_status valid = gm_validate(r->allocator);
-    if (valid != GM_OK) {
-        if (!r->invalid)
-            fprintf(stderr, "[%s] after %s: %s\n", test_current, what, gm_last_error());
-        r->invalid++;
-    }
-}
-
-static void release_slot(run *r, int slot)
-{
-    if (r->slots[slot]) {
-        gm_status status = gm_free(r->allocator, r->slots[slot]);
-        note(r, status, "free");
-        if (status == GM_OK)
-            r->slots[slot] = NULL;
-    }
-}
-
-static void take_slot(run *r, int slot, uint64_t size, gm_stream stream)
-{
-    release_slot(r, slot);
-    if (!r->slots[slot])
-        note(r, gm_malloc(r->allocator, size, stream, &r->slots[slot]), "malloc");
-}
-
-static void workload(run *r)
-{
-    uint64_t state = 7;
-    for (int step = 0; step < 160; step++) {
-        int slot = (int)(test_random(&state) % SLOTS);
-        uint64_t size = (test_random(&state) % 3 == 0) ? 512 * (1 + test_random(&state) % 64)
-                                                        : MIB * (1 + test_random(&state) % 24) + 4096;
-        gm_stream stream = 1 + test_random(&state) % 3;
-        take_slot(r, slot, size, stream);
-        if (step % 11 == 0 && r->slots[slot]) {
-            note(r, gm_sim_stream_enqueue(r->allocator, 9, 1), "enqueue");
-            note(r, gm_record_stream(r->allocator, r->slots[slot], 9), "record_stream");
-        }
-        if (step % 17 == 0)
-            note(r, gm_sim_stream_complete(r->allocator, 9), "complete");
-        if (step % 29 == 0)
-            note(r, gm_empty_cache(r->allocator), "empty_cache");
-        if (step == 80)
-            note(r, gm_set_memory_limit(r->allocator, 160 * MIB), "memory limit");
-    }
-    note(r, gm_set_memory_limit(r->allocator, 0), "memory limit off");
-    for (int slot = 0; slot < SLOTS; slot++)
-        release_slot(r, slot);
-    note(r, gm_sim_stream_complete(r->allocator, 9), "complete");
-    note(r, gm_empty_cache(r->allocator), "empty_cache");
-}
-
-static int64_t reserved(gm_allocator *allocator)
-{
-    gm_stats stats;
-    REQUIRE(gm_get_stats(allocator, &stats) == GM_OK);
-    return stats.reserved_bytes[GM_POOL_ALL].current;
-}
 
 /* One workload with call `kind` failing at `position` (or none when position < 0), then a clean one. */
 static void run_with_failure(const char *config, gm_device_call kind, int64_t position, int64_t *calls_out)
@@ -103,18 +28,9 @@ static void run_with_failure(const char *config, gm_device_call kind, int64_t po
         *calls_out = stats.device_calls[kind];
     }
     CHECK_OK(gm_inject_device_failures(r.allocator, kind, 0, 0));
-    memset(r.slots, 0, sizeof r.slots); /* what failed was already freed or never made */
-    workload(&r);
-    if (r.unclean || r.invalid || reserved(r.allocator) != 0)
-        fprintf(stderr, "[%s] %s: %s failing at call %" PRId64 ": %d unclean, %d invalid, %" PRId64
-                " bytes left reserved\n", test_current, config, gm_device_call_name(kind), position, r.unclean,
-                r.invalid, reserved(r.allocator));
-    CHECK_EQ_INT(r.unclean, 0);
-    CHECK_EQ_INT(r.invalid, 0);
-    CHECK_EQ_INT(reserved(r.allocator), 0);
-    size_t live = 1;
-    gm_destroy(r.allocator, &live);
-    CHECK_EQ_INT(live, 0);
+    char failure[96];
+    snprintf(failure, sizeof failure, "%s failing at call %" PRId64, gm_device_call_name(kind), position);
+    run_again_and_destroy(&r, config, failure);
 }
 
 static void every_call_may_fail(const char *config)

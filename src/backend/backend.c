@@ -10,6 +10,7 @@
 
 #include "base/blocking.h"
 #include "base/error.h"
+#include "base/system_memory.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -59,7 +60,7 @@ gm_status gm_backend_open(const gm_backend_config *config, gm_backend **backend_
     if (!operations)
         return gm_fail(GM_ERROR_BAD_CONFIG, "unknown backend '%s' (expected sim, host or cuda)",
                        config->name ? config->name : "(none)");
-    gm_backend *backend = calloc(1, sizeof *backend);
+    gm_backend *backend = gm_system_calloc(1, sizeof *backend);
     if (!backend)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the backend");
     backend->operations = operations;

@@ -22,6 +22,7 @@
 #include "backend/backend.h"
 
 #include "base/error.h"
+#include "base/system_memory.h"
 
 #include <dlfcn.h>
 #include <inttypes.h>
@@ -343,7 +344,7 @@ static gm_status cuda_open(gm_backend *backend, const gm_backend_config *config)
     pthread_once(&driver_once, load_driver);
     if (!driver.init)
         return gm_fail(GM_ERROR_NO_DEVICE, "%s", driver_failure);
-    cuda_state *state = calloc(1, sizeof *state);
+    cuda_state *state = gm_system_calloc(1, sizeof *state);
     if (!state)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the cuda backend");
     backend->state = state;

@@ -16,6 +16,7 @@
 #include "base/format.h"
 #include "base/hash_map.h"
 #include "base/options.h"
+#include "base/system_memory.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -70,7 +71,7 @@ struct gm_device_model {
 gm_status gm_device_model_create(gm_backend *backend, uint64_t capacity, uint64_t page_size,
                                  gm_device_model **model_out)
 {
-    gm_device_model *model = calloc(1, sizeof *model);
+    gm_device_model *model = gm_system_calloc(1, sizeof *model);
     if (!model)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the device model");
     model->backend = backend;
@@ -185,12 +186,12 @@ gm_status gm_device_model_address_reserve(gm_device_model *model, uintptr_t addr
 {
     if (size == 0 || size % model->page_size || address % model->page_size)
         return gm_fail(GM_ERROR_DEVICE, "address reservation of %" PRIu64 " bytes is not page-aligned", size);
-    reservation *grown = realloc(model->reservations, (model->reservation_count + 1) * sizeof *grown);
+    reservation *grown = gm_system_realloc(model->reservations, (model->reservation_count + 1) * sizeof *grown);
     if (!grown)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the device model");
     model->reservations = grown;
     uint64_t pages = size / model->page_size;
-    uint64_t *bits = calloc((pages + 63) / 64, sizeof *bits);
+    uint64_t *bits = gm_system_calloc((pages + 63) / 64, sizeof *bits);
     if (!bits)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the device model");
     grown[model->reservation_count++] = (reservation){address, size, bits};
@@ -253,7 +254,7 @@ gm_status gm_device_model_physical_create(gm_device_model *model, uint64_t handl
     gm_status status = gm_device_model_check_room(model, size);
     if (status != GM_OK)
         return status;
-    physical_memory *memory = calloc(1, sizeof *memory);
+    physical_memory *memory = gm_system_calloc(1, sizeof *memory);
     if (!memory || !gm_hash_map_put(&model->physical, handle, (uint64_t)(uintptr_t)memory)) {
         free(memory);
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the device model");
@@ -379,7 +380,7 @@ static simulated_stream *stream_record(gm_device_model *model, gm_stream stream)
     simulated_stream *queue = find_stream(model, stream);
     if (queue)
         return queue;
-    queue = calloc(1, sizeof *queue);
+    queue = gm_system_calloc(1, sizeof *queue);
     if (!queue)
         return NULL;
     queue->stream = stream;
@@ -437,7 +438,7 @@ gm_status gm_model_event_create(gm_backend *backend, uint64_t *event_out)
             return GM_OK;
         }
     }
-    simulated_event *grown = realloc(model->events, (model->event_count + 1) * sizeof *grown);
+    simulated_event *grown = gm_system_realloc(model->events, (model->event_count + 1) * sizeof *grown);
     if (!grown)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for an event");
     model->events = grown;

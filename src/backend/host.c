@@ -16,6 +16,7 @@
 #include "backend/device_model.h"
 
 #include "base/error.h"
+#include "base/system_memory.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -65,7 +66,7 @@ static void raise_file_limit(void)
 
 static gm_status host_open(gm_backend *backend, const gm_backend_config *config)
 {
-    host_state *state = calloc(1, sizeof *state);
+    host_state *state = gm_system_calloc(1, sizeof *state);
     if (!state)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the host backend");
     state->page_size = config->page_size;

@@ -14,6 +14,7 @@
 
 #include "base/array.h"
 #include "base/error.h"
+#include "base/system_memory.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -44,7 +45,7 @@ static sim_state *state_of(gm_backend *backend)
 
 static gm_status sim_open(gm_backend *backend, const gm_backend_config *config)
 {
-    sim_state *state = calloc(1, sizeof *state);
+    sim_state *state = gm_system_calloc(1, sizeof *state);
     if (!state)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the sim backend");
     state->page_size = config->page_size;

@@ -2,6 +2,7 @@
  * array.c -- see array.h.
  */
 #include "base/array.h"
+#include "base/system_memory.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -18,7 +19,7 @@ void *gm_array_room_for_one(void *items, size_t count, size_t *capacity, size_t 
     }
     if (grown_capacity == 0 || item_size == 0 || grown_capacity > SIZE_MAX / item_size)
         return NULL;
-    void *grown = realloc(items, grown_capacity * item_size);
+    void *grown = gm_system_realloc(items, grown_capacity * item_size);
     if (grown)
         *capacity = grown_capacity;
     return grown;

@@ -3,6 +3,7 @@
  * hashing), which spreads aligned addresses (whose low bits are all zero) over the table.
  */
 #include "base/hash_map.h"
+#include "base/system_memory.h"
 
 #include <stdlib.h>
 
@@ -17,7 +18,7 @@ bool gm_hash_map_init(gm_hash_map *map, size_t initial_capacity)
     size_t capacity = 16;
     while (capacity < initial_capacity * 2)
         capacity *= 2;
-    map->entries = calloc(capacity, sizeof(gm_hash_entry));
+    map->entries = gm_system_calloc(capacity, sizeof(gm_hash_entry));
     map->capacity = map->entries ? capacity : 0;
     map->count = 0;
     return map->entries != NULL;
@@ -46,7 +47,7 @@ __attribute__((noinline)) static bool grow_to(gm_hash_map *map, size_t capacity)
 {
     gm_hash_entry *old = map->entries;
     size_t old_capacity = map->capacity;
-    gm_hash_entry *fresh = calloc(capacity, sizeof(gm_hash_entry));
+    gm_hash_entry *fresh = gm_system_calloc(capacity, sizeof(gm_hash_entry));
     if (!fresh)
         return false;
     map->entries = fresh;

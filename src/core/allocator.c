@@ -35,6 +35,7 @@
 #include "core/allocator.h"
 #include "core/oom_report.h"
 #include "monitor/publish.h"
+#include "base/system_memory.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -552,7 +553,7 @@ static gm_status add_recorded_stream(gm_block *block, gm_stream stream)
     if (block->recorded_count == 0) {
         block->recorded_first = stream;
     } else {
-        gm_stream *grown = realloc(block->recorded_more, block->recorded_count * sizeof *grown);
+        gm_stream *grown = gm_system_realloc(block->recorded_more, block->recorded_count * sizeof *grown);
         if (!grown)
             return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory to record a stream");
         block->recorded_more = grown;

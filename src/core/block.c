@@ -12,27 +12,37 @@
 #include "core/arena.h"
 
 #include "base/error.h"
+#include "base/system_memory.h"
 
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define BLOCKS_PER_CHUNK 1024
+/* Blocks are taken from the C library a chunk at a time; tests of host memory failures take them one at
+ * a time, so that every block made is an allocation that can fail. */
+static _Atomic size_t blocks_per_chunk = 1024;
+
+void gm_block_pool_set_chunk_blocks(size_t blocks)
+{
+    blocks_per_chunk = blocks ? blocks : 1024;
+}
 
 /* The cold path of gm_block_new: a chunk of fresh blocks onto the spare list. */
 __attribute__((noinline)) static bool add_chunk(gm_block_pool *pool)
 {
-    void **chunks = realloc(pool->chunks, (pool->chunk_count + 1) * sizeof *chunks);
+    void **chunks = gm_system_realloc(pool->chunks, (pool->chunk_count + 1) * sizeof *chunks);
     if (!chunks)
         return false;
     pool->chunks = chunks;
-    gm_block *chunk = calloc(BLOCKS_PER_CHUNK, sizeof *chunk);
+    size_t blocks = blocks_per_chunk;
+    gm_block *chunk = gm_system_calloc(blocks, sizeof *chunk);
     if (!chunk)
         return false;
     chunks[pool->chunk_count++] = chunk;
-    for (size_t i = 0; i < BLOCKS_PER_CHUNK; i++)
+    for (size_t i = 0; i < blocks; i++)
         gm_list_push_front(&pool->spare, &chunk[i].link);
-    pool->spare_count += BLOCKS_PER_CHUNK;
+    pool->spare_count += blocks;
     return true;
 }
 

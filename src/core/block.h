@@ -89,6 +89,8 @@ void gm_block_delete(gm_block_pool *pool, gm_block *block);
  * not stop halfway, such as compaction's, takes its metadata first). False without host memory. */
 bool gm_block_pool_reserve(gm_block_pool *pool, size_t count);
 void gm_block_pool_free_all(gm_block_pool *pool);
+/* For tests, process-wide: blocks taken from the C library `blocks` at a time (0: the default). */
+void gm_block_pool_set_chunk_blocks(size_t blocks);
 
 /* Split `block` so that it keeps `size` bytes; the rest becomes a new block after it, in the same
  * state, returned (NULL if there is no rest, or no metadata for it: the block then stays whole, which

@@ -10,6 +10,7 @@
 #include "base/blocking.h"
 
 #include "base/error.h"
+#include "base/system_memory.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -140,7 +141,7 @@ gm_status gm_named_stream(gm_allocator *allocator, uint64_t name, gm_stream *str
         i++;
     if (i == allocator->named_stream_count) {
         struct gm_named_stream_entry *grown =
-            realloc(allocator->named_streams, (allocator->named_stream_count + 1) * sizeof *grown);
+            gm_system_realloc(allocator->named_streams, (allocator->named_stream_count + 1) * sizeof *grown);
         gm_stream stream = 0;
         if (!grown)
             status = gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a named stream");

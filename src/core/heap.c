@@ -13,17 +13,18 @@
  * allocates on one stream finds its heap without a search.
  */
 #include "core/arena.h"
+#include "base/system_memory.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 gm_heap *gm_add_heap(gm_arena *arena, gm_stream stream)
 {
-    gm_heap **heaps = realloc(arena->heaps, (arena->heap_count + 1) * sizeof *heaps);
+    gm_heap **heaps = gm_system_realloc(arena->heaps, (arena->heap_count + 1) * sizeof *heaps);
     if (!heaps)
         return NULL;
     arena->heaps = heaps;
-    gm_heap *heap = calloc(1, sizeof *heap);
+    gm_heap *heap = gm_system_calloc(1, sizeof *heap);
     if (!heap)
         return NULL;
     heap->stream = stream;

@@ -2,16 +2,17 @@
  * history.c -- the history ring (history.h): a fixed array written round and round.
  */
 #include "core/history.h"
+#include "base/system_memory.h"
 
 #include <stdlib.h>
 #include <time.h>
 
 gm_history *gm_history_create(size_t capacity)
 {
-    gm_history *history = calloc(1, sizeof *history);
+    gm_history *history = gm_system_calloc(1, sizeof *history);
     if (!history)
         return NULL;
-    history->events = capacity ? calloc(capacity, sizeof *history->events) : NULL;
+    history->events = capacity ? gm_system_calloc(capacity, sizeof *history->events) : NULL;
     if (capacity && !history->events) {
         free(history);
         return NULL;

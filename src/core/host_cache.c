@@ -67,6 +67,7 @@
 #include "base/blocking.h"
 
 #include "base/error.h"
+#include "base/system_memory.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -199,7 +200,7 @@ static gm_status new_block(gm_allocator *allocator, size_t size, int size_class,
                            (long long)cache->stats.allocated_bytes.current,
                            (long long)(cache->stats.reserved_bytes.current - cache->stats.allocated_bytes.current));
     }
-    gm_host_block *block = calloc(1, sizeof *block);
+    gm_host_block *block = gm_system_calloc(1, sizeof *block);
     if (!block)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a pinned block's record");
     gm_status status = gm_backend_host_allocate(allocator->arena.backend, class_size, &block->pointer);
@@ -285,7 +286,7 @@ static gm_status add_streams_locked(gm_host_block *block, const char *call, cons
         size_t capacity = block->stream_capacity ? block->stream_capacity : 4;
         while (capacity < block->stream_count + count)
             capacity *= 2;
-        gm_stream *grown = realloc(block->streams, capacity * sizeof *grown);
+        gm_stream *grown = gm_system_realloc(block->streams, capacity * sizeof *grown);
         if (!grown)
             return gm_fail(GM_ERROR_OUT_OF_MEMORY, "%s: no host memory", call);
         block->streams = grown;

@@ -52,6 +52,7 @@
 #include "core/allocator.h"
 
 #include "base/error.h"
+#include "base/system_memory.h"
 
 #include <stdlib.h>
 
@@ -109,7 +110,7 @@ static stream_state state_of(gm_backend *backend, look *look, gm_stream stream)
 static gm_status record_events(gm_allocator *allocator, gm_host_block *block)
 {
     gm_backend *backend = allocator->arena.backend;
-    uint64_t *events = realloc(block->events, block->stream_count * sizeof *events);
+    uint64_t *events = gm_system_realloc(block->events, block->stream_count * sizeof *events);
     if (!events)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "pinned host cache: no host memory for a block's events");
     block->events = events;

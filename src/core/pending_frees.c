@@ -20,6 +20,7 @@
 
 #include "base/array.h"
 #include "base/error.h"
+#include "base/system_memory.h"
 
 #include <stdlib.h>
 
@@ -142,7 +143,7 @@ static gm_pending_free *take_node(gm_allocator *allocator)
     if (node)
         allocator->spare_pending = node->next;
     else
-        node = malloc(sizeof *node);
+        node = gm_system_malloc(sizeof *node);
     return node;
 }
 

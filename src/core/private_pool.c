@@ -33,6 +33,7 @@
 #include "base/blocking.h"
 
 #include "base/error.h"
+#include "base/system_memory.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -61,7 +62,7 @@ static gm_private_pool *retain(gm_allocator *allocator, gm_pool_id id)
 {
     gm_private_pool *pool = find_pool(allocator, id);
     if (!pool) {
-        pool = calloc(1, sizeof *pool);
+        pool = gm_system_calloc(1, sizeof *pool);
         if (!pool)
             return NULL;
         pool->id = id;
@@ -169,7 +170,7 @@ static gm_status add_route(gm_allocator *allocator, gm_private_pool *pool, gm_st
 {
     if (allocator->pool_route_count == allocator->pool_route_capacity) {
         size_t capacity = allocator->pool_route_capacity ? 2 * allocator->pool_route_capacity : 4;
-        gm_pool_route *grown = realloc(allocator->pool_routes, capacity * sizeof *grown);
+        gm_pool_route *grown = gm_system_realloc(allocator->pool_routes, capacity * sizeof *grown);
         if (!grown)
             return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory to allocate to a private pool");
         allocator->pool_routes = grown;

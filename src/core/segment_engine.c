@@ -24,6 +24,7 @@
 #include "core/arena.h"
 
 #include "base/error.h"
+#include "base/system_memory.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -110,7 +111,7 @@ static gm_status new_segment(gm_arena *arena, gm_heap *heap, int pool, uint64_t 
 {
     if (!gm_may_reserve(arena, size))
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "memory limit of %" PRIu64 " bytes reached", arena->memory_limit);
-    gm_region *region = calloc(1, sizeof *region);
+    gm_region *region = gm_system_calloc(1, sizeof *region);
     gm_block *block = gm_block_new(&arena->block_pool);
     if (!region || !block) {
         free(region);
@@ -217,7 +218,7 @@ static gm_status segments_forget_heap(gm_arena *arena, gm_heap *heap)
 
 static gm_status segments_create(gm_arena *arena)
 {
-    segment_engine *engine = calloc(1, sizeof *engine);
+    segment_engine *engine = gm_system_calloc(1, sizeof *engine);
     if (!engine)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the segments engine");
     engine->release_credit_ns = RELEASE_CREDIT_INITIAL_NS;

@@ -12,6 +12,7 @@
 #include "core/allocator.h"
 
 #include "base/error.h"
+#include "base/system_memory.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -100,13 +101,13 @@ gm_status gm_snapshot_take(gm_allocator *allocator, gm_snapshot **snapshot_out)
 {
     if (!allocator || !snapshot_out)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_snapshot_take: an argument is NULL");
-    gm_snapshot *snapshot = calloc(1, sizeof *snapshot);
+    gm_snapshot *snapshot = gm_system_calloc(1, sizeof *snapshot);
     if (!snapshot)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a snapshot");
     gm_arena *arena = gm_lock_arena(allocator);
     count_regions(arena, &snapshot->region_count, &snapshot->block_count);
-    snapshot->regions = calloc(snapshot->region_count ? snapshot->region_count : 1, sizeof *snapshot->regions);
-    snapshot->blocks = calloc(snapshot->block_count ? snapshot->block_count : 1, sizeof *snapshot->blocks);
+    snapshot->regions = gm_system_calloc(snapshot->region_count ? snapshot->region_count : 1, sizeof *snapshot->regions);
+    snapshot->blocks = gm_system_calloc(snapshot->block_count ? snapshot->block_count : 1, sizeof *snapshot->blocks);
     gm_status status = snapshot->regions && snapshot->blocks ? GM_OK
                                                              : gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a snapshot");
     if (status == GM_OK) {

@@ -20,6 +20,7 @@
 #include "monitor/host_memory.h"
 
 #include "base/error.h"
+#include "base/system_memory.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -162,7 +163,7 @@ gm_process_link *gm_process_list(const char *root, size_t *count_out)
             continue;
         if (count == capacity) {
             capacity = capacity ? 2 * capacity : 256;
-            gm_process_link *grown = realloc(links, capacity * sizeof *links);
+            gm_process_link *grown = gm_system_realloc(links, capacity * sizeof *links);
             if (!grown)
                 break;
             links = grown;
@@ -211,7 +212,7 @@ gm_status gm_process_memory_read(const char *root, long pid, gm_process_memory *
     memory.tree_swap_bytes = memory.swap_bytes;
     size_t count = 0;
     gm_process_link *links = gm_process_list(root, &count);
-    bool *in_tree = calloc(count ? count : 1, sizeof *in_tree);
+    bool *in_tree = gm_system_calloc(count ? count : 1, sizeof *in_tree);
     if (in_tree)
         mark_descendants(links, in_tree, count, pid);
     for (size_t i = 0; i < count && in_tree; i++) {

@@ -28,6 +28,7 @@
 
 #include "base/error.h"
 #include "monitor/region.h"
+#include "base/system_memory.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -154,7 +155,7 @@ gm_status gm_publisher_open(const gm_publish_identity *identity, const gm_stats 
                             const gm_host_stats *pinned_host, gm_publisher **publisher_out)
 {
     *publisher_out = NULL;
-    gm_publisher *publisher = calloc(1, sizeof *publisher);
+    gm_publisher *publisher = gm_system_calloc(1, sizeof *publisher);
     if (!publisher)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory to publish statistics");
     if (!gm_region_path(publisher->path, sizeof publisher->path, (long)getpid(), identity->device)) {

@@ -16,6 +16,7 @@
 
 #include "base/error.h"
 #include "monitor/region.h"
+#include "base/system_memory.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -243,7 +244,7 @@ static gm_status watch_region(const char *path, bool require_alive, gm_published
     if (status == GM_OK && (mapping = mmap(NULL, sizeof(gm_region), PROT_READ, MAP_SHARED, descriptor, 0)) == MAP_FAILED)
         status = gm_fail(GM_ERROR_IO, "cannot map %s: %s", path, strerror(errno));
     close(descriptor);
-    gm_published_watch *watch = status == GM_OK ? calloc(1, sizeof *watch) : NULL;
+    gm_published_watch *watch = status == GM_OK ? gm_system_calloc(1, sizeof *watch) : NULL;
     if (status == GM_OK && !watch)
         status = gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory to watch %s", path);
     if (status != GM_OK) {

@@ -12,6 +12,7 @@
 
 #include "base/array.h"
 #include "base/error.h"
+#include "base/system_memory.h"
 
 #include <stdbool.h>
 #include <stdlib.h>
@@ -45,7 +46,7 @@ static size_t live_at(const gm_event *events, size_t last, const gm_event_kind *
     for (size_t i = 0; i <= last; i++)
         for (size_t k = 0; k < kind_count; k++)
             count += events[i].kind == kinds[k];
-    located_event *located = malloc((count ? count : 1) * sizeof *located);
+    located_event *located = gm_system_malloc((count ? count : 1) * sizeof *located);
     *out = located;
     if (!located)
         return 0;
@@ -135,10 +136,10 @@ gm_status gm_history_map(const gm_event *events, size_t count, size_t last, gm_s
     located_event *mappings = NULL, *blocks = NULL;
     size_t mapping_count = live_at(events, last, mapping_kinds, 2, mapping_kinds, 1, &mappings);
     size_t block_count = live_at(events, last, block_kinds, 3, live_block_kinds, 2, &blocks);
-    map_builder builder = {.map = calloc(1, sizeof(gm_snapshot))};
+    map_builder builder = {.map = gm_system_calloc(1, sizeof(gm_snapshot))};
     gm_snapshot *map = builder.map;
     if (map)
-        map->regions = calloc(mapping_count ? mapping_count : 1, sizeof *map->regions);
+        map->regions = gm_system_calloc(mapping_count ? mapping_count : 1, sizeof *map->regions);
     builder.failed = !mappings || !blocks || !map || !map->regions;
     size_t next_block = 0;
     uint64_t previous_end = 0;

@@ -12,6 +12,7 @@
 #include "base/error.h"
 #include "report/html_text.h"
 #include "report/svg_charts.h"
+#include "base/system_memory.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -245,7 +246,7 @@ static void largest_section(FILE *out, const gm_snapshot *map)
     size_t count = 0;
     for (size_t b = 0; b < map->block_count; b++)
         count += map->blocks[b].kind == GM_BLOCK_KIND_ALLOCATED;
-    live_allocation *live = malloc((count ? count : 1) * sizeof *live);
+    live_allocation *live = gm_system_malloc((count ? count : 1) * sizeof *live);
     if (!live) {
         fputs("<p class=\"note\">No host memory to list them.</p>\n</section>\n", out);
         return;
@@ -287,7 +288,7 @@ static void statistics_section(FILE *out, const gm_html_report *report)
         gm_summary_of_stats(report->stats, known(report->backend) ? report->backend : "unknown",
                             report->map ? report->map->device.device : 0, NULL, 0, &needed) ==
             GM_ERROR_BUFFER_TOO_SMALL &&
-        (table = malloc(needed)) &&
+        (table = gm_system_malloc(needed)) &&
         gm_summary_of_stats(report->stats, known(report->backend) ? report->backend : "unknown",
                             report->map ? report->map->device.device : 0, table, needed, NULL) == GM_OK) {
         fputs("<p class=\"note\">", out);
@@ -372,7 +373,7 @@ static gm_status write_directly(const gm_html_report *report, const char *path)
 static gm_status write_replacing(const gm_html_report *report, const char *path, const char *target)
 {
     size_t length = strlen(target);
-    char *temporary = malloc(length + 16);
+    char *temporary = gm_system_malloc(length + 16);
     if (!temporary)
         return gm_fail(GM_ERROR_IO, "cannot write the report to '%s': no host memory", path);
     snprintf(temporary, length + 16, "%s.tmp.XXXXXX", target);

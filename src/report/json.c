@@ -8,6 +8,7 @@
 #include "gpumem.h"
 
 #include "base/error.h"
+#include "base/system_memory.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -39,7 +40,7 @@ static void append(json_text *text, const char *format, ...)
             return;
         } else {
             size_t capacity = (text->capacity + (size_t)written + 1) * 2;
-            char *grown = realloc(text->data, capacity);
+            char *grown = gm_system_realloc(text->data, capacity);
             if (!grown)
                 text->failed = true;
             else {
@@ -140,7 +141,7 @@ gm_status gm_history_json(gm_allocator *allocator, char **json_out)
     if (status != GM_OK)
         return status;
     size_t capacity = count ? count : 1;
-    gm_event *events = malloc(capacity * sizeof *events);
+    gm_event *events = gm_system_malloc(capacity * sizeof *events);
     if (!events)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory to read the history");
     status = gm_history_read(allocator, events, capacity, &count, &dropped);

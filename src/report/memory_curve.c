@@ -8,6 +8,7 @@
 #include "report/memory_curve.h"
 
 #include "base/error.h"
+#include "base/system_memory.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +17,7 @@ gm_status gm_memory_curve_init(gm_memory_curve *curve, size_t max_buckets)
 {
     memset(curve, 0, sizeof *curve);
     max_buckets = max_buckets < 2 ? 2 : max_buckets + (max_buckets & 1);
-    curve->buckets = calloc(max_buckets, sizeof *curve->buckets);
+    curve->buckets = gm_system_calloc(max_buckets, sizeof *curve->buckets);
     if (!curve->buckets)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the memory curve");
     curve->max_buckets = max_buckets;

@@ -21,6 +21,7 @@
 #include "report/prometheus.h"
 
 #include "base/error.h"
+#include "base/system_memory.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -49,7 +50,7 @@ void gm_text_buffer_append(gm_text_buffer *buffer, const char *format, ...)
             return;
         } else {
             size_t capacity = (buffer->capacity + (size_t)written + 1) * 2;
-            char *grown = realloc(buffer->text, capacity);
+            char *grown = gm_system_realloc(buffer->text, capacity);
             if (!grown) {
                 buffer->failed = true;
             } else {

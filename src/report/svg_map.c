@@ -11,6 +11,7 @@
 #include "report/svg_charts.h"
 
 #include "report/html_text.h"
+#include "base/system_memory.h"
 
 #include <inttypes.h>
 #include <stdbool.h>
@@ -185,7 +186,7 @@ static int by_index(const void *left, const void *right)
 void gm_svg_memory_map(FILE *out, const gm_snapshot *map)
 {
     size_t count = map->region_count;
-    ranked_region *ranked = malloc((count ? count : 1) * sizeof *ranked);
+    ranked_region *ranked = gm_system_malloc((count ? count : 1) * sizeof *ranked);
     if (!ranked) {
         fputs("<p class=\"note\">No host memory to draw the map.</p>\n", out);
         return;

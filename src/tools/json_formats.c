@@ -10,6 +10,7 @@
 #include "base/array.h"
 #include "base/error.h"
 #include "tools/json_reader.h"
+#include "base/system_memory.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -25,12 +26,12 @@ enum { KEY_SIZE = 128, SUPPORTED_VERSION = 1 };
 static gm_status read_whole_file(FILE *file, const char *path, char **text_out, size_t *length_out)
 {
     size_t capacity = 1 << 16, length = 0;
-    char *text = malloc(capacity);
+    char *text = gm_system_malloc(capacity);
     while (text) {
         length += fread(text + length, 1, capacity - length - 1, file);
         if (length + 1 < capacity)
             break;
-        char *grown = capacity < SIZE_MAX / 2 ? realloc(text, capacity * 2) : NULL;
+        char *grown = capacity < SIZE_MAX / 2 ? gm_system_realloc(text, capacity * 2) : NULL;
         if (!grown) {
             free(text);
             text = NULL;
@@ -432,7 +433,7 @@ gm_status gm_snapshot_parse(const gm_input_file *input, gm_snapshot **snapshot_o
     *snapshot_out = NULL;
     if (input->kind != GM_INPUT_SNAPSHOT)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "%s: not a snapshot", input->path);
-    snapshot_builder builder = {.snapshot = calloc(1, sizeof(gm_snapshot))};
+    snapshot_builder builder = {.snapshot = gm_system_calloc(1, sizeof(gm_snapshot))};
     if (!builder.snapshot)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "%s: no host memory for the snapshot", input->path);
     gm_json_reader reader;

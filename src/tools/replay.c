@@ -12,6 +12,7 @@
 #include "tools/trace.h"
 
 #include "base/error.h"
+#include "base/system_memory.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -42,8 +43,8 @@ gm_status gm_replay_with_hooks(gm_allocator *allocator, const gm_trace *trace, g
     if (!allocator || !trace || !result_out || !hooks)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_replay: an argument is NULL");
     memset(result_out, 0, sizeof *result_out);
-    void **pointers = calloc(trace->slot_count ? trace->slot_count : 1, sizeof *pointers);
-    gm_stream *streams = malloc((trace->stream_count ? trace->stream_count : 1) * sizeof *streams);
+    void **pointers = gm_system_calloc(trace->slot_count ? trace->slot_count : 1, sizeof *pointers);
+    gm_stream *streams = gm_system_malloc((trace->stream_count ? trace->stream_count : 1) * sizeof *streams);
     if (!pointers || !streams) {
         free(pointers);
         free(streams);

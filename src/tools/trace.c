@@ -16,6 +16,7 @@
 #include "base/array.h"
 #include "base/error.h"
 #include "base/hash_map.h"
+#include "base/system_memory.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -86,7 +87,7 @@ static gm_status stream_index_of(loader *state, uint64_t stream, uint16_t *index
     }
     if (trace->stream_count == UINT16_MAX)
         return malformed(state, "more than 65535 streams");
-    gm_stream *grown = realloc(trace->streams, (trace->stream_count + 1) * sizeof *grown);
+    gm_stream *grown = gm_system_realloc(trace->streams, (trace->stream_count + 1) * sizeof *grown);
     if (!grown)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "%s: no host memory for the trace", state->path);
     trace->streams = grown;
@@ -105,8 +106,8 @@ static gm_status take_slot(loader *state, uint64_t size, uint32_t *slot_out)
             return malformed(state, "too many live allocations");
         if ((trace->slot_count & (trace->slot_count - 1)) == 0) { /* grow at powers of two */
             size_t capacity = trace->slot_count ? trace->slot_count * 2 : 1;
-            uint64_t *sizes = realloc(state->slot_sizes, capacity * sizeof *sizes);
-            uint32_t *slots = realloc(state->free_slots, capacity * sizeof *slots);
+            uint64_t *sizes = gm_system_realloc(state->slot_sizes, capacity * sizeof *sizes);
+            uint32_t *slots = gm_system_realloc(state->free_slots, capacity * sizeof *slots);
             if (sizes)
                 state->slot_sizes = sizes;
             if (slots)
@@ -392,7 +393,7 @@ gm_status gm_trace_load(const char *path, gm_trace *trace_out)
     if (!path || !trace_out)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_trace_load: an argument is NULL");
     memset(trace_out, 0, sizeof *trace_out);
-    line_source *source = malloc(sizeof *source); /* its read buffer is too large for the stack */
+    line_source *source = gm_system_malloc(sizeof *source); /* its read buffer is too large for the stack */
     if (!source)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "%s: no host memory to read the trace", path);
     gm_status status = open_source(path, source);

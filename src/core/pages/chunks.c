@@ -21,6 +21,7 @@
 
 #include "base/array.h"
 #include "base/error.h"
+#include "base/system_memory.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -29,9 +30,9 @@ static gm_status new_region(gm_arena *arena, gm_heap *heap, int pool, gm_region 
 {
     page_engine *engine = engine_of(arena);
     uint64_t page_count = engine->region_size / engine->page_size;
-    gm_region *region = calloc(1, sizeof *region);
-    page_region *data = calloc(1, sizeof *data);
-    page_chunk **pages = calloc(page_count, sizeof *pages);
+    gm_region *region = gm_system_calloc(1, sizeof *region);
+    page_region *data = gm_system_calloc(1, sizeof *data);
+    page_chunk **pages = gm_system_calloc(page_count, sizeof *pages);
     gm_block *block = gm_block_new(&arena->block_pool);
     uintptr_t base = 0;
     gm_status status = region && data && pages && block
@@ -124,7 +125,7 @@ void pages_keep_unreachable(gm_arena *arena, gm_region *region, page_chunk *chun
 
 gm_status pages_make_chunk(gm_arena *arena, const gm_region *region, uint64_t size, page_chunk **chunk_out)
 {
-    page_chunk *chunk = calloc(1, sizeof *chunk);
+    page_chunk *chunk = gm_system_calloc(1, sizeof *chunk);
     if (!chunk)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a chunk");
     chunk->size = size;

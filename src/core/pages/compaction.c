@@ -35,6 +35,7 @@
 #include "core/pages/pages.h"
 
 #include "base/error.h"
+#include "base/system_memory.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -49,7 +50,7 @@ typedef struct pinned_chunk {
 /* Per page of `region`: 1 where the page lies wholly inside a free block. */
 static uint8_t *find_free_pages(const gm_region *region, uint64_t page_size)
 {
-    uint8_t *free_pages = calloc(data_of(region)->page_count ? data_of(region)->page_count : 1, 1);
+    uint8_t *free_pages = gm_system_calloc(data_of(region)->page_count ? data_of(region)->page_count : 1, 1);
     if (!free_pages)
         return NULL;
     for (const gm_block *block = region->first_block; block; block = block->next) {
@@ -163,7 +164,7 @@ static gm_status compact_chunk(gm_arena *arena, const pinned_chunk *pinned, bool
         *undone_out = true;
         return GM_OK;
     }
-    page_chunk **copies = calloc(old->size / page_size, sizeof *copies);
+    page_chunk **copies = gm_system_calloc(old->size / page_size, sizeof *copies);
     *undone_out = !copies || !gm_block_pool_reserve(&arena->block_pool, 2 * free_runs);
     if (*undone_out) {
         free(copies);
@@ -230,7 +231,7 @@ static size_t find_pinned_chunks(gm_arena *arena, uint64_t least, const gm_regio
         for (gm_region *region = gm_first_region(heap); region && !out_of_memory; region = gm_next_region(region)) {
             if (region->pool != GM_POOL_LARGE)
                 continue;
-            uint8_t **grown_maps = realloc(free_pages, (maps + 1) * sizeof *free_pages);
+            uint8_t **grown_maps = gm_system_realloc(free_pages, (maps + 1) * sizeof *free_pages);
             uint8_t *map = grown_maps ? find_free_pages(region, page_size) : NULL;
             free_pages = grown_maps ? grown_maps : free_pages;
             out_of_memory = !map;
@@ -248,7 +249,7 @@ static size_t find_pinned_chunks(gm_arena *arena, uint64_t least, const gm_regio
                 if (free_bytes < least || free_bytes == chunk->size || chunk->exported || chunk->lost || kept || ring)
                     continue;
                 if (count == capacity) {
-                    pinned_chunk *grown = realloc(chunks, (capacity ? 2 * capacity : 16) * sizeof *chunks);
+                    pinned_chunk *grown = gm_system_realloc(chunks, (capacity ? 2 * capacity : 16) * sizeof *chunks);
                     if (!grown)
                         break;
                     chunks = grown, capacity = capacity ? 2 * capacity : 16;

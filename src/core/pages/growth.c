@@ -290,6 +290,7 @@ static gm_status back_part(gm_arena *arena, const window *where, uintptr_t from,
     gm_block *opened = pages_carve(arena, hole, from, from + mapped, GM_BLOCK_FREE);
     if (!opened) {
         pages_unmapped_insert(region, hole);
+        pages_leave_waiting(arena, region, from, from + mapped);
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for block metadata");
     }
     *opened_out = pages_merge_alike(arena, opened);

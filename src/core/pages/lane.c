@@ -27,13 +27,14 @@
 #include "core/pages/pages.h"
 
 #include "base/error.h"
+#include "base/system_memory.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
 
 gm_status pages_new_heap_state(gm_heap *heap)
 {
-    heap->engine_data = calloc(1, sizeof(page_heap));
+    heap->engine_data = gm_system_calloc(1, sizeof(page_heap));
     if (!heap->engine_data)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the pages engine's heap state");
     return GM_OK;
@@ -45,7 +46,7 @@ gm_heap *pages_lane_of(gm_arena *arena, gm_heap *heap)
     page_heap *state = state_of(heap);
     if (state->lane)
         return state->lane;
-    page_heap *lane_state = calloc(1, sizeof *lane_state);
+    page_heap *lane_state = gm_system_calloc(1, sizeof *lane_state);
     gm_heap *lane = lane_state ? gm_add_heap(arena, heap->stream) : NULL;
     if (!lane) {
         free(lane_state);

@@ -475,6 +475,10 @@ gm_status pages_take_waiting(gm_arena *arena, gm_region *region, uintptr_t from,
 /* Every waiting page of `region` (NULL: of every region) taken into free space, so that its chunks
  * can be released or moved like any other. */
 gm_status pages_settle_waiting(gm_arena *arena, gm_region *region);
+/* The chunks mapped over [from, to) of an unmapped block (whole chunks, none waiting) left waiting there,
+ * when no metadata could be had to mark the part free: counted as reserved, and taken or settled later
+ * like memory made ahead, so the books stay exact. */
+void pages_leave_waiting(gm_arena *arena, gm_region *region, uintptr_t from, uintptr_t to);
 
 /* ---------------------------------------------------------------- compaction.c */
 

@@ -33,6 +33,7 @@ static gm_status remake_part(gm_arena *arena, gm_region *region, uintptr_t from,
     gm_block *opened = pages_carve(arena, hole, from, to, GM_BLOCK_FREE);
     if (!opened) {
         pages_unmapped_insert(region, hole);
+        pages_leave_waiting(arena, region, from, to);
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for block metadata");
     }
     gm_index_free_block(arena, pages_merge_alike(arena, opened));

@@ -39,6 +39,7 @@
 
 #include "base/array.h"
 #include "base/error.h"
+#include "base/system_memory.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -131,7 +132,7 @@ static bool may_join_group(const gm_region *region, const page_chunk *chunk)
 static void record_released(gm_arena *arena, size_t count)
 {
     page_engine *engine = engine_of(arena);
-    idle_chunk *sorted = count ? malloc(count * sizeof *sorted) : NULL;
+    idle_chunk *sorted = count ? gm_system_malloc(count * sizeof *sorted) : NULL;
     if (!sorted)
         return; /* none: the next step grows as the first one did */
     for (size_t i = 0; i < count; i++)
@@ -390,6 +391,18 @@ static gm_status settle_region(gm_arena *arena, gm_region *region)
             return status;
     }
     return GM_OK;
+}
+
+void pages_leave_waiting(gm_arena *arena, gm_region *region, uintptr_t from, uintptr_t to)
+{
+    page_engine *engine = engine_of(arena);
+    page_chunk **pages = data_of(region)->pages;
+    for (uintptr_t cursor = from; cursor < to;) {
+        page_chunk *chunk = pages[page_index(region, cursor, engine->page_size)];
+        chunk->waiting = chunk->size;
+        engine->waiting_bytes += chunk->size;
+        cursor = chunk->address + chunk->size;
+    }
 }
 
 gm_status pages_settle_waiting(gm_arena *arena, gm_region *region)

@@ -1,0 +1,85 @@
+/*
+ * test_host_failures.c -- every allocation of the library's own host memory may fail, and a failure
+ * never corrupts the allocator.
+ *
+ * As SQLite tests its malloc failures: the workload of failure_workload.h (and gm_create before it) runs
+ * once to count the host allocations it makes, then once for each position with that allocation failing
+ * (gm_fail_system_allocations), and for some positions with every allocation from there on failing;
+ * blocks' metadata is taken a block at a time, so that each block made is such a position.
+ * A creation that fails must say out of memory and leave nothing behind; otherwise each run must see
+ * only clean results (OK, out of memory or a device error), keep its books exact (gm_validate after
+ * every step), then run the workload again with memory back, give everything back (empty_cache leaves
+ * nothing reserved) and be destroyed without a leak or a double free (ASan/UBSan in CI).
+ */
+#include "failure_workload.h"
+
+#include "base/system_memory.h"
+#include "core/block.h"
+
+/* gm_create and one workload with the host allocation at `position` failing (and the `failures` - 1
+ * after it; none when position < 0), then a clean workload. The allocations the first part made. */
+static uint64_t run_with_host_failures(const char *config, int64_t position, uint64_t failures)
+{
+    run r = {0};
+    uint64_t before = gm_system_allocations_made();
+    if (position >= 0)
+        gm_fail_system_allocations((uint64_t)position, failures);
+    gm_status created = gm_create(config, &r.allocator);
+    if (created != GM_OK) {
+        gm_fail_system_allocations(0, 0);
+        if (created != GM_ERROR_OUT_OF_MEMORY)
+            fprintf(stderr, "[%s] %s: gm_create with allocation %" PRId64 " failing: %s (%s)\n", test_current,
+                    config, position, gm_strerror(created), gm_last_error());
+        CHECK(position >= 0 && created == GM_ERROR_OUT_OF_MEMORY);
+        CHECK(r.allocator == NULL);
+        return 0;
+    }
+    workload(&r);
+    uint64_t made = gm_system_allocations_made() - before;
+    gm_fail_system_allocations(0, 0);
+    char failure[96];
+    snprintf(failure, sizeof failure, "allocation %" PRId64 " failing (%" PRIu64 " times)", position, failures);
+    run_again_and_destroy(&r, config, failure);
+    return made;
+}
+
+static void every_allocation_may_fail(const char *config)
+{
+    gm_block_pool_set_chunk_blocks(1); /* every block made is an allocation that may fail */
+    uint64_t made = run_with_host_failures(config, -1, 0);
+    CHECK(made > 0);
+    for (uint64_t position = 0; position < made; position++)
+        run_with_host_failures(config, (int64_t)position, 1);
+    uint64_t step = made > 20 ? made / 20 : 1; /* memory gone for good from there on */
+    for (uint64_t position = 0; position < made; position += step)
+        run_with_host_failures(config, (int64_t)position, UINT64_MAX);
+    gm_block_pool_set_chunk_blocks(0);
+}
+
+static void pages_engine(void)
+{
+    every_allocation_may_fail("backend:sim,capacity:4GiB");
+}
+
+static void pages_engine_with_compaction(void)
+{
+    every_allocation_may_fail("backend:sim,capacity:4GiB,compact_min:2MiB,max_chunk_size:32MiB");
+}
+
+static void pages_engine_rechunking(void)
+{
+    every_allocation_may_fail("backend:sim,capacity:4GiB,rechunk_min:4MiB");
+}
+
+static void segments_engine(void)
+{
+    every_allocation_may_fail("backend:sim,capacity:4GiB,engine:segments");
+}
+
+static void pages_engine_on_host(void)
+{
+    every_allocation_may_fail("backend:host,capacity:1GiB");
+}
+
+RUN_TESTS(TEST_CASE(pages_engine), TEST_CASE(pages_engine_with_compaction), TEST_CASE(pages_engine_rechunking),
+          TEST_CASE(segments_engine), TEST_CASE(pages_engine_on_host))
