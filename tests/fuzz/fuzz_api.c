@@ -37,6 +37,7 @@
 #include "fuzz_api.h"
 
 #include "base/system_memory.h"
+#include "core/block.h"
 
 const gm_stream streams[STREAMS] = {0, 1, 2, 1000};
 const gm_pool_id pool_ids[POOLS] = {{0, 0}, {1, 0}, {0, 1}, {1, 1}, {7, 3}};
@@ -465,6 +466,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     current = &state;
     input in = {data, size, 0};
     gm_fail_system_allocations(0, 0);
+    /* Inputs of odd length take blocks' metadata a block at a time: each block made is then a host
+     * allocation that may fail (the size does not change how the bytes are read). */
+    gm_block_pool_set_chunk_blocks(size % 2 ? 1 : 0);
     create_allocator(&state, &in);
     while (in.position < in.size) {
         enum operation_kind kind = (enum operation_kind)(next_byte(&in) % OP_COUNT);
