@@ -9,7 +9,8 @@
  * A creation that fails must say out of memory and leave nothing behind; otherwise each run must see
  * only clean results (OK, out of memory or a device error), keep its books exact (gm_validate after
  * every step), then run the workload again with memory back, give everything back (empty_cache leaves
- * nothing reserved) and be destroyed without a leak or a double free (ASan/UBSan in CI).
+ * nothing reserved) and be destroyed without a leak or a double free (ASan/UBSan in CI). A second part
+ * does the same for private pools, pinned host memory, snapshots and the summary.
  */
 #include "failure_workload.h"
 
@@ -56,6 +57,88 @@ static void every_allocation_may_fail(const char *config)
     gm_block_pool_set_chunk_blocks(0);
 }
 
+/* Note a call's status: OK, or out of memory while allocations fail. */
+static bool done(run *r, gm_status status, const char *what)
+{
+    note(r, status, what);
+    return status == GM_OK;
+}
+
+/* Private pools, pinned host memory, snapshots and the summary with the allocation at `position`
+ * failing (and the `failures` - 1 after it): every call OK or out of memory with nothing changed, the
+ * books exact; then, with memory back, everything given back. The allocations made. */
+static uint64_t pools_and_more_with_host_failures(const char *config, int64_t position, uint64_t failures)
+{
+    run r = {0};
+    REQUIRE(gm_create(config, &r.allocator) == GM_OK);
+    const gm_pool_id pool = {1, 0};
+    uint64_t before = gm_system_allocations_made();
+    if (position >= 0)
+        gm_fail_system_allocations((uint64_t)position, failures);
+    void *in_pool[3] = {0}, *outside = NULL, *host[3] = {0};
+    bool begun = done(&r, gm_begin_allocate_to_pool(r.allocator, pool, NULL, NULL), "begin pool");
+    for (int i = 0; i < 3; i++)
+        done(&r, gm_malloc(r.allocator, (size_t)(i + 1) * 3 * MIB, 0, &in_pool[i]), "malloc in the pool");
+    if (begun)
+        REQUIRE(gm_end_allocate_to_pool(r.allocator, pool) == GM_OK); /* needs no memory */
+    done(&r, gm_malloc(r.allocator, 5 * MIB, 1, &outside), "malloc outside");
+    if (in_pool[1] && done(&r, gm_free(r.allocator, in_pool[1]), "free in the pool"))
+        in_pool[1] = NULL;
+    for (int i = 0; i < 3; i++)
+        done(&r, gm_host_malloc(r.allocator, (size_t)4096 << (4 * i), &host[i]), "host malloc");
+    if (host[0] && done(&r, gm_host_free(r.allocator, host[0]), "host free"))
+        host[0] = NULL;
+    gm_snapshot *snapshot = NULL;
+    if (done(&r, gm_snapshot_take(r.allocator, &snapshot), "snapshot")) {
+        char *json = NULL;
+        done(&r, gm_snapshot_json(snapshot, &json), "snapshot json");
+        gm_json_free(json);
+        gm_snapshot_free(snapshot);
+    }
+    char summary[16384];
+    size_t needed = 0;
+    done(&r, gm_summary(r.allocator, summary, sizeof summary, &needed), "summary");
+    done(&r, gm_empty_cache(r.allocator), "empty_cache");
+    done(&r, gm_host_empty_cache(r.allocator), "host empty_cache");
+    uint64_t made = gm_system_allocations_made() - before;
+    gm_fail_system_allocations(0, 0);
+    for (int i = 0; i < 3; i++) {
+        if (in_pool[i])
+            CHECK_OK(gm_free(r.allocator, in_pool[i]));
+        if (host[i])
+            CHECK_OK(gm_host_free(r.allocator, host[i]));
+    }
+    if (outside)
+        CHECK_OK(gm_free(r.allocator, outside));
+    if (begun)
+        CHECK_OK(gm_release_pool(r.allocator, pool));
+    CHECK_OK(gm_empty_cache(r.allocator));
+    CHECK_OK(gm_host_empty_cache(r.allocator));
+    CHECK_OK(gm_validate(r.allocator));
+    CHECK_EQ_INT(reserved(r.allocator), 0);
+    CHECK_EQ_INT(r.unclean, 0);
+    CHECK_EQ_INT(r.invalid, 0);
+    size_t live = 1;
+    gm_destroy(r.allocator, &live);
+    CHECK_EQ_INT(live, 0);
+    return made;
+}
+
+static void pools_pinned_memory_and_snapshots(void)
+{
+    static const char *const configs[] = {"backend:sim,capacity:4GiB", "backend:sim,capacity:4GiB,engine:segments"};
+    gm_block_pool_set_chunk_blocks(1);
+    for (size_t c = 0; c < 2; c++) {
+        uint64_t made = pools_and_more_with_host_failures(configs[c], -1, 0);
+        CHECK(made > 10);
+        for (uint64_t position = 0; position < made; position++) {
+            pools_and_more_with_host_failures(configs[c], (int64_t)position, 1);
+            pools_and_more_with_host_failures(configs[c], (int64_t)position, UINT64_MAX);
+        }
+    }
+    gm_block_pool_set_chunk_blocks(0);
+}
+
 static void pages_engine(void)
 {
     every_allocation_may_fail("backend:sim,capacity:4GiB");
@@ -82,4 +165,4 @@ static void pages_engine_on_host(void)
 }
 
 RUN_TESTS(TEST_CASE(pages_engine), TEST_CASE(pages_engine_with_compaction), TEST_CASE(pages_engine_rechunking),
-          TEST_CASE(segments_engine), TEST_CASE(pages_engine_on_host))
+          TEST_CASE(segments_engine), TEST_CASE(pages_engine_on_host), TEST_CASE(pools_pinned_memory_and_snapshots))
