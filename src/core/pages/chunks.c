@@ -98,14 +98,15 @@ gm_status pages_unmap_chunk(gm_arena *arena, gm_region *region, page_chunk *chun
 {
     gm_pool_id pool = gm_heap_pool_id(region->heap);
     gm_history_record(arena->history, GM_EVENT_SEGMENT_UNMAP, chunk->address, chunk->size, region->heap->stream, pool);
-    gm_status status = chunk->lost ? GM_OK : gm_backend_unmap(arena->backend, chunk->address, chunk->size);
+    bool mapped = !chunk->lost || chunk->stray;
+    gm_status status = mapped ? gm_backend_unmap(arena->backend, chunk->address, chunk->size) : GM_OK;
     if (status != GM_OK) {
         gm_history_record(arena->history, GM_EVENT_SEGMENT_MAP, chunk->address, chunk->size, region->heap->stream,
                           pool);
         return status;
     }
     engine_of(arena)->lost_chunks -= chunk->lost;
-    chunk->lost = false;
+    chunk->lost = chunk->stray = false;
     gm_list_remove(&data_of(region)->chunks, &chunk->link);
     data_of(region)->mapped_bytes -= chunk->size;
     record_chunk_pages(region, chunk, NULL, engine_of(arena)->page_size);
@@ -115,9 +116,8 @@ gm_status pages_unmap_chunk(gm_arena *arena, gm_region *region, page_chunk *chun
 
 void pages_keep_unreachable(gm_arena *arena, gm_region *region, page_chunk *chunk)
 {
-    chunk->lost = !chunk->stray; /* a stray chunk is mapped there, only without access */
-    chunk->stray = false;
-    engine_of(arena)->lost_chunks += chunk->lost;
+    chunk->lost = true; /* a stray one stays so: mapped there, only without access */
+    engine_of(arena)->lost_chunks++;
     gm_list_push_front(&data_of(region)->chunks, &chunk->link);
     data_of(region)->mapped_bytes += chunk->size;
     record_chunk_pages(region, chunk, chunk, engine_of(arena)->page_size);

@@ -213,8 +213,9 @@ static gm_status compact_chunk(gm_arena *arena, const pinned_chunk *pinned, bool
 }
 
 /* Every chunk of the shared large pools (not a private pool's, not a lane's: page-sized chunks) with
- * at least `least` bytes of whole free pages that is not idle, exported, lost (nothing to copy from), nor in [keep_start,
- * keep_end) of `keep_region` (the growth's own run). *free_pages_out: the page maps made, to free. */
+ * at least `least` bytes of whole free pages that is not idle, exported, lost (nothing to copy from),
+ * nor in [keep_start, keep_end) of `keep_region` (the growth's own run). *free_pages_out: the page maps
+ * made, to free. */
 static size_t find_pinned_chunks(gm_arena *arena, uint64_t least, const gm_region *keep_region, uintptr_t keep_start,
                                  uintptr_t keep_end, pinned_chunk **chunks_out, uint8_t ***free_pages_out,
                                  size_t *maps_out)

@@ -73,8 +73,9 @@ typedef struct page_chunk {
     uint8_t pool; /* unreleased: the pool its reserved bytes are counted in */
     bool stray;   /* still mapped at `address` though no region holds it (an unmap that failed in
                      the cleanup of a failed map): unmapped before it is released */
-    bool lost;    /* held by its region at `address` but not mapped there: compaction could map neither
-                     it back nor its copies (pages_keep_unreachable); unmapping it makes no device call */
+    bool lost;    /* held by its region at `address` but its blocks cannot be reached there: compaction
+                     could map neither it back nor its copies (pages_keep_unreachable). Not mapped at all
+                     unless also stray (mapped without access): unmapping it then makes no device call */
     uint64_t freed_at; /* the engine's free count when a block over it was last freed here; 0: no block
                           has used it since it was mapped here */
     uint64_t waiting;  /* bytes of it made ahead of need (refill.c) that no growth has taken yet: they lie
