@@ -2,10 +2,11 @@
  * test_trace.c -- loading traces: plain and gzip files, comments, and a clear "FILE:LINE: reason"
  * for each kind of malformed line, binary data (NUL bytes, no newline) included; an unreadable or
  * truncated file is an I/O error. Nothing is loaded from a bad
- * trace.
+ * trace, nor when host memory runs out.
  */
 #include "test.h"
 
+#include "base/system_memory.h"
 #include "tools/trace.h"
 
 #include <sys/stat.h>
@@ -198,6 +199,46 @@ static void replay_reports_what_it_measured(void)
     gm_trace_free(&trace);
 }
 
+/* With each host allocation of a load and a replay failing in turn (gzip's own aside), the load and the
+ * replay say out of memory and leave nothing behind (ASan in CI), or succeed as without failures. */
+static void host_memory_failures_are_clean(void)
+{
+    const char *text = "a,0,3145728,0\na,1,1000,0\nf,0,3145728,0\na,2,100,1\nf,1,1000,0\nf,2,100,1\n";
+    for (int compressed = 0; compressed < 2; compressed++) {
+        const char *path = write_file(compressed ? "failing.csv.gz" : "failing.csv", text, compressed);
+        uint64_t before = gm_system_allocations_made();
+        gm_trace trace;
+        REQUIRE(gm_trace_load(path, &trace) == GM_OK);
+        uint64_t made = gm_system_allocations_made() - before;
+        gm_trace_free(&trace);
+        CHECK(made > 0);
+        for (uint64_t position = 0; position <= made; position++) {
+            gm_fail_system_allocations(position, 1);
+            gm_status status = gm_trace_load(path, &trace);
+            gm_fail_system_allocations(0, 0);
+            CHECK(status == (position < made ? GM_ERROR_OUT_OF_MEMORY : GM_OK));
+            if (status == GM_OK)
+                gm_trace_free(&trace);
+        }
+    }
+    gm_trace trace;
+    REQUIRE(gm_trace_load(write_file("replayed.csv", text, 0), &trace) == GM_OK);
+    for (uint64_t position = 0; position < 64; position++) {
+        gm_allocator *allocator = NULL;
+        REQUIRE(gm_create("backend:sim,capacity:1GiB", &allocator) == GM_OK);
+        gm_fail_system_allocations(position, 1);
+        gm_replay_result result;
+        gm_status status = gm_replay(allocator, &trace, &result);
+        gm_fail_system_allocations(0, 0);
+        CHECK(status == GM_OK || status == GM_ERROR_OUT_OF_MEMORY);
+        CHECK_OK(gm_validate(allocator));
+        size_t live = 1;
+        gm_destroy(allocator, &live);
+        CHECK_EQ_INT(live, 0); /* the replay freed what stayed live, failed or not */
+    }
+    gm_trace_free(&trace);
+}
+
 int main(void)
 {
     snprintf(directory, sizeof directory, "/tmp/gpumem-test-trace-%d", (int)getpid());
@@ -205,7 +246,8 @@ int main(void)
     static const test_case cases[] = {TEST_CASE(good_trace_loads), TEST_CASE(malformed_lines_are_located),
                                       TEST_CASE(binary_input_is_refused), TEST_CASE(unreadable_files_are_io_errors),
                                       TEST_CASE(truncated_gzip_is_an_io_error),
-                                      TEST_CASE(replay_reports_what_it_measured)};
+                                      TEST_CASE(replay_reports_what_it_measured),
+                                      TEST_CASE(host_memory_failures_are_clean)};
     int result = run_tests(cases, sizeof cases / sizeof cases[0]);
     char command[600];
     snprintf(command, sizeof command, "rm -rf '%s'", directory);
