@@ -17,6 +17,9 @@
 #include "base/system_memory.h"
 #include "core/block.h"
 
+#include <stdlib.h>
+#include <unistd.h>
+
 /* gm_create and one workload with the host allocation at `position` failing (and the `failures` - 1
  * after it; none when position < 0), then a clean workload. The allocations the first part made. */
 static uint64_t run_with_host_failures(const char *config, int64_t position, uint64_t failures)
@@ -139,6 +142,45 @@ static void pools_pinned_memory_and_snapshots(void)
     gm_block_pool_set_chunk_blocks(0);
 }
 
+/* gm_create with each of its host allocations failing in turn, for configurations that make more at
+ * creation (a published region, a history, the host backend): out of memory and nothing left behind
+ * (no region file either); or, where the failure was the published region's, an allocator that does
+ * not publish and says why (gm_publish_status), as include/gpumem.h promises. */
+static void creation_fails_cleanly(void)
+{
+    static const char *const configs[] = {"backend:sim,capacity:4GiB,publish:true", "backend:sim,history:1000",
+                                          "backend:host,capacity:256MiB", "backend:sim,engine:segments"};
+    char directory[] = "/tmp/gpumem-host-failures-XXXXXX";
+    REQUIRE(mkdtemp(directory) != NULL);
+    REQUIRE(setenv("GPUMEM_SHM_DIR", directory, 1) == 0);
+    for (size_t c = 0; c < sizeof configs / sizeof configs[0]; c++) {
+        gm_allocator *allocator = NULL;
+        uint64_t before = gm_system_allocations_made();
+        REQUIRE(gm_create(configs[c], &allocator) == GM_OK);
+        uint64_t made = gm_system_allocations_made() - before;
+        gm_destroy(allocator, NULL);
+        for (uint64_t position = 0; position < made; position++) {
+            allocator = NULL;
+            gm_fail_system_allocations(position, 1);
+            gm_status status = gm_create(configs[c], &allocator);
+            gm_fail_system_allocations(0, 0);
+            if (status == GM_OK) { /* only publication may fail without the creation: it says so */
+                char path[512];
+                CHECK_STATUS(gm_publish_status(allocator, path, sizeof path), GM_ERROR_OUT_OF_MEMORY);
+                gm_destroy(allocator, NULL);
+            } else {
+                CHECK_STATUS(status, GM_ERROR_OUT_OF_MEMORY);
+                CHECK(allocator == NULL);
+            }
+            char command[128];
+            snprintf(command, sizeof command, "test -z \"$(ls -A '%s')\"", directory);
+            CHECK(system(command) == 0); /* no published region left behind */
+        }
+    }
+    unsetenv("GPUMEM_SHM_DIR");
+    rmdir(directory);
+}
+
 static void pages_engine(void)
 {
     every_allocation_may_fail("backend:sim,capacity:4GiB");
@@ -165,4 +207,5 @@ static void pages_engine_on_host(void)
 }
 
 RUN_TESTS(TEST_CASE(pages_engine), TEST_CASE(pages_engine_with_compaction), TEST_CASE(pages_engine_rechunking),
-          TEST_CASE(segments_engine), TEST_CASE(pages_engine_on_host), TEST_CASE(pools_pinned_memory_and_snapshots))
+          TEST_CASE(segments_engine), TEST_CASE(pages_engine_on_host), TEST_CASE(pools_pinned_memory_and_snapshots),
+          TEST_CASE(creation_fails_cleanly))
