@@ -164,6 +164,9 @@ typedef struct page_engine {
                                     every move by choice under a memory limit (growth.c) */
     uint64_t frees;              /* blocks freed so far: the clock of freed_at and waited_at */
     uint64_t allocations;        /* allocations served so far */
+    uint64_t lost_chunks;        /* chunks kept in the books though their blocks cannot be reached
+                                    (pages_keep_unreachable): no allocation until they are idle and
+                                    given back (pages_allocate) */
 
     uint64_t region_size;
     int64_t page_chunk_cost_ns;  /* what one page-sized chunk costs (create, map, set access) */
@@ -177,8 +180,6 @@ typedef struct page_engine {
                                     asking region's that is still at work stay where they are
                                     (pages_find_idle_chunks) */
     gm_list unreleased;          /* chunks unmapped whose release failed: still reserved, released later */
-    uint64_t lost_chunks;        /* chunks kept in the books though not mapped (pages_keep_unreachable):
-                                    no allocation until they are idle and given back (pages_allocate) */
     refill_list released;        /* the groups the last empty_cache released (refill.c) */
     refill_list plan;            /* those of them the empty_cache before released too, not made again yet */
     refill_list growths;         /* the windows grown since the last empty_cache, in order (refill.c) */
