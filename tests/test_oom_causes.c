@@ -294,6 +294,11 @@ static void host_memory_nearly_exhausted(void)
                      "driver needs host memory too). MemAvailable is 97.66 MiB of 15.26 GiB.");
     CHECK_MESSAGE("  1. Free host memory: fewer DataLoader workers");
     CHECK_MESSAGE("  2. See what uses it: `gpumem top`");
+    char path[300];
+    snprintf(path, sizeof path, "%s/proc/meminfo", root);
+    CHECK(unlink(path) == 0);
+    snprintf(path, sizeof path, "%s/proc", root);
+    CHECK(rmdir(path) == 0 && rmdir(root) == 0); /* the fixture leaves nothing in /tmp */
 }
 
 /* The host backend's memory is the host's: with the address space capped (RLIMIT_AS), its reservation
