@@ -20,8 +20,11 @@
  *     operations); cut short, it is an I/O error, or the plain file's own parse error (a malformed
  *     line before the cut), never GM_OK;
  *   - plain variant: a loaded trace with few streams replays on the simulated device (either engine,
- *     by the input's length) and the allocator validates afterwards.
+ *     by the input's length) and the allocator validates afterwards; loaded again with one of its host
+ *     allocations failing (which one, by the input's length: gm_fail_system_allocations), the load says
+ *     out of memory and leaves nothing behind.
  */
+#include "base/system_memory.h"
 #include "tools/trace.h"
 
 #include <stdbool.h>
@@ -245,14 +248,32 @@ static void replay(const gm_trace *trace, bool segments_engine)
     free(result);
 }
 
+/* The load of a trace that loaded, again with the host allocation at `position` of its `made` failing. */
+static void load_short_of_memory(const uint8_t *data, size_t size, uint64_t made)
+{
+    load_result *failing = calloc(1, sizeof *failing);
+    if (!failing)
+        fail("no memory for the result", NULL);
+    gm_fail_system_allocations(size % made, 1);
+    load(data, size, failing);
+    gm_fail_system_allocations(0, 0);
+    if (failing->status != GM_ERROR_OUT_OF_MEMORY)
+        fail("a load short of host memory did not say so", failing->status == GM_OK ? "it succeeded" : failing->message);
+    free(failing);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     load_result *result = calloc(1, sizeof *result);
     if (!result)
         fail("no memory for the result", NULL);
+    uint64_t before = gm_system_allocations_made();
     load(data, size, result);
+    uint64_t made = gm_system_allocations_made() - before;
     if (result->status == GM_OK) {
         check_trace(&result->trace);
+        if (made)
+            load_short_of_memory(data, size, made);
         replay(&result->trace, size % 2 == 1);
     }
     gm_trace_free(&result->trace);
