@@ -15,9 +15,12 @@
  *     memory; a device error where fault_rate makes device calls fail) with a message; a created
  *     allocator serves and frees a few allocations, device and pinned host (each may run out of memory
  *     or meet a device error), validates (gm_validate) after each stage and is destroyed with nothing
- *     live.
+ *     live; created again with one of its host allocations failing (which one, by the input's length:
+ *     gm_fail_system_allocations), gm_create says out of memory and leaves nothing behind, or (the
+ *     published region's allocation) creates an allocator that says why it does not publish.
  */
 #include "base/options.h"
+#include "base/system_memory.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -112,6 +115,24 @@ static void run_workload(gm_allocator *allocator)
     check_valid(allocator, "gm_empty_cache");
 }
 
+/* gm_create of a configuration it accepted, again with its host allocation at `position` failing (with
+ * fault_rate, a device call may fail too). */
+static void create_short_of_memory(const char *text, uint64_t position, bool device_faults)
+{
+    gm_allocator *allocator = NULL;
+    gm_fail_system_allocations(position, 1);
+    gm_status status = gm_create(text, &allocator);
+    gm_fail_system_allocations(0, 0);
+    if (status == GM_OK) {
+        char path[512];
+        if (gm_publish_status(allocator, path, sizeof path) != GM_ERROR_OUT_OF_MEMORY)
+            fail("gm_create short of host memory succeeded (not for want of a published region)", text);
+        gm_destroy(allocator, NULL);
+    } else if ((status != GM_ERROR_OUT_OF_MEMORY && !(status == GM_ERROR_DEVICE && device_faults)) || allocator) {
+        fail("gm_create short of host memory did not say so", gm_last_error());
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     char *text = malloc(size + 1);
@@ -145,7 +166,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     if (strcmp(options.backend, "cuda") != 0) {
         gm_allocator *allocator = NULL;
+        uint64_t before = gm_system_allocations_made();
         status = gm_create(text, &allocator);
+        uint64_t made = gm_system_allocations_made() - before;
         if (status == GM_OK) {
             if (!allocator)
                 fail("gm_create succeeded without an allocator", text);
@@ -155,6 +178,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             gm_destroy(allocator, &live);
             if (live != 0)
                 fail("allocations were left live at gm_destroy", text);
+            if (made)
+                create_short_of_memory(text, size % made, options.fault_rate > 0);
         } else if (status != GM_ERROR_BAD_CONFIG && status != GM_ERROR_NO_DEVICE &&
                    status != GM_ERROR_OUT_OF_MEMORY && !(status == GM_ERROR_DEVICE && options.fault_rate > 0)) {
             fail("gm_create returned an unexpected status", gm_last_error());
