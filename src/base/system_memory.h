@@ -6,7 +6,8 @@
  * every book stays exact. Such paths are rare in practice, so tests make them happen: like SQLite's
  * malloc-failure tests, gm_fail_system_allocations makes the allocations after the next `after` ones
  * fail, and tests/test_host_failures.c runs a workload once for every allocation it makes, that one
- * failing. The check is one atomic load, on paths that already call malloc.
+ * failing. The check is an atomic increment (the count tests read) and an atomic load, on paths that
+ * already call malloc: never on a hot path.
  */
 #ifndef GPUMEM_BASE_SYSTEM_MEMORY_H
 #define GPUMEM_BASE_SYSTEM_MEMORY_H

@@ -68,6 +68,14 @@ static void record_chunk_pages(gm_region *region, page_chunk *chunk, page_chunk 
         data->pages[page] = value;
 }
 
+/* `chunk` in `region`'s books at its address: in its list of chunks, its mapped bytes and its pages. */
+static void hold_chunk(gm_region *region, page_chunk *chunk, uint64_t page_size)
+{
+    gm_list_push_front(&data_of(region)->chunks, &chunk->link);
+    data_of(region)->mapped_bytes += chunk->size;
+    record_chunk_pages(region, chunk, chunk, page_size);
+}
+
 /* Access is set per mapping: the driver charges cuMemSetAccess per mapping that a range covers
  * (bench/vmm_probe.c measures it), so one call over many chunks would cost no less. */
 gm_status pages_map_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk, uintptr_t address)
@@ -84,11 +92,9 @@ gm_status pages_map_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk,
         return status;
     chunk->address = address;
     chunk->freed_at = 0; /* no block has used it here yet */
-    gm_list_push_front(&data_of(region)->chunks, &chunk->link);
-    data_of(region)->mapped_bytes += chunk->size;
+    hold_chunk(region, chunk, engine_of(arena)->page_size);
     gm_history_record(arena->history, GM_EVENT_SEGMENT_MAP, address, chunk->size, region->heap->stream,
                       gm_heap_pool_id(region->heap));
-    record_chunk_pages(region, chunk, chunk, engine_of(arena)->page_size);
     arena->stats->num_page_maps += (int64_t)(chunk->size / engine_of(arena)->page_size);
     return GM_OK;
 }
@@ -118,9 +124,7 @@ void pages_keep_unreachable(gm_arena *arena, gm_region *region, page_chunk *chun
 {
     chunk->lost = true; /* a stray one stays so: mapped there, only without access */
     engine_of(arena)->lost_chunks++;
-    gm_list_push_front(&data_of(region)->chunks, &chunk->link);
-    data_of(region)->mapped_bytes += chunk->size;
-    record_chunk_pages(region, chunk, chunk, engine_of(arena)->page_size);
+    hold_chunk(region, chunk, engine_of(arena)->page_size);
 }
 
 gm_status pages_make_chunk(gm_arena *arena, const gm_region *region, uint64_t size, page_chunk **chunk_out)
