@@ -49,5 +49,6 @@ int gm_report_of_trace(const struct gm_trace *trace, const char *trace_path, con
                        const char *output_path, const char *command);
 int gm_command_exporter(int argc, char **argv);
 int gm_command_doctor(int argc, char **argv);
+int gm_command_config(int argc, char **argv);
 
 #endif

@@ -11,7 +11,7 @@
  *   gpumem run [--conf KEY:VALUE,...] [--report FILE] [--] COMMAND [ARGUMENTS...]
  *   gpumem exporter [--listen HOST:PORT] [--allow-remote] [--textfile DIR [--interval SECONDS] [--once]]
  *   gpumem doctor [--json] [--pid PID] [--root DIR]
- *   gpumem config
+ *   gpumem config [KEY...] | --check [KEY:VALUE,...]
  *   gpumem version | --version     (the CMake project's version, GPUMEM_PROJECT_VERSION)
  *
  * Exit status: 0 success; 1 an error (unreadable file, no device, bad configuration); 2 bad usage
@@ -60,7 +60,10 @@ static void print_usage(FILE *out)
             "                 audit the host for GPU training: memory, swap, pressure, vm settings, cgroup,\n"
             "                 memlock, /dev/shm, open files, GPUs; with --pid that process tree's memory;\n"
             "                 exit 0 all ok, 4 worst is warn, 5 worst is fail\n"
-            "  config         list the GPUMEM_CONF keys\n"
+            "  config [KEY...]\n"
+            "                 the GPUMEM_CONF keys: what each does and its default\n"
+            "  config --check [KEY:VALUE,...]\n"
+            "                 check a configuration (without one, $GPUMEM_CONF) as the library parses it\n"
             "  version, --version\n"
             "                 print the version\n");
 }
@@ -93,10 +96,8 @@ int main(int argc, char **argv)
         return gm_command_exporter(argc - 2, argv + 2);
     if (!strcmp(command, "doctor"))
         return gm_command_doctor(argc - 2, argv + 2);
-    if (!strcmp(command, "config")) {
-        fputs(gm_config_help(), stdout);
-        return GM_EXIT_OK;
-    }
+    if (!strcmp(command, "config"))
+        return gm_command_config(argc - 2, argv + 2);
     if (!strcmp(command, "version") || !strcmp(command, "--version")) {
         printf("gpumem %s\n", GPUMEM_PROJECT_VERSION);
         return GM_EXIT_OK;

@@ -35,6 +35,18 @@ expect 0 "replay TRACE" -- "$gpumem" help
 expect 2 "unknown command 'fly'" -- "$gpumem" fly
 expect 0 "gpumem [0-9]+\.[0-9]+" -- "$gpumem" version
 expect 0 "memory_limit" -- "$gpumem" config
+expect 0 "^  move_slack +pages engine: idle chunks" -- "$gpumem" config move_slack max_chunk_size
+expect 2 "unknown key 'max_chunk'" -- "$gpumem" config max_chunk_size max_chunk
+expect 2 "unknown option '--chek'" -- "$gpumem" config --chek
+expect 0 "^  max_chunk_size +8MiB +pages engine" -- "$gpumem" config --check max_chunk_size:8MiB,move_slack:0.01
+expect 1 "^gpumem config: the configuration is not valid: bad value for key 'max_chunk_size'" -- \
+    "$gpumem" config --check max_chunk_size:8XB
+expect 1 "GPUMEM_CONF is not valid: unknown key 'foo'" -- env GPUMEM_CONF=history:10,foo:1 "$gpumem" config --check
+expect 1 "GPUMEM_TORCH over GPUMEM_CONF is not valid: key 'pressure_low' \(0.95\) must be below" -- \
+    env GPUMEM_CONF=pressure_high:0.9 GPUMEM_TORCH=pressure_low:0.95 "$gpumem" config --check
+expect 0 "GPUMEM_TORCH is valid" -- env -u GPUMEM_CONF GPUMEM_TORCH=compact_min:2MiB "$gpumem" config --check
+expect 0 "no keys in GPUMEM_CONF or GPUMEM_TORCH" -- env -u GPUMEM_CONF GPUMEM_TORCH=1 "$gpumem" config --check
+expect 2 "takes one configuration string" -- "$gpumem" config --check a:1 b:2
 expect 2 "usage: gpumem replay" -- "$gpumem" replay
 expect 0 "usage: gpumem replay TRACE" -- "$gpumem" replay --help
 expect 0 "usage: gpumem info" -- "$gpumem" info -h

@@ -494,6 +494,14 @@ static void write_help(void)
                                  descriptors[i].help);
 }
 
+const char *gm_option_help(const char *key)
+{
+    for (size_t i = 0; i < DESCRIPTOR_COUNT; i++)
+        if (!strcmp(descriptors[i].key, key))
+            return descriptors[i].help;
+    return NULL;
+}
+
 const char *gm_config_help(void)
 {
     pthread_once(&help_once, write_help);

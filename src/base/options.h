@@ -70,6 +70,9 @@ void gm_options_default(gm_options *options);
  * GM_ERROR_BAD_CONFIG, sets gm_last_error() and leaves *options unchanged. */
 gm_status gm_options_parse(gm_options *options, const char *text);
 
+/* One key's line of gm_config_help() (what it does and its default), or NULL for an unknown key. */
+const char *gm_option_help(const char *key);
+
 /* The pressure policy's low watermark: pressure_low, or pressure_high - 0.1 when it was not given. */
 double gm_options_pressure_low(const gm_options *options);
 
