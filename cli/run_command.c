@@ -384,6 +384,28 @@ static int run(char **command, const char *conf, const char *report)
     return exit_status;
 }
 
+/* A bad configuration is a usage error here, not the command's failure at its first tensor: the keys the
+ * command's allocator will apply, in its order (GPUMEM_CONF, --conf over it, then the PyTorch adapter's
+ * GPUMEM_TORCH over both), each parsed on top of the last as the library does. */
+static bool configuration_is_valid(const char *conf)
+{
+    const char *torch = getenv("GPUMEM_TORCH");
+    const struct {
+        const char *name, *text;
+    } sources[] = {{"GPUMEM_CONF", getenv("GPUMEM_CONF")},
+                   {"--conf", conf},
+                   {"GPUMEM_TORCH", torch && strcmp(torch, "1") ? torch : NULL}};
+    gm_options options;
+    gm_options_default(&options);
+    for (size_t i = 0; i < sizeof sources / sizeof sources[0]; i++) {
+        if (sources[i].text && gm_options_parse(&options, sources[i].text) != GM_OK) {
+            fprintf(stderr, "gpumem run: %s: %s\n", sources[i].name, gm_last_error());
+            return false;
+        }
+    }
+    return true;
+}
+
 int gm_command_run(int argc, char **argv)
 {
     const char *conf = NULL, *report = NULL;
@@ -414,11 +436,7 @@ int gm_command_run(int argc, char **argv)
         fprintf(stderr, "gpumem run: no command given\n");
         return usage(stderr, GM_EXIT_USAGE);
     }
-    gm_options options; /* a bad --conf is a usage error here, not the command's failure later */
-    gm_options_default(&options);
-    if (conf && gm_options_parse(&options, conf) != GM_OK) {
-        fprintf(stderr, "gpumem run: --conf: %s\n", gm_last_error());
+    if (!configuration_is_valid(conf))
         return GM_EXIT_USAGE;
-    }
     return run(argv + i, conf, report);
 }

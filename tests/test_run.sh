@@ -106,6 +106,17 @@ grep -q 'data-value="9437184"' "$work/run.html" || fail "the report's peak live 
 [ $? -eq 2 ] && grep -q "no command given" "$work/usage.err" || fail "gpumem run without a command: $(cat "$work/usage.err")"
 "$gpumem" run --conf bogus:1 -- true 2>"$work/conf.err"
 [ $? -eq 2 ] && grep -q "unknown key 'bogus'" "$work/conf.err" || fail "a bad --conf: $(cat "$work/conf.err")"
+# A bad configuration in the environment stops the run before the command starts (it would fail at
+# its first tensor), and says which variable holds it; GPUMEM_TORCH's keys apply over the others'.
+GPUMEM_CONF=history:16,bogus:1 "$gpumem" run -- touch "$work/started" 2>"$work/env.err"
+[ $? -eq 2 ] && grep -q "^gpumem run: GPUMEM_CONF: unknown key 'bogus'" "$work/env.err" && [ ! -e "$work/started" ] ||
+    fail "a bad GPUMEM_CONF: $(cat "$work/env.err")"
+GPUMEM_TORCH=compact_min:2XB "$gpumem" run -- touch "$work/started" 2>"$work/torch.err"
+[ $? -eq 2 ] && grep -q "^gpumem run: GPUMEM_TORCH: bad value for key 'compact_min'" "$work/torch.err" &&
+    [ ! -e "$work/started" ] || fail "a bad GPUMEM_TORCH: $(cat "$work/torch.err")"
+GPUMEM_CONF=pressure_high:0.9 "$gpumem" run --conf pressure_low:0.95 -- touch "$work/started" 2>"$work/order.err"
+[ $? -eq 2 ] && grep -q "^gpumem run: --conf: key 'pressure_low' (0.95) must be below" "$work/order.err" &&
+    [ ! -e "$work/started" ] || fail "--conf over GPUMEM_CONF: $(cat "$work/order.err")"
 "$gpumem" run --frobnicate -- true 2>"$work/option.err"
 [ $? -eq 2 ] && grep -q "unknown option '--frobnicate'" "$work/option.err" || fail "an unknown option: $(cat "$work/option.err")"
 
