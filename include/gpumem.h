@@ -92,6 +92,11 @@ GM_API gm_status gm_create(const char *config, gm_allocator **allocator_out);
  * `overrides` (may be NULL) applied on top. */
 GM_API gm_status gm_create_from_environment(const char *overrides, gm_allocator **allocator_out);
 
+/* Parse GPUMEM_CONF, then `overrides` (may be NULL), as gm_create_from_environment does, creating
+ * nothing: GM_OK, or GM_ERROR_BAD_CONFIG with gm_last_error() naming the key and why, so that a program
+ * (an adapter at install time) can refuse a bad configuration before its first allocation. */
+GM_API gm_status gm_check_configuration(const char *overrides);
+
 /* Where an allocator's memory comes from when not from the device directly: a function that hands
  * out `size` bytes of device memory (*address_out; GM_ERROR_OUT_OF_MEMORY, or any other status, when
  * it cannot) and one that takes them back, both called with `context` and with the allocator's lock

@@ -201,6 +201,28 @@ static void environment_variable_is_read(void)
     unsetenv("GPUMEM_CONF");
 }
 
+/* gm_check_configuration parses what gm_create_from_environment would, with the same answers and
+ * messages, and creates nothing (no device calls: it works with a backend no machine here has). */
+static void a_configuration_is_checked_without_an_allocator(void)
+{
+    unsetenv("GPUMEM_CONF");
+    CHECK_OK(gm_check_configuration(NULL));
+    CHECK_OK(gm_check_configuration("backend:cuda,device:7,max_chunk_size:8MiB,move_slack:0.01"));
+    CHECK_STATUS(gm_check_configuration("max_chunk_size:8XB"), GM_ERROR_BAD_CONFIG);
+    CHECK_MESSAGE("bad value for key 'max_chunk_size': size '8XB' has an unknown suffix 'XB'");
+    setenv("GPUMEM_CONF", "pressure_high:0.9", 1);
+    CHECK_OK(gm_check_configuration("pressure_low:0.5"));
+    CHECK_STATUS(gm_check_configuration("pressure_low:0.95"), GM_ERROR_BAD_CONFIG); /* over GPUMEM_CONF's keys */
+    CHECK_MESSAGE("key 'pressure_low' (0.95) must be below 'pressure_high' (0.9)");
+    setenv("GPUMEM_CONF", "history:10,bogus:1", 1);
+    CHECK_STATUS(gm_check_configuration("history:20"), GM_ERROR_BAD_CONFIG);
+    CHECK_MESSAGE("GPUMEM_CONF: unknown key 'bogus'");
+    gm_allocator *allocator = NULL;
+    CHECK_STATUS(gm_create_from_environment("history:20", &allocator), GM_ERROR_BAD_CONFIG);
+    CHECK_MESSAGE("GPUMEM_CONF: unknown key 'bogus'");
+    unsetenv("GPUMEM_CONF");
+}
+
 static void pressure_keys_are_parsed(void)
 {
     gm_options options;
@@ -256,5 +278,6 @@ static void help_lists_every_key(void)
 RUN_TESTS(TEST_CASE(defaults_are_documented_values), TEST_CASE(every_key_is_parsed), TEST_CASE(sizes_take_suffixes),
           TEST_CASE(bad_strings_are_refused_with_clear_errors), TEST_CASE(size_bounds_are_inclusive),
           TEST_CASE(whitespace_and_empty_entries_are_tolerated),
-          TEST_CASE(environment_variable_is_read), TEST_CASE(pressure_keys_are_parsed),
+          TEST_CASE(environment_variable_is_read), TEST_CASE(a_configuration_is_checked_without_an_allocator),
+          TEST_CASE(pressure_keys_are_parsed),
           TEST_CASE(help_lists_every_key))

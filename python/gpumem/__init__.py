@@ -26,8 +26,8 @@ import json
 import operator
 import os
 
-__all__ = ["Allocator", "GpumemError", "OutOfMemoryError", "config_help", "library_path", "include_path",
-           "STATUS_NAMES", "PRESSURE_LEVELS", "PRESSURE_SIGNALS", "OOM_CAUSES"]
+__all__ = ["Allocator", "GpumemError", "OutOfMemoryError", "config_help", "check_configuration", "library_path",
+           "include_path", "STATUS_NAMES", "PRESSURE_LEVELS", "PRESSURE_SIGNALS", "OOM_CAUSES"]
 __version__ = "0.1.0"  # read by pyproject.toml; CMakeLists.txt checks it against the project's version
 
 try:
@@ -50,11 +50,13 @@ OOM_CAUSES = ("none", "capacity", "fragmentation", "other_processes", "memory_li
 
 
 class GpumemError(RuntimeError):
-    """A gpumem call failed; ``status`` is its code and the message says why."""
+    """A gpumem call failed; ``status`` is its code and the message says why (``reason``: the message
+    without the status's name in front)."""
 
     def __init__(self, status, message):
         super().__init__(f"{STATUS_NAMES.get(status, 'error')}: {message}")
         self.status = status
+        self.reason = message
 
 
 class OutOfMemoryError(GpumemError):
@@ -221,6 +223,7 @@ def _load():
         "gm_create_from_environment": (status, [ctypes.c_char_p, ctypes.POINTER(pointer)]),
         "gm_destroy": (None, [pointer, ctypes.POINTER(ctypes.c_size_t)]),
         "gm_config_help": (ctypes.c_char_p, []),
+        "gm_check_configuration": (status, [ctypes.c_char_p]),
         "gm_malloc": (status, [pointer, ctypes.c_size_t, ctypes.c_size_t, ctypes.POINTER(pointer)]),
         "gm_free": (status, [pointer, pointer]),
         "gm_record_stream": (status, [pointer, pointer, ctypes.c_size_t]),
@@ -353,6 +356,12 @@ def _take_json(text):
 def config_help():
     """Every GPUMEM_CONF key with its default and meaning."""
     return _library.gm_config_help().decode()
+
+
+def check_configuration(config=""):
+    """Parse GPUMEM_CONF, then ``config`` over it, as an allocator made from the environment would,
+    creating nothing: GpumemError (status 4, bad configuration) naming the key and why, else None."""
+    _check(_library.gm_check_configuration(config.encode() if config else None))
 
 
 class Allocator:

@@ -371,9 +371,14 @@ def install(config="", pinned=True):
     """Make gpumem CuPy's device memory allocator for every device and, with `pinned`, its pinned host
     memory allocator too (with pinned=False CuPy's pinned allocator is left as it is). `config` applies to
     allocators made from now on. cupy.get_default_memory_pool() (and, with `pinned`,
-    get_default_pinned_memory_pool()) then answer for gpumem (cupy_pools.py)."""
+    get_default_pinned_memory_pool()) then answer for gpumem (cupy_pools.py). A bad `config` (or
+    GPUMEM_CONF) raises gpumem.GpumemError here, with CuPy's allocators left as they were."""
     import cupy
 
+    try:
+        gpumem.check_configuration(config)
+    except gpumem.GpumemError as error:
+        raise gpumem.GpumemError(error.status, f"gpumem.cupy.install({config!r}): {error.reason}") from None
     _settings["config"] = config
     current = lambda: _allocator(cupy.cuda.runtime.getDevice())  # noqa: E731
     device_allocate = _device_allocate(cupy)

@@ -275,22 +275,34 @@ gm_status gm_create_with_source(const char *config, const gm_segment_source *sou
     return create_from_config(config, source, allocator_out);
 }
 
-gm_status gm_create_from_environment(const char *overrides, gm_allocator **allocator_out)
+/* GPUMEM_CONF, then `overrides` on top: the keys gm_create_from_environment applies. */
+static gm_status parse_environment(const char *overrides, gm_options *options)
 {
-    if (!allocator_out)
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_create_from_environment: allocator_out is NULL");
-    gm_options options;
-    gm_options_default(&options);
-    gm_status status = gm_options_parse(&options, getenv("GPUMEM_CONF"));
+    gm_options_default(options);
+    gm_status status = gm_options_parse(options, getenv("GPUMEM_CONF"));
     if (status != GM_OK) {
         char reason[1024];
         snprintf(reason, sizeof reason, "%s", gm_last_error());
         return gm_fail(status, "GPUMEM_CONF: %s", reason);
     }
-    status = gm_options_parse(&options, overrides);
+    return gm_options_parse(options, overrides);
+}
+
+gm_status gm_create_from_environment(const char *overrides, gm_allocator **allocator_out)
+{
+    if (!allocator_out)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_create_from_environment: allocator_out is NULL");
+    gm_options options;
+    gm_status status = parse_environment(overrides, &options);
     if (status != GM_OK)
         return status;
     return create_with_options(&options, NULL, allocator_out);
+}
+
+gm_status gm_check_configuration(const char *overrides)
+{
+    gm_options options;
+    return parse_environment(overrides, &options);
 }
 
 /* ---------------------------------------------------------------- malloc */

@@ -408,6 +408,27 @@ def test_install_after_cuda_started_is_a_clear_error():
     assert "must run before CUDA is initialized" in out
 
 
+def test_a_bad_configuration_is_refused_at_install_and_torch_keeps_working():
+    # install() refuses before swapping anything: the process trains on PyTorch's own allocator after.
+    out = run_python("""
+        import torch, gpumem, gpumem.torch
+        try:
+            gpumem.torch.install("max_chunk_size:8XB")
+        except gpumem.GpumemError as error:
+            print("refused:", error.reason)
+        x = torch.ones(1000, device="cuda") * 2
+        print(gpumem.torch.is_installed(), torch.cuda.get_allocator_backend(), float(x.sum()))
+    """)
+    assert "refused: gpumem.torch.install('max_chunk_size:8XB'): bad value for key 'max_chunk_size'" in out
+    assert out.splitlines()[-1] == "False native 2000.0"
+    # Under sitecustomize the error comes at `import torch`, naming GPUMEM_TORCH, before any work.
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), GPUMEM_TORCH="bogus:1")
+    run = subprocess.run([sys.executable, "-c", "import torch; print('imported')"], env=env, capture_output=True,
+                         text=True)
+    assert run.returncode != 0 and "imported" not in run.stdout
+    assert "gpumem.torch.install('bogus:1') (GPUMEM_TORCH): unknown key 'bogus'" in run.stderr
+
+
 def test_cupy_allocations_live_in_gpumem():
     pytest.importorskip("cupy")
     out = run_python("""

@@ -187,6 +187,14 @@ class CupyInstallTest(StandInCupyTest):
         state = self.install()
         self.assertIsNotNone(state.pinned_allocator)
 
+    def test_a_bad_configuration_is_refused_before_anything_is_swapped(self):
+        with self.assertRaises(gpumem.GpumemError) as caught:
+            self.module.install("backend:sim,max_chunk_size:8XB")
+        self.assertIn("gpumem.cupy.install('backend:sim,max_chunk_size:8XB'): bad value for key 'max_chunk_size'",
+                      str(caught.exception))
+        self.assertIsNone(self.cupy.state.allocator)
+        self.assertIsNone(self.cupy.state.pinned_allocator)
+
     def test_pinned_memory_comes_from_the_current_devices_host_cache(self):
         state = self.install()
         block = state.pinned_allocator(3000)

@@ -207,6 +207,55 @@ class PackageTest(unittest.TestCase):
         finally:
             del os.environ["GPUMEM_CONF"]
 
+    def test_a_configuration_is_checked_without_an_allocator(self):
+        saved = os.environ.pop("GPUMEM_CONF", None)
+        try:
+            gpumem.check_configuration()
+            gpumem.check_configuration("backend:cuda,device:3,max_chunk_size:8MiB")  # no GPU needed
+            with self.assertRaises(gpumem.GpumemError) as caught:
+                gpumem.check_configuration("max_chunk_size:8XB")
+            self.assertEqual(caught.exception.status, 4)
+            self.assertIn("size '8XB' has an unknown suffix", caught.exception.reason)
+            os.environ["GPUMEM_CONF"] = "bogus:1"
+            with self.assertRaises(gpumem.GpumemError) as caught:
+                gpumem.check_configuration("history:10")
+            self.assertTrue(caught.exception.reason.startswith("GPUMEM_CONF: unknown key 'bogus'"))
+        finally:
+            os.environ.pop("GPUMEM_CONF", None)
+            if saved is not None:
+                os.environ["GPUMEM_CONF"] = saved
+
+    def test_torch_install_refuses_a_bad_configuration_first(self):
+        # Before anything is compiled or swapped: PyTorch keeps its own allocator, and the error names
+        # GPUMEM_TORCH when the string came from there (sitecustomize installs with it on import torch).
+        import types
+        import gpumem.torch
+        fake = types.ModuleType("torch")
+        fake.cuda = types.SimpleNamespace(is_initialized=lambda: False)
+        saved_torch, saved_setting = sys.modules.get("torch"), os.environ.get("GPUMEM_TORCH")
+        sys.modules["torch"] = fake
+        os.environ["GPUMEM_TORCH"] = "compact_min:2XB"
+        try:
+            with self.assertRaises(gpumem.GpumemError) as caught:
+                gpumem.torch.install("compact_min:2XB")
+            self.assertEqual(str(caught.exception), "bad configuration: gpumem.torch.install('compact_min:2XB') "
+                             "(GPUMEM_TORCH): bad value for key 'compact_min': size '2XB' has an unknown suffix "
+                             "'XB' (use B, KiB, MiB, GiB or TiB)")
+            with self.assertRaises(gpumem.GpumemError) as caught:
+                gpumem.torch.install("engine:warp")
+            self.assertNotIn("GPUMEM_TORCH", str(caught.exception))
+            self.assertIsNone(gpumem.torch._extension)
+            self.assertFalse(gpumem.torch.is_installed())
+        finally:
+            if saved_torch is None:
+                sys.modules.pop("torch", None)
+            else:
+                sys.modules["torch"] = saved_torch
+            if saved_setting is None:
+                os.environ.pop("GPUMEM_TORCH", None)
+            else:
+                os.environ["GPUMEM_TORCH"] = saved_setting
+
     def test_no_gpu_is_a_clear_error(self):
         try:
             gpumem.Allocator("backend:cuda", from_environment=False).close()
