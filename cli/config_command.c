@@ -45,7 +45,10 @@ static void print_pairs(const char *configuration)
 {
     const char *cursor = configuration;
     while (*cursor) {
+        cursor += strspn(cursor, " \t\n"); /* the parser trims each pair */
         size_t length = strcspn(cursor, ",");
+        while (length && strchr(" \t\n", cursor[length - 1]))
+            length--;
         int key_length = (int)strcspn(cursor, ":");
         if ((size_t)key_length < length) {
             char key[64];
@@ -54,7 +57,7 @@ static void print_pairs(const char *configuration)
             printf("  %-22s %-10.*s %s\n", key, (int)(length - (size_t)key_length - 1), cursor + key_length + 1,
                    help ? help : "");
         }
-        cursor += length;
+        cursor += strcspn(cursor, ",");
         if (*cursor == ',')
             cursor++;
     }

@@ -39,6 +39,7 @@ expect 0 "^  move_slack +pages engine: idle chunks" -- "$gpumem" config move_sla
 expect 2 "unknown key 'max_chunk'" -- "$gpumem" config max_chunk_size max_chunk
 expect 2 "unknown option '--chek'" -- "$gpumem" config --chek
 expect 0 "^  max_chunk_size +8MiB +pages engine" -- "$gpumem" config --check max_chunk_size:8MiB,move_slack:0.01
+expect 0 "^  publish +true +keep the statistics" -- "$gpumem" config --check " history:10 ,  publish:true ,"
 expect 1 "^gpumem config: the configuration is not valid: bad value for key 'max_chunk_size'" -- \
     "$gpumem" config --check max_chunk_size:8XB
 expect 1 "GPUMEM_CONF is not valid: unknown key 'foo'" -- env GPUMEM_CONF=history:10,foo:1 "$gpumem" config --check
