@@ -31,6 +31,10 @@ int gm_take_device_argument(gm_device_arguments *arguments, int argc, char **arg
  * stderr, when there is no host memory for it. */
 char *gm_device_configuration(const gm_device_arguments *arguments, const char *addition);
 
+/* The keys of GPUMEM_TORCH, which the PyTorch adapter applies over GPUMEM_CONF's; NULL when it is unset
+ * or "1" (which only turns the adapter on). */
+const char *gm_torch_configuration(void);
+
 /* Print `text` as a JSON string literal (quotes, backslashes and control characters escaped). */
 void gm_print_json_string(const char *text);
 

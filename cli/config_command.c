@@ -79,13 +79,11 @@ static int check(gm_options *options, const char *configuration, const char *ori
     return GM_EXIT_OK;
 }
 
-/* GPUMEM_CONF, and GPUMEM_TORCH where it holds keys ("1" only turns the adapter on). */
+/* GPUMEM_CONF, and GPUMEM_TORCH's keys over it. */
 static int check_environment(void)
 {
     const char *conf = getenv("GPUMEM_CONF");
-    const char *torch = getenv("GPUMEM_TORCH");
-    if (torch && !strcmp(torch, "1"))
-        torch = NULL;
+    const char *torch = gm_torch_configuration();
     if (!conf && !torch) {
         printf("no keys in GPUMEM_CONF or GPUMEM_TORCH: every key has its default (gpumem config lists them)\n");
         return GM_EXIT_OK;

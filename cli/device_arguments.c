@@ -5,6 +5,7 @@
 #include "commands.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int gm_take_device_argument(gm_device_arguments *arguments, int argc, char **argv, int *index)
@@ -55,4 +56,10 @@ void gm_print_json_string(const char *text)
             putchar(*c);
     }
     putchar('"');
+}
+
+const char *gm_torch_configuration(void)
+{
+    const char *keys = getenv("GPUMEM_TORCH");
+    return keys && strcmp(keys, "1") ? keys : NULL;
 }

@@ -389,12 +389,11 @@ static int run(char **command, const char *conf, const char *report)
  * GPUMEM_TORCH over both), each parsed on top of the last as the library does. */
 static bool configuration_is_valid(const char *conf)
 {
-    const char *torch = getenv("GPUMEM_TORCH");
     const struct {
         const char *name, *text;
     } sources[] = {{"GPUMEM_CONF", getenv("GPUMEM_CONF")},
                    {"--conf", conf},
-                   {"GPUMEM_TORCH", torch && strcmp(torch, "1") ? torch : NULL}};
+                   {"GPUMEM_TORCH", gm_torch_configuration()}};
     gm_options options;
     gm_options_default(&options);
     for (size_t i = 0; i < sizeof sources / sizeof sources[0]; i++) {

@@ -358,10 +358,14 @@ def config_help():
     return _library.gm_config_help().decode()
 
 
-def check_configuration(config=""):
+def check_configuration(config="", caller=None):
     """Parse GPUMEM_CONF, then ``config`` over it, as an allocator made from the environment would,
-    creating nothing: GpumemError (status 4, bad configuration) naming the key and why, else None."""
-    _check(_library.gm_check_configuration(config.encode() if config else None))
+    creating nothing: GpumemError (status 4, bad configuration) naming the key and why, its message
+    after "``caller``: " when one is given; else None."""
+    status = _library.gm_check_configuration(config.encode() if config else None)
+    if status != 0 and caller:
+        raise GpumemError(status, f"{caller}: {_library.gm_last_error().decode(errors='replace')}")
+    _check(status)
 
 
 class Allocator:

@@ -375,10 +375,7 @@ def install(config="", pinned=True):
     GPUMEM_CONF) raises gpumem.GpumemError here, with CuPy's allocators left as they were."""
     import cupy
 
-    try:
-        gpumem.check_configuration(config)
-    except gpumem.GpumemError as error:
-        raise gpumem.GpumemError(error.status, f"gpumem.cupy.install({config!r}): {error.reason}") from None
+    gpumem.check_configuration(config, f"gpumem.cupy.install({config!r})")
     _settings["config"] = config
     current = lambda: _allocator(cupy.cuda.runtime.getDevice())  # noqa: E731
     device_allocate = _device_allocate(cupy)

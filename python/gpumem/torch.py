@@ -43,16 +43,6 @@ def _adapter():
     return _extension
 
 
-def _check_configuration(config):
-    """A bad configuration stops install() before anything is built or swapped (PyTorch keeps its own
-    allocator), rather than failing at the first CUDA tensor; the error names the variable it came from."""
-    try:
-        gpumem.check_configuration(config)
-    except gpumem.GpumemError as error:
-        source = " (GPUMEM_TORCH)" if config and config == os.environ.get("GPUMEM_TORCH") else ""
-        raise gpumem.GpumemError(error.status, f"gpumem.torch.install({config!r}){source}: {error.reason}") from None
-
-
 def install(config=""):
     """Make gpumem the CUDA allocator of this process.
 
@@ -63,7 +53,10 @@ def install(config=""):
     import torch
     if is_installed():
         return
-    _check_configuration(config)
+    # A bad configuration stops here, before anything is built or swapped (PyTorch keeps its own
+    # allocator), rather than at the first CUDA tensor; the error names the variable it came from.
+    source = " (GPUMEM_TORCH)" if config and config == os.environ.get("GPUMEM_TORCH") else ""
+    gpumem.check_configuration(config, f"gpumem.torch.install({config!r}){source}")
     if torch.cuda.is_initialized():
         raise RuntimeError(
             "gpumem.torch.install() must run before CUDA is initialized: call it before the first CUDA "
