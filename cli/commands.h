@@ -54,5 +54,6 @@ int gm_report_of_trace(const struct gm_trace *trace, const char *trace_path, con
 int gm_command_exporter(int argc, char **argv);
 int gm_command_doctor(int argc, char **argv);
 int gm_command_config(int argc, char **argv);
+int gm_command_tune(int argc, char **argv);
 
 #endif

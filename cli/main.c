@@ -3,6 +3,7 @@
  *
  *   gpumem replay TRACE [--backend sim|host|cuda] [--capacity BYTES] [--conf KEY:VALUE,...] [--json] [--passes N]
  *                       [--snapshot FILE] [--history FILE] [--report FILE]
+ *   gpumem tune TRACE [--backend ...] [--capacity ...] [--conf ...] [--passes N] [--json]
  *   gpumem report TRACE|HISTORY|SNAPSHOT -o FILE [--backend ...] [--capacity ...] [--conf ...]
  *   gpumem info [--backend NAME] [--conf ...]
  *   gpumem stats PID [--device N] [--json]
@@ -39,6 +40,9 @@ static void print_usage(FILE *out)
             "               [--report FILE]  the HTML report of gpumem report, for this trace\n"
             "                 replay an allocation trace (plain or .gz) and report peak live and\n"
             "                 reserved bytes, their ratio, CPU time per operation and device calls\n"
+            "  tune TRACE [--backend ...] [--capacity ...] [--conf ...] [--passes N] [--json]\n"
+            "                 replay a trace under the defaults and each opt-in setting (small chunks,\n"
+            "                 compaction) and name the one that reserves the least memory for it\n"
             "  report TRACE|HISTORY|SNAPSHOT -o FILE [--backend ...] [--capacity ...] [--conf ...]\n"
             "                 a self-contained HTML report: memory over time, the memory map at the peak,\n"
             "                 the largest allocations then and the statistics table\n"
@@ -80,6 +84,8 @@ int main(int argc, char **argv)
     const char *command = argv[1];
     if (!strcmp(command, "replay"))
         return gm_command_replay(argc - 2, argv + 2);
+    if (!strcmp(command, "tune"))
+        return gm_command_tune(argc - 2, argv + 2);
     if (!strcmp(command, "report"))
         return gm_command_report(argc - 2, argv + 2);
     if (!strcmp(command, "info"))

@@ -131,13 +131,50 @@ mkdir -p "$work/traces" && cp "$work/small.csv" "$work/traces/small.csv"
 expect 0 "no anchors at '$work/no/anchors.json'" -- env GPUMEM="$gpumem" REPEAT=1 "$bench_replay" "$work/traces" "$work/no/anchors.json"
 if grep -q Traceback "$work/out"; then echo "FAIL: bench/replay.sh printed a traceback"; failures=$((failures + 1)); fi
 
+# gpumem tune: the defaults and the opt-in settings side by side, and the one that reserves the least named.
+# ViT wastes pages in 128 MiB chunks that small chunks give back; resnet50 gains nothing worth a setting;
+# in pinned.csv 1.5 MiB blocks pin each 62 MiB chunk whose tensor was freed, so that the last request
+# fits only where pinned chunks give up their free pages.
+{
+    echo "# op,id,size,stream"
+    for i in $(seq 0 39); do echo "a,$((2 * i)),64487424,0"; echo "a,$((2 * i + 1)),1572864,0"; done
+    for i in $(seq 0 39); do echo "f,$((2 * i)),64487424,0"; done
+    echo "a,100,2097152000,0"
+} >"$work/pinned.csv"
+expect 2 "usage: gpumem tune TRACE" -- "$gpumem" tune
+expect 0 "names the configuration that reserves the least memory" -- "$gpumem" tune --help
+expect 0 "^recommended: small chunks \(max_chunk_size:8MiB,move_slack:0.01\): [0-9.]+ MiB less reserved at its peak" -- \
+    "$gpumem" tune "$data/traces-more/vit-seed0.csv.gz"
+expect 0 "^compaction +compact_min:2MiB +[0-9.]+  1\.0[0-9]{3} / 1\.0[0-9]{3} / 1\.0[0-9]{3} +[0-9.]+ +[0-9.]+ +0$" -- \
+    "$gpumem" tune "$data/traces-more/vit-seed0.csv.gz"
+expect 0 "^recommended: the defaults: no candidate reserves at least 56.2 MiB \(half a percent of the live peak\) less" -- \
+    "$gpumem" tune "$data/traces/resnet50.csv.gz" --passes 2
+expect 0 "it fits, where 1 allocation ran out of memory under the defaults" -- "$gpumem" tune "$work/pinned.csv" --capacity 2700MiB
+expect 0 "^defaults +- +2520.0  1.0000 / - / - +[0-9.]+ +- +1$" -- "$gpumem" tune "$work/pinned.csv" --capacity 2700MiB
+expect 0 '"name": "compaction", "configuration": "compact_min:2MiB", "ran": true, "peak_reserved_bytes": [0-9]+, "failed_allocations": 0, "passes_run": 3' -- \
+    "$gpumem" tune "$work/pinned.csv" --capacity 2700MiB --json
+expect 0 '"recommended": "small chunks", "configuration": "max_chunk_size:8MiB,move_slack:0.01"}$' -- \
+    "$gpumem" tune "$work/pinned.csv" --capacity 2700MiB --json
+expect 3 "no configuration fits: every candidate ran out of memory .*; the trace's live allocations alone peak at 11239.9 MiB, more than the device's 10240.0 MiB" -- \
+    "$gpumem" tune "$data/traces/resnet50.csv.gz" --capacity 10GiB --passes 1
+expect 3 '"recommended": null, "configuration": null' -- "$gpumem" tune "$work/huge.csv" --capacity 1GiB --json
+expect 1 "cannot open" -- "$gpumem" tune "$work/missing.csv"
+expect 2 "bad.csv:2: unknown operation 'q'" -- "$gpumem" tune "$work/bad.csv"
+expect 2 "cannot create the allocator .*unknown key 'colour'" -- "$gpumem" tune "$work/small.csv" --conf colour:red
+expect 2 "--passes needs a whole number from 1 to 10" -- "$gpumem" tune "$work/small.csv" --passes 11
+expect 2 "--passes needs a whole number from 1 to 10" -- "$gpumem" tune "$work/small.csv" --passes
+expect 2 "unknown option '--fast'" -- "$gpumem" tune "$work/small.csv" --fast
+expect 2 "one trace at a time" -- "$gpumem" tune "$work/small.csv" "$work/bad.csv"
+
 # The cuda backend: without a GPU a clear error and a non-zero exit; with one, a working device.
 if "$gpumem" info --backend cuda >/dev/null 2>&1; then
     expect 0 "backend +cuda" -- "$gpumem" info --backend cuda
     expect 0 '"backend": "cuda"' -- "$gpumem" replay "$work/small.csv" --backend cuda --json
+    expect 0 '"recommended": "defaults"' -- "$gpumem" tune "$work/small.csv" --backend cuda --json
 else
     expect 1 "no device: cuda backend: .*(libcuda.so.1|no usable GPU|no CUDA device)" -- "$gpumem" info --backend cuda
     expect 1 "cannot create the allocator: no device: cuda backend" -- "$gpumem" replay "$work/small.csv" --backend cuda
+    expect 1 "gpumem tune: cannot create the allocator .*no device: cuda backend" -- "$gpumem" tune "$work/small.csv" --backend cuda
 fi
 
 if [ "$failures" -ne 0 ]; then

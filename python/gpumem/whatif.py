@@ -1,4 +1,5 @@
-"""What would gpumem reserve for my workload? -- from a snapshot PyTorch's own allocator dumped.
+"""What would gpumem reserve for my workload? -- from a snapshot PyTorch dumped (under its own allocator,
+or under gpumem: then the trace it writes is what `gpumem tune` compares configurations on).
 
     import torch
     torch.cuda.memory._record_memory_history(max_entries=1000000)

@@ -533,6 +533,37 @@ def test_memory_snapshot_and_history_open_in_memory_viz(tmp_path):
         assert out.stat().st_size > 1000
 
 
+def test_a_snapshot_under_gpumem_is_a_trace_for_gpumem_tune(tmp_path):
+    """The way to gpumem tune that its help gives: a training loop's history under gpumem, dumped as a
+    snapshot (tests/gpu/gpumem_snapshot.py, which also makes data/snapshots' fixture), made a trace by
+    python -m gpumem.whatif, then replayed under every candidate. The reserved peak whatif follows through
+    the snapshot's events is torch's own; the trace's first pass under the defaults reserves what
+    whatif's replay of it does."""
+    binary = os.path.join(os.path.dirname(os.environ["GPUMEM_LIBRARY"]), "gpumem")
+    assert os.access(binary, os.X_OK), f"no gpumem command beside GPUMEM_LIBRARY ({binary})"
+    snapshot, trace = tmp_path / "snapshot.pickle", tmp_path / "trace.csv"
+    environment = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    dump = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "gpu", "gpumem_snapshot.py"), str(snapshot)],
+                          env=environment, capture_output=True, text=True)
+    assert dump.returncode == 0, dump.stderr[-3000:]
+    peaks = json.loads(dump.stdout)
+    whatif = subprocess.run([sys.executable, "-m", "gpumem.whatif", str(snapshot), "--trace", str(trace), "--json"],
+                            env=environment, capture_output=True, text=True)
+    assert whatif.returncode == 0, whatif.stderr[-3000:]
+    replayed = json.loads(whatif.stdout)
+    assert replayed["operations"] > 50
+    assert replayed["native_peak_reserved_bytes"] == peaks["max_memory_reserved"]
+    tune = subprocess.run([binary, "tune", str(trace), "--json"], env=environment, capture_output=True, text=True)
+    assert tune.returncode == 0, tune.stderr[-3000:]
+    result = json.loads(tune.stdout)
+    assert [candidate["name"] for candidate in result["candidates"]] == ["defaults", "small chunks", "compaction"]
+    assert all(candidate["ran"] and candidate["failed_allocations"] == 0 for candidate in result["candidates"])
+    assert result["peak_live_bytes"] == replayed["peak_live_bytes"]
+    first_pass = replayed["gpumem_peak_reserved_bytes"] / replayed["peak_live_bytes"]  # later passes may differ
+    assert result["candidates"][0]["ratios"][0] == pytest.approx(first_pass, abs=1e-6)
+    assert result["recommended"] in ("defaults", "small chunks", "compaction")
+
+
 def test_profiler_sees_gpumem_allocations():
     """torch.profiler(profile_memory=True) reports each operator's device memory under gpumem, as native."""
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]

@@ -13,6 +13,11 @@ from contextlib import redirect_stderr, redirect_stdout
 import gpumem.whatif as whatif
 
 MiB = 1 << 20
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# torch.cuda.memory._dump_snapshot under gpumem on an H200 (tests/gpu/gpumem_snapshot.py), and the peak
+# torch.cuda.max_memory_reserved() gave in that process.
+GPUMEM_SNAPSHOT = os.path.join(ROOT, "data", "snapshots", "gpumem-mlp.pickle")
+GPUMEM_SNAPSHOT_MAX_RESERVED = 358612992
 
 
 def snapshot_of(entries, segments):
@@ -71,6 +76,26 @@ class WhatIfTest(unittest.TestCase):
         replay = json.loads(replayed.stdout.splitlines()[0])
         self.assertEqual(replay["peak_reserved_bytes"], result["gpumem_peak_reserved_bytes"])
         self.assertEqual(replay["peak_live_bytes"], result["peak_live_bytes"])
+
+    def test_a_snapshot_dumped_under_gpumem_becomes_a_trace_for_gpumem_tune(self):
+        operations, reserved_peak = whatif.to_trace(whatif.load(GPUMEM_SNAPSHOT))
+        kinds = [kind for kind, *_ in operations]
+        self.assertEqual((kinds.count("a"), kinds.count("f")), (104, 101))  # five steps; the weights were
+        self.assertEqual(reserved_peak, GPUMEM_SNAPSHOT_MAX_RESERVED)       # made before recording began
+        trace = os.path.join(self.directory.name, "trace.csv")
+        output = io.StringIO()
+        with redirect_stdout(output):
+            self.assertEqual(whatif.main([GPUMEM_SNAPSHOT, "--json", "--trace", trace]), 0)
+        replayed = json.loads(output.getvalue())
+        tuned = subprocess.run([os.environ["GPUMEM_CLI"], "tune", trace, "--json"], capture_output=True, text=True,
+                               env={**os.environ, "GPUMEM_CONF": ""})
+        self.assertEqual(tuned.returncode, 0, tuned.stderr)
+        result = json.loads(tuned.stdout)
+        self.assertEqual(result["peak_live_bytes"], replayed["peak_live_bytes"])
+        first_pass = replayed["gpumem_peak_reserved_bytes"] / replayed["peak_live_bytes"]
+        for candidate in result["candidates"]:
+            self.assertTrue(candidate["ran"] and candidate["failed_allocations"] == 0, candidate)
+        self.assertAlmostEqual(result["candidates"][0]["ratios"][0], first_pass, places=6)
 
     def test_text_output(self):
         output = io.StringIO()
