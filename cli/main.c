@@ -3,13 +3,13 @@
  *
  *   gpumem replay TRACE [--backend sim|host|cuda] [--capacity BYTES] [--conf KEY:VALUE,...] [--json] [--passes N]
  *                       [--snapshot FILE] [--history FILE] [--report FILE]
- *   gpumem tune TRACE [--backend ...] [--capacity ...] [--conf ...] [--passes N] [--json]
+ *   gpumem tune TRACE|HISTORY [--backend ...] [--capacity ...] [--conf ...] [--passes N] [--json]
  *   gpumem report TRACE|HISTORY|SNAPSHOT -o FILE [--backend ...] [--capacity ...] [--conf ...]
  *   gpumem info [--backend NAME] [--conf ...]
  *   gpumem stats PID [--device N] [--json]
  *   gpumem top [-d SECONDS] [--once] [--json]
  *   gpumem summary PID [--device N]
- *   gpumem run [--conf KEY:VALUE,...] [--report FILE] [--] COMMAND [ARGUMENTS...]
+ *   gpumem run [--conf KEY:VALUE,...] [--report FILE] [--tune] [--] COMMAND [ARGUMENTS...]
  *   gpumem exporter [--listen HOST:PORT] [--allow-remote] [--textfile DIR [--interval SECONDS] [--once]]
  *   gpumem doctor [--json] [--pid PID] [--root DIR]
  *   gpumem config [KEY...] | --check [KEY:VALUE,...]
@@ -40,9 +40,9 @@ static void print_usage(FILE *out)
             "               [--report FILE]  the HTML report of gpumem report, for this trace\n"
             "                 replay an allocation trace (plain or .gz) and report peak live and\n"
             "                 reserved bytes, their ratio, CPU time per operation and device calls\n"
-            "  tune TRACE [--backend ...] [--capacity ...] [--conf ...] [--passes N] [--json]\n"
-            "                 replay a trace under the defaults and each opt-in setting (small chunks,\n"
-            "                 compaction) and name the one that reserves the least memory for it\n"
+            "  tune TRACE|HISTORY [--backend ...] [--capacity ...] [--conf ...] [--passes N] [--json]\n"
+            "                 replay a trace (or a history's allocations) under the defaults and each opt-in\n"
+            "                 setting (small chunks, compaction) and name the one that reserves the least\n"
             "  report TRACE|HISTORY|SNAPSHOT -o FILE [--backend ...] [--capacity ...] [--conf ...]\n"
             "                 a self-contained HTML report: memory over time, the memory map at the peak,\n"
             "                 the largest allocations then and the statistics table\n"
@@ -54,9 +54,10 @@ static void print_usage(FILE *out)
             "                 process PID's statistics as torch.cuda.memory_summary() lays them out\n"
             "  top [-d SECONDS] [--once] [--json]\n"
             "                 every publishing gpumem process of this user, live, and the host's memory\n"
-            "  run [--conf KEY:VALUE,...] [--report FILE] [--] COMMAND [ARGUMENTS...]\n"
+            "  run [--conf KEY:VALUE,...] [--report FILE] [--tune] [--] COMMAND [ARGUMENTS...]\n"
             "                 run a command (python train.py) with gpumem as PyTorch's allocator, its\n"
             "                 statistics published for gpumem top; at exit its peaks and memory summary\n"
+            "                 (--tune: and gpumem tune of its allocations)\n"
             "  exporter [--listen HOST:PORT] [--allow-remote] [--textfile DIR [--interval SECONDS] [--once]]\n"
             "                 Prometheus metrics of those processes, the host and the GPUs: served at\n"
             "                 http://HOST:PORT/metrics (default 127.0.0.1:9464), or written to DIR/gpumem.prom\n"

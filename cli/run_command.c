@@ -1,7 +1,7 @@
 /*
  * run_command.c -- gpumem run: the front door. Runs a command with gpumem as PyTorch's allocator.
  *
- *   gpumem run [--conf KEY:VALUE,...] [--report FILE] [--] COMMAND [ARGUMENTS...]
+ *   gpumem run [--conf KEY:VALUE,...] [--report FILE] [--tune] [--] COMMAND [ARGUMENTS...]
  *
  * The command gets the environment that gpumem's PyTorch hook needs: gpumem's python folder first
  * on PYTHONPATH (its sitecustomize installs gpumem when torch is imported), GPUMEM_TORCH=1 unless
@@ -15,7 +15,9 @@
  * standard error (standard output is the command's) as peaks and the memory_summary() table; regions
  * its dead processes left behind are removed. With --report, the command's allocators also keep a
  * history ring, which gpumem's Python package writes at exit into a folder named by
- * GPUMEM_RUN_OUTPUT; the report is made from it.
+ * GPUMEM_RUN_OUTPUT; the report is made from it. With --tune the same history (a larger ring: every
+ * allocation of most programs) is replayed under each configuration of `gpumem tune`, which names the one
+ * that would have reserved the least for this run.
  *
  * The exit status is the command's (128 + N when killed by signal N; 127 when it cannot be run).
  * Like system(), gpumem run ignores SIGINT and SIGQUIT while the command runs: a Ctrl-C reaches the
@@ -46,7 +48,8 @@
 #define MAX_WATCHED 64
 #define MAX_REJECTED 256
 #define POLL_NANOSECONDS 50000000L
-#define RUN_HISTORY_EVENTS "262144" /* events kept for the report: a few MiB of host memory */
+#define RUN_HISTORY_EVENTS "262144"   /* events kept for the report: a few MiB of host memory */
+#define TUNE_HISTORY_EVENTS "1048576" /* for --tune, the most a ring keeps: 64 bytes each, 64 MiB */
 
 typedef struct run_state {
     pid_t child;
@@ -66,10 +69,12 @@ typedef struct run_state {
 
 static int usage(FILE *out, int status)
 {
-    fprintf(out, "usage: gpumem run [--conf KEY:VALUE,...] [--report FILE] [--] COMMAND [ARGUMENTS...]\n"
+    fprintf(out, "usage: gpumem run [--conf KEY:VALUE,...] [--report FILE] [--tune] [--] COMMAND [ARGUMENTS...]\n"
                  "  runs COMMAND with gpumem as PyTorch's CUDA allocator, publishing its statistics\n"
                  "  (see them with gpumem top); at exit prints its peaks and memory summary on stderr,\n"
-                 "  and with --report writes an HTML report of its memory over time\n");
+                 "  with --report writes an HTML report of its memory over time, and with --tune replays\n"
+                 "  its allocations under each configuration of gpumem tune and names the one that\n"
+                 "  reserves the least\n");
     return status;
 }
 
@@ -141,7 +146,7 @@ static bool default_setting(char *configuration, size_t size, const char *key, c
 }
 
 /* The command's environment (in the child, before exec). */
-static bool prepare_environment(const char *conf, const char *output_folder)
+static bool prepare_environment(const char *conf, const char *output_folder, const char *history_events)
 {
     static char configuration[8192], python_path[16384];
     char folder[PATH_MAX], library[PATH_MAX];
@@ -153,7 +158,7 @@ static bool prepare_environment(const char *conf, const char *output_folder)
     if (!default_setting(configuration, sizeof configuration, "publish:", "publish:true"))
         return false;
     if (output_folder &&
-        !default_setting(configuration, sizeof configuration, "history:", "history:" RUN_HISTORY_EVENTS))
+        !default_setting(configuration, sizeof configuration, "history:", history_events))
         return false;
     setenv("GPUMEM_CONF", configuration, 1);
     setenv("GPUMEM_TORCH", "1", 0);
@@ -333,11 +338,12 @@ static double now_seconds(void)
     return (double)now.tv_sec + (double)now.tv_nsec / 1e9;
 }
 
-static int run(char **command, const char *conf, const char *report)
+static int run(char **command, const char *conf, const char *report, bool tune)
 {
     char output_folder[] = "/tmp/gpumem-run.XXXXXX";
-    if (report && !mkdtemp(output_folder)) {
-        fprintf(stderr, "gpumem run: cannot make a folder for the report's history: %s\n", strerror(errno));
+    bool keep_history = report || tune;
+    if (keep_history && !mkdtemp(output_folder)) {
+        fprintf(stderr, "gpumem run: cannot make a folder for the command's history: %s\n", strerror(errno));
         return GM_EXIT_ERROR;
     }
     struct sigaction ignore = {.sa_handler = SIG_IGN}, old_interrupt, old_quit;
@@ -353,7 +359,8 @@ static int run(char **command, const char *conf, const char *report)
     if (state.child == 0) {
         sigaction(SIGINT, &old_interrupt, NULL);
         sigaction(SIGQUIT, &old_quit, NULL);
-        if (!prepare_environment(conf, report ? output_folder : NULL)) {
+        const char *events = tune ? "history:" TUNE_HISTORY_EVENTS : "history:" RUN_HISTORY_EVENTS;
+        if (!prepare_environment(conf, keep_history ? output_folder : NULL, events)) {
             fprintf(stderr, "gpumem run: GPUMEM_CONF with --conf is too long (more than 8191 characters)\n");
             _exit(GM_EXIT_USAGE);
         }
@@ -379,8 +386,14 @@ static int run(char **command, const char *conf, const char *report)
         int report_status = ran ? gm_run_report(output_folder, report) : GM_EXIT_ERROR;
         if (exit_status == 0 && report_status != GM_EXIT_OK)
             exit_status = report_status;
-        gm_run_report_cleanup(output_folder);
     }
+    if (tune) {
+        int tune_status = ran ? gm_run_tune(output_folder, conf) : GM_EXIT_ERROR;
+        if (exit_status == 0 && tune_status != GM_EXIT_OK)
+            exit_status = tune_status;
+    }
+    if (keep_history)
+        gm_run_report_cleanup(output_folder);
     return exit_status;
 }
 
@@ -408,6 +421,7 @@ static bool configuration_is_valid(const char *conf)
 int gm_command_run(int argc, char **argv)
 {
     const char *conf = NULL, *report = NULL;
+    bool tune = false;
     int i = 0;
     for (; i < argc; i++) {
         if (!strcmp(argv[i], "--")) {
@@ -424,6 +438,8 @@ int gm_command_run(int argc, char **argv)
             conf = argv[++i];
         } else if (!strcmp(argv[i], "--report")) {
             report = argv[++i];
+        } else if (!strcmp(argv[i], "--tune")) {
+            tune = true;
         } else if (argv[i][0] == '-') {
             fprintf(stderr, "gpumem run: unknown option '%s' (put the command after --)\n", argv[i]);
             return usage(stderr, GM_EXIT_USAGE);
@@ -437,5 +453,5 @@ int gm_command_run(int argc, char **argv)
     }
     if (!configuration_is_valid(conf))
         return GM_EXIT_USAGE;
-    return run(argv + i, conf, report);
+    return run(argv + i, conf, report, tune);
 }

@@ -16,12 +16,16 @@
  * the live peak over the defaults (less is within what the ratios swing between runs of a program),
  * or fits where the defaults run out of memory; otherwise the defaults.
  *
- * A trace comes from `python -m gpumem.whatif SNAPSHOT --trace FILE` (a snapshot of PyTorch's own
- * allocator or of gpumem's), or from any tool that writes the trace format (docs/formats.md).
+ * The allocations come from a trace (`python -m gpumem.whatif SNAPSHOT --trace FILE` makes one of a
+ * PyTorch snapshot, under PyTorch's allocator or gpumem's; docs/formats.md) or from a gpumem history
+ * (gm_trace_from_events: `gpumem replay --history`, or `gpumem run --tune`, which runs this on the
+ * command's history with the memory its GPU left it as the simulated device's capacity, so that a program
+ * that ran out of memory learns under which setting it fits).
  */
 #include "gpumem.h"
 
 #include "commands.h"
+#include "tools/json_formats.h"
 #include "tools/trace.h"
 
 #include <inttypes.h>
@@ -62,11 +66,12 @@ typedef struct outcome {
 } outcome;
 
 #define TUNE_USAGE                                                                                            \
-    "usage: gpumem tune TRACE [--backend sim|host|cuda] [--capacity BYTES] [--conf KEY:VALUE,...] [--passes N]\n" \
-    "                         [--json]\n"                                                                      \
-    "  replays TRACE under the defaults and each opt-in setting of the pages engine, N passes each (default 3,\n" \
-    "  at most 10; the first cold), and names the configuration that reserves the least memory for it;\n"      \
-    "  --conf applies under every candidate (a memory_limit, say)\n"
+    "usage: gpumem tune TRACE|HISTORY [--backend sim|host|cuda] [--capacity BYTES] [--conf KEY:VALUE,...]\n"   \
+    "                                 [--passes N] [--json]\n"                                               \
+    "  replays the allocations of TRACE (or of a HISTORY: gpumem replay --history, gpumem run --tune) under\n" \
+    "  the defaults and each opt-in setting of the pages engine, N passes each (default 3, at most 10; the\n"  \
+    "  first cold), and names the configuration that reserves the least memory for it; --conf applies\n"      \
+    "  under every candidate (a memory_limit, say)\n"
 
 /* Replay `passes` times on one allocator of `configuration`; not GM_OK after saying why on stderr when
  * the allocator cannot be made or a replay fails for another reason than out of memory. */
@@ -157,9 +162,10 @@ static void print_ratios(const outcome *result, int passes)
 static void print_table(const char *trace_path, const gm_trace *trace, const outcome *outcomes, int passes,
                         const gm_device_arguments *device)
 {
-    printf("trace %s: %zu operations, peak live %.1f MiB; %s backend; %d pass%s each%s\n\n", trace_path,
-           trace->count, (double)trace->peak_live_bytes / MIB, device->backend ? device->backend : "sim", passes,
-           passes > 1 ? "es" : "", passes > 1 ? " on one allocator (the first cold, the later ones warm)" : "");
+    printf("trace %s: %zu operations, peak live %.1f MiB; %s backend, %.1f MiB; %d pass%s each%s\n\n", trace_path,
+           trace->count, (double)trace->peak_live_bytes / MIB, device->backend ? device->backend : "sim",
+           (double)outcomes[0].device_bytes / MIB, passes, passes > 1 ? "es" : "",
+           passes > 1 ? " on one allocator (the first cold, the later ones warm)" : "");
     printf("%-14s %-36s %18s  %-*s %19s %23s %5s\n", "configuration", "keys", "peak reserved MiB", ratios_width(passes),
            RATIOS_TITLE, "device ms, 1st pass", "device ms, later (most)", "OOMs");
     for (int i = 0; i < CANDIDATE_COUNT; i++) {
@@ -312,6 +318,45 @@ static int run_candidates(const gm_trace *trace, const gm_device_arguments *devi
     return GM_EXIT_OK;
 }
 
+/* A history's events as a trace, saying on stderr what the ring had dropped. */
+static gm_status trace_of_history(const gm_input_file *input, gm_trace *trace)
+{
+    gm_history_file history;
+    gm_status status = gm_history_parse(input, &history);
+    if (status != GM_OK)
+        return status;
+    size_t early = 0;
+    status = gm_trace_from_events(input->path, history.events, history.count, trace, &early);
+    if (status == GM_OK && (history.dropped || early))
+        fprintf(stderr, "gpumem tune: the history holds the newest %zu events (%" PRIu64 " older ones dropped); %zu "
+                "blocks freed in it were allocated before it and are allocated at the start\n", history.count,
+                history.dropped, early);
+    gm_history_file_free(&history);
+    return status;
+}
+
+/* The trace to compare on: an allocation trace, or a history (`gpumem replay --history`, `gpumem run
+ * --tune`), told apart by content. GM_EXIT_OK, or the exit status after saying why. */
+static int load_input(const char *path, gm_trace *trace)
+{
+    gm_input_file input;
+    gm_status status = gm_input_open(path, &input);
+    if (status == GM_OK && input.kind == GM_INPUT_SNAPSHOT) {
+        fprintf(stderr, "gpumem tune: %s: a snapshot holds the blocks of one moment, not the allocations over time: "
+                "give a trace or a history (python -m gpumem.whatif SNAPSHOT --trace FILE makes a trace of a PyTorch "
+                "snapshot's history)\n", path);
+        gm_input_close(&input);
+        return GM_EXIT_USAGE;
+    }
+    if (status == GM_OK)
+        status = input.kind == GM_INPUT_HISTORY ? trace_of_history(&input, trace) : gm_trace_load(path, trace);
+    gm_input_close(&input);
+    if (status == GM_OK)
+        return GM_EXIT_OK;
+    fprintf(stderr, "gpumem tune: %s\n", gm_last_error());
+    return status == GM_ERROR_PARSE ? GM_EXIT_USAGE : GM_EXIT_ERROR;
+}
+
 int gm_command_tune(int argc, char **argv)
 {
     gm_device_arguments device = {0};
@@ -321,11 +366,9 @@ int gm_command_tune(int argc, char **argv)
     if (parsed != GM_EXIT_OK)
         return parsed < 0 ? GM_EXIT_OK : parsed;
     gm_trace trace;
-    gm_status status = gm_trace_load(trace_path, &trace);
-    if (status != GM_OK) {
-        fprintf(stderr, "gpumem tune: %s\n", gm_last_error());
-        return status == GM_ERROR_PARSE ? GM_EXIT_USAGE : GM_EXIT_ERROR;
-    }
+    int loaded = load_input(trace_path, &trace);
+    if (loaded != GM_EXIT_OK)
+        return loaded;
     outcome outcomes[CANDIDATE_COUNT];
     memset(outcomes, 0, sizeof outcomes);
     int exit_status = run_candidates(&trace, &device, passes, outcomes);

@@ -158,6 +158,26 @@ expect 0 '"recommended": "small chunks", "configuration": "max_chunk_size:8MiB,m
 expect 3 "no configuration fits: every candidate ran out of memory .*; the trace's live allocations alone peak at 11239.9 MiB, more than the device's 10240.0 MiB" -- \
     "$gpumem" tune "$data/traces/resnet50.csv.gz" --capacity 10GiB --passes 1
 expect 3 '"recommended": null, "configuration": null' -- "$gpumem" tune "$work/huge.csv" --capacity 1GiB --json
+# A history (gpumem replay --history, gpumem run --tune) is the same allocations: the same table. One whose
+# ring dropped the oldest events gets the blocks freed in it allocated first; a snapshot is refused.
+"$gpumem" replay "$data/traces-more/vit-seed0.csv.gz" --history "$work/vit.history.json" >/dev/null
+"$gpumem" tune "$data/traces-more/vit-seed0.csv.gz" | grep -v '^trace ' >"$work/vit.tune"
+"$gpumem" tune "$work/vit.history.json" | grep -v '^trace ' >"$work/vit.history.tune"
+if cmp -s "$work/vit.tune" "$work/vit.history.tune" && grep -q "^recommended: small chunks" "$work/vit.tune"; then
+    echo "ok   gpumem tune HISTORY gives the table of its trace"
+else
+    echo "FAIL: gpumem tune of vit-seed0's history differs from its trace's:"; diff "$work/vit.tune" "$work/vit.history.tune" | head
+    failures=$((failures + 1))
+fi
+"$gpumem" replay "$data/traces/resnet50.csv.gz" --conf history:3000 --history "$work/short.history.json" >/dev/null
+expect 0 "the history holds the newest 3000 events \(34112 older ones dropped\); 714 blocks freed in it were allocated before it" -- \
+    "$gpumem" tune "$work/short.history.json" --passes 1
+"$gpumem" replay "$work/small.csv" --snapshot "$work/small.snapshot.json" >/dev/null
+expect 2 "a snapshot holds the blocks of one moment, not the allocations over time" -- "$gpumem" tune "$work/small.snapshot.json"
+printf '{"format": "gpumem-history", "version": 1, "dropped": 0, "events": [\n%s,\n%s]}\n' \
+    '{"time_ns": 1, "action": "alloc", "address": 4096, "size": 100, "stream": 0, "tag": 0}' \
+    '{"time_ns": 2, "action": "alloc", "address": 4096, "size": 100, "stream": 0, "tag": 0}' >"$work/twice.history.json"
+expect 2 "twice.history.json:2: allocation id 4096 is already live \(allocated at event 1\)" -- "$gpumem" tune "$work/twice.history.json"
 expect 1 "cannot open" -- "$gpumem" tune "$work/missing.csv"
 expect 2 "bad.csv:2: unknown operation 'q'" -- "$gpumem" tune "$work/bad.csv"
 expect 2 "cannot create the allocator .*unknown key 'colour'" -- "$gpumem" tune "$work/small.csv" --conf colour:red

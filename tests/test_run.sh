@@ -97,6 +97,38 @@ grep -q 'id="memory-curve"' "$work/run.html" 2>/dev/null && grep -q "report writ
     fail "gpumem run --report wrote no report: $(cat "$work/report.err")"
 grep -q 'data-value="9437184"' "$work/run.html" || fail "the report's peak live is not 9 MiB"
 [ -n "$(cat "$work/report.out")" ] && [ ! -e "$(cat "$work/report.out")" ] || fail "gpumem run left its output folder '$(cat "$work/report.out")'"
+# --tune: the command's history (and its snapshot, for the memory its GPU left it) replayed under each
+# configuration of gpumem tune. This command does what gpumem.torch does at exit, for a sim allocator of
+# 2700 MiB, and runs out of memory: 1.5 MiB blocks pin the 62 MiB chunks of freed tensors. The defaults
+# fail the same request in the replay; small chunks fit it. The table goes to stderr, the command's own
+# output alone to stdout, and the run's exit status stays the command's.
+cat >"$work/pinned.py" <<'PROGRAM'
+import atexit, json, os, gpumem
+assert "history:1048576" in os.environ["GPUMEM_CONF"]
+allocator = gpumem.Allocator("backend:sim,capacity:2700MiB")
+def write_history_and_snapshot():
+    folder = os.environ["GPUMEM_RUN_OUTPUT"]
+    for kind, text in (("history", allocator.history_json()), ("snapshot", json.dumps(allocator.snapshot()))):
+        with open(os.path.join(folder, "%s.%d.0.json" % (kind, os.getpid())), "w") as out:
+            out.write(text)
+atexit.register(write_history_and_snapshot)
+print("the command's output")
+blocks = [allocator.malloc(size) for _ in range(40) for size in (64487424, 1572864)]
+for block in blocks[0::2]:
+    allocator.free(block)
+allocator.malloc(2097152000)
+PROGRAM
+"$gpumem" run --tune -- python3 "$work/pinned.py" >"$work/tune.out" 2>"$work/tune.err"
+status=$?
+[ $status -eq 1 ] || fail "gpumem run --tune did not pass on the command's exit status 1 (got $status)"
+[ "$(cat "$work/tune.out")" = "the command's output" ] || fail "gpumem run --tune wrote to stdout: $(cat "$work/tune.out")"
+grep -q "on a simulated device of 2700MiB" "$work/tune.err" &&
+    grep -Eq "^defaults +- +2520.0  1.0000 / - / - .* 1$" "$work/tune.err" &&
+    grep -q "^recommended: small chunks (max_chunk_size:8MiB,move_slack:0.01): it fits, where 1 allocation ran out of memory under the defaults" "$work/tune.err" ||
+    fail "gpumem run --tune: $(cat "$work/tune.err")"
+"$gpumem" run --tune -- true 2>"$work/notune.err"
+[ $? -eq 1 ] && grep -q "nothing to tune: the command wrote no gpumem history" "$work/notune.err" ||
+    fail "gpumem run --tune of a command without history: $(cat "$work/notune.err")"
 "$gpumem" run --report "$work/none.html" -- true 2>"$work/noreport.err"
 [ $? -eq 1 ] && grep -q "no report: the command wrote no gpumem history" "$work/noreport.err" && [ ! -e "$work/none.html" ] ||
     fail "gpumem run --report of a command without history: $(cat "$work/noreport.err")"

@@ -32,7 +32,8 @@
 
 typedef struct loader {
     const char *path;
-    unsigned long line;
+    unsigned long line; /* of the trace; the event's number for a history */
+    const char *line_name;
     gm_trace *trace;
     size_t operation_capacity;
     gm_hash_map live_ids;    /* id + 1 -> slot << 32 | line of allocation (low 32 bits) */
@@ -121,35 +122,11 @@ static gm_status take_slot(loader *state, uint64_t size, uint32_t *slot_out)
     return GM_OK;
 }
 
-static gm_status parse_line(loader *state, char *line)
+/* One operation of the trace: an allocation of `size` bytes named `id` on `stream`, or the free of the
+ * live allocation named `id`. Checked as a line is: an id already live, a free of one that is not. */
+static gm_status add_operation(loader *state, bool allocate, uint64_t id, uint64_t size, uint64_t stream)
 {
-    char *fields[5];
-    int count = 0;
-    for (char *cursor = line; count < 5;) {
-        fields[count++] = cursor;
-        char *comma = strchr(cursor, ',');
-        if (!comma)
-            break;
-        *comma = '\0';
-        cursor = comma + 1;
-    }
-    if (count != 4)
-        return malformed(state, "expected 4 comma-separated fields: a|f,id,bytes,stream");
-    if (strcmp(fields[0], "a") != 0 && strcmp(fields[0], "f") != 0) {
-        char reason[96];
-        snprintf(reason, sizeof reason, "unknown operation '%.20s' (expected a or f)", fields[0]);
-        return malformed(state, reason);
-    }
-    uint64_t id = 0, size = 0, stream = 0;
-    gm_status status = parse_number(state, fields[1], "id", &id);
-    if (status == GM_OK)
-        status = parse_number(state, fields[2], "size", &size);
-    if (status == GM_OK)
-        status = parse_number(state, fields[3], "stream", &stream);
-    if (status == GM_OK && id == UINT64_MAX)
-        status = malformed(state, "id too large");
-    if (status == GM_OK)
-        status = grow(state);
+    gm_status status = grow(state);
     if (status != GM_OK)
         return status;
     gm_trace_operation *operation = &state->trace->operations[state->trace->count];
@@ -159,10 +136,10 @@ static gm_status parse_line(loader *state, char *line)
     uint64_t entry = 0;
     bool live = gm_hash_map_get(&state->live_ids, id + 1, &entry);
     char reason[128];
-    if (fields[0][0] == 'a') {
+    if (allocate) {
         if (live) {
-            snprintf(reason, sizeof reason, "allocation id %" PRIu64 " is already live (allocated at line %" PRIu64 ")",
-                     id, entry & 0xffffffffu);
+            snprintf(reason, sizeof reason, "allocation id %" PRIu64 " is already live (allocated at %s %" PRIu64 ")",
+                     id, state->line_name, entry & 0xffffffffu);
             return malformed(state, reason);
         }
         if (size > UINT64_MAX - state->live_bytes) /* else live_bytes and peak_live_bytes would wrap around */
@@ -192,6 +169,38 @@ static gm_status parse_line(loader *state, char *line)
     }
     state->trace->count++;
     return GM_OK;
+}
+
+static gm_status parse_line(loader *state, char *line)
+{
+    char *fields[5];
+    int count = 0;
+    for (char *cursor = line; count < 5;) {
+        fields[count++] = cursor;
+        char *comma = strchr(cursor, ',');
+        if (!comma)
+            break;
+        *comma = '\0';
+        cursor = comma + 1;
+    }
+    if (count != 4)
+        return malformed(state, "expected 4 comma-separated fields: a|f,id,bytes,stream");
+    if (strcmp(fields[0], "a") != 0 && strcmp(fields[0], "f") != 0) {
+        char reason[96];
+        snprintf(reason, sizeof reason, "unknown operation '%.20s' (expected a or f)", fields[0]);
+        return malformed(state, reason);
+    }
+    uint64_t id = 0, size = 0, stream = 0;
+    gm_status status = parse_number(state, fields[1], "id", &id);
+    if (status == GM_OK)
+        status = parse_number(state, fields[2], "size", &size);
+    if (status == GM_OK)
+        status = parse_number(state, fields[3], "stream", &stream);
+    if (status == GM_OK && id == UINT64_MAX)
+        status = malformed(state, "id too large");
+    if (status != GM_OK)
+        return status;
+    return add_operation(state, fields[0][0] == 'a', id, size, stream);
 }
 
 /* The longest line read, newline included: a valid line ("a,ID,BYTES,STREAM" with 20-digit numbers) is
@@ -401,7 +410,7 @@ gm_status gm_trace_load(const char *path, gm_trace *trace_out)
         free(source);
         return status;
     }
-    loader state = {.path = path, .trace = trace_out};
+    loader state = {.path = path, .trace = trace_out, .line_name = "line"};
     status = gm_hash_map_init(&state.live_ids, 4096) ? read_lines(&state, source)
                                                      : gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory");
     close_source(source);
@@ -411,6 +420,100 @@ gm_status gm_trace_load(const char *path, gm_trace *trace_out)
     free(state.slot_sizes);
     if (status == GM_OK && trace_out->count == 0)
         status = gm_fail(GM_ERROR_PARSE, "%s:%lu: the trace holds no operations", path, state.line);
+    if (status != GM_OK)
+        gm_trace_free(trace_out);
+    return status;
+}
+
+/* The id of a request that ran out of memory: no block's address (allocated and freed at once, so one
+ * id serves them all). */
+#define OOM_REQUEST_ID (UINT64_MAX - 1)
+
+/* A stream's name in the trace: 0 for the default stream (NULL), else 1, 2, ... in the order the
+ * events first name them, so that a history's stream handles become the small names a trace uses. */
+static gm_status stream_name_of(loader *state, gm_stream stream, gm_stream **seen, size_t *seen_count,
+                                uint64_t *name_out)
+{
+    if (!stream) {
+        *name_out = 0;
+        return GM_OK;
+    }
+    for (size_t i = 0; i < *seen_count; i++)
+        if ((*seen)[i] == stream) {
+            *name_out = i + 1;
+            return GM_OK;
+        }
+    gm_stream *grown = gm_system_realloc(*seen, (*seen_count + 1) * sizeof *grown);
+    if (!grown)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "%s: no host memory for the trace", state->path);
+    *seen = grown;
+    grown[*seen_count] = stream;
+    *name_out = ++*seen_count;
+    return GM_OK;
+}
+
+/* Pass 1: the blocks freed in the events but allocated before them (the ring had dropped their
+ * allocation, or it predates the history), allocated first, each with its free's size and stream. */
+static gm_status add_early_allocations(loader *state, const gm_event *events, size_t count, gm_stream **seen,
+                                       size_t *seen_count, size_t *early_out)
+{
+    gm_hash_map live; /* address + 1 -> 1 while allocated within the events */
+    if (!gm_hash_map_init(&live, 4096))
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "%s: no host memory for the trace", state->path);
+    gm_status status = GM_OK;
+    for (size_t i = 0; i < count && status == GM_OK; i++) {
+        const gm_event *event = &events[i];
+        if (event->kind == GM_EVENT_ALLOC && !gm_hash_map_put(&live, event->address + 1, 1)) {
+            status = gm_fail(GM_ERROR_OUT_OF_MEMORY, "%s: no host memory for the trace", state->path);
+        } else if (event->kind == GM_EVENT_FREE_REQUESTED && !gm_hash_map_remove(&live, event->address + 1, NULL)) {
+            uint64_t name = 0;
+            state->line = i + 1;
+            status = stream_name_of(state, event->stream, seen, seen_count, &name);
+            if (status == GM_OK)
+                status = add_operation(state, true, event->address, event->size, name);
+            ++*early_out;
+        }
+    }
+    gm_hash_map_free(&live);
+    return status;
+}
+
+gm_status gm_trace_from_events(const char *name, const gm_event *events, size_t count, gm_trace *trace_out,
+                               size_t *early_out)
+{
+    if (!name || (!events && count) || !trace_out || !early_out)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_trace_from_events: an argument is NULL");
+    memset(trace_out, 0, sizeof *trace_out);
+    *early_out = 0;
+    loader state = {.path = name, .trace = trace_out, .line_name = "event"};
+    gm_stream *seen = NULL;
+    size_t seen_count = 0;
+    gm_status status = gm_hash_map_init(&state.live_ids, 4096)
+                           ? add_early_allocations(&state, events, count, &seen, &seen_count, early_out)
+                           : gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory");
+    /* Pass 2: every allocation and free request, in order (a free's completion is gpumem's own wait), and
+     * every request that ran out of memory as an allocation freed at once: whether it fits is the question. */
+    for (size_t i = 0; i < count && status == GM_OK; i++) {
+        const gm_event *event = &events[i];
+        if (event->kind != GM_EVENT_ALLOC && event->kind != GM_EVENT_FREE_REQUESTED && event->kind != GM_EVENT_OOM)
+            continue;
+        uint64_t stream = 0;
+        state.line = i + 1;
+        status = stream_name_of(&state, event->stream, &seen, &seen_count, &stream);
+        if (status == GM_OK && event->kind == GM_EVENT_OOM) {
+            status = add_operation(&state, true, OOM_REQUEST_ID, event->size, stream);
+            if (status == GM_OK)
+                status = add_operation(&state, false, OOM_REQUEST_ID, 0, stream);
+        } else if (status == GM_OK) {
+            status = add_operation(&state, event->kind == GM_EVENT_ALLOC, event->address, event->size, stream);
+        }
+    }
+    free(seen);
+    gm_hash_map_free(&state.live_ids);
+    free(state.free_slots);
+    free(state.slot_sizes);
+    if (status == GM_OK && trace_out->count == 0)
+        status = gm_fail(GM_ERROR_PARSE, "%s: no allocation in its events", name);
     if (status != GM_OK)
         gm_trace_free(trace_out);
     return status;

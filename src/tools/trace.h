@@ -39,6 +39,17 @@ typedef struct gm_trace {
 gm_status gm_trace_load(const char *path, gm_trace *trace_out);
 void gm_trace_free(gm_trace *trace);
 
+/* The allocations and frees of a history's events (oldest first; gm_history_read, or a history file) as
+ * a trace: each "alloc" an allocation, named by its address, each "free_requested" its free (the
+ * completion of a free is the allocator's own wait for streams), each "oom" an allocation of what was
+ * asked for, freed at once (whether it fits under another configuration is the question). A block freed in the events but
+ * allocated before them (dropped from the ring, or older than the history) is allocated at the start;
+ * *early_out counts those. Streams: the default stream is 0, the others 1, 2, ... in order. A history that
+ * allocates an address still live is malformed: GM_ERROR_PARSE, "NAME:EVENT: reason"; no allocation at
+ * all, GM_ERROR_PARSE too. */
+gm_status gm_trace_from_events(const char *name, const gm_event *events, size_t count, gm_trace *trace_out,
+                               size_t *early_out);
+
 typedef struct gm_replay_result {
     size_t operations;
     size_t allocations;

@@ -2,8 +2,9 @@
 # run_training.sh BUILD_DIR -- issue 14's front door on the GPU: a PyTorch training script run with
 # `gpumem run --report`, seen from a second shell while it waits at a quiet point: `gpumem top --once
 # --json` and `gpumem stats PID --json` must show exactly the allocated, reserved and peak bytes of
-# its own torch.cuda.memory_stats(); at exit gpumem run prints its peaks and summary and writes the
-# HTML report of its memory over time.
+# its own torch.cuda.memory_stats(); at exit gpumem run prints its peaks and summary, writes the
+# HTML report of its memory over time and (--tune) replays its allocations under each configuration of
+# gpumem tune, on a simulated device of what the GPU left the script.
 set -u
 build=$1
 gpumem=$PWD/$build/gpumem
@@ -13,7 +14,7 @@ trap '[ -n "$run_pid" ] && kill -9 "$run_pid" 2>/dev/null; rm -rf "$work"' EXIT
 failed=0
 fail() { echo "FAIL: $*"; failed=1; }
 
-"$gpumem" run --report "$work/report.html" -- python3 tests/gpu/train_under_run.py "$work" >"$work/out" 2>"$work/err" &
+"$gpumem" run --report "$work/report.html" --tune -- python3 tests/gpu/train_under_run.py "$work" >"$work/out" 2>"$work/err" &
 run_pid=$!
 for _ in $(seq 240); do [ -s "$work/stats.json" ] && break; sleep 0.5; done
 [ -s "$work/stats.json" ] || { fail "the training script wrote no statistics: $(tail -20 "$work/err")"; exit 1; }
@@ -93,6 +94,12 @@ grep -q "gpumem run: process $pid, cuda device 0 (pages engine): peak allocated"
 grep -q "^| gpumem memory summary, cuda device ID 0" "$work/err" || fail "gpumem run printed no summary"
 [ -s "$work/report.html" ] && grep -q 'id="memory-curve"' "$work/report.html" ||
     fail "gpumem run --report wrote no report with a memory curve"
-[ $failed -eq 0 ] && echo "ok   gpumem run: final numbers, summary and report ($(stat -c %s "$work/report.html") bytes)"
+room=$(sed -n 's/^gpumem run: this run.s allocations under each configuration (gpumem tune), on a simulated device of \([0-9]*\)MiB$/\1/p' "$work/err")
+[ -n "$room" ] && [ "$room" -gt 100000 ] && [ "$room" -lt 150000 ] ||
+    fail "gpumem run --tune did not take the GPU's memory for the simulated device: '$room'"
+grep -Eq "^defaults +- +[0-9.]+  1\.[0-9]{4} / 1\.[0-9]{4} / 1\.[0-9]{4} .* 0$" "$work/err" &&
+    grep -q "^recommended: " "$work/err" || fail "gpumem run --tune printed no table and recommendation"
+sed -n '/gpumem tune/,$p' "$work/err"
+[ $failed -eq 0 ] && echo "ok   gpumem run: final numbers, summary, report ($(stat -c %s "$work/report.html") bytes) and tuning"
 mkdir -p "${OUT:-gpu-results}/logs" && cp "$work/report.html" "${OUT:-gpu-results}/logs/run_report.html" 2>/dev/null
 exit $failed
