@@ -101,5 +101,15 @@ grep -Eq "^defaults +- +[0-9.]+  1\.[0-9]{4} / 1\.[0-9]{4} / 1\.[0-9]{4} .* 0$" 
     grep -q "^recommended: " "$work/err" || fail "gpumem run --tune printed no table and recommendation"
 sed -n '/gpumem tune/,$p' "$work/err"
 [ $failed -eq 0 ] && echo "ok   gpumem run: final numbers, summary, report ($(stat -c %s "$work/report.html") bytes) and tuning"
+# A program that dies of fragmentation: --tune replays it on what its GPU left it, where the defaults
+# fail the same request and another setting fits it.
+"$gpumem" run --tune -- python3 tests/gpu/out_of_memory_under_run.py >"$work/oom.out" 2>"$work/oom.err"
+status=$?
+sed -n '/gpumem tune/,$p' "$work/oom.err"
+[ $status -eq 1 ] && grep -q "torch.OutOfMemoryError" "$work/oom.err" || fail "the program did not run out of memory ($status)"
+grep -Eq "^defaults +- +.* [1-9][0-9]*$" "$work/oom.err" &&
+    grep -Eq "^recommended: [a-z ]+ \([a-z_:0-9A-Z.,]+\): it fits, where [0-9]+ allocations? ran out of memory under the defaults" "$work/oom.err" ||
+    fail "gpumem run --tune did not find the setting under which the program fits"
+[ $failed -eq 0 ] && echo "ok   gpumem run --tune: the program that ran out of memory fits under another setting"
 mkdir -p "${OUT:-gpu-results}/logs" && cp "$work/report.html" "${OUT:-gpu-results}/logs/run_report.html" 2>/dev/null
 exit $failed
