@@ -168,6 +168,8 @@ static void fragmentation(void)
                   "torch.cuda.set_per_process_memory_fraction(0.999), set before the first allocation");
     CHECK_MESSAGE("  2. compact_min:2MiB in GPUMEM_CONF: a chunk that a few live blocks pin is split");
     CHECK_MESSAGE("  3. A smaller max_chunk_size in GPUMEM_CONF (now no limit)");
+    CHECK_MESSAGE("\nWhich setting lets this program fit: gpumem run --tune -- python train.py replays its allocations "
+                  "under each (gpumem tune) on what its GPU leaves it.\n");
     (void)head, (void)second, (void)tail;
     gm_destroy(allocator, NULL);
     /* The first two remedies work: three 300 MiB chunks, each pinned by a 4 MiB block at its start, 888 MiB

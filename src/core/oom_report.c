@@ -324,6 +324,9 @@ static void remedy_fragmentation(gm_arena *arena, const gm_oom_facts *facts, con
         gm_error_append("  %u. %s of the free memory is in other streams' heaps or the other pool: allocate on the "
                         "stream that freed it, or synchronize those streams and empty the cache.\n", step,
                         bytes(t, pieces->elsewhere));
+    if (arena->engine == &gm_page_engine)
+        gm_error_append("Which setting lets this program fit: gpumem run --tune -- python train.py replays its "
+                        "allocations under each (gpumem tune) on what its GPU leaves it.\n");
 }
 
 static void explain_host(const gm_oom_facts *facts, byte_texts *t)
