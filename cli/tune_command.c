@@ -7,9 +7,10 @@
  * what they cost elsewhere, fix that (docs/engine.md): small chunks that settle
  * (max_chunk_size:8MiB,move_slack:0.01: more device calls as memory is first made, and at every step
  * for shapes that change), and compaction (compact_min:2MiB: pinned chunks split, their live pages
- * copied, which is safe only when one thread at a time launches work on the device). Which one pays
- * depends on the program, and its own allocation trace answers that in seconds on the simulated
- * device: each candidate replays the trace `passes` times on one allocator (the first pass cold, the
+ * copied, which is safe only when one thread at a time launches work on the device); and where the
+ * defaults run out of memory, the OOM report's first remedy too, a memory limit just below the device's
+ * size (every chunk page-sized, idle pages recycled near the limit). Which one pays depends on the
+ * program, and its own allocation trace answers that in seconds on the simulated device: each candidate replays the trace `passes` times on one allocator (the first pass cold, the
  * later ones warm, as a training loop repeats its steps), and the table gives each one's peak reserved
  * memory over all passes, its ratio to the live peak in each pass and its device-call time. The
  * recommendation is the candidate that reserves the least, when it saves at least half a percent of
@@ -44,6 +45,9 @@ typedef struct candidate {
     const char *cost;          /* what it costs, said with a recommendation */
 } candidate;
 
+/* The last, a memory limit just below the device's size, is tried only when the defaults run out of
+ * memory: it is the OOM report's first remedy for fragmentation, and far from the limit it changes
+ * nothing but the device calls (idle pages are recycled only near it). */
 static const candidate candidates[] = {
     {"defaults", "", ""},
     {"small chunks", "max_chunk_size:8MiB,move_slack:0.01",
@@ -51,8 +55,11 @@ static const candidate candidates[] = {
     {"compaction", "compact_min:2MiB",
      "copies of live pages after a device-wide wait; only for programs in which one thread at a time launches "
      "work on the GPU (a training loop), not for servers whose threads launch work at once"},
+    {"a memory limit", NULL, /* memory_limit:<the device's MiB - 1>MiB, made when it is tried */
+     "every chunk page-sized: many more device calls as memory is first made; set it before the first "
+     "allocation (or torch.cuda.set_per_process_memory_fraction)"},
 };
-enum { CANDIDATE_COUNT = sizeof candidates / sizeof candidates[0] };
+enum { CANDIDATE_COUNT = sizeof candidates / sizeof candidates[0], ALWAYS_TRIED = CANDIDATE_COUNT - 1 };
 
 typedef struct outcome {
     bool ran;       /* the allocator was made and the passes replayed */
@@ -64,6 +71,14 @@ typedef struct outcome {
     double worst_warm_ms; /* the most device time of one pass after the first */
     uint64_t device_bytes; /* the device's memory, as the allocator sees it */
 } outcome;
+
+/* The candidates tried on one trace and how each did. */
+typedef struct tuning {
+    int count;                                   /* candidates tried: ALWAYS_TRIED, or all */
+    const char *configurations[CANDIDATE_COUNT]; /* each one's keys */
+    outcome outcomes[CANDIDATE_COUNT];
+    char limit[48]; /* the memory limit's keys */
+} tuning;
 
 #define TUNE_USAGE                                                                                            \
     "usage: gpumem tune TRACE|HISTORY [--backend sim|host|cuda] [--capacity BYTES] [--conf KEY:VALUE,...]\n"   \
@@ -116,10 +131,11 @@ static gm_status run_candidate(const gm_trace *trace, const char *configuration,
 /* The candidate to recommend: the one that fails the fewest allocations, then reserves the least; an
  * alternative to the defaults only when it fits where they do not, or saves at least half a percent
  * of the live peak. */
-static int recommended(const outcome *outcomes, uint64_t peak_live)
+static int recommended(const tuning *tried, uint64_t peak_live)
 {
+    const outcome *outcomes = tried->outcomes;
     int best = 0;
-    for (int i = 1; i < CANDIDATE_COUNT; i++) {
+    for (int i = 1; i < tried->count; i++) {
         const outcome *challenger = &outcomes[i], *holder = &outcomes[best];
         if (!challenger->ran)
             continue;
@@ -159,18 +175,19 @@ static void print_ratios(const outcome *result, int passes)
     printf("  %-*s", ratios_width(passes), text);
 }
 
-static void print_table(const char *trace_path, const gm_trace *trace, const outcome *outcomes, int passes,
+static void print_table(const char *trace_path, const gm_trace *trace, const tuning *tried, int passes,
                         const gm_device_arguments *device)
 {
+    const outcome *outcomes = tried->outcomes;
     printf("trace %s: %zu operations, peak live %.1f MiB; %s backend, %.1f MiB; %d pass%s each%s\n\n", trace_path,
            trace->count, (double)trace->peak_live_bytes / MIB, device->backend ? device->backend : "sim",
            (double)outcomes[0].device_bytes / MIB, passes, passes > 1 ? "es" : "",
            passes > 1 ? " on one allocator (the first cold, the later ones warm)" : "");
     printf("%-14s %-36s %18s  %-*s %19s %23s %5s\n", "configuration", "keys", "peak reserved MiB", ratios_width(passes),
            RATIOS_TITLE, "device ms, 1st pass", "device ms, later (most)", "OOMs");
-    for (int i = 0; i < CANDIDATE_COUNT; i++) {
+    for (int i = 0; i < tried->count; i++) {
         const outcome *result = &outcomes[i];
-        printf("%-14s %-36s ", candidates[i].name, *candidates[i].configuration ? candidates[i].configuration : "-");
+        printf("%-14s %-36s ", candidates[i].name, *tried->configurations[i] ? tried->configurations[i] : "-");
         if (!result->ran) {
             printf("%18s\n", "(could not run)");
             continue;
@@ -188,9 +205,9 @@ static void print_table(const char *trace_path, const gm_trace *trace, const out
 
 /* No candidate replays the trace without running out of memory: say so, and when the live allocations
  * alone need more than the device, that no configuration can help. */
-static void print_none_fits(const outcome *outcomes, uint64_t peak_live)
+static void print_none_fits(const tuning *tried, uint64_t peak_live)
 {
-    const outcome *defaults = &outcomes[0];
+    const outcome *defaults = &tried->outcomes[0];
     printf("no configuration fits: every candidate ran out of memory (the defaults %zu times)", defaults->failed_allocations);
     if (peak_live > defaults->device_bytes)
         printf("; the trace's live allocations alone peak at %.1f MiB, more than the device's %.1f MiB (--capacity "
@@ -198,12 +215,13 @@ static void print_none_fits(const outcome *outcomes, uint64_t peak_live)
     printf("\n");
 }
 
-static void print_recommendation(const outcome *outcomes, int choice, int passes, uint64_t peak_live)
+static void print_recommendation(const tuning *tried, int choice, int passes, uint64_t peak_live)
 {
-    const outcome *defaults = &outcomes[0], *best = &outcomes[choice];
+    const outcome *defaults = &tried->outcomes[0], *best = &tried->outcomes[choice];
+    const char *keys = tried->configurations[choice];
     printf("\n");
     if (best->failed_allocations) {
-        print_none_fits(outcomes, peak_live);
+        print_none_fits(tried, peak_live);
         return;
     }
     if (!choice) {
@@ -214,30 +232,30 @@ static void print_recommendation(const outcome *outcomes, int choice, int passes
     const candidate *pick = &candidates[choice];
     if (defaults->failed_allocations)
         printf("recommended: %s (%s): it fits, where %zu allocation%s ran out of memory under the defaults\n",
-               pick->name, pick->configuration, defaults->failed_allocations,
+               pick->name, keys, defaults->failed_allocations,
                defaults->failed_allocations == 1 ? "" : "s");
     else
-        printf("recommended: %s (%s): %.1f MiB less reserved at its peak than the defaults\n", pick->name,
-               pick->configuration, (double)(defaults->peak_reserved - best->peak_reserved) / MIB);
+        printf("recommended: %s (%s): %.1f MiB less reserved at its peak than the defaults\n", pick->name, keys,
+               (double)(defaults->peak_reserved - best->peak_reserved) / MIB);
     printf("  its cost: %.1f ms of device calls in the first pass (the defaults %.1f)", best->device_ms[0],
            defaults->device_ms[0]);
     if (passes > 1 && best->passes_run > 1)
         printf(", at most %.1f in a later one (%.1f)", best->worst_warm_ms, defaults->worst_warm_ms);
     printf(": %s\n", pick->cost);
-    printf("  to use it: GPUMEM_CONF=%s, or with PyTorch gpumem run --conf %s -- python train.py\n",
-           pick->configuration, pick->configuration);
+    printf("  to use it: GPUMEM_CONF=%s, or with PyTorch gpumem run --conf %s -- python train.py\n", keys, keys);
 }
 
-static void print_json(const char *trace_path, const gm_trace *trace, const outcome *outcomes, int passes, int choice)
+static void print_json(const char *trace_path, const gm_trace *trace, const tuning *tried, int passes, int choice)
 {
+    const outcome *outcomes = tried->outcomes;
     printf("{\"trace\": ");
     gm_print_json_string(trace_path);
     printf(", \"operations\": %zu, \"peak_live_bytes\": %" PRIu64 ", \"passes\": %d, \"candidates\": [",
            trace->count, trace->peak_live_bytes, passes);
-    for (int i = 0; i < CANDIDATE_COUNT; i++) {
+    for (int i = 0; i < tried->count; i++) {
         const outcome *result = &outcomes[i];
         printf("%s{\"name\": \"%s\", \"configuration\": \"%s\", \"ran\": %s", i ? ", " : "", candidates[i].name,
-               candidates[i].configuration, result->ran ? "true" : "false");
+               tried->configurations[i], result->ran ? "true" : "false");
         if (result->ran) {
             printf(", \"peak_reserved_bytes\": %" PRIu64 ", \"failed_allocations\": %zu, \"passes_run\": %d, "
                    "\"ratios\": [", result->peak_reserved, result->failed_allocations, result->passes_run);
@@ -254,7 +272,7 @@ static void print_json(const char *trace_path, const gm_trace *trace, const outc
         printf("], \"recommended\": null, \"configuration\": null}\n");
     else
         printf("], \"recommended\": \"%s\", \"configuration\": \"%s\"}\n", candidates[choice].name,
-               candidates[choice].configuration);
+               tried->configurations[choice]);
 }
 
 /* The value of --passes: a whole number from 1 to TUNE_MAX_PASSES, else 0. */
@@ -302,18 +320,35 @@ static int parse_arguments(int argc, char **argv, gm_device_arguments *device, c
     return GM_EXIT_OK;
 }
 
-/* Every candidate over `device`'s configuration; GM_EXIT_OK, or the status after saying why. */
-static int run_candidates(const gm_trace *trace, const gm_device_arguments *device, int passes, outcome *outcomes)
+/* One candidate over `device`'s configuration; GM_OK, or the reason it could not run. */
+static gm_status try_candidate(const gm_trace *trace, const gm_device_arguments *device, int passes, tuning *tried)
 {
-    for (int i = 0; i < CANDIDATE_COUNT; i++) {
-        char *configuration = gm_device_configuration(device, *candidates[i].configuration ? candidates[i].configuration
-                                                                                            : NULL);
-        if (!configuration)
-            return GM_EXIT_ERROR;
-        gm_status status = run_candidate(trace, configuration, passes, &outcomes[i]);
-        free(configuration);
-        if (status != GM_OK && i == 0) /* the defaults over --conf: a bad --conf or no device, as for every one */
-            return status == GM_ERROR_BAD_CONFIG ? GM_EXIT_USAGE : GM_EXIT_ERROR;
+    int i = tried->count++;
+    const char *keys = tried->configurations[i];
+    char *configuration = gm_device_configuration(device, *keys ? keys : NULL);
+    if (!configuration)
+        return GM_ERROR_OUT_OF_MEMORY;
+    gm_status status = run_candidate(trace, configuration, passes, &tried->outcomes[i]);
+    free(configuration);
+    return status;
+}
+
+/* Every candidate; the memory limit only where the defaults run out of memory. GM_EXIT_OK, or the
+ * status after saying why. */
+static int run_candidates(const gm_trace *trace, const gm_device_arguments *device, int passes, tuning *tried)
+{
+    for (int i = 0; i < ALWAYS_TRIED; i++)
+        tried->configurations[i] = candidates[i].configuration;
+    gm_status status = try_candidate(trace, device, passes, tried);
+    if (status != GM_OK) /* the defaults over --conf: a bad --conf or no device, as for every one */
+        return status == GM_ERROR_BAD_CONFIG ? GM_EXIT_USAGE : GM_EXIT_ERROR;
+    while (tried->count < ALWAYS_TRIED)
+        try_candidate(trace, device, passes, tried);
+    const outcome *defaults = &tried->outcomes[0];
+    if (defaults->failed_allocations && defaults->device_bytes > (1u << 20)) {
+        snprintf(tried->limit, sizeof tried->limit, "memory_limit:%" PRIu64 "MiB", (defaults->device_bytes >> 20) - 1);
+        tried->configurations[ALWAYS_TRIED] = tried->limit;
+        try_candidate(trace, device, passes, tried);
     }
     return GM_EXIT_OK;
 }
@@ -369,18 +404,18 @@ int gm_command_tune(int argc, char **argv)
     int loaded = load_input(trace_path, &trace);
     if (loaded != GM_EXIT_OK)
         return loaded;
-    outcome outcomes[CANDIDATE_COUNT];
-    memset(outcomes, 0, sizeof outcomes);
-    int exit_status = run_candidates(&trace, &device, passes, outcomes);
+    tuning tried;
+    memset(&tried, 0, sizeof tried);
+    int exit_status = run_candidates(&trace, &device, passes, &tried);
     if (exit_status == GM_EXIT_OK) {
-        int choice = recommended(outcomes, trace.peak_live_bytes);
+        int choice = recommended(&tried, trace.peak_live_bytes);
         if (json) {
-            print_json(trace_path, &trace, outcomes, passes, choice);
+            print_json(trace_path, &trace, &tried, passes, choice);
         } else {
-            print_table(trace_path, &trace, outcomes, passes, &device);
-            print_recommendation(outcomes, choice, passes, trace.peak_live_bytes);
+            print_table(trace_path, &trace, &tried, passes, &device);
+            print_recommendation(&tried, choice, passes, trace.peak_live_bytes);
         }
-        if (outcomes[choice].failed_allocations)
+        if (tried.outcomes[choice].failed_allocations)
             exit_status = GM_EXIT_OUT_OF_MEMORY;
     }
     gm_trace_free(&trace);
