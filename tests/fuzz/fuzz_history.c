@@ -1,0 +1,126 @@
+/*
+ * fuzz_history.c -- libFuzzer harness for gpumem's own JSON files read back (src/tools/json_formats.c),
+ * as `gpumem report` and `gpumem tune` read them: a history or a snapshot, told apart by content, and a
+ * history's events made a trace (gm_trace_from_events, src/tools/trace.c) and replayed.
+ *
+ * gm_input_open reads only paths, so each input is written to a memory file (memfd) and opened through
+ * /proc/self/fd/N. What must hold, else abort() (a finding):
+ *   - every status is GM_OK, GM_ERROR_PARSE, GM_ERROR_IO or GM_ERROR_OUT_OF_MEMORY, with a message;
+ *   - a parsed history's events: each of a known action; made a trace, GM_OK or GM_ERROR_PARSE (an
+ *     address allocated twice, no allocation at all), and a trace made is consistent and, when small,
+ *     replays on the simulated device with the allocator's books valid afterwards (trace_check.h);
+ *   - a parsed snapshot: every region's blocks lie in the block array and inside their region.
+ * Input that is not JSON is a trace, fuzz_trace's part: it is left alone here.
+ */
+#include "tools/json_formats.h"
+#include "tools/trace.h"
+#include "trace_check.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+static int memory_file = -1;
+static char memory_file_path[64];
+
+static void fail(const char *what, const char *detail)
+{
+    fprintf(stderr, "fuzz_history: %s%s%s\n", what, detail ? ": " : "", detail ? detail : "");
+    abort();
+}
+
+/* Replace the memory file's contents with `size` bytes. */
+static void write_memory_file(const uint8_t *data, size_t size)
+{
+    if (memory_file < 0) {
+        memory_file = memfd_create("fuzz_history", 0);
+        if (memory_file < 0)
+            fail("memfd_create failed", NULL);
+        snprintf(memory_file_path, sizeof memory_file_path, "/proc/self/fd/%d", memory_file);
+    }
+    if (ftruncate(memory_file, 0) != 0)
+        fail("ftruncate failed", NULL);
+    size_t written = 0;
+    while (written < size) {
+        ssize_t result = pwrite(memory_file, data + written, size - written, (off_t)written);
+        if (result <= 0)
+            fail("pwrite failed", NULL);
+        written += (size_t)result;
+    }
+}
+
+/* A failure must be one of the statuses a reader gives, and say why. */
+static void check_failure(gm_status status, const char *what)
+{
+    if (status != GM_ERROR_PARSE && status != GM_ERROR_IO && status != GM_ERROR_OUT_OF_MEMORY)
+        fail(what, gm_strerror(status));
+    if (!gm_last_error()[0])
+        fail(what, "a failure without a message");
+}
+
+static void check_history(const gm_input_file *input, size_t size)
+{
+    gm_history_file history;
+    gm_status status = gm_history_parse(input, &history);
+    if (status != GM_OK) {
+        check_failure(status, "gm_history_parse gave an unexpected status");
+        return;
+    }
+    for (size_t i = 0; i < history.count; i++)
+        if ((unsigned)history.events[i].kind >= GM_EVENT_KIND_COUNT)
+            fail("a parsed event has an unknown action", NULL);
+    gm_trace trace;
+    size_t early = 0;
+    status = gm_trace_from_events(input->path, history.events, history.count, &trace, &early);
+    if (status == GM_OK) {
+        fuzz_check_trace(&trace, fail);
+        if (early > trace.allocation_count)
+            fail("more early allocations than allocations", NULL);
+        fuzz_replay_trace(&trace, size % 2 == 1, fail);
+        gm_trace_free(&trace);
+    } else if (status != GM_ERROR_PARSE && status != GM_ERROR_OUT_OF_MEMORY) {
+        fail("gm_trace_from_events gave an unexpected status", gm_strerror(status));
+    }
+    gm_history_file_free(&history);
+}
+
+static void check_snapshot(const gm_input_file *input)
+{
+    gm_snapshot *snapshot = NULL;
+    gm_status status = gm_snapshot_parse(input, &snapshot);
+    if (status != GM_OK) {
+        check_failure(status, "gm_snapshot_parse gave an unexpected status");
+        return;
+    }
+    for (size_t r = 0; r < snapshot->region_count; r++) {
+        const gm_snapshot_region *region = &snapshot->regions[r];
+        if (region->first_block > snapshot->block_count || region->block_count > snapshot->block_count - region->first_block)
+            fail("a region's blocks lie outside the block array", NULL);
+        for (size_t b = region->first_block; b < region->first_block + region->block_count; b++) {
+            const gm_snapshot_block *block = &snapshot->blocks[b];
+            if (block->address < region->address || block->size > region->size ||
+                block->address - region->address > region->size - block->size)
+                fail("a block lies outside its region", NULL);
+        }
+    }
+    gm_snapshot_file_free(snapshot);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    write_memory_file(data, size);
+    gm_input_file input;
+    gm_status status = gm_input_open(memory_file_path, &input);
+    if (status != GM_OK) {
+        check_failure(status, "gm_input_open gave an unexpected status");
+        return 0;
+    }
+    if (input.kind == GM_INPUT_HISTORY)
+        check_history(&input, size);
+    else if (input.kind == GM_INPUT_SNAPSHOT)
+        check_snapshot(&input);
+    gm_input_close(&input);
+    return 0;
+}
