@@ -164,7 +164,9 @@ static gm_status create_memory(gm_arena *arena, gm_region *region, uintptr_t add
  * when new memory would lift reserved memory above its peak -- and, under a memory limit below the
  * device's capacity, only once that is near the limit (nine tenths): the chunks are page-sized there,
  * and recycling them costs device calls at every step, which a process that set its limit only as a
- * precaution should not pay. With move_slack, not while reserved memory stays within that fraction
+ * precaution should not pay. A growth lane's ring is the exception: it recycles its own laps' pages
+ * by design, and without that its top climbs by each call's growth and never comes down, so under a
+ * limit far away a generation server would take the room under it lap by lap. With move_slack, not while reserved memory stays within that fraction
  * above the allocated peak: small chunks keep reserved memory so close to the live peak that a step
  * whose fits differ a little from the last one's needs moves, each move leaves an unmapped hole that
  * makes the next step's fits differ again, and the pages never stop moving; a little room lets the
@@ -178,7 +180,8 @@ static bool should_recycle(const gm_arena *arena, uint64_t need)
     double slack = arena->options->move_slack;
     if (slack > 0 && (double)after <= (double)gm_arena_allocated_peak(arena) * (1 + slack))
         return false;
-    return !memory_is_limited(arena) || (uint64_t)after > arena->memory_limit / 10 * 9;
+    return !memory_is_limited(arena) || engine_of((gm_arena *)arena)->placing_lane ||
+           (uint64_t)after > arena->memory_limit / 10 * 9;
 }
 
 /* Whether moving idle chunks to `region` for `need` bytes would bounce: it gave at least as much to
