@@ -77,7 +77,9 @@ int gm_run_report(const char *folder, const char *report_path)
 
 /* What the device left the command's allocator: from the snapshot written beside `history`
  * (snapshot.<pid>.<device>.json), the device's free memory at exit and what the allocator still held
- * then, in whole MiB; 0 when there is no such snapshot. */
+ * then, in whole MiB; 0 when there is no such snapshot. A memory limit the program set itself
+ * (torch.cuda.set_per_process_memory_fraction) is not in the snapshot: the run's --conf and GPUMEM_CONF
+ * reach gpumem tune, a limit given there applies. */
 static uint64_t room_of_run(const char *history)
 {
     char path[4096];
