@@ -8,47 +8,22 @@
  *   - every status is GM_OK, GM_ERROR_PARSE, GM_ERROR_IO or GM_ERROR_OUT_OF_MEMORY, with a message;
  *   - a parsed history's events: each of a known action; made a trace, GM_OK or GM_ERROR_PARSE (an
  *     address allocated twice, no allocation at all), and a trace made is consistent and, when small,
- *     replays on the simulated device with the allocator's books valid afterwards (trace_check.h);
+ *     replays on the simulated device with the allocator's books valid afterwards (fuzz_support.h);
  *   - a parsed snapshot: every region's blocks lie in the block array and inside their region.
  * Input that is not JSON is a trace, fuzz_trace's part: it is left alone here.
  */
 #include "tools/json_formats.h"
 #include "tools/trace.h"
-#include "trace_check.h"
+#include "fuzz_support.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
-
-static int memory_file = -1;
-static char memory_file_path[64];
 
 static void fail(const char *what, const char *detail)
 {
     fprintf(stderr, "fuzz_history: %s%s%s\n", what, detail ? ": " : "", detail ? detail : "");
     abort();
-}
-
-/* Replace the memory file's contents with `size` bytes. */
-static void write_memory_file(const uint8_t *data, size_t size)
-{
-    if (memory_file < 0) {
-        memory_file = memfd_create("fuzz_history", 0);
-        if (memory_file < 0)
-            fail("memfd_create failed", NULL);
-        snprintf(memory_file_path, sizeof memory_file_path, "/proc/self/fd/%d", memory_file);
-    }
-    if (ftruncate(memory_file, 0) != 0)
-        fail("ftruncate failed", NULL);
-    size_t written = 0;
-    while (written < size) {
-        ssize_t result = pwrite(memory_file, data + written, size - written, (off_t)written);
-        if (result <= 0)
-            fail("pwrite failed", NULL);
-        written += (size_t)result;
-    }
 }
 
 /* A failure must be one of the statuses a reader gives, and say why. */
@@ -110,9 +85,8 @@ static void check_snapshot(const gm_input_file *input)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    write_memory_file(data, size);
     gm_input_file input;
-    gm_status status = gm_input_open(memory_file_path, &input);
+    gm_status status = gm_input_open(fuzz_memory_file(data, size, fail), &input);
     if (status != GM_OK) {
         check_failure(status, "gm_input_open gave an unexpected status");
         return 0;

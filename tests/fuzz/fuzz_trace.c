@@ -26,46 +26,21 @@
  */
 #include "base/system_memory.h"
 #include "tools/trace.h"
-#include "trace_check.h"
+#include "fuzz_support.h"
 
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 #ifdef FUZZ_TRACE_GZIP
 #include <zlib.h>
 #endif
-
-static int memory_file = -1;
-static char memory_file_path[64];
 
 static void fail(const char *what, const char *detail)
 {
     fprintf(stderr, "fuzz_trace: %s%s%s\n", what, detail ? ": " : "", detail ? detail : "");
     abort();
-}
-
-/* Replace the memory file's contents with `size` bytes. */
-static void write_memory_file(const uint8_t *data, size_t size)
-{
-    if (memory_file < 0) {
-        memory_file = memfd_create("fuzz_trace", 0);
-        if (memory_file < 0)
-            fail("memfd_create failed", NULL);
-        snprintf(memory_file_path, sizeof memory_file_path, "/proc/self/fd/%d", memory_file);
-    }
-    if (ftruncate(memory_file, 0) != 0)
-        fail("ftruncate failed", NULL);
-    size_t written = 0;
-    while (written < size) {
-        ssize_t result = pwrite(memory_file, data + written, size - written, (off_t)written);
-        if (result <= 0)
-            fail("pwrite failed", NULL);
-        written += (size_t)result;
-    }
 }
 
 /* The result of one load: its status, its message and (on GM_OK) the trace. */
@@ -77,8 +52,7 @@ typedef struct load_result {
 
 static void load(const uint8_t *data, size_t size, load_result *result)
 {
-    write_memory_file(data, size);
-    result->status = gm_trace_load(memory_file_path, &result->trace);
+    result->status = gm_trace_load(fuzz_memory_file(data, size, fail), &result->trace);
     snprintf(result->message, sizeof result->message, "%s", result->status == GM_OK ? "" : gm_last_error());
     if (result->status != GM_OK && result->status != GM_ERROR_PARSE && result->status != GM_ERROR_IO &&
         result->status != GM_ERROR_OUT_OF_MEMORY)

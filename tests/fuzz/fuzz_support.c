@@ -1,14 +1,39 @@
 /*
- * trace_check.c -- what every loaded or made trace must be, for the fuzz harnesses (trace_check.h).
+ * fuzz_support.c -- what the trace harnesses share (fuzz_support.h).
  */
-#include "trace_check.h"
+#include "fuzz_support.h"
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 /* Replays are for small traces: each stream of the pages engine reserves its own address range. */
 #define REPLAY_MAX_STREAMS 8
 #define REPLAY_MAX_OPERATIONS 20000
+
+const char *fuzz_memory_file(const uint8_t *data, size_t size, void (*fail)(const char *what, const char *detail))
+{
+    static int memory_file = -1;
+    static char path[64];
+    if (memory_file < 0) {
+        memory_file = memfd_create("fuzz_input", 0);
+        if (memory_file < 0)
+            fail("memfd_create failed", NULL);
+        snprintf(path, sizeof path, "/proc/self/fd/%d", memory_file);
+    }
+    if (ftruncate(memory_file, 0) != 0)
+        fail("ftruncate failed", NULL);
+    size_t written = 0;
+    while (written < size) {
+        ssize_t result = pwrite(memory_file, data + written, size - written, (off_t)written);
+        if (result <= 0)
+            fail("pwrite failed", NULL);
+        written += (size_t)result;
+    }
+    return path;
+}
 
 void fuzz_check_trace(const gm_trace *trace, void (*fail)(const char *what, const char *detail))
 {
