@@ -3,7 +3,7 @@
  *
  * The defaults make memory in chunks of up to 128 MiB, cheap in device calls; on some models (a ViT,
  * a decoder whose lengths change, a diffusion UNet) live tensors then pin free pages inside those
- * chunks and reserved memory ends 2-6% above the live peak. Two settings, off by default because of
+ * chunks and reserved memory ends a few percent above the live peak. Two settings, off by default for
  * what they cost elsewhere, fix that (docs/engine.md): small chunks that settle
  * (max_chunk_size:8MiB,move_slack:0.01: more device calls as memory is first made, and at every step
  * for shapes that change), and compaction (compact_min:2MiB: pinned chunks split, their live pages

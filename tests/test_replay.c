@@ -231,9 +231,8 @@ static void generation_under_a_tight_limit_fails_only_as_out_of_memory(void)
 
 /* Generation under a limit set as a precaution (30 GiB for a 2.2 GiB workload): chunks are page-sized and
  * idle pages move by choice only near the limit, except for the growth lane's ring, which recycles its
- * own laps as it does without a limit. Two passes on one allocator reserve at most 1.06 times the live
- * peak; before the exception the ring climbed through the room under the limit, 1.44 times the live peak
- * in the first pass and more in each later one. */
+ * own laps as it does without a limit. Two passes on one allocator reserve under 1.06 times the live peak;
+ * without the exception the ring climbed through the room under the limit, further in each pass. */
 static void generation_under_a_far_limit_keeps_its_ring(void)
 {
     char path[1024];

@@ -166,11 +166,11 @@ static gm_status create_memory(gm_arena *arena, gm_region *region, uintptr_t add
  * and recycling them costs device calls at every step, which a process that set its limit only as a
  * precaution should not pay. A growth lane's ring is the exception: it recycles its own laps' pages
  * by design, and without that its top climbs by each call's growth and never comes down, so under a
- * limit far away a generation server would take the room under it lap by lap. With move_slack, not while reserved memory stays within that fraction
- * above the allocated peak: small chunks keep reserved memory so close to the live peak that a step
- * whose fits differ a little from the last one's needs moves, each move leaves an unmapped hole that
- * makes the next step's fits differ again, and the pages never stop moving; a little room lets the
- * layout settle. */
+ * limit far away a generation server would take the room under it lap by lap. With move_slack, not
+ * while reserved memory stays within that fraction above the allocated peak: small chunks keep
+ * reserved memory so close to the live peak that a step whose fits differ a little from the last
+ * one's needs moves, each move leaves an unmapped hole that makes the next step's fits differ again,
+ * and the pages never stop moving; a little room lets the layout settle. */
 static bool should_recycle(const gm_arena *arena, uint64_t need)
 {
     const gm_stat *reserved = arena->stats->reserved_bytes;
