@@ -1,6 +1,6 @@
 """Time per allocation and free through PyTorch, per allocation pattern, under each allocator; prints a table.
 
-    python3 bench/torch_latency.py [--allocators torch-native,torch-expandable,cuda-async,gpumem]
+    python3 bench/torch_latency.py [--allocators torch-native,torch-expandable,cuda-async,gpumem,null]
                                    [--patterns same,alternating,cycling,small,ascending,streams]
                                    [--iterations 2000] [--rounds 15] [--repeats 3] [--cpu N] [--out results.jsonl]
 
@@ -21,6 +21,13 @@ when, as in an interpreter's loop, little of it stays cached between calls. A re
 for an allocator is the median of its turns; the table gives the median over repeats and the spread
 (max - min) of the repeats' figures, and the ratios of each allocator's medians to torch-native's, of
 the whole loop, of the allocator µs and of the interface µs.
+
+The `null` contender is an allocator that does no allocator work (bench/null_allocator.cpp: it asks the
+current device and returns one buffer made once; its deleter does nothing), installed as gpumem's adapter
+is. Its "allocator µs" is the floor under every allocator's figure for each pattern's own sizes (what a
+CUDA tensor of those sizes costs beyond a CPU one without an allocator), which `empty` only shows for
+0-byte tensors. "less null's": an allocator's figure less the null allocator's of the same round, and
+its ratio to torch-native's the median over rounds of those paired differences' ratios.
 
 Patterns (sizes in bytes):
   same         4 MiB, every time
@@ -48,6 +55,7 @@ ALLOCATORS = {
     "torch-expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
     "cuda-async": {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"},
     "gpumem": {"GPUMEM_TORCH": "1"},
+    "null": {"GPUMEM_BENCH_NULL_ALLOCATOR": "1"},
 }
 PATTERNS = ("same", "alternating", "cycling", "small", "ascending", "streams", "empty")
 STIRRED_PATTERNS = ("same", "alternating", "cycling", "small", "empty")
@@ -101,6 +109,13 @@ def time_loop(torch, pattern, sizes, device):
     return time.perf_counter() - started
 
 
+def install_null_allocator(torch):
+    """bench/null_allocator.cpp, compiled and installed as PyTorch's CUDA allocator (before CUDA starts)."""
+    from torch.utils.cpp_extension import load
+    load(name="gpumem_bench_null_allocator", sources=[os.path.join(ROOT, "bench", "null_allocator.cpp")],
+         extra_cflags=["-O2"], with_cuda=True, verbose=False).install()
+
+
 def interface_loop():
     """bench/allocator_interface_loop.cpp, compiled (once; the processes share the build)."""
     from torch.utils.cpp_extension import load
@@ -114,6 +129,8 @@ def child(arguments):
     if arguments.cpu is not None:
         os.sched_setaffinity(0, {arguments.cpu})
     import torch
+    if os.environ.get("GPUMEM_BENCH_NULL_ALLOCATOR"):
+        install_null_allocator(torch)
     torch.cuda.init()
     try:
         loop = interface_loop()
@@ -148,6 +165,8 @@ class Contender:
                                                                   os.environ.get("PYTHONPATH")]))
         if allocator != "gpumem":
             environment.pop("GPUMEM_TORCH", None)
+        if allocator != "null":
+            environment.pop("GPUMEM_BENCH_NULL_ALLOCATOR", None)
         command = [sys.executable, os.path.abspath(__file__), "--child", "--iterations", str(arguments.iterations),
                    "--cpu", str(arguments.cpu)]
         self.allocator = allocator
@@ -267,10 +286,11 @@ def print_table(records):
         return statistics.median(key(turns, index) for turns in by_key[(pattern, name)]
                                  for index in range(len(turns["us"])))
 
+    has_null = any(name == "null" for (_, name) in by_key)
     print("| pattern | allocator | µs per alloc+free (median) | spread of repeats | allocator µs (less the CPU loop) "
           "| allocator µs less `empty`'s | interface µs | ratio to torch-native | allocator µs ratio | ratio less `empty` "
-          "| interface µs ratio |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| interface µs ratio |" + (" allocator µs less null's | ratio less null |" if has_null else ""))
+    print("|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if has_null else ""))
     for pattern in patterns:
         for name in allocators:
             turns = by_key[(pattern, name)]
@@ -290,10 +310,31 @@ def print_table(records):
                     cells[2] = f"{(mine_own - floor) / native_beyond:.2f}"
                 if has_interface and all(t.get("interface_us") for t in native):
                     cells[3] = f"{paired_ratio(turns, native, interface):.2f}"
+            if has_null:
+                cells += null_cells(by_key, pattern, name, own)
             print(f"| {pattern} | {name} | {median_of(pattern, name, whole):.2f} | "
                   f"{max(repeat_medians) - min(repeat_medians):.2f} | {mine_own:.2f} | {beyond} | {interface_cell} | "
                   + " | ".join(cells) + " |")
     print_stirred_table(by_key, allocators, patterns)
+
+
+def null_cells(by_key, pattern, name, own):
+    """The allocator µs less the null allocator's of the same round (median), and the median over rounds
+    of that difference's ratio to torch-native's; empty cells where a run lacks either."""
+    if name == "null" or (pattern, "null") not in by_key:
+        return ["", ""]
+    null = by_key[(pattern, "null")]
+
+    def beyond_null(turns):
+        return [own(mine, index) - own(floor, index) for mine, floor in zip(turns, null)
+                for index in range(min(len(mine["us"]), len(floor["us"])))]
+
+    mine = beyond_null(by_key[(pattern, name)])
+    ratio = ""
+    if name != "torch-native" and (pattern, "torch-native") in by_key:
+        native = beyond_null(by_key[(pattern, "torch-native")])
+        ratio = f"{statistics.median(m / n for m, n in zip(mine, native)):.2f}"
+    return [f"{statistics.median(mine):.2f}", ratio]
 
 
 def print_stirred_table(by_key, allocators, patterns):
