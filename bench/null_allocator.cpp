@@ -21,6 +21,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <limits>
 #include <memory>
 
 namespace {

@@ -109,18 +109,21 @@ def time_loop(torch, pattern, sizes, device):
     return time.perf_counter() - started
 
 
-def install_null_allocator(torch):
-    """bench/null_allocator.cpp, compiled and installed as PyTorch's CUDA allocator (before CUDA starts)."""
+def bench_extension(name, source):
+    """bench/SOURCE compiled as a torch extension (once; the processes share the build)."""
     from torch.utils.cpp_extension import load
-    load(name="gpumem_bench_null_allocator", sources=[os.path.join(ROOT, "bench", "null_allocator.cpp")],
-         extra_cflags=["-O2"], with_cuda=True, verbose=False).install()
+    return load(name=name, sources=[os.path.join(ROOT, "bench", source)], extra_cflags=["-O2"], with_cuda=True,
+                verbose=False)
+
+
+def install_null_allocator():
+    """bench/null_allocator.cpp, installed as PyTorch's CUDA allocator (before CUDA starts)."""
+    bench_extension("gpumem_bench_null_allocator", "null_allocator.cpp").install()
 
 
 def interface_loop():
-    """bench/allocator_interface_loop.cpp, compiled (once; the processes share the build)."""
-    from torch.utils.cpp_extension import load
-    return load(name="gpumem_allocator_interface_loop", sources=[os.path.join(ROOT, "bench", "allocator_interface_loop.cpp")],
-                extra_cflags=["-O2"], with_cuda=True, verbose=False)
+    """bench/allocator_interface_loop.cpp."""
+    return bench_extension("gpumem_allocator_interface_loop", "allocator_interface_loop.cpp")
 
 
 def child(arguments):
@@ -130,7 +133,7 @@ def child(arguments):
         os.sched_setaffinity(0, {arguments.cpu})
     import torch
     if os.environ.get("GPUMEM_BENCH_NULL_ALLOCATOR"):
-        install_null_allocator(torch)
+        install_null_allocator()
     torch.cuda.init()
     try:
         loop = interface_loop()
