@@ -3,6 +3,7 @@
     python3 bench/torch_latency.py [--allocators torch-native,torch-expandable,cuda-async,gpumem,null]
                                    [--patterns same,alternating,cycling,small,ascending,streams]
                                    [--iterations 2000] [--rounds 15] [--repeats 3] [--cpu N] [--out results.jsonl]
+                                   [--baseline-library OTHER/libgpumem.so]
 
 The machine's speed drifts: run one allocator's process after another's and whole processes land in a
 fast or a slow period, by more than the allocators differ. So the allocators run side by side and take
@@ -28,6 +29,11 @@ is. Its "allocator µs" is the floor under every allocator's figure for each pat
 CUDA tensor of those sizes costs beyond a CPU one without an allocator), which `empty` only shows for
 0-byte tensors. "less null's": an allocator's figure less the null allocator's of the same round, and
 its ratio to torch-native's the median over rounds of those paired differences' ratios.
+
+--baseline-library adds the contender `gpumem-baseline`: gpumem's adapter over another build's libgpumem
+(the last commit's, say), its extension compiled apart, taking turns with the others: what a change to
+the library does through PyTorch, measured side by side rather than across runs the machine drifts
+between.
 
 Patterns (sizes in bytes):
   same         4 MiB, every time
@@ -166,7 +172,10 @@ class Contender:
         environment = dict(os.environ, **ALLOCATORS[allocator])
         environment["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(ROOT, "python"),
                                                                   os.environ.get("PYTHONPATH")]))
-        if allocator != "gpumem":
+        if allocator == "gpumem-baseline":
+            environment.update(GPUMEM_TORCH="1", GPUMEM_LIBRARY=arguments.baseline_library,
+                               TORCH_EXTENSIONS_DIR=baseline_extensions_folder())
+        elif allocator != "gpumem":
             environment.pop("GPUMEM_TORCH", None)
         if allocator != "null":
             environment.pop("GPUMEM_BENCH_NULL_ALLOCATOR", None)
@@ -196,6 +205,12 @@ class Contender:
         except BrokenPipeError:
             pass
         self.process.wait(timeout=60)
+
+
+def baseline_extensions_folder():
+    """Where the baseline's adapter is compiled: apart from the other gpumem's, which links another library
+    (in one folder, each would rebuild over the other whenever a process starts)."""
+    return os.path.join(os.environ.get("TMPDIR", "/tmp"), f"gpumem-baseline-extensions-{os.getuid()}")
 
 
 def one_repeat(allocators, arguments):
@@ -229,6 +244,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=3, help="fresh sets of processes")
     parser.add_argument("--cpu", type=int, help="the CPU every process runs on (default: the second one allowed)")
     parser.add_argument("--out")
+    parser.add_argument("--baseline-library", metavar="LIBGPUMEM",
+                        help="another build's libgpumem.so, run as the contender gpumem-baseline")
     parser.add_argument("--render", metavar="RESULTS.jsonl", help="print the table of an earlier run's --out")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
@@ -243,6 +260,12 @@ def main():
     elif arguments.cpu not in allowed:
         parser.error(f"--cpu {arguments.cpu} is not one this process may run on ({allowed})")
     allocators = arguments.allocators.split(",")
+    if arguments.baseline_library:
+        if not os.path.isfile(arguments.baseline_library):
+            parser.error(f"--baseline-library {arguments.baseline_library}: no such file")
+        arguments.baseline_library = os.path.abspath(arguments.baseline_library)
+        allocators.append("gpumem-baseline")
+        ALLOCATORS["gpumem-baseline"] = {}
     unknown = [name for name in allocators if name not in ALLOCATORS]
     if unknown:
         parser.error(f"unknown allocator(s) {', '.join(unknown)}; known: {', '.join(ALLOCATORS)}")

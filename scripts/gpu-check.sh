@@ -15,7 +15,8 @@
 #   whatif     python -m gpumem.whatif on native snapshots of resnet50 and gpt2, checked against gpumem replay
 #   governor   bench/governor.py: its three tables (under a cap, batch-size finders, leaks; not part of "all": long)
 #   latency    bench/torch_latency.py: time per torch.empty/del by allocation pattern, the allocators taking turns (a
-#              null allocator among them, for the floor no allocator removes; LATENCY_ARGS, e.g. "--repeats 4"), and
+#              null allocator among them, for the floor no allocator removes; LATENCY_ARGS, e.g. "--repeats 6", or
+#              "--baseline-library OTHER/libgpumem.so": another build taking turns, for a change's effect), and
 #              build-gpu/gpumem_core_latency: the C core alone on the same patterns (not in "all")
 #   graphs     bench/graph_workloads.py: workloads run through CUDA graphs (a captured training step, decode graphs
 #              sharing one pool, torch.compile reduce-overhead training and inference) under torch-native,
