@@ -204,14 +204,20 @@ static void a_pool_with_a_growth_lane_goes_away_whole(void)
     CHECK_OK(gm_begin_allocate_to_pool(allocator, graph_pool, NULL, NULL));
     void *cache = NULL;
     CHECK_OK(gm_malloc(allocator, 4 * MIB, 0, &cache));
+    uintptr_t first = (uintptr_t)cache;
     for (uint64_t step = 1; step <= 120; step++) {
+        /* A regrowth is a copy a little larger, allocated just before the old tensor is freed; the
+         * scratch comes after, as the step's other work. */
         void *grown = NULL, *scratch = NULL;
         CHECK_OK(gm_malloc(allocator, 4 * MIB + step * 64 * 1024, 0, &grown));
-        CHECK_OK(gm_malloc(allocator, 3 * MIB, 0, &scratch));
         CHECK_OK(gm_free(allocator, cache));
+        CHECK_OK(gm_malloc(allocator, 3 * MIB, 0, &scratch));
         CHECK_OK(gm_free(allocator, scratch));
         cache = grown;
     }
+    /* The lane opened: its ring lies in the upper part of the stream's range (the pool's own blocks
+     * stay within a few MiB of its first). */
+    CHECK((uintptr_t)cache - first > 256 * MIB);
     CHECK_OK(gm_end_allocate_to_pool(allocator, graph_pool));
     void *outside = NULL;
     CHECK_OK(gm_malloc(allocator, 8 * MIB, 0, &outside));
