@@ -542,10 +542,40 @@ static void progress_marks_spare_waits(void)
     CHECK_EQ_INT(records, 1);
 }
 
+/* While a stream's work stays queued its marks stay running: a heap keeps four, and later ones record
+ * the newest again. A chunk freed between two of them then waits for the first mark after its free --
+ * not the older one, which its work may not have reached yet, nor a new event. */
+static void a_running_mark_after_the_free_is_waited_for(void)
+{
+    gm_allocator *allocator = make("engine:pages,capacity:16GiB");
+    void *pin = NULL, *idle = NULL, *kept = NULL, *bigger = NULL;
+    CHECK_OK(gm_malloc(allocator, 512, 0, &pin));
+    CHECK_OK(gm_malloc(allocator, 8 * MIB, 0, &idle));
+    CHECK_OK(gm_malloc(allocator, 8 * MIB, 0, &kept));
+    CHECK_OK(gm_sim_stream_enqueue(allocator, 0, 1)); /* never completed but by a wait */
+    int64_t records = calls_of(allocator, GM_CALL_EVENT_RECORD);
+    free_small_blocks(allocator, 0, 256);              /* the first mark, before the chunk's free */
+    CHECK_EQ_INT(calls_of(allocator, GM_CALL_EVENT_RECORD) - records, 1);
+    CHECK_OK(gm_free(allocator, idle));
+    free_small_blocks(allocator, 0, 255 + 3 * 256);    /* the second mark, after it; two more; a fifth */
+    CHECK_EQ_INT(calls_of(allocator, GM_CALL_EVENT_RECORD) - records, 5);
+    int64_t waits_before = waits(allocator), unmaps_before = calls_of(allocator, GM_CALL_UNMAP);
+    records = calls_of(allocator, GM_CALL_EVENT_RECORD);
+    CHECK_OK(gm_malloc(allocator, 16 * MIB, 0, &bigger));
+    CHECK(calls_of(allocator, GM_CALL_UNMAP) > unmaps_before); /* the idle chunk moved */
+    CHECK_EQ_INT(waits(allocator) - waits_before, 1);
+    CHECK_EQ_INT(calls_of(allocator, GM_CALL_EVENT_RECORD) - records, 0);
+    CHECK_OK(gm_validate(allocator));
+    CHECK_OK(gm_free(allocator, bigger));
+    CHECK_OK(gm_free(allocator, kept));
+    CHECK_OK(gm_free(allocator, pin));
+    gm_destroy(allocator, NULL);
+}
+
 RUN_TESTS(TEST_CASE(regrowing_tensors_stay_in_few_runs), TEST_CASE(lane_opens_after_enough_regrowths),
           TEST_CASE(lane_blocks_wait_for_recorded_streams), TEST_CASE(empty_lane_reuses_its_free_memory),
           TEST_CASE(stream_reuses_the_rings_memory), TEST_CASE(lane_request_fits_elsewhere_before_new_memory),
           TEST_CASE(small_request_borrows_while_lane_is_empty), TEST_CASE(growth_tail_page_is_its_own_chunk),
           TEST_CASE(fit_in_part_of_idle_chunk_remakes_it), TEST_CASE(one_wait_per_stream_and_growth),
           TEST_CASE(a_wait_covers_chunks_freed_before_it),
-          TEST_CASE(progress_marks_spare_waits))
+          TEST_CASE(progress_marks_spare_waits), TEST_CASE(a_running_mark_after_the_free_is_waited_for))
