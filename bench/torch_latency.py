@@ -264,7 +264,8 @@ def main():
         if not os.path.isfile(arguments.baseline_library):
             parser.error(f"--baseline-library {arguments.baseline_library}: no such file")
         arguments.baseline_library = os.path.abspath(arguments.baseline_library)
-        allocators.append("gpumem-baseline")
+        if "gpumem-baseline" not in allocators:
+            allocators.append("gpumem-baseline")
         ALLOCATORS["gpumem-baseline"] = {}
     unknown = [name for name in allocators if name not in ALLOCATORS]
     if unknown:
