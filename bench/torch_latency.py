@@ -260,6 +260,8 @@ def main():
     elif arguments.cpu not in allowed:
         parser.error(f"--cpu {arguments.cpu} is not one this process may run on ({allowed})")
     allocators = arguments.allocators.split(",")
+    if "gpumem-baseline" in allocators and not arguments.baseline_library:
+        parser.error("gpumem-baseline runs another build's library: give it with --baseline-library")
     if arguments.baseline_library:
         if not os.path.isfile(arguments.baseline_library):
             parser.error(f"--baseline-library {arguments.baseline_library}: no such file")
