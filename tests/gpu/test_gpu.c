@@ -6,6 +6,8 @@
  *                     idle chunks and empty_cache releases them: live data never moves or breaks
  *   compaction        live blocks split out of a pinned chunk keep their bytes, even one that a
  *                     kernel on another stream is still writing
+ *   moves ahead       a chunk still written by a kernel on its stream moves within that stream
+ *                     without a wait, its old mapping kept until the kernel has finished
  *   cross-stream      a block used by a slow kernel on another stream, recorded with
  *                     gm_record_stream and freed, is not handed out again before the kernel ends
  *                     (and a control without record_stream shows the test can see reuse)
@@ -321,6 +323,50 @@ static void without_record_stream_the_memory_is_reused(void)
     free_under_running_kernel(allocator, 0, &reused_early, &intact);
     CHECK(reused_early);
     gm_destroy(allocator, NULL);
+}
+
+/* A chunk freed on a stream whose slow kernel still writes it moves where a request of the same stream
+ * needs it without the host waiting for that kernel (aliases.c): the request returns while the kernel
+ * runs, and no event is waited for. The kernel's writes reach the memory through its old mapping, kept
+ * until then (no fault), and show at the new addresses once it has finished. */
+static void a_chunk_moves_ahead_of_its_stream(void)
+{
+    gm_allocator *allocator = make("backend:cuda,engine:pages");
+    cu_handle own = NULL, done = NULL;
+    CU_CHECK(cu.stream_create(&own, 1));
+    CU_CHECK(cu.event_create(&done, 2));
+    size_t size = 16u << 20;
+    void *pin = NULL, *idle = NULL, *kept = NULL, *bigger = NULL;
+    CHECK_OK(gm_malloc(allocator, 512, (gm_stream)own, &pin));
+    CHECK_OK(gm_malloc(allocator, size, (gm_stream)own, &idle));
+    CHECK_OK(gm_malloc(allocator, size, (gm_stream)own, &kept));
+    unsigned long long address = (unsigned long long)(uintptr_t)idle, words = size / 4, spin = 20000;
+    unsigned pattern = 0x5EEDF00Du;
+    void *arguments[] = {&address, &words, &pattern, &spin};
+    CU_CHECK(cu.launch(slow_fill_kernel, 1, 1, 1, 256, 1, 1, 0, own, arguments, NULL)); /* well over 100 ms */
+    CU_CHECK(cu.event_record(done, own));
+    CHECK_OK(gm_free(allocator, idle));
+    gm_stats before, after;
+    CHECK_OK(gm_get_stats(allocator, &before));
+    CHECK_OK(gm_malloc(allocator, 2 * size, (gm_stream)own, &bigger)); /* 16 MiB moved, 16 made */
+    bool kernel_running = cu.event_query(done) != 0;
+    CHECK_OK(gm_get_stats(allocator, &after));
+    CHECK(kernel_running);
+    CHECK_EQ_INT(after.device_calls[GM_CALL_EVENT_SYNCHRONIZE] - before.device_calls[GM_CALL_EVENT_SYNCHRONIZE], 0);
+    CHECK_EQ_INT(after.reserved_bytes[GM_POOL_ALL].current - before.reserved_bytes[GM_POOL_ALL].current,
+                 (int64_t)size);
+    CU_CHECK(cu.context_synchronize());
+    char *start = bigger;
+    CHECK(count_mismatches(start, size, pattern) == 0 || count_mismatches(start + size, size, pattern) == 0);
+    CHECK_OK(gm_validate(allocator));
+    CHECK_OK(gm_free(allocator, bigger));
+    CHECK_OK(gm_free(allocator, kept));
+    CHECK_OK(gm_free(allocator, pin));
+    CHECK_OK(gm_empty_cache(allocator));
+    CHECK_OK(gm_get_stats(allocator, &after));
+    CHECK_EQ_INT(after.reserved_bytes[GM_POOL_ALL].current, 0);
+    gm_destroy(allocator, NULL);
+    cu.stream_destroy(own);
 }
 
 /* ---------------------------------------------------------------- out of memory, empty_cache */
@@ -639,6 +685,7 @@ int main(void)
         TEST_CASE(compaction_keeps_data_that_queued_work_still_writes),
         TEST_CASE(recorded_stream_protects_memory_in_use),
         TEST_CASE(without_record_stream_the_memory_is_reused),
+        TEST_CASE(a_chunk_moves_ahead_of_its_stream),
         TEST_CASE(out_of_memory_is_an_error_and_recoverable),
         TEST_CASE(empty_cache_gives_memory_back),
         TEST_CASE(memory_used_outside_is_seen_and_named),

@@ -15,7 +15,8 @@
  * work would need it allocated again), so a wait for the stream after that free already covers it: a
  * chunk freed before the stream's last wait, or unused since it was mapped, is unmapped without
  * another. One wait covers every heap of the stream (its own, its lane). Events recorded as blocks
- * are freed (progress.c) spare most waits for chunks freed long before.
+ * are freed (progress.c) spare most waits for chunks freed long before, and a chunk that moves within
+ * its own stream needs none: it is mapped at its new place before its old mapping goes (aliases.c).
  */
 #include "core/pages/pages.h"
 
@@ -76,11 +77,22 @@ static void hold_chunk(gm_region *region, page_chunk *chunk, uint64_t page_size)
     record_chunk_pages(region, chunk, chunk, page_size);
 }
 
+/* `chunk` out of `region`'s books: its list of chunks, its mapped bytes and its pages. */
+static void leave_region(gm_region *region, page_chunk *chunk, uint64_t page_size)
+{
+    gm_list_remove(&data_of(region)->chunks, &chunk->link);
+    data_of(region)->mapped_bytes -= chunk->size;
+    record_chunk_pages(region, chunk, NULL, page_size);
+}
+
 /* Access is set per mapping: the driver charges cuMemSetAccess per mapping that a range covers
  * (bench/vmm_probe.c measures it), so one call over many chunks would cost no less. */
 gm_status pages_map_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk, uintptr_t address)
 {
-    gm_status status = gm_backend_map(arena->backend, address, chunk->size, chunk->handle);
+    gm_status status = engine_of(arena)->alias_count ? pages_retire_aliases_in(arena, address, address + chunk->size)
+                                                     : GM_OK;
+    if (status == GM_OK)
+        status = gm_backend_map(arena->backend, address, chunk->size, chunk->handle);
     if (status == GM_OK) {
         status = gm_backend_set_access(arena->backend, address, chunk->size);
         if (status != GM_OK && gm_backend_unmap(arena->backend, address, chunk->size) != GM_OK) {
@@ -113,9 +125,7 @@ gm_status pages_unmap_chunk(gm_arena *arena, gm_region *region, page_chunk *chun
     }
     engine_of(arena)->lost_chunks -= chunk->lost;
     chunk->lost = chunk->stray = false;
-    gm_list_remove(&data_of(region)->chunks, &chunk->link);
-    data_of(region)->mapped_bytes -= chunk->size;
-    record_chunk_pages(region, chunk, NULL, engine_of(arena)->page_size);
+    leave_region(region, chunk, engine_of(arena)->page_size);
     arena->stats->num_page_unmaps += (int64_t)(chunk->size / engine_of(arena)->page_size);
     return GM_OK;
 }
@@ -174,6 +184,8 @@ void pages_release_physical(gm_arena *arena, page_chunk *chunk)
 
 static bool release_now(gm_arena *arena, page_chunk *chunk, int pool)
 {
+    if (engine_of(arena)->alias_count && pages_retire_aliases_of(arena, chunk->handle) != GM_OK)
+        return false; /* an old mapping holds its memory still: released later */
     if (chunk->stray) {
         if (gm_backend_unmap(arena->backend, chunk->address, chunk->size) != GM_OK)
             return false;
@@ -255,6 +267,37 @@ gm_status pages_evict_chunk(gm_arena *arena, gm_region *region, page_chunk *chun
     if (status != GM_OK)
         return status;
     return pages_vacate(arena, around, chunk->address, chunk->address + chunk->size);
+}
+
+gm_status pages_move_chunk_ahead(gm_arena *arena, gm_region *from, page_chunk *chunk, gm_region *to,
+                                 uintptr_t address)
+{
+    gm_block *around = pages_free_block_containing(from, chunk->address, chunk->size);
+    if (!around)
+        return gm_fail(GM_ERROR_CORRUPT, "idle chunk 0x%" PRIxPTR " is not inside a free block", chunk->address);
+    if (!gm_block_pool_reserve(&arena->block_pool, 2) || !pages_alias_room(arena))
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for block metadata");
+    uint64_t page_size = engine_of(arena)->page_size;
+    page_alias alias = {chunk->address, chunk->size, chunk->handle, from->heap, chunk->freed_at};
+    gm_pool_id pool = gm_heap_pool_id(from->heap);
+    gm_history_record(arena->history, GM_EVENT_SEGMENT_UNMAP, alias.address, alias.size, from->heap->stream, pool);
+    leave_region(from, chunk, page_size);
+    gm_status status = pages_map_chunk(arena, to, chunk, address);
+    if (status != GM_OK && !chunk->stray) { /* still where it was, as it was */
+        chunk->address = alias.address;
+        chunk->freed_at = alias.freed_at;
+        hold_chunk(from, chunk, page_size);
+        gm_history_record(arena->history, GM_EVENT_SEGMENT_MAP, alias.address, alias.size, from->heap->stream, pool);
+        return status;
+    }
+    pages_add_alias(arena, &alias);
+    pages_mark_after(arena, from->heap, alias.freed_at);
+    if (status == GM_OK) /* the stream's work up to that free may still use it: a move elsewhere waits */
+        chunk->freed_at = alias.freed_at;
+    gm_status vacated = pages_vacate(arena, around, alias.address, alias.address + alias.size);
+    if (status != GM_OK) /* mapped there without access: it goes back once its old mapping goes */
+        pages_release_chunk(arena, from, chunk);
+    return status != GM_OK ? status : vacated;
 }
 
 gm_status pages_vacate(gm_arena *arena, gm_block *around, uintptr_t from, uintptr_t to)

@@ -120,6 +120,8 @@ static void pages_free_block(gm_arena *arena, gm_block *block)
 static void pages_release_cached(gm_arena *arena, uint64_t keep_bytes)
 {
     page_engine *engine = engine_of(arena);
+    if (engine->alias_count)
+        pages_retire_passed_aliases(arena);
     pages_retry_releases(arena);
     if (pages_settle_waiting(arena, NULL) != GM_OK)
         return; /* the engine's state is corrupt: validate says so */
@@ -266,7 +268,9 @@ static gm_status drop_free_region(gm_arena *arena, gm_region *region)
             return status;
         pages_release_chunk(arena, region, chunk);
     }
-    gm_status status = gm_backend_address_free(arena->backend, region->base, region->size);
+    gm_status status = pages_retire_aliases_in(arena, region->base, region->base + region->size);
+    if (status == GM_OK)
+        status = gm_backend_address_free(arena->backend, region->base, region->size);
     if (status != GM_OK)
         return status; /* the region stays, all unmapped, until its addresses can go back */
     gm_delete_region_blocks(arena, region);
@@ -310,6 +314,7 @@ static void pages_destroy(gm_arena *arena)
     page_engine *engine = engine_of(arena);
     if (!engine)
         return;
+    pages_drop_aliases(arena);
     for (size_t h = 0; h < arena->heap_count; h++) {
         gm_region *region = gm_first_region(arena->heaps[h]);
         while (region) {

@@ -34,6 +34,19 @@
 
 #include <inttypes.h>
 
+/* Whether `chunk`, idle in `from`, may move to `to` without a wait for its stream (aliases.c): the
+ * same stream's work will use it there, after the work still using it where it is, which has not
+ * finished as far as the marks tell. Not for a private pool's memory on either side (a captured
+ * graph's replays need not follow the stream's order), nor while the stream is being captured, nor for
+ * a chunk exported to another process or not reachable where it lies. */
+static bool may_move_ahead(gm_arena *arena, const gm_region *from, const gm_region *to, const page_chunk *chunk)
+{
+    return from->heap->stream == to->heap->stream && !from->heap->private_pool && !to->heap->private_pool &&
+           !chunk->exported && !chunk->lost && !chunk->stray &&
+           !gm_backend_stream_is_capturing(arena->backend, from->heap->stream) &&
+           !pages_free_is_done(arena, from->heap, chunk->freed_at);
+}
+
 /* Move idle chunks to `address` of the window's region, back to back, at most `room` bytes, until
  * `need` bytes are covered; chunks inside the window's run stay. Returns the bytes mapped. */
 static uint64_t move_idle_chunks(gm_arena *arena, const window *where, uintptr_t address, uint64_t need,
@@ -52,14 +65,14 @@ static uint64_t move_idle_chunks(gm_arena *arena, const window *where, uintptr_t
     while (mapped < need && (pick = pages_pick_idle_chunk(engine->idle, first, count, need - mapped, limit - mapped)) >= 0) {
         idle_chunk *candidate = &engine->idle[pick];
         page_chunk *chunk = candidate->chunk;
-        gm_status status = pages_evict_chunk(arena, candidate->region, chunk);
-        if (status != GM_OK) {
-            *status_out = status;
-            return mapped;
+        gm_status status = GM_OK;
+        if (may_move_ahead(arena, candidate->region, target, chunk)) {
+            status = pages_move_chunk_ahead(arena, candidate->region, chunk, target, address + mapped);
+        } else if ((status = pages_evict_chunk(arena, candidate->region, chunk)) == GM_OK &&
+                   (status = pages_map_chunk(arena, target, chunk, address + mapped)) != GM_OK) {
+            pages_release_chunk(arena, candidate->region, chunk); /* out of its old place, not in the new one */
         }
-        status = pages_map_chunk(arena, target, chunk, address + mapped);
-        if (status != GM_OK) { /* out of its old place and not in the new one: it goes back to the device */
-            pages_release_chunk(arena, candidate->region, chunk);
+        if (status != GM_OK) {
             *status_out = status;
             return mapped;
         }
@@ -243,6 +256,8 @@ static gm_status back_part(gm_arena *arena, const window *where, uintptr_t from,
         room = pages_waiting_part_end(region, from, hole->address + hole->size, engine->page_size, &waiting) - from;
     }
     int64_t spent_before = arena->backend->modelled_ns;
+    if (engine->alias_count)
+        pages_retire_passed_aliases(arena);
     uint64_t mapped = 0, created = 0;
     /* Moving idle chunks changes neither reserved memory nor the device's free memory: one reading. */
     uint64_t new_room = room_for_new_memory(arena);

@@ -3,6 +3,8 @@
  *
  * The engine is these files, each using only those before it:
  *   block_states.c  the four block states and the moves between them (carving, merging)
+ *   progress.c      how far a stream's work has come, known without waiting (progress marks)
+ *   aliases.c       old mappings of chunks moved ahead of their stream, unmapped once it has passed
  *   chunks.c        regions, chunks of physical memory (made, mapped, unmapped, released) and
  *                   finding idle ones
  *   windows.c       where a request could go in free address space, and what that needs backed
@@ -19,7 +21,8 @@
  *
  * Invariants (checked by pages_validate): the blocks of a region tile it; a block's pages are mapped
  * when it is not unmapped, and an unmapped block's pages are not, except those of a chunk made ahead of
- * need after an empty_cache (refill.c: its `waiting` bytes); every chunk is mapped at one place and the page table points at it
+ * need after an empty_cache (refill.c: its `waiting` bytes); every chunk is mapped at one place (its old
+ * mapping after a move ahead of its stream is not in the books: aliases.c) and the page table points at it
  * from each of its pages; a free or unmapped block belongs to its region's heap, an allocated or pending
  * one to the heap that asked for it (a lane's blocks lie in its stream's large-pool region: lane_sharing.c);
  * every free block is in its heap's size index and every unmapped block in its region's unmapped list;
@@ -64,7 +67,8 @@
  * (lane_sharing.c). */
 #define RING_FIT_ROOM (256ull << 20)
 
-/* Physical memory made by one cuMemCreate, mapped at exactly one place. */
+/* Physical memory made by one cuMemCreate, mapped at exactly one place in the books (the driver may
+ * still hold its old mapping for a while after a move ahead of its stream: aliases.c). */
 typedef struct page_chunk {
     uintptr_t address; /* where it is mapped */
     uint64_t size;
@@ -155,6 +159,16 @@ typedef struct page_heap {
     uintptr_t top;       /* lane: the ring's upper end, 0 until its first request */
 } page_heap;
 
+/* The old mapping of a chunk moved ahead of its stream (aliases.c): the chunk is mapped elsewhere too,
+ * and these addresses, unmapped in the books, stay mapped until the stream has passed its free. */
+typedef struct page_alias {
+    uintptr_t address;
+    uint64_t size;
+    uint64_t handle;   /* the chunk's physical memory */
+    gm_heap *heap;     /* the heap whose stream's work may still use the old addresses */
+    uint64_t freed_at; /* the engine's free count at the chunk's last free there */
+} page_alias;
+
 typedef struct page_engine {
     /* Read or counted by every allocation and free: first, in one cache line. */
     uint64_t page_size;
@@ -180,6 +194,9 @@ typedef struct page_engine {
                                     asking region's that is still at work stay where they are
                                     (pages_find_idle_chunks) */
     gm_list unreleased;          /* chunks unmapped whose release failed: still reserved, released later */
+    page_alias *aliases;         /* old mappings of chunks moved ahead of their stream (aliases.c) */
+    size_t alias_count;
+    size_t alias_capacity;
     refill_list released;        /* the groups the last empty_cache released (refill.c) */
     refill_list plan;            /* those of them the empty_cache before released too, not made again yet */
     refill_list growths;         /* the windows grown since the last empty_cache, in order (refill.c) */
@@ -280,12 +297,37 @@ void pages_mark_progress(gm_arena *arena, gm_heap *heap);
  * at once if a wait or a completed mark covers it, else after waiting for the oldest mark after it, or
  * for a new event. */
 gm_status pages_wait_for_free(gm_arena *arena, gm_heap *heap, uint64_t freed_at);
+/* Whether the work queued on `heap`'s stream before the free numbered `freed_at` is known to have
+ * finished: a wait or a completed mark covers it (the marks are asked, never waited for). */
+bool pages_free_is_done(gm_arena *arena, gm_heap *heap, uint64_t freed_at);
+/* Record a mark on `heap`'s stream unless one recorded after the free numbered `freed_at` is kept, so
+ * that asking the marks will tell when that free's work has finished (none during a graph capture). */
+void pages_mark_after(gm_arena *arena, gm_heap *heap, uint64_t freed_at);
 /* Destroy `heap`'s marks (the heap goes). */
 void pages_forget_marks(gm_arena *arena, gm_heap *heap);
+/* aliases.c: room for one more alias (host memory); false if there is none. */
+bool pages_alias_room(gm_arena *arena);
+/* Keep `alias` until its stream has passed its free (pages_alias_room made the room). */
+void pages_add_alias(gm_arena *arena, const page_alias *alias);
+/* Unmap the aliases whose stream has passed their free, asking without waiting. */
+void pages_retire_passed_aliases(gm_arena *arena);
+/* Unmap the aliases that overlap [start, end), waiting for their stream where it has not passed their
+ * free: before anything is mapped there, or the addresses go back. */
+gm_status pages_retire_aliases_in(gm_arena *arena, uintptr_t start, uintptr_t end);
+/* Unmap the aliases of the physical memory `handle`, waiting as above: before it goes back. */
+gm_status pages_retire_aliases_of(gm_arena *arena, uint64_t handle);
+/* The allocator goes: unmap every alias without waiting, as its chunks are. */
+void pages_drop_aliases(gm_arena *arena);
 
 /* Unmap an idle chunk from the free block around it; its addresses become unmapped. The chunk keeps
  * its handle and leaves the region. */
 gm_status pages_evict_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk);
+/* Move the idle chunk `chunk` of `from` to `address` of `to` without waiting for its stream: mapped
+ * there first, its old mapping kept as an alias until the stream has passed its free (aliases.c); in
+ * the books its old addresses become unmapped. Only for a move within one stream (the caller checks).
+ * On failure the chunk stays where it was, or (mapped there without access) goes back to the device. */
+gm_status pages_move_chunk_ahead(gm_arena *arena, gm_region *from, page_chunk *chunk, gm_region *to,
+                                 uintptr_t address);
 /* The chunks under `block` for another process (engine operation share_block, gm_share). */
 gm_status pages_share_block(gm_arena *arena, const gm_block *block, uint64_t *offset_out, gm_shared_piece *pieces,
                             size_t capacity, size_t *count_out);

@@ -90,6 +90,21 @@ void pages_mark_progress(gm_arena *arena, gm_heap *heap)
         state->mark_count++;
 }
 
+bool pages_free_is_done(gm_arena *arena, gm_heap *heap, uint64_t freed_at)
+{
+    page_heap *state = state_of(heap);
+    if (freed_at > state->waited_at)
+        harvest(arena, heap);
+    return freed_at <= state->waited_at;
+}
+
+void pages_mark_after(gm_arena *arena, gm_heap *heap, uint64_t freed_at)
+{
+    page_heap *state = state_of(heap);
+    if (!state->mark_count || mark_at(state, state->mark_count - 1)->frees < freed_at)
+        pages_mark_progress(arena, heap);
+}
+
 gm_status pages_wait_for_free(gm_arena *arena, gm_heap *heap, uint64_t freed_at)
 {
     page_heap *state = state_of(heap);
