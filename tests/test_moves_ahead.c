@@ -3,7 +3,8 @@
  * queued (aliases.c): mapped at its new place with no wait, its old mapping kept until the stream has
  * passed the chunk's free, then unmapped without a wait; before its memory goes back to the device the
  * old mapping goes, after a wait if the stream is still at work. On real memory (the host backend) the
- * two mappings show the same bytes until then. Another stream's chunk still waits.
+ * two mappings show the same bytes until then. Another stream's chunk still waits; during a graph
+ * capture an old mapping in the way is waited for through a mark recorded before the capture.
  */
 #include "test.h"
 
@@ -135,6 +136,30 @@ static void another_streams_busy_chunk_stays(void)
     gm_destroy(allocator, NULL);
 }
 
+/* While the stream is being captured into a CUDA graph, a growth that maps over an old mapping waits
+ * for it through the mark recorded before the capture began: no event is recorded on the capturing
+ * stream (it would join the graph). */
+static void an_old_mapping_in_the_way_during_a_capture(void)
+{
+    gm_allocator *allocator = NULL;
+    CHECK_OK(gm_create("engine:pages,capacity:16GiB", &allocator));
+    layout made = move_idle_chunk(allocator, 0, 0, true);
+    CHECK_OK(gm_sim_stream_set_capturing(allocator, 0, 1));
+    int64_t records = calls_of(allocator, GM_CALL_EVENT_RECORD), waits = calls_of(allocator, GM_CALL_EVENT_SYNCHRONIZE);
+    int64_t unmaps = calls_of(allocator, GM_CALL_UNMAP);
+    void *over = NULL;
+    CHECK_OK(gm_malloc(allocator, 8 * MIB, 0, &over)); /* the old place: the smallest window needing 4 pages */
+    CHECK_EQ_INT((int64_t)(uintptr_t)over, (int64_t)made.idle_address);
+    CHECK_EQ_INT(calls_of(allocator, GM_CALL_EVENT_RECORD) - records, 0);
+    CHECK_EQ_INT(calls_of(allocator, GM_CALL_EVENT_SYNCHRONIZE) - waits, 1);
+    CHECK_EQ_INT(calls_of(allocator, GM_CALL_UNMAP) - unmaps, 1);
+    CHECK_OK(gm_sim_stream_set_capturing(allocator, 0, 0));
+    CHECK_OK(gm_free(allocator, over));
+    free_layout(allocator, &made);
+    CHECK_OK(gm_validate(allocator));
+    gm_destroy(allocator, NULL);
+}
+
 /* Real memory: until the old mapping goes, the old addresses and the new ones are the same bytes. (The
  * host's streams have no queued work, but no mark after the free has been asked yet: the move goes
  * ahead.) */
@@ -165,4 +190,5 @@ static void both_mappings_show_the_same_bytes(void)
 
 RUN_TESTS(TEST_CASE(a_move_within_the_stream_does_not_wait), TEST_CASE(an_old_mapping_goes_before_its_memory),
           TEST_CASE(an_allocator_going_drops_its_old_mappings), TEST_CASE(another_streams_busy_chunk_stays),
+          TEST_CASE(an_old_mapping_in_the_way_during_a_capture),
           TEST_CASE(both_mappings_show_the_same_bytes))

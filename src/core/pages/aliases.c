@@ -21,7 +21,9 @@
 #include "core/pages/pages.h"
 
 #include "base/array.h"
+#include "base/error.h"
 
+#include <inttypes.h>
 #include <stdlib.h>
 
 /* Unmap alias `index` (after waiting for its stream if `wait`); it leaves the list, whose last entry
@@ -30,6 +32,13 @@ static gm_status retire(gm_arena *arena, size_t index, bool wait)
 {
     page_engine *engine = engine_of(arena);
     page_alias *alias = &engine->aliases[index];
+    /* An event recorded on a stream being captured would join the graph, and a wait for it fail: only
+     * a mark recorded before the capture may be waited for then. */
+    if (wait && gm_backend_stream_is_capturing(arena->backend, alias->heap->stream) &&
+        !pages_free_is_done(arena, alias->heap, alias->freed_at) && !pages_has_mark_after(alias->heap, alias->freed_at))
+        return gm_fail(GM_ERROR_DEVICE, "the old mapping at 0x%" PRIxPTR " of a chunk moved ahead of its stream "
+                       "cannot be waited for: the stream is being captured into a CUDA graph and no event recorded "
+                       "before the capture covers it", alias->address);
     gm_status status = wait ? pages_wait_for_free(arena, alias->heap, alias->freed_at) : GM_OK;
     if (status == GM_OK)
         status = gm_backend_unmap(arena->backend, alias->address, alias->size);

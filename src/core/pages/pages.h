@@ -300,6 +300,8 @@ gm_status pages_wait_for_free(gm_arena *arena, gm_heap *heap, uint64_t freed_at)
 /* Whether the work queued on `heap`'s stream before the free numbered `freed_at` is known to have
  * finished: a wait or a completed mark covers it (the marks are asked, never waited for). */
 bool pages_free_is_done(gm_arena *arena, gm_heap *heap, uint64_t freed_at);
+/* Whether a mark recorded after the free numbered `freed_at` is kept (a wait for it records no event). */
+bool pages_has_mark_after(const gm_heap *heap, uint64_t freed_at);
 /* Record a mark on `heap`'s stream unless one recorded after the free numbered `freed_at` is kept, so
  * that asking the marks will tell when that free's work has finished (none during a graph capture). */
 void pages_mark_after(gm_arena *arena, gm_heap *heap, uint64_t freed_at);

@@ -98,10 +98,15 @@ bool pages_free_is_done(gm_arena *arena, gm_heap *heap, uint64_t freed_at)
     return freed_at <= state->waited_at;
 }
 
-void pages_mark_after(gm_arena *arena, gm_heap *heap, uint64_t freed_at)
+bool pages_has_mark_after(const gm_heap *heap, uint64_t freed_at)
 {
     page_heap *state = state_of(heap);
-    if (!state->mark_count || mark_at(state, state->mark_count - 1)->frees < freed_at)
+    return state->mark_count && mark_at(state, state->mark_count - 1)->frees >= freed_at;
+}
+
+void pages_mark_after(gm_arena *arena, gm_heap *heap, uint64_t freed_at)
+{
+    if (!pages_has_mark_after(heap, freed_at))
         pages_mark_progress(arena, heap);
 }
 
