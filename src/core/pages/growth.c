@@ -38,10 +38,11 @@
  * same stream's work will use it there, after the work still using it where it is, which has not
  * finished as far as the marks tell. Not for a private pool's memory on either side (a captured
  * graph's replays need not follow the stream's order), nor while the stream is being captured, nor for
- * a chunk exported to another process or not reachable where it lies. */
+ * a chunk exported to another process or not reachable where it lies, nor once MAX_ALIASES are kept. */
 static bool may_move_ahead(gm_arena *arena, const gm_region *from, const gm_region *to, const page_chunk *chunk)
 {
-    return from->heap->stream == to->heap->stream && !from->heap->private_pool && !to->heap->private_pool &&
+    return engine_of(arena)->alias_count < MAX_ALIASES && from->heap->stream == to->heap->stream &&
+           !from->heap->private_pool && !to->heap->private_pool &&
            !chunk->exported && !chunk->lost && !chunk->stray &&
            !gm_backend_stream_is_capturing(arena->backend, from->heap->stream) &&
            !pages_free_is_done(arena, from->heap, chunk->freed_at);
