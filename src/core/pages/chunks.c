@@ -252,16 +252,25 @@ gm_status pages_give_back_lost_chunks(gm_arena *arena)
 
 /* Unmap an idle chunk from the free block around it; its addresses become unmapped. The chunk keeps
  * its handle and leaves the region. */
-gm_status pages_evict_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk)
+/* The free block around the idle chunk `chunk` of `region`, with the split's metadata reserved first
+ * (pages_carve takes two blocks at most): once the chunk is unmapped its addresses must be marked so,
+ * or a fit would place a block on memory that is not there. */
+static gm_status block_around(gm_arena *arena, gm_region *region, const page_chunk *chunk, gm_block **around_out)
 {
-    gm_block *around = pages_free_block_containing(region, chunk->address, chunk->size);
-    if (!around)
+    *around_out = pages_free_block_containing(region, chunk->address, chunk->size);
+    if (!*around_out)
         return gm_fail(GM_ERROR_CORRUPT, "idle chunk 0x%" PRIxPTR " is not inside a free block", chunk->address);
-    /* The split's metadata first (pages_carve takes two blocks at most): once the chunk is unmapped its
-     * addresses must be marked so, or a fit would place a block on memory that is not there. */
     if (!gm_block_pool_reserve(&arena->block_pool, 2))
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for block metadata");
-    gm_status status = pages_wait_for_free(arena, region->heap, chunk->freed_at);
+    return GM_OK;
+}
+
+gm_status pages_evict_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk)
+{
+    gm_block *around = NULL;
+    gm_status status = block_around(arena, region, chunk, &around);
+    if (status == GM_OK)
+        status = pages_wait_for_free(arena, region->heap, chunk->freed_at);
     if (status == GM_OK)
         status = pages_unmap_chunk(arena, region, chunk);
     if (status != GM_OK)
@@ -272,17 +281,18 @@ gm_status pages_evict_chunk(gm_arena *arena, gm_region *region, page_chunk *chun
 gm_status pages_move_chunk_ahead(gm_arena *arena, gm_region *from, page_chunk *chunk, gm_region *to,
                                  uintptr_t address)
 {
-    gm_block *around = pages_free_block_containing(from, chunk->address, chunk->size);
-    if (!around)
-        return gm_fail(GM_ERROR_CORRUPT, "idle chunk 0x%" PRIxPTR " is not inside a free block", chunk->address);
-    if (!gm_block_pool_reserve(&arena->block_pool, 2) || !pages_alias_room(arena))
-        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for block metadata");
+    gm_block *around = NULL;
+    gm_status status = block_around(arena, from, chunk, &around);
+    if (status != GM_OK)
+        return status;
+    if (!pages_alias_room(arena))
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the list of old mappings");
     uint64_t page_size = engine_of(arena)->page_size;
     page_alias alias = {chunk->address, chunk->size, chunk->handle, from->heap, chunk->freed_at};
     gm_pool_id pool = gm_heap_pool_id(from->heap);
     gm_history_record(arena->history, GM_EVENT_SEGMENT_UNMAP, alias.address, alias.size, from->heap->stream, pool);
     leave_region(from, chunk, page_size);
-    gm_status status = pages_map_chunk(arena, to, chunk, address);
+    status = pages_map_chunk(arena, to, chunk, address);
     if (status != GM_OK && !chunk->stray) { /* still where it was, as it was */
         chunk->address = alias.address;
         chunk->freed_at = alias.freed_at;

@@ -120,8 +120,7 @@ static void pages_free_block(gm_arena *arena, gm_block *block)
 static void pages_release_cached(gm_arena *arena, uint64_t keep_bytes)
 {
     page_engine *engine = engine_of(arena);
-    if (engine->alias_count)
-        pages_retire_passed_aliases(arena);
+    pages_retire_passed_aliases(arena);
     pages_retry_releases(arena);
     if (pages_settle_waiting(arena, NULL) != GM_OK)
         return; /* the engine's state is corrupt: validate says so */

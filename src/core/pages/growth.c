@@ -257,8 +257,7 @@ static gm_status back_part(gm_arena *arena, const window *where, uintptr_t from,
         room = pages_waiting_part_end(region, from, hole->address + hole->size, engine->page_size, &waiting) - from;
     }
     int64_t spent_before = arena->backend->modelled_ns;
-    if (engine->alias_count)
-        pages_retire_passed_aliases(arena);
+    pages_retire_passed_aliases(arena);
     uint64_t mapped = 0, created = 0;
     /* Moving idle chunks changes neither reserved memory nor the device's free memory: one reading. */
     uint64_t new_room = room_for_new_memory(arena);

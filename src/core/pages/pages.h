@@ -159,13 +159,13 @@ typedef struct page_heap {
     uintptr_t top;       /* lane: the ring's upper end, 0 until its first request */
 } page_heap;
 
-/* The old mapping of a chunk moved ahead of its stream (aliases.c): the chunk is mapped elsewhere too,
- * and these addresses, unmapped in the books, stay mapped until the stream has passed its free. */
 /* Old mappings kept at most: every mapping and every growth looks through them, so a stream that keeps
  * work queued while many page-sized chunks move (under a memory limit) would make each growth slower;
  * beyond this many a move waits for its stream, as before, and that wait lets them all go. */
 #define MAX_ALIASES 128
 
+/* The old mapping of a chunk moved ahead of its stream (aliases.c): the chunk is mapped elsewhere too,
+ * and these addresses, unmapped in the books, stay mapped until the stream has passed its free. */
 typedef struct page_alias {
     uintptr_t address;
     uint64_t size;

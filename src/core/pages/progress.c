@@ -112,12 +112,9 @@ void pages_mark_after(gm_arena *arena, gm_heap *heap, uint64_t freed_at)
 
 gm_status pages_wait_for_free(gm_arena *arena, gm_heap *heap, uint64_t freed_at)
 {
+    if (pages_free_is_done(arena, heap, freed_at))
+        return GM_OK; /* a wait, or a mark after the free that has completed: no wait */
     page_heap *state = state_of(heap);
-    if (freed_at <= state->waited_at)
-        return GM_OK;
-    harvest(arena, heap);
-    if (freed_at <= state->waited_at)
-        return GM_OK; /* a mark after the free has completed: no wait */
     for (unsigned i = 0; i < state->mark_count; i++) {
         if (mark_at(state, i)->frees < freed_at)
             continue;
