@@ -76,6 +76,15 @@ typedef struct test_case {
 
 #define TEST_CASE(function) {#function, function}
 
+/* An allocator made from a GPUMEM_CONF string; the test stops if it cannot be made. */
+static inline gm_allocator *make_allocator(const char *config)
+{
+    gm_allocator *allocator = NULL;
+    CHECK_OK(gm_create(config, &allocator));
+    REQUIRE(allocator != NULL);
+    return allocator;
+}
+
 static inline int run_tests(const test_case *cases, size_t count)
 {
     for (size_t i = 0; i < count; i++) {

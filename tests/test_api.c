@@ -11,14 +11,6 @@
 
 static const char *const engines[] = {"engine:pages,capacity:1GiB", "engine:segments,capacity:1GiB"};
 
-static gm_allocator *make(const char *config)
-{
-    gm_allocator *allocator = NULL;
-    CHECK_OK(gm_create(config, &allocator));
-    REQUIRE(allocator != NULL);
-    return allocator;
-}
-
 static void create_and_destroy(void)
 {
     CHECK_STATUS(gm_create(NULL, NULL), GM_ERROR_INVALID_ARGUMENT);
@@ -55,7 +47,7 @@ static void cuda_backend_without_gpu_is_a_clear_error(void)
 static void malloc_and_free_basics(void)
 {
     for (size_t e = 0; e < 2; e++) {
-        gm_allocator *allocator = make(engines[e]);
+        gm_allocator *allocator = make_allocator(engines[e]);
         void *pointer = (void *)1;
         CHECK_OK(gm_malloc(allocator, 0, 0, &pointer));
         CHECK(pointer == NULL);
@@ -102,7 +94,7 @@ static void malloc_and_free_basics(void)
 static void invalid_pointers_change_nothing(void)
 {
     for (size_t e = 0; e < 2; e++) {
-        gm_allocator *allocator = make(engines[e]);
+        gm_allocator *allocator = make_allocator(engines[e]);
         void *pointer = NULL;
         CHECK_OK(gm_malloc(allocator, 4096, 0, &pointer));
         gm_stats before, after;
@@ -129,7 +121,7 @@ static void invalid_pointers_change_nothing(void)
 static void out_of_memory_explains_and_recovers(void)
 {
     for (size_t e = 0; e < 2; e++) {
-        gm_allocator *allocator = make(engines[e]);
+        gm_allocator *allocator = make_allocator(engines[e]);
         void *pointer = NULL;
         CHECK_STATUS(gm_malloc(allocator, 2ull << 30, 0, &pointer), GM_ERROR_OUT_OF_MEMORY);
         CHECK(pointer == NULL);
@@ -161,7 +153,7 @@ static void out_of_memory_explains_and_recovers(void)
 static void fragmentation_is_diagnosed(void)
 {
     /* Segments: alternate blocks of a filled device freed leave plenty free, none of it in one piece. */
-    gm_allocator *allocator = make("engine:segments,capacity:200MiB,release_before_growth:false");
+    gm_allocator *allocator = make_allocator("engine:segments,capacity:200MiB,release_before_growth:false");
     void *blocks[100];
     size_t count = 0;
     while (count < 100 && gm_malloc(allocator, 4u << 20, 0, &blocks[count]) == GM_OK)
@@ -175,7 +167,7 @@ static void fragmentation_is_diagnosed(void)
     CHECK_EQ_INT(gm_last_oom_cause(), GM_OOM_CAUSE_FRAGMENTATION);
     gm_destroy(allocator, NULL);
     /* The pages engine gathers the same free pages into one range and succeeds. */
-    allocator = make("engine:pages,capacity:200MiB");
+    allocator = make_allocator("engine:pages,capacity:200MiB");
     count = 0;
     while (count < 100 && gm_malloc(allocator, 4u << 20, 0, &blocks[count]) == GM_OK)
         count++;
@@ -189,7 +181,7 @@ static void fragmentation_is_diagnosed(void)
      * engine says so and names the option that helps; with 128 MiB chunks the same requests succeed. */
     static const char *const pinned[] = {"engine:pages,capacity:1GiB,max_chunk_size:0", "engine:pages,capacity:1GiB"};
     for (size_t c = 0; c < 2; c++) {
-        allocator = make(pinned[c]);
+        allocator = make_allocator(pinned[c]);
         void *first = NULL, *second = NULL, *head = NULL, *middle = NULL, *tail = NULL;
         CHECK_OK(gm_malloc(allocator, 800u << 20, 0, &first));
         CHECK_OK(gm_malloc(allocator, 100u << 20, 0, &second));
@@ -214,7 +206,7 @@ static void fragmentation_is_diagnosed(void)
 
 static void memory_limit_is_diagnosed(void)
 {
-    gm_allocator *allocator = make("capacity:1GiB,memory_limit:64MiB");
+    gm_allocator *allocator = make_allocator("capacity:1GiB,memory_limit:64MiB");
     void *pointer = NULL;
     CHECK_STATUS(gm_malloc(allocator, 100u << 20, 0, &pointer), GM_ERROR_OUT_OF_MEMORY);
     CHECK_MESSAGE("memory limit");
@@ -228,7 +220,7 @@ static void memory_limit_is_diagnosed(void)
 static void empty_cache_returns_memory(void)
 {
     for (size_t e = 0; e < 2; e++) {
-        gm_allocator *allocator = make(engines[e]);
+        gm_allocator *allocator = make_allocator(engines[e]);
         void *a = NULL, *b = NULL, *c = NULL;
         CHECK_OK(gm_malloc(allocator, 30u << 20, 0, &a));
         CHECK_OK(gm_malloc(allocator, 1000, 0, &b));
@@ -256,7 +248,7 @@ static void empty_cache_returns_memory(void)
 
 static void peaks_and_accumulated_stats_reset(void)
 {
-    gm_allocator *allocator = make("capacity:1GiB");
+    gm_allocator *allocator = make_allocator("capacity:1GiB");
     void *a = NULL;
     CHECK_OK(gm_malloc(allocator, 8u << 20, 0, &a));
     CHECK_OK(gm_free(allocator, a));
@@ -285,7 +277,7 @@ static void peaks_and_accumulated_stats_reset(void)
  * (current = allocated - freed + what was current at the reset). */
 static void accumulated_readings_after_a_reset_with_live_blocks(void)
 {
-    gm_allocator *allocator = make("capacity:1GiB");
+    gm_allocator *allocator = make_allocator("capacity:1GiB");
     void *large = NULL, *small = NULL, *later = NULL;
     CHECK_OK(gm_malloc(allocator, 8u << 20, 0, &large));
     CHECK_OK(gm_malloc(allocator, 4096, 0, &small));
@@ -323,7 +315,7 @@ static void accumulated_readings_after_a_reset_with_live_blocks(void)
 
 static void device_calls_are_counted_and_priced(void)
 {
-    gm_allocator *allocator = make("engine:pages,capacity:1GiB");
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:1GiB");
     void *a = NULL;
     CHECK_OK(gm_malloc(allocator, 20u << 20, 0, &a));
     gm_stats stats;
@@ -339,7 +331,7 @@ static void device_calls_are_counted_and_priced(void)
     gm_destroy(allocator, NULL);
     /* Without the model the calls are timed: their time lies within the call's own, and is not the
      * model's prices (a fixed bound on it fails on a loaded or instrumented machine). */
-    allocator = make("engine:pages,capacity:1GiB,cost_model:false");
+    allocator = make_allocator("engine:pages,capacity:1GiB,cost_model:false");
     struct timespec before, after;
     clock_gettime(CLOCK_MONOTONIC, &before);
     CHECK_OK(gm_malloc(allocator, 20u << 20, 0, &a));
@@ -358,7 +350,7 @@ static void device_calls_are_counted_and_priced(void)
 
 static void summary_has_pytorch_layout(void)
 {
-    gm_allocator *allocator = make("capacity:1GiB");
+    gm_allocator *allocator = make_allocator("capacity:1GiB");
     void *a = NULL;
     CHECK_OK(gm_malloc(allocator, 3u << 20, 0, &a));
     size_t needed = 0;
@@ -413,7 +405,7 @@ static void status_names_and_messages(void)
 static void impossible_requests_report_their_real_size(void)
 {
     for (size_t e = 0; e < 2; e++) {
-        gm_allocator *allocator = make(engines[e]);
+        gm_allocator *allocator = make_allocator(engines[e]);
         void *cached = NULL, *pointer = NULL;
         CHECK_OK(gm_malloc(allocator, 10u << 20, 0, &cached));
         CHECK_OK(gm_free(allocator, cached));
@@ -458,7 +450,7 @@ static void impossible_devices_are_refused(void)
     static const char *const largest[] = {"capacity:1TiB", "capacity:1TiB,engine:segments",
                                           "capacity:16GiB,page_size:4KiB"};
     for (size_t i = 0; i < sizeof largest / sizeof largest[0]; i++) {
-        allocator = make(largest[i]);
+        allocator = make_allocator(largest[i]);
         void *pointer = NULL;
         CHECK_OK(gm_malloc(allocator, 3ull << 30, 0, &pointer));
         CHECK_OK(gm_malloc(allocator, 1000, 1, &pointer));
@@ -469,7 +461,7 @@ static void impossible_devices_are_refused(void)
 static void destroy_reports_live_allocations(void)
 {
     for (size_t e = 0; e < 2; e++) {
-        gm_allocator *allocator = make(engines[e]);
+        gm_allocator *allocator = make_allocator(engines[e]);
         void *a = NULL, *b = NULL;
         CHECK_OK(gm_malloc(allocator, 100, 0, &a));
         CHECK_OK(gm_malloc(allocator, 50u << 20, 3, &b));
@@ -482,7 +474,7 @@ static void destroy_reports_live_allocations(void)
 
 static void device_info_describes_the_backend(void)
 {
-    gm_allocator *allocator = make("backend:sim,capacity:3GiB,page_size:64KiB,engine:segments");
+    gm_allocator *allocator = make_allocator("backend:sim,capacity:3GiB,page_size:64KiB,engine:segments");
     gm_device_info info;
     CHECK_OK(gm_get_device_info(allocator, &info));
     CHECK(!strcmp(info.backend, "sim"));
@@ -497,7 +489,7 @@ static void device_info_describes_the_backend(void)
 static void memory_limit_changes_at_run_time(void)
 {
     for (size_t e = 0; e < 2; e++) {
-        gm_allocator *allocator = make(engines[e]);
+        gm_allocator *allocator = make_allocator(engines[e]);
         uint64_t limit = 0;
         CHECK_OK(gm_get_memory_limit(allocator, &limit));
         CHECK_EQ_INT(limit, 1ull << 30);
@@ -532,7 +524,7 @@ static void memory_limit_changes_at_run_time(void)
 static void largest_allocation_counts_what_can_still_be_reserved(void)
 {
     for (size_t e = 0; e < 2; e++) {
-        gm_allocator *allocator = make(engines[e]); /* 1 GiB sim device */
+        gm_allocator *allocator = make_allocator(engines[e]); /* 1 GiB sim device */
         uint64_t largest = 0, free_bytes = 0, cached_largest = 0;
         CHECK_OK(gm_largest_allocation(allocator, &largest));
         CHECK_EQ_INT(largest, 1ull << 30); /* nothing cached: the whole device */
@@ -587,7 +579,7 @@ static void small_tensors_pin_one_chunk_not_a_whole_block(void)
 {
     static const char *const configs[] = {"engine:pages,capacity:8GiB", "engine:pages,capacity:8GiB,max_chunk_size:0"};
     for (size_t c = 0; c < 2; c++) {
-        gm_allocator *allocator = make(configs[c]);
+        gm_allocator *allocator = make_allocator(configs[c]);
         void *big = NULL, *neighbour = NULL, *small = NULL, *next = NULL;
         CHECK_OK(gm_malloc(allocator, 1ull << 30, 0, &big));
         CHECK_OK(gm_malloc(allocator, 1ull << 30, 0, &neighbour));

@@ -19,14 +19,6 @@
 
 #define MIB (1ull << 20)
 
-static gm_allocator *make(const char *config)
-{
-    gm_allocator *allocator = NULL;
-    CHECK_OK(gm_create(config, &allocator));
-    REQUIRE(allocator != NULL);
-    return allocator;
-}
-
 /* Device calls that make, map, unmap or release memory: the events the engine records and asks to know
  * its streams' progress (a few per thousand frees, modelled as free) are counted by event_calls. */
 static int64_t device_calls(gm_allocator *allocator)
@@ -79,7 +71,7 @@ static bool alternate(gm_allocator *allocator, int pairs)
  * no device call and reserved memory never passes `most_reserved`. The device calls of the warm-up. */
 static int64_t alternating_pairs_settle(const char *config, int warm_up, int64_t most_reserved)
 {
-    gm_allocator *allocator = make(config);
+    gm_allocator *allocator = make_allocator(config);
     REQUIRE(alternate(allocator, warm_up));
     int64_t calls = device_calls(allocator), events = event_calls(allocator);
     REQUIRE(alternate(allocator, 10000));
@@ -104,7 +96,7 @@ static void alternating_sizes_settle(void)
 
 static void segments_stop_churning(void)
 {
-    gm_allocator *allocator = make("engine:segments,capacity:16GiB");
+    gm_allocator *allocator = make_allocator("engine:segments,capacity:16GiB");
     REQUIRE(alternate(allocator, 4000)); /* spends the initial budget (100 ms of modelled time) */
     int64_t calls = device_calls(allocator);
     REQUIRE(alternate(allocator, 10000));
@@ -133,7 +125,7 @@ static void streams_round(gm_allocator *allocator, void *held[5], int round)
 
 static void streams_freeing_each_other_settle(void)
 {
-    gm_allocator *allocator = make("engine:pages,capacity:16GiB");
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:16GiB");
     void *held[5] = {0};
     for (int round = 0; round < 500; round++)
         streams_round(allocator, held, round);
@@ -157,13 +149,13 @@ static void streams_freeing_each_other_settle(void)
 /* Under a memory limit of 64 MiB the alternating pattern still fits: the page moves again. */
 static void memory_limit_still_moves_pages(void)
 {
-    gm_allocator *allocator = make("engine:pages,capacity:16GiB,memory_limit:64MiB");
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:16GiB,memory_limit:64MiB");
     CHECK(alternate(allocator, 2000));
     CHECK(reserved_peak(allocator) <= (int64_t)(64 * MIB));
     CHECK_OK(gm_validate(allocator));
     gm_destroy(allocator, NULL);
     /* A limit set later, below what is reserved, gives the extra page back. */
-    allocator = make("engine:pages,capacity:16GiB");
+    allocator = make_allocator("engine:pages,capacity:16GiB");
     REQUIRE(alternate(allocator, 1000));
     CHECK(reserved_now(allocator) > (int64_t)(64 * MIB));
     CHECK_OK(gm_set_memory_limit(allocator, 64 * MIB));
@@ -247,7 +239,7 @@ static void generate_pass(gm_allocator *allocator)
  * decode step, mapped as many pages in the warm pass as in the first.) */
 static void generate_calls_replayed_reuse_their_pages(void)
 {
-    gm_allocator *allocator = make("engine:pages,capacity:16GiB");
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:16GiB");
     generate_pass(allocator);
     int64_t maps = page_maps(allocator), ns = device_ns(allocator), peak = reserved_peak(allocator);
     generate_pass(allocator);

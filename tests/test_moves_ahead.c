@@ -64,8 +64,7 @@ static void free_layout(gm_allocator *allocator, const layout *made)
  * without a wait. */
 static void a_move_within_the_stream_does_not_wait(void)
 {
-    gm_allocator *allocator = NULL;
-    CHECK_OK(gm_create("engine:pages,capacity:16GiB", &allocator));
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:16GiB");
     int64_t reserved_before = 18 * (int64_t)MIB; /* two 8 MiB chunks and the small pool's page */
     int64_t waits = calls_of(allocator, GM_CALL_EVENT_SYNCHRONIZE), unmaps = calls_of(allocator, GM_CALL_UNMAP);
     layout made = move_idle_chunk(allocator, 0, 0, true);
@@ -91,8 +90,7 @@ static void a_move_within_the_stream_does_not_wait(void)
  * again. */
 static void an_old_mapping_goes_before_its_memory(void)
 {
-    gm_allocator *allocator = NULL;
-    CHECK_OK(gm_create("engine:pages,capacity:16GiB", &allocator));
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:16GiB");
     layout made = move_idle_chunk(allocator, 0, 0, true);
     CHECK_OK(gm_sim_stream_enqueue(allocator, 0, 1)); /* still at work when the memory goes back */
     free_layout(allocator, &made);
@@ -111,8 +109,7 @@ static void an_old_mapping_goes_before_its_memory(void)
  * free addresses with pages still mapped, and ASan sees a leak of the list). */
 static void an_allocator_going_drops_its_old_mappings(void)
 {
-    gm_allocator *allocator = NULL;
-    CHECK_OK(gm_create("engine:pages,capacity:16GiB", &allocator));
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:16GiB");
     layout made = move_idle_chunk(allocator, 0, 0, true);
     free_layout(allocator, &made);
     size_t live = 1;
@@ -124,8 +121,7 @@ static void an_allocator_going_drops_its_old_mappings(void)
  * old rule, untouched by moves ahead. */
 static void another_streams_busy_chunk_stays(void)
 {
-    gm_allocator *allocator = NULL;
-    CHECK_OK(gm_create("engine:pages,capacity:16GiB", &allocator));
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:16GiB");
     int64_t waits = calls_of(allocator, GM_CALL_EVENT_SYNCHRONIZE), maps = calls_of(allocator, GM_CALL_MAP);
     layout made = move_idle_chunk(allocator, 0, 1, true);
     CHECK_EQ_INT(calls_of(allocator, GM_CALL_EVENT_SYNCHRONIZE) - waits, 0);
@@ -141,8 +137,7 @@ static void another_streams_busy_chunk_stays(void)
  * stream (it would join the graph). */
 static void an_old_mapping_in_the_way_during_a_capture(void)
 {
-    gm_allocator *allocator = NULL;
-    CHECK_OK(gm_create("engine:pages,capacity:16GiB", &allocator));
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:16GiB");
     layout made = move_idle_chunk(allocator, 0, 0, true);
     CHECK_OK(gm_sim_stream_set_capturing(allocator, 0, 1));
     int64_t records = calls_of(allocator, GM_CALL_EVENT_RECORD), waits = calls_of(allocator, GM_CALL_EVENT_SYNCHRONIZE);
@@ -165,8 +160,7 @@ static void an_old_mapping_in_the_way_during_a_capture(void)
  * ahead.) */
 static void both_mappings_show_the_same_bytes(void)
 {
-    gm_allocator *allocator = NULL;
-    CHECK_OK(gm_create("backend:host,engine:pages,capacity:256MiB", &allocator));
+    gm_allocator *allocator = make_allocator("backend:host,engine:pages,capacity:256MiB");
     layout made = move_idle_chunk(allocator, 0, 0, false);
     CHECK_EQ_INT(calls_of(allocator, GM_CALL_UNMAP), 0); /* the old place is still mapped */
     unsigned char *old_place = (unsigned char *)made.idle_address, *new_place = NULL;

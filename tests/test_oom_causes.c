@@ -18,14 +18,6 @@
 #define MiB (1ull << 20)
 #define GiB (1ull << 30)
 
-static gm_allocator *make(const char *config)
-{
-    gm_allocator *allocator = NULL;
-    CHECK_OK(gm_create(config, &allocator));
-    REQUIRE(allocator != NULL);
-    return allocator;
-}
-
 static void *take(gm_allocator *allocator, uint64_t size)
 {
     void *pointer = NULL;
@@ -115,7 +107,7 @@ static void capacity(void)
 {
     static const char *const engines[] = {"engine:pages,capacity:1GiB", "engine:segments,capacity:1GiB"};
     for (int e = 0; e < 2; e++) {
-        gm_allocator *allocator = make(engines[e]);
+        gm_allocator *allocator = make_allocator(engines[e]);
         fail(allocator, 2 * GiB, GM_OOM_CAUSE_CAPACITY);
         check_cause_line("Cause: capacity. The request alone (2.00 GiB) is larger than the whole device (1.00 GiB).");
         CHECK_MESSAGE("What to do, in order:\n  1. Split the work so that no single tensor needs 2.00 GiB");
@@ -137,7 +129,7 @@ static void capacity(void)
 static void fragmentation(void)
 {
     /* Segments: every other 4 MiB block of a full device freed: 100 MiB free, none in one piece. */
-    gm_allocator *allocator = make("engine:segments,capacity:200MiB,release_before_growth:false");
+    gm_allocator *allocator = make_allocator("engine:segments,capacity:200MiB,release_before_growth:false");
     void *blocks[50];
     for (int i = 0; i < 50; i++)
         blocks[i] = take(allocator, 4 * MiB);
@@ -152,7 +144,7 @@ static void fragmentation(void)
     CHECK_MESSAGE("  3. Allocate long-lived tensors");
     gm_destroy(allocator, NULL);
     /* Pages, one chunk per growth: small blocks left inside a big chunk pin it. */
-    allocator = make("engine:pages,capacity:1GiB,max_chunk_size:0");
+    allocator = make_allocator("engine:pages,capacity:1GiB,max_chunk_size:0");
     void *first = take(allocator, 800 * MiB), *second = take(allocator, 100 * MiB);
     CHECK_OK(gm_free(allocator, first));
     void *head = take(allocator, 4 * MiB), *middle = take(allocator, 396 * MiB), *tail = take(allocator, 4 * MiB);
@@ -180,7 +172,7 @@ static void fragmentation(void)
                                            "engine:pages,capacity:1GiB,max_chunk_size:0,compact_min:2MiB",
                                            "engine:pages,capacity:1GiB,max_chunk_size:0,memory_limit:1023MiB"};
     for (int remedy = 0; remedy <= 2; remedy++) {
-        allocator = make(configs[remedy]);
+        allocator = make_allocator(configs[remedy]);
         void *chunks[3], *pins[3], *rests[3];
         for (int i = 0; i < 3; i++)
             chunks[i] = take(allocator, 300 * MiB);
@@ -215,7 +207,7 @@ static void fragmentation(void)
 
 static void other_processes(void)
 {
-    gm_allocator *allocator = make("capacity:1GiB");
+    gm_allocator *allocator = make_allocator("capacity:1GiB");
     void *live = take(allocator, 100 * MiB);
     CHECK_OK(gm_sim_set_used_elsewhere(allocator, 600 * MiB));
     fail(allocator, 400 * MiB, GM_OOM_CAUSE_OTHER_PROCESSES); /* 500 MiB needed, 424 MiB left */
@@ -235,7 +227,7 @@ static void other_processes(void)
 
 static void memory_limit(void)
 {
-    gm_allocator *allocator = make("capacity:1GiB,memory_limit:256MiB");
+    gm_allocator *allocator = make_allocator("capacity:1GiB,memory_limit:256MiB");
     void *live = take(allocator, 200 * MiB);
     fail(allocator, 100 * MiB, GM_OOM_CAUSE_MEMORY_LIMIT);
     check_cause_line("Cause: memory limit. The limit of 256.00 MiB (memory_limit in GPUMEM_CONF, gm_set_memory_limit, "
@@ -273,7 +265,7 @@ static void write_meminfo(long available_kb)
 static void fragmented_on_host(long available_kb, gm_oom_cause cause)
 {
     write_meminfo(available_kb);
-    gm_allocator *allocator = make("engine:segments,capacity:200MiB,release_before_growth:false");
+    gm_allocator *allocator = make_allocator("engine:segments,capacity:200MiB,release_before_growth:false");
     gm_pressure_policy policy = {.high = 0.9, .low = 0.8, .signals = GM_PRESSURE_SIGNAL_PSI, .interval_ms = 3600000,
                                  .host_root = root};
     CHECK_OK(gm_set_pressure_policy(allocator, &policy));
@@ -307,7 +299,7 @@ static void host_memory_nearly_exhausted(void)
  * fails, and the report names the host. */
 static void host_backend_refused_by_the_host(void)
 {
-    gm_allocator *allocator = make("backend:host,engine:pages,capacity:4GiB");
+    gm_allocator *allocator = make_allocator("backend:host,engine:pages,capacity:4GiB");
     struct rlimit saved;
     REQUIRE(getrlimit(RLIMIT_AS, &saved) == 0);
     long kilobytes = -1;

@@ -17,14 +17,6 @@
 #define TENSORS 48
 #define MIB (1ull << 20)
 
-static gm_allocator *make(const char *config)
-{
-    gm_allocator *allocator = NULL;
-    CHECK_OK(gm_create(config, &allocator));
-    REQUIRE(allocator != NULL);
-    return allocator;
-}
-
 static uintptr_t address_of(const void *pointer)
 {
     return (uintptr_t)pointer;
@@ -116,12 +108,12 @@ static double tensor_gaps(const generation *run, int *runs_out)
 static void regrowing_tensors_stay_in_few_runs(void)
 {
     generation with_lane, without_lane;
-    gm_allocator *allocator = make("engine:pages,capacity:16GiB");
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:16GiB");
     double ratio = run_generation(allocator, 200, &with_lane);
     int runs = 0, runs_without = 0;
     double gaps = tensor_gaps(&with_lane, &runs);
     gm_destroy(allocator, NULL);
-    allocator = make("engine:pages,capacity:16GiB,growth_lane:false");
+    allocator = make_allocator("engine:pages,capacity:16GiB,growth_lane:false");
     double ratio_without = run_generation(allocator, 200, &without_lane);
     double gaps_without = tensor_gaps(&without_lane, &runs_without);
     gm_destroy(allocator, NULL);
@@ -135,7 +127,7 @@ static void regrowing_tensors_stay_in_few_runs(void)
 
 static void lane_opens_after_enough_regrowths(void)
 {
-    gm_allocator *allocator = make("engine:pages,capacity:16GiB");
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:16GiB");
     void *anchor = NULL, *tensor = NULL;
     CHECK_OK(gm_malloc(allocator, 4 * MIB, 0, &anchor));
     uint64_t size = 8 * MIB;
@@ -176,7 +168,7 @@ static void lane_opens_after_enough_regrowths(void)
  * its pages moved, until that stream's work has finished. */
 static void lane_blocks_wait_for_recorded_streams(void)
 {
-    gm_allocator *allocator = make("engine:pages,capacity:16GiB");
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:16GiB");
     void *tensor = NULL;
     uint64_t size = 8 * MIB;
     CHECK_OK(gm_malloc(allocator, size, 1, &tensor));
@@ -253,7 +245,7 @@ static void *malloc_without_device_call(gm_allocator *allocator, uint64_t size)
  * free memory, with no device call: neither end of the conveyor exists then. */
 static void empty_lane_reuses_its_free_memory(void)
 {
-    gm_allocator *allocator = make("engine:pages,capacity:16GiB");
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:16GiB");
     void *anchor = NULL;
     CHECK_OK(gm_malloc(allocator, 4 * MIB, 0, &anchor));
     uint64_t size = 0;
@@ -273,7 +265,7 @@ static void empty_lane_reuses_its_free_memory(void)
  * with no device call -- with a range of its own, the lane's pages would have moved to the stream. */
 static void stream_reuses_the_rings_memory(void)
 {
-    gm_allocator *allocator = make("engine:pages,capacity:16GiB");
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:16GiB");
     void *anchor = NULL;
     CHECK_OK(gm_malloc(allocator, 4 * MIB, 0, &anchor));
     uint64_t size = 0;
@@ -295,7 +287,7 @@ static void stream_reuses_the_rings_memory(void)
  * heap that fits it: here 36.5 MiB freed inside a chunk that a small block still pins. */
 static void lane_request_fits_elsewhere_before_new_memory(void)
 {
-    gm_allocator *allocator = make("engine:pages,capacity:16GiB");
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:16GiB");
     uint64_t size = 0;
     void *tensor = open_lane(allocator, &size), *prefill = NULL, *pin = NULL;
     CHECK_OK(gm_empty_cache(allocator));
@@ -329,7 +321,7 @@ static void lane_request_fits_elsewhere_before_new_memory(void)
  * (under a 32nd of a page) still grows the small pool. */
 static void small_request_borrows_while_lane_is_empty(void)
 {
-    gm_allocator *allocator = make("engine:pages,capacity:16GiB");
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:16GiB");
     void *anchor = NULL, *scratch = NULL;
     CHECK_OK(gm_malloc(allocator, 4 * MIB, 0, &anchor));
     CHECK_OK(gm_malloc(allocator, 6 * MIB, 0, &scratch)); /* a prefill's temporary: the stream's own part */
@@ -363,7 +355,7 @@ static void small_request_borrows_while_lane_is_empty(void)
 static void growth_tail_page_is_its_own_chunk(void)
 {
     for (int tail_chunk = 0; tail_chunk <= 1; tail_chunk++) {
-        gm_allocator *allocator = make(tail_chunk ? "engine:pages,capacity:8GiB,tail_chunk:true"
+        gm_allocator *allocator = make_allocator(tail_chunk ? "engine:pages,capacity:8GiB,tail_chunk:true"
                                                   : "engine:pages,capacity:8GiB");
         void *big = NULL, *neighbour = NULL;
         CHECK_OK(gm_malloc(allocator, 9 * MIB, 0, &big)); /* 4.5 pages: 5 new pages */
@@ -389,7 +381,7 @@ static void growth_tail_page_is_its_own_chunk(void)
 static void fit_in_part_of_idle_chunk_remakes_it(void)
 {
     for (int rechunk = 0; rechunk <= 1; rechunk++) {
-        gm_allocator *allocator = make(rechunk ? "engine:pages,capacity:8GiB,rechunk_min:8MiB"
+        gm_allocator *allocator = make_allocator(rechunk ? "engine:pages,capacity:8GiB,rechunk_min:8MiB"
                                                : "engine:pages,capacity:8GiB");
         void *tensor = NULL, *small = NULL, *other = NULL;
         CHECK_OK(gm_malloc(allocator, 64 * MIB, 1, &tensor)); /* one chunk */
@@ -417,7 +409,7 @@ static void fit_in_part_of_idle_chunk_remakes_it(void)
  * stream once: a wait covers all work queued on the stream, whichever heap's memory it used. */
 static void one_wait_per_stream_and_growth(void)
 {
-    gm_allocator *allocator = make("engine:pages,capacity:16GiB");
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:16GiB");
     uint64_t size = 0;
     void *tensor = open_lane(allocator, &size), *other = NULL;
     CHECK_OK(gm_free(allocator, tensor)); /* idle: the lane's memory and the stream's own, where it grew first */
@@ -445,7 +437,7 @@ static int64_t waits(gm_allocator *allocator)
  * their memory in two growths and waits once; a block freed after that wait costs a wait again. */
 static void a_wait_covers_chunks_freed_before_it(void)
 {
-    gm_allocator *allocator = make("engine:pages,capacity:16GiB");
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:16GiB");
     void *first = NULL, *second = NULL, *later = NULL, *taken[3] = {NULL, NULL, NULL};
     CHECK_OK(gm_malloc(allocator, 8 * MIB, 0, &first));
     CHECK_OK(gm_malloc(allocator, 8 * MIB, 0, &second));
@@ -495,7 +487,7 @@ static void free_small_blocks(gm_allocator *allocator, gm_stream stream, int cou
  * *records_out events recorded. */
 static void release_after_frees(int frees, bool finished, bool capturing, int64_t *waits_out, int64_t *records_out)
 {
-    gm_allocator *allocator = make("engine:pages,capacity:16GiB");
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:16GiB");
     void *idle = NULL, *kept = NULL, *pin = NULL;
     CHECK_OK(gm_malloc(allocator, 512, 0, &pin));
     CHECK_OK(gm_malloc(allocator, 8 * MIB, 0, &idle));
@@ -547,7 +539,7 @@ static void progress_marks_spare_waits(void)
  * not the older one, which its work may not have reached yet, nor a new event. */
 static void a_running_mark_after_the_free_is_waited_for(void)
 {
-    gm_allocator *allocator = make("engine:pages,capacity:16GiB");
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:16GiB");
     void *pin = NULL, *idle = NULL, *kept = NULL;
     CHECK_OK(gm_malloc(allocator, 512, 0, &pin));
     CHECK_OK(gm_malloc(allocator, 8 * MIB, 0, &idle));
