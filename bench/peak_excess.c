@@ -187,8 +187,15 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--chunks"))
             list_chunks = true;
-        else if (!strcmp(argv[i], "--at") && i + 1 < argc)
-            at = atol(argv[++i]);
+        else if (!strcmp(argv[i], "--at")) {
+            const char *text = i + 1 < argc ? argv[++i] : "";
+            char *end = NULL;
+            at = strtol(text, &end, 10);
+            if (at < 0 || *end || end == text) {
+                fprintf(stderr, "gpumem_peak_excess: --at wants an operation number (0 or more), not '%s'\n", text);
+                return 2;
+            }
+        }
         else if (!path)
             path = argv[i];
         else

@@ -60,6 +60,8 @@ expect_failure "malformed trace" 1 "gpumem_peak_excess:" "$tool" "$work/bad.csv"
 expect_failure "bad configuration" 1 "unknown key 'bogus'" "$tool" "$work/tail10.csv" "backend:sim,bogus:1"
 expect_failure "segments engine" 1 "only the pages engine" "$tool" "$work/tail10.csv" "backend:sim,engine:segments"
 expect_failure "operation out of range" 2 "the trace has 4 operations" "$tool" "$work/tail10.csv" --at 4
+expect_failure "operation not a number" 2 "--at wants an operation number" "$tool" "$work/tail10.csv" --at three
+expect_failure "operation missing" 2 "--at wants an operation number" "$tool" "$work/tail10.csv" --at
 
 if [ "$failures" -ne 0 ]; then
     echo "$failures check(s) failed"
