@@ -2,7 +2,7 @@
  * main.c -- the gpumem command line.
  *
  *   gpumem replay TRACE [--backend sim|host|cuda] [--capacity BYTES] [--conf KEY:VALUE,...] [--json] [--passes N]
- *                       [--snapshot FILE] [--history FILE] [--report FILE]
+ *                       [--lead N] [--snapshot FILE] [--history FILE] [--report FILE]
  *   gpumem tune TRACE|HISTORY [--backend ...] [--capacity ...] [--conf ...] [--passes N] [--json]
  *   gpumem report TRACE|HISTORY|SNAPSHOT -o FILE [--backend ...] [--capacity ...] [--conf ...]
  *   gpumem info [--backend NAME] [--conf ...]
@@ -36,6 +36,8 @@ static void print_usage(FILE *out)
             "  replay TRACE [--backend sim|host|cuda] [--capacity BYTES] [--conf KEY:VALUE,...] [--json]\n"
             "               [--passes N]  (N replays on one allocator, each reported: cold, then warm; with --json\n"
             "                              one JSON object per pass, one per line (JSON lines))\n"
+            "               [--lead N]  (sim, host: the device runs N operations behind the host, as a GPU does;\n"
+            "                            the waits for streams are reported with the work they finished early)\n"
             "               [--snapshot FILE] [--history FILE]  the blocks at the end, the events (JSON)\n"
             "               [--report FILE]  the HTML report of gpumem report, for this trace\n"
             "                 replay an allocation trace (plain or .gz) and report peak live and\n"

@@ -12,6 +12,7 @@
  */
 #include "gpumem.h"
 
+#include "tools/replay_lead.h"
 #include "tools/trace.h"
 #include "commands.h"
 
@@ -28,7 +29,14 @@ static const char *base_name(const char *path)
     return slash ? slash + 1 : path;
 }
 
-static void print_json(const char *trace_path, const gm_device_info *device, const gm_replay_result *result, int pass)
+/* What a pass with --lead waited for: the units of queued work its waits finished early. */
+typedef struct lead_report {
+    size_t lead;             /* 0: no --lead */
+    uint64_t units_waited;
+} lead_report;
+
+static void print_json(const char *trace_path, const gm_device_info *device, const gm_replay_result *result, int pass,
+                       const lead_report *lead)
 {
     const gm_stats *stats = &result->stats;
     int64_t total_calls = 0;
@@ -50,11 +58,14 @@ static void print_json(const char *trace_path, const gm_device_info *device, con
     for (int kind = 0; kind < GM_CALL_KIND_COUNT; kind++)
         printf("%s\"%s\": %.3f", kind ? ", " : "", gm_device_call_name((gm_device_call)kind),
                (double)stats->device_call_ns_by_kind[kind] / 1e6);
-    printf("}, \"pass\": %d}\n", pass);
+    printf("}");
+    if (lead->lead)
+        printf(", \"lead\": %zu, \"units_waited\": %" PRIu64, lead->lead, lead->units_waited);
+    printf(", \"pass\": %d}\n", pass);
 }
 
 static void print_text(const char *trace_path, const gm_device_info *device, const gm_replay_result *result,
-                       gm_allocator *allocator, int pass, int passes)
+                       gm_allocator *allocator, int pass, int passes, const lead_report *lead)
 {
     const gm_stats *stats = &result->stats;
     if (passes > 1)
@@ -72,6 +83,9 @@ static void print_text(const char *trace_path, const gm_device_info *device, con
             printf("%s %" PRId64 "  ", gm_device_call_name((gm_device_call)kind), stats->device_calls[kind]);
     printf("\ndevice time     %.3f ms%s\n", (double)stats->device_call_ns / 1e6,
            strcmp(device->backend, "sim") ? " (measured)" : " (H200 cost model)");
+    if (lead->lead)
+        printf("waits           %" PRId64 " for streams, finishing %" PRIu64 " units of work early (the device %zu "
+               "operations behind)\n", stats->device_calls[GM_CALL_EVENT_SYNCHRONIZE], lead->units_waited, lead->lead);
     printf("out of memory   %zu allocations failed\n", result->failed_allocations);
     char table[8192];
     if (gm_summary(allocator, table, sizeof table, NULL) != GM_OK)
@@ -86,13 +100,16 @@ static void print_text(const char *trace_path, const gm_device_info *device, con
 
 #define REPLAY_USAGE                                                                                          \
     "usage: gpumem replay TRACE [--backend sim|host|cuda] [--capacity BYTES] [--conf ...] [--json] [--passes N]\n" \
-    "                           [--snapshot FILE] [--history FILE] [--report FILE]\n"                              \
-    "  --json prints one JSON object per pass, one per line (JSON lines), not one JSON document\n"
+    "                           [--lead N] [--snapshot FILE] [--history FILE] [--report FILE]\n"                   \
+    "  --json prints one JSON object per pass, one per line (JSON lines), not one JSON document\n"                  \
+    "  --lead N: the simulated device runs N operations behind the host, as a GPU does; waits for streams\n"    \
+    "           are counted with the work they finished early (sim and host backends)\n"
 
 typedef struct replay_outputs {
     const char *snapshot_path;
     const char *history_path;
     const char *report_path;
+    size_t lead; /* --lead, else 0 */
 } replay_outputs;
 
 /* Write `text` to `path`; 0, or -1 after saying why. */
@@ -109,10 +126,21 @@ static int write_text(const char *path, const char *text, const char *what)
     return 0;
 }
 
+/* What a pass's hooks see. */
+typedef struct pass_context {
+    const replay_outputs *outputs;
+    gm_replay_lead *lead;
+} pass_context;
+
+static gm_status after_operation(gm_allocator *allocator, size_t index, uint64_t live_bytes, void *context)
+{
+    return gm_replay_lead_after_operation(allocator, index, live_bytes, ((pass_context *)context)->lead);
+}
+
 /* The replay's end (before the final frees): the snapshot, when asked for. */
 static gm_status write_snapshot(gm_allocator *allocator, void *context)
 {
-    const replay_outputs *outputs = context;
+    const replay_outputs *outputs = ((pass_context *)context)->outputs;
     gm_snapshot *snapshot = NULL;
     char *json = NULL;
     gm_status status = gm_snapshot_take(allocator, &snapshot);
@@ -138,13 +166,15 @@ static int write_history(gm_allocator *allocator, const char *path)
     return result;
 }
 #define MAX_PASSES 100
+#define MAX_LEAD 1000000
 
-/* The value of --passes: a whole number from 1 to MAX_PASSES, else 0. */
-static int parse_passes(const char *text)
+/* A whole number from 1 to `most`, else 0. */
+static long parse_count(const char *text, long most)
 {
     char *end = NULL;
+    errno = 0;
     long value = text ? strtol(text, &end, 10) : 0;
-    return text && *text && !*end && value >= 1 && value <= MAX_PASSES ? (int)value : 0;
+    return text && *text && !*end && !errno && value >= 1 && value <= most ? value : 0;
 }
 
 /* A replay on sim or host that failed because the trace alone needs more than the device: the capacity is
@@ -166,10 +196,15 @@ static void suggest_capacity(const gm_device_info *device, const gm_trace *trace
 /* Replay `passes` times on one allocator, reporting each pass; the exit status. A pass that runs out of
  * memory is the last: the passes after it would measure a replay that failed, not a warm one. */
 static int replay_passes(gm_allocator *allocator, const gm_trace *trace, const char *trace_path, int json, int passes,
-                         replay_outputs *outputs)
+                         const replay_outputs *outputs)
 {
     gm_device_info device;
     gm_get_device_info(allocator, &device);
+    gm_replay_lead *lead = NULL;
+    if (outputs->lead && gm_replay_lead_create(allocator, trace, outputs->lead, &lead) != GM_OK) {
+        fprintf(stderr, "gpumem replay: --lead: %s\n", gm_last_error());
+        return GM_EXIT_USAGE;
+    }
     int exit_status = GM_EXIT_OK;
     int pass = 0;
     for (; pass < passes && exit_status == GM_EXIT_OK; pass++) {
@@ -179,18 +214,32 @@ static int replay_passes(gm_allocator *allocator, const gm_trace *trace, const c
         }
         gm_replay_result result;
         bool last = pass + 1 == passes;
-        gm_status status = gm_replay_with_hook(allocator, trace, &result,
-                                               last && outputs->snapshot_path ? write_snapshot : NULL, outputs);
-        if (status == GM_ERROR_IO)
+        pass_context context = {outputs, lead};
+        gm_replay_hooks hooks = {.after_operation = lead ? after_operation : NULL,
+                                 .at_end = last && outputs->snapshot_path ? write_snapshot : NULL,
+                                 .context = &context};
+        lead_report waited = {outputs->lead, 0};
+        uint64_t waited_before = 0;
+        gm_status status = lead ? gm_sim_work_waited_for(allocator, &waited_before) : GM_OK;
+        if (status == GM_OK)
+            status = gm_replay_with_hooks(allocator, trace, &result, &hooks);
+        if (status == GM_OK && lead && (status = gm_sim_work_waited_for(allocator, &waited.units_waited)) == GM_OK) {
+            waited.units_waited -= waited_before;
+            status = gm_replay_lead_catch_up(lead);
+        }
+        if (status == GM_ERROR_IO) {
+            gm_replay_lead_free(lead);
             return GM_EXIT_ERROR;
+        }
         if (status != GM_OK) {
             fprintf(stderr, "gpumem replay: %s: %s\n", gm_strerror(status), gm_last_error());
+            gm_replay_lead_free(lead);
             return GM_EXIT_ERROR;
         }
         if (json)
-            print_json(trace_path, &device, &result, pass);
+            print_json(trace_path, &device, &result, pass, &waited);
         else
-            print_text(trace_path, &device, &result, allocator, pass, passes);
+            print_text(trace_path, &device, &result, allocator, pass, passes, &waited);
         if (result.failed_allocations) {
             fprintf(stderr, "gpumem replay: %zu allocations failed with out of memory; the first:\n%s\n",
                     result.failed_allocations, result.first_failure);
@@ -198,6 +247,7 @@ static int replay_passes(gm_allocator *allocator, const gm_trace *trace, const c
             exit_status = GM_EXIT_OUT_OF_MEMORY;
         }
     }
+    gm_replay_lead_free(lead);
     if (pass < passes) {
         char skipped[48];
         snprintf(skipped, sizeof skipped, pass + 1 == passes ? "pass %d was" : "passes %d to %d were", pass + 1,
@@ -224,8 +274,13 @@ int gm_command_replay(int argc, char **argv)
         if (!strcmp(argv[i], "--json")) {
             json = 1;
         } else if (!strcmp(argv[i], "--passes")) {
-            if (!(passes = parse_passes(i + 1 < argc ? argv[++i] : NULL))) {
+            if (!(passes = (int)parse_count(i + 1 < argc ? argv[++i] : NULL, MAX_PASSES))) {
                 fprintf(stderr, "gpumem replay: --passes needs a whole number from 1 to %d\n", MAX_PASSES);
+                return GM_EXIT_USAGE;
+            }
+        } else if (!strcmp(argv[i], "--lead")) {
+            if (!(outputs.lead = (size_t)parse_count(i + 1 < argc ? argv[++i] : NULL, MAX_LEAD))) {
+                fprintf(stderr, "gpumem replay: --lead needs a whole number of operations from 1 to %d\n", MAX_LEAD);
                 return GM_EXIT_USAGE;
             }
         } else if (!strcmp(argv[i], "--snapshot") || !strcmp(argv[i], "--history") || !strcmp(argv[i], "--report")) {

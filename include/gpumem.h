@@ -737,6 +737,12 @@ GM_API gm_status gm_named_stream(gm_allocator *allocator, uint64_t name, gm_stre
  * Other backends return GM_ERROR_NOT_SUPPORTED. */
 GM_API gm_status gm_sim_stream_enqueue(gm_allocator *allocator, gm_stream stream, uint64_t units);
 GM_API gm_status gm_sim_stream_complete(gm_allocator *allocator, gm_stream stream);
+/* Finish the oldest work queued on a simulated stream until at most `units_left` units remain queued
+ * (nothing when no more are queued): a device running behind its host (gpumem replay --lead). */
+GM_API gm_status gm_sim_stream_finish_until(gm_allocator *allocator, gm_stream stream, uint64_t units_left);
+/* The units of simulated work that the allocator's waits for streams (event synchronizations) have
+ * finished early since it was created: on a GPU the host would stall while that work ran. */
+GM_API gm_status gm_sim_work_waited_for(gm_allocator *allocator, uint64_t *units_out);
 /* Mark a simulated stream as being captured into a CUDA graph (1) or not (0), for tests of what the
  * allocator does during capture: as on a GPU, an event recorded on it meanwhile can never be queried
  * or waited for (the query fails, as CUDA's invalidates the capture). */

@@ -397,6 +397,9 @@ static void status_names_and_messages(void)
     CHECK_STATUS(gm_record_stream(NULL, NULL, 0), GM_ERROR_INVALID_ARGUMENT);
     CHECK_STATUS(gm_sim_stream_enqueue(NULL, 0, 1), GM_ERROR_INVALID_ARGUMENT);
     CHECK_STATUS(gm_sim_stream_complete(NULL, 0), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_STATUS(gm_sim_stream_finish_until(NULL, 0, 0), GM_ERROR_INVALID_ARGUMENT);
+    uint64_t units = 0;
+    CHECK_STATUS(gm_sim_work_waited_for(NULL, &units), GM_ERROR_INVALID_ARGUMENT);
 }
 
 /* A request larger than any device (a size made from a negative number, or an overflow) is refused at

@@ -188,7 +188,7 @@ static void idle_simulated_streams_are_forgotten(void)
     CHECK_OK(operations->stream_enqueue(backend, 7, 2));
     CHECK_OK(gm_backend_event_record(backend, event, 7));
     CHECK_EQ_INT(gm_model_footprint_of(backend).streams, 1);
-    CHECK_OK(operations->stream_complete(backend, 7));
+    CHECK_OK(operations->stream_complete(backend, 7, 0));
     CHECK_EQ_INT(gm_model_footprint_of(backend).streams, 1); /* the event has not been found done yet */
     CHECK_OK(gm_backend_event_query(backend, event, &done));
     CHECK(done);

@@ -70,6 +70,17 @@ expect 0 'pass            2 of 2 \(warm\)' -- "$gpumem" replay "$work/small.csv"
 expect 2 "--passes needs a whole number from 1 to 100" -- "$gpumem" replay "$work/small.csv" --passes 0
 expect 2 "--passes needs a whole number from 1 to 100" -- "$gpumem" replay "$work/small.csv" --passes two
 expect 2 "--passes needs a whole number from 1 to 100" -- "$gpumem" replay "$work/small.csv" --passes
+# --lead: the simulated device runs behind the host. Stream 1's idle chunk must move to stream 0 under the
+# limit, after a wait for stream 1's queued work: its two operations' units when the device is 10 behind,
+# the last one when it is 1 behind.
+printf 'a,0,67108864,1\nf,0,67108864,1\na,1,67108864,0\nf,1,67108864,0\n' >"$work/cross.csv"
+expect 0 "waits +1 for streams, finishing 2 units of work early \(the device 10 operations behind\)" -- \
+    "$gpumem" replay "$work/cross.csv" --conf memory_limit:64MiB --lead 10
+expect 0 '"event_synchronize": 1\}.*"lead": 1, "units_waited": 1, "pass": 0\}' -- \
+    "$gpumem" replay "$work/cross.csv" --conf memory_limit:64MiB --lead 1 --json
+for bad in 0 -3 ten 1000001 ""; do
+    expect 2 "--lead needs a whole number of operations from 1 to 1000000" -- "$gpumem" replay "$work/small.csv" --lead $bad
+done
 expect 0 '"engine": "segments"' -- env GPUMEM_CONF=engine:segments "$gpumem" replay "$work/small.csv" --json
 expect 0 '"engine": "pages"' -- env GPUMEM_CONF=engine:segments "$gpumem" replay "$work/small.csv" --json --conf engine:pages
 expect 0 "GPU reserved memory" -- "$gpumem" replay "$work/small.csv"

@@ -139,6 +139,41 @@ static void out_of_memory_waits_for_pending_frees(void)
     }
 }
 
+/* A simulated stream finishes its work oldest first (gm_sim_stream_finish_until: what a device behind its
+ * host does, gpumem replay --lead), and the work a wait finished early is counted (gm_sim_work_waited_for). */
+static void work_finishes_oldest_first_and_waits_count_it(void)
+{
+    for (size_t e = 0; e < 2; e++) {
+        gm_allocator *allocator = NULL;
+        CHECK_OK(gm_create(e == 0 ? "engine:pages,capacity:64MiB" : "engine:segments,capacity:64MiB", &allocator));
+        void *block = NULL, *again = NULL;
+        uint64_t waited = 1;
+        CHECK_OK(gm_malloc(allocator, 60u << 20, 1, &block));
+        CHECK_OK(gm_record_stream(allocator, block, 2));
+        CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 3)); /* three kernels on stream 2 use it */
+        CHECK_OK(gm_free(allocator, block));
+        CHECK_OK(gm_sim_stream_enqueue(allocator, 2, 4)); /* four more, queued after the free */
+        CHECK_OK(gm_sim_stream_finish_until(allocator, 2, 5)); /* two of the three finish */
+        CHECK_OK(gm_sim_stream_finish_until(allocator, 2, 9)); /* more than is queued: nothing */
+        gm_stats stats;
+        CHECK_OK(gm_get_stats(allocator, &stats));
+        CHECK_EQ_INT(stats.active_bytes[GM_POOL_ALL].current, 60 << 20); /* pending: one kernel left */
+        CHECK_OK(gm_sim_work_waited_for(allocator, &waited));
+        CHECK_EQ_INT(waited, 0);
+        /* The only memory is pending: the request waits for the one unit before the free, not the four after. */
+        CHECK_OK(gm_malloc(allocator, 60u << 20, 1, &again));
+        CHECK_OK(gm_sim_work_waited_for(allocator, &waited));
+        CHECK_EQ_INT(waited, 1);
+        CHECK_OK(gm_free(allocator, again));
+        /* Queued work that finishes by itself is not counted. */
+        CHECK_OK(gm_sim_stream_finish_until(allocator, 2, 0));
+        CHECK_OK(gm_sim_work_waited_for(allocator, &waited));
+        CHECK_EQ_INT(waited, 1);
+        CHECK_OK(gm_validate(allocator));
+        gm_destroy(allocator, NULL);
+    }
+}
+
 static void empty_cache_keeps_pending_blocks(void)
 {
     gm_allocator *allocator = NULL;
@@ -292,5 +327,6 @@ RUN_TESTS(TEST_CASE(freed_block_is_reused_on_its_stream), TEST_CASE(thousands_of
           TEST_CASE(recorded_stream_delays_reuse_until_its_work_finishes),
           TEST_CASE(work_queued_after_the_free_does_not_delay_reuse),
           TEST_CASE(several_recorded_streams_all_must_finish), TEST_CASE(out_of_memory_waits_for_pending_frees),
+          TEST_CASE(work_finishes_oldest_first_and_waits_count_it),
           TEST_CASE(empty_cache_keeps_pending_blocks), TEST_CASE(waiting_frees_cost_one_query_per_busy_stream),
           TEST_CASE(idle_memory_of_a_busy_stream_stays_put))

@@ -102,7 +102,8 @@ typedef struct gm_backend_operations {
 
     /* Simulated streams (sim, host); NULL elsewhere. */
     gm_status (*stream_enqueue)(gm_backend *backend, gm_stream stream, uint64_t units);
-    gm_status (*stream_complete)(gm_backend *backend, gm_stream stream);
+    /* Finish the oldest work queued on `stream` until at most `units_left` units remain queued. */
+    gm_status (*stream_complete)(gm_backend *backend, gm_stream stream, uint64_t units_left);
     gm_status (*stream_set_capturing)(gm_backend *backend, gm_stream stream, bool capturing);
 } gm_backend_operations;
 
@@ -120,6 +121,8 @@ struct gm_backend {
     int64_t modelled_ns;        /* total cost of all calls by the H200 model, on every backend */
     int64_t stream_queries;     /* stream_is_busy asked (gm_backend_stream_is_busy): not a device call kind,
                                    counted for tests of how often the callers ask; under the allocator's lock */
+    uint64_t work_waited_for;   /* sim/host: units of simulated stream work that waits for events finished
+                                   early (the time a GPU's host would stall in them) */
     uint64_t used_elsewhere;    /* sim/host: device memory taken by "other processes" (gm_sim_set_used_elsewhere),
                                    which the device model counts as used */
     bool host_memory_failed;    /* a host allocation failed for lack of memory (the host backend's mmap):

@@ -500,8 +500,10 @@ gm_status gm_model_event_synchronize(gm_backend *backend, uint64_t event)
         return gm_fail(GM_ERROR_DEVICE, "synchronize on event %" PRIu64 ", recorded while its stream was being "
                        "captured (the capture is invalid now)", event);
     simulated_stream *queue = found->stream;
-    if (queue && queue->completed < found->target)
-        queue->completed = found->target; /* waiting lets the queued work finish */
+    if (queue && queue->completed < found->target) { /* waiting lets the queued work finish */
+        model->backend->work_waited_for += found->target - queue->completed;
+        queue->completed = found->target;
+    }
     let_go_of_stream(model, found);
     return GM_OK;
 }
@@ -517,13 +519,14 @@ gm_status gm_model_stream_enqueue(gm_backend *backend, gm_stream stream, uint64_
     return GM_OK;
 }
 
-gm_status gm_model_stream_complete(gm_backend *backend, gm_stream stream)
+gm_status gm_model_stream_complete(gm_backend *backend, gm_stream stream, uint64_t units_left)
 {
     gm_device_model *model = model_of(backend);
     simulated_stream *queue = find_stream(model, stream);
     if (!queue)
         return GM_OK; /* never seen, or forgotten: nothing queued */
-    queue->completed = queue->enqueued;
+    if (queue->enqueued - queue->completed > units_left)
+        queue->completed = queue->enqueued - units_left;
     forget_stream_if_idle(model, queue);
     return GM_OK;
 }

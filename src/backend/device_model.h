@@ -64,7 +64,7 @@ gm_status gm_model_event_record(gm_backend *backend, uint64_t event, gm_stream s
 gm_status gm_model_event_query(gm_backend *backend, uint64_t event, bool *done_out);
 gm_status gm_model_event_synchronize(gm_backend *backend, uint64_t event);
 gm_status gm_model_stream_enqueue(gm_backend *backend, gm_stream stream, uint64_t units);
-gm_status gm_model_stream_complete(gm_backend *backend, gm_stream stream);
+gm_status gm_model_stream_complete(gm_backend *backend, gm_stream stream, uint64_t units_left);
 /* A stream being captured (gm_sim_stream_set_capturing): an event recorded on it meanwhile fails to be
  * queried or waited for, as CUDA's does (the work it marks is in a graph, not running). */
 gm_status gm_model_stream_set_capturing(gm_backend *backend, gm_stream stream, bool capturing);

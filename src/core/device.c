@@ -64,9 +64,34 @@ gm_status gm_sim_stream_complete(gm_allocator *allocator, gm_stream stream)
     if (!allocator->arena.backend->operations->stream_complete)
         return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend has real streams", allocator->arena.backend->operations->name);
     gm_lock_acquire(&allocator->lock);
-    gm_status status = allocator->arena.backend->operations->stream_complete(allocator->arena.backend, stream);
+    gm_status status = allocator->arena.backend->operations->stream_complete(allocator->arena.backend, stream, 0);
     gm_lock_release(&allocator->lock);
     return status;
+}
+
+gm_status gm_sim_stream_finish_until(gm_allocator *allocator, gm_stream stream, uint64_t units_left)
+{
+    if (!allocator)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_sim_stream_finish_until: allocator is NULL");
+    if (!allocator->arena.backend->operations->stream_complete)
+        return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend has real streams", allocator->arena.backend->operations->name);
+    gm_lock_acquire(&allocator->lock);
+    gm_status status = allocator->arena.backend->operations->stream_complete(allocator->arena.backend, stream,
+                                                                            units_left);
+    gm_lock_release(&allocator->lock);
+    return status;
+}
+
+gm_status gm_sim_work_waited_for(gm_allocator *allocator, uint64_t *units_out)
+{
+    if (!allocator || !units_out)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_sim_work_waited_for: an argument is NULL");
+    if (!allocator->arena.backend->operations->stream_enqueue)
+        return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend has real streams", allocator->arena.backend->operations->name);
+    gm_lock_acquire(&allocator->lock);
+    *units_out = allocator->arena.backend->work_waited_for;
+    gm_lock_release(&allocator->lock);
+    return GM_OK;
 }
 
 gm_status gm_sim_stream_set_capturing(gm_allocator *allocator, gm_stream stream, int capturing)
