@@ -287,6 +287,7 @@ enum operation_kind {
     OP_RESET_STATISTICS,
     OP_DEFRAGMENT,
     OP_FAIL_HOST_ALLOCATIONS,
+    OP_STREAM_FINISH_UNTIL, /* a device behind its host: older work done, newer still queued */
     OP_COUNT
 };
 
@@ -295,7 +296,8 @@ static const char *const operation_names[OP_COUNT] = {
     "stream complete", "empty_cache", "set_memory_limit", "inject device failures", "pool begin", "pool end",
     "pool retain", "pool release", "pool info", "used elsewhere", "host malloc", "host free",
     "host free of a pointer not live", "host record_stream", "host empty_cache", "statistics",
-    "snapshot, summary, history", "reset statistics", "defragment", "fail host allocations"};
+    "snapshot, summary, history", "reset statistics", "defragment", "fail host allocations",
+    "stream finish until"};
 
 static void run_operation(fuzz_state *state, input *in, enum operation_kind kind)
 {
@@ -322,6 +324,12 @@ static void run_operation(fuzz_state *state, input *in, enum operation_kind kind
     case OP_STREAM_COMPLETE:
         expect_done(state, gm_sim_stream_complete(allocator, choose_stream(in)), "gm_sim_stream_complete failed");
         break;
+    case OP_STREAM_FINISH_UNTIL: {
+        gm_stream stream = choose_stream(in);
+        expect_done(state, gm_sim_stream_finish_until(allocator, stream, next_byte(in) % 8),
+                    "gm_sim_stream_finish_until failed");
+        break;
+    }
     case OP_EMPTY_CACHE:
         expect_done(state, gm_empty_cache(allocator), "gm_empty_cache failed");
         break;

@@ -101,7 +101,7 @@ OPERATIONS = ["malloc", "malloc_again", "free", "free_not_live", "record_stream"
               "stream_complete", "empty_cache", "set_memory_limit", "inject_failures", "pool_begin", "pool_end",
               "pool_retain", "pool_release", "pool_info", "used_elsewhere", "host_malloc", "host_free",
               "host_free_not_live", "host_record_stream", "host_empty_cache", "statistics", "look_around",
-              "reset_statistics"]
+              "reset_statistics", "defragment", "fail_host_allocations", "stream_finish_until"]
 
 
 def sequence(config, *steps):
@@ -181,6 +181,18 @@ def api_sequences():
                              ("malloc", 0, 4, 63, 1, 0), ("malloc", 1, 7, 3, 0), ("free", 0),
                              ("malloc", 2, 7, 1, 0), ("malloc", 3, 5, 0x06, 0x3f, 0xff, 0xff, 0), ("statistics",),
                              ("free", 2), ("free", 1), ("free", 3), ("empty_cache",), ("statistics",))
+    # A device behind its host: a 48 MiB block freed while work queued before and after its free still runs,
+    # part of it finished (stream_finish_until); growths then move its idle chunk ahead of the stream and map
+    # over the old place once the work is done.
+    yield "moves_ahead_partly_done", sequence(SIM_PAGES_1GIB,
+                                              ("malloc", 0, 4, 47, 1, 0), ("malloc", 1, 4, 1, 1, 0),
+                                              ("stream_enqueue", 0, 4), ("free", 0), ("stream_enqueue", 0, 3),
+                                              ("stream_finish_until", 0, 6),
+                                              ("malloc", 2, 5, 0x06, 0x3f, 0xff, 0xff, 0),
+                                              ("stream_finish_until", 0, 2), ("malloc", 3, 4, 47, 1, 0),
+                                              ("free", 2), ("free", 1), ("stream_finish_until", 0, 0),
+                                              ("malloc", 4, 5, 0x06, 0x3f, 0xff, 0xff, 0), ("empty_cache",),
+                                              ("statistics",))
     yield "unsplit_segments", sequence((0x06, 0x10),
                                        ("malloc", 0, 4, 3, 0, 0), ("malloc", 1, 4, 3, 0, 0), ("malloc", 2, 2, 7, 0),
                                        ("malloc", 3, 2, 7, 0), ("statistics",), ("free", 0),
