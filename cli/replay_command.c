@@ -193,6 +193,26 @@ static void suggest_capacity(const gm_device_info *device, const gm_trace *trace
             strcmp(device->backend, "host") ? "" : " (the host backend's default is 1GiB)");
 }
 
+/* One pass, with the hooks it needs: the lead's (its work waited for counted in *waited_out) and, in the
+ * last pass, the snapshot's. */
+static gm_status replay_one_pass(gm_allocator *allocator, const gm_trace *trace, const replay_outputs *outputs,
+                                 gm_replay_lead *lead, bool last, gm_replay_result *result_out, lead_report *waited_out)
+{
+    pass_context context = {outputs, lead};
+    gm_replay_hooks hooks = {.after_operation = lead ? after_operation : NULL,
+                             .at_end = last && outputs->snapshot_path ? write_snapshot : NULL,
+                             .context = &context};
+    uint64_t waited_before = 0;
+    gm_status status = lead ? gm_sim_work_waited_for(allocator, &waited_before) : GM_OK;
+    if (status == GM_OK)
+        status = gm_replay_with_hooks(allocator, trace, result_out, &hooks);
+    if (status == GM_OK && lead && (status = gm_sim_work_waited_for(allocator, &waited_out->units_waited)) == GM_OK) {
+        waited_out->units_waited -= waited_before;
+        status = gm_replay_lead_catch_up(lead); /* the next pass starts with the device caught up */
+    }
+    return status;
+}
+
 /* Replay `passes` times on one allocator, reporting each pass; the exit status. A pass that runs out of
  * memory is the last: the passes after it would measure a replay that failed, not a warm one. */
 static int replay_passes(gm_allocator *allocator, const gm_trace *trace, const char *trace_path, int json, int passes,
@@ -213,20 +233,8 @@ static int replay_passes(gm_allocator *allocator, const gm_trace *trace, const c
             gm_reset_peak_stats(allocator);
         }
         gm_replay_result result;
-        bool last = pass + 1 == passes;
-        pass_context context = {outputs, lead};
-        gm_replay_hooks hooks = {.after_operation = lead ? after_operation : NULL,
-                                 .at_end = last && outputs->snapshot_path ? write_snapshot : NULL,
-                                 .context = &context};
         lead_report waited = {outputs->lead, 0};
-        uint64_t waited_before = 0;
-        gm_status status = lead ? gm_sim_work_waited_for(allocator, &waited_before) : GM_OK;
-        if (status == GM_OK)
-            status = gm_replay_with_hooks(allocator, trace, &result, &hooks);
-        if (status == GM_OK && lead && (status = gm_sim_work_waited_for(allocator, &waited.units_waited)) == GM_OK) {
-            waited.units_waited -= waited_before;
-            status = gm_replay_lead_catch_up(lead);
-        }
+        gm_status status = replay_one_pass(allocator, trace, outputs, lead, pass + 1 == passes, &result, &waited);
         if (status == GM_ERROR_IO) {
             gm_replay_lead_free(lead);
             return GM_EXIT_ERROR;
