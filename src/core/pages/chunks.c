@@ -377,7 +377,7 @@ static bool remember_idle(page_engine *engine, size_t *count, page_chunk *chunk,
     if (!grown)
         return false;
     engine->idle = grown;
-    engine->idle[(*count)++] = (idle_chunk){chunk, region};
+    engine->idle[(*count)++] = (idle_chunk){chunk, region, chunk->size};
     return true;
 }
 
@@ -441,26 +441,39 @@ size_t pages_find_idle_chunks(gm_arena *arena, const gm_region *keep_region, uin
 
 static int smaller_chunk_first(const void *left, const void *right)
 {
-    uint64_t a = ((const idle_chunk *)left)->chunk->size, b = ((const idle_chunk *)right)->chunk->size;
+    uint64_t a = ((const idle_chunk *)left)->size, b = ((const idle_chunk *)right)->size;
     return a < b ? -1 : a > b ? 1 : 0;
 }
 
-/* The next idle chunk to move for `remaining` bytes with at most `room` bytes of space: the smallest
- * that covers what remains, else the largest that does not. The list is sorted by size; taken
- * entries are NULL, and none before `first`. -1 if none fits the room. */
-ptrdiff_t pages_pick_idle_chunk(const idle_chunk *idle, size_t first, size_t count, uint64_t remaining,
-                                 uint64_t room)
+/* The first entry of idle[from, to) whose size is at least `size` (`to` if none): sizes ascend. */
+static size_t first_of_size(const idle_chunk *idle, size_t from, size_t to, uint64_t size)
 {
-    ptrdiff_t largest_below = -1;
-    for (size_t i = first; i < count; i++) {
-        const page_chunk *chunk = idle[i].chunk;
-        if (!chunk || chunk->size > room)
-            continue;
-        if (chunk->size >= remaining)
-            return (ptrdiff_t)i;
-        largest_below = (ptrdiff_t)i;
+    while (from < to) {
+        size_t middle = from + (to - from) / 2;
+        if (idle[middle].size < size)
+            from = middle + 1;
+        else
+            to = middle;
     }
-    return largest_below;
+    return from;
+}
+
+/* The next idle chunk to move for `remaining` bytes with at most `room` bytes of space: the smallest
+ * that covers what remains, else the largest that does not. The list is sorted by size (taken entries
+ * keep theirs); taken entries are NULL, and none before `first` or at `count - 1`. -1 if none fits the
+ * room. Binary searches, so that moving many page-sized chunks out of a long list is not quadratic. */
+ptrdiff_t pages_pick_idle_chunk(const idle_chunk *idle, size_t first, size_t count, uint64_t remaining,
+                                uint64_t room)
+{
+    size_t fitting_end = room == UINT64_MAX ? count : first_of_size(idle, first, count, room + 1);
+    size_t covering = first_of_size(idle, first, fitting_end, remaining);
+    for (size_t i = covering; i < fitting_end; i++)
+        if (idle[i].chunk)
+            return (ptrdiff_t)i;
+    for (size_t i = covering; i > first; i--)
+        if (idle[i - 1].chunk)
+            return (ptrdiff_t)(i - 1);
+    return -1;
 }
 
 /* Every idle chunk outside the window's run (find_idle_chunks), smallest first: their count. */
@@ -474,12 +487,15 @@ size_t pages_sorted_idle_chunks(gm_arena *arena, const gm_region *keep_region, u
     return count;
 }
 
-/* Mark engine->idle[pick] taken; *first moves past the taken entries at the front. */
-void pages_take_idle_chunk(page_engine *engine, ptrdiff_t pick, size_t *first, size_t count)
+/* Mark engine->idle[pick] taken; *first moves past the taken entries at the front, *count before those
+ * at the end (the largest below what remains is taken from the end, over and over). */
+void pages_take_idle_chunk(page_engine *engine, ptrdiff_t pick, size_t *first, size_t *count)
 {
     engine->idle[pick].chunk = NULL;
-    while (*first < count && !engine->idle[*first].chunk)
+    while (*first < *count && !engine->idle[*first].chunk)
         (*first)++;
+    while (*count > *first && !engine->idle[*count - 1].chunk)
+        (*count)--;
 }
 
 

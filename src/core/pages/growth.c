@@ -87,7 +87,7 @@ static uint64_t move_idle_chunks(gm_arena *arena, const window *where, uintptr_t
         }
         if (candidate->region->pool != target->pool)
             gm_move_reserved(arena, candidate->region->pool, target->pool, chunk->size);
-        pages_take_idle_chunk(engine, pick, &first, count);
+        pages_take_idle_chunk(engine, pick, &first, &count);
         mapped += chunk->size;
     }
     return mapped;
@@ -114,7 +114,7 @@ static void release_idle_for(gm_arena *arena, const window *where, uint64_t need
             return;
         released += candidate->chunk->size;
         pages_release_chunk(arena, candidate->region, candidate->chunk);
-        pages_take_idle_chunk(engine, pick, &first, count);
+        pages_take_idle_chunk(engine, pick, &first, &count);
     }
 }
 

@@ -121,8 +121,9 @@ typedef struct refill_list {
 } refill_list;
 
 typedef struct idle_chunk {
-    page_chunk *chunk;
+    page_chunk *chunk; /* NULL once taken */
     gm_region *region;
+    uint64_t size;     /* the chunk's, kept once it is taken: the list stays sorted for a binary search */
 } idle_chunk;
 
 /* An event recorded on a heap's stream after the free numbered `frees` (progress.c). */
@@ -353,8 +354,9 @@ size_t pages_sorted_idle_chunks(gm_arena *arena, const gm_region *keep_region, u
  * that covers what remains, else the largest that does not. -1 if none fits the room. */
 ptrdiff_t pages_pick_idle_chunk(const idle_chunk *idle, size_t first, size_t count, uint64_t remaining,
                                 uint64_t room);
-/* Mark engine->idle[pick] taken; *first moves past the taken entries at the front. */
-void pages_take_idle_chunk(page_engine *engine, ptrdiff_t pick, size_t *first, size_t count);
+/* Mark engine->idle[pick] taken; *first moves past the taken entries at the front, *count before those
+ * at the end. */
+void pages_take_idle_chunk(page_engine *engine, ptrdiff_t pick, size_t *first, size_t *count);
 
 /* ---------------------------------------------------------------- windows.c */
 
