@@ -53,9 +53,9 @@ static void picks_follow_the_rule(void)
         uint64_t covered = 0;
         size_t first = 0;
         while (covered < need) {
-            ptrdiff_t expected = rule(idle, count, need - covered, room - (room == UINT64_MAX ? 0 : covered));
-            ptrdiff_t pick = pages_pick_idle_chunk(idle, first, count, need - covered,
-                                                   room - (room == UINT64_MAX ? 0 : covered));
+            uint64_t room_left = room == UINT64_MAX ? room : room - covered;
+            ptrdiff_t expected = rule(idle, count, need - covered, room_left);
+            ptrdiff_t pick = pages_pick_idle_chunk(idle, first, count, need - covered, room_left);
             CHECK_EQ_INT(pick, expected);
             if (pick < 0 || pick != expected)
                 break;

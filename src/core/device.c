@@ -57,22 +57,12 @@ gm_status gm_sim_stream_enqueue(gm_allocator *allocator, gm_stream stream, uint6
     return status;
 }
 
-gm_status gm_sim_stream_complete(gm_allocator *allocator, gm_stream stream)
+/* Finish the oldest work queued on `stream` until `units_left` units remain; `caller` names the public
+ * function in the error message. */
+static gm_status finish_stream_work(gm_allocator *allocator, gm_stream stream, uint64_t units_left, const char *caller)
 {
     if (!allocator)
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_sim_stream_complete: allocator is NULL");
-    if (!allocator->arena.backend->operations->stream_complete)
-        return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend has real streams", allocator->arena.backend->operations->name);
-    gm_lock_acquire(&allocator->lock);
-    gm_status status = allocator->arena.backend->operations->stream_complete(allocator->arena.backend, stream, 0);
-    gm_lock_release(&allocator->lock);
-    return status;
-}
-
-gm_status gm_sim_stream_finish_until(gm_allocator *allocator, gm_stream stream, uint64_t units_left)
-{
-    if (!allocator)
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_sim_stream_finish_until: allocator is NULL");
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "%s: allocator is NULL", caller);
     if (!allocator->arena.backend->operations->stream_complete)
         return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend has real streams", allocator->arena.backend->operations->name);
     gm_lock_acquire(&allocator->lock);
@@ -80,6 +70,16 @@ gm_status gm_sim_stream_finish_until(gm_allocator *allocator, gm_stream stream, 
                                                                             units_left);
     gm_lock_release(&allocator->lock);
     return status;
+}
+
+gm_status gm_sim_stream_complete(gm_allocator *allocator, gm_stream stream)
+{
+    return finish_stream_work(allocator, stream, 0, "gm_sim_stream_complete");
+}
+
+gm_status gm_sim_stream_finish_until(gm_allocator *allocator, gm_stream stream, uint64_t units_left)
+{
+    return finish_stream_work(allocator, stream, units_left, "gm_sim_stream_finish_until");
 }
 
 gm_status gm_sim_work_waited_for(gm_allocator *allocator, uint64_t *units_out)

@@ -250,8 +250,6 @@ gm_status pages_give_back_lost_chunks(gm_arena *arena)
     return GM_OK;
 }
 
-/* Unmap an idle chunk from the free block around it; its addresses become unmapped. The chunk keeps
- * its handle and leaves the region. */
 /* The free block around the idle chunk `chunk` of `region`, with the split's metadata reserved first
  * (pages_carve takes two blocks at most): once the chunk is unmapped its addresses must be marked so,
  * or a fit would place a block on memory that is not there. */
@@ -265,6 +263,8 @@ static gm_status block_around(gm_arena *arena, gm_region *region, const page_chu
     return GM_OK;
 }
 
+/* Unmap an idle chunk from the free block around it; its addresses become unmapped. The chunk keeps
+ * its handle and leaves the region. */
 gm_status pages_evict_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk)
 {
     gm_block *around = NULL;
