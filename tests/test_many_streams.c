@@ -15,9 +15,9 @@
  *
  * GPUMEM_MANY_STREAMS sets the number of streams on the sim (default 100000; the sanitizer build's
  * CTest sets fewer). The host backend runs a tenth of them: each of its streams costs real mappings,
- * page faults and a memfd (a hundred times the sim's time), and what it adds to the sim's run -- the
- * data of every block, and host resources (open descriptors are counted: the memfds must all be
- * closed; resident memory bounds the rest) -- shows within that many. A last test checks
+ * page faults and a memfd (most of the test's time when it ran them all), and what it adds to the
+ * sim's run -- the data of every block, and host resources (open descriptors are counted: the memfds
+ * must all be closed; resident memory bounds the rest) -- shows within that many. A last test checks
  * that address frees that fail leave no reservation behind.
  */
 #include "test.h"
