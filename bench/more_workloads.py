@@ -182,7 +182,7 @@ def main():
         print(json.dumps({"workload": a.workload, "seed": a.seed, "unavailable": str(why)}), flush=True)
         sys.exit(UNAVAILABLE_STATUS)
     gpumem_torch = sys.modules.get("gpumem.torch")  # under GPUMEM_TORCH: gpumem's device-call counts too
-    times, shapes, all_times, copies, device_calls = [], [], [], [], []
+    times, shapes, all_times, copies, device_calls, peaks = [], [], [], [], [], []
     for i in range(a.warmup + a.steps):
         torch.cuda.synchronize()
         before = gpumem_torch.allocator().memory_stats() if gpumem_torch else None
@@ -190,6 +190,7 @@ def main():
         shapes.append(step(i))
         torch.cuda.synchronize()
         all_times.append(time.perf_counter() - s)
+        peaks.append([round(torch.cuda.max_memory_allocated() / 2**20, 1), round(torch.cuda.max_memory_reserved() / 2**20, 1)])
         if gpumem_torch:
             after = gpumem_torch.allocator().memory_stats()
             copies.append(after["device_calls.copy"] - before["device_calls.copy"])
@@ -202,6 +203,7 @@ def main():
            "total_s": time.perf_counter() - t0, "torch": torch.__version__,
            "losses": [loss.item() for loss in LOSSES], "step_ms": [round(1e3 * t, 2) for t in all_times],
            "copies_per_step": copies, "device_calls_per_step": device_calls,
+           "peaks_so_far_MiB": peaks,  # after each step: [peak allocated, peak reserved] since the start
            "device": torch.cuda.get_device_name()}
     if a.workload == "unet":
         res["unet_from"] = "diffusers" if importlib.util.find_spec("diffusers") else "bench/diffusion_unet.py"
