@@ -1,12 +1,14 @@
 """bench/more_models_gpu.py on a machine with no GPU and no PyTorch, over the stand-in stack in
 fake_gpu_stack/ (its losses are all 0.0, its ratios those of its fake caching allocator): one row per
 run with the ratio of peak reserved to peak allocated, an allocator named twice run twice and labelled
-"(again)", every loss compared with the first torch-native run, and a crashed run reported as failed
-with a non-zero exit status.
+"(again)", every loss compared with the first torch-native run, the peaks after every step in the
+--out lines, and a crashed run reported as failed with a non-zero exit status.
 """
+import json
 import os
 import subprocess
 import sys
+import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -41,6 +43,23 @@ class MoreModelsTest(unittest.TestCase):
             self.assertGreater(allocated, 0)
             self.assertAlmostEqual(ratio, reserved / allocated, places=3)
             self.assertEqual(row[7], "identical")
+
+    def test_peaks_after_every_step_are_recorded(self):
+        with tempfile.TemporaryDirectory() as folder:
+            out = os.path.join(folder, "runs.jsonl")
+            run = run_driver("--runs", "vit:0", "--allocators", "torch-native", "--steps", "3", "--warmup", "1",
+                             "--out", out)
+            self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+            with open(out) as lines:
+                result = json.loads(lines.readline())
+        peaks = result["peaks_so_far_MiB"]
+        self.assertEqual(len(peaks), 4)  # warm-up and measured steps
+        for earlier, later in zip(peaks, peaks[1:]):
+            self.assertLessEqual(earlier[0], later[0])
+            self.assertLessEqual(earlier[1], later[1])
+        self.assertGreater(peaks[-1][0], 0)
+        self.assertAlmostEqual(peaks[-1][0], result["peak_alloc_MiB"], places=1)
+        self.assertAlmostEqual(peaks[-1][1], result["peak_reserved_MiB"], places=1)
 
     def test_a_crash_is_a_failed_row_and_a_failure(self):
         run = run_driver("--runs", "vit:0", "--allocators", "torch-native,torch-expandable", "--steps", "1",

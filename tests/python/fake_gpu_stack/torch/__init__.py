@@ -176,6 +176,14 @@ def memory_stats():
             "num_alloc_retries": 0}
 
 
+def max_memory_allocated():
+    return state["allocated_peak"]
+
+
+def max_memory_reserved():
+    return state["reserved_peak"]
+
+
 def empty_cache():
     log("empty_cache")
     state["reserved"] = state["allocated"]
@@ -189,5 +197,6 @@ def reset_peak_memory_stats():
 cuda = types.SimpleNamespace(
     init=lambda: log("cuda_init"), synchronize=lambda: None, get_device_name=lambda: "Fake GPU",
     mem_get_info=lambda: (100 << 30, 141 << 30), memory_stats=memory_stats, empty_cache=empty_cache,
-    reset_peak_memory_stats=reset_peak_memory_stats,
+    reset_peak_memory_stats=reset_peak_memory_stats, max_memory_allocated=max_memory_allocated,
+    max_memory_reserved=max_memory_reserved,
     memory=types.SimpleNamespace(_record_memory_history=_record_memory_history, _snapshot=_snapshot))
