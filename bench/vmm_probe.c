@@ -7,29 +7,13 @@
  *
  * Build (GPU machine): gcc -O2 -I/usr/local/cuda/include bench/vmm_probe.c -o vmm_probe -lcuda
  */
+#include "driver_probe.h"
+
 #include <cuda.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-#define CHECK(call)                                                                       \
-    do {                                                                                  \
-        CUresult result_ = (call);                                                        \
-        if (result_ != CUDA_SUCCESS) {                                                    \
-            const char *name_ = NULL;                                                     \
-            cuGetErrorName(result_, &name_);                                              \
-            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, name_);  \
-            exit(1);                                                                      \
-        }                                                                                 \
-    } while (0)
-
-static double now_us(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
 
 static int compare(const void *a, const void *b)
 {
@@ -90,17 +74,7 @@ static void copy_timings(size_t page)
 
 int main(void)
 {
-    CUdevice device;
-    CUcontext context;
-    CHECK(cuInit(0));
-    CHECK(cuDeviceGet(&device, 0));
-    CHECK(cuDevicePrimaryCtxRetain(&context, device));
-    CHECK(cuCtxSetCurrent(context));
-    properties.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    properties.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    properties.location.id = device;
-    access_descriptor.location = properties.location;
-    access_descriptor.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    open_device(&properties, &access_descriptor);
     size_t page = 0;
     CHECK(cuMemGetAllocationGranularity(&page, &properties, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
     printf("granularity %zu bytes\n", page);

@@ -9,22 +9,13 @@
  *
  * Build (GPU machine): gcc -O2 -I/usr/local/cuda/include bench/vmm_threads.c -o vmm_threads -lcuda -lpthread
  */
+#include "driver_probe.h"
+
 #include <cuda.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-
-#define CHECK(call)                                                                       \
-    do {                                                                                  \
-        CUresult result_ = (call);                                                        \
-        if (result_ != CUDA_SUCCESS) {                                                    \
-            const char *name_ = NULL;                                                     \
-            cuGetErrorName(result_, &name_);                                              \
-            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, name_);  \
-            exit(1);                                                                      \
-        }                                                                                 \
-    } while (0)
 
 enum { CHUNKS = 512, MAX_THREADS = 8 };
 
@@ -39,13 +30,6 @@ typedef struct {
     int first, count;
     int make; /* 1: create, map, set access; 0: unmap, release */
 } work;
-
-static double now_us(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
 
 static void *run(void *argument)
 {
@@ -101,16 +85,7 @@ static double one_access_for(int count)
 
 int main(void)
 {
-    CUdevice device;
-    CHECK(cuInit(0));
-    CHECK(cuDeviceGet(&device, 0));
-    CHECK(cuDevicePrimaryCtxRetain(&context, device));
-    CHECK(cuCtxSetCurrent(context));
-    properties.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    properties.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    properties.location.id = device;
-    access_descriptor.location = properties.location;
-    access_descriptor.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    context = open_device(&properties, &access_descriptor);
     size_t sizes[] = {2u << 20, 8u << 20};
     CHECK(cuMemAddressReserve(&base, (size_t)CHUNKS * (8u << 20), 0, 0, 0));
     printf("| chunk MiB | threads | make: us per chunk (wall) | unmake: us per chunk (wall) |\n|---|---|---|---|\n");
