@@ -24,9 +24,10 @@ Nothing is ever unmapped (no empty_cache, no out-of-memory retry). The anchors m
 """
 import argparse
 import bisect
-import gzip
 import json
 import sys
+
+from trace_file import read_events
 
 SMALL_SIZE = 1 << 20
 MIN_BLOCK = 512
@@ -119,26 +120,12 @@ class Segment:
         self._index(block)
 
 
-def read_trace(path):
-    opener = gzip.open if path.endswith(".gz") else open
-    events = []
-    with opener(path, "rt") as lines:
-        for line in lines:
-            if line.startswith("#") or not line.strip():
-                continue
-            fields = line.split(",")
-            if fields[0] not in ("a", "f") or len(fields) < 3:
-                raise ValueError(f"{path}: not a trace line: {line.strip()!r}")
-            events.append((fields[0], int(fields[1]), int(fields[2])))
-    return events
-
-
 def replay(events, passes):
     pools = {"small": Segment("small"), "large": Segment("large")}
     results = []
     for _ in range(passes):
         live, live_peak, blocks = 0, 0, {}
-        for kind, ident, size in events:
+        for kind, ident, size, _ in events:
             if kind == "a":
                 rounded = max(MIN_BLOCK, -(-size // MIN_BLOCK) * MIN_BLOCK)
                 pool = pools["small" if rounded <= SMALL_SIZE else "large"]
@@ -165,7 +152,7 @@ def main():
     if a.passes < 1:
         parser.error("--passes wants 1 or more")
     try:
-        events = read_trace(a.trace)
+        events = read_events(a.trace)
     except (OSError, ValueError, EOFError) as error:
         print(f"expandable_model: {error}", file=sys.stderr)
         return 1

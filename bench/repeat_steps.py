@@ -14,19 +14,7 @@ import argparse
 import gzip
 import sys
 
-
-def read_lines(path):
-    opener = gzip.open if path.endswith(".gz") else open
-    events = []
-    with opener(path, "rt") as lines:
-        for line in lines:
-            if line.startswith("#") or not line.strip():
-                continue
-            fields = line.strip().split(",")
-            if fields[0] not in ("a", "f") or len(fields) != 4:
-                raise ValueError(f"{path}: not a trace line: {line.strip()!r}")
-            events.append((fields[0], int(fields[1]), fields[2], fields[3]))
-    return events
+from trace_file import read_events
 
 
 def repeat(events, repeats):
@@ -50,7 +38,7 @@ def main():
     if a.repeats < 1:
         parser.error("REPEATS wants 1 or more")
     try:
-        events = read_lines(a.trace)
+        events = read_events(a.trace)
         with gzip.open(a.out, "wt") as out:
             out.write("# op,id,size,stream\n")
             for kind, ident, size, stream in repeat(events, a.repeats):

@@ -17,6 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import expandable_model as model  # noqa: E402
+from trace_file import read_events  # noqa: E402
 
 MIB = 1 << 20
 
@@ -78,7 +79,7 @@ class AnchorsTest(unittest.TestCase):
             anchors = json.load(file)["traces"]
         self.assertEqual(len(anchors), 8)
         for name, anchor in sorted(anchors.items()):
-            events = model.read_trace(os.path.join(folder, name + ".csv.gz"))
+            events = read_events(os.path.join(folder, name + ".csv.gz"))
             first, second = model.replay(events, 2)
             measured = anchor["replay"]["torch-expandable"]["ratio"]
             self.assertAlmostEqual(first["ratio"], measured, delta=0.0025, msg=name)
