@@ -1,6 +1,7 @@
 """Programs that nearly fill the device: each trace replayed on a simulated device whose capacity is a
 little above the trace's peak of live bytes, under gpumem's defaults and under the remedies its
-out-of-memory report offers for fragmentation. A cell is "failed allocations / modelled device ms"
+out-of-memory report offers for fragmentation, and without the room share (chunk_room_share:0: chunks
+of up to max_chunk_size however full the device). A cell is "failed allocations / modelled device ms"
 (the H200's cost model); 0 failed means the trace fits on that device. No GPU needed.
 
     python3 bench/near_capacity.py [--gpumem build/gpumem] [--factors 1.005,1.01,1.02] [TRACE ...]
@@ -24,6 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def configurations(capacity):
     limit_mib = (capacity - MiB) // MiB
     return [("defaults", "engine:pages"),
+            ("chunk_room_share:0 (one chunk per growth up to max_chunk_size)", "chunk_room_share:0"),
             ("memory_limit (capacity less 1 MiB)", f"memory_limit:{limit_mib}MiB"),
             ("compact_min:2MiB", "compact_min:2MiB"),
             ("max_chunk_size:8MiB,move_slack:0.01", "max_chunk_size:8MiB,move_slack:0.01")]

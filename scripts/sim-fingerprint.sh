@@ -8,8 +8,8 @@
 set -euo pipefail
 gpumem=${1:-build/gpumem}
 cd "$(dirname "$0")/.."
-configurations=("engine:pages" "engine:segments" "growth_lane:false" "tail_chunk:true" "max_chunk_size:0"
-                "device_credit_ns:0" "memory_limit:30GiB" "engine:segments,release_before_growth:false" "compact_min:2MiB")
+configurations=("engine:pages" "engine:segments" "growth_lane:false" "tail_chunk:true" "max_chunk_size:0,chunk_room_share:0"
+                "device_credit_ns:0" "memory_limit:30GiB" "capacity:32GiB" "engine:segments,release_before_growth:false" "compact_min:2MiB")
 for trace in data/traces/*.csv.gz data/traces-extra/*.csv.gz data/traces-more/*.csv.gz; do
     for configuration in "${configurations[@]}"; do
         for passes in 1 2; do

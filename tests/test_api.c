@@ -178,8 +178,10 @@ static void fragmentation_is_diagnosed(void)
     CHECK_OK(gm_validate(allocator));
     gm_destroy(allocator, NULL);
     /* With one chunk per growth, a small block left where a big one was pins the big chunk: the pages
-     * engine says so and names the option that helps; with 128 MiB chunks the same requests succeed. */
-    static const char *const pinned[] = {"engine:pages,capacity:1GiB,max_chunk_size:0", "engine:pages,capacity:1GiB"};
+     * engine says so and names the option that helps; with 128 MiB chunks the same requests succeed.
+     * (chunk_room_share:0: on a device this small the room share alone makes every chunk a page.) */
+    static const char *const pinned[] = {"engine:pages,capacity:1GiB,max_chunk_size:0,chunk_room_share:0",
+                                         "engine:pages,capacity:1GiB,chunk_room_share:0"};
     for (size_t c = 0; c < 2; c++) {
         allocator = make_allocator(pinned[c]);
         void *first = NULL, *second = NULL, *head = NULL, *middle = NULL, *tail = NULL;
@@ -315,7 +317,8 @@ static void accumulated_readings_after_a_reset_with_live_blocks(void)
 
 static void device_calls_are_counted_and_priced(void)
 {
-    gm_allocator *allocator = make_allocator("engine:pages,capacity:1GiB");
+    /* 64 GiB: room for 20 MiB in one chunk (a thousandth of a smaller device's room would be less) */
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:64GiB");
     void *a = NULL;
     CHECK_OK(gm_malloc(allocator, 20u << 20, 0, &a));
     gm_stats stats;
@@ -577,10 +580,12 @@ static void largest_allocation_counts_what_can_still_be_reserved(void)
 
 /* A big tensor's memory comes in chunks of at most max_chunk_size (128 MiB): when small tensors take
  * the start of a freed big block, only the chunk under them stays pinned and the rest moves to where
- * the next big request goes. With one chunk per growth (max_chunk_size:0) the whole block stays. */
+ * the next big request goes. With one chunk per growth (max_chunk_size:0) the whole block stays.
+ * (chunk_room_share:0: on an 8 GiB device the room share would make the chunks smaller still.) */
 static void small_tensors_pin_one_chunk_not_a_whole_block(void)
 {
-    static const char *const configs[] = {"engine:pages,capacity:8GiB", "engine:pages,capacity:8GiB,max_chunk_size:0"};
+    static const char *const configs[] = {"engine:pages,capacity:8GiB,chunk_room_share:0",
+                                          "engine:pages,capacity:8GiB,max_chunk_size:0,chunk_room_share:0"};
     for (size_t c = 0; c < 2; c++) {
         gm_allocator *allocator = make_allocator(configs[c]);
         void *big = NULL, *neighbour = NULL, *small = NULL, *next = NULL;

@@ -4,12 +4,14 @@
  * gives their whole free pages back; the live blocks stay where they are, with their data (the host
  * backend holds real bytes), and a failure at any step of a compaction loses nothing. No compaction
  * while a stream is being captured; engine:segments refuses the key. gm_defragment does the same split
- * on demand, for every pinned chunk at once.
+ * on demand, for every pinned chunk at once. Every allocator here sets chunk_room_share:0: on devices
+ * this small the room share would make every chunk a page, and there would be nothing to split.
  */
 #include "pattern.h"
 #include "test.h"
 
 #define MIB (1ull << 20)
+#define ONE_CHUNK_PER_GROWTH ",chunk_room_share:0"
 
 static int64_t reserved_peak(gm_allocator *allocator)
 {
@@ -56,22 +58,24 @@ static void a_growth_gives_back_the_free_pages_of_a_pinned_chunk(void)
 {
     /* Without: the chunk (64), the fence (2) and the request (100). With: the pinning block's page, the
      * fence and the request. */
-    CHECK_EQ_INT(peak_after_a_pinned_chunk("capacity:4GiB,page_size:2MiB", 0), 166 * MIB);
-    CHECK_EQ_INT(peak_after_a_pinned_chunk("capacity:4GiB,page_size:2MiB,compact_min:2MiB", 0), 104 * MIB);
+    CHECK_EQ_INT(peak_after_a_pinned_chunk("capacity:4GiB,page_size:2MiB" ONE_CHUNK_PER_GROWTH, 0), 166 * MIB);
+    CHECK_EQ_INT(peak_after_a_pinned_chunk("capacity:4GiB,page_size:2MiB,compact_min:2MiB" ONE_CHUNK_PER_GROWTH, 0),
+                 104 * MIB);
     /* A chunk with fewer free bytes than compact_min stays whole. */
-    CHECK_EQ_INT(peak_after_a_pinned_chunk("capacity:4GiB,page_size:2MiB,compact_min:64MiB", 0), 166 * MIB);
+    CHECK_EQ_INT(peak_after_a_pinned_chunk("capacity:4GiB,page_size:2MiB,compact_min:64MiB" ONE_CHUNK_PER_GROWTH, 0),
+                 166 * MIB);
 }
 
 static void a_rise_of_the_peak_within_its_two_hundredth_is_let_through(void)
 {
     /* 100 MiB above a peak of 24 GiB: within a two-hundredth, the peak rises. Above 16 GiB it is more
      * than a two-hundredth: compacted. */
-    const char *config = "capacity:64GiB,page_size:2MiB,compact_min:2MiB";
+    const char *config = "capacity:64GiB,page_size:2MiB,compact_min:2MiB" ONE_CHUNK_PER_GROWTH;
     CHECK_EQ_INT(peak_after_a_pinned_chunk(config, 24ull << 30), 166 * MIB);
     CHECK_EQ_INT(peak_after_a_pinned_chunk(config, 16ull << 30), 104 * MIB);
 }
 
-#define HOST_COMPACTING "backend:host,capacity:1GiB,page_size:2MiB,compact_min:2MiB"
+#define HOST_COMPACTING "backend:host,capacity:1GiB,page_size:2MiB,compact_min:2MiB" ONE_CHUNK_PER_GROWTH
 
 /* Live blocks with free gaps between them in one 64 MiB chunk (fenced), each stamped, then a request
  * of 100 MiB, with one failure of `failing` (GM_CALL_KIND_COUNT: none) after `after` calls. Checks
@@ -134,7 +138,8 @@ static int64_t host_compaction_peak(const char *config, gm_device_call failing, 
 static void a_compaction_on_real_memory_keeps_every_byte(void)
 {
     int64_t copies = -1;
-    CHECK_EQ_INT(host_compaction_peak("backend:host,capacity:1GiB,page_size:2MiB", GM_CALL_KIND_COUNT, 0, 0, &copies),
+    CHECK_EQ_INT(host_compaction_peak("backend:host,capacity:1GiB,page_size:2MiB" ONE_CHUNK_PER_GROWTH, GM_CALL_KIND_COUNT,
+                                      0, 0, &copies),
                  166 * MIB);
     CHECK_EQ_INT(copies, 0);
     /* The live blocks' pages (3 + 6 + 8 MiB, rounded to pages: three runs, three copies), the fence and
@@ -167,7 +172,8 @@ static void a_failed_compaction_puts_the_chunk_back(void)
  * nothing crashes. The live blocks' bytes are not read: nothing is mapped there. */
 static void a_chunk_that_cannot_be_mapped_again_stays_in_the_books(void)
 {
-    static const char *const configs[] = {"backend:sim,capacity:1GiB,compact_min:2MiB", HOST_COMPACTING};
+    static const char *const configs[] = {"backend:sim,capacity:1GiB,compact_min:2MiB" ONE_CHUNK_PER_GROWTH,
+                                          HOST_COMPACTING};
     for (size_t c = 0; c < 2; c++) {
         gm_allocator *allocator = NULL;
         REQUIRE(gm_create(configs[c], &allocator) == GM_OK);
@@ -205,7 +211,7 @@ static void a_chunk_that_cannot_be_mapped_again_stays_in_the_books(void)
 static void no_compaction_while_a_stream_is_captured(void)
 {
     gm_allocator *allocator = NULL;
-    REQUIRE(gm_create("capacity:4GiB,page_size:2MiB,compact_min:2MiB", &allocator) == GM_OK);
+    REQUIRE(gm_create("capacity:4GiB,page_size:2MiB,compact_min:2MiB" ONE_CHUNK_PER_GROWTH, &allocator) == GM_OK);
     void *other = NULL, *big = NULL, *fence = NULL, *pin = NULL, *large = NULL;
     CHECK_OK(gm_malloc(allocator, 512, 7, &other)); /* stream 7 has a heap */
     CHECK_OK(gm_malloc(allocator, 64 * MIB, 0, &big));
@@ -242,7 +248,7 @@ static void the_segments_engine_refuses_compaction(void)
 static void defragment_gives_back_pinned_free_pages_on_demand(void)
 {
     gm_allocator *allocator = NULL;
-    REQUIRE(gm_create("backend:host,capacity:1GiB,page_size:2MiB", &allocator) == GM_OK);
+    REQUIRE(gm_create("backend:host,capacity:1GiB,page_size:2MiB" ONE_CHUNK_PER_GROWTH, &allocator) == GM_OK);
     void *fence = NULL, *live[3] = {0};
     pin_a_chunk(allocator, 300, &fence, live);
     CHECK_OK(gm_empty_cache(allocator)); /* gives back nothing: every chunk is pinned */
@@ -290,7 +296,7 @@ static void defragment_refuses_what_it_cannot_do(void)
     CHECK_MESSAGE("segments engine cannot split");
     gm_destroy(allocator, NULL);
     /* While a stream is captured: refused, the pinned chunk whole. */
-    REQUIRE(gm_create("capacity:4GiB,page_size:2MiB", &allocator) == GM_OK);
+    REQUIRE(gm_create("capacity:4GiB,page_size:2MiB" ONE_CHUNK_PER_GROWTH, &allocator) == GM_OK);
     void *big = NULL, *fence = NULL, *pin = NULL;
     CHECK_OK(gm_malloc(allocator, 64 * MIB, 0, &big));
     CHECK_OK(gm_malloc(allocator, 2 * MIB, 0, &fence));

@@ -160,7 +160,8 @@ static void an_old_mapping_in_the_way_during_a_capture(void)
  * ahead.) */
 static void both_mappings_show_the_same_bytes(void)
 {
-    gm_allocator *allocator = make_allocator("backend:host,engine:pages,capacity:256MiB");
+    /* chunk_room_share:0: the idle chunk as move_idle_chunk makes it, not pages (a 256 MiB device) */
+    gm_allocator *allocator = make_allocator("backend:host,engine:pages,capacity:256MiB,chunk_room_share:0");
     layout made = move_idle_chunk(allocator, 0, 0, false);
     CHECK_EQ_INT(calls_of(allocator, GM_CALL_UNMAP), 0); /* the old place is still mapped */
     unsigned char *old_place = (unsigned char *)made.idle_address, *new_place = NULL;

@@ -144,7 +144,7 @@ static void fragmentation(void)
     CHECK_MESSAGE("  3. Allocate long-lived tensors");
     gm_destroy(allocator, NULL);
     /* Pages, one chunk per growth: small blocks left inside a big chunk pin it. */
-    allocator = make_allocator("engine:pages,capacity:1GiB,max_chunk_size:0");
+    allocator = make_allocator("engine:pages,capacity:1GiB,max_chunk_size:0,chunk_room_share:0");
     void *first = take(allocator, 800 * MiB), *second = take(allocator, 100 * MiB);
     CHECK_OK(gm_free(allocator, first));
     void *head = take(allocator, 4 * MiB), *middle = take(allocator, 396 * MiB), *tail = take(allocator, 4 * MiB);
@@ -159,7 +159,8 @@ static void fragmentation(void)
     CHECK_MESSAGE("  1. memory_limit:1023MiB in GPUMEM_CONF (what this device leaves the process), or "
                   "torch.cuda.set_per_process_memory_fraction(0.999), set before the first allocation");
     CHECK_MESSAGE("  2. compact_min:2MiB in GPUMEM_CONF: a chunk that a few live blocks pin is split");
-    CHECK_MESSAGE("  3. A smaller max_chunk_size in GPUMEM_CONF (now no limit)");
+    CHECK_MESSAGE("  3. chunk_room_share:1000 in GPUMEM_CONF (the default; now 0)");
+    CHECK_MESSAGE("  4. A smaller max_chunk_size in GPUMEM_CONF (now no limit)");
     CHECK_MESSAGE("\nWhich setting lets this program fit: gpumem run --tune -- python train.py replays its allocations "
                   "under each (gpumem tune) on what its GPU leaves it.\n");
     (void)head, (void)second, (void)tail;
@@ -167,11 +168,15 @@ static void fragmentation(void)
     /* The first two remedies work: three 300 MiB chunks, each pinned by a 4 MiB block at its start, 888 MiB
      * free but in pieces of 296 MiB and only 124 MiB more on the device. A 500 MiB request fails; under the
      * memory limit the report offers it fits (every chunk page-sized, the free pages move), and with
-     * compaction it fits (two chunks are split around their pinned pages). */
-    static const char *const configs[] = {"engine:pages,capacity:1GiB,max_chunk_size:0",
-                                           "engine:pages,capacity:1GiB,max_chunk_size:0,compact_min:2MiB",
-                                           "engine:pages,capacity:1GiB,max_chunk_size:0,memory_limit:1023MiB"};
-    for (int remedy = 0; remedy <= 2; remedy++) {
+     * compaction it fits (two chunks are split around their pinned pages). chunk_room_share:0 keeps each
+     * growth one chunk; with the default share (the fourth) no chunk exceeds a thousandth of the room left,
+     * a page on this device, and the same program fits with no remedy at all. */
+    static const char *const configs[] = {
+        "engine:pages,capacity:1GiB,max_chunk_size:0,chunk_room_share:0",
+        "engine:pages,capacity:1GiB,max_chunk_size:0,chunk_room_share:0,compact_min:2MiB",
+        "engine:pages,capacity:1GiB,max_chunk_size:0,chunk_room_share:0,memory_limit:1023MiB",
+        "engine:pages,capacity:1GiB,max_chunk_size:0"};
+    for (int remedy = 0; remedy <= 3; remedy++) {
         allocator = make_allocator(configs[remedy]);
         void *chunks[3], *pins[3], *rests[3];
         for (int i = 0; i < 3; i++)
@@ -187,7 +192,7 @@ static void fragmentation(void)
             fail(allocator, 500 * MiB, GM_OOM_CAUSE_FRAGMENTATION);
             CHECK_MESSAGE("  1. memory_limit:1023MiB in GPUMEM_CONF");
             CHECK_MESSAGE("  2. compact_min:2MiB in GPUMEM_CONF: a chunk that a few live blocks pin is split");
-        } else if (remedy == 2) {
+        } else if (remedy >= 2) {
             CHECK_OK(gm_malloc(allocator, 500 * MiB, 0, &request));
             CHECK_OK(gm_free(allocator, request));
         } else {

@@ -19,6 +19,7 @@ static void defaults_are_documented_values(void)
     CHECK(options.cost_model);
     CHECK_EQ_INT(options.device_credit_ns, 250);
     CHECK_EQ_INT(options.max_chunk_size, 128 << 20);
+    CHECK_EQ_INT(options.chunk_room_share, 1000);
     CHECK(options.growth_lane);
     CHECK(!options.tail_chunk);
     CHECK(options.refill_groups);
@@ -35,7 +36,7 @@ static void every_key_is_parsed(void)
                                         "large_segment_size:32MiB,min_large_alloc:16MiB,"
                                         "release_before_growth:false,cost_model:False,device_credit_ns:900,"
                                         "max_chunk_size:64MiB,growth_lane:false,tail_chunk:0,refill_groups:false,"
-                                        "rechunk_min:8MiB"));
+                                        "rechunk_min:8MiB,chunk_room_share:0"));
     CHECK(!strcmp(options.backend, "host"));
     CHECK_EQ_INT(options.device, 3);
     CHECK_EQ_INT(options.engine, GM_ENGINE_SEGMENTS);
@@ -54,6 +55,7 @@ static void every_key_is_parsed(void)
     CHECK(!options.tail_chunk);
     CHECK(!options.refill_groups);
     CHECK_EQ_INT(options.rechunk_min, 8 << 20);
+    CHECK_EQ_INT(options.chunk_room_share, 0);
     gm_options_default(&options); /* move_slack is the pages engine's */
     CHECK_OK(gm_options_parse(&options, "move_slack:0.01"));
     CHECK(options.move_slack == 0.01);
@@ -91,9 +93,10 @@ static void bad_strings_are_refused_with_clear_errors(void)
         const char *message;
     } cases[] = {
         {"colour:blue", "unknown key 'colour'"},
-        {"colour:blue", "max_chunk_size, growth_lane, tail_chunk, refill_groups, rechunk_min, compact_min, move_slack, history, publish"}, /* the known keys */
+        {"colour:blue", "max_chunk_size, chunk_room_share, growth_lane, tail_chunk, refill_groups, rechunk_min, compact_min, move_slack, history, publish"}, /* the known keys */
         {"colour:blue", "pressure_psi_high, pressure_psi_low, fault_rate, fault_seed)"},                                  /* from the table */
         {"max_chunk_size:big", "bad value for key 'max_chunk_size'"},
+        {"chunk_room_share:-5", "bad value for key 'chunk_room_share': '-5' is not a non-negative integer"},
         {"engine:fast", "bad value 'fast' for key 'engine'"},
         {"backend:opencl", "bad value 'opencl' for key 'backend'"},
         {"capacity:lots", "bad value for key 'capacity'"},
@@ -268,7 +271,7 @@ static void help_lists_every_key(void)
     static const char *const keys[] = {"backend", "device", "engine", "capacity", "page_size", "memory_limit",
                                        "small_size", "small_segment_size", "large_segment_size",
                                        "min_large_alloc", "release_before_growth", "cost_model",
-                                       "device_credit_ns", "max_chunk_size", "pressure_high", "pressure_low",
+                                       "device_credit_ns", "max_chunk_size", "chunk_room_share", "pressure_high", "pressure_low",
                                        "pressure_signals", "pressure_interval_ms", "pressure_psi_high",
                                        "pressure_psi_low"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)

@@ -7,7 +7,8 @@
  * against the same workload with the rule switched off in GPUMEM_CONF. Also the waits for a stream
  * before its idle chunks are unmapped: one per growth however many of its heaps (its own, its lane)
  * give chunks, none for chunks freed before its last wait; and small requests borrowing the stream's
- * large-pool memory while its lane is empty.
+ * large-pool memory while its lane is empty. And the room share: chunks no larger than a thousandth of
+ * the room for new memory, so that they shrink as the device fills.
  */
 #include "test.h"
 
@@ -108,12 +109,12 @@ static double tensor_gaps(const generation *run, int *runs_out)
 static void regrowing_tensors_stay_in_few_runs(void)
 {
     generation with_lane, without_lane;
-    gm_allocator *allocator = make_allocator("engine:pages,capacity:16GiB");
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:140GiB");
     double ratio = run_generation(allocator, 200, &with_lane);
     int runs = 0, runs_without = 0;
     double gaps = tensor_gaps(&with_lane, &runs);
     gm_destroy(allocator, NULL);
-    allocator = make_allocator("engine:pages,capacity:16GiB,growth_lane:false");
+    allocator = make_allocator("engine:pages,capacity:140GiB,growth_lane:false");
     double ratio_without = run_generation(allocator, 200, &without_lane);
     double gaps_without = tensor_gaps(&without_lane, &runs_without);
     gm_destroy(allocator, NULL);
@@ -127,7 +128,7 @@ static void regrowing_tensors_stay_in_few_runs(void)
 
 static void lane_opens_after_enough_regrowths(void)
 {
-    gm_allocator *allocator = make_allocator("engine:pages,capacity:16GiB");
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:140GiB");
     void *anchor = NULL, *tensor = NULL;
     CHECK_OK(gm_malloc(allocator, 4 * MIB, 0, &anchor));
     uint64_t size = 8 * MIB;
@@ -168,7 +169,7 @@ static void lane_opens_after_enough_regrowths(void)
  * its pages moved, until that stream's work has finished. */
 static void lane_blocks_wait_for_recorded_streams(void)
 {
-    gm_allocator *allocator = make_allocator("engine:pages,capacity:16GiB");
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:140GiB");
     void *tensor = NULL;
     uint64_t size = 8 * MIB;
     CHECK_OK(gm_malloc(allocator, size, 1, &tensor));
@@ -245,7 +246,7 @@ static void *malloc_without_device_call(gm_allocator *allocator, uint64_t size)
  * free memory, with no device call: neither end of the conveyor exists then. */
 static void empty_lane_reuses_its_free_memory(void)
 {
-    gm_allocator *allocator = make_allocator("engine:pages,capacity:16GiB");
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:140GiB");
     void *anchor = NULL;
     CHECK_OK(gm_malloc(allocator, 4 * MIB, 0, &anchor));
     uint64_t size = 0;
@@ -287,7 +288,7 @@ static void stream_reuses_the_rings_memory(void)
  * heap that fits it: here 36.5 MiB freed inside a chunk that a small block still pins. */
 static void lane_request_fits_elsewhere_before_new_memory(void)
 {
-    gm_allocator *allocator = make_allocator("engine:pages,capacity:16GiB");
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:140GiB");
     uint64_t size = 0;
     void *tensor = open_lane(allocator, &size), *prefill = NULL, *pin = NULL;
     CHECK_OK(gm_empty_cache(allocator));
@@ -321,7 +322,7 @@ static void lane_request_fits_elsewhere_before_new_memory(void)
  * (under a 32nd of a page) still grows the small pool. */
 static void small_request_borrows_while_lane_is_empty(void)
 {
-    gm_allocator *allocator = make_allocator("engine:pages,capacity:16GiB");
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:140GiB");
     void *anchor = NULL, *scratch = NULL;
     CHECK_OK(gm_malloc(allocator, 4 * MIB, 0, &anchor));
     CHECK_OK(gm_malloc(allocator, 6 * MIB, 0, &scratch)); /* a prefill's temporary: the stream's own part */
@@ -355,8 +356,8 @@ static void small_request_borrows_while_lane_is_empty(void)
 static void growth_tail_page_is_its_own_chunk(void)
 {
     for (int tail_chunk = 0; tail_chunk <= 1; tail_chunk++) {
-        gm_allocator *allocator = make_allocator(tail_chunk ? "engine:pages,capacity:8GiB,tail_chunk:true"
-                                                  : "engine:pages,capacity:8GiB");
+        gm_allocator *allocator = make_allocator(tail_chunk ? "engine:pages,capacity:140GiB,tail_chunk:true"
+                                                  : "engine:pages,capacity:140GiB");
         void *big = NULL, *neighbour = NULL;
         CHECK_OK(gm_malloc(allocator, 9 * MIB, 0, &big)); /* 4.5 pages: 5 new pages */
         gm_stats stats;
@@ -381,8 +382,8 @@ static void growth_tail_page_is_its_own_chunk(void)
 static void fit_in_part_of_idle_chunk_remakes_it(void)
 {
     for (int rechunk = 0; rechunk <= 1; rechunk++) {
-        gm_allocator *allocator = make_allocator(rechunk ? "engine:pages,capacity:8GiB,rechunk_min:8MiB"
-                                               : "engine:pages,capacity:8GiB");
+        gm_allocator *allocator = make_allocator(rechunk ? "engine:pages,capacity:140GiB,rechunk_min:8MiB"
+                                               : "engine:pages,capacity:140GiB");
         void *tensor = NULL, *small = NULL, *other = NULL;
         CHECK_OK(gm_malloc(allocator, 64 * MIB, 1, &tensor)); /* one chunk */
         uintptr_t start = address_of(tensor);
@@ -409,7 +410,7 @@ static void fit_in_part_of_idle_chunk_remakes_it(void)
  * stream once: a wait covers all work queued on the stream, whichever heap's memory it used. */
 static void one_wait_per_stream_and_growth(void)
 {
-    gm_allocator *allocator = make_allocator("engine:pages,capacity:16GiB");
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:140GiB");
     uint64_t size = 0;
     void *tensor = open_lane(allocator, &size), *other = NULL;
     CHECK_OK(gm_free(allocator, tensor)); /* idle: the lane's memory and the stream's own, where it grew first */
@@ -437,7 +438,7 @@ static int64_t waits(gm_allocator *allocator)
  * their memory in two growths and waits once; a block freed after that wait costs a wait again. */
 static void a_wait_covers_chunks_freed_before_it(void)
 {
-    gm_allocator *allocator = make_allocator("engine:pages,capacity:16GiB");
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:140GiB");
     void *first = NULL, *second = NULL, *later = NULL, *taken[3] = {NULL, NULL, NULL};
     CHECK_OK(gm_malloc(allocator, 8 * MIB, 0, &first));
     CHECK_OK(gm_malloc(allocator, 8 * MIB, 0, &second));
@@ -487,7 +488,7 @@ static void free_small_blocks(gm_allocator *allocator, gm_stream stream, int cou
  * *records_out events recorded. */
 static void release_after_frees(int frees, bool finished, bool capturing, int64_t *waits_out, int64_t *records_out)
 {
-    gm_allocator *allocator = make_allocator("engine:pages,capacity:16GiB");
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:140GiB");
     void *idle = NULL, *kept = NULL, *pin = NULL;
     CHECK_OK(gm_malloc(allocator, 512, 0, &pin));
     CHECK_OK(gm_malloc(allocator, 8 * MIB, 0, &idle));
@@ -539,7 +540,7 @@ static void progress_marks_spare_waits(void)
  * not the older one, which its work may not have reached yet, nor a new event. */
 static void a_running_mark_after_the_free_is_waited_for(void)
 {
-    gm_allocator *allocator = make_allocator("engine:pages,capacity:16GiB");
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:140GiB");
     void *pin = NULL, *idle = NULL, *kept = NULL;
     CHECK_OK(gm_malloc(allocator, 512, 0, &pin));
     CHECK_OK(gm_malloc(allocator, 8 * MIB, 0, &idle));
@@ -563,10 +564,44 @@ static void a_running_mark_after_the_free_is_waited_for(void)
     gm_destroy(allocator, NULL);
 }
 
+static int64_t chunks_made(gm_allocator *allocator)
+{
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    return stats.device_calls[GM_CALL_PHYSICAL_CREATE];
+}
+
+/* chunk_room_share: on a 64 GiB device a 1 GiB growth is made of chunks of at most 64 MiB (a thousandth
+ * of 64 GiB, rounded down to pages); once 60 GiB are taken, of 4 MiB ones (a thousandth of the 4 GiB
+ * left). With chunk_room_share:0 both are 128 MiB chunks (max_chunk_size), and so are the first growth's
+ * with a share of 250 (256 MiB, above max_chunk_size). */
+static void chunks_shrink_with_the_room_left(void)
+{
+    static const struct {
+        const char *config;
+        int64_t first, later;
+    } cases[] = {{"engine:pages,capacity:64GiB", 16, 256},
+                 {"engine:pages,capacity:64GiB,chunk_room_share:0", 8, 8},
+                 {"engine:pages,capacity:64GiB,chunk_room_share:250", 8, 64}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        gm_allocator *allocator = make_allocator(cases[c].config);
+        void *first = NULL, *filler = NULL, *later = NULL;
+        CHECK_OK(gm_malloc(allocator, 1024 * MIB, 0, &first));
+        CHECK_EQ_INT(chunks_made(allocator), cases[c].first);
+        CHECK_OK(gm_malloc(allocator, 59 * 1024 * MIB, 0, &filler));
+        int64_t before = chunks_made(allocator);
+        CHECK_OK(gm_malloc(allocator, 1024 * MIB, 0, &later));
+        CHECK_EQ_INT(chunks_made(allocator) - before, cases[c].later);
+        CHECK_OK(gm_validate(allocator));
+        gm_destroy(allocator, NULL);
+    }
+}
+
 RUN_TESTS(TEST_CASE(regrowing_tensors_stay_in_few_runs), TEST_CASE(lane_opens_after_enough_regrowths),
           TEST_CASE(lane_blocks_wait_for_recorded_streams), TEST_CASE(empty_lane_reuses_its_free_memory),
           TEST_CASE(stream_reuses_the_rings_memory), TEST_CASE(lane_request_fits_elsewhere_before_new_memory),
           TEST_CASE(small_request_borrows_while_lane_is_empty), TEST_CASE(growth_tail_page_is_its_own_chunk),
           TEST_CASE(fit_in_part_of_idle_chunk_remakes_it), TEST_CASE(one_wait_per_stream_and_growth),
           TEST_CASE(a_wait_covers_chunks_freed_before_it),
-          TEST_CASE(progress_marks_spare_waits), TEST_CASE(a_running_mark_after_the_free_is_waited_for))
+          TEST_CASE(progress_marks_spare_waits), TEST_CASE(a_running_mark_after_the_free_is_waited_for),
+          TEST_CASE(chunks_shrink_with_the_room_left))

@@ -103,7 +103,7 @@ static void *run_step(gm_allocator *allocator, const uint64_t *sizes, int count,
 static step_cost repeating_steps(int refill, int64_t *peak_out)
 {
     static const uint64_t sizes[] = {24, 48, 96, 200, 300, 40, 160, 72}, later[] = {130, 20, 500};
-    gm_allocator *allocator = make("capacity:16GiB", refill);
+    gm_allocator *allocator = make("capacity:140GiB", refill);
     void *kept = take(allocator, 100, 0);
     step_cost cost = {0, 0};
     for (int step = 0; step < 8; step++) {
@@ -140,7 +140,7 @@ static void a_repeating_step_is_made_again_in_few_chunks(void)
 static void a_block_kept_past_a_step_pins_one_piece_of_its_group(void)
 {
     static const uint64_t sizes[] = {24, 48, 96, 200, 300, 40, 160, 72}, later[] = {130, 20, 500};
-    gm_allocator *allocator = make("capacity:16GiB", 1);
+    gm_allocator *allocator = make("capacity:140GiB", 1);
     void *kept = take(allocator, 100, 0), *saved = NULL;
     for (int step = 0; step < 9; step++) {
         saved = run_step(allocator, sizes, 8, (const int[2]){3, 1}, later, 3, step == 8 ? 0 : -1);
@@ -201,7 +201,7 @@ static void bytes_stay_intact_in_memory_made_ahead(void)
  * twice, once where the tensor is and once for the request. The peak after eight steps. */
 static int64_t moves_every_step(int refill, int64_t *last_chunks_out)
 {
-    gm_allocator *allocator = make("capacity:16GiB", refill);
+    gm_allocator *allocator = make("capacity:140GiB", refill);
     void *kept = take(allocator, 300, 0);
     give(allocator, take(allocator, 1200, 0)); /* the peak the steps work under */
     CHECK_OK(gm_empty_cache(allocator));
@@ -257,7 +257,7 @@ static void three_block_steps_between_kept_blocks(gm_allocator *allocator, void 
  * step's empty_cache. The peak. */
 static int64_t a_step_that_stops_repeating(int refill, uint64_t first, int keep_first, int64_t *current_out)
 {
-    gm_allocator *allocator = make("capacity:16GiB", refill);
+    gm_allocator *allocator = make("capacity:140GiB", refill);
     void *low, *high;
     three_block_steps_between_kept_blocks(allocator, &low, &high);
     void *changed = take(allocator, first, 0);
@@ -300,7 +300,7 @@ static void a_step_of_other_shapes_makes_no_group(void)
 
 static void an_empty_cache_releases_memory_made_ahead(void)
 {
-    gm_allocator *allocator = make("capacity:16GiB", 1);
+    gm_allocator *allocator = make("capacity:140GiB", 1);
     void *low, *high;
     three_block_steps_between_kept_blocks(allocator, &low, &high);
     void *first = take(allocator, 200, 0); /* the step ends after its first block */
@@ -323,7 +323,7 @@ static void a_step_is_followed_only_after_one_that_repeated_all_through(void)
      * and asks for 700 MiB: followed, it would have made the whole group for that block. */
     int64_t peak[2];
     for (int refill = 0; refill <= 1; refill++) {
-        gm_allocator *allocator = make("capacity:16GiB", refill);
+        gm_allocator *allocator = make("capacity:140GiB", refill);
         void *low = take(allocator, 100, 0), *between = take(allocator, 650, 0), *high = take(allocator, 100, 0);
         give(allocator, between);
         CHECK_OK(gm_empty_cache(allocator));
@@ -356,7 +356,7 @@ static void a_step_is_followed_only_after_one_that_repeated_all_through(void)
  * steps; the chunks made by each of the last two (*last_chunks_out) and the peak. */
 static int64_t alternating_steps(int refill, int alternate_fourth, int64_t last_chunks_out[2])
 {
-    gm_allocator *allocator = make("capacity:16GiB", refill);
+    gm_allocator *allocator = make("capacity:140GiB", refill);
     void *kept = take(allocator, 100, 0);
     for (int step = 0; step < 10; step++) {
         int odd = step % 2;
@@ -393,7 +393,7 @@ static void a_loop_of_two_layouts_repeats_the_step_before_last(void)
      * stream's own memory repeats. Its growths match those of the step before last. */
     int64_t peak[2], chunks[2][2];
     for (int refill = 0; refill <= 1; refill++) {
-        gm_allocator *allocator = make("capacity:16GiB", refill);
+        gm_allocator *allocator = make("capacity:140GiB", refill);
         void *kept = take(allocator, 100, 0);
         for (int step = 0; step < 10; step++) {
             int64_t before = chunks_made(allocator);
@@ -471,7 +471,7 @@ static int shows(const gm_snapshot *snapshot, const void *address, uint64_t size
 static void a_snapshot_mid_step_shows_waiting_pages_as_free_memory(void)
 {
     static const uint64_t sizes[] = {24, 48, 96, 200, 300, 40, 160, 72}, later[] = {130, 20, 500};
-    gm_allocator *allocator = make("capacity:16GiB", 1);
+    gm_allocator *allocator = make("capacity:140GiB", 1);
     char *kept = take(allocator, 100, 0), *group_end = kept + 1540 * MIB, *taken_end = kept + 100 * MIB;
     for (int step = 0; step < 8; step++) {
         run_step(allocator, sizes, 8, (const int[2]){3, 1}, later, 3, -1);

@@ -99,8 +99,9 @@ grep -q 'data-value="9437184"' "$work/run.html" || fail "the report's peak live 
 [ -n "$(cat "$work/report.out")" ] && [ ! -e "$(cat "$work/report.out")" ] || fail "gpumem run left its output folder '$(cat "$work/report.out")'"
 # --tune: the command's history (and its snapshot, for the memory its GPU left it) replayed under each
 # configuration of gpumem tune. This command does what gpumem.torch does at exit, for a sim allocator of
-# 2700 MiB, and runs out of memory: 1.5 MiB blocks pin the 62 MiB chunks of freed tensors. The defaults
-# fail the same request in the replay; small chunks fit it. The table goes to stderr, the command's own
+# 2700 MiB with one chunk per growth (--conf chunk_room_share:0, which the replays keep), and runs out of
+# memory: 1.5 MiB blocks pin the 62 MiB chunks of freed tensors. The defaults over that configuration fail
+# the same request in the replay; small chunks fit it. The table goes to stderr, the command's own
 # output alone to stdout, and the run's exit status stays the command's.
 cat >"$work/pinned.py" <<'PROGRAM'
 import atexit, json, os, gpumem
@@ -118,7 +119,7 @@ for block in blocks[0::2]:
     allocator.free(block)
 allocator.malloc(2097152000)
 PROGRAM
-"$gpumem" run --tune -- python3 "$work/pinned.py" >"$work/tune.out" 2>"$work/tune.err"
+"$gpumem" run --conf chunk_room_share:0 --tune -- python3 "$work/pinned.py" >"$work/tune.out" 2>"$work/tune.err"
 status=$?
 [ $status -eq 1 ] || fail "gpumem run --tune did not pass on the command's exit status 1 (got $status)"
 [ "$(cat "$work/tune.out")" = "the command's output" ] || fail "gpumem run --tune wrote to stdout: $(cat "$work/tune.out")"

@@ -136,7 +136,7 @@ static uint64_t counting_tagger(void *context)
 static void history_keeps_the_newest_events_in_order(void)
 {
     gm_allocator *allocator = NULL;
-    CHECK_OK(gm_create("capacity:1GiB,history:5", &allocator));
+    CHECK_OK(gm_create("capacity:1GiB,history:5,chunk_room_share:0", &allocator)); /* a's memory one chunk */
     uint64_t tags = 100;
     CHECK_OK(gm_set_history_tagger(allocator, counting_tagger, &tags));
     void *a = NULL, *b = NULL;

@@ -77,6 +77,11 @@ static const option_descriptor descriptors[] = {
     {"max_chunk_size", KIND_SIZE, FIELD(max_chunk_size), NULL,
      "pages engine: largest piece of physical memory made at once (rounded down to whole pages, at "
      "least one); a live block pins at most a few such pieces (default 128MiB, 0: no limit)"},
+    {"chunk_room_share", KIND_INTEGER, FIELD(chunk_room_share), NULL,
+     "pages engine: no chunk is larger than 1/N of the room for new memory (the device's free memory, or "
+     "what memory_limit leaves), so that as the device fills chunks shrink and a live block pins less of "
+     "the memory a program near the capacity needs; with room to spare max_chunk_size decides (default "
+     "1000: on an empty H200 from about 15 GiB reserved on; 0: off)"},
     {"growth_lane", KIND_BOOLEAN, FIELD(growth_lane), NULL,
      "pages engine: once tensors are seen replaced by slightly larger ones (a growing KV cache), "
      "requests of those sizes go to an address range of their own, kept in one run (default true)"},
@@ -168,6 +173,7 @@ void gm_options_default(gm_options *options)
     options->cost_model = true;
     options->device_credit_ns = 250;
     options->max_chunk_size = 128ull << 20;
+    options->chunk_room_share = 1000;
     options->growth_lane = true;
     options->tail_chunk = false;
     options->refill_groups = true;

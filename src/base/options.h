@@ -46,6 +46,7 @@ typedef struct gm_options {
     bool cost_model;             /* sim: charge each device call its measured H200 cost */
     int device_credit_ns;        /* pages engine: device-call time each allocation earns */
     uint64_t max_chunk_size;     /* pages engine: largest chunk of physical memory made at once */
+    int chunk_room_share;        /* pages engine: no chunk above 1/N of the room for new memory; 0: off */
     bool tail_chunk;             /* pages engine: a growth's last, partly used page is a chunk of its own */
     bool refill_groups;          /* pages engine: after an empty_cache, a repeating step's memory made again in
                                     few chunks (refill.c) */

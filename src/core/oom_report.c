@@ -306,6 +306,11 @@ static void remedy_fragmentation(gm_arena *arena, const gm_oom_facts *facts, con
                         "program in which one thread at a time launches work on the device, as a training loop "
                         "does; docs/engine.md, \"Compaction\"); or the same at a moment the program chooses, "
                         "between steps: gm_defragment, gpumem.torch.defragment().\n", step++);
+    if (arena->engine == &gm_page_engine && !arena->options->chunk_room_share &&
+        arena->memory_limit >= arena->backend->total_bytes) /* under a limit every chunk is page-sized */
+        gm_error_append("  %u. chunk_room_share:1000 in GPUMEM_CONF (the default; now 0): no chunk larger than a "
+                        "thousandth of the room the device leaves, so that near its capacity live blocks pin "
+                        "little free memory.\n", step++);
     if (arena->engine == &gm_page_engine)
         gm_error_append("  %u. A smaller max_chunk_size in GPUMEM_CONF (now %s) makes chunks finer, so live blocks "
                         "pin less free memory (for more device calls); with move_slack:0.01 beside it "

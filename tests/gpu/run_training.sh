@@ -101,9 +101,13 @@ grep -Eq "^defaults +- +[0-9.]+  1\.[0-9]{4} / 1\.[0-9]{4} / 1\.[0-9]{4} .* 0$" 
     grep -q "^recommended: " "$work/err" || fail "gpumem run --tune printed no table and recommendation"
 sed -n '/gpumem tune/,$p' "$work/err"
 [ $failed -eq 0 ] && echo "ok   gpumem run: final numbers, summary, report ($(stat -c %s "$work/report.html") bytes) and tuning"
-# A program that dies of fragmentation: --tune replays it on what its GPU left it, where the defaults
-# fail the same request and another setting fits it.
-"$gpumem" run --tune -- python3 tests/gpu/out_of_memory_under_run.py >"$work/oom.out" 2>"$work/oom.err"
+# A program that dies of fragmentation with one chunk per growth (chunk_room_share:0): --tune replays it on
+# what its GPU left it, where those settings fail the same request and another setting fits it. Under the
+# defaults the chunks shrink with the room the GPU leaves (2700 MiB: page-sized), and the same program fits.
+"$gpumem" run -- python3 tests/gpu/out_of_memory_under_run.py >"$work/fits.out" 2>"$work/fits.err" ||
+    fail "the program ran out of memory under the defaults: $(tail -5 "$work/fits.err")"
+[ $failed -eq 0 ] && echo "ok   gpumem run: the defaults' chunks near the capacity fit the program that chunk_room_share:0 does not"
+"$gpumem" run --conf chunk_room_share:0 --tune -- python3 tests/gpu/out_of_memory_under_run.py >"$work/oom.out" 2>"$work/oom.err"
 status=$?
 sed -n '/gpumem tune/,$p' "$work/oom.err"
 [ $status -eq 1 ] && grep -q "torch.OutOfMemoryError" "$work/oom.err" || fail "the program did not run out of memory ($status)"

@@ -191,7 +191,7 @@ RESCUE_PROGRAM = """
     import gpumem.torch
     MiB = 1 << 20
     chunks = [torch.empty(300 * MiB, dtype=torch.uint8, device="cuda") for _ in range(3)]
-    del chunks  # three idle chunks of 300 MiB (max_chunk_size:0: one chunk per growth)
+    del chunks  # three idle chunks of 300 MiB (max_chunk_size:0,chunk_room_share:0: one chunk per growth)
     pins, rests = [], []
     for index in range(3):  # each chunk pinned by a tensor at its start, the rest of it freed
         pins.append(torch.full((MiB,), index + 0.5, dtype=torch.float32, device="cuda"))
@@ -219,10 +219,10 @@ def test_compaction_rescues_a_request_that_would_run_out_of_memory():
     pieces of 296 MiB and 124 MiB more under the cap. A 500 MiB request fails with an out-of-memory
     error whose report names compact_min:2MiB; with compact_min:2MiB it fits (two chunks split around
     their tensors, copied at the same addresses), and the tensors keep their values."""
-    without = json.loads(run_python(RESCUE_PROGRAM, GPUMEM_TORCH="max_chunk_size:0").strip().splitlines()[-1])
+    without = json.loads(run_python(RESCUE_PROGRAM, GPUMEM_TORCH="max_chunk_size:0,chunk_room_share:0").strip().splitlines()[-1])
     assert "fragmentation" in without.get("error", ""), without
     assert "compact_min:2MiB in GPUMEM_CONF" in without["error"], without
-    rescued = json.loads(run_python(RESCUE_PROGRAM, GPUMEM_TORCH="max_chunk_size:0,compact_min:2MiB")
+    rescued = json.loads(run_python(RESCUE_PROGRAM, GPUMEM_TORCH="max_chunk_size:0,chunk_room_share:0,compact_min:2MiB")
                          .strip().splitlines()[-1])
     assert rescued.get("fits") is True and rescued["retries"] == 0, rescued
     assert rescued["same_addresses"] and rescued["values"], rescued

@@ -178,7 +178,9 @@ class StepModelTest(unittest.TestCase):
         as the device's capacity instead, the prediction is the largest size that fits on a device of
         that size; each checked against brute force. A step whose layers each leave a small block
         saved beside a large temporary (the saved blocks pin the temporaries' chunks) fits more under
-        the limit than on the device."""
+        the limit than on the device. With one chunk per growth (chunk_room_share:0): by default a device
+        of at most 1000 MiB gets page-sized chunks too, and the two bounds are the same device."""
+        config = batch_size.replay_config("chunk_room_share:0", 8 << 30)
         def events(size):
             made, saved = [], []
             for layer in range(12):
@@ -192,9 +194,9 @@ class StepModelTest(unittest.TestCase):
         for budget in (333 * MIB, 700 * MIB, 1000 * MIB):
             sizes = {}
             for as_limit in (True, False):
-                predicted, _ = batch_size.predict_by_replay(model, budget, self.config, as_limit=as_limit)
+                predicted, _ = batch_size.predict_by_replay(model, budget, config, as_limit=as_limit)
                 on_device = lambda size: batch_size.replay(  # noqa: E731
-                    model.operations(size), self.config, budget, as_limit=as_limit)[0]
+                    model.operations(size), config, budget, as_limit=as_limit)[0]
                 self.assertTrue(on_device(predicted), (budget, as_limit))
                 self.assertFalse(any(on_device(size) for size in range(predicted + 1, predicted + 20)),
                                  (budget, as_limit))

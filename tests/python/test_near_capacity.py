@@ -18,20 +18,24 @@ class NearCapacityTest(unittest.TestCase):
 
     def test_the_offered_limit_fits_where_the_defaults_do_not(self):
         """ViT seed 1 on a device 1.02 times its live peak: 128 MiB chunks pinned by live blocks leave the
-        defaults short (docs/benchmarks.md, "Near the device's capacity"); page-sized chunks under the
-        limit the report offers fit."""
+        engine short without the room share (chunk_room_share:0; docs/benchmarks.md, "Near the device's
+        capacity"); the defaults, whose chunks shrink with the room left, fit, and so do page-sized chunks
+        under the limit the report offers."""
         run = subprocess.run([sys.executable, SCRIPT, "--gpumem", self.gpumem, "--factors", "1.02", TRACE],
                              capture_output=True, text=True)
         self.assertEqual(run.returncode, 0, run.stderr)
         rows = [line.strip("| ").split(" | ") for line in run.stdout.splitlines() if line.startswith("| vit-seed1")]
         self.assertEqual(len(rows), 1, run.stdout)
-        trace, live, factor, defaults, limited, compact, fine = rows[0]
+        trace, live, factor, defaults, whole, limited, compact, fine = rows[0]
         self.assertEqual((trace, live, factor), ("vit-seed1", "9724.0", "1.02"))
         failed = lambda cell: int(cell.split(" / ")[0])  # noqa: E731
-        self.assertGreater(failed(defaults), 0)
+        self.assertGreater(failed(whole), 0)
+        self.assertEqual(failed(defaults), 0)
         self.assertEqual(failed(limited), 0)
-        self.assertGreater(float(limited.split(" / ")[1]), float(defaults.split(" / ")[1]))  # page-sized chunks cost
-        self.assertIn("defaults: fits 0 of 1 (trace, capacity) pairs", run.stdout)
+        self.assertGreater(float(defaults.split(" / ")[1]), float(whole.split(" / ")[1]))  # smaller chunks cost
+        self.assertGreater(float(limited.split(" / ")[1]), float(whole.split(" / ")[1]))  # page-sized ones too
+        self.assertIn("defaults: fits 1 of 1 (trace, capacity) pairs", run.stdout)
+        self.assertIn("chunk_room_share:0 (one chunk per growth up to max_chunk_size): fits 0 of 1", run.stdout)
         self.assertIn("memory_limit (capacity less 1 MiB): fits 1 of 1 (trace, capacity) pairs", run.stdout)
 
     def test_bad_factors_are_refused(self):

@@ -12,7 +12,9 @@ import gpumem
 
 class PackageTest(unittest.TestCase):
     def setUp(self):
-        self.allocator = gpumem.Allocator("backend:sim,capacity:1GiB", from_environment=False)
+        # chunk_room_share:0: each growth one chunk, as the tests below count them (on a device of 1 GiB the
+        # room share would make every chunk a page)
+        self.allocator = gpumem.Allocator("backend:sim,capacity:1GiB,chunk_room_share:0", from_environment=False)
 
     def tearDown(self):
         self.allocator.close()

@@ -10,7 +10,9 @@
  * pages but stays pinned while any byte of it is live (so no chunk exceeds max_chunk_size); page-sized
  * chunks can each move the moment they are free. Every allocation earns the engine a little
  * device-call credit (device_credit_ns); a growth of a few pages is made of page-sized chunks while
- * the credit covers their cost, anything else of as few chunks as max_chunk_size allows. A training
+ * the credit covers their cost, anything else of as few chunks as max_chunk_size allows -- and, so that
+ * a program that nearly fills the device is not undone by pinned chunks, of none larger than a
+ * chunk_room_share-th of the room for new memory: chunks shrink as the device fills. A training
  * loop that grows its memory once gets it in few large chunks; a workload whose tensors keep changing
  * size gets fine-grained chunks as it goes; device-call time stays a small share of the work either
  * way. Under a memory limit below the device's capacity every chunk is page-sized -- fitting matters
@@ -136,10 +138,25 @@ static uint64_t room_for_new_memory(gm_arena *arena)
     return room;
 }
 
+/* The largest chunk new memory may be made of: max_chunk_size, and no more than 1/chunk_room_share of
+ * `room`, the room for new memory (at least a page). A chunk that live blocks pin in part wastes up to
+ * its size, and near the device's capacity that waste is what makes the next growth fail: chunks
+ * shrink with the room left, so their number grows with the logarithm of the room used up rather
+ * than with the memory made, and a device with room to spare keeps its large chunks. */
+static uint64_t largest_chunk(const gm_arena *arena, uint64_t room)
+{
+    const page_engine *engine = engine_of((gm_arena *)arena);
+    uint64_t largest = engine->max_chunk_size;
+    int share = arena->options->chunk_room_share;
+    if (share > 0 && room / (uint64_t)share < largest)
+        largest = room / (uint64_t)share / engine->page_size * engine->page_size;
+    return largest < engine->page_size ? engine->page_size : largest;
+}
+
 /* New memory for [address, address + need): page-sized chunks in the small pool, in a growth lane,
  * under a memory limit set below the device's capacity (capacity is then what the user is short of:
  * every free page must be able to move to where a request needs it, whatever the device calls cost),
- * and for a growth of a few pages while the credit covers them; else chunks of max_chunk_size (the
+ * and for a growth of a few pages while the credit covers them; else chunks of largest_chunk() (the
  * last one smaller), so that a live block left in memory made for a big tensor (logits, say) pins at
  * most a chunk, not all of it. With tail_chunk, when the request (ending at `request_end`) ends inside the last
  * page, that page is a chunk of its own: the next block placed after the request starts there, and
@@ -153,7 +170,8 @@ static gm_status create_memory(gm_arena *arena, gm_region *region, uintptr_t add
     uint64_t page_size = engine->page_size, pages = need / page_size;
     bool fine = region->pool == GM_POOL_SMALL || engine->placing_lane || memory_is_limited(arena) ||
                 (pages <= FINE_GROWTH_PAGES && engine->credit_ns >= (int64_t)pages * engine->page_chunk_cost_ns);
-    uint64_t piece = fine ? page_size : need < engine->max_chunk_size ? need : engine->max_chunk_size;
+    uint64_t largest = largest_chunk(arena, room);
+    uint64_t piece = fine ? page_size : need < largest ? need : largest;
     uintptr_t end = address + need;
     bool own_tail = arena->options->tail_chunk && !fine && pages >= 2 && request_end > end - page_size &&
                     request_end < end;
