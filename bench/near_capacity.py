@@ -4,7 +4,10 @@ out-of-memory report offers for fragmentation, and without the room share (chunk
 of up to max_chunk_size however full the device). A cell is "failed allocations / modelled device ms"
 (the H200's cost model); 0 failed means the trace fits on that device. No GPU needed.
 
-    python3 bench/near_capacity.py [--gpumem build/gpumem] [--factors 1.005,1.01,1.02] [TRACE ...]
+    python3 bench/near_capacity.py [--gpumem build/gpumem] [--factors 1.005,1.01,1.02] [--grid] [TRACE ...]
+
+With --grid: the smallest device each trace fits on, as one row per trace and configuration (the
+defaults, and chunk_room_share:0) with a column per factor: "fits" or the allocations that failed.
 
 Without traces: every trace of data/traces, data/traces-extra and data/traces-more. The memory limit
 is the report's: the capacity less one MiB, to the MiB (what a device leaves a process, just under its
@@ -43,6 +46,26 @@ def replay(gpumem, path, capacity=None, conf="engine:pages"):
     return json.loads(lines[0])
 
 
+def print_grid(gpumem, traces, factors):
+    """--grid: for each trace, under the defaults and without the room share, whether it fits on a device
+    of each factor times its live peak."""
+    grid = [("defaults", "engine:pages"), ("chunk_room_share:0", "chunk_room_share:0")]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        peaks = dict(zip(traces, pool.map(lambda p: replay(gpumem, p)["peak_live_bytes"], traces)))
+        jobs = {(path, factor, conf): pool.submit(replay, gpumem, path, int(peaks[path] * factor), conf)
+                for path in traces for factor in factors for _, conf in grid}
+        header = ["trace", "configuration"] + [f"{factor:g}" for factor in factors]
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for path in traces:
+            for name, conf in grid:
+                cells = []
+                for factor in factors:
+                    failed = jobs[(path, factor, conf)].result()["ooms"]
+                    cells.append("fits" if failed == 0 else f"{failed} failed")
+                print("| " + " | ".join([os.path.basename(path).split(".")[0], name] + cells) + " |")
+
+
 def factor_list(text):
     """--factors: numbers of at least 1, comma-separated."""
     try:
@@ -60,6 +83,8 @@ def main():
     parser.add_argument("--gpumem", default=os.path.join(ROOT, "build", "gpumem"))
     parser.add_argument("--factors", default="1.005,1.01,1.02", type=factor_list,
                         help="capacities as multiples of the live peak, comma-separated, each at least 1")
+    parser.add_argument("--grid", action="store_true",
+                        help="a row per trace and configuration (defaults, chunk_room_share:0), a column per factor")
     arguments = parser.parse_args()
     factors = arguments.factors
     traces = arguments.traces or sorted(
@@ -67,6 +92,9 @@ def main():
         key=lambda p: (os.path.basename(os.path.dirname(p)), os.path.basename(p)))
     if not traces:
         sys.exit("bench/near_capacity.py: no traces")
+    if arguments.grid:
+        print_grid(arguments.gpumem, traces, factors)
+        return
     names = [c[0] for c in configurations(1 << 40)]
     header = ["trace", "peak live MiB", "capacity / peak live"] + names
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:

@@ -38,6 +38,18 @@ class NearCapacityTest(unittest.TestCase):
         self.assertIn("chunk_room_share:0 (one chunk per growth up to max_chunk_size): fits 0 of 1", run.stdout)
         self.assertIn("memory_limit (capacity less 1 MiB): fits 1 of 1 (trace, capacity) pairs", run.stdout)
 
+    def test_the_grid_shows_the_smallest_device_that_fits(self):
+        """--grid: ViT seed 1 fits on a device 1.01 times its live peak under the defaults, and without the
+        room share fails there and at 1.02 too."""
+        run = subprocess.run([sys.executable, SCRIPT, "--gpumem", self.gpumem, "--factors", "1.01,1.02", "--grid",
+                              TRACE], capture_output=True, text=True)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertIn("| trace | configuration | 1.01 | 1.02 |", run.stdout)
+        self.assertIn("| vit-seed1 | defaults | fits | fits |", run.stdout)
+        rows = [line for line in run.stdout.splitlines() if line.startswith("| vit-seed1 | chunk_room_share:0 |")]
+        self.assertEqual(len(rows), 1, run.stdout)
+        self.assertRegex(rows[0], r"^\| vit-seed1 \| chunk_room_share:0 \| [1-9][0-9]* failed \| [1-9][0-9]* failed \|$")
+
     def test_bad_factors_are_refused(self):
         for factors in ("x", "0.5", "1.02,,1.03"):
             run = subprocess.run([sys.executable, SCRIPT, "--gpumem", self.gpumem, "--factors", factors, TRACE],
