@@ -97,6 +97,7 @@ static void bad_strings_are_refused_with_clear_errors(void)
         {"colour:blue", "pressure_psi_high, pressure_psi_low, fault_rate, fault_seed)"},                                  /* from the table */
         {"max_chunk_size:big", "bad value for key 'max_chunk_size'"},
         {"chunk_room_share:-5", "bad value for key 'chunk_room_share': '-5' is not a non-negative integer"},
+        {"chunk_room_share:2000000", "bad value for key 'chunk_room_share': '2000000' is larger than 1048576"},
         {"engine:fast", "bad value 'fast' for key 'engine'"},
         {"backend:opencl", "bad value 'opencl' for key 'backend'"},
         {"capacity:lots", "bad value for key 'capacity'"},

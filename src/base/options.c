@@ -342,8 +342,10 @@ static gm_status apply_value(gm_options *options, const option_descriptor *descr
         char *end = NULL;
         errno = 0;
         long number = strtol(value, &end, 10);
-        if (errno || end == value || *end || number < 0 || number > 1 << 20)
+        if (errno || end == value || *end || number < 0)
             status = gm_fail(GM_ERROR_PARSE, "'%s' is not a non-negative integer", value);
+        else if (number > 1 << 20)
+            status = gm_fail(GM_ERROR_PARSE, "'%s' is larger than 1048576, the largest integer a key takes", value);
         else
             *(int *)field = (int)number;
         break;
