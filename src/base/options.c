@@ -76,7 +76,8 @@ static const option_descriptor descriptors[] = {
      "while the credit covers them (default 250)"},
     {"max_chunk_size", KIND_SIZE, FIELD(max_chunk_size), NULL,
      "pages engine: largest piece of physical memory made at once (rounded down to whole pages, at "
-     "least one); a live block pins at most a few such pieces (default 128MiB, 0: no limit)"},
+     "least one); a live block pins at most a few such pieces (default 128MiB, 0: no limit but "
+     "chunk_room_share's)"},
     {"chunk_room_share", KIND_INTEGER, FIELD(chunk_room_share), NULL,
      "pages engine: no chunk is larger than 1/N of the room for new memory (the device's free memory, or "
      "what memory_limit leaves), so that as the device fills chunks shrink and a live block pins less of "
