@@ -1,6 +1,7 @@
 """Training that nearly fills the GPU: bench/more_workloads.py's models run on a device of which all but a
 little more than the run's peak allocated memory is taken first (cuMemAlloc, outside any allocator), under
-PyTorch's allocators, gpumem's defaults and gpumem under the memory limit its out-of-memory report offers.
+PyTorch's allocators, gpumem's defaults, gpumem without the room share (gpumem-whole: chunk_room_share:0)
+and gpumem under the memory limit its out-of-memory report offers.
 Prints a markdown table. The GPU counterpart of bench/near_capacity.py.
 
     python3 bench/near_capacity_gpu.py [--runs vit:0,llama_varlen:1] [--factors 1.02,1.03]
@@ -21,7 +22,7 @@ import more_models_gpu
 from near_capacity import factor_list
 from torch_allocators import environment
 
-ALLOCATORS = ("torch-native", "torch-expandable", "gpumem", "gpumem-limit")
+ALLOCATORS = ("torch-native", "torch-expandable", "gpumem", "gpumem-whole", "gpumem-limit")
 
 
 def run(workload, seed, allocator, steps, warmup, room=None):
