@@ -17,6 +17,8 @@
 
 #include "tools/trace.h"
 
+#include <stdbool.h>
+
 #define MIB (1ull << 20)
 
 static gm_allocator *make(const char *config, int refill)
@@ -157,11 +159,15 @@ static void a_block_kept_past_a_step_pins_one_piece_of_its_group(void)
 }
 
 /* On the host backend (real bytes, chunks mapped where the engine says): blocks stamped when made and
- * checked when freed, in chunks of at most 8 MiB, six steps. The chunks made in the last step. */
-static int64_t stamped_steps(int refill)
+ * checked when freed, in chunks of at most 8 MiB (chunk_room_share:0; with the room share, of pages on
+ * this 1 GiB device), six steps. The chunks made in the last step. */
+static int64_t stamped_steps(int refill, bool room_share)
 {
     static const uint64_t sizes[] = {3, 10, 24, 6, 40, 12, 17};
-    gm_allocator *allocator = make("backend:host,capacity:1GiB,page_size:2MiB,max_chunk_size:8MiB", refill);
+    gm_allocator *allocator = make(room_share ? "backend:host,capacity:1GiB,page_size:2MiB,max_chunk_size:8MiB"
+                                              : "backend:host,capacity:1GiB,page_size:2MiB,max_chunk_size:8MiB,"
+                                                "chunk_room_share:0",
+                                   refill);
     void *kept = take(allocator, 5, 0);
     pattern_stamp(kept, 5 * MIB, 1000);
     int64_t chunks = 0;
@@ -188,9 +194,14 @@ static int64_t stamped_steps(int refill)
 
 static void bytes_stay_intact_in_memory_made_ahead(void)
 {
-    int64_t with = stamped_steps(1), without = stamped_steps(0);
+    int64_t with = stamped_steps(1, false), without = stamped_steps(0, false);
     CHECK(without >= 14); /* 112 MiB in chunks of at most 8 MiB */
     CHECK(with <= 2);
+    /* With the room share a group's chunks are at most 8 times the largest a growth may make, a page
+     * here: 112 MiB in 16 MiB chunks, where the growths make 56 pages. */
+    int64_t shared_with = stamped_steps(1, true), shared_without = stamped_steps(0, true);
+    CHECK(shared_without >= 56);
+    CHECK(shared_with >= 7 && shared_with <= 9);
 }
 
 /* ---------------------------------------------------------------- what keeps the peak */

@@ -93,7 +93,8 @@ static const option_descriptor descriptors[] = {
     {"refill_groups", KIND_BOOLEAN, FIELD(refill_groups), NULL,
      "pages engine: after an empty_cache, while a step grows as one of the last two did, memory that the "
      "last two empty_caches released as the same run of adjacent chunks is made again in chunks of up to 8 "
-     "x max_chunk_size, when the first growth reaches it (default true)"},
+     "x max_chunk_size (less as the device fills: chunk_room_share), when the first growth reaches it "
+     "(default true)"},
     {"rechunk_min", KIND_SIZE, FIELD(rechunk_min), NULL,
      "pages engine: when a block placed in free memory covers part of an idle chunk and leaves at least "
      "this many bytes of it, that chunk is made anew in two, the block's pages and the rest, so the block "

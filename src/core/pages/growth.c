@@ -143,7 +143,7 @@ static uint64_t room_for_new_memory(gm_arena *arena)
  * its size, and near the device's capacity that waste is what makes the next growth fail: chunks
  * shrink with the room left, so their number grows with the logarithm of the room used up rather
  * than with the memory made, and a device with room to spare keeps its large chunks. */
-static uint64_t largest_chunk(const gm_arena *arena, uint64_t room)
+uint64_t pages_largest_chunk(const gm_arena *arena, uint64_t room)
 {
     const page_engine *engine = engine_of((gm_arena *)arena);
     uint64_t largest = engine->max_chunk_size;
@@ -156,7 +156,7 @@ static uint64_t largest_chunk(const gm_arena *arena, uint64_t room)
 /* New memory for [address, address + need): page-sized chunks in the small pool, in a growth lane,
  * under a memory limit set below the device's capacity (capacity is then what the user is short of:
  * every free page must be able to move to where a request needs it, whatever the device calls cost),
- * and for a growth of a few pages while the credit covers them; else chunks of largest_chunk() (the
+ * and for a growth of a few pages while the credit covers them; else chunks of pages_largest_chunk() (the
  * last one smaller), so that a live block left in memory made for a big tensor (logits, say) pins at
  * most a chunk, not all of it. With tail_chunk, when the request (ending at `request_end`) ends inside the last
  * page, that page is a chunk of its own: the next block placed after the request starts there, and
@@ -170,7 +170,7 @@ static gm_status create_memory(gm_arena *arena, gm_region *region, uintptr_t add
     uint64_t page_size = engine->page_size, pages = need / page_size;
     bool fine = region->pool == GM_POOL_SMALL || engine->placing_lane || memory_is_limited(arena) ||
                 (pages <= FINE_GROWTH_PAGES && engine->credit_ns >= (int64_t)pages * engine->page_chunk_cost_ns);
-    uint64_t largest = largest_chunk(arena, room);
+    uint64_t largest = pages_largest_chunk(arena, room);
     uint64_t piece = fine ? page_size : need < largest ? need : largest;
     uintptr_t end = address + need;
     bool own_tail = arena->options->tail_chunk && !fine && pages >= 2 && request_end > end - page_size &&

@@ -16,7 +16,8 @@
  *   compaction.c    pinned chunks split around their live pages before a growth lifts the peak
  *                   (compact_min, off by default)
  *   refill.c        after an empty_cache, when the step repeats the last one, the memory the
- *                   empty_cache released made again in few chunks (at most 8 x max_chunk_size each)
+ *                   empty_cache released made again in few chunks (at most 8 x the largest chunk a
+ *                   growth may make then: pages_largest_chunk)
  *   engine.c        the engine operations the front end calls
  *
  * Invariants (checked by pages_validate): the blocks of a region tile it; a block's pages are mapped
@@ -285,6 +286,9 @@ void pages_keep_unreachable(gm_arena *arena, gm_region *region, page_chunk *chun
 gm_status pages_give_back_lost_chunks(gm_arena *arena);
 /* Make a chunk of `size` bytes and map it at `address` (the caller has checked the room for it). */
 gm_status pages_create_chunk(gm_arena *arena, gm_region *region, uintptr_t address, uint64_t size);
+/* The largest chunk new memory may be made of when `room` bytes of new memory can be had: max_chunk_size,
+ * and at most 1/chunk_room_share of the room, at least a page (growth.c). */
+uint64_t pages_largest_chunk(const gm_arena *arena, uint64_t room);
 /* A chunk of `size` bytes of new physical memory, counted in `region`'s pool, not mapped anywhere. */
 gm_status pages_make_chunk(gm_arena *arena, const gm_region *region, uint64_t size, page_chunk **chunk_out);
 /* Give an unmapped chunk (no longer in a region) back to the device. If the device refuses, the chunk
@@ -513,7 +517,7 @@ void pages_free_refill(page_engine *engine);
 /* The groups and logged growths of `region` go with it. */
 void pages_forget_region_plan(page_engine *engine, const gm_region *region);
 /* Before [from, to) of an unmapped block of the window's region is backed: each planned group it
- * touches is made over the group's part of that block, in chunks of at most 8 x max_chunk_size, if
+ * touches is made over the group's part of that block, in chunks of at most 8 x pages_largest_chunk, if
  * reserved memory stays within its peak; its pages stay under the unmapped block (waiting) until a
  * growth takes them. */
 void pages_prepare_groups(gm_arena *arena, const window *where, uintptr_t from, uintptr_t to);

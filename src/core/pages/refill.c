@@ -252,12 +252,15 @@ static bool may_make(gm_arena *arena, uint64_t size)
 
 /* The largest chunk a group is made of. A group is memory the last steps released whole, but a step
  * that keeps one block of it past its end (a tensor saved for later) pins the chunk that block lies in
- * through every empty_cache until it is freed: GROUP_CHUNKS_PER_MAX_CHUNK chunks of max_chunk_size
- * bound what one such block can keep, where one chunk per group could keep gigabytes. */
+ * through every empty_cache until it is freed: GROUP_CHUNKS_PER_MAX_CHUNK chunks of the largest a growth
+ * may make now (max_chunk_size, and less as the device fills: chunk_room_share) bound what one such
+ * block can keep, where one chunk per group could keep gigabytes. */
 #define GROUP_CHUNKS_PER_MAX_CHUNK 8
-static uint64_t group_chunk_limit(const page_engine *engine)
+static uint64_t group_chunk_limit(gm_arena *arena)
 {
-    uint64_t limit = engine->max_chunk_size;
+    uint64_t room = 0;
+    gm_room_to_reserve(arena, 0, &room); /* a device that cannot say leaves the limit's room */
+    uint64_t limit = pages_largest_chunk(arena, room);
     return limit > UINT64_MAX / GROUP_CHUNKS_PER_MAX_CHUNK ? UINT64_MAX : limit * GROUP_CHUNKS_PER_MAX_CHUNK;
 }
 
@@ -299,7 +302,7 @@ void pages_prepare_groups(gm_arena *arena, const window *where, uintptr_t from, 
         uintptr_t end = group.end < hole_end ? group.end : hole_end;
         if (!may_make(arena, end - start) || !all_unbacked(region, start, end, engine->page_size))
             continue;
-        uint64_t limit = group_chunk_limit(engine);
+        uint64_t limit = group_chunk_limit(arena);
         for (uintptr_t piece = start, piece_end; piece < end; piece = piece_end) {
             piece_end = end - piece > limit ? piece + limit : end;
             if (make_waiting_chunk(arena, region, piece, piece_end) != GM_OK)
