@@ -46,12 +46,17 @@ def replay(gpumem, path, capacity=None, conf="engine:pages"):
     return json.loads(lines[0])
 
 
+def live_peaks(pool, gpumem, traces):
+    """Each trace's peak of live bytes, from one replay on the default device."""
+    return dict(zip(traces, pool.map(lambda path: replay(gpumem, path)["peak_live_bytes"], traces)))
+
+
 def print_grid(gpumem, traces, factors):
     """--grid: for each trace, under the defaults and without the room share, whether it fits on a device
     of each factor times its live peak."""
     grid = [("defaults", "engine:pages"), ("chunk_room_share:0", "chunk_room_share:0")]
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        peaks = dict(zip(traces, pool.map(lambda p: replay(gpumem, p)["peak_live_bytes"], traces)))
+        peaks = live_peaks(pool, gpumem, traces)
         jobs = {(path, factor, conf): pool.submit(replay, gpumem, path, int(peaks[path] * factor), conf)
                 for path in traces for factor in factors for _, conf in grid}
         header = ["trace", "configuration"] + [f"{factor:g}" for factor in factors]
@@ -98,7 +103,7 @@ def main():
     names = [c[0] for c in configurations(1 << 40)]
     header = ["trace", "peak live MiB", "capacity / peak live"] + names
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        peaks = dict(zip(traces, pool.map(lambda p: replay(arguments.gpumem, p)["peak_live_bytes"], traces)))
+        peaks = live_peaks(pool, arguments.gpumem, traces)
         jobs = {}
         for path in traces:
             for factor in factors:

@@ -131,7 +131,7 @@ static bool memory_is_limited(const gm_arena *arena)
  * no more than the device reports free (other processes and the CUDA context use it too). A growth
  * that does not fit is refused as a whole before any cuMemCreate, so that a full device is found out
  * here, not by a failing driver call (which tools such as compute-sanitizer report as errors). */
-static uint64_t room_for_new_memory(gm_arena *arena)
+uint64_t pages_room_for_new_memory(gm_arena *arena)
 {
     uint64_t room = 0;
     gm_room_to_reserve(arena, 0, &room); /* a device that cannot say leaves the limit's room */
@@ -143,9 +143,9 @@ static uint64_t room_for_new_memory(gm_arena *arena)
  * its size, and near the device's capacity that waste is what makes the next growth fail: chunks
  * shrink with the room left, so their number grows with the logarithm of the room used up rather
  * than with the memory made, and a device with room to spare keeps its large chunks. */
-uint64_t pages_largest_chunk(const gm_arena *arena, uint64_t room)
+uint64_t pages_largest_chunk(gm_arena *arena, uint64_t room)
 {
-    const page_engine *engine = engine_of((gm_arena *)arena);
+    const page_engine *engine = engine_of(arena);
     uint64_t largest = engine->max_chunk_size;
     int share = arena->options->chunk_room_share;
     if (share > 0 && room / (uint64_t)share < largest)
@@ -161,7 +161,7 @@ uint64_t pages_largest_chunk(const gm_arena *arena, uint64_t room)
  * most a chunk, not all of it. With tail_chunk, when the request (ending at `request_end`) ends inside the last
  * page, that page is a chunk of its own: the next block placed after the request starts there, and
  * if it outlives the request it pins that page, not the whole growth.
- * `room` is room_for_new_memory(); a growth beyond it is refused before any device call.
+ * `room` is pages_room_for_new_memory(); a growth beyond it is refused before any device call.
  * *created_out: the bytes made, also on failure. */
 static gm_status create_memory(gm_arena *arena, gm_region *region, uintptr_t address, uint64_t need,
                                uintptr_t request_end, uint64_t room, uint64_t *created_out)
@@ -278,7 +278,7 @@ static gm_status back_part(gm_arena *arena, const window *where, uintptr_t from,
     pages_retire_passed_aliases(arena);
     uint64_t mapped = 0, created = 0;
     /* Moving idle chunks changes neither reserved memory nor the device's free memory: one reading. */
-    uint64_t new_room = room_for_new_memory(arena);
+    uint64_t new_room = pages_room_for_new_memory(arena);
     gm_status status = GM_OK;
     if ((should_recycle(arena, need) && !is_ping_pong(arena, region, need, new_room)) || need > new_room) {
         int64_t moving_since = arena->backend->modelled_ns;
@@ -297,7 +297,7 @@ static gm_status back_part(gm_arena *arena, const window *where, uintptr_t from,
         int64_t reserved_before = gm_stat_total(arena->stats->reserved_bytes);
         status = compact_for_growth(arena, where, need - mapped, new_room);
         if (gm_stat_total(arena->stats->reserved_bytes) != reserved_before) /* compaction gave memory back */
-            new_room = room_for_new_memory(arena);
+            new_room = pages_room_for_new_memory(arena);
     }
     if (status == GM_OK && mapped < need && engine->placing_lane && should_recycle(arena, need - mapped)) {
         engine->moving_by_choice = true;

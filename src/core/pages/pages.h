@@ -286,9 +286,12 @@ void pages_keep_unreachable(gm_arena *arena, gm_region *region, page_chunk *chun
 gm_status pages_give_back_lost_chunks(gm_arena *arena);
 /* Make a chunk of `size` bytes and map it at `address` (the caller has checked the room for it). */
 gm_status pages_create_chunk(gm_arena *arena, gm_region *region, uintptr_t address, uint64_t size);
+/* Bytes of new physical memory that may be made now, whole pages: what the memory limit leaves, and no
+ * more than the device reports free (growth.c). */
+uint64_t pages_room_for_new_memory(gm_arena *arena);
 /* The largest chunk new memory may be made of when `room` bytes of new memory can be had: max_chunk_size,
  * and at most 1/chunk_room_share of the room, at least a page (growth.c). */
-uint64_t pages_largest_chunk(const gm_arena *arena, uint64_t room);
+uint64_t pages_largest_chunk(gm_arena *arena, uint64_t room);
 /* A chunk of `size` bytes of new physical memory, counted in `region`'s pool, not mapped anywhere. */
 gm_status pages_make_chunk(gm_arena *arena, const gm_region *region, uint64_t size, page_chunk **chunk_out);
 /* Give an unmapped chunk (no longer in a region) back to the device. If the device refuses, the chunk

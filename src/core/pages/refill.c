@@ -252,16 +252,14 @@ static bool may_make(gm_arena *arena, uint64_t size)
 
 /* The largest chunk a group is made of. A group is memory the last steps released whole, but a step
  * that keeps one block of it past its end (a tensor saved for later) pins the chunk that block lies in
- * through every empty_cache until it is freed: GROUP_CHUNKS_PER_MAX_CHUNK chunks of the largest a growth
+ * through every empty_cache until it is freed: GROUP_CHUNKS_PER_LARGEST_CHUNK chunks of the largest a growth
  * may make now (max_chunk_size, and less as the device fills: chunk_room_share) bound what one such
  * block can keep, where one chunk per group could keep gigabytes. */
-#define GROUP_CHUNKS_PER_MAX_CHUNK 8
+#define GROUP_CHUNKS_PER_LARGEST_CHUNK 8
 static uint64_t group_chunk_limit(gm_arena *arena)
 {
-    uint64_t room = 0;
-    gm_room_to_reserve(arena, 0, &room); /* a device that cannot say leaves the limit's room */
-    uint64_t limit = pages_largest_chunk(arena, room);
-    return limit > UINT64_MAX / GROUP_CHUNKS_PER_MAX_CHUNK ? UINT64_MAX : limit * GROUP_CHUNKS_PER_MAX_CHUNK;
+    uint64_t limit = pages_largest_chunk(arena, pages_room_for_new_memory(arena));
+    return limit > UINT64_MAX / GROUP_CHUNKS_PER_LARGEST_CHUNK ? UINT64_MAX : limit * GROUP_CHUNKS_PER_LARGEST_CHUNK;
 }
 
 /* Make [start, end) of `region` one chunk whose pages all wait. */
