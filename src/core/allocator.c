@@ -525,17 +525,7 @@ __attribute__((noinline)) static gm_status free_used_elsewhere(gm_allocator *all
     begin_free(allocator, block);
     if (held) /* counted as pending; released by gm_end_allocate_to_pool */
         return finish_free(allocator);
-    gm_status deferred = GM_OK;
-    for (uint32_t i = 0; i < block->recorded_count && deferred == GM_OK; i++)
-        deferred = gm_defer_free_locked(allocator, block, gm_recorded_stream(block, i));
-    if (deferred != GM_OK && block->pending_events) {
-        /* An event could not be had: wait for every pending free (this block's too) rather than
-         * risk reuse while a stream still runs. */
-        allocator->arena.stats->num_sync_all_streams++;
-        gm_process_pending_frees_locked(allocator, true);
-    } else if (block->pending_events == 0) {
-        gm_retire_block_locked(allocator, block);
-    }
+    gm_free_after_recorded_streams_locked(allocator, block);
     return finish_free(allocator);
 }
 

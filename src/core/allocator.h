@@ -86,6 +86,10 @@ void gm_unlock_after_change(gm_allocator *allocator);
  * During a capture the events wait too (hold), until the last pool stops being allocated to (release). */
 void gm_retire_block_locked(gm_allocator *allocator, gm_block *block);
 gm_status gm_defer_free_locked(gm_allocator *allocator, gm_block *block, gm_stream stream);
+/* A freed block whose streams were recorded: a pending free on each of them, the block reused once all
+ * have passed the free; with none, retired at once. When no event can be had, every pending free is
+ * waited for instead. */
+void gm_free_after_recorded_streams_locked(gm_allocator *allocator, gm_block *block);
 void gm_process_pending_frees_locked(gm_allocator *allocator, bool wait);
 /* Streams found busy during one look at waiting events (pending frees, pinned blocks); beyond
  * GM_BUSY_STREAMS_KEPT, events are simply asked about. */

@@ -172,6 +172,21 @@ gm_status gm_defer_free_locked(gm_allocator *allocator, gm_block *block, gm_stre
     return GM_OK;
 }
 
+void gm_free_after_recorded_streams_locked(gm_allocator *allocator, gm_block *block)
+{
+    gm_status deferred = GM_OK;
+    for (uint32_t i = 0; i < block->recorded_count && deferred == GM_OK; i++)
+        deferred = gm_defer_free_locked(allocator, block, gm_recorded_stream(block, i));
+    if (deferred != GM_OK && block->pending_events) {
+        /* An event could not be had: wait for every pending free (this block's too) rather than
+         * risk reuse while a stream still runs. */
+        allocator->arena.stats->num_sync_all_streams++;
+        gm_process_pending_frees_locked(allocator, true);
+    } else if (block->pending_events == 0) {
+        gm_retire_block_locked(allocator, block);
+    }
+}
+
 /* ---------------------------------------------------------------- frees held during capture */
 
 gm_status gm_hold_free_for_capture_locked(gm_allocator *allocator, gm_block *block)
@@ -196,14 +211,6 @@ void gm_release_frees_held_for_capture_locked(gm_allocator *allocator)
         node->next = allocator->spare_pending;
         allocator->spare_pending = node;
         block->pending_events--;
-        gm_status deferred = GM_OK;
-        for (uint32_t i = 0; i < block->recorded_count && deferred == GM_OK; i++)
-            deferred = gm_defer_free_locked(allocator, block, gm_recorded_stream(block, i));
-        if (deferred != GM_OK && block->pending_events) {
-            allocator->arena.stats->num_sync_all_streams++;
-            gm_process_pending_frees_locked(allocator, true);
-        } else if (block->pending_events == 0) {
-            gm_retire_block_locked(allocator, block);
-        }
+        gm_free_after_recorded_streams_locked(allocator, block);
     }
 }
