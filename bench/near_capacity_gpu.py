@@ -6,6 +6,7 @@ Prints a markdown table. The GPU counterpart of bench/near_capacity.py.
 
     python3 bench/near_capacity_gpu.py [--runs vit:0,llama_varlen:1] [--factors 1.02,1.03]
                                        [--steps 4] [--warmup 2] [--out results.jsonl]
+                                       [--allocators gpumem,gpumem-whole]
 
 For each model and seed a calibration run (gpumem, the whole device) gives the peak allocated bytes P
 and the memory the process uses outside the allocator as it runs (kernels loaded, library handles: G);
@@ -23,6 +24,15 @@ from near_capacity import factor_list
 from torch_allocators import environment
 
 ALLOCATORS = ("torch-native", "torch-expandable", "gpumem", "gpumem-whole", "gpumem-limit")
+
+
+def allocator_list(text):
+    """--allocators: some of ALLOCATORS, comma-separated, in the order given."""
+    names = [name for name in text.split(",") if name]
+    unknown = [name for name in names if name not in ALLOCATORS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of {', '.join(ALLOCATORS)}: {text!r}")
+    return names
 
 
 def run(workload, seed, allocator, steps, warmup, room=None):
@@ -66,6 +76,8 @@ def main():
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--out")
+    parser.add_argument("--allocators", default=",".join(ALLOCATORS), type=allocator_list,
+                        help="which allocators run at each factor (default: all of them)")
     a = parser.parse_args()
     print("| model | seed | room / peak allocated | allocator | fits | peak reserved MiB | step ms (median) | "
           "gpumem device calls ms (all steps) |")
@@ -84,7 +96,7 @@ def main():
               file=sys.stderr, flush=True)
         for factor in a.factors:
             room = peak * factor + growth
-            for allocator in ALLOCATORS:
+            for allocator in a.allocators:
                 r = run(workload, int(seed), allocator, a.steps, a.warmup, room)
                 r["factor"], r["outside_growth_MiB"] = factor, growth
                 results.append(r)

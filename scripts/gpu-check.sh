@@ -34,8 +34,9 @@
 #              bench/cupy_alloc.py's time per CuPy allocation, CuPy's pool against gpumem (cupy_alloc.md), and
 #              bench/cupy_parts.py's parts of one such allocation in one process (cupy_parts.md)
 #   near       bench/near_capacity_gpu.py: training on a device that the run nearly fills (the rest taken first),
-#              under torch-native, torch-expandable, gpumem and gpumem under the memory limit its OOM report
-#              offers (not in "all"; NEAR_ARGS, e.g. "--runs vit:0 --factors 1.02")
+#              under torch-native, torch-expandable, gpumem, gpumem without the room share (gpumem-whole) and
+#              gpumem under the memory limit its OOM report offers (not in "all"; NEAR_ARGS, e.g. "--runs vit:0
+#              --factors 1.02 --allocators gpumem,gpumem-whole")
 #   traces     bench/record_traces.py (not in "all"; needs no build): new traces of bench/more_workloads.py's
 #              workloads, two seeds each, replayed under torch-native, torch-expandable and cuda-async, into
 #              logs/more_traces (NAME-seedS.csv.gz, anchors.json, table.md; in gpu-results.tgz); then, where

@@ -7,6 +7,7 @@ import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "bench", "near_capacity.py")
+GPU_SCRIPT = os.path.join(ROOT, "bench", "near_capacity_gpu.py")
 TRACE = os.path.join(ROOT, "data", "traces-more", "vit-seed1.csv.gz")
 
 
@@ -62,6 +63,20 @@ class NearCapacityTest(unittest.TestCase):
                              capture_output=True, text=True)
         self.assertNotEqual(run.returncode, 0)
         self.assertIn("cannot open", run.stderr)
+
+
+class GpuDriverArgumentsTest(unittest.TestCase):
+    """bench/near_capacity_gpu.py (the H200's counterpart) checks its arguments before any GPU work: an
+    unknown allocator is refused with the list of known ones, and nothing runs."""
+
+    def test_unknown_allocators_are_refused(self):
+        for allocators in ("gpumem,bogus", "", "gpumem whole"):
+            run = subprocess.run([sys.executable, GPU_SCRIPT, "--allocators", allocators, "--runs", "vit:0"],
+                                 capture_output=True, text=True)
+            self.assertEqual(run.returncode, 2, allocators)
+            self.assertIn("argument --allocators: not a comma-separated list of torch-native, torch-expandable, "
+                          "gpumem, gpumem-whole, gpumem-limit", run.stderr)
+            self.assertEqual(run.stdout, "")
 
 
 if __name__ == "__main__":
