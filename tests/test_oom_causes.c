@@ -159,11 +159,38 @@ static void fragmentation(void)
     CHECK_MESSAGE("  1. memory_limit:1023MiB in GPUMEM_CONF (what this device leaves the process), or "
                   "torch.cuda.set_per_process_memory_fraction(0.999), set before the first allocation");
     CHECK_MESSAGE("  2. compact_min:2MiB in GPUMEM_CONF: a chunk that a few live blocks pin is split");
+    CHECK_MESSAGE("; or the same at a moment the program chooses, between steps: gm_defragment, "
+                  "gpumem.torch.defragment().\n");
     CHECK_MESSAGE("  3. chunk_room_share:1000 in GPUMEM_CONF (the default; now 0)");
     CHECK_MESSAGE("  4. A smaller max_chunk_size in GPUMEM_CONF (now no limit)");
     CHECK_MESSAGE("\nWhich setting lets this program fit: gpumem run --tune -- python train.py replays its allocations "
                   "under each (gpumem tune) on what its GPU leaves it.\n");
     (void)head, (void)second, (void)tail;
+    gm_destroy(allocator, NULL);
+    /* Pages, no whole page pinned: 3 MiB blocks back to back fill a 64 MiB device (page-sized chunks, the
+     * room share on so small a device); every other one freed leaves a whole idle page and a 1 MiB piece of
+     * a page that the block before still uses (and the last block leaves 1 MiB of the last page). The idle
+     * pages go back at the retry; what stays cached is pieces, which gm_defragment cannot join, so the
+     * report does not offer it. */
+    allocator = make_allocator("engine:pages,capacity:64MiB");
+    void *threes[21];
+    for (int i = 0; i < 21; i++)
+        threes[i] = take(allocator, 3 * MiB);
+    for (int i = 1; i < 21; i += 2)
+        CHECK_OK(gm_free(allocator, threes[i]));
+    fail(allocator, 24 * MiB, GM_OOM_CAUSE_FRAGMENTATION);
+    check_cause_line("Cause: fragmentation. 31.00 MiB is free in total, enough for the request: 11.00 MiB cached "
+                     "in gpumem's reserved memory and 20.00 MiB more that the device allows. But no free piece is "
+                     "large enough: the largest in this stream's large pool is 1.00 MiB");
+    CHECK_MESSAGE("\nNo whole free page of the cached memory is pinned: it lies in pieces that hold no whole page "
+                  "(free bytes that share their pages with live blocks) or in other heaps, and gm_defragment "
+                  "cannot give any of it back.\n");
+    CHECK_MESSAGE("  2. compact_min:2MiB in GPUMEM_CONF: a chunk that a few live blocks pin is split, its live pages "
+                  "copied to new memory at the same addresses and its free pages given back (for a program in which "
+                  "one thread at a time launches work on the device, as a training loop does; docs/engine.md, "
+                  "\"Compaction\").\n");
+    CHECK(strstr(gm_last_error(), "gm_defragment,") == NULL);
+    CHECK(strstr(gm_last_error(), "whole free pages inside chunks") == NULL);
     gm_destroy(allocator, NULL);
     /* The first two remedies work: three 300 MiB chunks, each pinned by a 4 MiB block at its start, 888 MiB
      * free but in pieces of 296 MiB and only 124 MiB more on the device. A 500 MiB request fails; under the

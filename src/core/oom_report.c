@@ -252,6 +252,13 @@ static void remedy_other_processes(const gm_oom_facts *facts, uint64_t peak_live
                     bytes(t, facts->device_total - facts->outside), bytes(t, peak_live));
 }
 
+/* Whole free pages inside chunks that live blocks pin (what compaction and gm_defragment give back);
+ * 0 for an engine without chunks. */
+static uint64_t pinned_free_bytes(gm_arena *arena)
+{
+    return arena->engine->pinned_free_bytes ? arena->engine->pinned_free_bytes(arena) : 0;
+}
+
 static void explain_fragmentation(gm_arena *arena, const gm_oom_facts *facts, const free_pieces *pieces,
                                   byte_texts *t)
 {
@@ -268,9 +275,14 @@ static void explain_fragmentation(gm_arena *arena, const gm_oom_facts *facts, co
                     bytes(t, pieces->largest),
                     arena->engine == &gm_page_engine ? "; a live block pins the free pages of every chunk it touches"
                                                      : "; a free segment goes back to the device only when wholly free");
-    if (arena->engine->pinned_free_bytes)
+    uint64_t pinned = pinned_free_bytes(arena);
+    if (pinned)
         gm_error_append("%s of the cached memory is whole free pages inside chunks that live blocks pin, which "
-                        "gm_defragment would give back.\n", bytes(t, arena->engine->pinned_free_bytes(arena)));
+                        "gm_defragment would give back.\n", bytes(t, pinned));
+    else if (arena->engine->pinned_free_bytes)
+        gm_error_append("No whole free page of the cached memory is pinned: it lies in pieces that hold no whole "
+                        "page (free bytes that share their pages with live blocks) or in other heaps, and "
+                        "gm_defragment cannot give any of it back.\n");
 }
 
 /* With no memory limit below the device's capacity, the pages engine makes chunks of up to max_chunk_size,
@@ -300,12 +312,15 @@ static void remedy_fragmentation(gm_arena *arena, const gm_oom_facts *facts, con
 {
     unsigned step = 1;
     remedy_limit_for_fragmentation(arena, facts, &step);
+    /* gm_defragment is offered only where it would give memory back now; compact_min acts throughout
+     * the run, so it may help a program that pins no whole page at the moment it fails. */
     if (arena->engine == &gm_page_engine && !arena->options->compact_min)
         gm_error_append("  %u. compact_min:2MiB in GPUMEM_CONF: a chunk that a few live blocks pin is split, its live "
                         "pages copied to new memory at the same addresses and its free pages given back (for a "
                         "program in which one thread at a time launches work on the device, as a training loop "
-                        "does; docs/engine.md, \"Compaction\"); or the same at a moment the program chooses, "
-                        "between steps: gm_defragment, gpumem.torch.defragment().\n", step++);
+                        "does; docs/engine.md, \"Compaction\")%s.\n", step++,
+                        pinned_free_bytes(arena) ? "; or the same at a moment the program chooses, between steps: "
+                                                   "gm_defragment, gpumem.torch.defragment()" : "");
     if (arena->engine == &gm_page_engine && !arena->options->chunk_room_share &&
         arena->memory_limit >= arena->backend->total_bytes) /* under a limit every chunk is page-sized */
         gm_error_append("  %u. chunk_room_share:1000 in GPUMEM_CONF (the default; now 0): no chunk larger than a "
