@@ -98,6 +98,9 @@ typedef struct free_pieces {
     uint64_t largest_here;  /* the largest free block in the heap's pool */
     uint64_t largest;       /* the largest anywhere */
     uint64_t elsewhere;     /* free bytes in other heaps or the other pool */
+    uint64_t pinned_pages;  /* whole free pages inside chunks that live blocks pin (what compaction and
+                               gm_defragment give back): asked only for fragmentation, since finding
+                               them takes host memory, which another cause may lack; else 0 */
 } free_pieces;
 
 static free_pieces find_free_pieces(gm_arena *arena, const gm_heap *heap, int pool)
@@ -252,13 +255,6 @@ static void remedy_other_processes(const gm_oom_facts *facts, uint64_t peak_live
                     bytes(t, facts->device_total - facts->outside), bytes(t, peak_live));
 }
 
-/* Whole free pages inside chunks that live blocks pin (what compaction and gm_defragment give back);
- * 0 for an engine without chunks. */
-static uint64_t pinned_free_bytes(gm_arena *arena)
-{
-    return arena->engine->pinned_free_bytes ? arena->engine->pinned_free_bytes(arena) : 0;
-}
-
 static void explain_fragmentation(gm_arena *arena, const gm_oom_facts *facts, const free_pieces *pieces,
                                   byte_texts *t)
 {
@@ -275,10 +271,9 @@ static void explain_fragmentation(gm_arena *arena, const gm_oom_facts *facts, co
                     bytes(t, pieces->largest),
                     arena->engine == &gm_page_engine ? "; a live block pins the free pages of every chunk it touches"
                                                      : "; a free segment goes back to the device only when wholly free");
-    uint64_t pinned = pinned_free_bytes(arena);
-    if (pinned)
+    if (pieces->pinned_pages)
         gm_error_append("%s of the cached memory is whole free pages inside chunks that live blocks pin, which "
-                        "gm_defragment would give back.\n", bytes(t, pinned));
+                        "gm_defragment would give back.\n", bytes(t, pieces->pinned_pages));
     else if (arena->engine->pinned_free_bytes)
         gm_error_append("No whole free page of the cached memory is pinned: it lies in pieces that hold no whole "
                         "page (free bytes that share their pages with live blocks) or in other heaps, and "
@@ -319,8 +314,8 @@ static void remedy_fragmentation(gm_arena *arena, const gm_oom_facts *facts, con
                         "pages copied to new memory at the same addresses and its free pages given back (for a "
                         "program in which one thread at a time launches work on the device, as a training loop "
                         "does; docs/engine.md, \"Compaction\")%s.\n", step++,
-                        pinned_free_bytes(arena) ? "; or the same at a moment the program chooses, between steps: "
-                                                   "gm_defragment, gpumem.torch.defragment()" : "");
+                        pieces->pinned_pages ? "; or the same at a moment the program chooses, between steps: "
+                                               "gm_defragment, gpumem.torch.defragment()" : "");
     if (arena->engine == &gm_page_engine && !arena->options->chunk_room_share &&
         arena->memory_limit >= arena->backend->total_bytes) /* under a limit every chunk is page-sized */
         gm_error_append("  %u. chunk_room_share:1000 in GPUMEM_CONF (the default; now 0): no chunk larger than a "
@@ -428,6 +423,8 @@ void gm_write_oom_report(gm_arena *arena, gm_heap *heap, uint64_t size, const gm
     gpu_processes processes = {.asked = false};
     if (cause == GM_OOM_CAUSE_OTHER_PROCESSES)
         read_gpu_processes(arena, &processes);
+    if (!from_source && cause == GM_OOM_CAUSE_FRAGMENTATION && arena->engine->pinned_free_bytes)
+        pieces.pinned_pages = arena->engine->pinned_free_bytes(arena);
 
     gm_fail(GM_ERROR_OUT_OF_MEMORY,
             "gpumem: out of memory. Tried to allocate %s (%" PRIu64 " bytes after rounding) on stream %" PRIuPTR
