@@ -5,6 +5,7 @@
  * remedies for that cause in order. The classification itself is checked on hand-made totals too, at
  * the boundaries between causes.
  */
+#include "base/system_memory.h"
 #include "core/oom_report.h"
 
 #include "test.h"
@@ -327,6 +328,43 @@ static void host_memory_nearly_exhausted(void)
     CHECK(rmdir(path) == 0 && rmdir(root) == 0); /* the fixture leaves nothing in /tmp */
 }
 
+/* The count of pinned pages takes host memory. Where that runs out, the report says the count is
+ * incomplete and still offers gm_defragment, instead of claiming that no whole page is pinned. Each
+ * host allocation the failing request makes is failed in turn; at least one of them must be the count's. */
+static void fragmentation_report_without_host_memory_to_count(void)
+{
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:1GiB,max_chunk_size:0,chunk_room_share:0");
+    void *first = take(allocator, 800 * MiB), *second = take(allocator, 100 * MiB);
+    CHECK_OK(gm_free(allocator, first));
+    void *head = take(allocator, 4 * MiB), *middle = take(allocator, 396 * MiB), *tail = take(allocator, 4 * MiB);
+    CHECK_OK(gm_free(allocator, middle));
+    uint64_t before = gm_system_allocations_made();
+    fail(allocator, 500 * MiB, GM_OOM_CAUSE_FRAGMENTATION);
+    uint64_t positions = gm_system_allocations_made() - before;
+    int uncounted = 0;
+    for (uint64_t position = 0; position < positions; position++) {
+        void *pointer = NULL;
+        gm_fail_system_allocations(position, 1);
+        gm_status status = gm_malloc(allocator, 500 * MiB, 0, &pointer);
+        gm_fail_system_allocations(0, 0);
+        CHECK(status != GM_OK && pointer == NULL);
+        if (status != GM_ERROR_OUT_OF_MEMORY || !strstr(gm_last_error(), "could not be counted"))
+            continue;
+        uncounted++;
+        CHECK_MESSAGE("\nHow much of the cached memory is whole free pages inside chunks that live blocks pin (what "
+                      "gm_defragment would give back) could not be counted: the host's memory ran out; at least ");
+        CHECK(strstr(gm_last_error(), "No whole free page") == NULL);
+        CHECK_MESSAGE("; or the same at a moment the program chooses, between steps: gm_defragment, "
+                      "gpumem.torch.defragment().\n");
+    }
+    CHECK(uncounted > 0);
+    fail(allocator, 500 * MiB, GM_OOM_CAUSE_FRAGMENTATION); /* nothing lost: the same report as before */
+    CHECK_MESSAGE("\n792.00 MiB of the cached memory is whole free pages inside chunks that live blocks pin");
+    CHECK_OK(gm_validate(allocator));
+    (void)head, (void)second, (void)tail;
+    gm_destroy(allocator, NULL);
+}
+
 /* The host backend's memory is the host's: with the address space capped (RLIMIT_AS), its reservation
  * fails, and the report names the host. */
 static void host_backend_refused_by_the_host(void)
@@ -365,5 +403,6 @@ static void host_backend_refused_by_the_host(void)
 }
 
 RUN_TESTS(TEST_CASE(names_of_causes), TEST_CASE(cause_is_per_thread), TEST_CASE(classification_boundaries),
-          TEST_CASE(capacity), TEST_CASE(fragmentation), TEST_CASE(other_processes), TEST_CASE(memory_limit),
+          TEST_CASE(capacity), TEST_CASE(fragmentation),
+          TEST_CASE(fragmentation_report_without_host_memory_to_count), TEST_CASE(other_processes), TEST_CASE(memory_limit),
           TEST_CASE(host_memory_nearly_exhausted), TEST_CASE(host_backend_refused_by_the_host))

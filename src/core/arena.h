@@ -159,8 +159,9 @@ struct gm_engine_operations {
      * cannot split its memory (plain segments). */
     gm_status (*defragment)(gm_arena *arena, uint64_t least_free, uint64_t *released_out);
     /* The whole free pages inside chunks that live blocks pin: what defragment could give back (for the
-     * out-of-memory report). NULL: the engine has none to tell (plain segments). */
-    uint64_t (*pinned_free_bytes)(gm_arena *arena);
+     * out-of-memory report), in *bytes_out; false where host memory ran out before all were counted.
+     * NULL: the engine has none to tell (plain segments). */
+    bool (*pinned_free_bytes)(gm_arena *arena, uint64_t *bytes_out);
     /* The cached memory that release_cached(0) would give back (wholly free chunks or segments, outside
      * private pools): what a request beyond the room under the memory limit can still be served from. */
     uint64_t (*idle_bytes)(gm_arena *arena);

@@ -101,11 +101,12 @@ typedef struct free_pieces {
     uint64_t pinned_pages;  /* whole free pages inside chunks that live blocks pin (what compaction and
                                gm_defragment give back): asked only for fragmentation, since finding
                                them takes host memory, which another cause may lack; else 0 */
+    bool pinned_counted;    /* false: host memory ran out before every pinned page was counted */
 } free_pieces;
 
 static free_pieces find_free_pieces(gm_arena *arena, const gm_heap *heap, int pool)
 {
-    free_pieces pieces = {0};
+    free_pieces pieces = {.pinned_counted = true};
     for (size_t h = 0; h < arena->heap_count; h++)
         for (int p = GM_POOL_SMALL; p <= GM_POOL_LARGE; p++) {
             const gm_size_index *index = &arena->heaps[h]->free_blocks[p];
@@ -271,7 +272,11 @@ static void explain_fragmentation(gm_arena *arena, const gm_oom_facts *facts, co
                     bytes(t, pieces->largest),
                     arena->engine == &gm_page_engine ? "; a live block pins the free pages of every chunk it touches"
                                                      : "; a free segment goes back to the device only when wholly free");
-    if (pieces->pinned_pages)
+    if (!pieces->pinned_counted)
+        gm_error_append("How much of the cached memory is whole free pages inside chunks that live blocks pin "
+                        "(what gm_defragment would give back) could not be counted: the host's memory ran out; "
+                        "at least %s.\n", bytes(t, pieces->pinned_pages));
+    else if (pieces->pinned_pages)
         gm_error_append("%s of the cached memory is whole free pages inside chunks that live blocks pin, which "
                         "gm_defragment would give back.\n", bytes(t, pieces->pinned_pages));
     else if (arena->engine->pinned_free_bytes)
@@ -314,7 +319,7 @@ static void remedy_fragmentation(gm_arena *arena, const gm_oom_facts *facts, con
                         "pages copied to new memory at the same addresses and its free pages given back (for a "
                         "program in which one thread at a time launches work on the device, as a training loop "
                         "does; docs/engine.md, \"Compaction\")%s.\n", step++,
-                        pieces->pinned_pages ? "; or the same at a moment the program chooses, between steps: "
+                        pieces->pinned_pages || !pieces->pinned_counted ? "; or the same at a moment the program chooses, between steps: "
                                                "gm_defragment, gpumem.torch.defragment()" : "");
     if (arena->engine == &gm_page_engine && !arena->options->chunk_room_share &&
         arena->memory_limit >= arena->backend->total_bytes) /* under a limit every chunk is page-sized */
@@ -424,7 +429,7 @@ void gm_write_oom_report(gm_arena *arena, gm_heap *heap, uint64_t size, const gm
     if (cause == GM_OOM_CAUSE_OTHER_PROCESSES)
         read_gpu_processes(arena, &processes);
     if (!from_source && cause == GM_OOM_CAUSE_FRAGMENTATION && arena->engine->pinned_free_bytes)
-        pieces.pinned_pages = arena->engine->pinned_free_bytes(arena);
+        pieces.pinned_counted = arena->engine->pinned_free_bytes(arena, &pieces.pinned_pages);
 
     gm_fail(GM_ERROR_OUT_OF_MEMORY,
             "gpumem: out of memory. Tried to allocate %s (%" PRIu64 " bytes after rounding) on stream %" PRIuPTR

@@ -215,10 +215,11 @@ static gm_status compact_chunk(gm_arena *arena, const pinned_chunk *pinned, bool
 /* Every chunk of the shared large pools (not a private pool's, not a lane's: page-sized chunks) with
  * at least `least` bytes of whole free pages that is not idle, exported, lost (nothing to copy from),
  * nor in [keep_start, keep_end) of `keep_region` (the growth's own run). *free_pages_out: the page maps
- * made, to free. */
+ * made, to free. *complete_out (unless NULL): false where host memory ran out and the search stopped
+ * short. */
 static size_t find_pinned_chunks(gm_arena *arena, uint64_t least, const gm_region *keep_region, uintptr_t keep_start,
                                  uintptr_t keep_end, pinned_chunk **chunks_out, uint8_t ***free_pages_out,
-                                 size_t *maps_out)
+                                 size_t *maps_out, bool *complete_out)
 {
     uint64_t page_size = engine_of(arena)->page_size;
     size_t count = 0, capacity = 0, maps = 0;
@@ -251,7 +252,8 @@ static size_t find_pinned_chunks(gm_arena *arena, uint64_t least, const gm_regio
                     continue;
                 if (count == capacity) {
                     pinned_chunk *grown = gm_system_realloc(chunks, (capacity ? 2 * capacity : 16) * sizeof *chunks);
-                    if (!grown)
+                    out_of_memory = !grown;
+                    if (out_of_memory)
                         break;
                     chunks = grown, capacity = capacity ? 2 * capacity : 16;
                 }
@@ -262,6 +264,8 @@ static size_t find_pinned_chunks(gm_arena *arena, uint64_t least, const gm_regio
     *chunks_out = chunks;
     *free_pages_out = free_pages;
     *maps_out = maps;
+    if (complete_out)
+        *complete_out = !out_of_memory;
     return count;
 }
 
@@ -271,7 +275,7 @@ static size_t find_pinned_chunks_in_order(gm_arena *arena, uint64_t least, const
                                           uint8_t ***free_pages_out, size_t *maps_out)
 {
     size_t count = find_pinned_chunks(arena, least, keep_region, keep_start, keep_end, chunks_out, free_pages_out,
-                                      maps_out);
+                                      maps_out, NULL);
     if (count)
         qsort(*chunks_out, count, sizeof **chunks_out, fewest_live_first);
     return count;
@@ -350,15 +354,18 @@ gm_status pages_defragment(gm_arena *arena, uint64_t least_free, uint64_t *relea
     return status;
 }
 
-uint64_t pages_pinned_free_bytes(gm_arena *arena)
+bool pages_pinned_free_bytes(gm_arena *arena, uint64_t *bytes_out)
 {
     pinned_chunk *chunks = NULL;
     uint8_t **free_pages = NULL;
     size_t maps = 0;
-    size_t count = find_pinned_chunks(arena, engine_of(arena)->page_size, NULL, 0, 0, &chunks, &free_pages, &maps);
+    bool complete = true;
+    size_t count = find_pinned_chunks(arena, engine_of(arena)->page_size, NULL, 0, 0, &chunks, &free_pages, &maps,
+                                      &complete);
     uint64_t total = 0;
     for (size_t i = 0; i < count; i++)
         total += chunks[i].free_bytes;
     free_found(chunks, free_pages, maps);
-    return total;
+    *bytes_out = total;
+    return complete;
 }

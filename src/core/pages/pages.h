@@ -558,7 +558,8 @@ gm_status pages_compact_for(gm_arena *arena, const window *where, uint64_t need,
  * engine operation `defragment`). GM_ERROR_NOT_SUPPORTED while a stream is being captured. */
 gm_status pages_defragment(gm_arena *arena, uint64_t least_free, uint64_t *released_out);
 
-/* The whole free pages of the chunks pages_defragment would split (0 without host memory to look). */
-uint64_t pages_pinned_free_bytes(gm_arena *arena);
+/* The whole free pages of the chunks pages_defragment would split, in *bytes_out. False where host
+ * memory ran out during the search: *bytes_out then counts only the chunks found before. */
+bool pages_pinned_free_bytes(gm_arena *arena, uint64_t *bytes_out);
 
 #endif
