@@ -76,6 +76,10 @@ def test_out_of_memory_raises_and_training_continues():
             blocks.append(torch.empty(8 * GiB, dtype=torch.uint8, device="cuda"))
     assert len(blocks) > 5
     del blocks
+    # The device back for the tests after this one, which run in processes of their own: cached in this
+    # one, it would leave them a nearly full device, where chunks shrink with the room (chunk_room_share).
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved() < GiB
     model = torch.nn.Linear(256, 256).cuda()
     loss = model(torch.randn(64, 256, device="cuda")).square().mean()
     loss.backward()
