@@ -272,18 +272,22 @@ def main():
     unknown = [name for name in allocators if name not in ALLOCATORS]
     if unknown:
         parser.error(f"unknown allocator(s) {', '.join(unknown)}; known: {', '.join(ALLOCATORS)}")
+    if arguments.repeats < 1:
+        parser.error(f"--repeats {arguments.repeats}: at least 1")
     patterns = arguments.patterns.split(",")
     unknown = [name for name in patterns if name not in PATTERNS]
     if unknown:
         parser.error(f"unknown pattern(s) {', '.join(unknown)}; known: {', '.join(PATTERNS)}")
-    repeats = [one_repeat(allocators, arguments) for _ in range(arguments.repeats)]
-    records = [{"pattern": pattern, "allocator": name, "turns": [repeat[name][pattern] for repeat in repeats]}
-               for pattern in patterns for name in allocators]
+    repeats = []
+    for _ in range(arguments.repeats):
+        repeats.append(one_repeat(allocators, arguments))
+        records = [{"pattern": pattern, "allocator": name, "turns": [repeat[name][pattern] for repeat in repeats]}
+                   for pattern in patterns for name in allocators]
+        if arguments.out:  # after every repeat: a run stopped early leaves the repeats it finished (--render)
+            with open(arguments.out, "w") as out:
+                for record in records:
+                    out.write(json.dumps(record) + "\n")
     print_table(records)
-    if arguments.out:
-        with open(arguments.out, "w") as out:
-            for record in records:
-                out.write(json.dumps(record) + "\n")
 
 
 def paired_ratio(turns, native_turns, key):
