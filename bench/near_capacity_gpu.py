@@ -38,22 +38,25 @@ def allocator_list(text):
 def run(workload, seed, allocator, steps, warmup, room=None):
     """more_models_gpu.run with the device left `room` MiB (when given); gpumem-limit is gpumem under
     the memory limit its out-of-memory report offers, the room less 1 MiB. The error's tail is long
-    enough to hold PyTorch's out-of-memory sentence before gpumem's report."""
+    enough to hold PyTorch's out-of-memory sentence before gpumem's report (whose remedies for
+    fragmentation run to several thousand characters)."""
     env = environment("gpumem" if allocator == "gpumem-limit" else allocator)
     if allocator == "gpumem-limit":
         env["GPUMEM_TORCH"] = f"memory_limit:{int(room) - 1}MiB"
     extra = ["--device-room", f"{room:.0f}"] if room else []
-    result = more_models_gpu.run(workload, seed, allocator, steps, warmup, extra, env, error_tail=3000)
+    result = more_models_gpu.run(workload, seed, allocator, steps, warmup, extra, env, error_tail=16000)
     result["room_MiB"] = room
     return result
 
 
 def first_error_line(result):
-    """The error's most telling line: PyTorch's out-of-memory sentence, else the last line."""
+    """The error's most telling line: PyTorch's out-of-memory sentence, else gpumem's cause, else the
+    last line."""
     lines = [line for line in result.get("error", "").splitlines() if line.strip()]
-    for line in lines:
-        if "OutOfMemoryError" in line or "out of memory" in line:
-            return line.strip()[:160]
+    for marks in (("OutOfMemoryError", "out of memory"), ("Cause: ",)):
+        for line in lines:
+            if any(mark in line for mark in marks):
+                return line.strip()[:160]
     return (lines[-1] if lines else f"exit status {result['exit']}")[:160]
 
 

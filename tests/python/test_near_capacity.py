@@ -78,6 +78,22 @@ class GpuDriverArgumentsTest(unittest.TestCase):
                           "gpumem, gpumem-whole, gpumem-limit", run.stderr)
             self.assertEqual(run.stdout, "")
 
+    def test_the_table_names_the_out_of_memory_error(self):
+        """A run's error as the table shows it: PyTorch's sentence where the tail holds it, else gpumem's
+        cause, never the report's closing note about PYTORCH_CUDA_ALLOC_CONF."""
+        sys.path.insert(0, os.path.dirname(GPU_SCRIPT))
+        try:
+            import near_capacity_gpu
+        finally:
+            sys.path.pop(0)
+        note = "gpumem is PyTorch's allocator in this process: PYTORCH_CUDA_ALLOC_CONF's allocator settings"
+        whole = {"error": "Traceback\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 MiB\n"
+                          "Cause: fragmentation. 2 MiB is free\n" + note}
+        self.assertTrue(near_capacity_gpu.first_error_line(whole).startswith("torch.OutOfMemoryError: CUDA out"))
+        cut = {"error": "ee in total\nCause: fragmentation. 227 MiB is free\n  1. remedy\n" + note}
+        self.assertEqual(near_capacity_gpu.first_error_line(cut), "Cause: fragmentation. 227 MiB is free")
+        self.assertEqual(near_capacity_gpu.first_error_line({"error": "", "exit": 3}), "exit status 3")
+
 
 if __name__ == "__main__":
     unittest.main()
