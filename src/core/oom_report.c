@@ -312,15 +312,18 @@ static void remedy_fragmentation(gm_arena *arena, const gm_oom_facts *facts, con
 {
     unsigned step = 1;
     remedy_limit_for_fragmentation(arena, facts, &step);
-    /* gm_defragment is offered only where it would give memory back now; compact_min acts throughout
-     * the run, so it may help a program that pins no whole page at the moment it fails. */
+    /* gm_defragment is offered only where it would give memory back now (or may: its count ran out of
+     * host memory); compact_min acts throughout the run, so it may help a program that pins no whole
+     * page at the moment it fails. */
     if (arena->engine == &gm_page_engine && !arena->options->compact_min)
         gm_error_append("  %u. compact_min:2MiB in GPUMEM_CONF: a chunk that a few live blocks pin is split, its live "
                         "pages copied to new memory at the same addresses and its free pages given back (for a "
                         "program in which one thread at a time launches work on the device, as a training loop "
                         "does; docs/engine.md, \"Compaction\")%s.\n", step++,
-                        pieces->pinned_pages || !pieces->pinned_counted ? "; or the same at a moment the program chooses, between steps: "
-                                               "gm_defragment, gpumem.torch.defragment()" : "");
+                        pieces->pinned_pages || !pieces->pinned_counted
+                            ? "; or the same at a moment the program chooses, between steps: gm_defragment, "
+                              "gpumem.torch.defragment()"
+                            : "");
     if (arena->engine == &gm_page_engine && !arena->options->chunk_room_share &&
         arena->memory_limit >= arena->backend->total_bytes) /* under a limit every chunk is page-sized */
         gm_error_append("  %u. chunk_room_share:1000 in GPUMEM_CONF (the default; now 0): no chunk larger than a "
