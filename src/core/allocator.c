@@ -167,7 +167,8 @@ static void stop_publishing(gm_allocator *allocator)
 gm_status gm_publish_status(gm_allocator *allocator, char *path_out, size_t path_size)
 {
     if (!allocator || (!path_out && path_size))
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_publish_status: an argument is NULL");
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_publish_status: %s",
+                       allocator ? "path_out is NULL but path_size is not 0" : "allocator is NULL");
     gm_lock_acquire(&allocator->lock);
     gm_status status = allocator->publish_status;
     if (status != GM_OK)
@@ -588,7 +589,8 @@ gm_status gm_record_stream(gm_allocator *allocator, void *pointer, gm_stream str
 gm_status gm_allocation_size(gm_allocator *allocator, const void *pointer, size_t *size_out)
 {
     if (!allocator || !pointer || !size_out)
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_allocation_size: an argument is NULL");
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_allocation_size: %s is NULL",
+                       !allocator ? "allocator" : !pointer ? "pointer" : "size_out");
     gm_lock_acquire(&allocator->lock);
     gm_block *block = find_live_block(allocator, pointer);
     if (block)
@@ -644,7 +646,7 @@ gm_status gm_set_memory_limit(gm_allocator *allocator, uint64_t bytes)
 gm_status gm_get_memory_limit(gm_allocator *allocator, uint64_t *bytes_out)
 {
     if (!allocator || !bytes_out)
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_memory_limit: an argument is NULL");
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_memory_limit: %s is NULL", allocator ? "bytes_out" : "allocator");
     gm_lock_acquire(&allocator->lock);
     *bytes_out = allocator->arena.memory_limit;
     gm_lock_release(&allocator->lock);
@@ -662,7 +664,7 @@ void gm_read_stats_locked(gm_allocator *allocator, gm_stats *stats_out)
 gm_status gm_get_stats(gm_allocator *allocator, gm_stats *stats_out)
 {
     if (!allocator || !stats_out)
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_stats: an argument is NULL");
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_stats: %s is NULL", allocator ? "stats_out" : "allocator");
     gm_lock_acquire(&allocator->lock);
     gm_read_stats_locked(allocator, stats_out);
     gm_lock_release(&allocator->lock);

@@ -36,7 +36,8 @@ void gm_cache_info_locked(gm_allocator *allocator, uint64_t *free_bytes_out, uin
 gm_status gm_cache_info(gm_allocator *allocator, uint64_t *free_bytes_out, uint64_t *largest_block_out)
 {
     if (!allocator || !free_bytes_out || !largest_block_out)
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_cache_info: an argument is NULL");
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_cache_info: %s is NULL",
+                       !allocator ? "allocator" : !free_bytes_out ? "free_bytes_out" : "largest_block_out");
     gm_lock_acquire(&allocator->lock);
     gm_cache_info_locked(allocator, free_bytes_out, largest_block_out);
     gm_lock_release(&allocator->lock);
@@ -58,7 +59,7 @@ static uint64_t room_to_reserve_locked(gm_allocator *allocator)
 gm_status gm_largest_allocation(gm_allocator *allocator, uint64_t *bytes_out)
 {
     if (!allocator || !bytes_out)
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_largest_allocation: an argument is NULL");
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_largest_allocation: %s is NULL", allocator ? "bytes_out" : "allocator");
     uint64_t free_bytes = 0, largest_block = 0;
     gm_lock_acquire(&allocator->lock);
     gm_cache_info_locked(allocator, &free_bytes, &largest_block);

@@ -36,7 +36,7 @@ gm_status gm_read_device_info_locked(gm_allocator *allocator, gm_device_info *in
 gm_status gm_get_device_info(gm_allocator *allocator, gm_device_info *info_out)
 {
     if (!allocator || !info_out)
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_device_info: an argument is NULL");
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_device_info: %s is NULL", allocator ? "info_out" : "allocator");
     gm_lock_acquire(&allocator->lock);
     gm_status status = gm_read_device_info_locked(allocator, info_out);
     gm_lock_release(&allocator->lock);
@@ -85,7 +85,7 @@ gm_status gm_sim_stream_finish_until(gm_allocator *allocator, gm_stream stream, 
 gm_status gm_sim_work_waited_for(gm_allocator *allocator, uint64_t *units_out)
 {
     if (!allocator || !units_out)
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_sim_work_waited_for: an argument is NULL");
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_sim_work_waited_for: %s is NULL", allocator ? "units_out" : "allocator");
     if (!allocator->arena.backend->operations->stream_enqueue)
         return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend has real streams", allocator->arena.backend->operations->name);
     gm_lock_acquire(&allocator->lock);

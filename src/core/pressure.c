@@ -685,7 +685,7 @@ gm_status gm_set_pressure_policy(gm_allocator *allocator, const gm_pressure_poli
 gm_status gm_get_pressure_policy(gm_allocator *allocator, gm_pressure_policy *policy_out)
 {
     if (!allocator || !policy_out)
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_pressure_policy: an argument is NULL");
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_pressure_policy: %s is NULL", allocator ? "policy_out" : "allocator");
     gm_lock_acquire(&allocator->lock);
     *policy_out = allocator->pressure.policy;
     gm_lock_release(&allocator->lock);
@@ -695,7 +695,7 @@ gm_status gm_get_pressure_policy(gm_allocator *allocator, gm_pressure_policy *po
 gm_status gm_get_pressure(gm_allocator *allocator, gm_pressure_readings *readings_out)
 {
     if (!allocator || !readings_out)
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_pressure: an argument is NULL");
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_get_pressure: %s is NULL", allocator ? "readings_out" : "allocator");
     gm_lock_acquire(&allocator->lock);
     gm_pressure_readings readings = current_readings(allocator);
     readings.signals_high = signals_at_or_above(&allocator->pressure, &readings, true);

@@ -100,7 +100,7 @@ static void fill_regions(const gm_arena *arena, gm_snapshot *snapshot)
 gm_status gm_snapshot_take(gm_allocator *allocator, gm_snapshot **snapshot_out)
 {
     if (!allocator || !snapshot_out)
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_snapshot_take: an argument is NULL");
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_snapshot_take: %s is NULL", allocator ? "snapshot_out" : "allocator");
     gm_snapshot *snapshot = gm_system_calloc(1, sizeof *snapshot);
     if (!snapshot)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a snapshot");
@@ -150,7 +150,7 @@ gm_status gm_history_read(gm_allocator *allocator, gm_event *events, size_t capa
                           uint64_t *dropped_out)
 {
     if (!allocator || !count_out)
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_history_read: an argument is NULL");
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_history_read: %s is NULL", allocator ? "count_out" : "allocator");
     gm_arena *arena = gm_lock_arena(allocator);
     gm_status status = GM_OK;
     uint64_t dropped = 0;

@@ -113,7 +113,7 @@ static void append_region(json_text *text, const gm_snapshot *snapshot, const gm
 gm_status gm_snapshot_json(const gm_snapshot *snapshot, char **json_out)
 {
     if (!snapshot || !json_out)
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_snapshot_json: an argument is NULL");
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_snapshot_json: %s is NULL", snapshot ? "json_out" : "snapshot");
     json_text text = {0};
     const gm_device_info *device = &snapshot->device;
     append(&text, "{\"format\": \"gpumem-snapshot\", \"version\": 1, \"device\": {\"backend\": \"%s\", "
@@ -134,7 +134,7 @@ gm_status gm_snapshot_json(const gm_snapshot *snapshot, char **json_out)
 gm_status gm_history_json(gm_allocator *allocator, char **json_out)
 {
     if (!allocator || !json_out)
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_history_json: an argument is NULL");
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_history_json: %s is NULL", allocator ? "json_out" : "allocator");
     size_t count = 0;
     uint64_t dropped = 0;
     gm_status status = gm_history_read(allocator, NULL, 0, &count, &dropped);
