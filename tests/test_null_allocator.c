@@ -1,11 +1,12 @@
 /*
  * test_null_allocator.c -- every public call that takes an allocator, given none (NULL) but otherwise
- * well-formed arguments: a clear error naming the allocator, never a crash, and nothing written through
- * the caller's pointers.
+ * well-formed arguments, and given an allocator but NULL for one pointer the header does not say may be
+ * NULL: a clear error naming that argument, never a crash, and nothing written through the caller's
+ * other pointers or changed in the allocator.
  *
  * test_api.c passes NULL for every argument at once, which a check of any one of them refuses; a call
- * that checked its output pointer but not the allocator would pass there and crash here. The list
- * follows include/gpumem.h: a new call that takes an allocator belongs in it.
+ * that checked its output pointer but not the allocator (or the other way round) would pass there and
+ * crash here. The lists follow include/gpumem.h: a new call that takes an allocator belongs in them.
  */
 #include "test.h"
 
@@ -168,5 +169,64 @@ static void host_pressure_and_stream_calls(void)
     CHECK_REFUSED(gm_sim_set_used_elsewhere(NULL, 1 << 20));
 }
 
+/* The call's status is an argument error whose message names `argument`. */
+#define CHECK_NAMES(call, argument)                                                                           \
+    do {                                                                                                      \
+        CHECK_STATUS((call), GM_ERROR_INVALID_ARGUMENT);                                                      \
+        CHECK(strstr(gm_last_error(), argument " is NULL") != NULL);                                          \
+    } while (0)
+
+/* One pointer NULL at a time, on an allocator with a live block and cached memory, which no refused call
+ * may change (gm_validate and the statistics before and after). */
+static void each_required_pointer(void)
+{
+    gm_allocator *allocator = NULL;
+    CHECK_OK(gm_create("backend:sim,capacity:1GiB,history:16", &allocator));
+    void *live = NULL, *cached = NULL;
+    CHECK_OK(gm_malloc(allocator, 4 << 20, 0, &live));
+    CHECK_OK(gm_malloc(allocator, 8 << 20, 0, &cached));
+    CHECK_OK(gm_free(allocator, cached));
+    gm_stats before, after;
+    CHECK_OK(gm_get_stats(allocator, &before));
+    uint64_t bytes = 0;
+    size_t count = 0;
+    CHECK_NAMES(gm_malloc(allocator, 4096, 0, NULL), "pointer_out");
+    CHECK_NAMES(gm_allocation_size(allocator, live, NULL), "size_out");
+    CHECK_NAMES(gm_get_memory_limit(allocator, NULL), "bytes_out");
+    CHECK_NAMES(gm_cache_info(allocator, NULL, &bytes), "free_bytes_out");
+    CHECK_NAMES(gm_cache_info(allocator, &bytes, NULL), "largest_block_out");
+    CHECK_NAMES(gm_largest_allocation(allocator, NULL), "bytes_out");
+    CHECK_NAMES(gm_get_stats(allocator, NULL), "stats_out");
+    CHECK_NAMES(gm_get_device_info(allocator, NULL), "info_out");
+    CHECK_NAMES(gm_snapshot_take(allocator, NULL), "snapshot_out");
+    CHECK_NAMES(gm_history_read(allocator, NULL, 0, NULL, NULL), "count_out");
+    CHECK_NAMES(gm_history_json(allocator, NULL), "json_out");
+    CHECK_NAMES(gm_get_pressure_policy(allocator, NULL), "policy_out");
+    CHECK_NAMES(gm_get_pressure(allocator, NULL), "readings_out");
+    CHECK_NAMES(gm_named_stream(allocator, 3, NULL), "stream_out");
+    CHECK_NAMES(gm_sim_work_waited_for(allocator, NULL), "units_out");
+    CHECK_STATUS(gm_holds_stream(allocator, 0, NULL), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_STATUS(gm_host_malloc(allocator, 4096, NULL), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_STATUS(gm_host_get_stats(allocator, NULL), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_STATUS(gm_on_pressure(allocator, NULL, NULL), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_STATUS(gm_publish_status(allocator, NULL, 64), GM_ERROR_INVALID_ARGUMENT);
+    gm_pool_id pool = {1, 2};
+    CHECK_STATUS(gm_get_pool_info(allocator, pool, NULL), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_STATUS(gm_get_pool_allocations(allocator, pool, NULL, 2, &count), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_STATUS(gm_get_pool_allocations(allocator, pool, NULL, 0, NULL), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_STATUS(gm_host_free_with_streams(allocator, live, NULL, 1), GM_ERROR_INVALID_ARGUMENT);
+    char table[64];
+    CHECK_NAMES(gm_summary_of_stats(NULL, "sim", 0, table, sizeof table, NULL), "stats");
+    CHECK_NAMES(gm_summary_of_stats(&before, NULL, 0, table, sizeof table, NULL), "backend");
+    CHECK_NAMES(gm_snapshot_json(NULL, NULL), "snapshot");
+    CHECK_OK(gm_validate(allocator));
+    CHECK_OK(gm_get_stats(allocator, &after));
+    CHECK_EQ_INT(after.allocated_bytes[GM_POOL_ALL].current, before.allocated_bytes[GM_POOL_ALL].current);
+    CHECK_EQ_INT(after.reserved_bytes[GM_POOL_ALL].current, before.reserved_bytes[GM_POOL_ALL].current);
+    CHECK_EQ_INT(after.allocation[GM_POOL_ALL].allocated, before.allocation[GM_POOL_ALL].allocated);
+    CHECK_OK(gm_free(allocator, live));
+    gm_destroy(allocator, NULL);
+}
+
 RUN_TESTS(TEST_CASE(memory_calls), TEST_CASE(sharing_and_pool_calls), TEST_CASE(reading_calls),
-          TEST_CASE(host_pressure_and_stream_calls))
+          TEST_CASE(host_pressure_and_stream_calls), TEST_CASE(each_required_pointer))

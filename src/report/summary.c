@@ -134,7 +134,10 @@ gm_status gm_summary_of_stats(const gm_stats *stats, const char *backend, int de
                               size_t buffer_size, size_t *needed_out)
 {
     if (!stats || !backend || (!buffer && buffer_size))
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_summary_of_stats: an argument is NULL");
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_summary_of_stats: %s",
+                       !stats     ? "stats is NULL"
+                       : !backend ? "backend is NULL"
+                                  : "buffer is NULL but buffer_size is not 0");
     text_buffer text = {buffer, buffer_size, 0};
     render(&text, stats, backend, device);
     if (needed_out)
