@@ -323,6 +323,8 @@ def _check(status):
         if status == _OUT_OF_MEMORY:
             cause = _library.gm_last_oom_cause()
             raise OutOfMemoryError(status, message, OOM_CAUSES[cause] if 0 <= cause < len(OOM_CAUSES) else "unknown")
+        if message.endswith(": allocator is NULL"):  # the Python object's handle: zeroed by close()
+            message += " (this gpumem.Allocator was closed)"
         raise GpumemError(status, message)
 
 

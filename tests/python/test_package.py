@@ -129,6 +129,12 @@ class PackageTest(unittest.TestCase):
             gpumem.Allocator("engine:warp", from_environment=False)
         self.assertIn("bad value 'warp' for key 'engine'", str(caught.exception))
         self.assertEqual(caught.exception.status, 4)
+        closed = gpumem.Allocator("backend:sim,capacity:1GiB", from_environment=False)
+        closed.close()
+        for call in (lambda: closed.malloc(4096), lambda: closed.memory_stats(), lambda: closed.empty_cache()):
+            with self.assertRaises(gpumem.GpumemError) as caught:
+                call()
+            self.assertIn("allocator is NULL (this gpumem.Allocator was closed)", str(caught.exception))
 
     def test_sizes_and_streams_out_of_range_are_refused(self):
         # ctypes wrapped them: malloc(2**64 + 4096) gave a 4096-byte block, stream -1 became 2**64 - 1.
