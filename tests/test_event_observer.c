@@ -3,7 +3,7 @@
  * happens, with or without a history ring, carrying the private pool it concerns; an unmap reaches it
  * while the memory is still mapped (NCCL deregisters memory from PyTorch's trace trackers before it
  * goes); switching the ring on and off keeps the observer, and removing the observer leaves no history
- * behind. Snapshots name the private pool of each region.
+ * behind; an observer coming or going keeps the ring's events. Snapshots name the private pool of each region.
  */
 #include "test.h"
 
@@ -241,5 +241,38 @@ static void the_observer_outlives_history_changes(void)
     close_log(&log);
 }
 
+/* The events already in the ring stay there when an observer comes and when it goes (memory history
+ * recorded first, then NCCL's trace tracker attached: neither may cost the other its events). */
+static void an_observer_keeps_the_rings_events(void)
+{
+    seen log;
+    open_log(&log);
+    gm_allocator *allocator = NULL;
+    CHECK_OK(gm_create("capacity:1GiB,history:8", &allocator));
+    void *block = NULL;
+    CHECK_OK(gm_malloc(allocator, 1000, 0, &block));
+    gm_event events[8];
+    size_t count = 0;
+    CHECK_OK(gm_history_read(allocator, events, 8, &count, NULL));
+    size_t before = count;
+    CHECK(before >= 1);
+    CHECK_OK(gm_set_event_observer(allocator, record, &log));
+    CHECK_OK(gm_history_read(allocator, events, 8, &count, NULL));
+    CHECK_EQ_INT(count, before);
+    uintptr_t address = (uintptr_t)block;
+    CHECK_OK(gm_free(allocator, block));
+    CHECK_EQ_INT(count_kind(&log, GM_EVENT_FREE_COMPLETED), 1);
+    CHECK_OK(gm_set_event_observer(allocator, NULL, NULL));
+    CHECK_OK(gm_history_read(allocator, events, 8, &count, NULL));
+    CHECK(count > before); /* the alloc (and the mapping before it), and the free's events */
+    int allocs = 0;
+    for (size_t i = 0; i < count; i++)
+        allocs += events[i].kind == GM_EVENT_ALLOC && events[i].address == address;
+    CHECK_EQ_INT(allocs, 1);
+    gm_destroy(allocator, NULL);
+    close_log(&log);
+}
+
 RUN_TESTS(TEST_CASE(every_event_reaches_the_observer_without_history), TEST_CASE(a_segment_is_announced_before_it_goes),
-          TEST_CASE(events_and_regions_name_their_private_pool), TEST_CASE(the_observer_outlives_history_changes))
+          TEST_CASE(events_and_regions_name_their_private_pool), TEST_CASE(the_observer_outlives_history_changes),
+          TEST_CASE(an_observer_keeps_the_rings_events))

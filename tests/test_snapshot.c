@@ -1,6 +1,6 @@
 /*
  * test_snapshot.c -- snapshots and the history ring: a snapshot's blocks tile its regions and agree
- * with the statistics (allocated, pending, mapped) under both engines, also while the pages engine
+ * with the statistics (allocated, pending, mapped) under both engines, live blocks with their requests, also while the pages engine
  * holds memory made ahead of need (shown as free where it lies); the ring keeps the newest N
  * events in order, with the caller's tags, and costs nothing when off; the JSON forms are written.
  */
@@ -27,6 +27,12 @@ static void check_snapshot_against_stats(gm_allocator *allocator, uint64_t pendi
             allocated += block->kind == GM_BLOCK_KIND_ALLOCATED ? block->size : 0;
             requested += block->kind == GM_BLOCK_KIND_ALLOCATED ? block->requested : 0;
             pending += block->kind == GM_BLOCK_KIND_PENDING ? block->size : 0;
+            /* a live block (allocated, or freed while another stream still uses it) shows its request,
+             * memory that no block holds none */
+            if (block->kind == GM_BLOCK_KIND_ALLOCATED || block->kind == GM_BLOCK_KIND_PENDING)
+                CHECK(block->requested > 0 && block->requested <= block->size);
+            else
+                CHECK_EQ_INT(block->requested, 0);
             region_mapped += block->kind == GM_BLOCK_KIND_UNMAPPED ? 0 : block->size;
         }
         CHECK(expected_address == region->address + region->size);
