@@ -491,8 +491,13 @@ static void traces_reach_the_sim_peaks(void)
         gm_trace trace;
         CHECK_OK(gm_trace_load(path, &trace));
         char sim_config[256];
+        /* The sim's capacity is the memory the GPU leaves free (its total less the CUDA context and
+         * anything else already there): the room for new memory sizes the chunks (chunk_room_share),
+         * so a sim of the whole device would make other chunks than the GPU once that share falls
+         * below max_chunk_size, as it does on a device of 80 GB. */
         snprintf(sim_config, sizeof sim_config, "backend:sim,capacity:%llu,page_size:%llu",
-                 (unsigned long long)info.total_bytes, (unsigned long long)info.granularity);
+                 (unsigned long long)(info.free_bytes / info.granularity * info.granularity),
+                 (unsigned long long)info.granularity);
         gm_replay_result on_gpu, on_sim;
         gm_allocator *gpu = make("backend:cuda");
         CHECK_OK(gm_replay(gpu, &trace, &on_gpu));
