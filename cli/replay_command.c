@@ -101,6 +101,8 @@ static void print_text(const char *trace_path, const gm_device_info *device, con
 #define REPLAY_USAGE                                                                                          \
     "usage: gpumem replay TRACE [--backend sim|host|cuda] [--capacity BYTES] [--conf ...] [--json] [--passes N]\n" \
     "                           [--lead N] [--snapshot FILE] [--history FILE] [--report FILE]\n"                   \
+    "  --capacity BYTES (e.g. 80GiB): the simulated device's memory, by default an H200's 143771 MiB; give\n"     \
+    "           what your GPU leaves the process: chunk sizes, and so the results, depend on it (sim backend)\n" \
     "  --json prints one JSON object per pass, one per line (JSON lines), not one JSON document\n"                  \
     "  --lead N: the simulated device runs N operations behind the host, as a GPU does; waits for streams\n"    \
     "           are counted with the work they finished early (sim and host backends)\n"

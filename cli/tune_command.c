@@ -86,7 +86,8 @@ typedef struct tuning {
     "  replays the allocations of TRACE (or of a HISTORY: gpumem replay --history, gpumem run --tune) under\n" \
     "  the defaults and each opt-in setting of the pages engine, N passes each (default 3, at most 10; the\n"  \
     "  first cold), and names the configuration that reserves the least memory for it; --conf applies\n"      \
-    "  under every candidate (a memory_limit, say)\n"
+    "  under every candidate (a memory_limit, say); --capacity (e.g. 80GiB): the simulated device's memory,\n" \
+    "  by default an H200's 143771 MiB; give what your GPU leaves the process, as results depend on it\n"
 
 /* Replay `passes` times on one allocator of `configuration`; not GM_OK after saying why on stderr when
  * the allocator cannot be made or a replay fails for another reason than out of memory. */

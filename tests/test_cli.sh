@@ -136,6 +136,10 @@ expect 3 "peak at 10.98 GiB, more than the host device's 1.00 GiB: raise it with
 expect 3 "passes 2 to 3 were not run: pass 1 ran out of memory" -- "$gpumem" replay "$work/huge.csv" --capacity 1GiB --passes 3
 expect 0 "one JSON object per pass, one per line \(JSON lines\)" -- "$gpumem" replay --help
 expect 0 "one JSON object per pass, one per line \(JSON lines\)" -- "$gpumem" help
+# The sim's capacity sizes the chunks, so the results: the help names the default, the sim has it.
+expect 0 "simulated device's memory, by default an H200's 143771 MiB" -- "$gpumem" replay --help
+expect 0 "by default an H200's 143771 MiB; give what your GPU leaves" -- "$gpumem" tune --help
+expect 0 "143771.0 MiB total" -- "$gpumem" info --backend sim
 expect 0 "^gpumem [0-9]+\.[0-9]+\.[0-9]+$" -- "$gpumem" --version
 expect 0 "the GPU reserved memory still counted, [0-9.]+ MiB, is the cache kept for reuse; gm_empty_cache releases it" -- "$gpumem" replay "$work/small.csv"
 bench_replay="$(dirname "$0")/../bench/replay.sh"
