@@ -15,7 +15,8 @@ allocated at the start. That trace is replayed on gpumem's simulated device and 
 printed side by side: PyTorch's reserved memory, followed through the snapshot's segment events from
 the segments it held, and gpumem's. `--trace` writes the trace in gpumem's format, so `gpumem replay
 OUT.csv` gives the same number. Needs no GPU and no PyTorch: a snapshot is a pickle of plain Python
-values.
+values. The simulated device is an H200 unless `--conf capacity:SIZE` says otherwise (a snapshot does not
+say how much memory its GPU had), and gpumem's chunks are sized by the room on it.
 """
 import argparse
 import json
@@ -113,7 +114,8 @@ def main(arguments=None):
     parser.add_argument("snapshot", help="a pickle written by torch.cuda.memory._dump_snapshot")
     parser.add_argument("--device", type=int, default=0)
     parser.add_argument("--trace", help="also write the allocation trace here (for gpumem replay)")
-    parser.add_argument("--conf", default="", help="GPUMEM_CONF-style keys for the replay")
+    parser.add_argument("--conf", default="", help="GPUMEM_CONF-style keys for the replay; capacity:80GiB, say, "
+                        "for a GPU other than an H200 (the simulated device's default): its memory sizes the chunks")
     parser.add_argument("--json", action="store_true")
     options = parser.parse_args(arguments)
     try:

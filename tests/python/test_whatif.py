@@ -104,6 +104,21 @@ class WhatIfTest(unittest.TestCase):
         self.assertIn("your peak reserved was 22.0 MiB", output.getvalue())
         self.assertIn("under gpumem it would be ", output.getvalue())
 
+    def test_the_simulated_device_takes_the_capacity_given(self):
+        """--conf capacity:SIZE is the simulated device's memory (a snapshot does not say its GPU's): on a
+        device smaller than the live peak (14 MiB) the replay fails with out of memory; on one just
+        large enough it fits."""
+        path = self.write(snapshot_of(self.entries, self.segments))
+        errors = io.StringIO()
+        with redirect_stderr(errors):
+            self.assertEqual(whatif.main([path, "--conf", "capacity:8MiB"]), 1)
+        self.assertIn("the replay failed", errors.getvalue())
+        self.assertIn("out of memory", errors.getvalue())
+        output = io.StringIO()
+        with redirect_stdout(output):
+            self.assertEqual(whatif.main([path, "--json", "--conf", "capacity:64MiB"]), 0)
+        self.assertLessEqual(json.loads(output.getvalue())["gpumem_peak_reserved_bytes"], 64 * MiB)
+
     def test_bad_input_is_a_clear_error(self):
         class Evil:
             def __reduce__(self):
