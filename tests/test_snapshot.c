@@ -1,8 +1,9 @@
 /*
  * test_snapshot.c -- snapshots and the history ring: a snapshot's blocks tile its regions and agree
- * with the statistics (allocated, pending, mapped) under both engines, live blocks with their requests, also while the pages engine
- * holds memory made ahead of need (shown as free where it lies); the ring keeps the newest N
- * events in order, with the caller's tags, and costs nothing when off; the JSON forms are written.
+ * with the statistics (allocated, pending, mapped) under both engines, live blocks with their
+ * requests, also while the pages engine holds memory made ahead of need (shown as free where it
+ * lies); the ring keeps the newest N events in order, with the caller's tags, and costs nothing when
+ * off; the JSON forms are written.
  */
 #include "test.h"
 
