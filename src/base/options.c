@@ -82,7 +82,8 @@ static const option_descriptor descriptors[] = {
      "pages engine: no chunk is larger than 1/N of the room for new memory (the device's free memory, or "
      "what memory_limit leaves), so that as the device fills chunks shrink and a live block pins less of "
      "the memory a program near the capacity needs; with room to spare max_chunk_size decides (default "
-     "1000: on an empty H200 from about 15 GiB reserved on; 0: off)"},
+     "1000: on an empty H200 from about 15 GiB reserved on, on an 80 GB device from the first growth "
+     "(chunks of about 80 MiB: more device calls as memory is first made); 0: off)"},
     {"growth_lane", KIND_BOOLEAN, FIELD(growth_lane), NULL,
      "pages engine: once tensors are seen replaced by slightly larger ones (a growing KV cache), "
      "requests of those sizes go to an address range of their own, kept in one run (default true)"},
