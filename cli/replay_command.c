@@ -269,60 +269,79 @@ static int replay_passes(gm_allocator *allocator, const gm_trace *trace, const c
     return exit_status;
 }
 
-int gm_command_replay(int argc, char **argv)
+/* What gpumem replay's command line asks for. */
+typedef struct replay_arguments {
+    gm_device_arguments device;
+    const char *trace_path;
+    int json;
+    int passes;
+    replay_outputs outputs;
+} replay_arguments;
+
+/* Parse the command line into *arguments: -1 after saying what is wrong, 1 after printing the help,
+ * else 0. */
+static int parse_arguments(int argc, char **argv, replay_arguments *arguments)
 {
-    gm_device_arguments device_arguments = {0};
-    const char *trace_path = NULL;
-    int json = 0, passes = 1;
-    replay_outputs outputs = {0};
+    replay_outputs *outputs = &arguments->outputs;
     for (int i = 0; i < argc; i++) {
-        int taken = gm_take_device_argument(&device_arguments, argc, argv, &i);
+        int taken = gm_take_device_argument(&arguments->device, argc, argv, &i);
         if (taken < 0)
-            return GM_EXIT_USAGE;
+            return -1;
         if (taken)
             continue;
         if (!strcmp(argv[i], "--json")) {
-            json = 1;
+            arguments->json = 1;
         } else if (!strcmp(argv[i], "--passes")) {
-            if (!(passes = (int)parse_count(i + 1 < argc ? argv[++i] : NULL, MAX_PASSES))) {
+            if (!(arguments->passes = (int)parse_count(i + 1 < argc ? argv[++i] : NULL, MAX_PASSES))) {
                 fprintf(stderr, "gpumem replay: --passes needs a whole number from 1 to %d\n", MAX_PASSES);
-                return GM_EXIT_USAGE;
+                return -1;
             }
         } else if (!strcmp(argv[i], "--lead")) {
-            if (!(outputs.lead = (size_t)parse_count(i + 1 < argc ? argv[++i] : NULL, MAX_LEAD))) {
+            if (!(outputs->lead = (size_t)parse_count(i + 1 < argc ? argv[++i] : NULL, MAX_LEAD))) {
                 fprintf(stderr, "gpumem replay: --lead needs a whole number of operations from 1 to %d\n", MAX_LEAD);
-                return GM_EXIT_USAGE;
+                return -1;
             }
         } else if (!strcmp(argv[i], "--snapshot") || !strcmp(argv[i], "--history") || !strcmp(argv[i], "--report")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "gpumem replay: %s needs a file name\n", argv[i]);
-                return GM_EXIT_USAGE;
+                return -1;
             }
-            *(argv[i][2] == 's' ? &outputs.snapshot_path
-              : argv[i][2] == 'h' ? &outputs.history_path
-                                  : &outputs.report_path) = argv[i + 1];
+            *(argv[i][2] == 's' ? &outputs->snapshot_path
+              : argv[i][2] == 'h' ? &outputs->history_path
+                                  : &outputs->report_path) = argv[i + 1];
             i++;
         } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("%s", REPLAY_USAGE);
-            return 0;
+            return 1;
         } else if (argv[i][0] == '-' && argv[i][1]) {
             fprintf(stderr, "gpumem replay: unknown option '%s'\n", argv[i]);
-            return GM_EXIT_USAGE;
-        } else if (trace_path) {
-            fprintf(stderr, "gpumem replay: one trace at a time ('%s' and '%s')\n", trace_path, argv[i]);
-            return GM_EXIT_USAGE;
+            return -1;
+        } else if (arguments->trace_path) {
+            fprintf(stderr, "gpumem replay: one trace at a time ('%s' and '%s')\n", arguments->trace_path, argv[i]);
+            return -1;
         } else {
-            trace_path = argv[i];
+            arguments->trace_path = argv[i];
         }
     }
-    if (!trace_path) {
+    if (!arguments->trace_path) {
         fprintf(stderr, "%s", REPLAY_USAGE);
-        return GM_EXIT_USAGE;
+        return -1;
     }
+    return 0;
+}
+
+int gm_command_replay(int argc, char **argv)
+{
+    replay_arguments arguments = {.passes = 1};
+    int parsed = parse_arguments(argc, argv, &arguments);
+    if (parsed)
+        return parsed > 0 ? GM_EXIT_OK : GM_EXIT_USAGE;
+    const replay_outputs *outputs = &arguments.outputs;
+    const char *trace_path = arguments.trace_path;
     /* The report keeps no history; the replay keeps a ring unless --conf sized one. */
-    char *report_configuration = gm_device_configuration(&device_arguments, NULL);
-    bool add_history = outputs.history_path && report_configuration && !strstr(report_configuration, "history:");
-    char *configuration = gm_device_configuration(&device_arguments, add_history ? "history:1048576" : NULL);
+    char *report_configuration = gm_device_configuration(&arguments.device, NULL);
+    bool add_history = outputs->history_path && report_configuration && !strstr(report_configuration, "history:");
+    char *configuration = gm_device_configuration(&arguments.device, add_history ? "history:1048576" : NULL);
     if (!configuration || !report_configuration) {
         free(configuration);
         free(report_configuration);
@@ -345,10 +364,10 @@ int gm_command_replay(int argc, char **argv)
         free(report_configuration);
         return status == GM_ERROR_BAD_CONFIG ? GM_EXIT_USAGE : GM_EXIT_ERROR;
     }
-    int exit_status = replay_passes(allocator, &trace, trace_path, json, passes, &outputs);
+    int exit_status = replay_passes(allocator, &trace, trace_path, arguments.json, arguments.passes, outputs);
     gm_destroy(allocator, NULL);
-    if (outputs.report_path && (exit_status == GM_EXIT_OK || exit_status == GM_EXIT_OUT_OF_MEMORY)) {
-        int report_status = gm_report_of_trace(&trace, trace_path, report_configuration, outputs.report_path, "replay");
+    if (outputs->report_path && (exit_status == GM_EXIT_OK || exit_status == GM_EXIT_OUT_OF_MEMORY)) {
+        int report_status = gm_report_of_trace(&trace, trace_path, report_configuration, outputs->report_path, "replay");
         if (report_status != GM_EXIT_OK && report_status != GM_EXIT_OUT_OF_MEMORY)
             exit_status = report_status;
     }
