@@ -194,7 +194,8 @@ static void audit_host_memory(audit *audit)
 
 /* ---- kernel settings ---- */
 
-static void audit_kernel_settings(audit *audit)
+/* vm.swappiness: how eagerly the kernel swaps, with swap present. */
+static void audit_swappiness(audit *audit)
 {
     int64_t swappiness;
     if (!read_integer(audit, "/proc/sys/vm/swappiness", &swappiness)) {
@@ -208,7 +209,11 @@ static void audit_kernel_settings(audit *audit)
                     severity == GM_DOCTOR_OK ? "" : "sysctl -w vm.swappiness=10; echo 'vm.swappiness = 10' >> /etc/sysctl.d/90-gpu.conf",
                     "%" PRId64 "%s", swappiness, has_swap ? "" : " (no swap)");
     }
+}
 
+/* vm.min_free_kbytes: the kernel's free-memory reserve on a large machine. */
+static void audit_min_free(audit *audit)
+{
     int64_t min_free;
     if (!read_integer(audit, "/proc/sys/vm/min_free_kbytes", &min_free)) {
         add_unreadable(audit, "vm.min_free_kbytes", "/proc/sys/vm/min_free_kbytes", "the kernel's free-memory reserve");
@@ -222,7 +227,11 @@ static void audit_kernel_settings(audit *audit)
                                                     "echo 'vm.min_free_kbytes = 262144' >> /etc/sysctl.d/90-gpu.conf",
                     "%" PRId64 " KiB", min_free);
     }
+}
 
+/* vm.overcommit_memory: strict accounting fails DataLoader forks. */
+static void audit_overcommit(audit *audit)
+{
     int64_t overcommit, ratio = -1;
     if (!read_integer(audit, "/proc/sys/vm/overcommit_memory", &overcommit)) {
         add_unreadable(audit, "vm.overcommit", "/proc/sys/vm/overcommit_memory", "the kernel's policy for virtual memory commitments");
@@ -237,7 +246,11 @@ static void audit_kernel_settings(audit *audit)
                                                     "echo 'vm.overcommit_memory = 0' >> /etc/sysctl.d/90-gpu.conf",
                     "overcommit_memory %" PRId64 ", overcommit_ratio %" PRId64, overcommit, ratio);
     }
+}
 
+/* transparent hugepages: "always" stalls and bloats workers. */
+static void audit_transparent_hugepages(audit *audit)
+{
     char line[256];
     if (!read_line(audit, "/sys/kernel/mm/transparent_hugepage/enabled", line, sizeof line)) {
         add_unreadable(audit, "memory.thp", "/sys/kernel/mm/transparent_hugepage/enabled", "transparent hugepages mode");
@@ -254,7 +267,11 @@ static void audit_kernel_settings(audit *audit)
                                                     "(or transparent_hugepage=madvise on the kernel command line)",
                     "%s", mode);
     }
+}
 
+/* The NUMA nodes: on more than one, each rank belongs on its GPU's node. */
+static void audit_numa_nodes(audit *audit)
+{
     char path[4096];
     path_of(audit, path, sizeof path, "/sys/devices/system/node");
     DIR *directory = opendir(path);
@@ -273,6 +290,15 @@ static void audit_kernel_settings(audit *audit)
                                 "(nvidia-smi topo -m shows the node of each GPU)" : "",
                     "%d", nodes);
     }
+}
+
+static void audit_kernel_settings(audit *audit)
+{
+    audit_swappiness(audit);
+    audit_min_free(audit);
+    audit_overcommit(audit);
+    audit_transparent_hugepages(audit);
+    audit_numa_nodes(audit);
 }
 
 /* ---- the cgroup ---- */
