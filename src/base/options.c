@@ -304,55 +304,75 @@ static int choice_index(const char *choices, const char *value)
     }
 }
 
+/* KIND_CHOICE: the backend's name, or the index of the choice (an engine). */
+static gm_status apply_choice(gm_options *options, const option_descriptor *descriptor, const char *value)
+{
+    int index = choice_index(descriptor->choices, value);
+    if (index < 0)
+        return gm_fail(GM_ERROR_BAD_CONFIG, "bad value '%s' for key '%s' (expected one of %s)", value,
+                       descriptor->key, descriptor->choices);
+    if (descriptor->offset == FIELD(backend))
+        snprintf(options->backend, sizeof options->backend, "%.15s", value);
+    else
+        *(gm_engine_kind *)((char *)options + descriptor->offset) = (gm_engine_kind)index;
+    return GM_OK;
+}
+
+/* KIND_SIZE: a size within the key's bounds (size_bounds), into *bytes_out (left as it was on failure). A
+ * bad size is GM_ERROR_PARSE (apply_value names the key); a size out of bounds is GM_ERROR_BAD_CONFIG with
+ * the reason. */
+static gm_status parse_bounded_size(const option_descriptor *descriptor, const char *value, uint64_t *bytes_out)
+{
+    uint64_t bytes = 0;
+    gm_status status = gm_parse_size(value, &bytes);
+    if (status != GM_OK)
+        return status;
+    for (size_t i = 0; i < sizeof size_bounds / sizeof size_bounds[0]; i++) {
+        if (size_bounds[i].offset != descriptor->offset)
+            continue;
+        if (size_bounds[i].positive && bytes == 0)
+            return gm_fail(GM_ERROR_BAD_CONFIG, "bad value for key '%s': it must be positive (leave the key out "
+                           "for the backend's default)", descriptor->key);
+        if (bytes > size_bounds[i].maximum) {
+            char maximum[32];
+            return gm_fail(GM_ERROR_BAD_CONFIG, "bad value for key '%s': %s is more than the %s supported (%s)",
+                           descriptor->key, value, exact_size_text(maximum, sizeof maximum, size_bounds[i].maximum),
+                           size_bounds[i].maximum_reason);
+        }
+    }
+    *bytes_out = bytes;
+    return GM_OK;
+}
+
+/* KIND_INTEGER: a whole number from 0 to 1048576. */
+static gm_status parse_integer(const char *value, int *number_out)
+{
+    char *end = NULL;
+    errno = 0;
+    long number = strtol(value, &end, 10);
+    if (errno || end == value || *end || number < 0)
+        return gm_fail(GM_ERROR_PARSE, "'%s' is not a non-negative integer", value);
+    if (number > 1 << 20)
+        return gm_fail(GM_ERROR_PARSE, "'%s' is larger than 1048576, the largest integer a key takes", value);
+    *number_out = (int)number;
+    return GM_OK;
+}
+
 static gm_status apply_value(gm_options *options, const option_descriptor *descriptor, const char *value)
 {
     char *field = (char *)options + descriptor->offset;
     gm_status status = GM_OK;
     switch (descriptor->kind) {
-    case KIND_CHOICE: {
-        int index = choice_index(descriptor->choices, value);
-        if (index < 0)
-            return gm_fail(GM_ERROR_BAD_CONFIG, "bad value '%s' for key '%s' (expected one of %s)", value,
-                           descriptor->key, descriptor->choices);
-        if (descriptor->offset == FIELD(backend))
-            snprintf(options->backend, sizeof options->backend, "%.15s", value);
-        else
-            *(gm_engine_kind *)field = (gm_engine_kind)index;
-        return GM_OK;
-    }
-    case KIND_SIZE: {
-        uint64_t bytes = 0;
-        status = gm_parse_size(value, &bytes);
-        if (status != GM_OK)
-            break;
-        for (size_t i = 0; i < sizeof size_bounds / sizeof size_bounds[0]; i++) {
-            if (size_bounds[i].offset != descriptor->offset)
-                continue;
-            if (size_bounds[i].positive && bytes == 0)
-                return gm_fail(GM_ERROR_BAD_CONFIG, "bad value for key '%s': it must be positive (leave the key out "
-                               "for the backend's default)", descriptor->key);
-            if (bytes > size_bounds[i].maximum) {
-                char maximum[32];
-                return gm_fail(GM_ERROR_BAD_CONFIG, "bad value for key '%s': %s is more than the %s supported (%s)",
-                               descriptor->key, value, exact_size_text(maximum, sizeof maximum, size_bounds[i].maximum),
-                               size_bounds[i].maximum_reason);
-            }
-        }
-        *(uint64_t *)field = bytes;
+    case KIND_CHOICE:
+        return apply_choice(options, descriptor, value);
+    case KIND_SIZE:
+        status = parse_bounded_size(descriptor, value, (uint64_t *)field);
+        if (status == GM_ERROR_BAD_CONFIG)
+            return status; /* out of bounds: the message names the key already */
         break;
-    }
-    case KIND_INTEGER: {
-        char *end = NULL;
-        errno = 0;
-        long number = strtol(value, &end, 10);
-        if (errno || end == value || *end || number < 0)
-            status = gm_fail(GM_ERROR_PARSE, "'%s' is not a non-negative integer", value);
-        else if (number > 1 << 20)
-            status = gm_fail(GM_ERROR_PARSE, "'%s' is larger than 1048576, the largest integer a key takes", value);
-        else
-            *(int *)field = (int)number;
+    case KIND_INTEGER:
+        status = parse_integer(value, (int *)field);
         break;
-    }
     case KIND_BOOLEAN:
         status = parse_boolean(value, (bool *)field);
         break;
