@@ -367,7 +367,8 @@ int gm_command_replay(int argc, char **argv)
     int exit_status = replay_passes(allocator, &trace, trace_path, arguments.json, arguments.passes, outputs);
     gm_destroy(allocator, NULL);
     if (outputs->report_path && (exit_status == GM_EXIT_OK || exit_status == GM_EXIT_OUT_OF_MEMORY)) {
-        int report_status = gm_report_of_trace(&trace, trace_path, report_configuration, outputs->report_path, "replay");
+        int report_status =
+            gm_report_of_trace(&trace, trace_path, report_configuration, outputs->report_path, "replay");
         if (report_status != GM_EXIT_OK && report_status != GM_EXIT_OUT_OF_MEMORY)
             exit_status = report_status;
     }
