@@ -9,11 +9,19 @@
  * made) and sorts the free memory mapped there (--chunks: listing each pinned chunk that holds free pages): whole pages in idle chunks (which can move), whole pages
  * in chunks that live blocks pin (which cannot move without copies), and pieces smaller than a page.
  *
- *     gpumem_peak_excess TRACE [CONF] [--at OPERATION] [--chunks]
+ * --stitch asks, before each growth after the live peak, what a second mapping of pinned chunks could
+ * give (not built: docs/engine.md, "Stitching"): the driver maps one physical allocation at two
+ * addresses, so the free end of one pinned chunk, idle chunks and the free start of another (or the
+ * same) pinned chunk, mapped back to back somewhere else, are one contiguous range. The line says the
+ * largest free end, the idle bytes and the largest free start of the large pool's region, and how much
+ * new memory the request would still need.
+ *
+ *     gpumem_peak_excess TRACE [CONF] [--at OPERATION] [--chunks] [--stitch]
  *
  * CONF is a GPUMEM_CONF string (default "backend:sim"). Exit status 0, 1 on a bad trace or
  * configuration, 2 on bad usage.
  */
+#include "base/array.h"
 #include "core/allocator.h"
 #include "core/pages/pages.h"
 #include "tools/trace.h"
@@ -27,12 +35,14 @@
 #define GROWTHS_SHOWN 40
 
 static bool list_chunks; /* --chunks: every chunk that live blocks pin with free pages in it */
+static bool show_stitching; /* --stitch: what stitching pinned chunks' free ends could give each growth */
 
 /* What a replay watches: the first finds the live peak (the first time it is reached), the second
  * lists the growths after it, the third sorts the memory after one operation. */
 typedef enum watch_mode { FINDING_PEAKS, LISTING_GROWTHS, SORTING } watch_mode;
 
-typedef struct replay_watch {
+typedef struct replay_watch replay_watch;
+struct replay_watch {
     const gm_trace *trace;
     watch_mode mode;
     uint64_t live_peak;
@@ -44,7 +54,12 @@ typedef struct replay_watch {
     size_t last_large_growth; /* SIZE_MAX: none */
     size_t stop_at;
     bool sorted;
-} replay_watch;
+    size_t *growth_at; /* FINDING_PEAKS: the operations that lifted reserved memory, in order */
+    size_t growth_count;
+    size_t growth_capacity;
+    const replay_watch *found; /* LISTING_GROWTHS: the first replay's watch (its growth_at) */
+    uint64_t stitch_room[3];   /* before the next growth: largest free end, idle bytes, largest free start */
+};
 
 static int64_t reserved_now(gm_allocator *allocator)
 {
@@ -120,6 +135,114 @@ static void sort_memory(gm_allocator *allocator)
         }
 }
 
+/* Chunks in address order, for one walk over a region's blocks. */
+static int by_address(const void *left, const void *right)
+{
+    uintptr_t a = (*(const page_chunk *const *)left)->address, b = (*(const page_chunk *const *)right)->address;
+    return a < b ? -1 : a > b;
+}
+
+/* What stitching could gather in `region` (--stitch): the largest free end and the largest free start of
+ * a chunk that live blocks pin, and the bytes of idle chunks; room[0..2] keep the largest over regions. */
+static void stitch_room_of(const gm_region *region, uint64_t room[3])
+{
+    const page_region *data = region->engine_data;
+    size_t count = 0;
+    for (gm_link *link = data->chunks.first; link; link = link->next)
+        count++;
+    const page_chunk **chunks = count ? malloc(count * sizeof *chunks) : NULL;
+    if (!chunks)
+        return;
+    count = 0;
+    for (gm_link *link = data->chunks.first; link; link = link->next)
+        chunks[count++] = gm_list_item(link, page_chunk, link);
+    qsort(chunks, count, sizeof *chunks, by_address);
+    uint64_t tail = 0, idle = 0, head = 0;
+    const gm_block *block = region->first_block;
+    for (size_t i = 0; i < count; i++) {
+        uintptr_t start = chunks[i]->address, end = start + chunks[i]->size, live_end = 0;
+        while (block && block->address + block->size <= start)
+            block = block->next;
+        uint64_t free_start = 0;
+        bool live = false;
+        for (const gm_block *b = block; b && b->address < end; b = b->next) {
+            uintptr_t low = b->address > start ? b->address : start;
+            uintptr_t high = b->address + b->size < end ? b->address + b->size : end;
+            if (b->state == GM_BLOCK_FREE && !live)
+                free_start += high - low;
+            else if (b->state == GM_BLOCK_ALLOCATED || b->state == GM_BLOCK_PENDING) {
+                live = true;
+                live_end = high;
+            }
+        }
+        if (!live)
+            idle += chunks[i]->size;
+        else {
+            tail = end - live_end > tail ? end - live_end : tail;
+            head = free_start > head ? free_start : head;
+        }
+    }
+    free(chunks);
+    if (tail + idle + head > room[0] + room[1] + room[2]) {
+        room[0] = tail;
+        room[1] = idle;
+        room[2] = head;
+    }
+}
+
+/* Whether the first replay saw operation `index` lift reserved memory. */
+static bool was_growth(const replay_watch *found, size_t index)
+{
+    size_t low = 0, high = found->growth_count;
+    while (low < high) {
+        size_t middle = (low + high) / 2;
+        if (found->growth_at[middle] < index)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    return low < found->growth_count && found->growth_at[low] == index;
+}
+
+static void measure_stitch_room(gm_allocator *allocator, uint64_t room[3])
+{
+    room[0] = room[1] = room[2] = 0;
+    gm_arena *arena = &allocator->arena;
+    for (uint32_t index = 0; index < arena->heap_count; index++)
+        for (gm_link *link = arena->heaps[index]->regions.first; link; link = link->next) {
+            const gm_region *region = gm_list_item(link, gm_region, link);
+            if (region->pool != GM_POOL_SMALL)
+                stitch_room_of(region, room);
+        }
+}
+
+/* The --stitch part of a growth's line. */
+static void print_stitching(const replay_watch *watch, uint64_t request)
+{
+    const uint64_t *room = watch->stitch_room;
+    uint64_t gathered = room[0] + room[1] + room[2], page = 2ull << 20;
+    printf("; stitching: free end %.1f + idle %.1f + free start %.1f MiB", room[0] / MIB, room[1] / MIB, room[2] / MIB);
+    if (gathered >= request)
+        printf(", covers it");
+    else
+        printf(", %.1f MiB still new", (double)((request - gathered + page - 1) / page * page) / MIB);
+}
+
+/* One growth after the live peak (the second replay). */
+static void list_growth(replay_watch *watch, size_t index, int64_t reserved, uint64_t live)
+{
+    const gm_trace_operation *operation = &watch->trace->operations[index];
+    if (watch->growths_after_live_peak++ < GROWTHS_SHOWN) {
+        printf("  operation %zu: a %.2f MiB request lifts reserved to %.1f MiB with %.1f MiB live", index,
+               operation->size / MIB, reserved / MIB, live / MIB);
+        if (show_stitching && operation->size >= (uint64_t)MIB) /* smaller requests take the small pool */
+            print_stitching(watch, operation->size);
+        printf("\n");
+    }
+    if (operation->size >= (uint64_t)MIB)
+        watch->last_large_growth = index;
+}
+
 static gm_status after_operation(gm_allocator *allocator, size_t index, uint64_t live, void *context)
 {
     replay_watch *watch = context;
@@ -137,6 +260,14 @@ static gm_status after_operation(gm_allocator *allocator, size_t index, uint64_t
         watch->reserved_peak_at = index;
     }
     if (watch->mode == FINDING_PEAKS) {
+        if (growth && show_stitching) {
+            size_t *grown = gm_array_room_for_one(watch->growth_at, watch->growth_count, &watch->growth_capacity,
+                                                  sizeof *grown, 64);
+            if (grown) {
+                watch->growth_at = grown;
+                watch->growth_at[watch->growth_count++] = index;
+            }
+        }
         if (live > watch->live_peak) {
             watch->live_peak = live;
             watch->live_peak_at = index;
@@ -144,14 +275,12 @@ static gm_status after_operation(gm_allocator *allocator, size_t index, uint64_t
         }
         return GM_OK;
     }
-    if (!growth || index <= watch->live_peak_at)
-        return GM_OK;
-    const gm_trace_operation *operation = &watch->trace->operations[index];
-    if (watch->growths_after_live_peak++ < GROWTHS_SHOWN)
-        printf("  operation %zu: a %.2f MiB request lifts reserved to %.1f MiB with %.1f MiB live\n", index,
-               operation->size / MIB, reserved / MIB, live / MIB);
-    if (operation->size >= (uint64_t)MIB)
-        watch->last_large_growth = index;
+    if (growth && index > watch->live_peak_at)
+        list_growth(watch, index, reserved, live);
+    /* The state the next operation finds, if it is a growth to list: the line printed after it says
+     * what stitching could have given it. */
+    if (show_stitching && index + 1 > watch->live_peak_at && was_growth(watch->found, index + 1))
+        measure_stitch_room(allocator, watch->stitch_room);
     return GM_OK;
 }
 
@@ -187,6 +316,8 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--chunks"))
             list_chunks = true;
+        else if (!strcmp(argv[i], "--stitch"))
+            show_stitching = true;
         else if (!strcmp(argv[i], "--at")) {
             const char *text = i + 1 < argc ? argv[++i] : "";
             char *end = NULL;
@@ -202,7 +333,7 @@ int main(int argc, char **argv)
             conf = argv[i];
     }
     if (!path) {
-        fprintf(stderr, "usage: gpumem_peak_excess TRACE [CONF] [--at OPERATION] [--chunks]\n");
+        fprintf(stderr, "usage: gpumem_peak_excess TRACE [CONF] [--at OPERATION] [--chunks] [--stitch]\n");
         return 2;
     }
     gm_trace trace;
@@ -211,12 +342,12 @@ int main(int argc, char **argv)
         return 1;
     }
     int failed = 0;
+    replay_watch peaks = {.trace = &trace, .mode = FINDING_PEAKS};
     if (at >= 0 && (size_t)at >= trace.count) {
         fprintf(stderr, "gpumem_peak_excess: --at %ld: the trace has %zu operations\n", at, trace.count);
         failed = 2;
         goto done;
     }
-    replay_watch peaks = {.trace = &trace, .mode = FINDING_PEAKS};
     failed = replay_once(&trace, conf, &peaks);
     if (failed)
         goto done;
@@ -224,7 +355,7 @@ int main(int argc, char **argv)
            peaks.live_peak / MIB, peaks.live_peak_at, peaks.reserved_at_live_peak / MIB,
            (double)peaks.reserved_at_live_peak / (double)peaks.live_peak);
     replay_watch growths = {.trace = &trace, .mode = LISTING_GROWTHS, .live_peak_at = peaks.live_peak_at,
-                            .last_large_growth = SIZE_MAX};
+                            .last_large_growth = SIZE_MAX, .found = &peaks};
     if ((failed = replay_once(&trace, conf, &growths)))
         goto done;
     printf("peak reserved %.1f MiB at operation %zu (%.4f of the live peak); %zu growths after the live peak\n",
@@ -238,6 +369,7 @@ int main(int argc, char **argv)
            operation->kind == GM_TRACE_ALLOCATE ? "request" : "free");
     failed = replay_once(&trace, conf, &sorting);
 done:
+    free(peaks.growth_at);
     gm_trace_free(&trace);
     return failed;
 }
