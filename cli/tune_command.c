@@ -3,11 +3,12 @@
  *
  * The defaults make memory in chunks of up to 128 MiB, cheap in device calls; on some models (a ViT,
  * a decoder whose lengths change, a diffusion UNet) live tensors then pin free pages inside those
- * chunks and reserved memory ends a few percent above the live peak. Two settings, off by default for
+ * chunks and reserved memory ends a few percent above the live peak. Three settings, off by default for
  * what they cost elsewhere, fix that (docs/engine.md): small chunks that settle
  * (max_chunk_size:8MiB,move_slack:0.01: more device calls as memory is first made, and at every step
- * for shapes that change), and compaction (compact_min:2MiB: pinned chunks split, their live pages
- * copied, which is safe only when one thread at a time launches work on the device); and where the
+ * for shapes that change), stitching (stitch:true: a request laid across second mappings of pinned chunks'
+ * free ends and starts, a few device calls each), and compaction (compact_min:2MiB: pinned chunks split,
+ * their live pages copied, which is safe only when one thread at a time launches work on the device); and where the
  * defaults run out of memory, the OOM report's first remedy too, a memory limit just below the device's
  * size (every chunk page-sized, idle pages recycled near the limit). Which one pays depends on the
  * program, and its own allocation trace answers that in seconds on the simulated device: each candidate replays the trace `passes` times on one allocator (the first pass cold, the
@@ -52,6 +53,9 @@ static const candidate candidates[] = {
     {"defaults", "", ""},
     {"small chunks", "max_chunk_size:8MiB,move_slack:0.01",
      "more device calls as memory is first made, and in steps whose shapes change"},
+    {"stitching", "stitch:true",
+     "two more mappings for each stitched request; over many steps of changing shapes it may reserve more than "
+     "the defaults (docs/engine.md, \"Stitching\")"},
     {"compaction", "compact_min:2MiB",
      "copies of live pages after a device-wide wait; only for programs in which one thread at a time launches "
      "work on the GPU (a training loop), not for servers whose threads launch work at once"},

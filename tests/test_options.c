@@ -93,7 +93,7 @@ static void bad_strings_are_refused_with_clear_errors(void)
         const char *message;
     } cases[] = {
         {"colour:blue", "unknown key 'colour'"},
-        {"colour:blue", "max_chunk_size, chunk_room_share, growth_lane, tail_chunk, refill_groups, rechunk_min, compact_min, move_slack, history, publish"}, /* the known keys */
+        {"colour:blue", "max_chunk_size, chunk_room_share, growth_lane, tail_chunk, stitch, refill_groups, rechunk_min, compact_min, move_slack, history, publish"}, /* the known keys */
         {"colour:blue", "pressure_psi_high, pressure_psi_low, fault_rate, fault_seed)"},                                  /* from the table */
         {"max_chunk_size:big", "bad value for key 'max_chunk_size'"},
         {"chunk_room_share:-5", "bad value for key 'chunk_room_share': '-5' is not a non-negative integer"},

@@ -91,6 +91,10 @@ static const option_descriptor descriptors[] = {
      "pages engine: when a request ends inside the last page of new memory, that page is a chunk of "
      "its own, so the next block placed there pins one page, not the whole growth; costs a device "
      "call per growth (default false)"},
+    {"stitch", KIND_BOOLEAN, FIELD(stitch), NULL,
+     "pages engine: a request that would lift reserved memory above its peak may lie across a second "
+     "mapping of the free end of one chunk that live blocks pin, idle or new memory, and a second mapping "
+     "of the free start of another, so those free pages serve it without copies (default false)"},
     {"refill_groups", KIND_BOOLEAN, FIELD(refill_groups), NULL,
      "pages engine: after an empty_cache, while a step grows as one of the last two did, memory that the "
      "last two empty_caches released as the same run of adjacent chunks is made again in chunks of up to 8 "
@@ -179,6 +183,7 @@ void gm_options_default(gm_options *options)
     options->chunk_room_share = 1000;
     options->growth_lane = true;
     options->tail_chunk = false;
+    options->stitch = false;
     options->refill_groups = true;
     options->rechunk_min = 0;
     options->compact_min = 0;

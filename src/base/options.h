@@ -48,6 +48,8 @@ typedef struct gm_options {
     uint64_t max_chunk_size;     /* pages engine: largest chunk of physical memory made at once */
     int chunk_room_share;        /* pages engine: no chunk above 1/N of the room for new memory; 0: off */
     bool tail_chunk;             /* pages engine: a growth's last, partly used page is a chunk of its own */
+    bool stitch;                 /* pages engine: pinned chunks' free ends and starts mapped again, stitched
+                                    around a request (stitching.c) */
     bool refill_groups;          /* pages engine: after an empty_cache, a repeating step's memory made again in
                                     few chunks (refill.c) */
     uint64_t compact_min;        /* pages engine: pinned chunks split before the peak rises; 0: off */

@@ -25,6 +25,9 @@ typedef enum gm_block_state {
     GM_BLOCK_ALLOCATED = 1,
     GM_BLOCK_PENDING = 2,
     GM_BLOCK_UNMAPPED = 3,
+    GM_BLOCK_HELD = 4, /* pages engine: mapped, but its memory is reached at another address (stitching.c):
+                          a free end or start lent to a stitched range, or the part of a second mapping
+                          outside it */
 } gm_block_state;
 
 typedef struct gm_block {

@@ -25,6 +25,7 @@ static gm_block_kind kind_of(const gm_block *block)
     case GM_BLOCK_PENDING:
         return GM_BLOCK_KIND_PENDING;
     case GM_BLOCK_UNMAPPED:
+    case GM_BLOCK_HELD: /* its memory is shown where it is reached (stitching.c) */
         return GM_BLOCK_KIND_UNMAPPED;
     default:
         return GM_BLOCK_KIND_FREE;

@@ -111,6 +111,37 @@ gm_status pages_map_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk,
     return GM_OK;
 }
 
+gm_status pages_map_clone(gm_arena *arena, gm_region *region, page_chunk *clone, uintptr_t address)
+{
+    gm_status status = engine_of(arena)->alias_count ? pages_retire_aliases_in(arena, address, address + clone->size)
+                                                     : GM_OK;
+    if (status == GM_OK)
+        status = gm_backend_map(arena->backend, address, clone->size, clone->handle);
+    if (status == GM_OK && (status = gm_backend_set_access(arena->backend, address, clone->size)) != GM_OK)
+        gm_backend_unmap(arena->backend, address, clone->size);
+    if (status != GM_OK)
+        return status;
+    clone->address = address;
+    hold_chunk(region, clone, engine_of(arena)->page_size);
+    arena->stats->num_page_maps += (int64_t)(clone->size / engine_of(arena)->page_size);
+    return GM_OK;
+}
+
+void pages_unmap_clone(gm_arena *arena, gm_region *region, page_chunk *clone)
+{
+    page_engine *engine = engine_of(arena);
+    leave_region(region, clone, engine->page_size);
+    page_alias alias = {clone->address, clone->size, clone->handle, region->heap, engine->frees};
+    if (!gm_backend_stream_is_capturing(arena->backend, region->heap->stream) && pages_alias_room(arena)) {
+        pages_add_alias(arena, &alias);
+        pages_mark_after(arena, region->heap, alias.freed_at);
+    } else if (pages_wait_for_free(arena, region->heap, alias.freed_at) == GM_OK &&
+               gm_backend_unmap(arena->backend, alias.address, alias.size) == GM_OK) {
+        arena->stats->num_page_unmaps += (int64_t)(alias.size / engine->page_size);
+    }
+    free(clone);
+}
+
 /* The unmap event comes first: an observer (NCCL's deregistration) needs the memory still mapped. */
 gm_status pages_unmap_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk)
 {

@@ -248,7 +248,8 @@ static size_t find_pinned_chunks(gm_arena *arena, uint64_t least, const gm_regio
                 bool kept = region == keep_region && chunk->address < keep_end && chunk->address + chunk->size > keep_start;
                 /* A lane's ring lives in the upper part of its stream's range (lane.c): its chunks stay whole. */
                 bool ring = state_of(heap)->lane && chunk->address >= pages_ring_floor(region);
-                if (free_bytes < least || free_bytes == chunk->size || chunk->exported || chunk->lost || kept || ring)
+                if (free_bytes < least || free_bytes == chunk->size || chunk->exported || chunk->lost || kept || ring ||
+                    chunk->clone_of || chunk->clones)
                     continue;
                 if (count == capacity) {
                     pinned_chunk *grown = gm_system_realloc(chunks, (capacity ? 2 * capacity : 16) * sizeof *chunks);

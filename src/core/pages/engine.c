@@ -44,7 +44,9 @@ static gm_status fit_or_grow(gm_arena *arena, gm_heap *heap, int pool, uint64_t 
     } else {
         uint64_t page_size = engine_of(arena)->page_size;
         window where = pages_choose_window(heap, pool, size, page_size, pages_run_outside_lane);
-        gm_status status = pages_grow(arena, heap, pool, size, where, &block);
+        gm_status status = pages_stitch(arena, heap, size, &where, &block);
+        if (status == GM_OK && !block)
+            status = pages_grow(arena, heap, pool, size, where, &block);
         if (status != GM_OK)
             return status;
     }
@@ -114,7 +116,10 @@ static void pages_free_block(gm_arena *arena, gm_block *block)
     pages_watch_free(state, block, engine_of(arena)->page_size);
     block->heap = block->region->heap; /* free memory belongs to the heap of its range */
     block->state = GM_BLOCK_FREE;
-    gm_index_free_block(arena, pages_merge_alike(arena, block));
+    gm_block *merged = pages_merge_alike(arena, block);
+    gm_index_free_block(arena, merged);
+    if (engine_of(arena)->stitch_count)
+        pages_unstitch_around(arena, merged);
 }
 
 static void pages_release_cached(gm_arena *arena, uint64_t keep_bytes)
@@ -176,8 +181,10 @@ static gm_status validate_region(gm_arena *arena, gm_region *region, gm_stats *r
         const page_chunk *chunk = gm_list_item(link, page_chunk, link);
         mapped += chunk->size;
         *waiting += chunk->waiting;
-        gm_stat_change(recomputed->reserved_bytes, region->pool, (int64_t)chunk->size);
-        gm_stat_change(recomputed->segment, region->pool, 1);
+        if (!chunk->clone_of) { /* a second mapping's memory is its chunk's (stitching.c) */
+            gm_stat_change(recomputed->reserved_bytes, region->pool, (int64_t)chunk->size);
+            gm_stat_change(recomputed->segment, region->pool, 1);
+        }
         uint64_t first = page_index(region, chunk->address, engine->page_size);
         for (uint64_t page = first; page < first + chunk->size / engine->page_size; page++)
             if (data->pages[page] != chunk)
@@ -313,6 +320,7 @@ static void pages_destroy(gm_arena *arena)
     page_engine *engine = engine_of(arena);
     if (!engine)
         return;
+    pages_drop_stitches(arena);
     pages_drop_aliases(arena);
     for (size_t h = 0; h < arena->heap_count; h++) {
         gm_region *region = gm_first_region(arena->heaps[h]);

@@ -15,6 +15,8 @@
  *   rechunk.c       an idle chunk that a fit covers in part made anew in two (rechunk_min, off by default)
  *   compaction.c    pinned chunks split around their live pages before a growth lifts the peak
  *                   (compact_min, off by default)
+ *   stitching.c     a request laid across second mappings of pinned chunks' free ends and starts
+ *                   (stitch, off by default)
  *   refill.c        after an empty_cache, when the step repeats the last one, the memory the
  *                   empty_cache released made again in few chunks (at most 8 x the largest chunk a
  *                   growth may make then: pages_largest_chunk)
@@ -88,6 +90,9 @@ typedef struct page_chunk {
     bool moved;        /* moved here from elsewhere (growth.c): it joins no group (refill.c) */
     int exported;      /* 1 + the file descriptor exported for gm_share, closed when the chunk goes back
                           to the device; 0: none */
+    struct page_chunk *clone_of; /* a second mapping of that chunk (stitching.c): its handle, not counted
+                                    as reserved memory, unmapped but never released */
+    uint32_t clones;             /* second mappings of it that stitches hold: it neither moves nor goes */
 } page_chunk;
 
 /* The engine's part of a region (region->engine_data). */
@@ -176,6 +181,20 @@ typedef struct page_alias {
     uint64_t freed_at; /* the engine's free count at the chunk's last free there */
 } page_alias;
 
+/* A stitched range (stitching.c): [inner_start, inner_end) of `region` lies across a second mapping of
+ * the free end of `end_chunk` (its first bytes, outside the range, held), memory of the region's own, and a
+ * second mapping of the free start of `start_chunk` (its last bytes held). Each side is optional. The
+ * free end and start are held where they lie (`end_lent`, `start_lent`) while the stitch lasts. */
+typedef struct page_stitch {
+    gm_region *region;
+    uintptr_t inner_start;
+    uintptr_t inner_end;
+    page_chunk *end_chunk, *end_clone;
+    gm_block *end_lent, *end_outside;
+    page_chunk *start_chunk, *start_clone;
+    gm_block *start_lent, *start_outside;
+} page_stitch;
+
 typedef struct page_engine {
     /* Read or counted by every allocation and free: first, in one cache line. */
     uint64_t page_size;
@@ -212,6 +231,9 @@ typedef struct page_engine {
     bool repeating[REPEAT_PERIODS]; /* whether this step has grown as that earlier one so far */
     bool logging_growths;        /* from the first empty_cache on */
     uint64_t waiting_bytes;      /* the chunks' waiting bytes, all together */
+    page_stitch *stitches;       /* stitched ranges (stitching.c) */
+    size_t stitch_count;
+    size_t stitch_capacity;
 } page_engine;
 
 static inline page_engine *engine_of(gm_arena *arena)
@@ -539,6 +561,23 @@ gm_status pages_settle_waiting(gm_arena *arena, gm_region *region);
  * when no metadata could be had to mark the part free: counted as reserved, and taken or settled later
  * like memory made ahead, so the books stay exact. */
 void pages_leave_waiting(gm_arena *arena, gm_region *region, uintptr_t from, uintptr_t to);
+
+/* ---------------------------------------------------------------- stitching.c */
+
+/* With the stitch option: when the window `where` would need new pages above the peak, a free block of
+ * at least `size` bytes (detached) laid across second mappings of pinned chunks' free end and start, if
+ * that needs fewer new pages; *block_out NULL otherwise (the caller grows as usual). */
+gm_status pages_stitch(gm_arena *arena, gm_heap *heap, uint64_t size, const window *where, gm_block **block_out);
+/* After a free merged into `block` (indexed): undo the stitch whose range no live block holds any more. */
+void pages_unstitch_around(gm_arena *arena, gm_block *block);
+/* The allocator goes: every second mapping unmapped, the stitches forgotten. */
+void pages_drop_stitches(gm_arena *arena);
+/* chunks.c: map `clone` (a second mapping of clone->clone_of) at `address` of `region`, with access; in
+ * the region's books as a chunk, without history event or reserved bytes. */
+gm_status pages_map_clone(gm_arena *arena, gm_region *region, page_chunk *clone, uintptr_t address);
+/* chunks.c: `clone` out of `region`'s books and freed; its mapping goes once the region's stream has
+ * passed its last use (an old mapping, aliases.c), or now after a wait. */
+void pages_unmap_clone(gm_arena *arena, gm_region *region, page_chunk *clone);
 
 /* ---------------------------------------------------------------- compaction.c */
 

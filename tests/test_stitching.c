@@ -1,0 +1,168 @@
+/*
+ * test_stitching.c -- stitch:true. Three 64 MiB chunks A, B, C of one 192 MiB tensor; then live blocks
+ * hold A's first 10 MiB, all of B and C's last 42 MiB, so A's free end (54 MiB) and C's free start
+ * (22 MiB) lie apart. A 70 MiB request fits nowhere mapped: with the option it lies across second
+ * mappings of A and C (their free end and start back to back), with no new memory; the host backend
+ * maps one memfd twice, so the bytes written through the request are A's and C's own. While it lives
+ * no fit takes A's free end; freed, the stitch is undone and A's free end serves a fit where it lies.
+ * Without the option, and for a request that lifts live memory above its peak, memory grows as before.
+ * gm_validate checks every step; a snapshot counts each byte of memory once.
+ */
+#include "pattern.h"
+#include "test.h"
+
+#include <stdbool.h>
+
+#define MIB (1ull << 20)
+#define HOST "backend:host,capacity:1GiB,page_size:2MiB,max_chunk_size:64MiB,chunk_room_share:0"
+
+typedef struct layout {
+    gm_allocator *allocator;
+    unsigned char *base; /* chunk A's first byte; B and C follow */
+    void *head, *middle, *tail;
+} layout;
+
+static int64_t reserved(gm_allocator *allocator, bool peak)
+{
+    gm_stats stats;
+    REQUIRE(gm_get_stats(allocator, &stats) == GM_OK);
+    return peak ? stats.reserved_bytes[GM_POOL_ALL].peak : stats.reserved_bytes[GM_POOL_ALL].current;
+}
+
+/* `real`: the host backend, whose memory the test may write (the sim's addresses are not memory). */
+static layout lay_out(const char *config, bool real)
+{
+    layout l = {0};
+    REQUIRE(gm_create(config, &l.allocator) == GM_OK);
+    void *whole = NULL, *end_free = NULL, *start_free = NULL;
+    CHECK_OK(gm_malloc(l.allocator, 192 * MIB, 0, &whole));
+    CHECK_OK(gm_free(l.allocator, whole));
+    l.base = whole;
+    CHECK_OK(gm_malloc(l.allocator, 10 * MIB, 0, &l.head));
+    CHECK_OK(gm_malloc(l.allocator, 54 * MIB, 0, &end_free));
+    CHECK_OK(gm_malloc(l.allocator, 64 * MIB, 0, &l.middle));
+    CHECK_OK(gm_malloc(l.allocator, 22 * MIB, 0, &start_free));
+    CHECK_OK(gm_malloc(l.allocator, 42 * MIB, 0, &l.tail));
+    CHECK(l.head == (void *)l.base && end_free == (void *)(l.base + 10 * MIB));
+    CHECK(l.middle == (void *)(l.base + 64 * MIB) && start_free == (void *)(l.base + 128 * MIB));
+    CHECK(l.tail == (void *)(l.base + 150 * MIB));
+    CHECK_OK(gm_free(l.allocator, end_free));
+    CHECK_OK(gm_free(l.allocator, start_free));
+    if (real) {
+        pattern_stamp(l.head, 10 * MIB, 1);
+        pattern_stamp(l.middle, 64 * MIB, 2);
+        pattern_stamp(l.tail, 42 * MIB, 3);
+    }
+    CHECK_EQ_INT(reserved(l.allocator, false), 192 * MIB);
+    return l;
+}
+
+static void check_and_free(layout *l)
+{
+    CHECK(pattern_intact(l->head, 10 * MIB, 1));
+    CHECK(pattern_intact(l->middle, 64 * MIB, 2));
+    CHECK(pattern_intact(l->tail, 42 * MIB, 3));
+    CHECK_OK(gm_free(l->allocator, l->head));
+    CHECK_OK(gm_free(l->allocator, l->middle));
+    CHECK_OK(gm_free(l->allocator, l->tail));
+    CHECK_OK(gm_validate(l->allocator));
+    CHECK_OK(gm_empty_cache(l->allocator));
+    CHECK_EQ_INT(reserved(l->allocator, false), 0);
+    gm_destroy(l->allocator, NULL);
+}
+
+/* Each byte of memory once: the regions' mapped bytes add up to reserved memory. */
+static void check_snapshot(gm_allocator *allocator)
+{
+    gm_snapshot *snapshot = NULL;
+    CHECK_OK(gm_snapshot_take(allocator, &snapshot));
+    uint64_t mapped = 0;
+    for (size_t r = 0; r < snapshot->region_count; r++)
+        mapped += snapshot->regions[r].mapped_bytes;
+    CHECK_EQ_INT(mapped, reserved(allocator, false));
+    gm_snapshot_free(snapshot);
+}
+
+static void a_request_lies_across_the_free_end_and_start(void)
+{
+    layout l = lay_out(HOST ",stitch:true", true);
+    unsigned char *request = NULL;
+    CHECK_OK(gm_malloc(l.allocator, 70 * MIB, 0, (void **)&request));
+    CHECK_OK(gm_validate(l.allocator));
+    CHECK_EQ_INT(reserved(l.allocator, true), 192 * MIB); /* no new memory */
+    CHECK(request < l.base || request >= l.base + 192 * MIB);
+    check_snapshot(l.allocator);
+    /* Its first 54 MiB are A's free end, the next 16 MiB C's free start: the same memory. */
+    pattern_stamp(request, 70 * MIB, 4);
+    CHECK(memcmp(request, l.base + 10 * MIB, 54 * MIB) == 0);
+    CHECK(memcmp(request + 54 * MIB, l.base + 128 * MIB, 16 * MIB) == 0);
+    /* While it lives, A's free end is no fit's: a request of its size goes elsewhere. */
+    void *other = NULL;
+    CHECK_OK(gm_malloc(l.allocator, 54 * MIB, 0, &other));
+    CHECK((unsigned char *)other + 54 * MIB <= l.base + 10 * MIB || (unsigned char *)other >= l.base + 64 * MIB);
+    pattern_stamp(other, 54 * MIB, 5);
+    CHECK(pattern_intact(request, 70 * MIB, 4));
+    CHECK_OK(gm_free(l.allocator, other));
+    CHECK_OK(gm_free(l.allocator, request));
+    CHECK_OK(gm_validate(l.allocator));
+    check_snapshot(l.allocator);
+    /* Undone: A's free end serves a fit where it lies (one of the two free blocks of 54 MiB: the other
+     * is the memory made for `other`), C's free start too. */
+    void *end_again[2] = {NULL, NULL}, *start_again = NULL;
+    CHECK_OK(gm_malloc(l.allocator, 54 * MIB, 0, &end_again[0]));
+    CHECK_OK(gm_malloc(l.allocator, 54 * MIB, 0, &end_again[1]));
+    CHECK(end_again[0] == (void *)(l.base + 10 * MIB) || end_again[1] == (void *)(l.base + 10 * MIB));
+    CHECK_OK(gm_malloc(l.allocator, 22 * MIB, 0, &start_again));
+    CHECK(start_again == (void *)(l.base + 128 * MIB));
+    CHECK_EQ_INT(reserved(l.allocator, true), 246 * MIB); /* 192 + the 54 MiB made for `other` */
+    CHECK_OK(gm_free(l.allocator, end_again[0]));
+    CHECK_OK(gm_free(l.allocator, end_again[1]));
+    CHECK_OK(gm_free(l.allocator, start_again));
+    check_and_free(&l);
+}
+
+static void without_the_option_memory_grows(void)
+{
+    layout l = lay_out(HOST, true);
+    void *request = NULL;
+    CHECK_OK(gm_malloc(l.allocator, 70 * MIB, 0, &request));
+    CHECK_EQ_INT(reserved(l.allocator, true), 262 * MIB);
+    CHECK_OK(gm_free(l.allocator, request));
+    check_and_free(&l);
+}
+
+/* Live memory climbing above its peak needs new memory: no stitch then. */
+static void no_stitch_above_the_live_peak(void)
+{
+    layout l = lay_out(HOST ",stitch:true", true);
+    void *request = NULL;
+    CHECK_OK(gm_malloc(l.allocator, 80 * MIB, 0, &request)); /* 116 + 80 MiB live: above the 192 MiB peak */
+    CHECK_EQ_INT(reserved(l.allocator, true), 272 * MIB);
+    CHECK_OK(gm_free(l.allocator, request));
+    check_and_free(&l);
+}
+
+/* The same on the simulated device, many times over: each stitch made and undone leaves the books
+ * exact and reserved memory at its peak. */
+static void stitches_come_and_go(void)
+{
+    layout l = lay_out("backend:sim,capacity:1GiB,max_chunk_size:64MiB,chunk_room_share:0,stitch:true", false);
+    for (int round = 0; round < 20; round++) {
+        void *request = NULL;
+        CHECK_OK(gm_malloc(l.allocator, (uint64_t)(60 + round % 10) * MIB, 0, &request));
+        CHECK_OK(gm_validate(l.allocator));
+        CHECK_OK(gm_free(l.allocator, request));
+        CHECK_OK(gm_validate(l.allocator));
+    }
+    CHECK_EQ_INT(reserved(l.allocator, true), 192 * MIB);
+    CHECK_OK(gm_free(l.allocator, l.head));
+    CHECK_OK(gm_free(l.allocator, l.middle));
+    CHECK_OK(gm_free(l.allocator, l.tail));
+    CHECK_OK(gm_validate(l.allocator));
+    gm_destroy(l.allocator, NULL);
+}
+
+RUN_TESTS(TEST_CASE(a_request_lies_across_the_free_end_and_start),
+          TEST_CASE(without_the_option_memory_grows),
+          TEST_CASE(no_stitch_above_the_live_peak),
+          TEST_CASE(stitches_come_and_go))
