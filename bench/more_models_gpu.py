@@ -9,7 +9,8 @@ Every run is a fresh process of bench/more_workloads.py (6 steps by default, as 
 with the allocators of a workload and seed run one after another. torch-native, torch-expandable:
 PyTorch's allocator without and with expandable_segments:True; gpumem: GPUMEM_TORCH=1 (defaults);
 gpumem-compact: GPUMEM_TORCH=compact_min:2MiB (docs/engine.md, "Compaction"); gpumem-fine:
-GPUMEM_TORCH=max_chunk_size:8MiB,move_slack:0.01 (small chunks that settle). The ratio is peak
+GPUMEM_TORCH=max_chunk_size:8MiB,move_slack:0.01 (small chunks that settle); gpumem-stitch:
+GPUMEM_TORCH=stitch:true (docs/engine.md, "Stitching"). The ratio is peak
 reserved over peak allocated, as torch.cuda.memory_stats reports them; step time is the median of the
 measured steps; "losses" says whether every step's loss equals the first torch-native run's bit for
 bit. An allocator named twice runs twice: the default list ends with a second torch-native run, the

@@ -7,8 +7,9 @@ torch-native and torch-expandable: PyTorch's allocator without and with expandab
 gpumem: GPUMEM_TORCH=1 with gpumem's python folder first on PYTHONPATH (its sitecustomize installs
 gpumem when torch is imported, so the unmodified script runs on it); gpumem-compact: the same with
 compact_min:2MiB (docs/engine.md, "Compaction"); gpumem-fine: the same with max_chunk_size:8MiB,move_slack:0.01
-(small chunks, and room for the layout to settle: docs/engine.md); gpumem-whole: chunk_room_share:0 (chunks of
-up to max_chunk_size however full the device, as before the room share).
+(small chunks, and room for the layout to settle: docs/engine.md); gpumem-stitch: stitch:true (a request laid
+across second mappings of pinned chunks' free end and start: docs/engine.md, "Stitching"); gpumem-whole:
+chunk_room_share:0 (chunks of up to max_chunk_size however full the device, as before the room share).
 """
 import os
 
@@ -19,6 +20,7 @@ SETTINGS = {
     "gpumem": {"GPUMEM_TORCH": "1"},
     "gpumem-compact": {"GPUMEM_TORCH": "compact_min:2MiB"},
     "gpumem-fine": {"GPUMEM_TORCH": "max_chunk_size:8MiB,move_slack:0.01"},
+    "gpumem-stitch": {"GPUMEM_TORCH": "stitch:true"},
     "gpumem-whole": {"GPUMEM_TORCH": "chunk_room_share:0"},
 }
 

@@ -8,6 +8,8 @@
  *                     kernel on another stream is still writing
  *   moves ahead       a chunk still written by a kernel on its stream moves within that stream
  *                     without a wait, its old mapping kept until the kernel has finished
+ *   stitching         a request laid across second mappings of two pinned chunks (stitch:true)
+ *                     reaches their memory where it lies
  *   cross-stream      a block used by a slow kernel on another stream, recorded with
  *                     gm_record_stream and freed, is not handed out again before the kernel ends
  *                     (and a control without record_stream shows the test can see reuse)
@@ -672,6 +674,51 @@ static void a_pinned_block_freed_during_a_capture_is_held(void)
     gm_destroy(allocator, NULL);
 }
 
+/* stitch:true on the GPU (the layout of tests/test_stitching.c): chunks A, B, C of 64 MiB; A's first
+ * 10 MiB, all of B and C's last 42 MiB live. A 70 MiB request lies across second mappings of A's free
+ * end and C's free start with no new memory, and what a kernel writes through it, a kernel reads where
+ * that free end and start lie; the live blocks around keep their bytes. */
+static void a_stitched_request_reaches_the_chunks_memory(void)
+{
+    const size_t mib = (size_t)1 << 20;
+    gm_allocator *allocator = make("backend:cuda,max_chunk_size:64MiB,chunk_room_share:0,stitch:true");
+    void *whole = NULL, *head = NULL, *end_free = NULL, *middle = NULL, *start_free = NULL, *tail = NULL;
+    unsigned char *request = NULL;
+    CHECK_OK(gm_malloc(allocator, 192 * mib, 0, &whole));
+    CHECK_OK(gm_free(allocator, whole));
+    unsigned char *base = whole;
+    CHECK_OK(gm_malloc(allocator, 10 * mib, 0, &head));
+    CHECK_OK(gm_malloc(allocator, 54 * mib, 0, &end_free));
+    CHECK_OK(gm_malloc(allocator, 64 * mib, 0, &middle));
+    CHECK_OK(gm_malloc(allocator, 22 * mib, 0, &start_free));
+    CHECK_OK(gm_malloc(allocator, 42 * mib, 0, &tail));
+    CHECK(end_free == (void *)(base + 10 * mib) && start_free == (void *)(base + 128 * mib));
+    CHECK_OK(gm_free(allocator, end_free));
+    CHECK_OK(gm_free(allocator, start_free));
+    fill(head, 10 * mib, 0x10101010u, NULL);
+    fill(middle, 64 * mib, 0x20202020u, NULL);
+    fill(tail, 42 * mib, 0x30303030u, NULL);
+    CHECK_OK(gm_malloc(allocator, 70 * mib, 0, (void **)&request));
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    CHECK_EQ_INT(stats.reserved_bytes[GM_POOL_ALL].peak, 192 * mib); /* no new memory */
+    fill(request, 54 * mib, 0x5717C4EDu, NULL);
+    fill(request + 54 * mib, 16 * mib, 0x0DDBA11u, NULL);
+    CHECK_EQ_INT(count_mismatches(base + 10 * mib, 54 * mib, 0x5717C4EDu), 0);
+    CHECK_EQ_INT(count_mismatches(base + 128 * mib, 16 * mib, 0x0DDBA11u), 0);
+    CHECK_EQ_INT(count_mismatches(head, 10 * mib, 0x10101010u), 0);
+    CHECK_EQ_INT(count_mismatches(middle, 64 * mib, 0x20202020u), 0);
+    CHECK_EQ_INT(count_mismatches(tail, 42 * mib, 0x30303030u), 0);
+    CHECK_OK(gm_free(allocator, request));
+    CHECK_OK(gm_validate(allocator));
+    CHECK_OK(gm_free(allocator, head));
+    CHECK_OK(gm_free(allocator, middle));
+    CHECK_OK(gm_free(allocator, tail));
+    CHECK_OK(gm_empty_cache(allocator));
+    CHECK_OK(gm_validate(allocator));
+    gm_destroy(allocator, NULL);
+}
+
 int main(void)
 {
     gm_allocator *allocator = NULL;
@@ -691,6 +738,7 @@ int main(void)
         TEST_CASE(recorded_stream_protects_memory_in_use),
         TEST_CASE(without_record_stream_the_memory_is_reused),
         TEST_CASE(a_chunk_moves_ahead_of_its_stream),
+        TEST_CASE(a_stitched_request_reaches_the_chunks_memory),
         TEST_CASE(out_of_memory_is_an_error_and_recoverable),
         TEST_CASE(empty_cache_gives_memory_back),
         TEST_CASE(memory_used_outside_is_seen_and_named),
