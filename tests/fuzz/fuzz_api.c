@@ -18,7 +18,8 @@
  *   or every one from then on, until the input ends), which any call may meet with out of memory. The segments engine without cost_model also runs unsplit (split_blocks:false).
  *   The pages engine with tail_chunk also compacts pinned chunks (compact_min: 2 MiB on the sim, two pages
  *   on the host backend, whose stamps below check that the copies kept every block's bytes). The
- *   bit that sets the segments engine's release_before_growth gives the pages engine move_slack:0.01.
+ *   bit that sets the segments engine's release_before_growth gives the pages engine move_slack:0.01, and the
+ *   one that turns its growth lane off turns stitching on (stitch:true: second mappings of pinned chunks).
  * gm_destroy ends the input, with whatever is still live. FUZZ_API_VERBOSE=1 prints the configuration
  * and each operation with its argument bytes, to read a finding.
  *
@@ -447,14 +448,15 @@ static void create_allocator(fuzz_state *state, input *in)
     snprintf(config, sizeof config,
              "backend:%s,engine:%s,capacity:%llu,page_size:%llu,host_limit:%llu,memory_limit:%llu,tail_chunk:%s,"
              "growth_lane:%s,cost_model:%s,max_chunk_size:%s,release_before_growth:%s,history:%d,split_blocks:%s,"
-             "compact_min:%llu%s",
+             "compact_min:%llu%s%s",
              state->host_backend ? "host" : "sim", first & 2 ? "segments" : "pages",
              (unsigned long long)state->capacity, (unsigned long long)page_size,
              (unsigned long long)state->host_limit, (unsigned long long)memory_limits[(second >> 2) & 3],
              first & 64 ? "true" : "false", first & 128 ? "false" : "true", second & 16 ? "false" : "true",
              second & 32 ? "4MiB" : "128MiB", second & 64 ? "false" : "true", second & 128 ? 64 : 0,
              (first & 2) && (second & 16) ? "false" : "true",
-             compact_min, !(first & 2) && (second & 64) ? ",move_slack:0.01" : "");
+             compact_min, !(first & 2) && (second & 64) ? ",move_slack:0.01" : "",
+             !(first & 2) && (first & 128) ? ",stitch:true" : "");
     if (getenv("FUZZ_API_VERBOSE") && atoi(getenv("FUZZ_API_VERBOSE")) > 0)
         fprintf(stderr, "fuzz_api: gm_create(\"%s\")\n", config);
     state->segments = first & 2;

@@ -127,6 +127,8 @@ static void pages_release_cached(gm_arena *arena, uint64_t keep_bytes)
     page_engine *engine = engine_of(arena);
     pages_retire_passed_aliases(arena);
     pages_retry_releases(arena);
+    if (engine->stitch_count)
+        pages_undo_unused_stitches(arena);
     if (pages_settle_waiting(arena, NULL) != GM_OK)
         return; /* the engine's state is corrupt: validate says so */
     size_t count = pages_find_idle_chunks(arena, NULL, 0, 0);
@@ -267,6 +269,9 @@ static gm_status drop_free_region(gm_arena *arena, gm_region *region)
     if (settled != GM_OK)
         return settled;
     pages_forget_region_plan(engine_of(arena), region);
+    gm_status unstitched = engine_of(arena)->stitch_count ? pages_undo_stitches_in(arena, region) : GM_OK;
+    if (unstitched != GM_OK)
+        return unstitched;
     while (data->chunks.first) {
         page_chunk *chunk = gm_list_item(data->chunks.first, page_chunk, link);
         gm_status status = pages_evict_chunk(arena, region, chunk);

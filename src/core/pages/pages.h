@@ -570,6 +570,11 @@ void pages_leave_waiting(gm_arena *arena, gm_region *region, uintptr_t from, uin
 gm_status pages_stitch(gm_arena *arena, gm_heap *heap, uint64_t size, const window *where, gm_block **block_out);
 /* After a free merged into `block` (indexed): undo the stitch whose range no live block holds any more. */
 void pages_unstitch_around(gm_arena *arena, gm_block *block);
+/* Undo every stitch whose range holds no live block (one that an undo without host memory left): at an
+ * empty_cache. */
+void pages_undo_unused_stitches(gm_arena *arena);
+/* Before `region` goes: undo its stitches (none may hold a live block). */
+gm_status pages_undo_stitches_in(gm_arena *arena, const gm_region *region);
 /* The allocator goes: every second mapping unmapped, the stitches forgotten. */
 void pages_drop_stitches(gm_arena *arena);
 /* chunks.c: map `clone` (a second mapping of clone->clone_of) at `address` of `region`, with access; in

@@ -23,8 +23,10 @@
 #include "core/pages/pages.h"
 
 #include "base/array.h"
+#include "base/error.h"
 #include "base/system_memory.h"
 
+#include <inttypes.h>
 #include <stdlib.h>
 
 /* The best free end and free start of the region's pinned chunks: two of each, so that the end and the
@@ -282,7 +284,7 @@ static gm_status lay_out(gm_arena *arena, gm_region *region, const stitch_plan *
     return status;
 }
 
-static void undo(gm_arena *arena, page_stitch *stitch);
+static bool undo(gm_arena *arena, page_stitch *stitch);
 
 gm_status pages_stitch(gm_arena *arena, gm_heap *heap, uint64_t size, const window *where, gm_block **block_out)
 {
@@ -367,10 +369,13 @@ static void give_back_side(gm_arena *arena, gm_region *region, page_chunk *chunk
     pages_attach(arena, pages_merge_alike(arena, lent));
 }
 
-static void undo(gm_arena *arena, page_stitch *stitch)
+/* Undo `stitch`, whose range holds no live block; false, with nothing changed, without host memory for
+ * the blocks it needs (the stitch stays, consistent, until a later free in its range or its region going). */
+static bool undo(gm_arena *arena, page_stitch *stitch)
 {
     page_engine *engine = engine_of(arena);
-    gm_block_pool_reserve(&arena->block_pool, 4);
+    if (!gm_block_pool_reserve(&arena->block_pool, 4)) /* pages_vacate carves two blocks at most a side */
+        return false;
     if (stitch->end_clone)
         give_back_side(arena, stitch->region, stitch->end_chunk, stitch->end_clone, stitch->end_lent,
                        stitch->end_outside);
@@ -378,6 +383,7 @@ static void undo(gm_arena *arena, page_stitch *stitch)
         give_back_side(arena, stitch->region, stitch->start_chunk, stitch->start_clone, stitch->start_lent,
                        stitch->start_outside);
     *stitch = engine->stitches[--engine->stitch_count];
+    return true;
 }
 
 void pages_unstitch_around(gm_arena *arena, gm_block *block)
@@ -392,6 +398,36 @@ void pages_unstitch_around(gm_arena *arena, gm_block *block)
             return;
         }
     }
+}
+
+void pages_undo_unused_stitches(gm_arena *arena)
+{
+    page_engine *engine = engine_of(arena);
+    for (size_t i = 0; i < engine->stitch_count;) {
+        page_stitch *stitch = &engine->stitches[i];
+        gm_block *inside = stitch->end_outside ? stitch->end_outside : stitch->start_outside;
+        if (!holds_nothing(inside, stitch->inner_start, stitch->inner_end) || !undo(arena, stitch))
+            i++; /* else entry i is another stitch now */
+    }
+}
+
+gm_status pages_undo_stitches_in(gm_arena *arena, const gm_region *region)
+{
+    page_engine *engine = engine_of(arena);
+    for (size_t i = 0; i < engine->stitch_count;) {
+        page_stitch *stitch = &engine->stitches[i];
+        if (stitch->region != region) {
+            i++;
+            continue;
+        }
+        gm_block *inside = stitch->end_outside ? stitch->end_outside : stitch->start_outside;
+        if (!holds_nothing(inside, stitch->inner_start, stitch->inner_end))
+            return gm_fail(GM_ERROR_CORRUPT, "a stitched range at 0x%" PRIxPTR " still holds a live block",
+                           stitch->inner_start);
+        if (!undo(arena, stitch)) /* entry i is another stitch once undone */
+            return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for block metadata");
+    }
+    return GM_OK;
 }
 
 void pages_drop_stitches(gm_arena *arena)
