@@ -5,6 +5,7 @@
  * mappings of A and C (their free end and start back to back), with no new memory; the host backend
  * maps one memfd twice, so the bytes written through the request are A's and C's own. While it lives
  * no fit takes A's free end; freed, the stitch is undone and A's free end serves a fit where it lies.
+ * gm_share hands another process the block's bytes through the second mappings' memory.
  * Without the option, and for a request that lifts live memory above its peak, memory grows as before.
  * gm_validate checks every step; a snapshot counts each byte of memory once.
  */
@@ -12,6 +13,7 @@
 #include "test.h"
 
 #include <stdbool.h>
+#include <unistd.h>
 
 #define MIB (1ull << 20)
 #define HOST "backend:host,capacity:1GiB,page_size:2MiB,max_chunk_size:64MiB,chunk_room_share:0"
@@ -121,6 +123,35 @@ static void a_request_lies_across_the_free_end_and_start(void)
     check_and_free(&l);
 }
 
+/* gm_share of a stitched block: its pieces are the two second mappings' memory, which another process
+ * maps and reads as the block's bytes (the host backend shares each chunk's memfd). */
+static void a_stitched_block_is_shared_like_any_other(void)
+{
+    layout l = lay_out(HOST ",stitch:true", true);
+    gm_allocator *taker = NULL;
+    REQUIRE(gm_create("backend:host,capacity:1GiB", &taker) == GM_OK);
+    unsigned char *request = NULL;
+    CHECK_OK(gm_malloc(l.allocator, 70 * MIB, 0, (void **)&request));
+    CHECK_EQ_INT(reserved(l.allocator, true), 192 * MIB); /* stitched */
+    pattern_stamp(request, 70 * MIB, 6);
+    uint64_t offset = 0;
+    gm_shared_piece pieces[8];
+    size_t count = 0;
+    CHECK_OK(gm_share(l.allocator, request, &offset, pieces, 8, &count));
+    CHECK_EQ_INT(count, 2); /* the two second mappings, back to back */
+    void *mapped = NULL;
+    CHECK_OK(gm_open_shared(taker, getpid(), pieces, count, &mapped));
+    unsigned char *there = (unsigned char *)mapped + offset;
+    CHECK(pattern_intact(there, 70 * MIB, 6));
+    pattern_stamp(there, 70 * MIB, 7);
+    CHECK(pattern_intact(request, 70 * MIB, 7));
+    CHECK_OK(gm_close_shared(taker, mapped));
+    CHECK_OK(gm_free(l.allocator, request));
+    CHECK_OK(gm_validate(l.allocator));
+    gm_destroy(taker, NULL);
+    check_and_free(&l);
+}
+
 static void without_the_option_memory_grows(void)
 {
     layout l = lay_out(HOST, true);
@@ -163,6 +194,7 @@ static void stitches_come_and_go(void)
 }
 
 RUN_TESTS(TEST_CASE(a_request_lies_across_the_free_end_and_start),
+          TEST_CASE(a_stitched_block_is_shared_like_any_other),
           TEST_CASE(without_the_option_memory_grows),
           TEST_CASE(no_stitch_above_the_live_peak),
           TEST_CASE(stitches_come_and_go))

@@ -111,6 +111,8 @@ gm_status pages_map_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk,
     return GM_OK;
 }
 
+static void close_export(gm_arena *arena, const page_chunk *chunk);
+
 gm_status pages_map_clone(gm_arena *arena, gm_region *region, page_chunk *clone, uintptr_t address)
 {
     gm_status status = engine_of(arena)->alias_count ? pages_retire_aliases_in(arena, address, address + clone->size)
@@ -139,6 +141,7 @@ void pages_unmap_clone(gm_arena *arena, gm_region *region, page_chunk *clone)
                gm_backend_unmap(arena->backend, alias.address, alias.size) == GM_OK) {
         arena->stats->num_page_unmaps += (int64_t)(alias.size / engine->page_size);
     }
+    close_export(arena, clone); /* gm_share of a stitched block exported the clone's handle */
     free(clone);
 }
 

@@ -441,6 +441,8 @@ void pages_drop_stitches(gm_arena *arena)
             if (clones[side]) {
                 gm_list_remove(&data_of(stitch->region)->chunks, &clones[side]->link);
                 gm_backend_unmap(arena->backend, clones[side]->address, clones[side]->size);
+                if (clones[side]->exported) /* gm_share of a stitched block */
+                    gm_backend_close_export(arena->backend, clones[side]->exported - 1);
                 free(clones[side]);
             }
     }
