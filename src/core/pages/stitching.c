@@ -19,6 +19,11 @@
  * `clones`). Once no live block lies in the range, the stitch is undone: the second mappings go (after
  * the stream has passed their last use: aliases.c), their addresses are unmapped again, the free end
  * and start are free where they lie, and the middle stays, free memory like any other.
+ *
+ * Only for memory the program has held live before (within a thousandth of the allocated peak: new
+ * memory for a new peak is what it needs), and only where the stitch at least halves the window's new
+ * pages: stitches that spare less, or that come while live memory climbs, move the layout of later
+ * steps for little (docs/engine.md, "Stitching", has what each rule was measured against).
  */
 #include "core/pages/pages.h"
 
