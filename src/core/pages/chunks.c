@@ -85,20 +85,29 @@ static void leave_region(gm_region *region, page_chunk *chunk, uint64_t page_siz
     record_chunk_pages(region, chunk, NULL, page_size);
 }
 
-/* Access is set per mapping: the driver charges cuMemSetAccess per mapping that a range covers
- * (bench/vmm_probe.c measures it), so one call over many chunks would cost no less. */
-gm_status pages_map_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk, uintptr_t address)
+/* Map `chunk`'s memory at `address` with access, once any old mapping still there is gone (aliases.c).
+ * Access is set per mapping: the driver charges cuMemSetAccess per mapping that a range covers
+ * (bench/vmm_probe.c measures it), so one call over many chunks would cost no less. A refused
+ * set-access undoes the mapping; *left_mapped_out says whether that undo was refused too. */
+static gm_status map_with_access(gm_arena *arena, const page_chunk *chunk, uintptr_t address, bool *left_mapped_out)
 {
+    *left_mapped_out = false;
     gm_status status = engine_of(arena)->alias_count ? pages_retire_aliases_in(arena, address, address + chunk->size)
                                                      : GM_OK;
     if (status == GM_OK)
         status = gm_backend_map(arena->backend, address, chunk->size, chunk->handle);
-    if (status == GM_OK) {
-        status = gm_backend_set_access(arena->backend, address, chunk->size);
-        if (status != GM_OK && gm_backend_unmap(arena->backend, address, chunk->size) != GM_OK) {
-            chunk->address = address;
-            chunk->stray = true;
-        }
+    if (status == GM_OK && (status = gm_backend_set_access(arena->backend, address, chunk->size)) != GM_OK)
+        *left_mapped_out = gm_backend_unmap(arena->backend, address, chunk->size) != GM_OK;
+    return status;
+}
+
+gm_status pages_map_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk, uintptr_t address)
+{
+    bool left_mapped = false;
+    gm_status status = map_with_access(arena, chunk, address, &left_mapped);
+    if (left_mapped) {
+        chunk->address = address;
+        chunk->stray = true;
     }
     if (status != GM_OK)
         return status;
@@ -115,12 +124,8 @@ static void close_export(gm_arena *arena, const page_chunk *chunk);
 
 gm_status pages_map_clone(gm_arena *arena, gm_region *region, page_chunk *clone, uintptr_t address)
 {
-    gm_status status = engine_of(arena)->alias_count ? pages_retire_aliases_in(arena, address, address + clone->size)
-                                                     : GM_OK;
-    if (status == GM_OK)
-        status = gm_backend_map(arena->backend, address, clone->size, clone->handle);
-    if (status == GM_OK && (status = gm_backend_set_access(arena->backend, address, clone->size)) != GM_OK)
-        gm_backend_unmap(arena->backend, address, clone->size);
+    bool left_mapped = false; /* a second mapping left without access: the addresses stay unmapped in the books */
+    gm_status status = map_with_access(arena, clone, address, &left_mapped);
     if (status != GM_OK)
         return status;
     clone->address = address;
