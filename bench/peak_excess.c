@@ -135,54 +135,12 @@ static void sort_memory(gm_allocator *allocator)
         }
 }
 
-/* Chunks in address order, for one walk over a region's blocks. */
-static int by_address(const void *left, const void *right)
+/* What stitching could gather in `region` (--stitch), as the engine finds it (pages_stitch_reach);
+ * room[0..2] (free end, idle, free start) keep the region that gathers the most. */
+static void stitch_room_of(const gm_region *region, uint64_t page_size, uint64_t room[3])
 {
-    uintptr_t a = (*(const page_chunk *const *)left)->address, b = (*(const page_chunk *const *)right)->address;
-    return a < b ? -1 : a > b;
-}
-
-/* What stitching could gather in `region` (--stitch): the largest free end and the largest free start of
- * a chunk that live blocks pin, and the bytes of idle chunks; room[0..2] keep the largest over regions. */
-static void stitch_room_of(const gm_region *region, uint64_t room[3])
-{
-    const page_region *data = region->engine_data;
-    size_t count = 0;
-    for (gm_link *link = data->chunks.first; link; link = link->next)
-        count++;
-    const page_chunk **chunks = count ? malloc(count * sizeof *chunks) : NULL;
-    if (!chunks)
-        return;
-    count = 0;
-    for (gm_link *link = data->chunks.first; link; link = link->next)
-        chunks[count++] = gm_list_item(link, page_chunk, link);
-    qsort(chunks, count, sizeof *chunks, by_address);
     uint64_t tail = 0, idle = 0, head = 0;
-    const gm_block *block = region->first_block;
-    for (size_t i = 0; i < count; i++) {
-        uintptr_t start = chunks[i]->address, end = start + chunks[i]->size, live_end = 0;
-        while (block && block->address + block->size <= start)
-            block = block->next;
-        uint64_t free_start = 0;
-        bool live = false;
-        for (const gm_block *b = block; b && b->address < end; b = b->next) {
-            uintptr_t low = b->address > start ? b->address : start;
-            uintptr_t high = b->address + b->size < end ? b->address + b->size : end;
-            if (b->state == GM_BLOCK_FREE && !live)
-                free_start += high - low;
-            else if (b->state == GM_BLOCK_ALLOCATED || b->state == GM_BLOCK_PENDING) {
-                live = true;
-                live_end = high;
-            }
-        }
-        if (!live)
-            idle += chunks[i]->size;
-        else {
-            tail = end - live_end > tail ? end - live_end : tail;
-            head = free_start > head ? free_start : head;
-        }
-    }
-    free(chunks);
+    pages_stitch_reach(region, page_size, &tail, &head, &idle);
     if (tail + idle + head > room[0] + room[1] + room[2]) {
         room[0] = tail;
         room[1] = idle;
@@ -208,11 +166,12 @@ static void measure_stitch_room(gm_allocator *allocator, uint64_t room[3])
 {
     room[0] = room[1] = room[2] = 0;
     gm_arena *arena = &allocator->arena;
+    uint64_t page_size = ((const page_engine *)arena->engine_state)->page_size;
     for (uint32_t index = 0; index < arena->heap_count; index++)
         for (gm_link *link = arena->heaps[index]->regions.first; link; link = link->next) {
             const gm_region *region = gm_list_item(link, gm_region, link);
             if (region->pool != GM_POOL_SMALL)
-                stitch_room_of(region, room);
+                stitch_room_of(region, page_size, room);
         }
 }
 

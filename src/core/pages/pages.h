@@ -568,6 +568,11 @@ void pages_leave_waiting(gm_arena *arena, gm_region *region, uintptr_t from, uin
  * at least `size` bytes (detached) laid across second mappings of pinned chunks' free end and start, if
  * that needs fewer new pages; *block_out NULL otherwise (the caller grows as usual). */
 gm_status pages_stitch(gm_arena *arena, gm_heap *heap, uint64_t size, const window *where, gm_block **block_out);
+/* What a stitch could take in `region`: the largest free end and the largest free start of a chunk that
+ * live blocks pin and that may lend them (not necessarily two chunks), and the bytes of its idle chunks
+ * (for gpumem_peak_excess --stitch). */
+void pages_stitch_reach(const gm_region *region, uint64_t page_size, uint64_t *free_end, uint64_t *free_start,
+                        uint64_t *idle);
 /* After a free merged into `block` (indexed): undo the stitch whose range no live block holds any more. */
 void pages_unstitch_around(gm_arena *arena, gm_block *block);
 /* Undo every stitch whose range holds no live block (one that an undo without host memory left): at an

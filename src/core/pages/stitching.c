@@ -68,16 +68,20 @@ static bool may_lend(const page_chunk *chunk)
            !chunk->waiting;
 }
 
-static void finish_chunk(const chunk_walk *walk, edge_choice *ends, edge_choice *starts)
+static void finish_chunk(const chunk_walk *walk, edge_choice *ends, edge_choice *starts, uint64_t *idle)
 {
+    if (idle && walk->chunk && !walk->live_end)
+        *idle += walk->chunk->size; /* an idle chunk moves whole (growth.c) */
     if (!walk->chunk || !walk->live_end || !may_lend(walk->chunk))
-        return; /* an idle chunk moves whole (growth.c) */
+        return;
     offer(ends, walk->chunk, walk->chunk->address + walk->chunk->size - walk->live_end);
     offer(starts, walk->chunk, walk->free_start);
 }
 
-/* One walk over the region's blocks in address order, chunk by chunk through the page table. */
-static void find_edges(const gm_region *region, uint64_t page_size, edge_choice *ends, edge_choice *starts)
+/* One walk over the region's blocks in address order, chunk by chunk through the page table; *idle
+ * (unless NULL) adds the bytes of the chunks that no block holds. */
+static void find_edges(const gm_region *region, uint64_t page_size, edge_choice *ends, edge_choice *starts,
+                       uint64_t *idle)
 {
     page_chunk **pages = data_of(region)->pages;
     chunk_walk walk = {0};
@@ -88,7 +92,7 @@ static void find_edges(const gm_region *region, uint64_t page_size, edge_choice 
         for (uintptr_t cursor = block->address; cursor < end;) {
             page_chunk *chunk = pages[page_index(region, cursor, page_size)];
             if (chunk != walk.chunk) {
-                finish_chunk(&walk, ends, starts);
+                finish_chunk(&walk, ends, starts, idle);
                 walk = (chunk_walk){chunk, 0, 0};
             }
             uintptr_t piece_end = end < chunk->address + chunk->size ? end : chunk->address + chunk->size;
@@ -99,7 +103,17 @@ static void find_edges(const gm_region *region, uint64_t page_size, edge_choice 
             cursor = piece_end;
         }
     }
-    finish_chunk(&walk, ends, starts);
+    finish_chunk(&walk, ends, starts, idle);
+}
+
+void pages_stitch_reach(const gm_region *region, uint64_t page_size, uint64_t *free_end, uint64_t *free_start,
+                        uint64_t *idle)
+{
+    edge_choice ends = {0}, starts = {0};
+    *idle = 0;
+    find_edges(region, page_size, &ends, &starts, idle);
+    *free_end = ends.bytes[0];
+    *free_start = starts.bytes[0];
 }
 
 /* The plan: which free end and start to use, and the middle's bytes (whole pages). */
@@ -221,11 +235,7 @@ static gm_status lend(gm_arena *arena, gm_region *region, page_chunk *chunk, uin
 /* Whether new memory for `need` bytes, after the idle chunks, would lift reserved memory above its peak. */
 static bool lifts_peak(gm_arena *arena, uint64_t need)
 {
-    page_engine *engine = engine_of(arena);
-    size_t count = pages_find_idle_chunks(arena, NULL, 0, 0);
-    uint64_t idle = 0;
-    for (size_t i = 0; i < count; i++)
-        idle += engine->idle[i].chunk->size;
+    uint64_t idle = arena->engine->idle_bytes(arena);
     const gm_stat *reserved = arena->stats->reserved_bytes;
     return need > idle && gm_stat_total(reserved) + (int64_t)(need - idle) > reserved[GM_POOL_ALL].peak;
 }
@@ -304,7 +314,7 @@ gm_status pages_stitch(gm_arena *arena, gm_heap *heap, uint64_t size, const wind
         !lifts_peak(arena, where->pages * page_size))
         return GM_OK;
     edge_choice ends = {0}, starts = {0};
-    find_edges(where->region, page_size, &ends, &starts);
+    find_edges(where->region, page_size, &ends, &starts, NULL);
     stitch_plan plan = choose_plan(&ends, &starts, size, page_size);
     if ((!plan.end_chunk && !plan.start_chunk) || plan.middle / page_size >= where->pages)
         return GM_OK;
@@ -406,13 +416,19 @@ void pages_unstitch_around(gm_arena *arena, gm_block *block)
     }
 }
 
+/* Whether no live block lies in the stitch's range, seen from one of its held blocks (they keep their place). */
+static bool is_unused(const page_stitch *stitch)
+{
+    return holds_nothing(stitch->end_outside ? stitch->end_outside : stitch->start_outside, stitch->inner_start,
+                         stitch->inner_end);
+}
+
 void pages_undo_unused_stitches(gm_arena *arena)
 {
     page_engine *engine = engine_of(arena);
     for (size_t i = 0; i < engine->stitch_count;) {
         page_stitch *stitch = &engine->stitches[i];
-        gm_block *inside = stitch->end_outside ? stitch->end_outside : stitch->start_outside;
-        if (!holds_nothing(inside, stitch->inner_start, stitch->inner_end) || !undo(arena, stitch))
+        if (!is_unused(stitch) || !undo(arena, stitch))
             i++; /* else entry i is another stitch now */
     }
 }
@@ -426,8 +442,7 @@ gm_status pages_undo_stitches_in(gm_arena *arena, const gm_region *region)
             i++;
             continue;
         }
-        gm_block *inside = stitch->end_outside ? stitch->end_outside : stitch->start_outside;
-        if (!holds_nothing(inside, stitch->inner_start, stitch->inner_end))
+        if (!is_unused(stitch))
             return gm_fail(GM_ERROR_CORRUPT, "a stitched range at 0x%" PRIxPTR " still holds a live block",
                            stitch->inner_start);
         if (!undo(arena, stitch)) /* entry i is another stitch once undone */
