@@ -207,6 +207,7 @@ typedef struct page_engine {
     uint64_t lost_chunks;        /* chunks kept in the books though their blocks cannot be reached
                                     (pages_keep_unreachable): no allocation until they are idle and
                                     given back (pages_allocate) */
+    size_t stitch_count;         /* stitched ranges (stitching.c): every free asks whether one is in it */
 
     uint64_t region_size;
     int64_t page_chunk_cost_ns;  /* what one page-sized chunk costs (create, map, set access) */
@@ -231,8 +232,7 @@ typedef struct page_engine {
     bool repeating[REPEAT_PERIODS]; /* whether this step has grown as that earlier one so far */
     bool logging_growths;        /* from the first empty_cache on */
     uint64_t waiting_bytes;      /* the chunks' waiting bytes, all together */
-    page_stitch *stitches;       /* stitched ranges (stitching.c) */
-    size_t stitch_count;
+    page_stitch *stitches;       /* stitch_count stitched ranges (stitching.c) */
     size_t stitch_capacity;
 } page_engine;
 
