@@ -7,7 +7,8 @@
  * no fit takes A's free end; freed, the stitch is undone and A's free end serves a fit where it lies.
  * gm_share hands another process the block's bytes through the second mappings' memory.
  * Without the option, and for a request that lifts live memory above its peak, memory grows as before.
- * gm_validate checks every step; a snapshot counts each byte of memory once.
+ * gm_validate checks every step; a snapshot counts each byte of memory once. A second mapping that the
+ * driver leaves behind (its access and then its unmap refused) is unmapped later, not forgotten.
  */
 #include "pattern.h"
 #include "test.h"
@@ -193,8 +194,37 @@ static void stitches_come_and_go(void)
     gm_destroy(l.allocator, NULL);
 }
 
+/* The driver refuses the second mapping's access, then the unmap that undoes it: the stitch is not made,
+ * the request takes new memory, and the mapping left behind is kept as an old mapping, unmapped at the
+ * latest when its chunk's memory goes back: in the end every map has its unmap. */
+static void a_second_mapping_left_behind_is_unmapped_later(void)
+{
+    layout l = lay_out("backend:sim,capacity:1GiB,max_chunk_size:64MiB,chunk_room_share:0,stitch:true", false);
+    gm_stats before, after;
+    REQUIRE(gm_get_stats(l.allocator, &before) == GM_OK);
+    CHECK_OK(gm_inject_device_failures(l.allocator, GM_CALL_SET_ACCESS, 0, 1));
+    CHECK_OK(gm_inject_device_failures(l.allocator, GM_CALL_UNMAP, 0, 1));
+    void *request = NULL;
+    CHECK_OK(gm_malloc(l.allocator, 70 * MIB, 0, &request));
+    CHECK_OK(gm_validate(l.allocator));
+    CHECK_EQ_INT(reserved(l.allocator, true), 262 * MIB); /* not stitched: new memory */
+    CHECK_OK(gm_free(l.allocator, request));
+    CHECK_OK(gm_free(l.allocator, l.head));
+    CHECK_OK(gm_free(l.allocator, l.middle));
+    CHECK_OK(gm_free(l.allocator, l.tail));
+    CHECK_OK(gm_validate(l.allocator));
+    CHECK_OK(gm_empty_cache(l.allocator));
+    CHECK_EQ_INT(reserved(l.allocator, false), 0);
+    REQUIRE(gm_get_stats(l.allocator, &after) == GM_OK);
+    int64_t maps = after.device_calls[GM_CALL_MAP] - before.device_calls[GM_CALL_MAP];
+    int64_t unmaps = after.device_calls[GM_CALL_UNMAP] - before.device_calls[GM_CALL_UNMAP];
+    CHECK_EQ_INT(unmaps, maps + 3); /* the layout's 3 chunks were mapped before; refused calls are not counted */
+    gm_destroy(l.allocator, NULL);
+}
+
 RUN_TESTS(TEST_CASE(a_request_lies_across_the_free_end_and_start),
           TEST_CASE(a_stitched_block_is_shared_like_any_other),
           TEST_CASE(without_the_option_memory_grows),
           TEST_CASE(no_stitch_above_the_live_peak),
-          TEST_CASE(stitches_come_and_go))
+          TEST_CASE(stitches_come_and_go),
+          TEST_CASE(a_second_mapping_left_behind_is_unmapped_later))

@@ -122,10 +122,24 @@ gm_status pages_map_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk,
 
 static void close_export(gm_arena *arena, const page_chunk *chunk);
 
+/* A second mapping that the driver left at `address` without access (set-access refused, and the unmap
+ * that undoes it too): kept as an old mapping (aliases.c), which no work has used, so that it is unmapped
+ * before anything is mapped over those addresses or the chunk goes back to the device. Without room for
+ * it (no host memory either) it stays on the device until the allocator goes. */
+static void keep_refused_clone(gm_arena *arena, gm_region *region, const page_chunk *clone, uintptr_t address)
+{
+    if (!pages_alias_room(arena))
+        return;
+    page_alias alias = {address, clone->size, clone->handle, region->heap, 0};
+    pages_add_alias(arena, &alias);
+}
+
 gm_status pages_map_clone(gm_arena *arena, gm_region *region, page_chunk *clone, uintptr_t address)
 {
-    bool left_mapped = false; /* a second mapping left without access: the addresses stay unmapped in the books */
+    bool left_mapped = false;
     gm_status status = map_with_access(arena, clone, address, &left_mapped);
+    if (left_mapped)
+        keep_refused_clone(arena, region, clone, address);
     if (status != GM_OK)
         return status;
     clone->address = address;
