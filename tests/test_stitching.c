@@ -194,6 +194,42 @@ static void stitches_come_and_go(void)
     gm_destroy(l.allocator, NULL);
 }
 
+/* An idle chunk larger than the middle's hole, but smaller than the request, becomes the whole middle:
+ * four chunks of 64 MiB, A (10 MiB live, its free end 54 MiB), D (idle), B (live) and C (its free start
+ * 22 MiB, 42 MiB live). A 130 MiB request would need a 54 MiB middle, in which D does not fit: the middle
+ * is D's 64 MiB instead, D moves there, and no new memory is made. Without the option the request grows
+ * at the top with D moved there and 66 MiB made. */
+static void an_idle_chunk_larger_than_the_middle_becomes_it(void)
+{
+    for (int stitch = 0; stitch < 2; stitch++) {
+        gm_allocator *allocator = NULL;
+        REQUIRE(gm_create(stitch ? "backend:sim,capacity:1GiB,max_chunk_size:64MiB,chunk_room_share:0,stitch:true"
+                                 : "backend:sim,capacity:1GiB,max_chunk_size:64MiB,chunk_room_share:0",
+                          &allocator) == GM_OK);
+        void *whole = NULL, *parts[6] = {NULL};
+        const uint64_t sizes[6] = {10 * MIB, 54 * MIB, 64 * MIB, 64 * MIB, 22 * MIB, 42 * MIB};
+        CHECK_OK(gm_malloc(allocator, 256 * MIB, 0, &whole));
+        CHECK_OK(gm_free(allocator, whole));
+        for (int i = 0; i < 6; i++)
+            CHECK_OK(gm_malloc(allocator, sizes[i], 0, &parts[i]));
+        CHECK(parts[5] == (void *)((unsigned char *)whole + 214 * MIB));
+        const int freed[3] = {1, 2, 4}, kept[3] = {0, 3, 5}; /* A's free end, D, C's free start */
+        for (int i = 0; i < 3; i++)
+            CHECK_OK(gm_free(allocator, parts[freed[i]]));
+        void *request = NULL;
+        CHECK_OK(gm_malloc(allocator, 130 * MIB, 0, &request));
+        CHECK_OK(gm_validate(allocator));
+        CHECK_EQ_INT(reserved(allocator, true), stitch ? 256 * MIB : 256 * MIB + 66 * MIB);
+        CHECK_OK(gm_free(allocator, request));
+        CHECK_OK(gm_validate(allocator));
+        for (int i = 0; i < 3; i++)
+            CHECK_OK(gm_free(allocator, parts[kept[i]]));
+        CHECK_OK(gm_empty_cache(allocator));
+        CHECK_EQ_INT(reserved(allocator, false), 0);
+        gm_destroy(allocator, NULL);
+    }
+}
+
 /* The driver refuses the second mapping's access, then the unmap that undoes it: the stitch is not made,
  * the request takes new memory, and the mapping left behind is kept as an old mapping, unmapped at the
  * latest when its chunk's memory goes back: in the end every map has its unmap. */
@@ -227,4 +263,5 @@ RUN_TESTS(TEST_CASE(a_request_lies_across_the_free_end_and_start),
           TEST_CASE(without_the_option_memory_grows),
           TEST_CASE(no_stitch_above_the_live_peak),
           TEST_CASE(stitches_come_and_go),
+          TEST_CASE(an_idle_chunk_larger_than_the_middle_becomes_it),
           TEST_CASE(a_second_mapping_left_behind_is_unmapped_later))

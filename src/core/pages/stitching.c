@@ -166,6 +166,35 @@ static stitch_plan choose_plan(const edge_choice *ends, const edge_choice *start
     return best;
 }
 
+/* When the idle chunks that fit the middle's hole do not fill it but a larger idle chunk smaller than the
+ * request exists, the middle becomes that chunk's size: it moves there whole, beside the free end alone,
+ * the free start alone or both (whichever covers the rest of the request first), and no new memory is
+ * made. Otherwise the middle's pages would be new memory while the larger chunk stayed idle, and a step
+ * that repeats the request would make them again: a long run crept by a middle every step. */
+static void widen_to_idle_chunk(gm_arena *arena, stitch_plan *plan, const edge_choice *ends,
+                                const edge_choice *starts, uint64_t size)
+{
+    page_engine *engine = engine_of(arena);
+    size_t count = pages_find_idle_chunks(arena, NULL, 0, 0);
+    uint64_t fitting = 0, larger = 0;
+    for (size_t i = 0; i < count; i++) {
+        uint64_t chunk_size = engine->idle[i].chunk->size;
+        if (chunk_size <= plan->middle)
+            fitting += chunk_size;
+        else if (chunk_size < size && chunk_size > larger)
+            larger = chunk_size;
+    }
+    if (!larger || fitting >= plan->middle)
+        return;
+    uint64_t rest = size - larger;
+    if (ends->chunk[0] && ends->bytes[0] >= rest)
+        *plan = (stitch_plan){ends->chunk[0], ends->bytes[0], NULL, 0, larger};
+    else if (starts->chunk[0] && starts->bytes[0] >= rest)
+        *plan = (stitch_plan){NULL, 0, starts->chunk[0], starts->bytes[0], larger};
+    else if (plan->end_chunk && plan->start_chunk && plan->end_bytes + plan->start_bytes >= rest)
+        plan->middle = larger;
+}
+
 /* The highest unmapped block of `region` with room for `bytes` (page-aligned from its end), or NULL. */
 static gm_block *highest_hole(gm_region *region, uint64_t bytes)
 {
@@ -321,6 +350,8 @@ gm_status pages_stitch(gm_arena *arena, gm_heap *heap, uint64_t size, const wind
     /* A stitch that spares less than half the window's new pages moves the layout for little. */
     if (plan.middle / page_size * 2 > where->pages)
         return GM_OK;
+    if (plan.middle)
+        widen_to_idle_chunk(arena, &plan, &ends, &starts, size);
     page_stitch *grown = gm_array_room_for_one(engine->stitches, engine->stitch_count, &engine->stitch_capacity,
                                                 sizeof *grown, 8);
     if (!grown)
