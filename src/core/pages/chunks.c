@@ -164,6 +164,14 @@ void pages_unmap_clone(gm_arena *arena, gm_region *region, page_chunk *clone)
     free(clone);
 }
 
+void pages_drop_clone(gm_arena *arena, gm_region *region, page_chunk *clone)
+{
+    gm_list_remove(&data_of(region)->chunks, &clone->link);
+    gm_backend_unmap(arena->backend, clone->address, clone->size);
+    close_export(arena, clone);
+    free(clone);
+}
+
 /* The unmap event comes first: an observer (NCCL's deregistration) needs the memory still mapped. */
 gm_status pages_unmap_chunk(gm_arena *arena, gm_region *region, page_chunk *chunk)
 {

@@ -588,6 +588,9 @@ gm_status pages_map_clone(gm_arena *arena, gm_region *region, page_chunk *clone,
 /* chunks.c: `clone` out of `region`'s books and freed; its mapping goes once the region's stream has
  * passed its last use (an old mapping, aliases.c), or now after a wait. */
 void pages_unmap_clone(gm_arena *arena, gm_region *region, page_chunk *clone);
+/* chunks.c, the allocator going: `clone` out of `region`'s list of chunks, unmapped now, its exported
+ * descriptor closed, freed. */
+void pages_drop_clone(gm_arena *arena, gm_region *region, page_chunk *clone);
 
 /* ---------------------------------------------------------------- compaction.c */
 

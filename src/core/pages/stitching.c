@@ -489,13 +489,8 @@ void pages_drop_stitches(gm_arena *arena)
         page_stitch *stitch = &engine->stitches[i];
         page_chunk *clones[2] = {stitch->end_clone, stitch->start_clone};
         for (int side = 0; side < 2; side++)
-            if (clones[side]) {
-                gm_list_remove(&data_of(stitch->region)->chunks, &clones[side]->link);
-                gm_backend_unmap(arena->backend, clones[side]->address, clones[side]->size);
-                if (clones[side]->exported) /* gm_share of a stitched block */
-                    gm_backend_close_export(arena->backend, clones[side]->exported - 1);
-                free(clones[side]);
-            }
+            if (clones[side])
+                pages_drop_clone(arena, stitch->region, clones[side]);
     }
     free(engine->stitches);
     engine->stitches = NULL;
