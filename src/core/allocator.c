@@ -677,6 +677,8 @@ gm_status gm_reset_peak_stats(gm_allocator *allocator)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_reset_peak_stats: allocator is NULL");
     gm_lock_acquire(&allocator->lock);
     begin_change(allocator);
+    allocator->arena.reserved_peak_before_reset = gm_arena_reserved_peak(&allocator->arena);
+    allocator->arena.allocated_peak_before_reset = gm_arena_allocated_peak(&allocator->arena);
     gm_stats_reset_peaks(allocator->arena.stats);
     gm_hot_stats_reset_peaks(&allocator->arena.hot_stats);
     end_change(allocator);

@@ -85,6 +85,12 @@ typedef struct gm_arena {
     /* The statistics every allocation and free changes, kept here rather than in *stats (one cache
      * line each) unless they are published; written into a gm_stats when the statistics are read. */
     gm_hot_stats hot_stats;
+    /* The engine's own peaks: what reserved and allocated bytes reached before the last
+     * gm_reset_peak_stats. A program that resets the peaks it reads (torch.cuda.reset_peak_memory_stats
+     * at every step) must not change where its memory goes: the engine's rules ("new memory only above
+     * the peak") weigh the most the process has held, which no reset lowers. */
+    int64_t reserved_peak_before_reset;
+    int64_t allocated_peak_before_reset;
 } gm_arena;
 
 /* Change one of the hot statistics by `amount` in `pool`: `hot` (in hot_stats) or, while the statistics
@@ -106,11 +112,19 @@ static inline int64_t gm_arena_allocated_bytes(const gm_arena *arena)
                                   : arena->hot_stats.allocated_bytes.all_current;
 }
 
-/* The peak of the bytes allocated in every pool (since the peaks were last reset). */
+/* The peak of the bytes allocated in every pool since the allocator was made (no reset lowers it). */
 static inline int64_t gm_arena_allocated_peak(const gm_arena *arena)
 {
-    return arena->stats_published ? arena->stats->allocated_bytes[GM_POOL_ALL].peak
-                                  : arena->hot_stats.allocated_bytes.all_peak;
+    int64_t peak = arena->stats_published ? arena->stats->allocated_bytes[GM_POOL_ALL].peak
+                                          : arena->hot_stats.allocated_bytes.all_peak;
+    return peak > arena->allocated_peak_before_reset ? peak : arena->allocated_peak_before_reset;
+}
+
+/* The peak of the bytes reserved from the device since the allocator was made (no reset lowers it). */
+static inline int64_t gm_arena_reserved_peak(const gm_arena *arena)
+{
+    int64_t peak = arena->stats->reserved_bytes[GM_POOL_ALL].peak;
+    return peak > arena->reserved_peak_before_reset ? peak : arena->reserved_peak_before_reset;
 }
 
 /* The arena's statistics, every reading filled in (the hot ones and the all-pools sums). */

@@ -149,7 +149,7 @@ static gm_status segments_allocate(gm_arena *arena, gm_heap *heap, int pool, uin
         uint64_t segment_size = segment_size_for(arena->options, pool, size);
         const gm_stat *reserved = arena->stats->reserved_bytes;
         bool release = arena->options->release_before_growth && engine->release_credit_ns >= 0 &&
-                       gm_stat_total(reserved) + (int64_t)segment_size > reserved[GM_POOL_ALL].peak;
+                       gm_stat_total(reserved) + (int64_t)segment_size > gm_arena_reserved_peak(arena);
         int64_t spent_before = arena->backend->modelled_ns;
         if (release)
             segments_release_cached(arena, 0);

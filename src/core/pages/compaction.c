@@ -324,7 +324,7 @@ gm_status pages_compact_for(gm_arena *arena, const window *where, uint64_t need,
      * other chunks' maps stay true. */
     for (size_t i = 0; i < count && released < need && status == GM_OK && !undone; i++) {
         uint64_t live = chunks[i].chunk->size - chunks[i].free_bytes, left = need - released;
-        int64_t allowed = reserved[GM_POOL_ALL].peak + (int64_t)(left > chunks[i].free_bytes ? left - chunks[i].free_bytes : 0);
+        int64_t allowed = gm_arena_reserved_peak(arena) + (int64_t)(left > chunks[i].free_bytes ? left - chunks[i].free_bytes : 0);
         if (!rescue && gm_stat_total(reserved) + (int64_t)live > allowed)
             continue;
         status = compact_chunk(arena, &chunks[i], &undone);

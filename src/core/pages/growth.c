@@ -103,7 +103,7 @@ static void release_idle_for(gm_arena *arena, const window *where, uint64_t need
 {
     page_engine *engine = engine_of(arena);
     const gm_stat *reserved = arena->stats->reserved_bytes;
-    int64_t excess = gm_stat_total(reserved) + (int64_t)need - reserved[GM_POOL_ALL].peak;
+    int64_t excess = gm_stat_total(reserved) + (int64_t)need - gm_arena_reserved_peak(arena);
     if (excess <= 0)
         return;
     size_t count = pages_sorted_idle_chunks(arena, where->region, where->run_start, where->run_end), first = 0;
@@ -207,7 +207,7 @@ static bool should_recycle(const gm_arena *arena, uint64_t need)
 {
     const gm_stat *reserved = arena->stats->reserved_bytes;
     int64_t after = gm_stat_total(reserved) + (int64_t)need;
-    if (after <= reserved[GM_POOL_ALL].peak)
+    if (after <= gm_arena_reserved_peak(arena))
         return false;
     double slack = arena->options->move_slack;
     if (slack > 0 && (double)after <= (double)gm_arena_allocated_peak(arena) * (1 + slack))
@@ -253,8 +253,8 @@ static gm_status compact_for_growth(gm_arena *arena, const window *where, uint64
     if (!should_recycle(arena, short_of))
         return GM_OK;
     const gm_stat *reserved = arena->stats->reserved_bytes;
-    int64_t excess = gm_stat_total(reserved) + (int64_t)short_of - reserved[GM_POOL_ALL].peak;
-    if (excess <= reserved[GM_POOL_ALL].peak / COMPACT_ABOVE_PEAK_DIVISOR)
+    int64_t excess = gm_stat_total(reserved) + (int64_t)short_of - gm_arena_reserved_peak(arena);
+    if (excess <= gm_arena_reserved_peak(arena) / COMPACT_ABOVE_PEAK_DIVISOR)
         return GM_OK;
     return pages_compact_for(arena, where, (uint64_t)excess, false);
 }

@@ -246,7 +246,7 @@ static bool may_make(gm_arena *arena, uint64_t size)
 {
     const gm_stat *reserved = arena->stats->reserved_bytes;
     uint64_t device_free = 0, device_total = 0;
-    return gm_stat_total(reserved) + (int64_t)size <= reserved[GM_POOL_ALL].peak &&
+    return gm_stat_total(reserved) + (int64_t)size <= gm_arena_reserved_peak(arena) &&
            (gm_backend_memory_info(arena->backend, &device_free, &device_total) != GM_OK || device_free >= size);
 }
 

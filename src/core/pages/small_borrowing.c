@@ -26,7 +26,7 @@ gm_block *pages_borrow_for_small(gm_arena *arena, gm_heap *heap, uint64_t size)
     if (!lane || state_of(lane)->live || size < engine->page_size / SMALL_BORROW_PAGE_FRACTION)
         return NULL;
     const gm_stat *reserved = arena->stats->reserved_bytes;
-    if (gm_stat_total(reserved) + (int64_t)engine->page_size <= reserved[GM_POOL_ALL].peak)
+    if (gm_stat_total(reserved) + (int64_t)engine->page_size <= gm_arena_reserved_peak(arena))
         return NULL; /* a new small-pool page lifts no peak */
     gm_index_cursor cursor;
     for (gm_block *block = gm_size_index_begin_at(&cursor, gm_heap_index(heap, GM_POOL_LARGE), size); block;

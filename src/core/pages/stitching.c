@@ -266,7 +266,7 @@ static bool lifts_peak(gm_arena *arena, uint64_t need)
 {
     uint64_t idle = arena->engine->idle_bytes(arena);
     const gm_stat *reserved = arena->stats->reserved_bytes;
-    return need > idle && gm_stat_total(reserved) + (int64_t)(need - idle) > reserved[GM_POOL_ALL].peak;
+    return need > idle && gm_stat_total(reserved) + (int64_t)(need - idle) > gm_arena_reserved_peak(arena);
 }
 
 static bool may_stitch(gm_arena *arena, gm_heap *heap, const window *where)
