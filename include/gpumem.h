@@ -390,7 +390,8 @@ GM_API size_t gm_device_call_count(void);
 
 GM_API gm_status gm_get_stats(gm_allocator *allocator, gm_stats *stats_out);
 
-/* Reset every peak to its current value (torch.cuda.reset_peak_memory_stats). */
+/* Reset every peak to its current value (torch.cuda.reset_peak_memory_stats). Only the statistics
+ * reset: where memory goes does not depend on when the peaks were last reset. */
 GM_API gm_status gm_reset_peak_stats(gm_allocator *allocator);
 
 /* Reset the accumulated readings ("allocated" and "freed") and the event counters. */
