@@ -3,7 +3,7 @@
 # `gpumem info`, the GPU tests, the GPU tests under compute-sanitizer memcheck, trace replay on the
 # cuda backend, and the side-by-side GPU benchmark (bench/gpu_replay.py). Logs and results go to
 # $OUT (the device tool's output folder) or ./gpu-results, as gpu-results.tgz and gpu_replay.md.
-# Usage: scripts/gpu-check.sh [build|tests|memcheck|bench|python|cudnn|workloads|top|run|whatif|governor|latency|graphs|capped|host|traces|near|all]...
+# Usage: scripts/gpu-check.sh [build|tests|memcheck|bench|python|cudnn|workloads|top|run|whatif|governor|latency|graphs|capped|host|traces|near|stitch|all]...
 #        (default: all)
 #   python     the PyTorch/CuPy integration tests (tests/gpu/test_torch.py, test_governor.py, test_graphs.py,
 #              test_torch_conformance.py: each torch.cuda memory behaviour under native and under gpumem)
@@ -33,6 +33,9 @@
 #              bench/pinned_host.py's table of pinned allocators (pinned_host.md, pinned_host.jsonl), and
 #              bench/cupy_alloc.py's time per CuPy allocation, CuPy's pool against gpumem (cupy_alloc.md), and
 #              bench/cupy_parts.py's parts of one such allocation in one process (cupy_parts.md)
+#   stitch     stitch:true against the defaults (not in "all"; about 6 minutes): bench/more_models_gpu.py on ViT and
+#              the UNet (STITCH_RUNS, default vit:0,vit:1,unet:0,unet:1; 12 steps each), then the conformance suite
+#              with GPUMEM_CONF=stitch:true
 #   near       bench/near_capacity_gpu.py: training on a device that the run nearly fills (the rest taken first),
 #              under torch-native, torch-expandable, gpumem, gpumem without the room share (gpumem-whole) and
 #              gpumem under the memory limit its OOM report offers (not in "all"; NEAR_ARGS, e.g. "--runs vit:0
@@ -54,7 +57,8 @@ has() { [[ " $steps " == *" $1 "* || " $steps " == *" all "* ]]; }
 failed=0
 
 if has build || has tests || has memcheck || has bench || has python || has cudnn || has whatif || has top || has run || [[ " $steps " == *" workloads "* || " $steps " == *" governor "* || " $steps " == *" latency "* || " $steps " == *" graphs "* \
-    || " $steps " == *" capped "* || " $steps " == *" host "* || " $steps " == *" multi "* || " $steps " == *" near "* ]]; then
+    || " $steps " == *" capped "* || " $steps " == *" host "* || " $steps " == *" multi "* || " $steps " == *" near "* \
+    || " $steps " == *" stitch "* ]]; then
     { cmake -S . -B $build -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake --build $build -j"$(nproc)"; } >"$out/build.log" 2>&1 \
         || { echo "build failed"; tail -30 "$out/build.log"; exit 1; }
     echo "built"
@@ -140,6 +144,15 @@ if [[ " $steps " == *" capped "* ]]; then
             --out "$out/capped_steps.jsonl" 2>>"$out/capped_steps.err" | tee -a "$out/capped_steps.md"
         [ "${PIPESTATUS[0]}" -eq 0 ] || { failed=1; tail -20 "$out/capped_steps.err"; }
     done
+fi
+if [[ " $steps " == *" stitch "* ]]; then
+    GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 bench/more_models_gpu.py --runs "${STITCH_RUNS:-vit:0,vit:1,unet:0,unet:1}" \
+        --allocators gpumem,gpumem-stitch --steps 10 --out "$out/stitch_models.jsonl" 2>"$out/stitch_models.err" \
+        | tee "$out/stitch_models.md"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { failed=1; tail -20 "$out/stitch_models.err"; }
+    GPUMEM_CONF=stitch:true PYTHONPATH=python GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 -m pytest -q -rs \
+        tests/gpu/test_torch_conformance.py 2>&1 | tee "$out/conformance_stitch.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
 fi
 if [[ " $steps " == *" near "* ]]; then
     GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 bench/near_capacity_gpu.py --out "$out/near_capacity_gpu.jsonl" \
