@@ -1,11 +1,13 @@
 /*
- * test_peak_reset.c -- gm_reset_peak_stats resets the peaks a program reads, not the engine's memory of
- * them. A training loop that calls torch.cuda.reset_peak_memory_stats() at every step to log each
- * step's peak must get the same memory, in the same places, as one that never does: the engine's
- * rules (new memory only above the peak, a stitch only for live memory the program held before) weigh
- * the most the process has held. Each case replays a recorded trace several times on one allocator,
- * once with the peaks reset between passes and once without, and requires every address handed out
- * and every device call to be the same, while the statistics' peaks do start again at each reset.
+ * test_observers.c -- watching the allocator moves no memory. Reading the statistics, the summary, the
+ * cache's free bytes, a snapshot, gm_validate and the history ring are instruments: a program that uses
+ * them must get the same memory, in the same places, as one that does not. Resetting the peaks is one
+ * too: gm_reset_peak_stats resets the peaks a program reads, not the engine's memory of them, so a
+ * training loop that calls torch.cuda.reset_peak_memory_stats() at every step to log each step's peak
+ * gets what one that never does gets (the engine's rules, new memory only above the peak and a stitch
+ * only for live memory the program held before, weigh the most the process has held). Each case
+ * replays recorded traces on one allocator with and without the instrument, and requires every address
+ * handed out and every device call to be the same.
  */
 #include "test.h"
 
@@ -29,9 +31,14 @@ static uint64_t mix(uint64_t hash, uint64_t value)
     return hash;
 }
 
-static void replay_pass(gm_allocator *allocator, const gm_trace *trace, void **pointers, uint64_t *hash)
+typedef void (*observer)(gm_allocator *allocator);
+
+static void replay_pass(gm_allocator *allocator, const gm_trace *trace, void **pointers, uint64_t *hash,
+                        observer look)
 {
     for (size_t i = 0; i < trace->count; i++) {
+        if (look && i % 97 == 0)
+            look(allocator);
         const gm_trace_operation *operation = &trace->operations[i];
         if (operation->kind == GM_TRACE_ALLOCATE) {
             CHECK_OK(gm_malloc(allocator, operation->size, trace->streams[operation->stream_index],
@@ -51,7 +58,8 @@ static void replay_pass(gm_allocator *allocator, const gm_trace *trace, void **p
 
 /* `passes` replays of `file` (under GPUMEM_DATA) on one allocator made with `config`; between passes
  * the cache is emptied when `empty`, then the peaks are reset when `reset`. */
-static fingerprint replay(const char *config, const char *file, int passes, bool empty, bool reset)
+static fingerprint replay_observed(const char *config, const char *file, int passes, bool empty, bool reset,
+                                   observer look)
 {
     char path[1024];
     const char *data = getenv("GPUMEM_DATA");
@@ -68,7 +76,7 @@ static fingerprint replay(const char *config, const char *file, int passes, bool
             CHECK_OK(gm_empty_cache(allocator));
         if (pass && reset)
             CHECK_OK(gm_reset_peak_stats(allocator));
-        replay_pass(allocator, &trace, pointers, &result.addresses);
+        replay_pass(allocator, &trace, pointers, &result.addresses, look);
     }
     CHECK_OK(gm_validate(allocator));
     gm_stats stats;
@@ -80,6 +88,11 @@ static fingerprint replay(const char *config, const char *file, int passes, bool
     gm_destroy(allocator, NULL);
     gm_trace_free(&trace);
     return result;
+}
+
+static fingerprint replay(const char *config, const char *file, int passes, bool empty, bool reset)
+{
+    return replay_observed(config, file, passes, empty, reset, NULL);
 }
 
 static void check_same(const char *config, const char *file, bool empty)
@@ -128,6 +141,43 @@ static void the_statistics_peaks_still_reset(void)
     gm_destroy(allocator, NULL);
 }
 
-RUN_TESTS(TEST_CASE(a_reset_between_passes_changes_no_stitch),
+static void read_everything(gm_allocator *allocator)
+{
+    static unsigned calls;
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    char summary[16384];
+    size_t needed = 0;
+    CHECK_OK(gm_summary(allocator, summary, sizeof summary, &needed));
+    uint64_t free_bytes = 0, largest = 0;
+    CHECK_OK(gm_cache_info(allocator, &free_bytes, &largest));
+    CHECK_OK(gm_largest_allocation(allocator, &largest));
+    if (calls++ % 64) /* the walks over every block and page, less often */
+        return;
+    gm_snapshot *snapshot = NULL;
+    CHECK_OK(gm_snapshot_take(allocator, &snapshot));
+    gm_snapshot_free(snapshot);
+    CHECK_OK(gm_validate(allocator));
+}
+
+static void observers_change_nothing(void)
+{
+    static const char *const files[] = {"traces-more/unet-seed0.csv.gz", "traces/bert_varlen.csv.gz"};
+    static const char *const configs[] = {"backend:sim,capacity:140GiB,stitch:true", "backend:sim,capacity:140GiB"};
+    for (int i = 0; i < 2; i++) {
+        fingerprint plain = replay_observed(configs[i], files[i], 2, false, false, NULL);
+        fingerprint read = replay_observed(configs[i], files[i], 2, false, false, read_everything);
+        CHECK(read.addresses == plain.addresses);
+        CHECK_EQ_INT(read.device_calls, plain.device_calls);
+        char with_history[128];
+        snprintf(with_history, sizeof with_history, "%s,history:100000", configs[i]);
+        fingerprint history = replay_observed(with_history, files[i], 2, false, false, NULL);
+        CHECK(history.addresses == plain.addresses);
+        CHECK_EQ_INT(history.device_calls, plain.device_calls);
+    }
+}
+
+RUN_TESTS(TEST_CASE(observers_change_nothing),
+          TEST_CASE(a_reset_between_passes_changes_no_stitch),
           TEST_CASE(a_reset_after_emptying_the_cache_changes_no_placement),
           TEST_CASE(the_statistics_peaks_still_reset))
