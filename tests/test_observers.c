@@ -1,6 +1,7 @@
 /*
  * test_observers.c -- watching the allocator moves no memory. Reading the statistics, the summary, the
- * cache's free bytes, a snapshot, gm_validate and the history ring are instruments: a program that uses
+ * cache's free bytes, a snapshot, gm_validate, the history ring and statistics published for other
+ * processes (publish:true, what gpumem top reads) are instruments: a program that uses
  * them must get the same memory, in the same places, as one that does not. Resetting the peaks is one
  * too: gm_reset_peak_stats resets the peaks a program reads, not the engine's memory of them, so a
  * training loop that calls torch.cuda.reset_peak_memory_stats() at every step to log each step's peak
@@ -68,6 +69,9 @@ static fingerprint replay_observed(const char *config, const char *file, int pas
     REQUIRE(gm_trace_load(path, &trace) == GM_OK);
     gm_allocator *allocator = NULL;
     REQUIRE(gm_create(config, &allocator) == GM_OK);
+    char region[256];
+    if (strstr(config, "publish:true")) /* the statistics really are in the region */
+        CHECK_OK(gm_publish_status(allocator, region, sizeof region));
     void **pointers = calloc(trace.slot_count, sizeof *pointers);
     REQUIRE(pointers);
     fingerprint result = {14695981039346656037ull, 0, 0};
@@ -174,6 +178,12 @@ static void observers_change_nothing(void)
         fingerprint history = replay_observed(with_history, files[i], 2, false, false, NULL);
         CHECK(history.addresses == plain.addresses);
         CHECK_EQ_INT(history.device_calls, plain.device_calls);
+        char published[128]; /* the statistics kept in a region other processes read (gpumem top) */
+        snprintf(published, sizeof published, "%s,publish:true", configs[i]);
+        fingerprint seen = replay_observed(published, files[i], 2, false, true, NULL);
+        fingerprint reset = replay_observed(configs[i], files[i], 2, false, true, NULL);
+        CHECK(seen.addresses == reset.addresses);
+        CHECK_EQ_INT(seen.device_calls, reset.device_calls);
     }
 }
 
