@@ -258,7 +258,42 @@ static void a_second_mapping_left_behind_is_unmapped_later(void)
     gm_destroy(l.allocator, NULL);
 }
 
+/* While the stream still works on a stitched request (the sim's device behind its host), the request
+ * is freed and asked for again: the stitch is laid out where the last one was, whatever the stream has
+ * done, and the last stitch's second mappings, still mapped there until the stream passes them, serve
+ * again: no map, no set-access, no wait. */
+static void a_stitch_made_again_reuses_the_waiting_second_mappings(void)
+{
+    layout l = lay_out("backend:sim,capacity:1GiB,max_chunk_size:64MiB,chunk_room_share:0,stitch:true", false);
+    void *first = NULL, *again = NULL;
+    CHECK_OK(gm_malloc(l.allocator, 70 * MIB, 0, &first));
+    CHECK_OK(gm_sim_stream_enqueue(l.allocator, 0, 1)); /* a kernel using it, still queued */
+    CHECK_OK(gm_free(l.allocator, first));
+    CHECK_OK(gm_validate(l.allocator));
+    gm_stats before, after;
+    REQUIRE(gm_get_stats(l.allocator, &before) == GM_OK);
+    CHECK_OK(gm_malloc(l.allocator, 70 * MIB, 0, &again));
+    CHECK_OK(gm_validate(l.allocator));
+    REQUIRE(gm_get_stats(l.allocator, &after) == GM_OK);
+    CHECK(again == first);
+    CHECK_EQ_INT(after.device_calls[GM_CALL_MAP] - before.device_calls[GM_CALL_MAP], 0);
+    CHECK_EQ_INT(after.device_calls[GM_CALL_SET_ACCESS] - before.device_calls[GM_CALL_SET_ACCESS], 0);
+    CHECK_EQ_INT(after.device_calls[GM_CALL_EVENT_SYNCHRONIZE] - before.device_calls[GM_CALL_EVENT_SYNCHRONIZE], 0);
+    CHECK_EQ_INT(reserved(l.allocator, true), 192 * MIB);
+    CHECK_OK(gm_free(l.allocator, again));
+    CHECK_OK(gm_sim_stream_complete(l.allocator, 0));
+    CHECK_OK(gm_free(l.allocator, l.head));
+    CHECK_OK(gm_free(l.allocator, l.middle));
+    CHECK_OK(gm_free(l.allocator, l.tail));
+    CHECK_OK(gm_empty_cache(l.allocator));
+    CHECK_EQ_INT(reserved(l.allocator, false), 0);
+    REQUIRE(gm_get_stats(l.allocator, &after) == GM_OK);
+    CHECK_EQ_INT(after.device_calls[GM_CALL_UNMAP], after.device_calls[GM_CALL_MAP]); /* every mapping gone */
+    gm_destroy(l.allocator, NULL);
+}
+
 RUN_TESTS(TEST_CASE(a_request_lies_across_the_free_end_and_start),
+          TEST_CASE(a_stitch_made_again_reuses_the_waiting_second_mappings),
           TEST_CASE(a_stitched_block_is_shared_like_any_other),
           TEST_CASE(without_the_option_memory_grows),
           TEST_CASE(no_stitch_above_the_live_peak),

@@ -17,6 +17,9 @@
  * anything is mapped over them, before the chunk goes back to the device and before the addresses go
  * back, the alias is unmapped, after a wait if the stream has not passed its free by then (the wait a
  * move made before). An alias holds no memory of its own: its chunk is counted where it now lies.
+ * A stitch's second mapping (stitching.c) becomes an alias when the stitch is undone; the next stitch,
+ * laid out at the same addresses, takes it back as it is where it maps the same chunk there
+ * (pages_adopt_alias).
  */
 #include "core/pages/pages.h"
 
@@ -73,6 +76,19 @@ void pages_retire_passed_aliases(gm_arena *arena)
         if (!pages_free_is_done(arena, alias->heap, alias->freed_at) || retire(arena, i, false) != GM_OK)
             i++; /* else entry i is another alias now */
     }
+}
+
+bool pages_adopt_alias(gm_arena *arena, uintptr_t address, uint64_t size, uint64_t handle)
+{
+    page_engine *engine = engine_of(arena);
+    for (size_t i = 0; i < engine->alias_count; i++) {
+        const page_alias *alias = &engine->aliases[i];
+        if (alias->address == address && alias->size == size && alias->handle == handle && !alias->without_access) {
+            engine->aliases[i] = engine->aliases[--engine->alias_count];
+            return true;
+        }
+    }
+    return false;
 }
 
 /* Unmap every alias that `concerned` picks, waiting for its stream where it has not passed the free. */

@@ -130,14 +130,18 @@ static void keep_refused_clone(gm_arena *arena, gm_region *region, const page_ch
 {
     if (!pages_alias_room(arena))
         return;
-    page_alias alias = {address, clone->size, clone->handle, region->heap, 0};
+    page_alias alias = {address, clone->size, clone->handle, region->heap, 0, true};
     pages_add_alias(arena, &alias);
 }
 
 gm_status pages_map_clone(gm_arena *arena, gm_region *region, page_chunk *clone, uintptr_t address)
 {
     bool left_mapped = false;
-    gm_status status = map_with_access(arena, clone, address, &left_mapped);
+    /* The last stitch's second mapping of the same chunk may still be there, waiting for its stream:
+     * the same mapping serves again, with no call and no wait. */
+    gm_status status = pages_adopt_alias(arena, address, clone->size, clone->handle)
+                           ? GM_OK
+                           : map_with_access(arena, clone, address, &left_mapped);
     if (left_mapped)
         keep_refused_clone(arena, region, clone, address);
     if (status != GM_OK)
@@ -152,7 +156,7 @@ void pages_unmap_clone(gm_arena *arena, gm_region *region, page_chunk *clone)
 {
     page_engine *engine = engine_of(arena);
     leave_region(region, clone, engine->page_size);
-    page_alias alias = {clone->address, clone->size, clone->handle, region->heap, engine->frees};
+    page_alias alias = {clone->address, clone->size, clone->handle, region->heap, engine->frees, false};
     if (!gm_backend_stream_is_capturing(arena->backend, region->heap->stream) && pages_alias_room(arena)) {
         pages_add_alias(arena, &alias);
         pages_mark_after(arena, region->heap, alias.freed_at);
@@ -349,7 +353,7 @@ gm_status pages_move_chunk_ahead(gm_arena *arena, gm_region *from, page_chunk *c
     if (!pages_alias_room(arena))
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the list of old mappings");
     uint64_t page_size = engine_of(arena)->page_size;
-    page_alias alias = {chunk->address, chunk->size, chunk->handle, from->heap, chunk->freed_at};
+    page_alias alias = {chunk->address, chunk->size, chunk->handle, from->heap, chunk->freed_at, false};
     gm_pool_id pool = gm_heap_pool_id(from->heap);
     gm_history_record(arena->history, GM_EVENT_SEGMENT_UNMAP, alias.address, alias.size, from->heap->stream, pool);
     leave_region(from, chunk, page_size);

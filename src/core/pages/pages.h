@@ -179,6 +179,7 @@ typedef struct page_alias {
     uint64_t handle;   /* the chunk's physical memory */
     gm_heap *heap;     /* the heap whose stream's work may still use the old addresses */
     uint64_t freed_at; /* the engine's free count at the chunk's last free there */
+    bool without_access; /* a second mapping the driver refused access to (chunks.c): never reused */
 } page_alias;
 
 /* A stitched range (stitching.c): [inner_start, inner_end) of `region` lies across a second mapping of
@@ -353,6 +354,10 @@ void pages_retire_passed_aliases(gm_arena *arena);
 gm_status pages_retire_aliases_in(gm_arena *arena, uintptr_t start, uintptr_t end);
 /* Unmap the aliases of the physical memory `handle`, waiting as above: before it goes back. */
 gm_status pages_retire_aliases_of(gm_arena *arena, uint64_t handle);
+/* Whether an alias of `handle` mapped exactly at [address, address + size), with access, was there: it
+ * leaves the list still mapped, for the caller to use as a mapping of its own (no device call, no wait:
+ * the work that used it is queued on the same stream as the work that will). */
+bool pages_adopt_alias(gm_arena *arena, uintptr_t address, uint64_t size, uint64_t handle);
 /* The allocator goes: unmap every alias without waiting, as its chunks are. */
 void pages_drop_aliases(gm_arena *arena);
 

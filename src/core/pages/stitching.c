@@ -20,6 +20,12 @@
  * the stream has passed their last use: aliases.c), their addresses are unmapped again, the free end
  * and start are free where they lie, and the middle stays, free memory like any other.
  *
+ * A stitch always lies at the top of the highest hole, however far the device is behind its host, so
+ * that where memory goes does not depend on the device's progress. A step that repeats stitches there
+ * again, over the last stitch's second mappings: where those are of the same chunks, still mapped
+ * because the stream has not passed them yet, they serve again as they are (chunks.c,
+ * pages_map_clone), with no call and no wait; others are unmapped first, after a wait if need be.
+ *
  * Only for memory the program has held live before (within a thousandth of the allocated peak: new
  * memory for a new peak is what it needs), and only where the stitch at least halves the window's new
  * pages: stitches that spare less, or that come while live memory climbs, move the layout of later
@@ -276,26 +282,6 @@ static bool may_stitch(gm_arena *arena, gm_heap *heap, const window *where)
            !gm_backend_stream_is_capturing(arena->backend, heap->stream);
 }
 
-/* `at`, or lower in `hole`, so that [at, at + total) meets no old mapping still waiting for its stream
- * (aliases.c): mapping over one waits for the stream, and the last stitch's second mappings lie just
- * where the next one would go. 0 if the hole has no such room. */
-static uintptr_t below_old_mappings(const page_engine *engine, const gm_block *hole, uintptr_t at, uint64_t total,
-                                    uint64_t page_size)
-{
-    for (size_t i = 0; i < engine->alias_count;) {
-        const page_alias *alias = &engine->aliases[i];
-        if (alias->address < at + total && alias->address + alias->size > at) {
-            if (alias->address < hole->address + total)
-                return 0;
-            at = page_floor(alias->address - total, page_size);
-            i = 0; /* look again from the first */
-        } else {
-            i++;
-        }
-    }
-    return at >= hole->address ? at : 0;
-}
-
 /* Lay the plan out at the top of the highest hole with room; record the stitch. */
 static gm_status lay_out(gm_arena *arena, gm_region *region, const stitch_plan *plan, page_stitch *stitch)
 {
@@ -303,14 +289,10 @@ static gm_status lay_out(gm_arena *arena, gm_region *region, const stitch_plan *
     uint64_t end_size = plan->end_chunk ? plan->end_chunk->size : 0;
     uint64_t total = end_size + plan->middle + (plan->start_chunk ? plan->start_chunk->size : 0);
     *stitch = (page_stitch){.region = region};
-    pages_retire_passed_aliases(arena); /* the last stitches' second mappings, where the stream has passed them */
     gm_block *hole = highest_hole(region, total + page_size);
     if (!hole || !gm_block_pool_reserve(&arena->block_pool, 12))
         return GM_ERROR_OUT_OF_MEMORY;
-    uintptr_t at = below_old_mappings(engine_of(arena), hole, page_floor(hole->address + hole->size - total, page_size),
-                                      total, page_size);
-    if (!at)
-        return GM_ERROR_OUT_OF_MEMORY;
+    uintptr_t at = page_floor(hole->address + hole->size - total, page_size);
     *stitch = (page_stitch){.region = region, .inner_start = at + end_size - plan->end_bytes,
                             .inner_end = at + end_size + plan->middle + plan->start_bytes};
     gm_status status = GM_OK;
