@@ -292,7 +292,49 @@ static void a_stitch_made_again_reuses_the_waiting_second_mappings(void)
     gm_destroy(l.allocator, NULL);
 }
 
+/* Chunks of 8 MiB (four pages) A, B, C, D of one 32 MiB block; live blocks hold all of A but its last
+ * 1.5 MiB, all of B, all of C but its first 1.5 MiB, and D but 3.5 MiB in its middle (every piece above
+ * 1 MiB, in the large pool). A request of `size` MiB (4 or 5) fits nowhere mapped and keeps live memory
+ * under its 32 MiB peak; grown at the top it needs its size in pages. Stitched across A's free end and
+ * C's free start, it needs new pages only for the rest. The reserved peak after it. */
+static int64_t small_stitch(uint64_t size)
+{
+    gm_allocator *allocator = NULL;
+    REQUIRE(gm_create("backend:sim,capacity:1GiB,max_chunk_size:8MiB,chunk_room_share:0,device_credit_ns:0,"
+                      "stitch:true", &allocator) == GM_OK);
+    const uint64_t held = 6 * MIB + MIB / 2, end = MIB + MIB / 2, edge = 2 * MIB + MIB / 4;
+    void *whole = NULL, *parts[8] = {NULL}, *request = NULL;
+    const uint64_t sizes[8] = {held, end, 8 * MIB, end, held, edge, 3 * MIB + MIB / 2, edge};
+    CHECK_OK(gm_malloc(allocator, 32 * MIB, 0, &whole));
+    CHECK_OK(gm_free(allocator, whole));
+    for (int i = 0; i < 8; i++)
+        CHECK_OK(gm_malloc(allocator, sizes[i], 0, &parts[i]));
+    CHECK(parts[7] == (void *)((unsigned char *)whole + 32 * MIB - edge));
+    const int freed[3] = {1, 3, 6}, kept[5] = {0, 2, 4, 5, 7};
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(gm_free(allocator, parts[freed[i]]));
+    CHECK_OK(gm_malloc(allocator, size * MIB, 0, &request));
+    CHECK_OK(gm_validate(allocator));
+    int64_t peak = reserved(allocator, true);
+    CHECK_OK(gm_free(allocator, request));
+    for (int i = 0; i < 5; i++)
+        CHECK_OK(gm_free(allocator, parts[kept[i]]));
+    CHECK_OK(gm_validate(allocator));
+    gm_destroy(allocator, NULL);
+    return peak;
+}
+
+/* A stitch must spare at least two pages. A 4 MiB request across the two 1.5 MiB ends needs a one-page
+ * middle instead of two new pages: one page spared, so it grows (32 + 4 MiB). A 5 MiB request needs the
+ * same one-page middle instead of three: two spared, stitched (32 + 2 MiB). */
+static void a_stitch_spares_at_least_two_pages(void)
+{
+    CHECK_EQ_INT(small_stitch(4), 36 * MIB);
+    CHECK_EQ_INT(small_stitch(5), 34 * MIB);
+}
+
 RUN_TESTS(TEST_CASE(a_request_lies_across_the_free_end_and_start),
+          TEST_CASE(a_stitch_spares_at_least_two_pages),
           TEST_CASE(a_stitch_made_again_reuses_the_waiting_second_mappings),
           TEST_CASE(a_stitched_block_is_shared_like_any_other),
           TEST_CASE(without_the_option_memory_grows),

@@ -40,6 +40,9 @@
 #include <inttypes.h>
 #include <stdlib.h>
 
+/* The fewest new pages a stitch must spare: one page is not worth two mappings and two set-access calls. */
+#define MIN_PAGES_SPARED 2
+
 /* The best free end and free start of the region's pinned chunks: two of each, so that the end and the
  * start can come from different chunks. */
 typedef struct edge_choice {
@@ -329,8 +332,12 @@ gm_status pages_stitch(gm_arena *arena, gm_heap *heap, uint64_t size, const wind
     stitch_plan plan = choose_plan(&ends, &starts, size, page_size);
     if ((!plan.end_chunk && !plan.start_chunk) || plan.middle / page_size >= where->pages)
         return GM_OK;
-    /* A stitch that spares less than half the window's new pages moves the layout for little. */
-    if (plan.middle / page_size * 2 > where->pages)
+    /* A stitch that spares less than half the window's new pages moves the layout for little, and one
+     * that spares a single page costs four device calls for it (near the device's capacity, where
+     * chunks are small, stitches of a few MiB over a one-page middle left two more programs of
+     * bench/near_capacity.py short of memory). */
+    uint64_t spared = where->pages - plan.middle / page_size;
+    if (plan.middle / page_size * 2 > where->pages || spared < MIN_PAGES_SPARED)
         return GM_OK;
     if (plan.middle)
         widen_to_idle_chunk(arena, &plan, &ends, &starts, size);
