@@ -54,8 +54,8 @@ static const candidate candidates[] = {
     {"small chunks", "max_chunk_size:8MiB,move_slack:0.01",
      "more device calls as memory is first made, and in steps whose shapes change"},
     {"stitching", "stitch:true",
-     "two more mappings for each stitched request; over many steps of changing shapes it may reserve more than "
-     "the defaults (docs/engine.md, \"Stitching\")"},
+     "two more mappings and set-access calls for each stitched request, and more waits for the stream where the "
+     "device runs behind the program (docs/engine.md, \"Stitching\")"},
     {"compaction", "compact_min:2MiB",
      "copies of live pages after a device-wide wait; only for programs in which one thread at a time launches "
      "work on the GPU (a training loop), not for servers whose threads launch work at once"},
