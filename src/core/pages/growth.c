@@ -253,8 +253,9 @@ static gm_status compact_for_growth(gm_arena *arena, const window *where, uint64
     if (!should_recycle(arena, short_of))
         return GM_OK;
     const gm_stat *reserved = arena->stats->reserved_bytes;
-    int64_t excess = gm_stat_total(reserved) + (int64_t)short_of - gm_arena_reserved_peak(arena);
-    if (excess <= gm_arena_reserved_peak(arena) / COMPACT_ABOVE_PEAK_DIVISOR)
+    int64_t peak = gm_arena_reserved_peak(arena);
+    int64_t excess = gm_stat_total(reserved) + (int64_t)short_of - peak;
+    if (excess <= peak / COMPACT_ABOVE_PEAK_DIVISOR)
         return GM_OK;
     return pages_compact_for(arena, where, (uint64_t)excess, false);
 }

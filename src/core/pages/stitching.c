@@ -333,9 +333,9 @@ gm_status pages_stitch(gm_arena *arena, gm_heap *heap, uint64_t size, const wind
     if ((!plan.end_chunk && !plan.start_chunk) || plan.middle / page_size >= where->pages)
         return GM_OK;
     /* A stitch that spares less than half the window's new pages moves the layout for little, and one
-     * that spares a single page costs four device calls for it (near the device's capacity, where
-     * chunks are small, stitches of a few MiB over a one-page middle left two more programs of
-     * bench/near_capacity.py short of memory). */
+     * that spares a single page costs four device calls for it; near the device's capacity, where chunks
+     * are small, such stitches of small requests move the layout enough to leave a later request short
+     * (docs/engine.md, "Stitching"). */
     uint64_t spared = where->pages - plan.middle / page_size;
     if (plan.middle / page_size * 2 > where->pages || spared < MIN_PAGES_SPARED)
         return GM_OK;
