@@ -178,11 +178,13 @@ static void fragmentation_is_diagnosed(void)
     CHECK_OK(gm_validate(allocator));
     gm_destroy(allocator, NULL);
     /* With one chunk per growth, a small block left where a big one was pins the big chunk: the pages
-     * engine says so and names the option that helps; with 128 MiB chunks the same requests succeed.
+     * engine says so and names the option that helps; with 128 MiB chunks the same requests succeed, and
+     * so they do with one chunk per growth when stitching lays the request across the two free pieces.
      * (chunk_room_share:0: on a device this small the room share alone makes every chunk a page.) */
-    static const char *const pinned[] = {"engine:pages,capacity:1GiB,max_chunk_size:0,chunk_room_share:0",
-                                         "engine:pages,capacity:1GiB,chunk_room_share:0"};
-    for (size_t c = 0; c < 2; c++) {
+    static const char *const pinned[] = {"engine:pages,capacity:1GiB,max_chunk_size:0,chunk_room_share:0,stitch:false",
+                                         "engine:pages,capacity:1GiB,chunk_room_share:0,stitch:false",
+                                         "engine:pages,capacity:1GiB,max_chunk_size:0,chunk_room_share:0,stitch:true"};
+    for (size_t c = 0; c < 3; c++) {
         allocator = make_allocator(pinned[c]);
         void *first = NULL, *second = NULL, *head = NULL, *middle = NULL, *tail = NULL;
         CHECK_OK(gm_malloc(allocator, 800u << 20, 0, &first));

@@ -60,14 +60,14 @@ expect "the peak's growth sorted" "after operation 1 (a 64.00 MiB request)" "$ou
 csv() { printf '# op,id,size,stream\n'; for operation in "$@"; do
     IFS=: read -r kind id mib <<<"$operation"; printf '%s,%s,%d,0\n' "$kind" "$id" $((mib * MiB)); done; }
 csv a:0:128 f:0:128 a:1:10 a:2:58 a:3:4 a:4:46 a:5:10 f:2:58 f:4:46 a:6:100 >"$work/stitch_short.csv"
-output=$("$tool" "$work/stitch_short.csv" "backend:sim,max_chunk_size:64MiB" --stitch)
+output=$("$tool" "$work/stitch_short.csv" "backend:sim,max_chunk_size:64MiB,stitch:false" --stitch)
 expect "stitching short of a request" "operation 9: a 100.00 MiB request lifts reserved to 228.0 MiB with 124.0 MiB live; stitching: free end 54.0 + idle 0.0 + free start 4.0 MiB, 42.0 MiB still new" "$output"
 # Chunks A, B, C of one 192 MiB tensor; A's first 10 MiB, all of B and C's last 42 MiB live: A's free
 # end (54 MiB) and C's free start (22 MiB), apart, would hold a 70 MiB request.
 csv a:0:192 f:0:192 a:1:10 a:2:54 a:3:64 a:4:22 a:5:42 f:2:54 f:4:22 a:6:70 >"$work/stitch_covers.csv"
-output=$("$tool" "$work/stitch_covers.csv" "backend:sim,max_chunk_size:64MiB" --stitch)
+output=$("$tool" "$work/stitch_covers.csv" "backend:sim,max_chunk_size:64MiB,stitch:false" --stitch)
 expect "stitching covering a request" "operation 9: a 70.00 MiB request lifts reserved to 262.0 MiB with 186.0 MiB live; stitching: free end 54.0 + idle 0.0 + free start 22.0 MiB, covers it" "$output"
-output=$("$tool" "$work/stitch_covers.csv" "backend:sim,max_chunk_size:64MiB")
+output=$("$tool" "$work/stitch_covers.csv" "backend:sim,max_chunk_size:64MiB,stitch:false")
 if grep -q stitching <<<"$output"; then
     echo "FAIL: stitching shown without --stitch"
     failures=$((failures + 1))

@@ -275,7 +275,7 @@ static void a_device_behind_its_host_changes_no_placement(void)
         gm_replay_result results[2][2];
         for (int behind = 0; behind < 2; behind++) {
             gm_allocator *allocator = NULL;
-            CHECK_OK(gm_create(stitch ? "capacity:80GiB,stitch:true" : "capacity:80GiB", &allocator));
+            CHECK_OK(gm_create(stitch ? "capacity:80GiB,stitch:true" : "capacity:80GiB,stitch:false", &allocator));
             REQUIRE(allocator);
             gm_replay_lead *lead = NULL;
             if (behind)

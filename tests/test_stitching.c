@@ -155,7 +155,7 @@ static void a_stitched_block_is_shared_like_any_other(void)
 
 static void without_the_option_memory_grows(void)
 {
-    layout l = lay_out(HOST, true);
+    layout l = lay_out(HOST ",stitch:false", true);
     void *request = NULL;
     CHECK_OK(gm_malloc(l.allocator, 70 * MIB, 0, &request));
     CHECK_EQ_INT(reserved(l.allocator, true), 262 * MIB);
@@ -204,7 +204,7 @@ static void an_idle_chunk_larger_than_the_middle_becomes_it(void)
     for (int stitch = 0; stitch < 2; stitch++) {
         gm_allocator *allocator = NULL;
         REQUIRE(gm_create(stitch ? "backend:sim,capacity:1GiB,max_chunk_size:64MiB,chunk_room_share:0,stitch:true"
-                                 : "backend:sim,capacity:1GiB,max_chunk_size:64MiB,chunk_room_share:0",
+                                 : "backend:sim,capacity:1GiB,max_chunk_size:64MiB,chunk_room_share:0,stitch:false",
                           &allocator) == GM_OK);
         void *whole = NULL, *parts[6] = {NULL};
         const uint64_t sizes[6] = {10 * MIB, 54 * MIB, 64 * MIB, 64 * MIB, 22 * MIB, 42 * MIB};

@@ -35,9 +35,9 @@ import gpumem
 
 # GPUMEM_CONF keys that change where the engine puts blocks: the replay uses the same.
 _ENGINE_KEYS = ("engine", "page_size", "small_size", "small_segment_size", "large_segment_size",
-                "min_large_alloc", "release_before_growth", "cost_model", "device_credit_ns",
+                "min_large_alloc", "release_before_growth", "split_blocks", "cost_model", "device_credit_ns",
                 "max_chunk_size", "chunk_room_share", "growth_lane", "tail_chunk", "rechunk_min", "compact_min",
-                "refill_groups", "move_slack")
+                "refill_groups", "move_slack", "stitch")
 
 
 _PAGE = 2 << 20  # the simulated device's page: no smaller limit or capacity can hold anything
