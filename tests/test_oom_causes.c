@@ -127,8 +127,9 @@ static void capacity(void)
     }
 }
 
-/* A 1 GiB device, one chunk per growth, no stitching: an 800 MiB chunk (then a 100 MiB one) whose middle 396 MiB is
- * freed between two live 4 MiB blocks, which pin it: 792 MiB cached, none in one piece over 396 MiB. */
+/* A 1 GiB device, one chunk per growth, no stitching: an 800 MiB chunk (then a 100 MiB one) whose
+ * middle 396 MiB is freed between two live 4 MiB blocks, which pin it: 792 MiB cached, none in one
+ * piece over 396 MiB. */
 static gm_allocator *pinned_big_chunk(void)
 {
     gm_allocator *allocator = make_allocator("engine:pages,capacity:1GiB,max_chunk_size:0,chunk_room_share:0,stitch:false");
