@@ -3,14 +3,16 @@
  *
  * The defaults make memory in chunks of up to 128 MiB, cheap in device calls; on some models (a ViT,
  * a decoder whose lengths change, a diffusion UNet) live tensors then pin free pages inside those
- * chunks and reserved memory ends a few percent above the live peak. Three settings, off by default for
- * what they cost elsewhere, fix that (docs/engine.md): small chunks that settle
+ * chunks. Stitching, on by default, lays a request across second mappings of pinned chunks' free ends
+ * and starts (a few device calls each); the free pages between live blocks inside a chunk it cannot
+ * reach, and reserved memory may end a few percent above the live peak. Two settings, off by default
+ * for what they cost elsewhere, fix that (docs/engine.md): small chunks that settle
  * (max_chunk_size:8MiB,move_slack:0.01: more device calls as memory is first made, and at every step
- * for shapes that change), stitching (stitch:true: a request laid across second mappings of pinned chunks'
- * free ends and starts, a few device calls each), and compaction (compact_min:2MiB: pinned chunks split,
- * their live pages copied, which is safe only when one thread at a time launches work on the device); and where the
+ * for shapes that change) and compaction (compact_min:2MiB: pinned chunks split, their live pages
+ * copied, which is safe only when one thread at a time launches work on the device); and where the
  * defaults run out of memory, the OOM report's first remedy too, a memory limit just below the device's
- * size (every chunk page-sized, idle pages recycled near the limit). Which one pays depends on the
+ * size (every chunk page-sized, idle pages recycled near the limit). The defaults without stitching are
+ * a candidate too, for what stitching costs and spares on this trace. Which one pays depends on the
  * program, and its own allocation trace answers that in seconds on the simulated device: each candidate replays the trace `passes` times on one allocator (the first pass cold, the
  * later ones warm, as a training loop repeats its steps), and the table gives each one's peak reserved
  * memory over all passes, its ratio to the live peak in each pass and its device-call time. The
@@ -53,9 +55,9 @@ static const candidate candidates[] = {
     {"defaults", "", ""},
     {"small chunks", "max_chunk_size:8MiB,move_slack:0.01",
      "more device calls as memory is first made, and in steps whose shapes change"},
-    {"stitching", "stitch:true",
-     "two more mappings and set-access calls for each stitched request, and more waits for the stream where the "
-     "device runs behind the program (docs/engine.md, \"Stitching\")"},
+    {"without stitching", "stitch:false",
+     "more memory made anew, where stitching would lay requests across pinned chunks' free ends and starts "
+     "(docs/engine.md, \"Stitching\")"},
     {"compaction", "compact_min:2MiB",
      "copies of live pages after a device-wide wait; only for programs in which one thread at a time launches "
      "work on the GPU (a training loop), not for servers whose threads launch work at once"},
@@ -188,11 +190,11 @@ static void print_table(const char *trace_path, const gm_trace *trace, const tun
            trace->count, (double)trace->peak_live_bytes / MIB, device->backend ? device->backend : "sim",
            (double)outcomes[0].device_bytes / MIB, passes, passes > 1 ? "es" : "",
            passes > 1 ? " on one allocator (the first cold, the later ones warm)" : "");
-    printf("%-14s %-36s %18s  %-*s %19s %23s %5s\n", "configuration", "keys", "peak reserved MiB", ratios_width(passes),
+    printf("%-17s %-36s %18s  %-*s %19s %23s %5s\n", "configuration", "keys", "peak reserved MiB", ratios_width(passes),
            RATIOS_TITLE, "device ms, 1st pass", "device ms, later (most)", "OOMs");
     for (int i = 0; i < tried->count; i++) {
         const outcome *result = &outcomes[i];
-        printf("%-14s %-36s ", candidates[i].name, *tried->configurations[i] ? tried->configurations[i] : "-");
+        printf("%-17s %-36s ", candidates[i].name, *tried->configurations[i] ? tried->configurations[i] : "-");
         if (!result->ran) {
             printf("%18s\n", "(could not run)");
             continue;

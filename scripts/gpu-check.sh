@@ -33,7 +33,7 @@
 #              bench/pinned_host.py's table of pinned allocators (pinned_host.md, pinned_host.jsonl), and
 #              bench/cupy_alloc.py's time per CuPy allocation, CuPy's pool against gpumem (cupy_alloc.md), and
 #              bench/cupy_parts.py's parts of one such allocation in one process (cupy_parts.md)
-#   stitch     stitch:true against the defaults (not in "all"; about 6 minutes): bench/more_models_gpu.py on ViT and
+#   stitch     stitch:true against stitch:false (not in "all"; about 6 minutes): bench/more_models_gpu.py on ViT and
 #              the UNet (STITCH_RUNS, default vit:0,vit:1,unet:0,unet:1; 12 steps each), then the conformance suite
 #              with GPUMEM_CONF=stitch:true
 #   near       bench/near_capacity_gpu.py: training on a device that the run nearly fills (the rest taken first),
@@ -147,7 +147,7 @@ if [[ " $steps " == *" capped "* ]]; then
 fi
 if [[ " $steps " == *" stitch "* ]]; then
     GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 bench/more_models_gpu.py --runs "${STITCH_RUNS:-vit:0,vit:1,unet:0,unet:1}" \
-        --allocators gpumem,gpumem-stitch --steps 10 --out "$out/stitch_models.jsonl" 2>"$out/stitch_models.err" \
+        --allocators gpumem-unstitched,gpumem-stitch --steps 10 --out "$out/stitch_models.jsonl" 2>"$out/stitch_models.err" \
         | tee "$out/stitch_models.md"
     [ "${PIPESTATUS[0]}" -eq 0 ] || { failed=1; tail -20 "$out/stitch_models.err"; }
     GPUMEM_CONF=stitch:true PYTHONPATH=python GPUMEM_LIBRARY=$PWD/$build/libgpumem.so python3 -m pytest -q -rs \

@@ -174,7 +174,7 @@ expect 0 "^recommended: the defaults: no candidate reserves at least 12.6 MiB" -
 expect 0 "it fits, where 1 allocation ran out of memory under the defaults" -- "$gpumem" tune "$work/pinned.csv" --capacity 2700MiB --conf chunk_room_share:0
 expect 0 "^defaults +- +2520.0  1.0000 / - / - +[0-9.]+ +- +1$" -- "$gpumem" tune "$work/pinned.csv" --capacity 2700MiB --conf chunk_room_share:0
 # where the defaults run out of memory, the OOM report's first remedy is tried too: a limit just below the device
-expect 0 "^a memory limit memory_limit:2699MiB +[0-9.]+  1.0000 / 1.0[0-9]{3} / 1.0[0-9]{3} .* 0$" -- \
+expect 0 "^a memory limit +memory_limit:2699MiB +[0-9.]+  1.0000 / 1.0[0-9]{3} / 1.0[0-9]{3} .* 0$" -- \
     "$gpumem" tune "$work/pinned.csv" --capacity 2700MiB --conf chunk_room_share:0
 expect 0 '"name": "compaction", "configuration": "compact_min:2MiB", "ran": true, "peak_reserved_bytes": [0-9]+, "failed_allocations": 0, "passes_run": 3' -- \
     "$gpumem" tune "$work/pinned.csv" --capacity 2700MiB --conf chunk_room_share:0 --json

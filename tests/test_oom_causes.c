@@ -171,11 +171,13 @@ static void fragmentation(void)
                   "gm_defragment would give back.\n");
     CHECK_MESSAGE("  1. memory_limit:1023MiB in GPUMEM_CONF (what this device leaves the process), or "
                   "torch.cuda.set_per_process_memory_fraction(0.999), set before the first allocation");
-    CHECK_MESSAGE("  2. compact_min:2MiB in GPUMEM_CONF: a chunk that a few live blocks pin is split");
+    CHECK_MESSAGE("  2. stitch:true in GPUMEM_CONF (the default; now false): a request may lie across second "
+                  "mappings of the free end of one pinned chunk and the free start of another");
+    CHECK_MESSAGE("  3. compact_min:2MiB in GPUMEM_CONF: a chunk that a few live blocks pin is split");
     CHECK_MESSAGE("; or the same at a moment the program chooses, between steps: gm_defragment, "
                   "gpumem.torch.defragment().\n");
-    CHECK_MESSAGE("  3. chunk_room_share:1000 in GPUMEM_CONF (the default; now 0)");
-    CHECK_MESSAGE("  4. A smaller max_chunk_size in GPUMEM_CONF (now no limit)");
+    CHECK_MESSAGE("  4. chunk_room_share:1000 in GPUMEM_CONF (the default; now 0)");
+    CHECK_MESSAGE("  5. A smaller max_chunk_size in GPUMEM_CONF (now no limit)");
     CHECK_MESSAGE("\nWhich setting lets this program fit: gpumem run --tune -- python train.py replays its allocations "
                   "under each (gpumem tune) on what its GPU leaves it.\n");
     gm_destroy(allocator, NULL);
@@ -203,6 +205,7 @@ static void fragmentation(void)
                   "\"Compaction\").\n");
     CHECK(strstr(gm_last_error(), "gm_defragment,") == NULL);
     CHECK(strstr(gm_last_error(), "whole free pages inside chunks") == NULL);
+    CHECK(strstr(gm_last_error(), "stitch:true") == NULL); /* on by default: not offered */
     gm_destroy(allocator, NULL);
     /* The first two remedies work: three 300 MiB chunks, each pinned by a 4 MiB block at its start, 888 MiB
      * free but in pieces of 296 MiB and only 124 MiB more on the device. A 500 MiB request fails; under the

@@ -94,7 +94,7 @@ static const option_descriptor descriptors[] = {
     {"stitch", KIND_BOOLEAN, FIELD(stitch), NULL,
      "pages engine: a request that would lift reserved memory above its peak may lie across a second "
      "mapping of the free end of one chunk that live blocks pin, idle or new memory, and a second mapping "
-     "of the free start of another, so those free pages serve it without copies (default false)"},
+     "of the free start of another, so those free pages serve it without copies (default true)"},
     {"refill_groups", KIND_BOOLEAN, FIELD(refill_groups), NULL,
      "pages engine: after an empty_cache, while a step grows as one of the last two did, memory that the "
      "last two empty_caches released as the same run of adjacent chunks is made again in chunks of up to 8 "
@@ -183,7 +183,7 @@ void gm_options_default(gm_options *options)
     options->chunk_room_share = 1000;
     options->growth_lane = true;
     options->tail_chunk = false;
-    options->stitch = false;
+    options->stitch = true;
     options->refill_groups = true;
     options->rechunk_min = 0;
     options->compact_min = 0;

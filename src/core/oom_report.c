@@ -312,6 +312,10 @@ static void remedy_fragmentation(gm_arena *arena, const gm_oom_facts *facts, con
 {
     unsigned step = 1;
     remedy_limit_for_fragmentation(arena, facts, &step);
+    if (arena->engine == &gm_page_engine && !arena->options->stitch)
+        gm_error_append("  %u. stitch:true in GPUMEM_CONF (the default; now false): a request may lie across second "
+                        "mappings of the free end of one pinned chunk and the free start of another, so their free "
+                        "pages serve it without copies (docs/engine.md, \"Stitching\").\n", step++);
     /* gm_defragment is offered only where it would give memory back now (or may: its count ran out of
      * host memory); compact_min acts throughout the run, so it may help a program that pins no whole
      * page at the moment it fails. */

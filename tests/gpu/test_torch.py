@@ -564,13 +564,13 @@ def test_a_snapshot_under_gpumem_is_a_trace_for_gpumem_tune(tmp_path):
     tune = subprocess.run([binary, "tune", str(trace), "--json"], env=environment, capture_output=True, text=True)
     assert tune.returncode == 0, tune.stderr[-3000:]
     result = json.loads(tune.stdout)
-    assert [candidate["name"] for candidate in result["candidates"]] == ["defaults", "small chunks", "stitching",
-                                                                          "compaction"]
+    assert [candidate["name"] for candidate in result["candidates"]] == ["defaults", "small chunks",
+                                                                          "without stitching", "compaction"]
     assert all(candidate["ran"] and candidate["failed_allocations"] == 0 for candidate in result["candidates"])
     assert result["peak_live_bytes"] == replayed["peak_live_bytes"]
     first_pass = replayed["gpumem_peak_reserved_bytes"] / replayed["peak_live_bytes"]  # later passes may differ
     assert result["candidates"][0]["ratios"][0] == pytest.approx(first_pass, abs=1e-6)
-    assert result["recommended"] in ("defaults", "small chunks", "stitching", "compaction")
+    assert result["recommended"] in ("defaults", "small chunks", "without stitching", "compaction")
 
 
 def test_profiler_sees_gpumem_allocations():
