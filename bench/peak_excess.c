@@ -10,7 +10,8 @@
  * in chunks that live blocks pin (which cannot move without copies), and pieces smaller than a page.
  *
  * --stitch asks, before each growth after the live peak, what a second mapping of pinned chunks could
- * give (the stitch option does this: docs/engine.md, "Stitching"): the driver maps one physical allocation at two
+ * give (the stitch option, on by default, does this: docs/engine.md, "Stitching"; with stitch:false in
+ * CONF the lines say what it would spare, with it on what it left): the driver maps one physical allocation at two
  * addresses, so the free end of one pinned chunk, idle chunks and the free start of another (or the
  * same) pinned chunk, mapped back to back somewhere else, are one contiguous range. The line says the
  * largest free end, the idle bytes and the largest free start of the large pool's region, and how much

@@ -16,7 +16,7 @@
  *   compaction.c    pinned chunks split around their live pages before a growth lifts the peak
  *                   (compact_min, off by default)
  *   stitching.c     a request laid across second mappings of pinned chunks' free ends and starts
- *                   (stitch, off by default)
+ *                   (stitch, on by default)
  *   refill.c        after an empty_cache, when the step repeats the last one, the memory the
  *                   empty_cache released made again in few chunks (at most 8 x the largest chunk a
  *                   growth may make then: pages_largest_chunk)

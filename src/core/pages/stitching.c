@@ -1,6 +1,6 @@
 /*
  * stitching.c -- a request laid across second mappings of pinned chunks' free ends and starts
- * (the stitch option, off by default).
+ * (the stitch option, on by default).
  *
  * A chunk that live blocks pin keeps its free pages: they serve only requests that fit between its
  * blocks, and the chunk cannot be split or moved without copies (compaction.c). But the driver maps
