@@ -11,6 +11,9 @@
  */
 #include "failure_workload.h"
 
+#include "backend/device_model.h"
+#include "core/allocator.h"
+
 #include <dirent.h>
 #include <unistd.h>
 
@@ -191,6 +194,34 @@ static void pending_frees_at_a_failing_destroy(void)
     }
 }
 
+/* The events the simulated device holds for `allocator`. */
+static size_t device_events(gm_allocator *allocator)
+{
+    gm_arena *arena = gm_lock_arena(allocator);
+    size_t events = gm_model_footprint_of(arena->backend).events;
+    gm_unlock_arena(allocator);
+    return events;
+}
+
+/* A cross-stream free whose event cannot be recorded waits for every stream instead; the event goes
+ * back to the pool, and the next such free takes it rather than making another (it was lost once). */
+static void an_event_that_cannot_be_recorded_is_kept(void)
+{
+    gm_allocator *allocator = NULL;
+    REQUIRE(gm_create("backend:sim,capacity:4GiB,engine:segments", &allocator) == GM_OK);
+    for (int round = 0; round < 3; round++) {
+        void *pointer = NULL;
+        CHECK_OK(gm_malloc(allocator, 3 * MIB, 0, &pointer));
+        CHECK_OK(gm_record_stream(allocator, pointer, 5));
+        CHECK_OK(gm_sim_stream_enqueue(allocator, 5, 10));
+        CHECK_OK(gm_inject_device_failures(allocator, GM_CALL_EVENT_RECORD, 0, 1));
+        CHECK_OK(gm_free(allocator, pointer));
+        CHECK_OK(gm_validate(allocator));
+        CHECK_EQ_INT(device_events(allocator), 1);
+    }
+    gm_destroy(allocator, NULL);
+}
+
 static void bad_injection_calls(void)
 {
     gm_allocator *allocator = NULL;
@@ -213,4 +244,4 @@ static void bad_injection_calls(void)
 RUN_TESTS(TEST_CASE(bad_injection_calls), TEST_CASE(pages_engine_on_sim), TEST_CASE(segments_engine_on_sim),
           TEST_CASE(pages_engine_on_host), TEST_CASE(failures_until_destroy),
           TEST_CASE(random_faults_keep_the_books_exact), TEST_CASE(a_mapping_that_cannot_be_undone),
-          TEST_CASE(pending_frees_at_a_failing_destroy))
+          TEST_CASE(pending_frees_at_a_failing_destroy), TEST_CASE(an_event_that_cannot_be_recorded_is_kept))

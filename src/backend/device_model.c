@@ -472,6 +472,8 @@ gm_status gm_model_event_record(gm_backend *backend, uint64_t event, gm_stream s
     found->stream = queue;
     found->target = queue->enqueued;
     found->captured = queue->capturing;
+    if (!found->captured && queue->completed == queue->enqueued)
+        let_go_of_stream(model, found); /* recorded on a stream with nothing left to run: done already */
     return GM_OK;
 }
 
@@ -519,6 +521,23 @@ gm_status gm_model_stream_enqueue(gm_backend *backend, gm_stream stream, uint64_
     return GM_OK;
 }
 
+/* Once a stream has run all its work, every event recorded on it is done, whether or not anyone asked:
+ * they let go of it, so that its record goes (the driver keeps nothing for a stream with nothing left to
+ * run). An allocator need not ask about each event: one that knows a later event of the stream is done
+ * knows the earlier ones are. */
+static void let_go_of_done_events(gm_device_model *model, simulated_stream *queue)
+{
+    if (queue->capturing || queue->completed != queue->enqueued)
+        return;
+    for (size_t i = 0; i < model->event_count && queue->waiting_events; i++) {
+        simulated_event *event = &model->events[i];
+        if (event->in_use && event->stream == queue && !event->captured) {
+            event->stream = NULL;
+            queue->waiting_events--;
+        }
+    }
+}
+
 gm_status gm_model_stream_complete(gm_backend *backend, gm_stream stream, uint64_t units_left)
 {
     gm_device_model *model = model_of(backend);
@@ -527,6 +546,8 @@ gm_status gm_model_stream_complete(gm_backend *backend, gm_stream stream, uint64
         return GM_OK; /* never seen, or forgotten: nothing queued */
     if (queue->enqueued - queue->completed > units_left)
         queue->completed = queue->enqueued - units_left;
+    if (queue->waiting_events)
+        let_go_of_done_events(model, queue);
     forget_stream_if_idle(model, queue);
     return GM_OK;
 }

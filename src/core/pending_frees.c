@@ -153,8 +153,11 @@ gm_status gm_defer_free_locked(gm_allocator *allocator, gm_block *block, gm_stre
     if (!pending)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory to defer a free");
     gm_status status = gm_take_event_locked(allocator, &pending->event);
-    if (status == GM_OK)
+    if (status == GM_OK) {
         status = gm_backend_event_record(allocator->arena.backend, pending->event, stream);
+        if (status != GM_OK) /* the event is as it was: back to the pool, not lost */
+            gm_return_event_locked(allocator, pending->event);
+    }
     if (status != GM_OK) {
         pending->next = allocator->spare_pending;
         allocator->spare_pending = pending;
