@@ -200,6 +200,17 @@ static void idle_simulated_streams_are_forgotten(void)
     CHECK_EQ_INT(gm_model_footprint_of(backend).streams, 0);
     CHECK_OK(gm_backend_event_query(backend, event, &done));
     CHECK(done);
+    uint64_t later = 0; /* a wait for the later of two events runs the earlier one's work too */
+    CHECK_OK(gm_backend_event_create(backend, &later));
+    CHECK_OK(operations->stream_enqueue(backend, 11, 2));
+    CHECK_OK(gm_backend_event_record(backend, event, 11));
+    CHECK_OK(operations->stream_enqueue(backend, 11, 3));
+    CHECK_OK(gm_backend_event_record(backend, later, 11));
+    CHECK_OK(gm_backend_event_synchronize(backend, later));
+    CHECK_EQ_INT(gm_model_footprint_of(backend).streams, 0);
+    CHECK_OK(gm_backend_event_query(backend, event, &done));
+    CHECK(done);
+    CHECK_OK(gm_backend_event_destroy(backend, later));
     CHECK_OK(operations->stream_enqueue(backend, 7, 5)); /* stream 7 again, with new work */
     CHECK_OK(gm_backend_event_query(backend, event, &done));
     CHECK(done);

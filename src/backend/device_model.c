@@ -416,6 +416,22 @@ static void let_go_of_stream(gm_device_model *model, simulated_event *event)
     forget_stream_if_idle(model, queue);
 }
 
+/* Once a stream has run all its work, every event recorded on it is done, whether or not anyone asked:
+ * they let go of it, so that its record goes (the driver keeps nothing for a stream with nothing left to
+ * run). An allocator need not ask about each event: one that knows a later event of the stream is done
+ * knows the earlier ones are. */
+static void settle_stream(gm_device_model *model, simulated_stream *queue)
+{
+    for (size_t i = 0; i < model->event_count && queue->waiting_events && queue->completed == queue->enqueued; i++) {
+        simulated_event *event = &model->events[i];
+        if (event->in_use && event->stream == queue && !event->captured) {
+            event->stream = NULL;
+            queue->waiting_events--;
+        }
+    }
+    forget_stream_if_idle(model, queue);
+}
+
 static gm_device_model *model_of(gm_backend *backend)
 {
     return *(gm_device_model **)backend->state;
@@ -506,7 +522,10 @@ gm_status gm_model_event_synchronize(gm_backend *backend, uint64_t event)
         model->backend->work_waited_for += found->target - queue->completed;
         queue->completed = found->target;
     }
-    let_go_of_stream(model, found);
+    if (queue && queue->completed == queue->enqueued)
+        settle_stream(model, queue); /* the wait ran all its work: the stream's other events are done too */
+    else
+        let_go_of_stream(model, found);
     return GM_OK;
 }
 
@@ -521,23 +540,6 @@ gm_status gm_model_stream_enqueue(gm_backend *backend, gm_stream stream, uint64_
     return GM_OK;
 }
 
-/* Once a stream has run all its work, every event recorded on it is done, whether or not anyone asked:
- * they let go of it, so that its record goes (the driver keeps nothing for a stream with nothing left to
- * run). An allocator need not ask about each event: one that knows a later event of the stream is done
- * knows the earlier ones are. */
-static void let_go_of_done_events(gm_device_model *model, simulated_stream *queue)
-{
-    if (queue->capturing || queue->completed != queue->enqueued)
-        return;
-    for (size_t i = 0; i < model->event_count && queue->waiting_events; i++) {
-        simulated_event *event = &model->events[i];
-        if (event->in_use && event->stream == queue && !event->captured) {
-            event->stream = NULL;
-            queue->waiting_events--;
-        }
-    }
-}
-
 gm_status gm_model_stream_complete(gm_backend *backend, gm_stream stream, uint64_t units_left)
 {
     gm_device_model *model = model_of(backend);
@@ -546,9 +548,7 @@ gm_status gm_model_stream_complete(gm_backend *backend, gm_stream stream, uint64
         return GM_OK; /* never seen, or forgotten: nothing queued */
     if (queue->enqueued - queue->completed > units_left)
         queue->completed = queue->enqueued - units_left;
-    if (queue->waiting_events)
-        let_go_of_done_events(model, queue);
-    forget_stream_if_idle(model, queue);
+    settle_stream(model, queue);
     return GM_OK;
 }
 
