@@ -47,11 +47,12 @@ static void print_json(const char *trace_path, const gm_device_info *device, con
     printf(", \"backend\": \"%s\", \"engine\": \"%s\", \"ops\": %zu, \"allocs\": %zu, "
            "\"frees\": %zu, \"ooms\": %zu, \"peak_live_bytes\": %" PRIu64 ", \"peak_reserved_bytes\": %" PRIu64
            ", \"ratio\": %.6f, \"ns_per_op\": %.1f, \"device_call_ms\": %.3f, \"num_alloc_retries\": %" PRId64
-           ", \"page_maps\": %" PRId64 ", \"page_unmaps\": %" PRId64 ", \"device_calls\": {\"total\": %" PRId64,
+           ", \"page_maps\": %" PRId64 ", \"page_unmaps\": %" PRId64 ", \"stitches\": %" PRId64
+           ", \"device_calls\": {\"total\": %" PRId64,
            device->backend, device->engine, result->operations, result->allocations,
            result->frees, result->failed_allocations, result->peak_live_bytes, result->peak_reserved_bytes,
            result->ratio, result->ns_per_operation, (double)stats->device_call_ns / 1e6, stats->num_alloc_retries,
-           stats->num_page_maps, stats->num_page_unmaps, total_calls);
+           stats->num_page_maps, stats->num_page_unmaps, stats->num_stitches, total_calls);
     for (int kind = 0; kind < GM_CALL_KIND_COUNT; kind++)
         printf(", \"%s\": %" PRId64, gm_device_call_name((gm_device_call)kind), stats->device_calls[kind]);
     printf("}, \"device_call_ms_by_kind\": {");

@@ -358,6 +358,8 @@ GM_API const char *gm_device_call_name(gm_device_call call);
     X(num_device_free, NULL, TORCH)        /* segment frees or physical page releases */           \
     X(num_page_maps, "Pages mapped", GPUMEM)     /* pages (of the backend's granularity) mapped */ \
     X(num_page_unmaps, "Pages unmapped", GPUMEM) /* pages unmapped */                               \
+    X(num_stitches, "Stitches", GPUMEM)          /* requests laid across pinned chunks' free edges */ \
+    X(stitch_lent_bytes, NULL, GPUMEM)           /* free edge bytes those stitches lent */            \
     X(num_pressure_rises, "Pressure rises", GPUMEM)          /* the pressure level rose to high */ \
     X(num_pressure_criticals, "Pressure criticals", GPUMEM)  /* failing allocations that called the \
                                                                 pressure callbacks and retried */    \

@@ -144,9 +144,9 @@ static void check_pinned(gm_allocator *allocator, const char *path, pinned_expec
 /* Blocks are powers of two of at least 512 bytes: 3000 takes 4096, 100000 and 70000 take 131072. */
 static void test_pinned_host_published(void)
 {
-    CHECK_EQ_INT(offsetof(gm_region, pinned_host), 1336); /* docs/formats.md's offsets */
+    CHECK_EQ_INT(offsetof(gm_region, pinned_host), 1352); /* docs/formats.md's offsets */
     CHECK_EQ_INT(sizeof(gm_region_pinned_host), 88);
-    CHECK_EQ_INT(sizeof(gm_region), 1424);
+    CHECK_EQ_INT(sizeof(gm_region), 1440);
     char path[4096];
     const uint64_t limit = 1 << 20;
     gm_allocator *allocator = create_publishing(",host_limit:1MiB", path, sizeof path);
@@ -351,15 +351,15 @@ static void test_hostile_regions(void)
              GM_REGION_LAYOUT_VERSION + 1);
     expect_refused(path, GM_ERROR_NOT_SUPPORTED, version_reason);
 
-    /* A region of the layout before this one (version 4: 12 device call kinds, 1408 bytes), as a process
-     * running an older gpumem writes it: refused by its version, whatever its size. */
+    /* A region of the layout before this one (version 5: 12 counters, 1424 bytes), as a process running an
+     * older gpumem writes it: refused by its version, whatever its size. */
     region = valid_for(19);
-    region.header.layout_version = 4;
-    region.header.total_size = 1408;
-    close(write_region(pid, 19, &region, 1408, path, sizeof path));
-    expect_refused(path, GM_ERROR_NOT_SUPPORTED, "layout version 4 (written by an older gpumem); this gpumem reads "
-                                                 "version 5");
-    CHECK_EQ_INT(GM_REGION_LAYOUT_VERSION, 5);
+    region.header.layout_version = 5;
+    region.header.total_size = 1424;
+    close(write_region(pid, 19, &region, 1424, path, sizeof path));
+    expect_refused(path, GM_ERROR_NOT_SUPPORTED, "layout version 5 (written by an older gpumem); this gpumem reads "
+                                                 "version 6");
+    CHECK_EQ_INT(GM_REGION_LAYOUT_VERSION, 6);
 
     region = valid_for(15);
     int descriptor = write_region(pid, 15, &region, sizeof region, path, sizeof path);

@@ -95,6 +95,10 @@ static void a_request_lies_across_the_free_end_and_start(void)
     CHECK_EQ_INT(reserved(l.allocator, true), 192 * MIB); /* no new memory */
     CHECK(request < l.base || request >= l.base + 192 * MIB);
     check_snapshot(l.allocator);
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(l.allocator, &stats));
+    CHECK_EQ_INT(stats.num_stitches, 1);
+    CHECK_EQ_INT(stats.stitch_lent_bytes, (54 + 22) * MIB); /* A's free end, C's whole free start */
     /* Its first 54 MiB are A's free end, the next 16 MiB C's free start: the same memory. */
     pattern_stamp(request, 70 * MIB, 4);
     CHECK(memcmp(request, l.base + 10 * MIB, 54 * MIB) == 0);
@@ -159,6 +163,10 @@ static void without_the_option_memory_grows(void)
     void *request = NULL;
     CHECK_OK(gm_malloc(l.allocator, 70 * MIB, 0, &request));
     CHECK_EQ_INT(reserved(l.allocator, true), 262 * MIB);
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(l.allocator, &stats));
+    CHECK_EQ_INT(stats.num_stitches, 0);
+    CHECK_EQ_INT(stats.stitch_lent_bytes, 0);
     CHECK_OK(gm_free(l.allocator, request));
     check_and_free(&l);
 }

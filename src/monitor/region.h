@@ -19,7 +19,9 @@
 #include <stdint.h>
 
 #define GM_REGION_MAGIC "GMSTATS\0" /* 8 bytes, the last one NUL */
-#define GM_REGION_LAYOUT_VERSION 5u /* 5: the copy call kind; 4: the pinned host cache part; 3: GM_COUNTERS gained the pressure counters */
+/* 6: the stitch counters; 5: the copy call kind; 4: the pinned host cache part; 3: GM_COUNTERS gained
+ * the pressure counters */
+#define GM_REGION_LAYOUT_VERSION 6u
 #define GM_REGION_NAME_PREFIX "gpumem."
 #define GM_REGION_DEFAULT_DIRECTORY "/dev/shm"
 

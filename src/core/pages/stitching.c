@@ -360,7 +360,10 @@ gm_status pages_stitch(gm_arena *arena, gm_heap *heap, uint64_t size, const wind
                            stitch.inner_start, plan.middle / page_size, 0};
         status = pages_open_window(arena, stitched, size, block_out);
     }
-    if (status != GM_OK) { /* grow as usual; the stitch, holding no live block, goes */
+    if (status == GM_OK) {
+        arena->stats->num_stitches++;
+        arena->stats->stitch_lent_bytes += (int64_t)(plan.end_bytes + plan.start_bytes);
+    } else { /* grow as usual; the stitch, holding no live block, goes */
         *block_out = NULL;
         undo(arena, &engine->stitches[engine->stitch_count - 1]);
     }
