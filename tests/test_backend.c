@@ -229,6 +229,42 @@ static void idle_simulated_streams_are_forgotten(void)
     gm_backend_close(backend);
 }
 
+/* A device-wide wait (compaction's copy) runs every stream's work: the events recorded on them are done
+ * and the streams are forgotten, as after a wait for each. */
+static void a_device_wide_wait_settles_every_stream(void)
+{
+    gm_backend *backend = open_backend("sim", 64 * MiB);
+    const gm_backend_operations *operations = backend->operations;
+    uintptr_t range = 0;
+    uint64_t source = 0, target = 0, events[3] = {0};
+    CHECK_OK(gm_backend_address_reserve(backend, 4 * MiB, &range));
+    CHECK_OK(gm_backend_physical_create(backend, 2 * MiB, &source));
+    CHECK_OK(gm_backend_map(backend, range, 2 * MiB, source));
+    CHECK_OK(gm_backend_set_access(backend, range, 2 * MiB));
+    CHECK_OK(gm_backend_physical_create(backend, 2 * MiB, &target));
+    for (int i = 0; i < 3; i++) { /* two events on stream 5, one on stream 6, work queued after each */
+        CHECK_OK(gm_backend_event_create(backend, &events[i]));
+        CHECK_OK(operations->stream_enqueue(backend, i < 2 ? 5 : 6, 3));
+        CHECK_OK(gm_backend_event_record(backend, events[i], i < 2 ? 5 : 6));
+        CHECK_OK(operations->stream_enqueue(backend, i < 2 ? 5 : 6, 1));
+    }
+    CHECK_OK(operations->stream_enqueue(backend, 8, 2)); /* a stream with work and no event */
+    CHECK_EQ_INT(gm_model_footprint_of(backend).streams, 3);
+    CHECK_OK(gm_backend_copy_into(backend, target, 2 * MiB, range));
+    CHECK_EQ_INT(gm_model_footprint_of(backend).streams, 0);
+    for (int i = 0; i < 3; i++) {
+        bool done = false;
+        CHECK_OK(gm_backend_event_query(backend, events[i], &done));
+        CHECK(done);
+        CHECK_OK(gm_backend_event_destroy(backend, events[i]));
+    }
+    CHECK_OK(gm_backend_unmap(backend, range, 2 * MiB));
+    CHECK_OK(gm_backend_physical_release(backend, source, 2 * MiB));
+    CHECK_OK(gm_backend_physical_release(backend, target, 2 * MiB));
+    CHECK_OK(gm_backend_address_free(backend, range, 4 * MiB));
+    gm_backend_close(backend);
+}
+
 /* Address ranges given back are merged with their free neighbours, whatever the order they come in. */
 static void returned_sim_addresses_are_merged(void)
 {
@@ -247,7 +283,8 @@ static void returned_sim_addresses_are_merged(void)
     gm_backend_close(backend);
 }
 
-RUN_TESTS(TEST_CASE(idle_simulated_streams_are_forgotten), TEST_CASE(returned_sim_addresses_are_merged),
+RUN_TESTS(TEST_CASE(idle_simulated_streams_are_forgotten), TEST_CASE(a_device_wide_wait_settles_every_stream),
+          TEST_CASE(returned_sim_addresses_are_merged),
           TEST_CASE(segments_respect_capacity_and_are_freed_once), TEST_CASE(mapping_rules_are_enforced),
           TEST_CASE(simulated_events_follow_stream_work), TEST_CASE(cost_model_matches_the_h200_table),
           TEST_CASE(host_physical_memory_keeps_its_data_when_remapped),

@@ -328,7 +328,35 @@ gm_status gm_device_model_unmap(gm_device_model *model, uintptr_t address, uint6
     return GM_OK;
 }
 
-/* The wait is modelled without forgetting idle streams: removing entries would disturb the walk. */
+static void forget_stream_if_idle(gm_device_model *model, simulated_stream *queue);
+
+/* After a device-wide wait every stream has run all its work: each event recorded outside a capture is
+ * done and lets go of its stream, and the streams left with nothing to keep are forgotten. Their names
+ * are gathered first (removing entries would disturb the walk); without host memory for the list they
+ * stay remembered, which changes no answer the model gives. */
+static void settle_every_stream(gm_device_model *model)
+{
+    for (size_t i = 0; i < model->event_count; i++) {
+        simulated_event *event = &model->events[i];
+        if (event->in_use && event->stream && !event->captured) {
+            event->stream->waiting_events--;
+            event->stream = NULL;
+        }
+    }
+    size_t count = 0;
+    simulated_stream **idle = gm_system_calloc(model->streams.count + 1, sizeof *idle);
+    if (!idle)
+        return;
+    for (size_t i = 0; i < model->streams.capacity; i++)
+        if (model->streams.entries[i].key)
+            idle[count++] = (simulated_stream *)(uintptr_t)model->streams.entries[i].value;
+    if (model->last_named_stream)
+        idle[count++] = model->last_named_stream;
+    for (size_t i = 0; i < count; i++)
+        forget_stream_if_idle(model, idle[i]);
+    free(idle);
+}
+
 static gm_status wait_for_every_stream(gm_device_model *model)
 {
     simulated_stream *last = model->last_named_stream;
@@ -347,6 +375,7 @@ static gm_status wait_for_every_stream(gm_device_model *model)
     }
     if (last)
         last->completed = last->enqueued;
+    settle_every_stream(model);
     return GM_OK;
 }
 
