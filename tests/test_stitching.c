@@ -266,6 +266,20 @@ static void a_second_mapping_left_behind_is_unmapped_later(void)
     gm_destroy(l.allocator, NULL);
 }
 
+/* The layout's live blocks freed and the cache emptied: nothing reserved, every mapping unmapped. */
+static void free_all_and_unmapped(layout *l)
+{
+    CHECK_OK(gm_free(l->allocator, l->head));
+    CHECK_OK(gm_free(l->allocator, l->middle));
+    CHECK_OK(gm_free(l->allocator, l->tail));
+    CHECK_OK(gm_empty_cache(l->allocator));
+    CHECK_EQ_INT(reserved(l->allocator, false), 0);
+    gm_stats stats;
+    REQUIRE(gm_get_stats(l->allocator, &stats) == GM_OK);
+    CHECK_EQ_INT(stats.device_calls[GM_CALL_UNMAP], stats.device_calls[GM_CALL_MAP]); /* every mapping gone */
+    gm_destroy(l->allocator, NULL);
+}
+
 /* While the stream still works on a stitched request (the sim's device behind its host), the request
  * is freed and asked for again: the stitch is laid out where the last one was, whatever the stream has
  * done, and the last stitch's second mappings, still mapped there until the stream passes them, serve
@@ -290,14 +304,44 @@ static void a_stitch_made_again_reuses_the_waiting_second_mappings(void)
     CHECK_EQ_INT(reserved(l.allocator, true), 192 * MIB);
     CHECK_OK(gm_free(l.allocator, again));
     CHECK_OK(gm_sim_stream_complete(l.allocator, 0));
-    CHECK_OK(gm_free(l.allocator, l.head));
-    CHECK_OK(gm_free(l.allocator, l.middle));
-    CHECK_OK(gm_free(l.allocator, l.tail));
+    free_all_and_unmapped(&l);
+}
+
+/* A request 64 KiB larger than A's free end and C's free start together needs a one-page middle. Freed
+ * and asked for again after a small-pool growth (each growth unmaps the old mappings that the stream has
+ * passed), it lies where it did: around the middle that the last stitch left, between the addresses of
+ * its second mappings, which linger there: no map, no set-access, no page made or moved, no wait. A
+ * stream's 10 MiB, made and given back first, lifts the reserved peak so that the small pool's page is
+ * new memory, not the middle moved away. */
+static void a_stitch_made_again_lies_around_the_middle_it_left(void)
+{
+    layout l = lay_out("backend:sim,capacity:1GiB,max_chunk_size:64MiB,chunk_room_share:0,stitch:true", false);
+    const uint64_t size = 76 * MIB + 64 * 1024;
+    void *lift = NULL, *first = NULL, *small = NULL, *again = NULL;
+    CHECK_OK(gm_malloc(l.allocator, 10 * MIB, 1, &lift));
+    CHECK_OK(gm_free(l.allocator, lift));
     CHECK_OK(gm_empty_cache(l.allocator));
-    CHECK_EQ_INT(reserved(l.allocator, false), 0);
+    CHECK_OK(gm_malloc(l.allocator, size, 0, &first));
+    CHECK_EQ_INT(reserved(l.allocator, false), 194 * MIB); /* stitched: the middle's page is new */
+    CHECK_OK(gm_free(l.allocator, first));
+    CHECK_OK(gm_malloc(l.allocator, 4096, 0, &small));
+    CHECK_EQ_INT(reserved(l.allocator, false), 196 * MIB);
+    CHECK_OK(gm_validate(l.allocator));
+    gm_stats before, after;
+    REQUIRE(gm_get_stats(l.allocator, &before) == GM_OK);
+    CHECK_OK(gm_malloc(l.allocator, size, 0, &again));
+    CHECK_OK(gm_validate(l.allocator));
     REQUIRE(gm_get_stats(l.allocator, &after) == GM_OK);
-    CHECK_EQ_INT(after.device_calls[GM_CALL_UNMAP], after.device_calls[GM_CALL_MAP]); /* every mapping gone */
-    gm_destroy(l.allocator, NULL);
+    CHECK(again == first);
+    CHECK_EQ_INT(after.num_stitches - before.num_stitches, 1);
+    for (int call = 0; call < GM_CALL_KIND_COUNT; call++)
+        if (call != GM_CALL_EVENT_QUERY && call != GM_CALL_EVENT_RECORD)
+            CHECK_EQ_INT(after.device_calls[call] - before.device_calls[call], 0);
+    CHECK_EQ_INT(reserved(l.allocator, false), 196 * MIB);
+    CHECK_EQ_INT(reserved(l.allocator, true), 202 * MIB);
+    CHECK_OK(gm_free(l.allocator, again));
+    CHECK_OK(gm_free(l.allocator, small));
+    free_all_and_unmapped(&l);
 }
 
 /* Chunks of 8 MiB (four pages) A, B, C, D of one 32 MiB block; live blocks hold all of A but its last
@@ -344,6 +388,7 @@ static void a_stitch_spares_at_least_two_pages(void)
 RUN_TESTS(TEST_CASE(a_request_lies_across_the_free_end_and_start),
           TEST_CASE(a_stitch_spares_at_least_two_pages),
           TEST_CASE(a_stitch_made_again_reuses_the_waiting_second_mappings),
+          TEST_CASE(a_stitch_made_again_lies_around_the_middle_it_left),
           TEST_CASE(a_stitched_block_is_shared_like_any_other),
           TEST_CASE(without_the_option_memory_grows),
           TEST_CASE(no_stitch_above_the_live_peak),

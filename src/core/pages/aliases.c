@@ -19,7 +19,13 @@
  * move made before). An alias holds no memory of its own: its chunk is counted where it now lies.
  * A stitch's second mapping (stitching.c) becomes an alias when the stitch is undone; the next stitch,
  * laid out at the same addresses, takes it back as it is where it maps the same chunk there
- * (pages_adopt_alias).
+ * (pages_adopt_alias). A step that repeats a request stitches it again at the same addresses, over the
+ * same chunks, so such an alias lingers once its stream has passed it: not unmapped at the next
+ * growth, but when something is mapped over its addresses, when its chunk goes back to the device, or
+ * when more than MAX_LINGERING_ALIASES linger (the oldest that the stream has passed go first). It holds
+ * no memory (its chunk is held where it lies), and where memory goes does not depend on it: the books
+ * count its addresses unmapped either way. Each stitch made again over a lingering mapping spares a map
+ * and a set-access call now and an unmap later.
  */
 #include "core/pages/pages.h"
 
@@ -68,13 +74,35 @@ void pages_add_alias(gm_arena *arena, const page_alias *alias)
     engine->aliases[engine->alias_count++] = *alias;
 }
 
+/* Whether alias `index` goes now that its stream has passed it: lingering ones while there are more
+ * than MAX_LINGERING_ALIASES, the oldest (the lowest free count) first. */
+static bool goes_once_passed(const page_engine *engine, size_t index, size_t lingering)
+{
+    const page_alias *alias = &engine->aliases[index];
+    if (!alias->lingering)
+        return true;
+    if (lingering <= MAX_LINGERING_ALIASES)
+        return false;
+    size_t older = 0;
+    for (size_t i = 0; i < engine->alias_count; i++)
+        older += engine->aliases[i].lingering && engine->aliases[i].freed_at < alias->freed_at;
+    return older < lingering - MAX_LINGERING_ALIASES;
+}
+
 void pages_retire_passed_aliases(gm_arena *arena)
 {
     page_engine *engine = engine_of(arena);
+    size_t lingering = 0;
+    for (size_t i = 0; i < engine->alias_count; i++)
+        lingering += engine->aliases[i].lingering;
     for (size_t i = 0; i < engine->alias_count;) {
         page_alias *alias = &engine->aliases[i];
-        if (!pages_free_is_done(arena, alias->heap, alias->freed_at) || retire(arena, i, false) != GM_OK)
+        bool was_lingering = alias->lingering;
+        if (!pages_free_is_done(arena, alias->heap, alias->freed_at) || !goes_once_passed(engine, i, lingering) ||
+            retire(arena, i, false) != GM_OK)
             i++; /* else entry i is another alias now */
+        else
+            lingering -= was_lingering;
     }
 }
 

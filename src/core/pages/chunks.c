@@ -130,7 +130,7 @@ static void keep_refused_clone(gm_arena *arena, gm_region *region, const page_ch
 {
     if (!pages_alias_room(arena))
         return;
-    page_alias alias = {address, clone->size, clone->handle, region->heap, 0, true};
+    page_alias alias = {address, clone->size, clone->handle, region->heap, 0, true, false};
     pages_add_alias(arena, &alias);
 }
 
@@ -156,7 +156,7 @@ void pages_unmap_clone(gm_arena *arena, gm_region *region, page_chunk *clone)
 {
     page_engine *engine = engine_of(arena);
     leave_region(region, clone, engine->page_size);
-    page_alias alias = {clone->address, clone->size, clone->handle, region->heap, engine->frees, false};
+    page_alias alias = {clone->address, clone->size, clone->handle, region->heap, engine->frees, false, true};
     if (!gm_backend_stream_is_capturing(arena->backend, region->heap->stream) && pages_alias_room(arena)) {
         pages_add_alias(arena, &alias);
         pages_mark_after(arena, region->heap, alias.freed_at);
@@ -353,7 +353,7 @@ gm_status pages_move_chunk_ahead(gm_arena *arena, gm_region *from, page_chunk *c
     if (!pages_alias_room(arena))
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the list of old mappings");
     uint64_t page_size = engine_of(arena)->page_size;
-    page_alias alias = {chunk->address, chunk->size, chunk->handle, from->heap, chunk->freed_at, false};
+    page_alias alias = {chunk->address, chunk->size, chunk->handle, from->heap, chunk->freed_at, false, false};
     gm_pool_id pool = gm_heap_pool_id(from->heap);
     gm_history_record(arena->history, GM_EVENT_SEGMENT_UNMAP, alias.address, alias.size, from->heap->stream, pool);
     leave_region(from, chunk, page_size);

@@ -171,6 +171,9 @@ typedef struct page_heap {
  * beyond this many a move waits for its stream, as before, and that wait lets them all go. */
 #define MAX_ALIASES 128
 
+/* Undone stitches' second mappings kept past their stream's passing, at most (aliases.c). */
+#define MAX_LINGERING_ALIASES 16
+
 /* The old mapping of a chunk moved ahead of its stream (aliases.c): the chunk is mapped elsewhere too,
  * and these addresses, unmapped in the books, stay mapped until the stream has passed its free. */
 typedef struct page_alias {
@@ -180,6 +183,7 @@ typedef struct page_alias {
     gm_heap *heap;     /* the heap whose stream's work may still use the old addresses */
     uint64_t freed_at; /* the engine's free count at the chunk's last free there */
     bool without_access; /* a second mapping the driver refused access to (chunks.c): never reused */
+    bool lingering;      /* an undone stitch's second mapping: kept once its stream has passed it too */
 } page_alias;
 
 /* A stitched range (stitching.c): [inner_start, inner_end) of `region` lies across a second mapping of

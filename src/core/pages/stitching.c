@@ -20,11 +20,14 @@
  * the stream has passed their last use: aliases.c), their addresses are unmapped again, the free end
  * and start are free where they lie, and the middle stays, free memory like any other.
  *
- * A stitch always lies at the top of the highest hole, however far the device is behind its host, so
- * that where memory goes does not depend on the device's progress. A step that repeats stitches there
- * again, over the last stitch's second mappings: where those are of the same chunks, still mapped
- * because the stream has not passed them yet, they serve again as they are (chunks.c,
- * pages_map_clone), with no call and no wait; others are unmapped first, after a wait if need be.
+ * A stitch lies around the middle that an undone stitch left (a free block of idle chunks between the
+ * unmapped addresses of its second mappings), where one is large enough, else at the top of the highest
+ * hole: the books decide, however far the device is behind its host, so that where memory goes does not
+ * depend on the device's progress. A step that repeats stitches there again, over the last stitch's
+ * second mappings, with no page made or moved for the middle: where those mappings are of the same
+ * chunks, still mapped (they linger once the stream has passed them: aliases.c), they serve again as
+ * they are (chunks.c, pages_map_clone), with no call and no wait; others are unmapped first, after a
+ * wait if need be.
  *
  * Only for memory the program has held live before (within a thousandth of the allocated peak: new
  * memory for a new peak is what it needs), and only where the stitch at least halves the window's new
@@ -216,6 +219,38 @@ static gm_block *highest_hole(gm_region *region, uint64_t bytes)
     return best;
 }
 
+/* Where an undone stitch left its middle: a free block of idle chunks between two unmapped blocks with
+ * room for the plan's second mappings beside it, at least the middle's size but short of the request (else
+ * it would have been fitted). The smallest, the highest among equals; NULL if none. A step that repeats a
+ * request stitches it there again: no idle chunk moves into a new middle, and the second mappings, at the
+ * same addresses, are the last stitch's where they still linger (aliases.c). */
+static gm_block *middle_left_in_place(gm_region *region, const stitch_plan *plan, uint64_t size)
+{
+    uint64_t end_size = plan->end_chunk ? plan->end_chunk->size : 0;
+    uint64_t start_size = plan->start_chunk ? plan->start_chunk->size : 0;
+    gm_block *best = NULL;
+    for (gm_link *link = data_of(region)->unmapped.first; link; link = link->next) {
+        gm_block *hole = gm_block_of(link), *middle = hole->next;
+        if (!middle || middle->state != GM_BLOCK_FREE || middle->size < plan->middle || middle->size >= size ||
+            hole->size < end_size || !middle->next || middle->next->state != GM_BLOCK_UNMAPPED ||
+            middle->next->size < start_size)
+            continue;
+        if (!best || middle->size < best->size || (middle->size == best->size && middle->address > best->address))
+            best = middle;
+    }
+    return best;
+}
+
+/* The plan laid around `middle`: the middle its size, a side the request no longer reaches left out. */
+static void fit_around(stitch_plan *plan, const gm_block *middle, uint64_t size)
+{
+    plan->middle = middle->size;
+    if (plan->end_chunk && plan->start_chunk && plan->end_bytes + middle->size >= size)
+        plan->start_chunk = NULL, plan->start_bytes = 0;
+    else if (plan->end_chunk && plan->start_chunk && middle->size + plan->start_bytes >= size)
+        plan->end_chunk = NULL, plan->end_bytes = 0;
+}
+
 /* A free block counts as inactive split by its neighbours when it is indexed (gm_index_free_block):
  * free neighbours of a block whose state changed are indexed again. */
 static void refresh_neighbours(gm_arena *arena, gm_block *block)
@@ -285,17 +320,19 @@ static bool may_stitch(gm_arena *arena, gm_heap *heap, const window *where)
            !gm_backend_stream_is_capturing(arena->backend, heap->stream);
 }
 
-/* Lay the plan out at the top of the highest hole with room; record the stitch. */
-static gm_status lay_out(gm_arena *arena, gm_region *region, const stitch_plan *plan, page_stitch *stitch)
+/* Lay the plan out around `middle`, a middle left in place, or else at the top of the highest hole with
+ * room; record the stitch. */
+static gm_status lay_out(gm_arena *arena, gm_region *region, const stitch_plan *plan, const gm_block *middle,
+                         page_stitch *stitch)
 {
     uint64_t page_size = engine_of(arena)->page_size;
     uint64_t end_size = plan->end_chunk ? plan->end_chunk->size : 0;
     uint64_t total = end_size + plan->middle + (plan->start_chunk ? plan->start_chunk->size : 0);
     *stitch = (page_stitch){.region = region};
-    gm_block *hole = highest_hole(region, total + page_size);
-    if (!hole || !gm_block_pool_reserve(&arena->block_pool, 12))
+    gm_block *hole = middle ? NULL : highest_hole(region, total + page_size);
+    if ((!middle && !hole) || !gm_block_pool_reserve(&arena->block_pool, 12))
         return GM_ERROR_OUT_OF_MEMORY;
-    uintptr_t at = page_floor(hole->address + hole->size - total, page_size);
+    uintptr_t at = middle ? middle->address - end_size : page_floor(hole->address + hole->size - total, page_size);
     *stitch = (page_stitch){.region = region, .inner_start = at + end_size - plan->end_bytes,
                             .inner_end = at + end_size + plan->middle + plan->start_bytes};
     gm_status status = GM_OK;
@@ -339,7 +376,10 @@ gm_status pages_stitch(gm_arena *arena, gm_heap *heap, uint64_t size, const wind
     uint64_t spared = where->pages - plan.middle / page_size;
     if (plan.middle / page_size * 2 > where->pages || spared < MIN_PAGES_SPARED)
         return GM_OK;
-    if (plan.middle)
+    gm_block *middle = plan.middle ? middle_left_in_place(where->region, &plan, size) : NULL;
+    if (middle)
+        fit_around(&plan, middle, size);
+    else if (plan.middle)
         widen_to_idle_chunk(arena, &plan, &ends, &starts, size);
     page_stitch *grown = gm_array_room_for_one(engine->stitches, engine->stitch_count, &engine->stitch_capacity,
                                                 sizeof *grown, 8);
@@ -347,17 +387,17 @@ gm_status pages_stitch(gm_arena *arena, gm_heap *heap, uint64_t size, const wind
         return GM_OK;
     engine->stitches = grown;
     page_stitch stitch;
-    gm_status status = lay_out(arena, where->region, &plan, &stitch);
+    gm_status status = lay_out(arena, where->region, &plan, middle, &stitch);
     if (!stitch.end_chunk && !stitch.start_chunk)
         return GM_OK; /* nothing mapped: grow as usual */
     engine->stitches[engine->stitch_count++] = stitch;
     gm_region *region = where->region;
     if (status == GM_OK) {
-        gm_block *first = stitch.end_chunk ? pages_free_block_containing(region, stitch.inner_start, 1)
-                                           : pages_unmapped_at(region, stitch.inner_start);
+        gm_block *first = stitch.end_chunk || middle ? pages_free_block_containing(region, stitch.inner_start, 1)
+                                                     : pages_unmapped_at(region, stitch.inner_start);
         gm_block *run_first = pages_run_start_of(first), *run_last = pages_run_end_of(first);
         window stitched = {region, run_first, run_first->address, run_last->address + run_last->size,
-                           stitch.inner_start, plan.middle / page_size, 0};
+                           stitch.inner_start, middle ? 0 : plan.middle / page_size, 0};
         status = pages_open_window(arena, stitched, size, block_out);
     }
     if (status == GM_OK) {
