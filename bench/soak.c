@@ -433,12 +433,12 @@ static void report(const soak_run *run, double seconds)
                "\"seed\":%" PRIu64 ",\"fault_rate\":%g,\"capacity\":%" PRIu64 ",\"streams_created\":%" PRIu64
                ",\"mallocs\":%" PRIu64 ",\"frees\":%" PRIu64 ",\"cross_stream_frees\":%" PRIu64 ",\"empty_caches\":%" PRIu64
                ",\"limit_changes\":%" PRIu64 ",\"ooms\":%" PRIu64 ",\"malloc_device_errors\":%" PRIu64
-               ",\"faults_injected\":%" PRId64 ",\"copies\":%" PRId64 ",\"barriers\":%" PRIu64 ",\"max_heaps\":%zu,\"max_model_streams\":%zu"
+               ",\"faults_injected\":%" PRId64 ",\"copies\":%" PRId64 ",\"stitches\":%" PRId64 ",\"barriers\":%" PRIu64 ",\"max_heaps\":%zu,\"max_model_streams\":%zu"
                ",\"peak_rss_mib\":%.1f,\"violations\":%" PRIu64 ",\"seconds\":%.1f}\n",
                options->backend, options->engine, operations, options->threads, options->seed, options->fault_rate,
                options->capacity, total.streams_created, total.mallocs, total.frees, total.cross_stream_frees,
                total.empty_caches, total.limit_changes, total.ooms, total.device_errors, run->faults_injected,
-               run->copies, run->barriers_checked, run->max_heaps, run->max_model_streams, run->peak_rss_mib, violations, seconds);
+               run->copies, run->stitches, run->barriers_checked, run->max_heaps, run->max_model_streams, run->peak_rss_mib, violations, seconds);
         return;
     }
     printf("| backend | engine | operations | threads | streams created | faults injected | malloc device errors "

@@ -81,6 +81,7 @@ struct soak_run {
     uint64_t barriers_checked;
     int64_t faults_injected;
     int64_t copies;          /* compaction's copies (compact_min), counted with failed ones */
+    int64_t stitches;        /* requests stitched (num_stitches) by the last barrier */
     size_t max_heaps;
     size_t max_model_streams;
     double peak_rss_mib;

@@ -89,6 +89,7 @@ static double note_footprint(soak_run *run)
     size_t streams = gm_model_footprint_of(arena->backend).streams;
     run->faults_injected = arena->backend->faults_injected;
     run->copies = arena->backend->calls[GM_CALL_COPY];
+    run->stitches = arena->stats->num_stitches;
     gm_unlock_arena(run->allocator);
     run->max_heaps = heaps > run->max_heaps ? heaps : run->max_heaps;
     run->max_model_streams = streams > run->max_model_streams ? streams : run->max_model_streams;
