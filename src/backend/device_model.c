@@ -330,6 +330,13 @@ gm_status gm_device_model_unmap(gm_device_model *model, uintptr_t address, uint6
 
 static void forget_stream_if_idle(gm_device_model *model, simulated_stream *queue);
 
+/* `event` no longer waits on its stream (whose record the caller may then forget). */
+static void detach_from_stream(simulated_event *event)
+{
+    event->stream->waiting_events--;
+    event->stream = NULL;
+}
+
 /* After a device-wide wait every stream has run all its work: each event recorded outside a capture is
  * done and lets go of its stream, and the streams left with nothing to keep are forgotten. Their names
  * are gathered first (removing entries would disturb the walk); without host memory for the list they
@@ -338,10 +345,8 @@ static void settle_every_stream(gm_device_model *model)
 {
     for (size_t i = 0; i < model->event_count; i++) {
         simulated_event *event = &model->events[i];
-        if (event->in_use && event->stream && !event->captured) {
-            event->stream->waiting_events--;
-            event->stream = NULL;
-        }
+        if (event->in_use && event->stream && !event->captured)
+            detach_from_stream(event);
     }
     size_t count = 0;
     simulated_stream **idle = gm_system_calloc(model->streams.count + 1, sizeof *idle);
@@ -440,8 +445,7 @@ static void let_go_of_stream(gm_device_model *model, simulated_event *event)
     simulated_stream *queue = event->stream;
     if (!queue)
         return;
-    event->stream = NULL;
-    queue->waiting_events--;
+    detach_from_stream(event);
     forget_stream_if_idle(model, queue);
 }
 
@@ -453,10 +457,8 @@ static void settle_stream(gm_device_model *model, simulated_stream *queue)
 {
     for (size_t i = 0; i < model->event_count && queue->waiting_events && queue->completed == queue->enqueued; i++) {
         simulated_event *event = &model->events[i];
-        if (event->in_use && event->stream == queue && !event->captured) {
-            event->stream = NULL;
-            queue->waiting_events--;
-        }
+        if (event->in_use && event->stream == queue && !event->captured)
+            detach_from_stream(event);
     }
     forget_stream_if_idle(model, queue);
 }
