@@ -18,8 +18,13 @@
  * reserved. Any difference is a violation; the exit status is 1 if there was one, 2 for a bad argument.
  *
  *   gpumem_soak [--backend sim|host] [--engine pages|segments] [--operations N] [--threads N]
- *               [--seed N] [--fault-rate R] [--capacity BYTES] [--barriers N] [--conf KEYS] [--json] [--verbose]
+ *               [--seed N] [--fault-rate R] [--capacity BYTES] [--barriers N] [--conf KEYS] [--trace FILE]
+ *               [--json] [--verbose]
  *
+ * --trace: every thread replays a trace's allocations and frees again and again, and does nothing else
+ * (soak_trace.c): the steps of real programs, whose repeated layouts the engine's rules for them
+ * (stitching and its lingering mappings, the growth lane, moves ahead) serve, on threads that share one
+ * allocator, with the device faults and the same checks at the barriers.
  * --conf adds GPUMEM_CONF keys. With compact_min on the host backend, run one thread: a thread that
  * writes its block while another thread's allocation compacts the chunk under it loses the write, as
  * docs/engine.md says of threads that launch concurrently.
@@ -56,7 +61,7 @@ void soak_violation(soak_run *run, const char *format, ...)
 
 /* ---------------------------------------------------------------- randomness */
 
-static uint64_t next_random(uint64_t *state)
+uint64_t soak_random(uint64_t *state)
 {
     *state ^= *state >> 12;
     *state ^= *state << 25;
@@ -67,12 +72,12 @@ static uint64_t next_random(uint64_t *state)
 /* 512 B .. 64 MiB, skewed to small: three in four under 64 KiB, one in thirty-three above 4 MiB. */
 static size_t random_size(uint64_t *state)
 {
-    uint64_t draw = next_random(state) % 100;
+    uint64_t draw = soak_random(state) % 100;
     unsigned low_bit = draw < 75 ? 9 : draw < 97 ? 16 : 22;
     unsigned high_bit = draw < 75 ? 16 : draw < 97 ? 22 : 26;
-    unsigned bit = low_bit + (unsigned)(next_random(state) % (high_bit - low_bit));
+    unsigned bit = low_bit + (unsigned)(soak_random(state) % (high_bit - low_bit));
     size_t power = (size_t)1 << bit;
-    return power + (size_t)(next_random(state) % power);
+    return power + (size_t)(soak_random(state) % power);
 }
 
 /* ---------------------------------------------------------------- streams */
@@ -100,12 +105,12 @@ static void renew_own_stream(soak_worker *self)
 /* Any stream this thread may name: its own, a recent one, a shared one, or the default stream. */
 static gm_stream some_stream(soak_worker *self)
 {
-    uint64_t draw = next_random(&self->random) % 10;
+    uint64_t draw = soak_random(&self->random) % 10;
     if (draw < 4)
         return self->own_stream;
     if (draw < 7 && self->recent_count)
-        return self->recent[next_random(&self->random) % self->recent_count];
-    return (gm_stream)(next_random(&self->random) % (SOAK_SHARED_STREAMS + 1));
+        return self->recent[soak_random(&self->random) % self->recent_count];
+    return (gm_stream)(soak_random(&self->random) % (SOAK_SHARED_STREAMS + 1));
 }
 
 /* ---------------------------------------------------------------- operations */
@@ -119,10 +124,15 @@ void soak_check_status(soak_run *run, gm_status status, gm_status expected, cons
 
 static void allocate(soak_worker *self)
 {
-    soak_run *run = self->run;
     size_t requested = random_size(&self->random);
-    gm_stream stream = next_random(&self->random) % 10 < 7 ? self->own_stream
-                                                             : (gm_stream)(next_random(&self->random) % (SOAK_SHARED_STREAMS + 1));
+    gm_stream stream = soak_random(&self->random) % 10 < 7 ? self->own_stream
+                                                           : (gm_stream)(soak_random(&self->random) % (SOAK_SHARED_STREAMS + 1));
+    soak_allocate(self, requested, stream);
+}
+
+uint64_t soak_allocate(soak_worker *self, size_t requested, gm_stream stream)
+{
+    soak_run *run = self->run;
     void *pointer = (void *)1;
     gm_status status = gm_malloc(run->allocator, requested, stream, &pointer);
     self->counts.mallocs++;
@@ -133,27 +143,31 @@ static void allocate(soak_worker *self)
             self->counts.ooms++;
         if (pointer != NULL)
             soak_violation(run, "a failed gm_malloc (%s) left a pointer", gm_strerror(status));
-        return;
+        return 0;
     }
     soak_check_status(run, status, GM_OK, "gm_malloc");
     if (status != GM_OK)
-        return;
+        return 0;
     soak_block *block = &self->live[self->live_count++];
-    *block = (soak_block){.pointer = pointer, .requested = requested, .identity = ((uint64_t)(self->index + 1) << 48) | ++self->identity};
+    *block = (soak_block){.pointer = pointer, .requested = requested, .identity = ((uint64_t)(self->index + 1) << 48) | ++self->identity,
+                          .slot = SOAK_NO_SLOT};
     soak_check_status(run, gm_allocation_size(run->allocator, pointer, &block->size), GM_OK, "gm_allocation_size");
     if (block->size < requested || block->size % 512)
         soak_violation(run, "a block of %zu bytes for a request of %zu", block->size, requested);
     if (run->options.check_data)
         soak_stamp(pointer, requested, block->identity);
+    return block->identity;
 }
 
 /* Free the live block at `index`; with `cross_stream`, first mark it used on another stream that has
  * work queued, so the memory waits for that work. */
-static void release(soak_worker *self, size_t index, bool cross_stream)
+void soak_release(soak_worker *self, size_t index, bool cross_stream)
 {
     soak_run *run = self->run;
     soak_block block = self->live[index];
     self->live[index] = self->live[--self->live_count];
+    if (index < self->live_count && self->live[index].slot != SOAK_NO_SLOT)
+        self->slot_positions[self->live[index].slot] = index + 1;
     if (run->options.check_data && !soak_intact(block.pointer, block.requested, block.identity))
         soak_violation(run, "the data of block %p (%zu bytes) changed before its free", block.pointer, block.requested);
     if (cross_stream) {
@@ -169,7 +183,7 @@ static void release(soak_worker *self, size_t index, bool cross_stream)
 static void change_memory_limit(soak_worker *self)
 {
     static const unsigned sixteenths[] = {0, 8, 2, 1}; /* the last about what the threads hold on sim */
-    unsigned choice = sixteenths[next_random(&self->random) % 4];
+    unsigned choice = sixteenths[soak_random(&self->random) % 4];
     uint64_t limit = choice ? self->run->options.capacity / 16 * choice : 0;
     soak_check_status(self->run, gm_set_memory_limit(self->run->allocator, limit), GM_OK, "gm_set_memory_limit");
     self->counts.limit_changes++;
@@ -178,12 +192,16 @@ static void change_memory_limit(soak_worker *self)
 static void one_operation(soak_worker *self)
 {
     soak_run *run = self->run;
-    uint64_t draw = next_random(&self->random) % 1000;
+    if (run->options.trace_path) {
+        soak_trace_operation(self);
+        return;
+    }
+    uint64_t draw = soak_random(&self->random) % 1000;
     bool full = self->live_count == run->options.live_per_thread;
     if ((draw < 430 && !full) || (draw < 800 && self->live_count == 0))
         allocate(self);
     else if (draw < 800)
-        release(self, next_random(&self->random) % self->live_count, draw >= 680);
+        soak_release(self, soak_random(&self->random) % self->live_count, draw >= 680);
     else if (draw < 880)
         soak_check_status(run, gm_sim_stream_enqueue(run->allocator, some_stream(self), 1), GM_OK, "gm_sim_stream_enqueue");
     else if (draw < 990)
@@ -193,7 +211,7 @@ static void one_operation(soak_worker *self)
     else if (draw < 998) {
         soak_check_status(run, gm_empty_cache(run->allocator), GM_OK, "gm_empty_cache");
         self->counts.empty_caches++;
-    } else if (next_random(&self->random) % 8 == 0)
+    } else if (soak_random(&self->random) % 8 == 0)
         change_memory_limit(self);
 }
 
@@ -215,6 +233,7 @@ static void usage(FILE *out)
 {
     fprintf(out, "usage: gpumem_soak [--backend sim|host] [--engine pages|segments] [--operations N] [--threads N]\n"
                  "                   [--seed N] [--fault-rate R] [--capacity BYTES] [--barriers N] [--conf KEYS]\n"
+                 "                   [--trace FILE]\n"
                  "                   [--json] [--verbose]\n"
                  "defaults: sim, pages, 10000000 operations on sim (1000000 on host), 8 threads, seed 1,\n"
                  "fault rate 0.002 (0: none), capacity 16GiB on sim (2GiB on host), 50 barriers\n");
@@ -299,6 +318,10 @@ static int parse_value(soak_options *options, const char *name, const char *valu
         if (!parse_unsigned(value, 1, 1000000, &number))
             return bad_argument(name, value, "a whole number from 1 to 1000000");
         options->barriers = number;
+    } else if (!strcmp(name, "--trace")) {
+        if (!value || !*value)
+            return bad_argument(name, value, "a trace file (plain or .gz)");
+        options->trace_path = value;
     } else if (!strcmp(name, "--conf")) {
         if (!value || !*value || strlen(value) > 128)
             return bad_argument(name, value, "GPUMEM_CONF keys (key:value,...), at most 128 characters");
@@ -310,7 +333,7 @@ static int parse_value(soak_options *options, const char *name, const char *valu
 static int parse_options(int argc, char **argv, soak_options *options)
 {
     static const char *const valued[] = {"--backend", "--engine", "--operations", "--threads", "--seed",
-                                         "--fault-rate", "--capacity", "--barriers", "--conf"};
+                                         "--fault-rate", "--capacity", "--barriers", "--conf", "--trace"};
     *options = (soak_options){.backend = "sim", .engine = "pages", .threads = 8, .seed = 1, .fault_rate = 0.002,
                               .barriers = 50};
     for (int i = 1; i < argc; i++) {
@@ -354,6 +377,17 @@ static double seconds_since(const struct timespec *start)
     return (double)(now.tv_sec - start->tv_sec) + (double)(now.tv_nsec - start->tv_nsec) / 1e9;
 }
 
+static int load_trace(soak_run *run)
+{
+    gm_status status = gm_trace_load(run->options.trace_path, &run->trace);
+    if (status != GM_OK) {
+        fprintf(stderr, "gpumem_soak: %s (%s)\n", gm_last_error(), gm_strerror(status));
+        return 2;
+    }
+    run->options.live_per_thread = run->trace.slot_count;
+    return 0;
+}
+
 static int create_allocator(soak_run *run)
 {
     const soak_options *options = &run->options;
@@ -390,8 +424,9 @@ static int run_threads(soak_run *run)
         worker->index = started;
         worker->random = (run->options.seed + 1) * 0x9E3779B97F4A7C15ull + started * 7919 + 1;
         worker->live = calloc(run->options.live_per_thread, sizeof *worker->live);
+        worker->slot_positions = calloc(run->trace.slot_count + 1, sizeof *worker->slot_positions);
         worker->own_stream = new_own_stream(worker);
-        if (!worker->live || pthread_create(&handles[started], NULL, work, worker) != 0)
+        if (!worker->live || !worker->slot_positions || pthread_create(&handles[started], NULL, work, worker) != 0)
             break;
     }
     if (started < threads) { /* the barrier counts on every thread: none can be spared */
@@ -459,6 +494,8 @@ int main(int argc, char **argv)
     run.operations_per_barrier = run.operations_per_thread / run.options.barriers;
     if (run.operations_per_barrier == 0)
         run.operations_per_barrier = 1;
+    if (run.options.trace_path && (status = load_trace(&run)) != 0)
+        return status;
     if ((status = create_allocator(&run)) != 0)
         return status;
     struct timespec start;
@@ -468,8 +505,11 @@ int main(int argc, char **argv)
     soak_drain(&run);
     double seconds = seconds_since(&start);
     report(&run, seconds);
-    for (unsigned i = 0; i < run.options.threads; i++)
+    for (unsigned i = 0; i < run.options.threads; i++) {
         free(run.workers[i].live);
+        free(run.workers[i].slot_positions);
+    }
     free(run.workers);
+    gm_trace_free(&run.trace);
     return atomic_load(&run.violations) ? 1 : 0;
 }

@@ -7,6 +7,7 @@
 
 #include "gpumem.h"
 #include "pattern.h"
+#include "tools/trace.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -33,6 +34,7 @@ typedef struct soak_options {
     bool verbose;
     bool check_data;        /* host: a pattern in every block, checked before its free */
     size_t live_per_thread; /* blocks a thread holds at most */
+    const char *trace_path; /* --trace: every thread replays this trace's allocations (soak_trace.c) */
 } soak_options;
 
 typedef struct soak_block {
@@ -40,7 +42,10 @@ typedef struct soak_block {
     size_t requested;
     size_t size; /* gm_allocation_size at its allocation */
     uint64_t identity;
+    uint32_t slot; /* --trace: the trace's slot it fills (SOAK_NO_SLOT: none) */
 } soak_block;
+
+#define SOAK_NO_SLOT UINT32_MAX
 
 typedef struct soak_counts {
     uint64_t mallocs;
@@ -67,10 +72,13 @@ typedef struct soak_worker {
     size_t recent_count;
     uint64_t stream_serial;
     soak_counts counts;
+    size_t *slot_positions; /* --trace: 1 + the index in `live` of each of the trace's slots' block (0: none) */
+    size_t trace_position;     /* --trace: the next operation of the trace */
 } soak_worker;
 
 struct soak_run {
     soak_options options;
+    gm_trace trace; /* --trace: loaded once, read by every thread */
     gm_allocator *allocator;
     soak_worker *workers;
     pthread_barrier_t barrier;
@@ -93,6 +101,15 @@ struct soak_run {
  * stamped: touching every page of every large block would make the soak run an order of magnitude
  * slower. A block handed out twice is then still caught unless it is small and lies wholly between two
  * such words of a large block. */
+/* soak.c: a block of `requested` bytes on `stream` kept live by the thread (its identity; 0 if the
+ * allocation failed cleanly), and a live block freed (after a use on another stream with `cross_stream`). */
+uint64_t soak_allocate(soak_worker *self, size_t requested, gm_stream stream);
+void soak_release(soak_worker *self, size_t index, bool cross_stream);
+uint64_t soak_random(uint64_t *state);
+
+/* soak_trace.c: the thread's next operation of the trace, from its start again after its end. */
+void soak_trace_operation(soak_worker *self);
+
 #define SOAK_DENSE_BYTES (64u * 1024)
 
 static inline bool soak_stamped_offset(uintptr_t base, size_t size, size_t offset)
