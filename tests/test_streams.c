@@ -278,6 +278,41 @@ static void waiting_frees_cost_one_query_per_busy_stream(void)
     }
 }
 
+/* Frees waiting on many busy streams (more than a look once kept in mind): an allocation asks one event
+ * per stream, however many frees wait on each; when one stream finishes, its frees complete and the
+ * others' still wait. */
+static void waiting_frees_on_many_streams_cost_one_query_per_stream(void)
+{
+    for (size_t e = 0; e < 2; e++) {
+        gm_allocator *allocator = NULL;
+        CHECK_OK(gm_create(engines[e], &allocator));
+        enum { streams = 40, per_stream = 10 };
+        void *block = NULL, *probe = NULL;
+        for (gm_stream stream = 10; stream < 10 + streams; stream++) {
+            CHECK_OK(gm_sim_stream_enqueue(allocator, stream, 1)); /* busy until completed */
+            for (int i = 0; i < per_stream; i++) {
+                CHECK_OK(gm_malloc(allocator, 4096, 1, &block));
+                CHECK_OK(gm_record_stream(allocator, block, stream));
+                CHECK_OK(gm_free(allocator, block));
+            }
+        }
+        int64_t before = event_queries(allocator);
+        CHECK_OK(gm_malloc(allocator, 8192, 1, &probe));
+        CHECK_EQ_INT(event_queries(allocator) - before, streams);
+        CHECK_OK(gm_sim_stream_complete(allocator, 10 + streams / 2));
+        CHECK_OK(gm_free(allocator, probe));
+        before = event_queries(allocator);
+        CHECK_OK(gm_malloc(allocator, 8192, 1, &probe));
+        CHECK_EQ_INT(event_queries(allocator) - before, streams - 1 + per_stream); /* the done stream's ten */
+        gm_stats stats;
+        CHECK_OK(gm_get_stats(allocator, &stats));
+        CHECK_EQ_INT(stats.active[GM_POOL_ALL].current, (streams - 1) * per_stream + 1);
+        CHECK_OK(gm_validate(allocator));
+        CHECK_OK(gm_free(allocator, probe));
+        gm_destroy(allocator, NULL);
+    }
+}
+
 /* Stream 2 leaves 64 MiB idle and, busy or not, stream 1 then needs 64 MiB: how reserved memory ends,
  * and the unmaps and waits the pages engine spent. */
 typedef struct idle_elsewhere {
@@ -329,4 +364,5 @@ RUN_TESTS(TEST_CASE(freed_block_is_reused_on_its_stream), TEST_CASE(thousands_of
           TEST_CASE(several_recorded_streams_all_must_finish), TEST_CASE(out_of_memory_waits_for_pending_frees),
           TEST_CASE(work_finishes_oldest_first_and_waits_count_it),
           TEST_CASE(empty_cache_keeps_pending_blocks), TEST_CASE(waiting_frees_cost_one_query_per_busy_stream),
+          TEST_CASE(waiting_frees_on_many_streams_cost_one_query_per_stream),
           TEST_CASE(idle_memory_of_a_busy_stream_stays_put))

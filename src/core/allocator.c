@@ -315,7 +315,7 @@ static gm_status retry_allocation(gm_allocator *allocator, gm_heap *heap, int po
 {
     const gm_engine_operations *engine = allocator->arena.engine;
     gm_status status;
-    if (allocator->pending_head) {
+    if (allocator->pending_queues) {
         attempts->waited_for_streams = true;
         gm_wait_for_pending_frees_locked(allocator);
         status = engine->allocate(&allocator->arena, heap, pool, size, block_out);
@@ -445,7 +445,7 @@ gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void
 
     gm_lock_acquire(&allocator->lock);
     begin_change(allocator);
-    if (allocator->pending_head)
+    if (allocator->pending_queues)
         gm_process_pending_frees_locked(allocator, false);
     gm_heap *heap = allocator->pool_route_count ? gm_heap_for_request_locked(allocator, stream)
                                                 : gm_heap_for_stream(&allocator->arena, stream);
@@ -615,7 +615,7 @@ gm_status gm_empty_cache(gm_allocator *allocator)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_empty_cache: allocator is NULL");
     gm_lock_acquire(&allocator->lock);
     begin_change(allocator);
-    if (allocator->pending_head)
+    if (allocator->pending_queues)
         gm_process_pending_frees_locked(allocator, false);
     allocator->arena.engine->release_cached(&allocator->arena, 0);
     if (pressure_crossed(allocator))
@@ -748,11 +748,7 @@ void gm_destroy(gm_allocator *allocator, size_t *live_allocations_out)
     gm_free_heaps(&allocator->arena);
     gm_free_private_pools(allocator);
     free(allocator->spare_events);
-    while (allocator->spare_pending) {
-        gm_pending_free *next = allocator->spare_pending->next;
-        free(allocator->spare_pending);
-        allocator->spare_pending = next;
-    }
+    gm_free_spare_pending_locked(allocator);
     gm_hash_map_free(&allocator->live_blocks);
     gm_block_pool_free_all(&allocator->arena.block_pool);
     gm_history_destroy(allocator->arena.history);

@@ -22,6 +22,14 @@ typedef struct gm_pending_free {
     struct gm_pending_free *next;
 } gm_pending_free;
 
+/* The pending frees of one stream, in the order their events were recorded (the stream's order). */
+typedef struct gm_pending_queue {
+    gm_stream stream;
+    gm_pending_free *head; /* oldest first */
+    gm_pending_free *tail;
+    struct gm_pending_queue *next;
+} gm_pending_queue;
+
 /* A private pool being allocated to (gm_begin_allocate_to_pool), with its stream filter. */
 typedef struct gm_pool_route {
     gm_private_pool *pool;
@@ -38,7 +46,7 @@ struct gm_allocator {
     uint32_t unlocked_allocations; /* allocations waiting for pressure callbacks, lock released */
     bool pools_to_forget;          /* a gone pool waits for those to finish */
     size_t pool_route_count;       /* the pools being allocated to (pool_routes) */
-    gm_pending_free *pending_head; /* freed blocks waiting for stream events, oldest first */
+    gm_pending_queue *pending_queues; /* the streams with freed blocks waiting for their events */
     gm_seqlock_writer *published;  /* the statistics region's seqlock (publish:true), or NULL */
     gm_hash_map live_blocks;       /* address -> allocated block */
     _Alignas(64) gm_arena arena;
@@ -46,7 +54,7 @@ struct gm_allocator {
     _Alignas(64) gm_pressure pressure; /* the pressure policy, level and callbacks (pressure.c) */
 
     bool exclusive_device;  /* sim/host: nobody else uses the device, so its used bytes are ours */
-    gm_pending_free *pending_tail;
+    gm_pending_queue *spare_queues; /* recycled queues */
     gm_pending_free *spare_pending; /* recycled list nodes */
     uint64_t *spare_events;         /* pooled backend events */
     size_t spare_event_count;
@@ -109,8 +117,9 @@ void gm_return_event_locked(gm_allocator *allocator, uint64_t event);
 gm_status gm_hold_free_for_capture_locked(gm_allocator *allocator, gm_block *block);
 void gm_release_frees_held_for_capture_locked(gm_allocator *allocator);
 /* At gm_destroy: complete the pending frees whose events could not be waited for (a stream still
- * capturing, a device that fails), so that nothing is left behind. */
+ * capturing, a device that fails), so that nothing is left behind; then free the recycled nodes. */
 void gm_drop_pending_frees_locked(gm_allocator *allocator);
+void gm_free_spare_pending_locked(gm_allocator *allocator);
 /* Wait for the streams of every pending cross-stream free, so that their blocks become free memory
  * (lock held; counted in num_sync_all_streams). */
 void gm_wait_for_pending_frees_locked(gm_allocator *allocator);

@@ -24,7 +24,7 @@ gm_status gm_defragment(gm_allocator *allocator, uint64_t min_free_bytes, uint64
                        "can)", allocator->arena.engine->name);
     uint64_t released = 0;
     gm_lock_for_change(allocator);
-    if (allocator->pending_head)
+    if (allocator->pending_queues)
         gm_process_pending_frees_locked(allocator, false);
     gm_status status = allocator->arena.engine->defragment(&allocator->arena, min_free_bytes, &released);
     gm_unlock_after_change(allocator);

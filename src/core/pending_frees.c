@@ -5,11 +5,12 @@
  * when it is freed: an event is recorded on each of those streams at the free, and the block's memory
  * returns to the engine only once every event has completed (PyTorch's record_stream semantics).
  * Events are pooled (gm_take_event_locked, gm_return_event_locked; the pinned host cache uses the same
- * pool): creating one is a driver call. The waiting frees are kept in the order their events
- * were recorded, and a stream runs its work in order, so once one event of a stream is not done, the
- * later ones of that stream are not either: each check asks the driver about the done ones and at most
- * one per busy stream, not about every waiting free (a program that frees hundreds of blocks used on a
- * busy communication stream would otherwise pay hundreds of queries at every allocation).
+ * pool): creating one is a driver call. The waiting frees are kept in a queue per stream, in the order
+ * their events were recorded there, and a stream runs its work in order, so once one event of a stream
+ * is not done, the later ones of that stream are not either: each check (at every allocation) looks at
+ * the done frees and at most one more per stream with frees waiting, as PyTorch's allocator does, not
+ * at every waiting free (a program that frees thousands of blocks used on a busy communication stream
+ * would otherwise pay for each of them at every allocation).
  *
  * During a CUDA graph capture (a private pool being allocated to) no event can be waited for: work
  * queued on a capturing stream does not run, it becomes part of the graph. As PyTorch does, such frees
@@ -89,49 +90,103 @@ bool gm_event_done_locked(gm_allocator *allocator, uint64_t event, gm_stream str
     return done;
 }
 
-/* Complete pending frees whose events are done; with `wait`, wait for all of them first. */
-void gm_process_pending_frees_locked(gm_allocator *allocator, bool wait)
+/* A pending free whose event is done: the event goes back to the pool, the node to the spares, and the
+ * block is retired once its last event is done. */
+static void complete(gm_allocator *allocator, gm_pending_free *pending)
 {
-    gm_pending_free **link = &allocator->pending_head;
+    gm_return_event_locked(allocator, pending->event);
+    gm_block *block = pending->block;
+    pending->next = allocator->spare_pending;
+    allocator->spare_pending = pending;
+    if (--block->pending_events == 0)
+        gm_retire_block_locked(allocator, block);
+}
+
+static bool event_done(gm_allocator *allocator, uint64_t event, bool wait)
+{
+    gm_backend *backend = allocator->arena.backend;
+    if (wait)
+        return gm_backend_event_synchronize(backend, event) == GM_OK;
+    bool done = false;
+    return gm_backend_event_query(backend, event, &done) == GM_OK && done;
+}
+
+/* Complete the queue's frees whose events are done, from its oldest: without `wait`, up to the first
+ * that is not (the later ones of its stream are not done either); with `wait`, every one whose wait
+ * succeeds. */
+static void complete_done_frees(gm_allocator *allocator, gm_pending_queue *queue, bool wait)
+{
+    gm_pending_free **link = &queue->head;
     gm_pending_free *previous = NULL;
-    gm_busy_streams busy = {.count = 0};
     while (*link) {
         gm_pending_free *pending = *link;
-        if (!gm_event_done_locked(allocator, pending->event, pending->stream, wait, &busy)) {
+        if (!event_done(allocator, pending->event, wait)) {
+            if (!wait)
+                return;
             previous = pending;
             link = &pending->next;
             continue;
         }
         *link = pending->next;
-        if (allocator->pending_tail == pending)
-            allocator->pending_tail = previous;
-        gm_return_event_locked(allocator, pending->event);
-        gm_block *block = pending->block;
-        pending->next = allocator->spare_pending;
-        allocator->spare_pending = pending;
-        if (--block->pending_events == 0)
-            gm_retire_block_locked(allocator, block);
+        if (queue->tail == pending)
+            queue->tail = previous;
+        complete(allocator, pending);
+    }
+}
+
+/* Unlink the queue that `link` points to (emptied) and keep it for another stream. */
+static void recycle_queue(gm_allocator *allocator, gm_pending_queue **link)
+{
+    gm_pending_queue *queue = *link;
+    *link = queue->next;
+    queue->next = allocator->spare_queues;
+    allocator->spare_queues = queue;
+}
+
+/* Complete pending frees whose events are done; with `wait`, wait for all of them first. */
+void gm_process_pending_frees_locked(gm_allocator *allocator, bool wait)
+{
+    gm_pending_queue **link = &allocator->pending_queues;
+    while (*link) {
+        complete_done_frees(allocator, *link, wait);
+        if ((*link)->head)
+            link = &(*link)->next;
+        else
+            recycle_queue(allocator, link);
     }
 }
 
 void gm_drop_pending_frees_locked(gm_allocator *allocator)
 {
-    while (allocator->pending_head) {
-        gm_pending_free *pending = allocator->pending_head;
-        allocator->pending_head = pending->next;
-        gm_return_event_locked(allocator, pending->event);
-        gm_block *block = pending->block;
-        pending->next = allocator->spare_pending;
-        allocator->spare_pending = pending;
-        if (--block->pending_events == 0)
-            gm_retire_block_locked(allocator, block);
+    while (allocator->pending_queues) {
+        gm_pending_queue *queue = allocator->pending_queues;
+        while (queue->head) {
+            gm_pending_free *pending = queue->head;
+            queue->head = pending->next;
+            complete(allocator, pending);
+        }
+        queue->tail = NULL;
+        recycle_queue(allocator, &allocator->pending_queues);
     }
-    allocator->pending_tail = NULL;
+}
+
+void gm_free_spare_pending_locked(gm_allocator *allocator)
+{
+    while (allocator->spare_pending) {
+        gm_pending_free *next = allocator->spare_pending->next;
+        free(allocator->spare_pending);
+        allocator->spare_pending = next;
+    }
+    while (allocator->spare_queues) {
+        gm_pending_queue *next = allocator->spare_queues->next;
+        free(allocator->spare_queues);
+        allocator->spare_queues = next;
+    }
 }
 
 void gm_wait_for_pending_frees_locked(gm_allocator *allocator)
 {
-    if (!allocator->pending_head)
+    if (!allocator->pending_queues)
         return;
     allocator->arena.stats->num_sync_all_streams++;
     gm_process_pending_frees_locked(allocator, true);
@@ -147,11 +202,32 @@ static gm_pending_free *take_node(gm_allocator *allocator)
     return node;
 }
 
+/* The queue of `stream`'s pending frees, made (empty, first in the list) if it has none; NULL without
+ * host memory. The streams with frees waiting are few: a program's side and communication streams. */
+static gm_pending_queue *queue_of(gm_allocator *allocator, gm_stream stream)
+{
+    for (gm_pending_queue *queue = allocator->pending_queues; queue; queue = queue->next)
+        if (queue->stream == stream)
+            return queue;
+    gm_pending_queue *queue = allocator->spare_queues;
+    if (queue)
+        allocator->spare_queues = queue->next;
+    else if (!(queue = gm_system_malloc(sizeof *queue)))
+        return NULL;
+    *queue = (gm_pending_queue){.stream = stream, .next = allocator->pending_queues};
+    allocator->pending_queues = queue;
+    return queue;
+}
+
 gm_status gm_defer_free_locked(gm_allocator *allocator, gm_block *block, gm_stream stream)
 {
-    gm_pending_free *pending = take_node(allocator);
-    if (!pending)
+    gm_pending_queue *queue = queue_of(allocator, stream);
+    gm_pending_free *pending = queue ? take_node(allocator) : NULL;
+    if (!pending) {
+        if (queue && !queue->head)
+            recycle_queue(allocator, &allocator->pending_queues); /* made just now, first in the list */
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory to defer a free");
+    }
     gm_status status = gm_take_event_locked(allocator, &pending->event);
     if (status == GM_OK) {
         status = gm_backend_event_record(allocator->arena.backend, pending->event, stream);
@@ -161,16 +237,18 @@ gm_status gm_defer_free_locked(gm_allocator *allocator, gm_block *block, gm_stre
     if (status != GM_OK) {
         pending->next = allocator->spare_pending;
         allocator->spare_pending = pending;
+        if (!queue->head)
+            recycle_queue(allocator, &allocator->pending_queues); /* made just now, first in the list */
         return status;
     }
     pending->block = block;
     pending->stream = stream;
     pending->next = NULL;
-    if (allocator->pending_tail)
-        allocator->pending_tail->next = pending;
+    if (queue->tail)
+        queue->tail->next = pending;
     else
-        allocator->pending_head = pending;
-    allocator->pending_tail = pending;
+        queue->head = pending;
+    queue->tail = pending;
     block->pending_events++;
     return GM_OK;
 }

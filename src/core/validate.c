@@ -47,6 +47,60 @@ static gm_status validate_indexes(gm_allocator *allocator)
     return GM_OK;
 }
 
+/* Take one event off (`step` -1) or put one back on (+1) each pending free's block. Unsigned arithmetic
+ * wraps, so the two passes cancel exactly whatever the counts were. */
+static void step_pending_events(gm_allocator *allocator, uint32_t step)
+{
+    for (const gm_pending_queue *queue = allocator->pending_queues; queue; queue = queue->next)
+        for (const gm_pending_free *pending = queue->head; pending; pending = pending->next)
+            pending->block->pending_events += step;
+}
+
+/* The pending frees: each in its stream's queue and of a pending block; each block waits for as many
+ * events as it has pending frees, plus one while it is held for a capture (which has none); each
+ * block's memory is active, once. Without allocating (gm_validate runs where host memory may have run
+ * out) and in one look at each free: the frees' count is taken off their blocks' pending_events, so
+ * that a block's count reads 0 in the look that puts them back exactly when they matched, and at its
+ * first free then, where its memory is counted. */
+static gm_status check_pending_frees(gm_allocator *allocator, gm_stats *recomputed)
+{
+    for (const gm_pending_queue *queue = allocator->pending_queues; queue; queue = queue->next) {
+        if (!queue->head || queue->tail->next)
+            return gm_fail(GM_ERROR_CORRUPT, "the pending frees of stream %" PRIu64 " are an empty or unended queue",
+                           (uint64_t)queue->stream);
+        for (const gm_pending_free *pending = queue->head; pending; pending = pending->next)
+            if (pending->block->state != GM_BLOCK_PENDING || pending->stream != queue->stream)
+                return gm_fail(GM_ERROR_CORRUPT, "pending free of block 0x%" PRIxPTR " in state %d on stream %" PRIu64
+                               " in the queue of stream %" PRIu64, pending->block->address, pending->block->state,
+                               (uint64_t)pending->stream, (uint64_t)queue->stream);
+    }
+    for (gm_pending_free *held = allocator->held_for_capture; held; held = held->next)
+        if (held->block->state != GM_BLOCK_PENDING || held->block->pending_events != 1) /* its hold, no event */
+            return gm_fail(GM_ERROR_CORRUPT, "free held for a capture of block 0x%" PRIxPTR " in state %d with %u events",
+                           held->block->address, held->block->state, (unsigned)held->block->pending_events);
+    step_pending_events(allocator, (uint32_t)-1);
+    uint64_t unmatched = 0;
+    for (const gm_pending_queue *queue = allocator->pending_queues; queue; queue = queue->next)
+        for (const gm_pending_free *pending = queue->head; pending; pending = pending->next) {
+            gm_block *block = pending->block;
+            if (block->pending_events == 0) { /* the block's first free in this look, its count matched */
+                gm_stat_change(recomputed->active, block->pool, 1);
+                gm_stat_change(recomputed->active_bytes, block->pool, (int64_t)block->size);
+            } else if (block->pending_events > UINT32_MAX / 2) { /* fewer events than frees (more: never 0, */
+                unmatched = block->address;                     /* so not active, which the stats show) */
+            }
+            block->pending_events++;
+        }
+    for (gm_pending_free *held = allocator->held_for_capture; held; held = held->next) {
+        gm_stat_change(recomputed->active, held->block->pool, 1);
+        gm_stat_change(recomputed->active_bytes, held->block->pool, (int64_t)held->block->size);
+    }
+    if (unmatched)
+        return gm_fail(GM_ERROR_CORRUPT, "block 0x%" PRIx64 " waits for another count of events than its pending frees",
+                       unmatched);
+    return GM_OK;
+}
+
 static gm_status validate_locked(gm_allocator *allocator)
 {
     gm_stats recomputed;
@@ -64,31 +118,9 @@ static gm_status validate_locked(gm_allocator *allocator)
         gm_stat_change(recomputed.active, block->pool, 1);
         gm_stat_change(recomputed.active_bytes, block->pool, (int64_t)block->size);
     }
-    for (gm_pending_free *pending = allocator->pending_head; pending; pending = pending->next) {
-        gm_block *block = pending->block;
-        bool first_for_block = true; /* a block with several events counts once */
-        for (gm_pending_free *earlier = allocator->pending_head; earlier != pending; earlier = earlier->next)
-            first_for_block = first_for_block && earlier->block != block;
-        if (block->state != GM_BLOCK_PENDING)
-            return gm_fail(GM_ERROR_CORRUPT, "pending free of block 0x%" PRIxPTR " in state %d", block->address, block->state);
-        if (first_for_block) {
-            gm_stat_change(recomputed.active, block->pool, 1);
-            gm_stat_change(recomputed.active_bytes, block->pool, (int64_t)block->size);
-        }
-    }
-    for (gm_pending_free *held = allocator->held_for_capture; held; held = held->next) {
-        gm_block *block = held->block;
-        if (block->state != GM_BLOCK_PENDING)
-            return gm_fail(GM_ERROR_CORRUPT, "free held for a capture of block 0x%" PRIxPTR " in state %d",
-                           block->address, block->state);
-        bool also_pending = false; /* a block is held once, and has no event while held */
-        for (gm_pending_free *pending = allocator->pending_head; pending; pending = pending->next)
-            also_pending = also_pending || pending->block == block;
-        if (also_pending)
-            return gm_fail(GM_ERROR_CORRUPT, "block 0x%" PRIxPTR " is held for a capture and has events", block->address);
-        gm_stat_change(recomputed.active, block->pool, 1);
-        gm_stat_change(recomputed.active_bytes, block->pool, (int64_t)block->size);
-    }
+    gm_status pending_status = check_pending_frees(allocator, &recomputed);
+    if (pending_status != GM_OK)
+        return pending_status;
     gm_status status = validate_indexes(allocator);
     if (status == GM_OK)
         status = allocator->arena.engine->validate(&allocator->arena, &recomputed);
