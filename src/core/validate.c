@@ -47,13 +47,13 @@ static gm_status validate_indexes(gm_allocator *allocator)
     return GM_OK;
 }
 
-/* Take one event off (`step` -1) or put one back on (+1) each pending free's block. Unsigned arithmetic
- * wraps, so the two passes cancel exactly whatever the counts were. */
-static void step_pending_events(gm_allocator *allocator, uint32_t step)
+/* Take one event off each pending free's block. The look that puts them back adds one per free, and
+ * unsigned arithmetic wraps, so the two cancel exactly whatever the counts were. */
+static void take_pending_frees_off_their_blocks(gm_allocator *allocator)
 {
     for (const gm_pending_queue *queue = allocator->pending_queues; queue; queue = queue->next)
         for (const gm_pending_free *pending = queue->head; pending; pending = pending->next)
-            pending->block->pending_events += step;
+            pending->block->pending_events--;
 }
 
 /* The pending frees: each in its stream's queue and of a pending block; each block waits for as many
@@ -78,7 +78,7 @@ static gm_status check_pending_frees(gm_allocator *allocator, gm_stats *recomput
         if (held->block->state != GM_BLOCK_PENDING || held->block->pending_events != 1) /* its hold, no event */
             return gm_fail(GM_ERROR_CORRUPT, "free held for a capture of block 0x%" PRIxPTR " in state %d with %u events",
                            held->block->address, held->block->state, (unsigned)held->block->pending_events);
-    step_pending_events(allocator, (uint32_t)-1);
+    take_pending_frees_off_their_blocks(allocator);
     uint64_t unmatched = 0;
     for (const gm_pending_queue *queue = allocator->pending_queues; queue; queue = queue->next)
         for (const gm_pending_free *pending = queue->head; pending; pending = pending->next) {
