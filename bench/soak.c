@@ -496,8 +496,10 @@ int main(int argc, char **argv)
         run.operations_per_barrier = 1;
     if (run.options.trace_path && (status = load_trace(&run)) != 0)
         return status;
-    if ((status = create_allocator(&run)) != 0)
+    if ((status = create_allocator(&run)) != 0) {
+        gm_trace_free(&run.trace);
         return status;
+    }
     struct timespec start;
     clock_gettime(CLOCK_MONOTONIC, &start);
     if ((status = run_threads(&run)) != 0)

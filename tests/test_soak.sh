@@ -71,6 +71,7 @@ expect_failure "a trace that does not exist" "cannot open" --trace "$work/none.c
 expect_failure "a malformed trace" "expected 4 comma-separated fields" --trace "$work/malformed.csv"
 expect_failure "a trace with no operations" "holds no operations" --trace "$work/empty.csv"
 expect_failure "--trace without a file" "bad value '(missing)' for --trace" --trace
+expect_failure "a trace with a bad --conf" "unknown key 'bogus'" --trace "$resnet50" --conf bogus:1
 
 [ "$failures" -eq 0 ] && echo "test_soak: all passed" || echo "test_soak: $failures failed"
 [ "$failures" -eq 0 ]
