@@ -99,18 +99,6 @@ gm_status gm_defer_free_locked(gm_allocator *allocator, gm_block *block, gm_stre
  * waited for instead. */
 void gm_free_after_recorded_streams_locked(gm_allocator *allocator, gm_block *block);
 void gm_process_pending_frees_locked(gm_allocator *allocator, bool wait);
-/* Streams found busy during one look at waiting events (pending frees, pinned blocks); beyond
- * GM_BUSY_STREAMS_KEPT, events are simply asked about. */
-#define GM_BUSY_STREAMS_KEPT 16
-typedef struct gm_busy_streams {
-    gm_stream streams[GM_BUSY_STREAMS_KEPT];
-    size_t count;
-} gm_busy_streams;
-
-/* Whether `event`, recorded on `stream`, is done: waited for with `wait`; else asked, unless an earlier
- * event of its stream was found not done in this look (a stream runs its work in order, so neither is
- * this one). Lock held. */
-bool gm_event_done_locked(gm_allocator *allocator, uint64_t event, gm_stream stream, bool wait, gm_busy_streams *busy);
 /* A backend event from the allocator's pool (made if the pool is empty), and its return (lock held). */
 gm_status gm_take_event_locked(gm_allocator *allocator, uint64_t *event_out);
 void gm_return_event_locked(gm_allocator *allocator, uint64_t event);

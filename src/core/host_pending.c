@@ -35,7 +35,7 @@
  *                     node of the graph, never done): the block stays unchecked until a later look.
  *   waiting block     its events are asked, newest first; the block goes to its free list once all are
  *                     done. A stream runs its work in order: once one of its events is not done, the later
- *                     ones on it are not asked in this look (gm_busy_streams). The events just recorded
+ *                     ones on it are not asked in this look (busy_streams). The events just recorded
  *                     are not asked in the look that recorded them (their streams were just found busy);
  *                     with `wait` (gm_destroy) every event is waited for.
  *   held block        left alone; gm_destroy releases it.
@@ -58,13 +58,47 @@
 
 typedef enum stream_state { stream_idle, stream_busy, stream_capturing } stream_state;
 
+/* Streams with an event found not done in one look; beyond BUSY_STREAMS_KEPT, events are simply asked
+ * about. */
+enum { BUSY_STREAMS_KEPT = 16 };
+typedef struct busy_streams {
+    gm_stream streams[BUSY_STREAMS_KEPT];
+    size_t count;
+} busy_streams;
+
+static bool is_busy(const busy_streams *busy, gm_stream stream)
+{
+    for (size_t i = 0; i < busy->count; i++)
+        if (busy->streams[i] == stream)
+            return true;
+    return false;
+}
+
+/* Whether `event`, recorded on `stream`, is done: waited for with `wait`; else asked, unless an earlier
+ * event of its stream was found not done in this look (a stream runs its work in order, so neither is
+ * this one). */
+static bool event_done(gm_allocator *allocator, uint64_t event, gm_stream stream, bool wait, busy_streams *busy)
+{
+    gm_backend *backend = allocator->arena.backend;
+    if (wait)
+        return gm_backend_event_synchronize(backend, event) == GM_OK;
+    if (is_busy(busy, stream))
+        return false;
+    bool done = false;
+    if (gm_backend_event_query(backend, event, &done) != GM_OK)
+        done = false;
+    if (!done && busy->count < BUSY_STREAMS_KEPT)
+        busy->streams[busy->count++] = stream;
+    return done;
+}
+
 /* Streams asked in one look and their answers; beyond the first few, streams are simply asked again. */
 enum { streams_remembered = 16 };
 typedef struct look {
     gm_stream asked[streams_remembered];
     stream_state states[streams_remembered];
     size_t asked_count;
-    gm_busy_streams busy_events; /* streams with an event found not done in this look */
+    busy_streams busy_events; /* streams with an event found not done in this look */
     bool wait;
 } look;
 
@@ -176,8 +210,7 @@ static bool events_done(gm_allocator *allocator, gm_host_block *block, look *loo
 {
     while (block->event_count) {
         size_t last = block->event_count - 1;
-        if (!gm_event_done_locked(allocator, block->events[last], block->streams[last], look->wait,
-                                  &look->busy_events))
+        if (!event_done(allocator, block->events[last], block->streams[last], look->wait, &look->busy_events))
             return false;
         gm_return_event_locked(allocator, block->events[last]);
         block->event_count = last;

@@ -67,29 +67,6 @@ void gm_retire_block_locked(gm_allocator *allocator, gm_block *block)
         gm_pool_block_retired_locked(allocator, pool);
 }
 
-static bool is_busy(const gm_busy_streams *busy, gm_stream stream)
-{
-    for (size_t i = 0; i < busy->count; i++)
-        if (busy->streams[i] == stream)
-            return true;
-    return false;
-}
-
-bool gm_event_done_locked(gm_allocator *allocator, uint64_t event, gm_stream stream, bool wait, gm_busy_streams *busy)
-{
-    gm_backend *backend = allocator->arena.backend;
-    if (wait)
-        return gm_backend_event_synchronize(backend, event) == GM_OK;
-    if (is_busy(busy, stream))
-        return false;
-    bool done = false;
-    if (gm_backend_event_query(backend, event, &done) != GM_OK)
-        done = false;
-    if (!done && busy->count < GM_BUSY_STREAMS_KEPT)
-        busy->streams[busy->count++] = stream;
-    return done;
-}
-
 /* A pending free whose event is done: the event goes back to the pool, the node to the spares, and the
  * block is retired once its last event is done. */
 static void complete(gm_allocator *allocator, gm_pending_free *pending)
