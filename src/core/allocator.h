@@ -55,6 +55,7 @@ struct gm_allocator {
 
     bool exclusive_device;  /* sim/host: nobody else uses the device, so its used bytes are ours */
     gm_pending_queue *spare_queues; /* recycled queues */
+    gm_hash_map queue_of_stream;    /* stream + 1 -> its queue in pending_queues (a stream of UINTPTR_MAX: none) */
     gm_pending_free *spare_pending; /* recycled list nodes */
     uint64_t *spare_events;         /* pooled backend events */
     size_t spare_event_count;

@@ -64,16 +64,23 @@ static void take_pending_frees_off_their_blocks(gm_allocator *allocator)
  * first free then, where its memory is counted. */
 static gm_status check_pending_frees(gm_allocator *allocator, gm_stats *recomputed)
 {
+    size_t keyed = 0;
     for (const gm_pending_queue *queue = allocator->pending_queues; queue; queue = queue->next) {
-        if (!queue->head || queue->tail->next)
-            return gm_fail(GM_ERROR_CORRUPT, "the pending frees of stream %" PRIu64 " are an empty or unended queue",
-                           (uint64_t)queue->stream);
+        uint64_t found = 0, key = (uint64_t)queue->stream + 1;
+        if (!queue->head || queue->tail->next ||
+            (key && (!gm_hash_map_get(&allocator->queue_of_stream, key, &found) || found != (uintptr_t)queue)))
+            return gm_fail(GM_ERROR_CORRUPT, "the pending frees of stream %" PRIu64 " are an empty, unended or unmapped "
+                           "queue", (uint64_t)queue->stream);
+        keyed += key != 0;
         for (const gm_pending_free *pending = queue->head; pending; pending = pending->next)
             if (pending->block->state != GM_BLOCK_PENDING || pending->stream != queue->stream)
                 return gm_fail(GM_ERROR_CORRUPT, "pending free of block 0x%" PRIxPTR " in state %d on stream %" PRIu64
                                " in the queue of stream %" PRIu64, pending->block->address, pending->block->state,
                                (uint64_t)pending->stream, (uint64_t)queue->stream);
     }
+    if (keyed != allocator->queue_of_stream.count)
+        return gm_fail(GM_ERROR_CORRUPT, "%zu streams map to queues of pending frees, %zu queues exist",
+                       allocator->queue_of_stream.count, keyed);
     for (gm_pending_free *held = allocator->held_for_capture; held; held = held->next)
         if (held->block->state != GM_BLOCK_PENDING || held->block->pending_events != 1) /* its hold, no event */
             return gm_fail(GM_ERROR_CORRUPT, "free held for a capture of block 0x%" PRIxPTR " in state %d with %u events",
