@@ -106,7 +106,8 @@ void gm_return_event_locked(gm_allocator *allocator, uint64_t event);
 gm_status gm_hold_free_for_capture_locked(gm_allocator *allocator, gm_block *block);
 void gm_release_frees_held_for_capture_locked(gm_allocator *allocator);
 /* At gm_destroy: complete the pending frees whose events could not be waited for (a stream still
- * capturing, a device that fails), so that nothing is left behind; then free the recycled nodes. */
+ * capturing, a device that fails), so that nothing is left behind (drop); then free the recycled nodes
+ * and queues and the map from streams to queues (free_spare). */
 void gm_drop_pending_frees_locked(gm_allocator *allocator);
 void gm_free_spare_pending_locked(gm_allocator *allocator);
 /* Wait for the streams of every pending cross-stream free, so that their blocks become free memory
