@@ -67,14 +67,31 @@ void gm_retire_block_locked(gm_allocator *allocator, gm_block *block)
         gm_pool_block_retired_locked(allocator, pool);
 }
 
+/* A list node for a pending or held free: a recycled one, else new (NULL without host memory); and its
+ * return to the spares. */
+static gm_pending_free *take_node(gm_allocator *allocator)
+{
+    gm_pending_free *node = allocator->spare_pending;
+    if (node)
+        allocator->spare_pending = node->next;
+    else
+        node = gm_system_malloc(sizeof *node);
+    return node;
+}
+
+static void give_node_back(gm_allocator *allocator, gm_pending_free *node)
+{
+    node->next = allocator->spare_pending;
+    allocator->spare_pending = node;
+}
+
 /* A pending free whose event is done: the event goes back to the pool, the node to the spares, and the
  * block is retired once its last event is done. */
 static void complete(gm_allocator *allocator, gm_pending_free *pending)
 {
     gm_return_event_locked(allocator, pending->event);
     gm_block *block = pending->block;
-    pending->next = allocator->spare_pending;
-    allocator->spare_pending = pending;
+    give_node_back(allocator, pending);
     if (--block->pending_events == 0)
         gm_retire_block_locked(allocator, block);
 }
@@ -179,16 +196,6 @@ void gm_wait_for_pending_frees_locked(gm_allocator *allocator)
     gm_process_pending_frees_locked(allocator, true);
 }
 
-static gm_pending_free *take_node(gm_allocator *allocator)
-{
-    gm_pending_free *node = allocator->spare_pending;
-    if (node)
-        allocator->spare_pending = node->next;
-    else
-        node = gm_system_malloc(sizeof *node);
-    return node;
-}
-
 /* The queue of `stream`'s pending frees, made (empty, first in the list) if it has none; NULL without
  * host memory. Found through queue_of_stream: a program that frees blocks used on thousands of streams
  * at once pays no search. */
@@ -218,23 +225,16 @@ static gm_pending_queue *queue_of(gm_allocator *allocator, gm_stream stream)
 
 gm_status gm_defer_free_locked(gm_allocator *allocator, gm_block *block, gm_stream stream)
 {
-    gm_pending_queue *queue = queue_of(allocator, stream);
-    gm_pending_free *pending = queue ? take_node(allocator) : NULL;
-    if (!pending) {
-        if (queue && !queue->head)
-            recycle_queue(allocator, &allocator->pending_queues); /* made just now, first in the list */
-        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory to defer a free");
-    }
-    gm_status status = gm_take_event_locked(allocator, &pending->event);
-    if (status == GM_OK) {
-        status = gm_backend_event_record(allocator->arena.backend, pending->event, stream);
-        if (status != GM_OK) /* the event is as it was: back to the pool, not lost */
-            gm_return_event_locked(allocator, pending->event);
-    }
+    gm_pending_free *pending = take_node(allocator);
+    gm_pending_queue *queue = pending ? queue_of(allocator, stream) : NULL;
+    gm_status status = queue ? gm_take_event_locked(allocator, &pending->event)
+                             : gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory to defer a free");
+    if (status == GM_OK && (status = gm_backend_event_record(allocator->arena.backend, pending->event, stream)) != GM_OK)
+        gm_return_event_locked(allocator, pending->event); /* the event is as it was: back to the pool, not lost */
     if (status != GM_OK) {
-        pending->next = allocator->spare_pending;
-        allocator->spare_pending = pending;
-        if (!queue->head)
+        if (pending)
+            give_node_back(allocator, pending);
+        if (queue && !queue->head)
             recycle_queue(allocator, &allocator->pending_queues); /* made just now, first in the list */
         return status;
     }
@@ -286,8 +286,7 @@ void gm_release_frees_held_for_capture_locked(gm_allocator *allocator)
         gm_pending_free *node = allocator->held_for_capture;
         allocator->held_for_capture = node->next;
         gm_block *block = node->block;
-        node->next = allocator->spare_pending;
-        allocator->spare_pending = node;
+        give_node_back(allocator, node);
         block->pending_events--;
         gm_free_after_recorded_streams_locked(allocator, block);
     }
