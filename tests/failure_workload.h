@@ -1,8 +1,9 @@
 /*
  * failure_workload.h -- the workload that tests of failure paths run (test_device_failures.c,
  * test_host_failures.c): growth, moves of idle memory between streams, a memory limit, cross-stream
- * frees with events, empty_cache, new address ranges; every result noted (only OK, out of memory or a
- * device error are clean) and the books checked (gm_validate) after every step.
+ * frees with events, empty_cache, new address ranges, and a stitch (stitching.c) that lives through some
+ * of them; every result noted (only OK, out of memory or a device error are clean) and the books checked
+ * (gm_validate) after every step.
  */
 #ifndef GPUMEM_TESTS_FAILURE_WORKLOAD_H
 #define GPUMEM_TESTS_FAILURE_WORKLOAD_H
@@ -10,11 +11,11 @@
 #include "test.h"
 
 #define MIB (1ull << 20)
-enum { SLOTS = 24 };
+enum { SLOTS = 24, STITCH_SLOTS = 5 };
 
 typedef struct run {
     gm_allocator *allocator;
-    void *slots[SLOTS];
+    void *slots[SLOTS + STITCH_SLOTS]; /* the random steps' slots, then the stitch's */
     int unclean; /* a result other than OK, out of memory or device error */
     int invalid; /* gm_validate failed */
 } run;
@@ -50,9 +51,27 @@ static inline void take_slot(run *r, int slot, uint64_t size, gm_stream stream)
         note(r, gm_malloc(r->allocator, size, stream, &r->slots[slot]), "malloc");
 }
 
+/* test_stitching.c's layout, on a stream of its own: a 192 MiB tensor freed (three 64 MiB chunks where
+ * chunks may be that large), then blocks that leave the first chunk's last 54 MiB and the third's first
+ * 22 MiB free, apart; a 70 MiB request that no mapped free block fits then lies across second mappings
+ * of both (with stitch:true, the default, and chunks of 64 MiB; elsewhere it is a growth like any other). */
+static inline void stitch(run *r)
+{
+    enum { STREAM = 4 };
+    static const uint64_t sizes[] = {10 * MIB, 54 * MIB, 64 * MIB, 22 * MIB, 42 * MIB};
+    take_slot(r, SLOTS, 192 * MIB, STREAM);
+    release_slot(r, SLOTS);
+    for (int part = 0; part < STITCH_SLOTS; part++)
+        take_slot(r, SLOTS + part, sizes[part], STREAM);
+    release_slot(r, SLOTS + 1);
+    release_slot(r, SLOTS + 3);
+    take_slot(r, SLOTS + 1, 70 * MIB, STREAM);
+}
+
 static inline void workload(run *r)
 {
     uint64_t state = 7;
+    stitch(r);
     for (int step = 0; step < 160; step++) {
         int slot = (int)(test_random(&state) % SLOTS);
         uint64_t size = (test_random(&state) % 3 == 0) ? 512 * (1 + test_random(&state) % 64)
@@ -67,11 +86,14 @@ static inline void workload(run *r)
             note(r, gm_sim_stream_complete(r->allocator, 9), "complete");
         if (step % 29 == 0)
             note(r, gm_empty_cache(r->allocator), "empty_cache");
+        if (step == 40) /* the stitch is undone once its range holds nothing live */
+            for (int part = 0; part < STITCH_SLOTS; part++)
+                release_slot(r, SLOTS + part);
         if (step == 80)
             note(r, gm_set_memory_limit(r->allocator, 160 * MIB), "memory limit");
     }
     note(r, gm_set_memory_limit(r->allocator, 0), "memory limit off");
-    for (int slot = 0; slot < SLOTS; slot++)
+    for (int slot = 0; slot < SLOTS + STITCH_SLOTS; slot++)
         release_slot(r, slot);
     note(r, gm_sim_stream_complete(r->allocator, 9), "complete");
     note(r, gm_empty_cache(r->allocator), "empty_cache");
@@ -100,6 +122,19 @@ static inline void run_again_and_destroy(run *r, const char *config, const char 
     size_t live = 1;
     gm_destroy(r->allocator, &live);
     CHECK_EQ_INT(live, 0);
+}
+
+/* The stitches a clean workload makes under `config` (a test of stitching's failure paths first checks
+ * that it makes some). */
+static inline uint64_t stitches_made(const char *config)
+{
+    run r = {0};
+    REQUIRE(gm_create(config, &r.allocator) == GM_OK);
+    workload(&r);
+    gm_stats stats;
+    REQUIRE(gm_get_stats(r.allocator, &stats) == GM_OK);
+    run_again_and_destroy(&r, config, "nothing failing");
+    return stats.num_stitches;
 }
 
 #endif

@@ -205,6 +205,13 @@ static void pages_engine_rechunking(void)
     every_allocation_may_fail("backend:sim,capacity:4GiB,rechunk_min:4MiB");
 }
 
+static void pages_engine_stitching(void)
+{
+    static const char config[] = "backend:sim,capacity:4GiB,max_chunk_size:64MiB,chunk_room_share:0";
+    CHECK(stitches_made(config) >= 1);
+    every_allocation_may_fail(config);
+}
+
 static void segments_engine(void)
 {
     every_allocation_may_fail("backend:sim,capacity:4GiB,engine:segments");
@@ -216,5 +223,6 @@ static void pages_engine_on_host(void)
 }
 
 RUN_TESTS(TEST_CASE(pages_engine), TEST_CASE(pages_engine_with_compaction), TEST_CASE(pages_engine_rechunking),
+          TEST_CASE(pages_engine_stitching),
           TEST_CASE(segments_engine), TEST_CASE(pages_engine_on_host), TEST_CASE(pools_pinned_memory_and_snapshots),
           TEST_CASE(creation_fails_cleanly))

@@ -31,14 +31,14 @@ static void beyond_the_cap_the_oldest_lingering_mappings_go(void)
     state_of(heap)->waited_at = engine->frees + MAPPINGS + 1; /* the stream has passed every free below */
     for (uint64_t i = 0; i < MAPPINGS; i++) {
         CHECK_OK(gm_backend_map(arena->backend, range + i * page, page, handle));
-        REQUIRE(pages_alias_room(arena));
+        REQUIRE(pages_alias_room(arena, 1));
         /* Listed newest first, so that the list's order is not the age's. */
         page_alias alias = {range + i * page, page, handle, heap, engine->frees + MAPPINGS - i, false, true};
         pages_add_alias(arena, &alias);
     }
     page_alias moved = {range + MAPPINGS * page, page, handle, heap, engine->frees + 1, false, false};
     CHECK_OK(gm_backend_map(arena->backend, moved.address, page, handle));
-    REQUIRE(pages_alias_room(arena));
+    REQUIRE(pages_alias_room(arena, 1));
     pages_add_alias(arena, &moved);
     int64_t unmaps_before = arena->backend->calls[GM_CALL_UNMAP];
     pages_retire_passed_aliases(arena);

@@ -58,14 +58,17 @@ static gm_status retire(gm_arena *arena, size_t index, bool wait)
     return GM_OK;
 }
 
-bool pages_alias_room(gm_arena *arena)
+bool pages_alias_room(gm_arena *arena, size_t more)
 {
     page_engine *engine = engine_of(arena);
-    page_alias *grown = gm_array_room_for_one(engine->aliases, engine->alias_count, &engine->alias_capacity,
-                                              sizeof *grown, 16);
-    if (grown)
+    for (size_t i = 0; i < more; i++) { /* room for one more past count + i: room for i + 1 */
+        page_alias *grown = gm_array_room_for_one(engine->aliases, engine->alias_count + i, &engine->alias_capacity,
+                                                  sizeof *grown, 16);
+        if (!grown)
+            return false;
         engine->aliases = grown;
-    return grown != NULL;
+    }
+    return true;
 }
 
 void pages_add_alias(gm_arena *arena, const page_alias *alias)

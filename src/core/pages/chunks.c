@@ -124,11 +124,12 @@ static void close_export(gm_arena *arena, const page_chunk *chunk);
 
 /* A second mapping that the driver left at `address` without access (set-access refused, and the unmap
  * that undoes it too): kept as an old mapping (aliases.c), which no work has used, so that it is unmapped
- * before anything is mapped over those addresses or the chunk goes back to the device. Without room for
- * it (no host memory either) it stays on the device until the allocator goes. */
+ * before anything is mapped over those addresses or the chunk goes back to the device. A stitch makes
+ * room for it before it maps anything (stitching.c); without room it would stay on the device until the
+ * allocator goes. */
 static void keep_refused_clone(gm_arena *arena, gm_region *region, const page_chunk *clone, uintptr_t address)
 {
-    if (!pages_alias_room(arena))
+    if (!pages_alias_room(arena, 1))
         return;
     page_alias alias = {address, clone->size, clone->handle, region->heap, 0, true, false};
     pages_add_alias(arena, &alias);
@@ -157,12 +158,14 @@ void pages_unmap_clone(gm_arena *arena, gm_region *region, page_chunk *clone)
     page_engine *engine = engine_of(arena);
     leave_region(region, clone, engine->page_size);
     page_alias alias = {clone->address, clone->size, clone->handle, region->heap, engine->frees, false, true};
-    if (!gm_backend_stream_is_capturing(arena->backend, region->heap->stream) && pages_alias_room(arena)) {
-        pages_add_alias(arena, &alias);
-        pages_mark_after(arena, region->heap, alias.freed_at);
-    } else if (pages_wait_for_free(arena, region->heap, alias.freed_at) == GM_OK &&
-               gm_backend_unmap(arena->backend, alias.address, alias.size) == GM_OK) {
+    bool capturing = gm_backend_stream_is_capturing(arena->backend, region->heap->stream);
+    if (capturing && pages_wait_for_free(arena, region->heap, alias.freed_at) == GM_OK &&
+        gm_backend_unmap(arena->backend, alias.address, alias.size) == GM_OK) {
         arena->stats->num_page_unmaps += (int64_t)(alias.size / engine->page_size);
+    } else if (pages_alias_room(arena, 1)) { /* the caller made the room: the mapping is never lost */
+        pages_add_alias(arena, &alias);
+        if (!capturing) /* else retire() waits for the stream once it can */
+            pages_mark_after(arena, region->heap, alias.freed_at);
     }
     close_export(arena, clone); /* gm_share of a stitched block exported the clone's handle */
     free(clone);
@@ -350,7 +353,7 @@ gm_status pages_move_chunk_ahead(gm_arena *arena, gm_region *from, page_chunk *c
     gm_status status = block_around(arena, from, chunk, &around);
     if (status != GM_OK)
         return status;
-    if (!pages_alias_room(arena))
+    if (!pages_alias_room(arena, 1))
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the list of old mappings");
     uint64_t page_size = engine_of(arena)->page_size;
     page_alias alias = {chunk->address, chunk->size, chunk->handle, from->heap, chunk->freed_at, false, false};

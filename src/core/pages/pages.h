@@ -347,8 +347,8 @@ bool pages_has_mark_after(const gm_heap *heap, uint64_t freed_at);
 void pages_mark_after(gm_arena *arena, gm_heap *heap, uint64_t freed_at);
 /* Destroy `heap`'s marks (the heap goes). */
 void pages_forget_marks(gm_arena *arena, gm_heap *heap);
-/* aliases.c: room for one more alias (host memory); false if there is none. */
-bool pages_alias_room(gm_arena *arena);
+/* aliases.c: room for `more` more aliases (host memory); false if there is none. */
+bool pages_alias_room(gm_arena *arena, size_t more);
 /* Keep `alias` until its stream has passed its free (pages_alias_room made the room). */
 void pages_add_alias(gm_arena *arena, const page_alias *alias);
 /* Unmap the aliases whose stream has passed their free, asking without waiting. */
@@ -595,7 +595,9 @@ void pages_drop_stitches(gm_arena *arena);
  * the region's books as a chunk, without history event or reserved bytes. */
 gm_status pages_map_clone(gm_arena *arena, gm_region *region, page_chunk *clone, uintptr_t address);
 /* chunks.c: `clone` out of `region`'s books and freed; its mapping goes once the region's stream has
- * passed its last use (an old mapping, aliases.c), or now after a wait. */
+ * passed its last use (an old mapping, aliases.c), or, while the stream is being captured, now after a
+ * wait (an old mapping should that fail). The caller makes room for one alias first (pages_alias_room),
+ * so that the mapping is never lost. */
 void pages_unmap_clone(gm_arena *arena, gm_region *region, page_chunk *clone);
 /* chunks.c, the allocator going: `clone` out of `region`'s list of chunks, unmapped now, its exported
  * descriptor closed, freed. */

@@ -330,7 +330,8 @@ static gm_status lay_out(gm_arena *arena, gm_region *region, const stitch_plan *
     uint64_t total = end_size + plan->middle + (plan->start_chunk ? plan->start_chunk->size : 0);
     *stitch = (page_stitch){.region = region};
     gm_block *hole = middle ? NULL : highest_hole(region, total + page_size);
-    if ((!middle && !hole) || !gm_block_pool_reserve(&arena->block_pool, 12))
+    /* Host memory first: the blocks it carves, and the old mappings that a refused set-access leaves */
+    if ((!middle && !hole) || !gm_block_pool_reserve(&arena->block_pool, 12) || !pages_alias_room(arena, 2))
         return GM_ERROR_OUT_OF_MEMORY;
     uintptr_t at = middle ? middle->address - end_size : page_floor(hole->address + hole->size - total, page_size);
     *stitch = (page_stitch){.region = region, .inner_start = at + end_size - plan->end_bytes,
@@ -449,11 +450,13 @@ static void give_back_side(gm_arena *arena, gm_region *region, page_chunk *chunk
 }
 
 /* Undo `stitch`, whose range holds no live block; false, with nothing changed, without host memory for
- * the blocks it needs (the stitch stays, consistent, until a later free in its range or its region going). */
+ * the blocks it needs or for its second mappings' entries as old mappings (the stitch stays, consistent,
+ * until a later free in its range, an empty_cache or its region going). */
 static bool undo(gm_arena *arena, page_stitch *stitch)
 {
     page_engine *engine = engine_of(arena);
-    if (!gm_block_pool_reserve(&arena->block_pool, 4)) /* pages_vacate carves two blocks at most a side */
+    /* pages_vacate carves two blocks at most a side; each second mapping becomes an old mapping */
+    if (!gm_block_pool_reserve(&arena->block_pool, 4) || !pages_alias_room(arena, 2))
         return false;
     if (stitch->end_clone)
         give_back_side(arena, stitch->region, stitch->end_chunk, stitch->end_clone, stitch->end_lent,
