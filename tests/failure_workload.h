@@ -1,9 +1,9 @@
 /*
  * failure_workload.h -- the workload that tests of failure paths run (test_device_failures.c,
  * test_host_failures.c): growth, moves of idle memory between streams, a memory limit, cross-stream
- * frees with events, empty_cache, new address ranges, and a stitch (stitching.c) that lives through some
- * of them; every result noted (only OK, out of memory or a device error are clean) and the books checked
- * (gm_validate) after every step.
+ * frees with events, empty_cache, new address ranges, a stitch (stitching.c) that lives through some of
+ * them and a stream's growth lane (lane.c); every result noted (only OK, out of memory or a device error
+ * are clean) and the books checked (gm_validate) after every step.
  */
 #ifndef GPUMEM_TESTS_FAILURE_WORKLOAD_H
 #define GPUMEM_TESTS_FAILURE_WORKLOAD_H
@@ -11,11 +11,11 @@
 #include "test.h"
 
 #define MIB (1ull << 20)
-enum { SLOTS = 24, STITCH_SLOTS = 5 };
+enum { SLOTS = 24, STITCH_SLOTS = 5, CACHE_SLOTS = 6 };
 
 typedef struct run {
     gm_allocator *allocator;
-    void *slots[SLOTS + STITCH_SLOTS]; /* the random steps' slots, then the stitch's */
+    void *slots[SLOTS + STITCH_SLOTS + CACHE_SLOTS]; /* the random steps' slots, the stitch's, the caches' */
     int unclean; /* a result other than OK, out of memory or device error */
     int invalid; /* gm_validate failed */
 } run;
@@ -68,10 +68,24 @@ static inline void stitch(run *r)
     take_slot(r, SLOTS + 1, 70 * MIB, STREAM);
 }
 
+/* Key-value caches that generation grows at every step on a stream of their own: each replaced by a copy
+ * 64 KiB larger (allocated, then the old one freed), until the stream's growth lane opens (lane.c) and its
+ * ring runs; two slots a cache, taking turns. */
+static inline void grow_caches(run *r)
+{
+    enum { STREAM = 5, FIRST = SLOTS + STITCH_SLOTS, CACHES = CACHE_SLOTS / 2 };
+    for (int step = 0; step < 32; step++)
+        for (int cache = 0; cache < CACHES; cache++) {
+            take_slot(r, FIRST + 2 * cache + step % 2, 2 * MIB + (uint64_t)(step + 1) * (64 << 10), STREAM);
+            release_slot(r, FIRST + 2 * cache + (step + 1) % 2);
+        }
+}
+
 static inline void workload(run *r)
 {
     uint64_t state = 7;
     stitch(r);
+    grow_caches(r);
     for (int step = 0; step < 160; step++) {
         int slot = (int)(test_random(&state) % SLOTS);
         uint64_t size = (test_random(&state) % 3 == 0) ? 512 * (1 + test_random(&state) % 64)
@@ -93,7 +107,7 @@ static inline void workload(run *r)
             note(r, gm_set_memory_limit(r->allocator, 160 * MIB), "memory limit");
     }
     note(r, gm_set_memory_limit(r->allocator, 0), "memory limit off");
-    for (int slot = 0; slot < SLOTS + STITCH_SLOTS; slot++)
+    for (int slot = 0; slot < SLOTS + STITCH_SLOTS + CACHE_SLOTS; slot++)
         release_slot(r, slot);
     note(r, gm_sim_stream_complete(r->allocator, 9), "complete");
     note(r, gm_empty_cache(r->allocator), "empty_cache");
