@@ -76,9 +76,10 @@ static bool done(run *r, gm_status status, const char *what)
     return status == GM_OK;
 }
 
-/* Private pools, pinned host memory, snapshots and the summary with the allocation at `position`
- * failing (and the `failures` - 1 after it): every call OK or out of memory with nothing changed, the
- * books exact; then, with memory back, everything given back. The allocations made. */
+/* Private pools (a block taken back at an address too), pinned host memory, snapshots and the summary
+ * with the allocation at `position` failing (and the `failures` - 1 after it): every call OK or out of
+ * memory with nothing changed, the books exact; then, with memory back, everything given back. The
+ * allocations made. */
 static uint64_t pools_and_more_with_host_failures(const char *config, int64_t position, uint64_t failures)
 {
     run r = {0};
@@ -94,8 +95,15 @@ static uint64_t pools_and_more_with_host_failures(const char *config, int64_t po
     if (begun)
         REQUIRE(gm_end_allocate_to_pool(r.allocator, pool) == GM_OK); /* needs no memory */
     done(&r, gm_malloc(r.allocator, 5 * MIB, 1, &outside), "malloc outside");
-    if (in_pool[1] && done(&r, gm_free(r.allocator, in_pool[1]), "free in the pool"))
+    uintptr_t freed = 0;
+    if (in_pool[1] && done(&r, gm_free(r.allocator, in_pool[1]), "free in the pool")) {
+        freed = (uintptr_t)in_pool[1];
         in_pool[1] = NULL;
+    }
+    void *restored = NULL; /* a middle piece of the freed block taken back, as a graph checkpoint does */
+    if (begun && freed && done(&r, gm_pool_allocate_at(r.allocator, pool, freed + MIB, 2 * MIB, 2 * MIB), "allocate at"))
+        restored = (void *)(freed + MIB);
+    CHECK(position >= 0 || restored); /* without failures the piece is taken back */
     for (int i = 0; i < 3; i++)
         done(&r, gm_host_malloc(r.allocator, (size_t)4096 << (4 * i), &host[i]), "host malloc");
     if (host[0] && done(&r, gm_host_free(r.allocator, host[0]), "host free"))
@@ -122,6 +130,8 @@ static uint64_t pools_and_more_with_host_failures(const char *config, int64_t po
     }
     if (outside)
         CHECK_OK(gm_free(r.allocator, outside));
+    if (restored)
+        CHECK_OK(gm_free(r.allocator, restored));
     if (begun)
         CHECK_OK(gm_release_pool(r.allocator, pool));
     CHECK_OK(gm_empty_cache(r.allocator));
