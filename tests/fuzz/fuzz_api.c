@@ -19,7 +19,9 @@
  *   The pages engine with tail_chunk also compacts pinned chunks (compact_min: 2 MiB on the sim, two pages
  *   on the host backend, whose stamps below check that the copies kept every block's bytes). The
  *   bit that sets the segments engine's release_before_growth gives the pages engine move_slack:0.01, and the
- *   one that turns its growth lane off turns stitching on (stitch:true: second mappings of pinned chunks).
+ *   one that turns its growth lane off chunks as large as max_chunk_size whatever the capacity
+ *   (chunk_room_share:0), so that pinned chunks have free ends and starts to stitch (stitch is on by
+ *   default: second mappings of pinned chunks).
  * gm_destroy ends the input, with whatever is still live. FUZZ_API_VERBOSE=1 prints the configuration
  * and each operation with its argument bytes, to read a finding.
  *
@@ -456,7 +458,7 @@ static void create_allocator(fuzz_state *state, input *in)
              second & 32 ? "4MiB" : "128MiB", second & 64 ? "false" : "true", second & 128 ? 64 : 0,
              (first & 2) && (second & 16) ? "false" : "true",
              compact_min, !(first & 2) && (second & 64) ? ",move_slack:0.01" : "",
-             !(first & 2) && (first & 128) ? ",stitch:true" : "");
+             !(first & 2) && (first & 128) ? ",chunk_room_share:0" : "");
     if (getenv("FUZZ_API_VERBOSE") && atoi(getenv("FUZZ_API_VERBOSE")) > 0)
         fprintf(stderr, "fuzz_api: gm_create(\"%s\")\n", config);
     state->segments = first & 2;
