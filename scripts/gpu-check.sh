@@ -66,7 +66,7 @@ fi
 if has tests; then
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
     $build/gpumem info --backend cuda | tee "$out/info.txt" || failed=1
-    ctest --test-dir $build -E test_gpu --output-on-failure >"$out/ctest.log" 2>&1 || { failed=1; echo "CPU tests failed"; }
+    ctest --test-dir $build -E test_gpu -j"$(nproc)" --output-on-failure >"$out/ctest.log" 2>&1 || { failed=1; echo "CPU tests failed"; }
     tail -3 "$out/ctest.log"
     GPUMEM_DATA=data $build/tests/test_gpu 2>&1 | tee "$out/test_gpu.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
