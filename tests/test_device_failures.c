@@ -85,6 +85,12 @@ static void pages_engine_stitching(void)
     }
 }
 
+/* Idle chunks remade in two when a fit covers them in part (rechunk.c), with each call failing in turn. */
+static void pages_engine_rechunking(void)
+{
+    every_call_may_fail("backend:sim,capacity:4GiB,max_chunk_size:64MiB,chunk_room_share:0,rechunk_min:4MiB");
+}
+
 /* A device that stops working for good (every call of a kind failing from some point on, until and
  * during gm_destroy): clean errors, exact books, and a destroy that frees everything once (the unmap
  * that failed used to leave a freed chunk in its region's list: a double free at destroy). On the host
@@ -242,6 +248,6 @@ static void bad_injection_calls(void)
 }
 
 RUN_TESTS(TEST_CASE(bad_injection_calls), TEST_CASE(pages_engine_on_sim), TEST_CASE(segments_engine_on_sim),
-          TEST_CASE(pages_engine_on_host), TEST_CASE(pages_engine_stitching), TEST_CASE(failures_until_destroy),
+          TEST_CASE(pages_engine_on_host), TEST_CASE(pages_engine_stitching), TEST_CASE(pages_engine_rechunking), TEST_CASE(failures_until_destroy),
           TEST_CASE(random_faults_keep_the_books_exact), TEST_CASE(a_mapping_that_cannot_be_undone),
           TEST_CASE(pending_frees_at_a_failing_destroy), TEST_CASE(an_event_that_cannot_be_recorded_is_kept))

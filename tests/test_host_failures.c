@@ -212,7 +212,8 @@ static void pages_engine_with_compaction(void)
 
 static void pages_engine_rechunking(void)
 {
-    every_allocation_may_fail("backend:sim,capacity:4GiB,rechunk_min:4MiB");
+    /* chunks of 64 MiB, so that fits cover idle chunks in part and remake them */
+    every_allocation_may_fail("backend:sim,capacity:4GiB,max_chunk_size:64MiB,chunk_room_share:0,rechunk_min:4MiB");
 }
 
 static void pages_engine_stitching(void)
