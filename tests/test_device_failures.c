@@ -14,6 +14,7 @@
 
 #include "backend/device_model.h"
 #include "core/allocator.h"
+#include "core/pages/pages.h"
 
 
 /* One workload with call `kind` failing at `position` (or none when position < 0), then a clean one. */
@@ -82,6 +83,25 @@ static void pages_engine_stitching(void)
     for (size_t c = 0; c < 2; c++) {
         CHECK(stitches_made(configs[c]) >= 1);
         every_call_may_fail(configs[c]);
+    }
+}
+
+/* The workload's key-value caches open their stream's growth lane, so that its failures reach lane.c. */
+static void the_workload_opens_a_growth_lane(void)
+{
+    static const char *const configs[] = {"backend:sim,capacity:4GiB", "backend:host,capacity:1GiB"};
+    for (size_t c = 0; c < 2; c++) {
+        run r = {0};
+        REQUIRE(gm_create(configs[c], &r.allocator) == GM_OK);
+        grow_caches(&r);
+        gm_arena *arena = gm_lock_arena(r.allocator);
+        int lanes = 0;
+        for (size_t i = 0; i < arena->heap_count; i++)
+            lanes += arena->heaps[i]->engine_data && state_of(arena->heaps[i])->lane;
+        gm_unlock_arena(r.allocator);
+        CHECK_EQ_INT(lanes, 1);
+        workload(&r); /* frees the caches too */
+        run_again_and_destroy(&r, configs[c], "nothing failing");
     }
 }
 
@@ -248,6 +268,7 @@ static void bad_injection_calls(void)
 }
 
 RUN_TESTS(TEST_CASE(bad_injection_calls), TEST_CASE(pages_engine_on_sim), TEST_CASE(segments_engine_on_sim),
-          TEST_CASE(pages_engine_on_host), TEST_CASE(pages_engine_stitching), TEST_CASE(pages_engine_rechunking), TEST_CASE(failures_until_destroy),
+          TEST_CASE(pages_engine_on_host), TEST_CASE(pages_engine_stitching), TEST_CASE(pages_engine_rechunking),
+          TEST_CASE(the_workload_opens_a_growth_lane), TEST_CASE(failures_until_destroy),
           TEST_CASE(random_faults_keep_the_books_exact), TEST_CASE(a_mapping_that_cannot_be_undone),
           TEST_CASE(pending_frees_at_a_failing_destroy), TEST_CASE(an_event_that_cannot_be_recorded_is_kept))
