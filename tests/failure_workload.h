@@ -11,6 +11,9 @@
 #include "test.h"
 
 #define MIB (1ull << 20)
+/* Chunks of 64 MiB whatever the capacity, as the stitch below needs (and rechunking, to have chunks that
+ * a fit covers in part); with the room share a 4 GiB device makes chunks of 4 MiB. */
+#define WHOLE_CHUNKS "max_chunk_size:64MiB,chunk_room_share:0"
 enum { SLOTS = 24, STITCH_SLOTS = 5, CACHE_SLOTS = 6 };
 
 typedef struct run {
@@ -19,6 +22,15 @@ typedef struct run {
     int unclean; /* a result other than OK, out of memory or device error */
     int invalid; /* gm_validate failed */
 } run;
+
+/* A positive count from the environment variable `name` (tests/CMakeLists.txt sets the sanitizers'
+ * lighter strides), else `otherwise`. */
+static inline long count_from_environment(const char *name, long otherwise)
+{
+    const char *text = getenv(name);
+    long count = text ? strtol(text, NULL, 10) : otherwise;
+    return count > 0 ? count : otherwise;
+}
 
 static inline void note(run *r, gm_status status, const char *what)
 {

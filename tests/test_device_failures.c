@@ -16,7 +16,6 @@
 #include "core/allocator.h"
 #include "core/pages/pages.h"
 
-
 /* One workload with call `kind` failing at `position` (or none when position < 0), then a clean one. */
 static void run_with_failure(const char *config, gm_device_call kind, int64_t position, int64_t *calls_out)
 {
@@ -38,16 +37,9 @@ static void run_with_failure(const char *config, gm_device_call kind, int64_t po
 
 /* About 40 positions per kind, or fewer under the sanitizers (GPUMEM_DEVICE_FAILURE_POSITIONS, set by
  * tests/CMakeLists.txt: they run the workload ten times slower, and the plain build covers the 40). */
-static int64_t positions_per_kind(void)
-{
-    const char *text = getenv("GPUMEM_DEVICE_FAILURE_POSITIONS");
-    long positions = text ? strtol(text, NULL, 10) : 40;
-    return positions > 0 ? positions : 40;
-}
-
 static void every_call_may_fail(const char *config)
 {
-    int64_t positions = positions_per_kind();
+    int64_t positions = count_from_environment("GPUMEM_DEVICE_FAILURE_POSITIONS", 40);
     for (int kind = 0; kind < GM_CALL_KIND_COUNT; kind++) {
         int64_t calls = 0;
         run_with_failure(config, (gm_device_call)kind, -1, &calls);
@@ -78,8 +70,8 @@ static void pages_engine_on_host(void)
  * each call failing in turn (found untested: the workload made no stitch under the configurations above). */
 static void pages_engine_stitching(void)
 {
-    static const char *const configs[] = {"backend:sim,capacity:4GiB,max_chunk_size:64MiB,chunk_room_share:0",
-                                          "backend:host,capacity:1GiB,max_chunk_size:64MiB,chunk_room_share:0"};
+    static const char *const configs[] = {"backend:sim,capacity:4GiB," WHOLE_CHUNKS,
+                                          "backend:host,capacity:1GiB," WHOLE_CHUNKS};
     for (size_t c = 0; c < 2; c++) {
         CHECK(stitches_made(configs[c]) >= 1);
         every_call_may_fail(configs[c]);
@@ -108,7 +100,7 @@ static void the_workload_opens_a_growth_lane(void)
 /* Idle chunks remade in two when a fit covers them in part (rechunk.c), with each call failing in turn. */
 static void pages_engine_rechunking(void)
 {
-    every_call_may_fail("backend:sim,capacity:4GiB,max_chunk_size:64MiB,chunk_room_share:0,rechunk_min:4MiB");
+    every_call_may_fail("backend:sim,capacity:4GiB," WHOLE_CHUNKS ",rechunk_min:4MiB");
 }
 
 /* A device that stops working for good (every call of a kind failing from some point on, until and

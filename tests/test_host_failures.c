@@ -51,9 +51,7 @@ static uint64_t run_with_host_failures(const char *config, int64_t position, uin
  * they run the workload ten times slower, and the plain build covers every position). */
 static uint64_t position_stride(void)
 {
-    const char *text = getenv("GPUMEM_HOST_FAILURE_STRIDE");
-    long stride = text ? strtol(text, NULL, 10) : 1;
-    return stride > 0 ? (uint64_t)stride : 1;
+    return (uint64_t)count_from_environment("GPUMEM_HOST_FAILURE_STRIDE", 1);
 }
 
 static void every_allocation_may_fail(const char *config)
@@ -212,13 +210,12 @@ static void pages_engine_with_compaction(void)
 
 static void pages_engine_rechunking(void)
 {
-    /* chunks of 64 MiB, so that fits cover idle chunks in part and remake them */
-    every_allocation_may_fail("backend:sim,capacity:4GiB,max_chunk_size:64MiB,chunk_room_share:0,rechunk_min:4MiB");
+    every_allocation_may_fail("backend:sim,capacity:4GiB," WHOLE_CHUNKS ",rechunk_min:4MiB");
 }
 
 static void pages_engine_stitching(void)
 {
-    static const char config[] = "backend:sim,capacity:4GiB,max_chunk_size:64MiB,chunk_room_share:0";
+    static const char config[] = "backend:sim,capacity:4GiB," WHOLE_CHUNKS;
     CHECK(stitches_made(config) >= 1);
     every_allocation_may_fail(config);
 }
