@@ -10,7 +10,8 @@
  *
  * The numbers are copied under the region's seqlock: read the sequence (acquire), copy, fence
  * (acquire), read it again; an odd or changed sequence means a write overlapped, so copy again -- but
- * not forever: a writer killed inside an update leaves the sequence odd for good (read_snapshot).
+ * not forever: a writer killed inside an update leaves the sequence odd for good, one stopped in a
+ * debugger for long, and one in a tight loop may leave no pause long enough for a copy (read_snapshot).
  */
 #include "monitor/published.h"
 
@@ -34,6 +35,7 @@
 #define READ_SPINS 64                  /* attempts before the reader yields its processor */
 #define READ_YIELDS_BETWEEN_CHECKS 256  /* yields between two looks at the writer and the clock */
 #define READ_PATIENCE_NS 200000000      /* how long a live writer may stay inside one update */
+#define READ_BUSY_PATIENCE_NS 2000000000LL /* how long a live writer may update without a pause */
 
 bool gm_published_process_alive(long pid)
 {
@@ -130,8 +132,9 @@ static gm_status read_header(const char *path, int descriptor, off_t file_size, 
 
 typedef enum snapshot_result {
     SNAPSHOT_CONSISTENT,
-    SNAPSHOT_TORN, /* the writer died in the middle of an update */
-    SNAPSHOT_BUSY  /* the writer, alive, stayed in one update past READ_PATIENCE_NS */
+    SNAPSHOT_TORN,    /* the writer died in the middle of an update */
+    SNAPSHOT_STUCK,   /* the writer, alive, stayed in one update past READ_PATIENCE_NS */
+    SNAPSHOT_CHANGING /* the writer, alive, kept updating without a pause past READ_BUSY_PATIENCE_NS */
 } snapshot_result;
 
 static void copy_numbers(const gm_region *region, gm_stats *stats_out, gm_region_cache *cache_out,
@@ -149,21 +152,53 @@ static int64_t monotonic_ns(void)
     return (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
 }
 
+/* What the reader saw of the writer at its looks (every READ_YIELDS_BETWEEN_CHECKS yields). */
+typedef struct writer_watch {
+    int64_t first_look_ns;     /* 0 before the first look */
+    int64_t sequence_since_ns; /* the look at which the sequence last changed */
+    uint64_t sequence;         /* the sequence at the last look */
+} writer_watch;
+
+/* A look at a writer that keeps the reader waiting. Two ways to wait are told apart: a sequence that
+ * stays one odd number is one update that does not end (a writer stopped in a debugger), given up on
+ * after READ_PATIENCE_NS; a sequence that moves is a writer making progress, update after update, with
+ * gaps too short for a copy (a thread allocating in a tight loop holds the bracket for most of each
+ * call), waited for longer, since each of its pauses is a chance, but not forever. */
+static snapshot_result look_at_writer(gm_region *region, writer_watch *watch)
+{
+    int64_t now = monotonic_ns();
+    uint64_t sequence = atomic_load_explicit(&region->sequence, memory_order_acquire);
+    bool first_look = !watch->first_look_ns;
+    if (first_look)
+        watch->first_look_ns = now;
+    if (first_look || sequence != watch->sequence) {
+        watch->sequence = sequence;
+        watch->sequence_since_ns = now;
+    }
+    if ((sequence & 1) && now - watch->sequence_since_ns > READ_PATIENCE_NS)
+        return SNAPSHOT_STUCK;
+    if (now - watch->first_look_ns > READ_BUSY_PATIENCE_NS)
+        return SNAPSHOT_CHANGING;
+    return SNAPSHOT_CONSISTENT; /* not yet a verdict: keep trying */
+}
+
 /* Copy the statistics under the seqlock. An update takes the writer microseconds (milliseconds when it
- * waits for the device), so a sequence that stays odd is asked about now and then: a writer that is gone
- * will never finish its update (killed inside it), and its last numbers, stable now, are taken as they
- * are; a writer alive but stuck (stopped in a debugger) is given up on after READ_PATIENCE_NS, rather
- * than spinning on it. */
+ * waits for the device), so a sequence that stays odd or changed is asked about now and then: a writer
+ * that is gone will never finish its update (killed inside it), and its last numbers, stable now, are
+ * taken as they are; a writer alive is waited for as look_at_writer says, rather than spun on forever.
+ * A copy is started only at an even sequence: one begun inside an update is wasted. */
 static snapshot_result read_snapshot(gm_region *region, long writer_pid, gm_stats *stats_out,
                                      gm_region_cache *cache_out, gm_region_pinned_host *pinned_host_out)
 {
-    int64_t give_up_at = 0;
+    writer_watch watch = {0};
     for (long attempt = 0;; attempt++) {
         uint64_t before = atomic_load_explicit(&region->sequence, memory_order_acquire);
-        copy_numbers(region, stats_out, cache_out, pinned_host_out);
-        atomic_thread_fence(memory_order_acquire);
-        if (!(before & 1) && atomic_load_explicit(&region->sequence, memory_order_relaxed) == before)
-            return SNAPSHOT_CONSISTENT;
+        if (!(before & 1)) {
+            copy_numbers(region, stats_out, cache_out, pinned_host_out);
+            atomic_thread_fence(memory_order_acquire);
+            if (atomic_load_explicit(&region->sequence, memory_order_relaxed) == before)
+                return SNAPSHOT_CONSISTENT;
+        }
         if (attempt < READ_SPINS)
             continue;
         if ((attempt - READ_SPINS) % READ_YIELDS_BETWEEN_CHECKS == 0) {
@@ -172,11 +207,9 @@ static snapshot_result read_snapshot(gm_region *region, long writer_pid, gm_stat
                 return atomic_load_explicit(&region->sequence, memory_order_acquire) & 1 ? SNAPSHOT_TORN
                                                                                          : SNAPSHOT_CONSISTENT;
             }
-            int64_t now = monotonic_ns();
-            if (!give_up_at)
-                give_up_at = now + READ_PATIENCE_NS;
-            else if (now > give_up_at)
-                return SNAPSHOT_BUSY;
+            snapshot_result verdict = look_at_writer(region, &watch);
+            if (verdict != SNAPSHOT_CONSISTENT)
+                return verdict;
         }
         sched_yield();
     }
@@ -276,10 +309,14 @@ gm_status gm_published_watch_read(const gm_published_watch *watch, gm_published 
     gm_region_pinned_host pinned_host;
     snapshot_result result = read_snapshot(watch->mapping, (long)watch->header.pid, &published_out->stats, &cache,
                                            &pinned_host);
-    if (result == SNAPSHOT_BUSY)
+    if (result == SNAPSHOT_STUCK)
         return gm_fail(GM_ERROR_IO, "%s: its writer, process %lld, has been inside one update for over %d ms "
                        "(stopped?); try again", watch->path, (long long)watch->header.pid,
                        (int)(READ_PATIENCE_NS / 1000000));
+    if (result == SNAPSHOT_CHANGING)
+        return gm_fail(GM_ERROR_IO, "%s: its writer, process %lld, changed its statistics without a pause long "
+                       "enough for a copy for %d ms; try again", watch->path, (long long)watch->header.pid,
+                       (int)(READ_BUSY_PATIENCE_NS / 1000000));
     published_out->torn = result == SNAPSHOT_TORN;
     complete(&published_out->stats);
     published_out->cached_free_bytes = cache.free_bytes;

@@ -47,7 +47,8 @@ typedef struct gm_published {
  * region's size, magic and layout version, its writer alive) and read it under its seqlock.
  * GM_ERROR_IO: missing, a symbolic link, another user's, or its process is gone (stale);
  * GM_ERROR_CORRUPT: wrong size, magic or header; GM_ERROR_NOT_SUPPORTED: another layout version;
- * GM_ERROR_IO too when its writer, alive, stays inside one update for 200 ms (stopped in a debugger).
+ * GM_ERROR_IO too when its writer, alive, stays inside one update for 200 ms (stopped in a debugger),
+ * or updates for 2 s without a pause long enough for a copy.
  * gm_last_error() names the reason. */
 gm_status gm_published_read(const char *path, gm_published *published_out);
 
