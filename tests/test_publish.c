@@ -522,20 +522,46 @@ static void *allocate_and_free(void *argument)
     return NULL;
 }
 
-typedef enum read_result { READ_DONE, READ_AGAIN, READ_FAILED } read_result;
-
 /* One read of a region whose writer is a thread allocating in a tight loop. Such a writer holds the
  * bracket for most of each call, so on a loaded machine the reader may find no pause long enough for a
- * copy: that error is the one allowed (read again); any other is reported, and the caller stops
- * reading, short of its reads. */
-static read_result read_under_writer(const char *path, gm_published *published)
+ * copy: that error is the one allowed (read again, *read_out false); any other is reported, and false
+ * returned: the caller stops reading, short of its reads. */
+static bool read_under_writer(const char *path, gm_published *published, bool *read_out)
 {
-    if (gm_published_read(path, published) == GM_OK)
-        return READ_DONE;
-    if (strstr(gm_last_error(), "without a pause"))
-        return READ_AGAIN;
+    *read_out = gm_published_read(path, published) == GM_OK;
+    if (*read_out || strstr(gm_last_error(), "without a pause"))
+        return true;
     fprintf(stderr, "gm_published_read: %s\n", gm_last_error());
-    return READ_FAILED;
+    return false;
+}
+
+/* Read `path` until the writer thread is done and 100 reads were made, then join it: no copy may show
+ * a tear that `tears_in` counts. */
+static void check_copies_while_writing(const char *path, pthread_t writer, atomic_int *done,
+                                       int (*tears_in)(const gm_published *))
+{
+    int reads = 0, torn = 0;
+    bool read = false;
+    while (!atomic_load(done) || reads < 100) {
+        gm_published published;
+        if (!read_under_writer(path, &published, &read))
+            break;
+        reads += read;
+        torn += read ? tears_in(&published) : 0;
+    }
+    pthread_join(writer, NULL);
+    CHECK(reads >= 100);
+    CHECK_EQ_INT(torn, 0);
+}
+
+/* Both change together in every call: a torn copy would break these. */
+static int statistics_tears(const gm_published *published)
+{
+    const gm_stats *stats = &published->stats;
+    return (stats->allocation[GM_POOL_SMALL].current != stats->active[GM_POOL_SMALL].current) +
+           (stats->allocated_bytes[GM_POOL_ALL].current != stats->active_bytes[GM_POOL_ALL].current) +
+           (stats->allocation[GM_POOL_ALL].allocated - stats->allocation[GM_POOL_ALL].freed !=
+            stats->allocation[GM_POOL_ALL].current);
 }
 
 static void test_snapshots_consistent(void)
@@ -544,25 +570,7 @@ static void test_snapshots_consistent(void)
     gm_allocator *allocator = create_publishing("", path, sizeof path);
     pthread_t writer;
     REQUIRE(pthread_create(&writer, NULL, allocate_and_free, allocator) == 0);
-    int reads = 0, torn = 0;
-    while (!atomic_load(&writer_done) || reads < 100) {
-        gm_published published;
-        read_result result = read_under_writer(path, &published);
-        if (result == READ_FAILED)
-            break;
-        if (result == READ_AGAIN)
-            continue;
-        reads++;
-        /* Both change together in every call: a torn copy would break these. */
-        const gm_stats *stats = &published.stats;
-        torn += stats->allocation[GM_POOL_SMALL].current != stats->active[GM_POOL_SMALL].current;
-        torn += stats->allocated_bytes[GM_POOL_ALL].current != stats->active_bytes[GM_POOL_ALL].current;
-        torn += stats->allocation[GM_POOL_ALL].allocated - stats->allocation[GM_POOL_ALL].freed !=
-                stats->allocation[GM_POOL_ALL].current;
-    }
-    pthread_join(writer, NULL);
-    CHECK(reads >= 100);
-    CHECK_EQ_INT(torn, 0);
+    check_copies_while_writing(path, writer, &writer_done, statistics_tears);
     gm_destroy(allocator, NULL);
 }
 
@@ -584,29 +592,21 @@ static void *host_allocate_and_free(void *argument)
     return NULL;
 }
 
+static int pinned_host_tears(const gm_published *published)
+{
+    const gm_published_pinned_host *pinned = &published->pinned_host;
+    return (pinned->allocated_bytes != 512 * pinned->allocations) +
+           (pinned->requested_bytes != 100 * pinned->allocations) +
+           (pinned->reserved_bytes < pinned->allocated_bytes);
+}
+
 static void test_pinned_host_snapshots_consistent(void)
 {
     char path[4096];
     gm_allocator *allocator = create_publishing("", path, sizeof path);
     pthread_t writer;
     REQUIRE(pthread_create(&writer, NULL, host_allocate_and_free, allocator) == 0);
-    int reads = 0, torn = 0;
-    while (!atomic_load(&host_writer_done) || reads < 100) {
-        gm_published published;
-        read_result result = read_under_writer(path, &published);
-        if (result == READ_FAILED)
-            break;
-        if (result == READ_AGAIN)
-            continue;
-        reads++;
-        const gm_published_pinned_host *pinned = &published.pinned_host;
-        torn += pinned->allocated_bytes != 512 * pinned->allocations;
-        torn += pinned->requested_bytes != 100 * pinned->allocations;
-        torn += pinned->reserved_bytes < pinned->allocated_bytes;
-    }
-    pthread_join(writer, NULL);
-    CHECK(reads >= 100);
-    CHECK_EQ_INT(torn, 0);
+    check_copies_while_writing(path, writer, &host_writer_done, pinned_host_tears);
     gm_destroy(allocator, NULL);
 }
 
