@@ -535,11 +535,16 @@ static bool read_under_writer(const char *path, gm_published *published, bool *r
     return false;
 }
 
-/* Read `path` until the writer thread is done and 100 reads were made, then join it: no copy may show
- * a tear that `tears_in` counts. */
-static void check_copies_while_writing(const char *path, pthread_t writer, atomic_int *done,
+/* A publishing allocator, `write` allocating and freeing on it in a thread of its own: its region is
+ * read until the thread is done (it sets *done) and 100 reads were made, and no copy may show a tear
+ * that `tears_in` counts. */
+static void check_copies_while_writing(void *(*write)(void *), atomic_int *done,
                                        int (*tears_in)(const gm_published *))
 {
+    char path[4096];
+    gm_allocator *allocator = create_publishing("", path, sizeof path);
+    pthread_t writer;
+    REQUIRE(pthread_create(&writer, NULL, write, allocator) == 0);
     int reads = 0, torn = 0;
     bool read = false;
     while (!atomic_load(done) || reads < 100) {
@@ -552,6 +557,7 @@ static void check_copies_while_writing(const char *path, pthread_t writer, atomi
     pthread_join(writer, NULL);
     CHECK(reads >= 100);
     CHECK_EQ_INT(torn, 0);
+    gm_destroy(allocator, NULL);
 }
 
 /* Both change together in every call: a torn copy would break these. */
@@ -566,12 +572,7 @@ static int statistics_tears(const gm_published *published)
 
 static void test_snapshots_consistent(void)
 {
-    char path[4096];
-    gm_allocator *allocator = create_publishing("", path, sizeof path);
-    pthread_t writer;
-    REQUIRE(pthread_create(&writer, NULL, allocate_and_free, allocator) == 0);
-    check_copies_while_writing(path, writer, &writer_done, statistics_tears);
-    gm_destroy(allocator, NULL);
+    check_copies_while_writing(allocate_and_free, &writer_done, statistics_tears);
 }
 
 /* The pinned host part under a writer thread: every block is 512 bytes (100 asked for), so a torn copy
@@ -602,12 +603,7 @@ static int pinned_host_tears(const gm_published *published)
 
 static void test_pinned_host_snapshots_consistent(void)
 {
-    char path[4096];
-    gm_allocator *allocator = create_publishing("", path, sizeof path);
-    pthread_t writer;
-    REQUIRE(pthread_create(&writer, NULL, host_allocate_and_free, allocator) == 0);
-    check_copies_while_writing(path, writer, &host_writer_done, pinned_host_tears);
-    gm_destroy(allocator, NULL);
+    check_copies_while_writing(host_allocate_and_free, &host_writer_done, pinned_host_tears);
 }
 
 /* A process that exits normally without destroying its allocator (as PyTorch's) removes its region;
