@@ -147,6 +147,10 @@ static int command(int argc, char **argv, int summary)
             }
         } else if (pid < 0 && parse_whole_number(argv[i], &pid) && pid > 0) {
             continue;
+        } else if (pid <= 0 && argv[i][0] != '-') {
+            fprintf(stderr, "gpumem %s: '%s' is not a process id (a whole number above 0)\n",
+                    summary ? "summary" : "stats", argv[i]);
+            return usage(stderr, GM_EXIT_USAGE);
         } else {
             fprintf(stderr, "gpumem %s: unexpected argument '%s'\n", summary ? "summary" : "stats", argv[i]);
             return usage(stderr, GM_EXIT_USAGE);

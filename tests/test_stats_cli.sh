@@ -141,6 +141,11 @@ grep -q "process 999999999 does not exist" "$work/none.out" || fail "missing pro
 
 "$gpumem" stats >"$work/usage.out" 2>&1
 [ $? -eq 2 ] && grep -q "usage: gpumem stats PID" "$work/usage.out" || fail "gpumem stats without a pid is not a usage error"
+for word in abc 0 12x; do
+    "$gpumem" summary "$word" >"$work/bad_pid.out" 2>&1
+    [ $? -eq 2 ] && grep -q "gpumem summary: '$word' is not a process id" "$work/bad_pid.out" ||
+        fail "gpumem summary $word: $(head -n 1 "$work/bad_pid.out")"
+done
 
 if [ "$failures" -ne 0 ]; then
     echo "$failures check(s) failed"
