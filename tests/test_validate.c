@@ -8,7 +8,7 @@
  * message that names the fault, and pass again once the field is mended. The front end's checks (the
  * live map, the pending frees, the size indexes, the statistics, the device's own count) and the pages
  * engine's (blocks in place, pages mapped under every mapped block, the page table, mapped and waiting
- * bytes) each get theirs.
+ * bytes, a growth lane's list of live blocks) each get theirs.
  */
 #include "test.h"
 
@@ -247,9 +247,35 @@ static void mapped_and_waiting_bytes_out_of_step(void)
     end_scene(&made);
 }
 
+/* Two key-value caches of stream 5 regrown 32 times, each by a copy 64 KiB larger, open the stream's
+ * growth lane (lane.c); its list of live blocks must match the blocks it holds. */
+static void a_growth_lane_out_of_step(void)
+{
+    scene made = make_scene();
+    gm_allocator *allocator = made.allocator;
+    void *caches[2][2] = {{NULL}};
+    for (int step = 0; step < 32; step++)
+        for (int cache = 0; cache < 2; cache++) {
+            CHECK_OK(gm_malloc(allocator, 2 * MIB + (uint64_t)(step + 1) * (64 << 10), 5, &caches[cache][step % 2]));
+            if (caches[cache][(step + 1) % 2])
+                CHECK_OK(gm_free(allocator, caches[cache][(step + 1) % 2]));
+            caches[cache][(step + 1) % 2] = NULL;
+        }
+    gm_block *newest = block_of(allocator, caches[0][1]);
+    REQUIRE(newest->heap->engine_private);
+    gm_heap *lane_heap = newest->heap;
+    page_heap *lane = state_of(lane_heap);
+    EXPECT_CAUGHT(allocator, lane->live_bytes += 512, lane->live_bytes -= 512, "lane lists 2 blocks, counts 2");
+    EXPECT_CAUGHT(allocator, lane->live++, lane->live--, "lane lists 2 blocks, counts 3, holds 2");
+    EXPECT_CAUGHT(allocator, newest->heap = lane->owner, newest->heap = lane_heap, "lane lists block");
+    for (int cache = 0; cache < 2; cache++)
+        CHECK_OK(gm_free(allocator, caches[cache][1]));
+    end_scene(&made);
+}
+
 RUN_TESTS(TEST_CASE(a_live_map_entry_that_is_not_allocated), TEST_CASE(a_size_index_out_of_step),
           TEST_CASE(statistics_unlike_the_blocks), TEST_CASE(device_memory_outside_the_books),
           TEST_CASE(pending_frees_out_of_step), TEST_CASE(a_free_held_for_a_capture_out_of_step),
           TEST_CASE(blocks_out_of_place), TEST_CASE(free_blocks_unmerged_or_unindexed),
           TEST_CASE(a_vacant_block_of_another_heap), TEST_CASE(the_page_table_out_of_step),
-          TEST_CASE(mapped_and_waiting_bytes_out_of_step))
+          TEST_CASE(mapped_and_waiting_bytes_out_of_step), TEST_CASE(a_growth_lane_out_of_step))
