@@ -2,10 +2,10 @@
  * test_publish.c -- published statistics (publish:true): the region a process keeps for others, read
  * back through the reader of src/monitor; its numbers exact after every call (the pinned host cache's
  * too) and consistent while another thread allocates; its file's name, mode and removal; and the reader
- * refusing what it must: a symbolic link, a short file, a bad magic, another layout version (older or
- * newer), a wrong size, another owner, and a region whose process is gone (stale); a region whose
- * writer died or stopped inside an update, or updates without a pause, is read at once or given up on,
- * not spun on.
+ * refusing what it must: a symbolic link, a FIFO or a directory, a short file, a bad magic, another
+ * layout version (older or newer) or shape of statistics, a wrong size, another owner, and a region
+ * whose process is gone (stale); a region whose writer died or stopped inside an update, or updates
+ * without a pause, is read at once or given up on, not spun on.
  */
 #include "test.h"
 
@@ -384,6 +384,29 @@ static void test_hostile_regions(void)
         printf("skipped: the other-owner check needs root (to chown a file to uid 65534)\n");
     }
     close(descriptor);
+
+    /* Not a file at all: a FIFO (opened without waiting for a writer) and a directory. */
+    REQUIRE(gm_region_path(path, sizeof path, pid, 22));
+    unlink(path);
+    REQUIRE(mkfifo(path, 0600) == 0);
+    expect_refused(path, GM_ERROR_IO, "is not a regular file: refused");
+    REQUIRE(gm_region_path(path, sizeof path, pid, 23));
+    rmdir(path);
+    REQUIRE(mkdir(path, 0700) == 0);
+    expect_refused(path, GM_ERROR_IO, "is not a regular file: refused");
+    rmdir(path);
+
+    region = valid_for(24); /* a build with one more counter */
+    region.header.counter_count++;
+    close(write_region(pid, 24, &region, sizeof region, path, sizeof path));
+    expect_refused(path, GM_ERROR_NOT_SUPPORTED, "holds statistics of another shape");
+
+    gm_published_watch *watch = NULL;
+    CHECK_STATUS(gm_published_read(NULL, &published), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_STATUS(gm_published_read(target, NULL), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_STATUS(gm_published_watch_open(NULL, &watch), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_STATUS(gm_published_watch_read(NULL, &published), GM_ERROR_INVALID_ARGUMENT);
+    CHECK(watch == NULL);
 
     char found[4096];
     CHECK_OK(gm_published_find(pid, -1, found, sizeof found));
