@@ -263,6 +263,14 @@ fi
 add_process "$tree" 104 100 swapping_worker 100 100 100 0 2048 0
 echo 'process.tree|warn|4 processes, RSS 1.7 MiB, PSS 1.2 MiB, USS 0.6 MiB, swap 2.0 MiB, locked 1.0 MiB' >"$work/swapping.expected"
 check "process tree with swap" "$tree" 4 "$work/swapping.expected" --pid 100
+# A worker whose smaps_rollup cannot be read (another user's, say): its RSS and swap from status, its PSS
+# and USS unknown, so the tree's sums of those are lower bounds.
+add_process "$tree" 105 100 other_users_worker 400 0 0 0 0 0
+rm "$tree/proc/105/smaps_rollup"
+printf 'VmSwap:\t       0 kB\n' >>"$tree/proc/105/status"
+echo 'process.tree|warn|5 processes, RSS 2.1 MiB, PSS >= 1.2 MiB, USS >= 0.6 MiB, swap 2.0 MiB, locked 1.0 MiB' \
+    >"$work/unreadable.expected"
+check "process tree with an unreadable process" "$tree" 4 "$work/unreadable.expected" --pid 100
 
 # This machine: no error, JSON that parses, a table that names the worst severity.
 "$gpumem" doctor --json >"$work/live.json" 2>"$work/err"

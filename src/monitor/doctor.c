@@ -635,6 +635,31 @@ static int compare_links(const void *a, const void *b)
     return (left > right) - (left < right);
 }
 
+/* A sum over the process tree: a process whose reading is unknown (-1: a file it could not read) makes
+ * the sum a lower bound, said as ">= ". */
+typedef struct tree_total {
+    int64_t bytes;
+    bool known;
+} tree_total;
+
+static void add_to_total(tree_total *total, int64_t bytes)
+{
+    if (bytes < 0)
+        total->known = false;
+    else
+        total->bytes += bytes;
+}
+
+static const char *at_least(const tree_total *total)
+{
+    return total->known ? "" : ">= ";
+}
+
+static double mebibytes(const tree_total *total)
+{
+    return (double)total->bytes / MIB;
+}
+
 /* The process and its descendants, depth first, children in pid order. */
 static void add_subtree(audit *audit, const gm_process_link *links, size_t count, long pid, long parent, int depth)
 {
@@ -666,26 +691,25 @@ static void audit_process_tree(audit *audit)
     free(links);
 
     const gm_doctor_report *report = audit->report;
-    int64_t rss = 0, pss = 0, uss = 0, swap = 0, locked = 0;
-    bool pss_known = true;
+    tree_total rss = {0, true}, pss = {0, true}, uss = {0, true}, swap = {0, true}, locked = {0, true};
     for (size_t i = 0; i < report->process_count; i++) {
         const gm_doctor_process *process = &report->processes[i];
-        rss += process->rss_bytes > 0 ? process->rss_bytes : 0;
-        pss_known = pss_known && process->pss_bytes >= 0;
-        pss += process->pss_bytes > 0 ? process->pss_bytes : 0;
-        uss += process->uss_bytes > 0 ? process->uss_bytes : 0;
-        swap += process->swap_bytes > 0 ? process->swap_bytes : 0;
-        locked += process->locked_bytes > 0 ? process->locked_bytes : 0;
+        add_to_total(&rss, process->rss_bytes);
+        add_to_total(&pss, process->pss_bytes);
+        add_to_total(&uss, process->uss_bytes);
+        add_to_total(&swap, process->swap_bytes);
+        add_to_total(&locked, process->locked_bytes);
     }
-    gm_doctor_severity severity = swap > 0 ? GM_DOCTOR_WARN : GM_DOCTOR_OK;
+    gm_doctor_severity severity = swap.bytes > 0 ? GM_DOCTOR_WARN : GM_DOCTOR_OK;
     add_finding(audit, "process.tree", severity,
                 "PSS adds up across the trainer and its DataLoader workers (RSS counts shared copy-on-write pages once "
                 "per worker); USS growing in each worker is copy-on-write turning shared pages private; swapped "
                 "memory in the tree (warn) stalls it; locked memory is pinned",
                 severity == GM_DOCTOR_OK ? "" : "reduce the tree's memory (num_workers, prefetch_factor) or free host memory",
-                "%zu process%s, RSS %.1f MiB, PSS %s%.1f MiB, USS %.1f MiB, swap %.1f MiB, locked %.1f MiB",
-                report->process_count, report->process_count == 1 ? "" : "es", (double)rss / MIB,
-                pss_known ? "" : ">= ", (double)pss / MIB, (double)uss / MIB, (double)swap / MIB, (double)locked / MIB);
+                "%zu process%s, RSS %s%.1f MiB, PSS %s%.1f MiB, USS %s%.1f MiB, swap %s%.1f MiB, locked %s%.1f MiB",
+                report->process_count, report->process_count == 1 ? "" : "es", at_least(&rss), mebibytes(&rss),
+                at_least(&pss), mebibytes(&pss), at_least(&uss), mebibytes(&uss), at_least(&swap), mebibytes(&swap),
+                at_least(&locked), mebibytes(&locked));
 }
 
 gm_status gm_doctor_run(const gm_doctor_options *options, gm_doctor_report *report)
