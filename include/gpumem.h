@@ -129,6 +129,17 @@ GM_API const char *gm_config_help(void);
  * retried), its report giving the size asked for. */
 GM_API gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void **pointer_out);
 
+/* gm_malloc for a stream that the caller does not own (PyTorch's torch.cuda.ExternalStream, another
+ * library's stream), whose owner may destroy it at any moment after this call returns, while memory
+ * freed on it is still cached. The allocator then never names that stream in a driver call: no event is
+ * recorded on it, it is never asked whether it is busy or captured, and memory last used on it moves
+ * to another stream or goes back to the device only after a wait for the whole device (as PyTorch's own
+ * allocator waits before it frees cached memory), never by choice. The heap it keeps for the stream
+ * stays marked so as long as it is kept. A capture into a CUDA graph on such a stream must allocate
+ * through a private pool (gm_begin_allocate_to_pool), as PyTorch's do. */
+GM_API gm_status gm_malloc_on_borrowed_stream(gm_allocator *allocator, size_t size, gm_stream stream,
+                                              void **pointer_out);
+
 /* Free a pointer returned by gm_malloc. NULL is accepted and does nothing. A pointer that is not a
  * live allocation returns GM_ERROR_INVALID_POINTER and changes nothing. */
 GM_API gm_status gm_free(gm_allocator *allocator, void *pointer);
@@ -205,7 +216,8 @@ GM_API gm_status gm_close_shared(gm_allocator *allocator, void *pointer);
 /* Whether the allocator still keeps memory for `stream` (a heap: its live blocks or cached memory) into
  * *held_out (1 or 0). While it does it may call the driver on the stream later (an event recorded on
  * it before its idle memory moves elsewhere, a query whether it is busy), so the stream must stay
- * alive; a stream it does not hold may be destroyed. The heaps of idle streams are forgotten once an
+ * alive (unless it was given to gm_malloc_on_borrowed_stream); a stream it does not hold may be
+ * destroyed. The heaps of idle streams are forgotten once an
  * allocator has more than 128 heaps, so a program that makes streams without end need not keep them
  * all: a binding that keeps its streams alive for gpumem asks this to let them go. */
 GM_API gm_status gm_holds_stream(gm_allocator *allocator, gm_stream stream, int *held_out);

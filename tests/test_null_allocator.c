@@ -59,6 +59,8 @@ static void memory_calls(void)
     void *pointer = (void *)(uintptr_t)SENTINEL;
     CHECK_REFUSED(gm_malloc(NULL, 4096, 0, &pointer));
     CHECK(pointer == (void *)(uintptr_t)SENTINEL);
+    CHECK_REFUSED(gm_malloc_on_borrowed_stream(NULL, 4096, 7, &pointer));
+    CHECK(pointer == (void *)(uintptr_t)SENTINEL);
     CHECK_REFUSED(gm_free(NULL, somewhere));
     CHECK_REFUSED(gm_record_stream(NULL, somewhere, 1));
     CHECK_REFUSED(gm_empty_cache(NULL));
@@ -187,6 +189,7 @@ static void each_required_pointer(void)
     uint64_t bytes = 0;
     size_t count = 0;
     CHECK_NAMES(gm_malloc(allocator, 4096, 0, NULL), "pointer_out");
+    CHECK_NAMES(gm_malloc_on_borrowed_stream(allocator, 4096, 7, NULL), "pointer_out");
     CHECK_NAMES(gm_allocation_size(allocator, live, NULL), "size_out");
     CHECK_NAMES(gm_get_memory_limit(allocator, NULL), "bytes_out");
     CHECK_NAMES(gm_cache_info(allocator, NULL, &bytes), "free_bytes_out");

@@ -12,7 +12,10 @@
 //     regions and history ring, with the Python stacks torch gathers; out-of-memory observers and
 //     allocator trace trackers (NCCL's memory registration) (torch_trace.h); PyTorch's settings as
 //     snapshots and ProcessGroupNCCL read them (torch_settings.h);
-//   - caching_allocator_enable(False) and PYTORCH_NO_CUDA_MEMORY_CACHING: a cudaMalloc per tensor;
+//   - caching_allocator_enable(False) and PYTORCH_NO_CUDA_MEMORY_CACHING: a cudaMalloc per tensor
+//     (torch_uncached.h);
+//   - tensors made on a stream PyTorch did not make (torch.cuda.ExternalStream), which its owner may
+//     destroy while they live: gpumem never names that stream again (gm_malloc_on_borrowed_stream);
 //   - CUDA graphs, torch.compile's cudagraph trees and torch.cuda.MemPool get gpumem's private pools
 //     (gm_begin_allocate_to_pool and its kin; checkpoints through gm_get_pool_allocations and
 //     gm_pool_allocate_at); a MemPool with an allocator of its own gets memory from it
@@ -45,6 +48,7 @@
 #include "torch_pool_sources.h"
 #include "torch_settings.h"
 #include "torch_trace.h"
+#include "torch_uncached.h"
 
 
 namespace {
@@ -83,20 +87,6 @@ int accept_stream(gm_stream stream, void *context) {
 void *unused_alloc(size_t, int, cudaStream_t) { return nullptr; }
 void unused_free(void *, size_t, int, cudaStream_t) {}
 void delete_pointer(void *pointer);
-
-// PYTORCH_NO_CUDA_MEMORY_CACHING set to a true value, as PyTorch reads it.
-bool no_caching_requested() {
-  const char *value = std::getenv("PYTORCH_NO_CUDA_MEMORY_CACHING");
-  if (!value)
-    return false;
-  std::string text(value);
-  return !(text.empty() || text == "0" || text == "false" || text == "False" || text == "FALSE");
-}
-
-void uncached_delete(void *pointer) {
-  if (pointer)
-    C10_CUDA_CHECK_WARN(cudaFree(pointer));
-}
 
 // A graph pool's allocations at one moment (getCheckpointState).
 struct PoolCheckpoint final : c10::cuda::CUDACachingAllocator::AllocatorState {
@@ -156,7 +146,21 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     return allocator;
   }
 
-  void *malloc_on(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
+  // A stream PyTorch did not make (torch.cuda.ExternalStream: its id is the handle itself, an even
+  // number; PyTorch's own have odd ids, the default stream 0): its owner may destroy it while memory
+  // freed on it is still cached or its tensors live, which PyTorch's allocator allows, since it never
+  // calls the driver on a tensor's stream later. gpumem is told so and never names it either.
+  static bool is_borrowed(const c10::cuda::CUDAStream &stream) {
+    c10::StreamId id = stream.id();
+    return id != 0 && (id & 1) == 0;
+  }
+
+  void *malloc_on_current(size_t size, c10::DeviceIndex device) {
+    c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device);
+    return malloc_on(size, device, current.stream(), is_borrowed(current));
+  }
+
+  void *malloc_on(size_t size, c10::DeviceIndex device, cudaStream_t stream, bool borrowed) {
     void *pointer = nullptr;
     if (size == 0)
       return nullptr;
@@ -166,7 +170,9 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     gm_allocator *allocator = sourced_.route(device, stream); // a MemPool with an allocator of its own
     if (!allocator)
       allocator = of(device);
-    gm_status status = gm_malloc(allocator, size, reinterpret_cast<gm_stream>(stream), &pointer);
+    gm_stream named = reinterpret_cast<gm_stream>(stream);
+    gm_status status = borrowed ? gm_malloc_on_borrowed_stream(allocator, size, named, &pointer)
+                                : gm_malloc(allocator, size, named, &pointer);
     if (recording)
       history_.end_call(pointer, true);
     if (status == GM_OK && c10::memoryProfilingEnabled())
@@ -261,41 +267,26 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   c10::DataPtr allocate(size_t size) override {
     c10::DeviceIndex device = current_device_index();
     if (forced_uncached_ || !caching_.load(std::memory_order_relaxed))
-      return uncached_allocate(size, device);
-    void *pointer = malloc_on(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
+      return gpumem_uncached::allocate(size, device);
+    void *pointer = malloc_on_current(size, device);
     return {pointer, pointer, &delete_pointer, c10::Device(c10::DeviceType::CUDA, device)};
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return &delete_pointer; }
 
-  // caching_allocator_enable(False) and PYTORCH_NO_CUDA_MEMORY_CACHING, as native: each tensor gets a
-  // cudaMalloc of its own, given back by cudaFree when it dies and not counted in the statistics (so that
-  // compute-sanitizer sees each one's bounds). Allocations through raw_alloc stay cached, as native's.
+  // caching_allocator_enable(False) and PYTORCH_NO_CUDA_MEMORY_CACHING (torch_uncached.h).
   void enable(bool value) override { caching_.store(value, std::memory_order_relaxed); }
   bool isEnabled() const override { return caching_.load(std::memory_order_relaxed); }
 
-  static c10::DataPtr uncached_allocate(size_t size, c10::DeviceIndex device) {
-    void *pointer = nullptr;
-    if (size) {
-      c10::cuda::CUDAGuard guard(device);
-      cudaError_t error = cudaMalloc(&pointer, size);
-      if (error == cudaErrorMemoryAllocation) {
-        (void)cudaGetLastError();
-        TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate ", size,
-                         " bytes with caching disabled (gpumem)");
-      }
-      C10_CUDA_CHECK(error);
-    }
-    return {pointer, pointer, &uncached_delete, c10::Device(c10::DeviceType::CUDA, device)};
-  }
-
-  void *raw_alloc(size_t size) override {
-    c10::DeviceIndex device = current_device_index();
-    return malloc_on(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
-  }
+  void *raw_alloc(size_t size) override { return malloc_on_current(size, current_device_index()); }
 
   void *raw_alloc_with_stream(size_t size, cudaStream_t stream) override {
-    return malloc_on(size, current_device_index(), stream);
+    // Any stream may come here (caching_allocator_alloc's): one that is not the current stream of
+    // PyTorch's own making is taken as borrowed.
+    c10::DeviceIndex device = current_device_index();
+    c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device);
+    bool borrowed = stream != nullptr && (stream != current.stream() || is_borrowed(current));
+    return malloc_on(size, device, stream, borrowed);
   }
 
   void raw_delete(void *pointer) override { free_pointer(pointer); }
@@ -745,7 +736,7 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   gpumem_trace::History history_;     // _record_memory_history and snapshots (torch_trace.h)
   gpumem_trace::Observers observers_; // out-of-memory observers and trace trackers (torch_trace.h)
   std::atomic<bool> caching_{true};   // caching_allocator_enable
-  const bool forced_uncached_ = no_caching_requested();
+  const bool forced_uncached_ = gpumem_uncached::requested_by_environment();
   std::array<std::atomic<gm_allocator *>, kMaxDevices> allocators_{};
   std::atomic<int> created_{0};      // allocators made so far
   std::atomic<gm_allocator *> single_{nullptr}; // the first one made (the only one while created_ is 1)

@@ -273,6 +273,11 @@ gm_status gm_backend_event_synchronize(gm_backend *backend, uint64_t event)
     COUNTED_CALL(backend, GM_CALL_EVENT_SYNCHRONIZE, 0, backend->operations->event_synchronize(backend, event));
 }
 
+gm_status gm_backend_synchronize(gm_backend *backend)
+{
+    COUNTED_CALL(backend, GM_CALL_EVENT_SYNCHRONIZE, 0, backend->operations->synchronize(backend));
+}
+
 gm_status gm_backend_memory_info(gm_backend *backend, uint64_t *free_out, uint64_t *total_out)
 {
     gm_before_blocking();

@@ -82,6 +82,10 @@ typedef struct gm_backend_operations {
     gm_status (*event_record)(gm_backend *backend, uint64_t event, gm_stream stream);
     gm_status (*event_query)(gm_backend *backend, uint64_t event, bool *done_out);
     gm_status (*event_synchronize)(gm_backend *backend, uint64_t event);
+    /* Wait for all work queued on the device, on every stream (those the allocator never saw too);
+     * refused while a stream is being captured (the wait would break the capture). For memory last used
+     * on a stream the allocator may not name (gm_malloc_on_borrowed_stream). */
+    gm_status (*synchronize)(gm_backend *backend);
 
     /* Page-locked host memory for the pinned host cache (cuda: cuMemHostAlloc / cuMemFreeHost; sim and
      * host: ordinary memory, gm_plain_host_allocate / gm_plain_host_free). */
@@ -181,6 +185,8 @@ gm_status gm_backend_event_destroy(gm_backend *backend, uint64_t event);
 gm_status gm_backend_event_record(gm_backend *backend, uint64_t event, gm_stream stream);
 gm_status gm_backend_event_query(gm_backend *backend, uint64_t event, bool *done_out);
 gm_status gm_backend_event_synchronize(gm_backend *backend, uint64_t event);
+/* A device-wide wait, counted as an event synchronization. */
+gm_status gm_backend_synchronize(gm_backend *backend);
 /* Whether `stream` is being captured (a query, not a counted device call). */
 static inline bool gm_backend_stream_is_capturing(gm_backend *backend, gm_stream stream)
 {

@@ -547,6 +547,16 @@ static gm_status cuda_copy_into(gm_backend *backend, uint64_t handle, uint64_t s
     return status;
 }
 
+/* Also in the thread's own capture mode, for the same reason. */
+static gm_status cuda_synchronize(gm_backend *backend)
+{
+    cuda_state *state = state_of(backend);
+    cu_context previous = enter(state);
+    cu_result result = driver.context_synchronize();
+    leave(state, previous);
+    return result == CU_SUCCESS ? GM_OK : driver_error(result, "cuCtxSynchronize");
+}
+
 /* ---------------------------------------------------------------- memory shared between processes */
 
 static gm_status cuda_export_handle(gm_backend *backend, uint64_t handle, int *descriptor_out)
@@ -738,6 +748,7 @@ const gm_backend_operations gm_cuda_backend_operations = {
     .event_record = cuda_event_record,
     .event_query = cuda_event_query,
     .event_synchronize = cuda_event_synchronize,
+    .synchronize = cuda_synchronize,
     .stream_is_capturing = cuda_stream_is_capturing,
     .stream_is_busy = cuda_stream_is_busy,
     .stream_create = cuda_stream_create,

@@ -42,6 +42,9 @@ typedef struct simulated_stream {
     bool capturing;
 } simulated_stream;
 
+/* Destroyed streams a model remembers, for tests that check that none is named again. */
+#define MAX_DESTROYED_STREAMS 16
+
 typedef struct simulated_event {
     simulated_stream *stream; /* while recorded and not yet found done */
     uint64_t target;
@@ -64,6 +67,9 @@ struct gm_device_model {
     simulated_stream *last_named_stream; /* the stream UINTPTR_MAX, whose key would be 0 */
     simulated_event *events;
     size_t event_count;
+    gm_stream destroyed[MAX_DESTROYED_STREAMS]; /* streams destroyed by a test (gm_model_stream_destroy) */
+    size_t destroyed_count;
+    uint64_t calls_on_destroyed_streams;
 };
 
 /* ---------------------------------------------------------------- life */
@@ -408,6 +414,17 @@ static simulated_stream *find_stream(gm_device_model *model, gm_stream stream)
     return gm_hash_map_get(&model->streams, (uint64_t)stream + 1, &value) ? (simulated_stream *)(uintptr_t)value : NULL;
 }
 
+/* Whether `stream` was destroyed (gm_model_stream_destroy); each such call is counted. */
+static bool named_destroyed(gm_device_model *model, gm_stream stream)
+{
+    for (size_t i = 0; i < model->destroyed_count; i++)
+        if (model->destroyed[i] == stream) {
+            model->calls_on_destroyed_streams++;
+            return true;
+        }
+    return false;
+}
+
 /* The record of `stream`, made if new; NULL without host memory. */
 static simulated_stream *stream_record(gm_device_model *model, gm_stream stream)
 {
@@ -511,6 +528,8 @@ gm_status gm_model_event_record(gm_backend *backend, uint64_t event, gm_stream s
     simulated_event *found = find_event(model, event);
     if (!found)
         return gm_fail(GM_ERROR_DEVICE, "record of event %" PRIu64 ", which does not exist", event);
+    if (named_destroyed(model, stream))
+        return gm_fail(GM_ERROR_DEVICE, "record of an event on stream %" PRIuPTR ", which was destroyed", stream);
     simulated_stream *queue = stream_record(model, stream);
     if (!queue)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a stream");
@@ -563,6 +582,8 @@ gm_status gm_model_event_synchronize(gm_backend *backend, uint64_t event)
 gm_status gm_model_stream_enqueue(gm_backend *backend, gm_stream stream, uint64_t units)
 {
     gm_device_model *model = model_of(backend);
+    if (named_destroyed(model, stream))
+        return gm_fail(GM_ERROR_DEVICE, "work queued on stream %" PRIuPTR ", which was destroyed", stream);
     simulated_stream *queue = stream_record(model, stream);
     if (!queue)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a stream");
@@ -596,14 +617,50 @@ gm_status gm_model_stream_set_capturing(gm_backend *backend, gm_stream stream, b
 
 bool gm_model_stream_is_capturing(gm_backend *backend, gm_stream stream)
 {
+    if (named_destroyed(model_of(backend), stream))
+        return false;
     const simulated_stream *queue = find_stream(model_of(backend), stream);
     return queue && queue->capturing;
 }
 
 bool gm_model_stream_is_busy(gm_backend *backend, gm_stream stream)
 {
+    if (named_destroyed(model_of(backend), stream))
+        return true; /* as an error reads */
     const simulated_stream *queue = find_stream(model_of(backend), stream);
     return queue && queue->completed != queue->enqueued;
+}
+
+gm_status gm_model_synchronize(gm_backend *backend)
+{
+    gm_device_model *model = model_of(backend);
+    uint64_t queued = 0;
+    for (size_t i = 0; i < model->streams.capacity; i++) {
+        const simulated_stream *queue = (const simulated_stream *)(uintptr_t)model->streams.entries[i].value;
+        if (model->streams.entries[i].key)
+            queued += queue->enqueued - queue->completed;
+    }
+    if (model->last_named_stream)
+        queued += model->last_named_stream->enqueued - model->last_named_stream->completed;
+    gm_status status = wait_for_every_stream(model);
+    if (status == GM_OK)
+        backend->work_waited_for += queued;
+    return status;
+}
+
+gm_status gm_model_stream_destroy(gm_backend *backend, gm_stream stream)
+{
+    gm_device_model *model = model_of(backend);
+    if (model->destroyed_count == MAX_DESTROYED_STREAMS)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "the model remembers at most %d destroyed streams",
+                       MAX_DESTROYED_STREAMS);
+    simulated_stream *queue = find_stream(model, stream);
+    if (queue) { /* as on a GPU, the work queued on it still runs to its end */
+        queue->completed = queue->enqueued;
+        settle_stream(model, queue);
+    }
+    model->destroyed[model->destroyed_count++] = stream;
+    return GM_OK;
 }
 
 gm_model_footprint gm_model_footprint_of(gm_backend *backend)
@@ -611,7 +668,8 @@ gm_model_footprint gm_model_footprint_of(gm_backend *backend)
     gm_device_model *model = model_of(backend);
     gm_model_footprint footprint = {.streams = model->streams.count + (model->last_named_stream != NULL),
                                     .reservations = model->reservation_count,
-                                    .returned_ranges = gm_sim_returned_range_count(backend)};
+                                    .returned_ranges = gm_sim_returned_range_count(backend),
+                                    .calls_on_destroyed_streams = model->calls_on_destroyed_streams};
     for (size_t i = 0; i < model->event_count; i++)
         footprint.events += model->events[i].in_use;
     return footprint;

@@ -71,6 +71,12 @@ gm_status gm_model_stream_set_capturing(gm_backend *backend, gm_stream stream, b
 bool gm_model_stream_is_capturing(gm_backend *backend, gm_stream stream);
 /* Whether work enqueued on `stream` (gm_model_stream_enqueue) has not completed. */
 bool gm_model_stream_is_busy(gm_backend *backend, gm_stream stream);
+/* The backend's device-wide wait: every stream's work completes (counted in work_waited_for); refused
+ * while a stream is being captured. */
+gm_status gm_model_synchronize(gm_backend *backend);
+/* For tests: `stream` is destroyed by its owner (its queued work still completes). Any later call that
+ * names it fails (or reads as busy, never captured) and is counted in calls_on_destroyed_streams. */
+gm_status gm_model_stream_destroy(gm_backend *backend, gm_stream stream);
 
 /* What a sim or host backend holds now (only those: their state is a model), for tests and the soak
  * benchmark, which check that it stays bounded. */
@@ -79,6 +85,7 @@ typedef struct gm_model_footprint {
     size_t events;          /* events created and not destroyed */
     size_t reservations;    /* reserved address ranges */
     size_t returned_ranges; /* sim: address ranges given back and kept for reuse */
+    uint64_t calls_on_destroyed_streams; /* calls naming a stream after gm_model_stream_destroy */
 } gm_model_footprint;
 gm_model_footprint gm_model_footprint_of(gm_backend *backend);
 /* sim.c: the address ranges it keeps for reuse (0 on another backend). */

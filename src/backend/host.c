@@ -321,6 +321,7 @@ const gm_backend_operations gm_host_backend_operations = {
     .event_record = gm_model_event_record,
     .event_query = gm_model_event_query,
     .event_synchronize = gm_model_event_synchronize,
+    .synchronize = gm_model_synchronize,
     .stream_enqueue = gm_model_stream_enqueue,
     .stream_complete = gm_model_stream_complete,
     .stream_is_capturing = gm_model_stream_is_capturing,

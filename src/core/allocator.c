@@ -431,10 +431,13 @@ __attribute__((noinline, cold)) static gm_status refuse_impossible_request(gm_al
     return GM_ERROR_OUT_OF_MEMORY;
 }
 
-gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void **pointer_out)
+/* gm_malloc and gm_malloc_on_borrowed_stream, `borrowed` a constant in each. */
+static inline __attribute__((always_inline)) gm_status malloc_on(gm_allocator *allocator, size_t size,
+                                                                  gm_stream stream, bool borrowed, void **pointer_out)
 {
     if (!allocator || !pointer_out)
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_malloc: %s is NULL", allocator ? "pointer_out" : "allocator");
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "%s: %s is NULL", borrowed ? "gm_malloc_on_borrowed_stream" : "gm_malloc",
+                       allocator ? "pointer_out" : "allocator");
     *pointer_out = NULL;
     if (size == 0)
         return GM_OK;
@@ -451,6 +454,8 @@ gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void
                                                 : gm_heap_for_stream(&allocator->arena, stream);
     if (allocator->arena.heap_count > HEAPS_BEFORE_FORGETTING && heap && !allocator->unlocked_allocations)
         gm_forget_idle_heaps(&allocator->arena, heap, IDLE_HEAPS_KEPT);
+    if (borrowed && heap)
+        heap->borrowed = true; /* for as long as the heap is kept */
     gm_block *block = NULL;
     gm_status status = heap ? allocate_with_retries(allocator, heap, pool, rounded, &block)
                             : gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a stream heap");
@@ -469,6 +474,16 @@ gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void
     end_change(allocator);
     gm_lock_release(&allocator->lock);
     return status;
+}
+
+gm_status gm_malloc(gm_allocator *allocator, size_t size, gm_stream stream, void **pointer_out)
+{
+    return malloc_on(allocator, size, stream, false, pointer_out);
+}
+
+gm_status gm_malloc_on_borrowed_stream(gm_allocator *allocator, size_t size, gm_stream stream, void **pointer_out)
+{
+    return malloc_on(allocator, size, stream, true, pointer_out);
 }
 
 /* ---------------------------------------------------------------- free and record_stream */

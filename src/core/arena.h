@@ -58,6 +58,8 @@ struct gm_heap {
     bool engine_private; /* made by the engine for its own placement (the pages engine's growth lane):
                             never the heap that a stream's requests are looked up in */
     gm_heap *serves;     /* an engine-private heap: the heap whose requests it takes; else NULL */
+    bool borrowed;       /* its stream's owner may destroy it at any time (gm_malloc_on_borrowed_stream): the
+                            stream is never named in a driver call (pages engine: progress.c) */
     uint64_t live_blocks; /* blocks allocated through this heap (or its engine-private ones), not retired */
     uint64_t last_used;  /* the arena's clock at its last request: the least recently used goes first */
 };

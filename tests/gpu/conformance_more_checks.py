@@ -3,7 +3,7 @@ in the same child process as the others, before the failed capture): settings ch
 storage resized as FSDP does, the memory fraction read back, the out-of-memory message's parts, the
 summary table and the old names of the statistics, a dumped snapshot drawn by torch.cuda._memory_viz,
 streams made and dropped, mixed precision with activation checkpointing, cuDNN's benchmark mode sizing its
-workspaces by the allocator's cacheInfo."""
+workspaces by the allocator's cacheInfo, tensors outliving the external stream they were made on."""
 
 MIB = 1 << 20
 MORE_CHECKS = []
@@ -168,3 +168,50 @@ def cudnn_benchmark_gets_its_workspace(torch):
         assert workspace > 0, f"the convolution ran without a workspace ({workspace} bytes)"
     finally:
         torch.backends.cudnn.benchmark = False
+
+
+def _driver_stream():
+    """A stream made through the driver, as another library makes one, and the call that destroys it."""
+    import ctypes
+    driver = ctypes.CDLL("libcuda.so.1")
+    handle = ctypes.c_void_p()
+    status = driver.cuStreamCreate(ctypes.byref(handle), 1)  # non-blocking
+    assert status == 0, f"cuStreamCreate returned {status}"
+    return handle.value, lambda: driver.cuStreamDestroy_v2(ctypes.c_void_p(handle.value))
+
+
+@check
+def external_stream_destroyed_under_its_tensors(torch):
+    """Tensors made on torch.cuda.ExternalStream over a stream of another library, which destroys it while
+    memory freed on it is cached and while some of its tensors still live (their frees come after); then
+    the default stream needs that memory, and caching_allocator_alloc names such a stream too. PyTorch's
+    allocator never calls the driver on a tensor's stream after the allocation, so all of this works."""
+    torch.ones(1, device="cuda")
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    handle, destroy = _driver_stream()
+    with torch.cuda.stream(torch.cuda.ExternalStream(handle)):
+        small = [torch.full((MIB + 4096 * index,), 1, dtype=torch.uint8, device="cuda") for index in range(600)]
+        large = [torch.full((64 * MIB,), 2, dtype=torch.uint8, device="cuda") for _ in range(8)]
+        made = sum(int(tensor.sum().item()) for tensor in small + large)
+        raw = [torch.cuda.caching_allocator_alloc(MIB * (1 + index % 5), stream=handle) for index in range(50)]
+    for pointer in raw:
+        torch.cuda.caching_allocator_delete(pointer)
+    del large, small[::2]
+    torch.cuda.synchronize()
+    destroyed = destroy()
+    del small  # freed after their stream is gone
+    # The default stream then needs that cached memory: the memory fraction leaves little beside it.
+    reserved = torch.cuda.memory_reserved()
+    total = torch.cuda.mem_get_info()[1]
+    torch.cuda.set_per_process_memory_fraction((reserved + 256 * MIB) / total)
+    try:
+        count = int((reserved + 128 * MIB) // (96 * MIB))
+        big = [torch.full((96 * MIB,), 3, dtype=torch.uint8, device="cuda") for _ in range(count)]
+        used = sum(int(tensor[-1].item()) for tensor in big)
+        del big
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return destroyed, made, used == 3 * count, count > 8, torch.cuda.memory_allocated() - base

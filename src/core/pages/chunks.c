@@ -158,7 +158,7 @@ void pages_unmap_clone(gm_arena *arena, gm_region *region, page_chunk *clone)
     page_engine *engine = engine_of(arena);
     leave_region(region, clone, engine->page_size);
     page_alias alias = {clone->address, clone->size, clone->handle, region->heap, engine->frees, false, true};
-    bool capturing = gm_backend_stream_is_capturing(arena->backend, region->heap->stream);
+    bool capturing = pages_stream_capturing(arena, region->heap);
     if (capturing && pages_wait_for_free(arena, region->heap, alias.freed_at) == GM_OK &&
         gm_backend_unmap(arena->backend, alias.address, alias.size) == GM_OK) {
         arena->stats->num_page_unmaps += (int64_t)(alias.size / engine->page_size);
@@ -456,15 +456,16 @@ static bool remember_idle(page_engine *engine, size_t *count, page_chunk *chunk,
 static bool stays_put(gm_arena *arena, const gm_heap *heap, const gm_heap *requester)
 {
     return engine_of(arena)->moving_by_choice && requester && heap->stream != requester->stream &&
-           gm_backend_stream_is_busy(arena->backend, heap->stream);
+           pages_stream_busy(arena, heap);
 }
 
 /* Collect into engine->idle every chunk that lies wholly inside a free block, in every heap and
  * pool, except those reaching into [keep_start, keep_end) of `keep_region` (the run a growth is
  * using: a free block merged with a part already backed may start before the run), in heaps
  * whose memory is a private pool's (unless keep_region is that pool's) or whose stream is being
- * captured into a CUDA graph (moving a chunk waits for the stream: pages_wait_for_free), and in those that stay
- * put (stays_put). One pass over the free blocks, following the page table from chunk to chunk. */
+ * captured into a CUDA graph (moving a chunk waits for the stream: pages_wait_for_free), in borrowed
+ * streams' heaps while any stream is being captured (their wait is for the whole device), and in those
+ * that stay put (stays_put). One pass over the free blocks, following the page table from chunk to chunk. */
 size_t pages_find_idle_chunks(gm_arena *arena, const gm_region *keep_region, uintptr_t keep_start,
                                uintptr_t keep_end)
 {
@@ -472,10 +473,14 @@ size_t pages_find_idle_chunks(gm_arena *arena, const gm_region *keep_region, uin
     uint64_t page_size = engine->page_size;
     size_t count = 0;
     const gm_heap *requester = keep_region ? keep_region->heap : NULL;
+    int capturing_anywhere = -1; /* not asked yet: a borrowed stream's memory waits for the whole device */
     for (size_t h = 0; h < arena->heap_count; h++) {
         if (!gm_heap_memory_available(arena->heaps[h], requester) ||
-            gm_backend_stream_is_capturing(arena->backend, arena->heaps[h]->stream))
+            pages_stream_capturing(arena, arena->heaps[h]))
             continue; /* a pool's memory; or a stream in capture, which moving a chunk would wait for */
+        if (pages_stream_borrowed(arena->heaps[h]) &&
+            (capturing_anywhere < 0 ? (capturing_anywhere = pages_any_stream_capturing(arena)) : capturing_anywhere))
+            continue;
         int busy = -1; /* not asked yet */
         for (int pool = GM_POOL_SMALL; pool <= GM_POOL_LARGE && busy != 1; pool++) {
             gm_index_cursor blocks;

@@ -291,15 +291,6 @@ static void free_found(pinned_chunk *chunks, uint8_t **free_pages, size_t maps)
     free(chunks);
 }
 
-/* A device-wide wait, which each copy needs, would break a CUDA graph's capture. */
-static bool any_stream_capturing(gm_arena *arena)
-{
-    for (size_t h = 0; h < arena->heap_count; h++)
-        if (gm_backend_stream_is_capturing(arena->backend, arena->heaps[h]->stream))
-            return true;
-    return false;
-}
-
 /* Compaction is an economy: one that fails and is undone leaves the growth to new memory. Only what
  * leaves the books wrong is an error: a chunk that could not be put back (GM_ERROR_DEVICE). A rescue
  * (the device or the memory limit has no room for the growth's new memory: without compaction the
@@ -307,7 +298,7 @@ static bool any_stream_capturing(gm_arena *arena)
  * own memory must still be had, else the chunk is put back. */
 gm_status pages_compact_for(gm_arena *arena, const window *where, uint64_t need, bool rescue)
 {
-    if (any_stream_capturing(arena))
+    if (pages_any_stream_capturing(arena)) /* each copy's device-wide wait would break the capture */
         return GM_OK;
     pinned_chunk *chunks = NULL;
     uint8_t **free_pages = NULL;
@@ -336,7 +327,7 @@ gm_status pages_compact_for(gm_arena *arena, const window *where, uint64_t need,
 
 gm_status pages_defragment(gm_arena *arena, uint64_t least_free, uint64_t *released_out)
 {
-    if (any_stream_capturing(arena))
+    if (pages_any_stream_capturing(arena))
         return gm_fail(GM_ERROR_NOT_SUPPORTED, "gm_defragment: a stream of this allocator is being captured into a "
                        "CUDA graph, and the copies' wait for the device would break the capture");
     uint64_t page_size = engine_of(arena)->page_size;

@@ -46,7 +46,7 @@ static bool may_move_ahead(gm_arena *arena, const gm_region *from, const gm_regi
     return engine_of(arena)->alias_count < MAX_ALIASES && from->heap->stream == to->heap->stream &&
            !from->heap->private_pool && !to->heap->private_pool &&
            !chunk->exported && !chunk->lost && !chunk->stray &&
-           !gm_backend_stream_is_capturing(arena->backend, from->heap->stream) &&
+           !pages_stream_capturing(arena, from->heap) &&
            !pages_free_is_done(arena, from->heap, chunk->freed_at);
 }
 

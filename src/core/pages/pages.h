@@ -347,6 +347,13 @@ bool pages_has_mark_after(const gm_heap *heap, uint64_t freed_at);
 void pages_mark_after(gm_arena *arena, gm_heap *heap, uint64_t freed_at);
 /* Destroy `heap`'s marks (the heap goes). */
 void pages_forget_marks(gm_arena *arena, gm_heap *heap);
+/* What the engine asks of a heap's stream, through these only. A borrowed stream (the heap's, or that of
+ * the heap an engine-private one serves) is never asked: never captured, always busy. */
+bool pages_stream_borrowed(const gm_heap *heap);
+bool pages_stream_capturing(gm_arena *arena, const gm_heap *heap);
+bool pages_stream_busy(gm_arena *arena, const gm_heap *heap);
+/* Whether a stream of the engine's heaps that may be asked is being captured into a CUDA graph. */
+bool pages_any_stream_capturing(gm_arena *arena);
 /* aliases.c: room for `more` more aliases (host memory); false if there is none. */
 bool pages_alias_room(gm_arena *arena, size_t more);
 /* Keep `alias` until its stream has passed its free (pages_alias_room made the room). */

@@ -19,8 +19,17 @@
  * again. No mark is recorded on a stream being captured into a CUDA graph (an event recorded there
  * could never be asked), and a mark that cannot be made or recorded is simply not there: the wait
  * falls back to a new event.
+ *
+ * A borrowed stream (gm_malloc_on_borrowed_stream: PyTorch's external streams) may be destroyed by its
+ * owner at any moment, and a driver call naming a destroyed stream may crash. So the engine never
+ * names it: no marks, no queries (it reads as never captured and always busy, so its memory moves
+ * only when a growth needs it, not by choice), and the wait for one of its frees is a wait for the
+ * whole device -- what PyTorch's own allocator does before it frees cached memory. That wait covers
+ * every heap's frees so far. It is refused while a stream that may be asked is being captured.
  */
 #include "core/pages/pages.h"
+
+#include "base/error.h"
 
 #include <string.h>
 
@@ -65,11 +74,49 @@ static void harvest(gm_arena *arena, gm_heap *heap)
     }
 }
 
+bool pages_stream_borrowed(const gm_heap *heap)
+{
+    return heap->borrowed || (heap->serves && heap->serves->borrowed);
+}
+
+bool pages_stream_capturing(gm_arena *arena, const gm_heap *heap)
+{
+    return !pages_stream_borrowed(heap) && gm_backend_stream_is_capturing(arena->backend, heap->stream);
+}
+
+bool pages_stream_busy(gm_arena *arena, const gm_heap *heap)
+{
+    return pages_stream_borrowed(heap) || gm_backend_stream_is_busy(arena->backend, heap->stream);
+}
+
+bool pages_any_stream_capturing(gm_arena *arena)
+{
+    for (size_t h = 0; h < arena->heap_count; h++)
+        if (pages_stream_capturing(arena, arena->heaps[h]))
+            return true;
+    return false;
+}
+
+/* The wait for a borrowed stream's free: the whole device; every heap's frees so far are covered. */
+static gm_status wait_for_device(gm_arena *arena)
+{
+    if (pages_any_stream_capturing(arena))
+        return gm_fail(GM_ERROR_DEVICE, "memory freed on a borrowed stream must wait for the whole device, which "
+                       "would break the capture of a stream into a CUDA graph");
+    gm_status status = gm_backend_synchronize(arena->backend);
+    if (status != GM_OK)
+        return status;
+    for (size_t h = 0; h < arena->heap_count; h++)
+        if (arena->heaps[h]->engine_data)
+            state_of(arena->heaps[h])->waited_at = engine_of(arena)->frees;
+    return GM_OK;
+}
+
 void pages_mark_progress(gm_arena *arena, gm_heap *heap)
 {
     page_engine *engine = engine_of(arena);
     page_heap *state = state_of(heap);
-    if (gm_backend_stream_is_capturing(arena->backend, heap->stream))
+    if (pages_stream_borrowed(heap) || pages_stream_capturing(arena, heap))
         return;
     if (state->mark_count == MARKS)
         harvest(arena, heap);
@@ -114,6 +161,8 @@ gm_status pages_wait_for_free(gm_arena *arena, gm_heap *heap, uint64_t freed_at)
 {
     if (pages_free_is_done(arena, heap, freed_at))
         return GM_OK; /* a wait, or a mark after the free that has completed: no wait */
+    if (pages_stream_borrowed(heap))
+        return wait_for_device(arena);
     page_heap *state = state_of(heap);
     for (unsigned i = 0; i < state->mark_count; i++) {
         if (mark_at(state, i)->frees < freed_at)

@@ -317,7 +317,7 @@ static bool may_stitch(gm_arena *arena, gm_heap *heap, const window *where)
 {
     return arena->options->stitch && where->region && where->region->pool == GM_POOL_LARGE && where->pages &&
            !heap->private_pool && !state_of(heap)->lane &&
-           !gm_backend_stream_is_capturing(arena->backend, heap->stream);
+           !pages_stream_capturing(arena, heap);
 }
 
 /* Lay the plan out around `middle`, a middle left in place, or else at the top of the highest hole with
