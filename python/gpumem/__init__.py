@@ -225,6 +225,7 @@ def _load():
         "gm_config_help": (ctypes.c_char_p, []),
         "gm_check_configuration": (status, [ctypes.c_char_p]),
         "gm_malloc": (status, [pointer, ctypes.c_size_t, ctypes.c_size_t, ctypes.POINTER(pointer)]),
+        "gm_malloc_on_borrowed_stream": (status, [pointer, ctypes.c_size_t, ctypes.c_size_t, ctypes.POINTER(pointer)]),
         "gm_free": (status, [pointer, pointer]),
         "gm_record_stream": (status, [pointer, pointer, ctypes.c_size_t]),
         "gm_empty_cache": (status, [pointer]),
@@ -424,10 +425,13 @@ class Allocator:
         """The C handle, as an integer."""
         return self._handle.value
 
-    def malloc(self, size, stream=0):
+    def malloc(self, size, stream=0, borrowed=False):
+        """`borrowed`: the stream's owner may destroy it while its memory is cached, and gpumem never
+        names it again (gm_malloc_on_borrowed_stream)."""
         size, stream = _unsigned(size, "size"), _unsigned(stream, "stream")
         pointer = ctypes.c_void_p()
-        _check(_library.gm_malloc(self._handle, size, stream, ctypes.byref(pointer)))
+        call = _library.gm_malloc_on_borrowed_stream if borrowed else _library.gm_malloc
+        _check(call(self._handle, size, stream, ctypes.byref(pointer)))
         return pointer.value or 0
 
     def free(self, pointer):

@@ -44,6 +44,21 @@ class PackageTest(unittest.TestCase):
         self.assertEqual(self.allocator.reserved_bytes(), 0)
         self.allocator.validate()
 
+    def test_borrowed_stream_is_never_named(self):
+        """Memory of a borrowed stream moves to another stream after a wait for the whole device, with no
+        event recorded on the borrowed stream (a stream that gm_malloc names gets one to wait for)."""
+        for borrowed, events_recorded in ((False, 1), (True, 0)):
+            allocator = gpumem.Allocator("backend:sim,capacity:1GiB,chunk_room_share:0", from_environment=False)
+            allocator.free(allocator.malloc(600 << 20, stream=9, borrowed=borrowed))
+            moved = allocator.malloc(700 << 20, stream=0)  # needs the first stream's memory
+            stats = allocator.memory_stats()
+            self.assertEqual(stats["device_calls.event_record"], events_recorded)
+            self.assertEqual(stats["device_calls.event_synchronize"], 1)
+            self.assertEqual(stats["reserved_bytes.all.current"], 700 << 20)
+            allocator.free(moved)
+            allocator.validate()
+            allocator.close()
+
     def test_defragment_gives_back_pinned_pages(self):
         big = self.allocator.malloc(64 << 20)
         fence = self.allocator.malloc(2 << 20)
