@@ -16,6 +16,8 @@
  *   out of memory     allocating until the device is full gives an error code and a report; after
  *                     frees, allocation works again
  *   empty_cache       the device's own free-memory reading shows the memory given back
+ *   borrowed streams  blocks of a stream destroyed under them (gm_malloc_on_borrowed_stream) and a
+ *                     kernel still writing one: the memory is used again only after the kernel
  *   pinned memory     a pinned block freed on a stream that is then destroyed waits for that stream's
  *                     work and never has the stream asked again; a look at freed pinned blocks during a
  *                     graph capture of a blocking stream leaves the legacy stream alone (the capture
@@ -28,119 +30,12 @@
  * (for compute-sanitizer); GPUMEM_GPU_TEST_UNDER_SANITIZER=1 leaves out the one case whose driver
  * answer is an error by design (the legacy stream asked during a capture).
  */
-#include "../test.h"
+#include "gpu_driver.h"
 
-#include "backend/backend.h"
 #include "tools/trace.h"
-#include "slow_writer_ptx.h"
 
 #include <time.h>
 #include <unistd.h>
-
-typedef int cu_result;
-typedef struct opaque *cu_handle;
-
-static struct {
-    cu_result (*device_get)(int *, int);
-    cu_result (*primary_retain)(cu_handle *, int);
-    cu_result (*set_current)(cu_handle);
-    cu_result (*stream_create)(cu_handle *, unsigned);
-    cu_result (*stream_destroy)(cu_handle);
-    cu_result (*stream_synchronize)(cu_handle);
-    cu_result (*context_synchronize)(void);
-    cu_result (*memory_info)(size_t *, size_t *);
-    cu_result (*memory_allocate)(unsigned long long *, size_t);
-    cu_result (*memory_free)(unsigned long long);
-    cu_result (*copy_to_host)(void *, unsigned long long, size_t);
-    cu_result (*memset32)(unsigned long long, unsigned, size_t);
-    cu_result (*module_load)(cu_handle *, const void *);
-    cu_result (*module_function)(cu_handle *, cu_handle, const char *);
-    cu_result (*launch)(cu_handle, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, cu_handle,
-                        void **, void **);
-    cu_result (*event_create)(cu_handle *, unsigned);
-    cu_result (*event_record)(cu_handle, cu_handle);
-    cu_result (*event_query)(cu_handle);
-    cu_result (*begin_capture)(cu_handle, int);
-    cu_result (*end_capture)(cu_handle, cu_handle *);
-    cu_result (*graph_destroy)(cu_handle);
-} cu;
-
-static cu_handle slow_fill_kernel, fill_kernel, check_kernel;
-static unsigned long long mismatch_counter;
-static int quick;
-static int under_sanitizer;
-
-#define CU_CHECK(call) REQUIRE((call) == 0)
-
-static int load_driver_for_tests(void)
-{
-    static const struct {
-        const char *name;
-        void **slot;
-    } symbols[] = {
-        {"cuDeviceGet", (void **)&cu.device_get},
-        {"cuDevicePrimaryCtxRetain", (void **)&cu.primary_retain},
-        {"cuCtxSetCurrent", (void **)&cu.set_current},
-        {"cuStreamCreate", (void **)&cu.stream_create},
-        {"cuStreamDestroy_v2", (void **)&cu.stream_destroy},
-        {"cuStreamSynchronize", (void **)&cu.stream_synchronize},
-        {"cuCtxSynchronize", (void **)&cu.context_synchronize},
-        {"cuMemGetInfo_v2", (void **)&cu.memory_info},
-        {"cuMemAlloc_v2", (void **)&cu.memory_allocate},
-        {"cuMemFree_v2", (void **)&cu.memory_free},
-        {"cuMemcpyDtoH_v2", (void **)&cu.copy_to_host},
-        {"cuMemsetD32_v2", (void **)&cu.memset32},
-        {"cuModuleLoadData", (void **)&cu.module_load},
-        {"cuModuleGetFunction", (void **)&cu.module_function},
-        {"cuLaunchKernel", (void **)&cu.launch},
-        {"cuEventCreate", (void **)&cu.event_create},
-        {"cuEventRecord", (void **)&cu.event_record},
-        {"cuEventQuery", (void **)&cu.event_query},
-        {"cuStreamBeginCapture_v2", (void **)&cu.begin_capture},
-        {"cuStreamEndCapture", (void **)&cu.end_capture},
-        {"cuGraphDestroy", (void **)&cu.graph_destroy},
-    };
-    for (size_t i = 0; i < sizeof symbols / sizeof symbols[0]; i++)
-        if (!(*symbols[i].slot = gm_cuda_driver_symbol(symbols[i].name)))
-            return 0;
-    int device = 0;
-    cu_handle context = NULL, module = NULL;
-    CU_CHECK(cu.device_get(&device, 0));
-    CU_CHECK(cu.primary_retain(&context, device));
-    CU_CHECK(cu.set_current(context));
-    CU_CHECK(cu.module_load(&module, slow_writer_ptx));
-    CU_CHECK(cu.module_function(&slow_fill_kernel, module, "slow_fill"));
-    CU_CHECK(cu.module_function(&fill_kernel, module, "fill_words"));
-    CU_CHECK(cu.module_function(&check_kernel, module, "check_words"));
-    CU_CHECK(cu.memory_allocate(&mismatch_counter, sizeof(unsigned long long)));
-    return 1;
-}
-
-static void fill(void *pointer, size_t size, unsigned pattern, cu_handle stream)
-{
-    unsigned long long address = (unsigned long long)(uintptr_t)pointer, words = size / 4;
-    void *arguments[] = {&address, &words, &pattern};
-    CU_CHECK(cu.launch(fill_kernel, 264, 1, 1, 256, 1, 1, 0, stream, arguments, NULL));
-}
-
-/* Words of [pointer, pointer + size) that differ from `pattern` (synchronous). */
-static unsigned long long count_mismatches(void *pointer, size_t size, unsigned pattern)
-{
-    unsigned long long address = (unsigned long long)(uintptr_t)pointer, words = size / 4, bad = 0;
-    CU_CHECK(cu.memset32(mismatch_counter, 0, 2));
-    void *arguments[] = {&address, &words, &pattern, &mismatch_counter};
-    CU_CHECK(cu.launch(check_kernel, 264, 1, 1, 256, 1, 1, 0, NULL, arguments, NULL));
-    CU_CHECK(cu.copy_to_host(&bad, mismatch_counter, sizeof bad));
-    return bad;
-}
-
-static gm_allocator *make(const char *config)
-{
-    gm_allocator *allocator = NULL;
-    CHECK_OK(gm_create(config, &allocator));
-    REQUIRE(allocator);
-    return allocator;
-}
 
 /* ---------------------------------------------------------------- data integrity */
 
@@ -610,6 +505,46 @@ static void a_pinned_block_outlives_its_destroyed_stream(void)
     gm_destroy(allocator, NULL);
 }
 
+/* A stream that its owner destroys while a kernel on it still writes a freed block, and while blocks
+ * made on it live (PyTorch's external streams): with the stream borrowed, gpumem never names it again,
+ * and another stream's growth that needs its memory (a memory limit leaves no other room) waits for
+ * the whole device first, so the kernel has finished before that memory is used again. */
+static void a_borrowed_stream_destroyed_under_its_blocks(void)
+{
+    enum { small_count = 300 };
+    size_t size = 96u << 20;
+    gm_allocator *allocator = make("backend:cuda,memory_limit:192MiB");
+    cu_handle side = NULL, done = NULL;
+    CU_CHECK(cu.stream_create(&side, 1));
+    CU_CHECK(cu.event_create(&done, 2));
+    void *written = NULL, *small[small_count] = {NULL}, *later = NULL;
+    CHECK_OK(gm_malloc_on_borrowed_stream(allocator, size, (gm_stream)side, &written));
+    for (int i = 0; i < small_count; i++)
+        CHECK_OK(gm_malloc_on_borrowed_stream(allocator, 64 << 10, (gm_stream)side, &small[i]));
+    start_slow_writer((unsigned long long)(uintptr_t)written, 16u << 20, side, done); /* its first 16 MiB */
+    CHECK_OK(gm_free(allocator, written)); /* in stream order: the kernel still writes it */
+    CU_CHECK(cu.stream_destroy(side));     /* its kernel goes on; the handle is gone */
+    for (int i = 0; i < small_count; i++)  /* more frees than a progress mark needs */
+        CHECK_OK(gm_free(allocator, small[i]));
+    gm_stats before, after;
+    CHECK_OK(gm_get_stats(allocator, &before));
+    CHECK_OK(gm_malloc(allocator, size, 0, &later)); /* takes the destroyed stream's memory */
+    bool kernel_done = cu.event_query(done) == 0;
+    CHECK_OK(gm_get_stats(allocator, &after));
+    CHECK(kernel_done);
+    CHECK(after.device_calls[GM_CALL_EVENT_SYNCHRONIZE] > before.device_calls[GM_CALL_EVENT_SYNCHRONIZE]);
+    CHECK(after.reserved_bytes[GM_POOL_ALL].current <= 192 << 20);
+    unsigned pattern = 0xB0220EDu;
+    fill(later, size, pattern, NULL);
+    CHECK(count_mismatches(later, size, pattern) == 0);
+    CHECK_OK(gm_validate(allocator));
+    CHECK_OK(gm_free(allocator, later));
+    CHECK_OK(gm_empty_cache(allocator));
+    CHECK_OK(gm_get_stats(allocator, &after));
+    CHECK_EQ_INT(after.reserved_bytes[GM_POOL_ALL].current, 0);
+    gm_destroy(allocator, NULL);
+}
+
 /* While a blocking stream is captured into a graph, the legacy stream cannot be used: a look at pinned
  * blocks freed on it must leave it alone, or the capture is invalidated. The block is reused after. */
 static void a_graph_capture_survives_a_look_at_pinned_blocks(void)
@@ -748,6 +683,7 @@ int main(void)
         TEST_CASE(traces_reach_the_sim_peaks),
         TEST_CASE(trace_streams_become_real_streams),
         TEST_CASE(a_pinned_block_outlives_its_destroyed_stream),
+        TEST_CASE(a_borrowed_stream_destroyed_under_its_blocks),
         TEST_CASE(a_pinned_block_freed_during_a_capture_is_held),
         TEST_CASE(a_graph_capture_survives_a_look_at_pinned_blocks), /* last: left out under the sanitizer */
     };
