@@ -209,7 +209,9 @@ static void allocate(fuzz_state *state, input *in)
     if (state->device[slot].pointer)
         return; /* its free was refused */
     void *pointer = (void *)1;
-    gm_status status = gm_malloc(state->allocator, size, stream, &pointer);
+    /* The last stream is borrowed: gpumem never names it after the call (gm_malloc_on_borrowed_stream). */
+    gm_status status = stream == streams[STREAMS - 1] ? gm_malloc_on_borrowed_stream(state->allocator, size, stream, &pointer)
+                                                      : gm_malloc(state->allocator, size, stream, &pointer);
     note_lost_memory(state, status);
     if (status != GM_OK) {
         expect(status == GM_ERROR_OUT_OF_MEMORY || status == GM_ERROR_DEVICE, "gm_malloc: unexpected status");
