@@ -368,7 +368,8 @@ static void settle_every_stream(gm_device_model *model)
     free(idle);
 }
 
-static gm_status wait_for_every_stream(gm_device_model *model)
+/* Every stream's queued work completes; *finished_out (if given) counts the units it finished early. */
+static gm_status wait_for_every_stream(gm_device_model *model, uint64_t *finished_out)
 {
     simulated_stream *last = model->last_named_stream;
     for (size_t i = 0; i < model->streams.capacity; i++) {
@@ -379,14 +380,21 @@ static gm_status wait_for_every_stream(gm_device_model *model)
     }
     if (last && last->capturing)
         return gm_fail(GM_ERROR_DEVICE, "a device-wide wait while a stream is being captured");
+    uint64_t finished = 0;
     for (size_t i = 0; i < model->streams.capacity; i++) {
         simulated_stream *queue = (simulated_stream *)(uintptr_t)model->streams.entries[i].value;
-        if (model->streams.entries[i].key)
+        if (model->streams.entries[i].key) {
+            finished += queue->enqueued - queue->completed;
             queue->completed = queue->enqueued;
+        }
     }
-    if (last)
+    if (last) {
+        finished += last->enqueued - last->completed;
         last->completed = last->enqueued;
+    }
     settle_every_stream(model);
+    if (finished_out)
+        *finished_out = finished;
     return GM_OK;
 }
 
@@ -401,7 +409,7 @@ gm_status gm_device_model_copy_into(gm_device_model *model, uint64_t handle, uin
         !all_pages_mapped(range, (source - range->base) / model->page_size, size / model->page_size))
         return gm_fail(GM_ERROR_DEVICE, "copy from 0x%" PRIxPTR "+%" PRIu64 ", which is not entirely mapped",
                        source, size);
-    return wait_for_every_stream(model);
+    return wait_for_every_stream(model, NULL);
 }
 
 /* ---------------------------------------------------------------- streams and events */
@@ -633,18 +641,10 @@ bool gm_model_stream_is_busy(gm_backend *backend, gm_stream stream)
 
 gm_status gm_model_synchronize(gm_backend *backend)
 {
-    gm_device_model *model = model_of(backend);
-    uint64_t queued = 0;
-    for (size_t i = 0; i < model->streams.capacity; i++) {
-        const simulated_stream *queue = (const simulated_stream *)(uintptr_t)model->streams.entries[i].value;
-        if (model->streams.entries[i].key)
-            queued += queue->enqueued - queue->completed;
-    }
-    if (model->last_named_stream)
-        queued += model->last_named_stream->enqueued - model->last_named_stream->completed;
-    gm_status status = wait_for_every_stream(model);
+    uint64_t finished = 0;
+    gm_status status = wait_for_every_stream(model_of(backend), &finished);
     if (status == GM_OK)
-        backend->work_waited_for += queued;
+        backend->work_waited_for += finished;
     return status;
 }
 
