@@ -275,6 +275,24 @@ static int bad_argument(const char *option, const char *value, const char *expec
     return 2;
 }
 
+/* The flag that owns a GPUMEM_CONF key of --conf, or NULL. The soak builds its configuration from its
+ * flags and reports them in its table and JSON; a --conf key that overrode one would run something other
+ * than what the report says (and the data checks follow --backend), so such keys are refused. */
+static const char *key_owned_by_a_flag(const char *conf)
+{
+    static const char *const owned[][2] = {{"backend", "--backend"}, {"engine", "--engine"}, {"capacity", "--capacity"},
+                                           {"fault_rate", "--fault-rate"}, {"fault_seed", "--seed"}};
+    for (const char *key = conf; key; key = strchr(key, ',') ? strchr(key, ',') + 1 : NULL) {
+        while (*key == ' ')
+            key++;
+        size_t length = strcspn(key, ":,");
+        for (size_t k = 0; k < sizeof owned / sizeof owned[0]; k++)
+            if (length == strlen(owned[k][0]) && !strncmp(key, owned[k][0], length))
+                return owned[k][1];
+    }
+    return NULL;
+}
+
 /* The value of an option given as "--name value" or "--name=value"; NULL if absent. */
 static const char *option_value(int argc, char **argv, int *index, const char *name, bool *matched)
 {
@@ -325,6 +343,11 @@ static int parse_value(soak_options *options, const char *name, const char *valu
     } else if (!strcmp(name, "--conf")) {
         if (!value || !*value || strlen(value) > 128)
             return bad_argument(name, value, "GPUMEM_CONF keys (key:value,...), at most 128 characters");
+        const char *flag = key_owned_by_a_flag(value);
+        if (flag) {
+            fprintf(stderr, "gpumem_soak: --conf '%s' sets a key that %s sets: give it with %s\n", value, flag, flag);
+            return 2;
+        }
         options->conf = value;
     }
     return 0;
