@@ -236,7 +236,8 @@ static void usage(FILE *out)
                  "                   [--trace FILE]\n"
                  "                   [--json] [--verbose]\n"
                  "defaults: sim, pages, 10000000 operations on sim (1000000 on host), 8 threads, seed 1,\n"
-                 "fault rate 0.002 (0: none), capacity 16GiB on sim (2GiB on host), 50 barriers\n");
+                 "fault rate 0.002 (0: none), capacity 16GiB on sim (2GiB on host), 50 barriers;\n"
+                 "--conf: more GPUMEM_CONF keys (not backend, engine, capacity, fault_rate or fault_seed: the flags set them)\n");
 }
 
 static bool parse_unsigned(const char *text, uint64_t low, uint64_t high, uint64_t *value_out)
