@@ -34,6 +34,7 @@
  */
 #include "soak.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -283,15 +284,16 @@ static const char *key_owned_by_a_flag(const char *conf)
 {
     static const char *const owned[][2] = {{"backend", "--backend"}, {"engine", "--engine"}, {"capacity", "--capacity"},
                                            {"fault_rate", "--fault-rate"}, {"fault_seed", "--seed"}};
-    for (const char *key = conf; key; key = strchr(key, ',') ? strchr(key, ',') + 1 : NULL) {
-        while (*key == ' ')
+    for (const char *key = conf;; key++) {
+        while (isspace((unsigned char)*key)) /* as the GPUMEM_CONF parser skips it before a key */
             key++;
         size_t length = strcspn(key, ":,");
         for (size_t k = 0; k < sizeof owned / sizeof owned[0]; k++)
             if (length == strlen(owned[k][0]) && !strncmp(key, owned[k][0], length))
                 return owned[k][1];
+        if (!(key = strchr(key, ',')))
+            return NULL;
     }
-    return NULL;
 }
 
 /* The value of an option given as "--name value" or "--name=value"; NULL if absent. */

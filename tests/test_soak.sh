@@ -73,7 +73,7 @@ expect_failure "a trace with no operations" "holds no operations" --trace "$work
 expect_failure "--trace without a file" "bad value '(missing)' for --trace" --trace
 expect_failure "a trace with a bad --conf" "unknown key 'bogus'" --trace "$resnet50" --conf bogus:1
 expect_failure "--conf setting the engine, which --engine sets" "give it with --engine" --conf stitch:false,engine:segments
-expect_failure "--conf setting the backend, which --backend sets" "give it with --backend" --conf " backend:host"
+expect_failure "--conf setting the backend, which --backend sets" "give it with --backend" --conf "stitch:false, 	backend:host"
 
 [ "$failures" -eq 0 ] && echo "test_soak: all passed" || echo "test_soak: $failures failed"
 [ "$failures" -eq 0 ]
