@@ -264,6 +264,60 @@ static gm_status compact_for_growth(gm_arena *arena, const window *where, uint64
  * would raise reserved memory past its peak (or the device is full), then new memory. The mapped
  * part is made accessible and turned into free space merged with its neighbours: *opened_out, the
  * merged free block, detached (NULL if nothing could be mapped). */
+/* Idle chunks moved to [from, from + need) (room: how far they may reach), when recycling is due or no
+ * new memory can be had; the bytes so mapped. */
+static uint64_t recycle_idle_into(gm_arena *arena, const window *where, uintptr_t from, uint64_t need,
+                                  uint64_t room, uint64_t new_room, gm_status *status)
+{
+    page_engine *engine = engine_of(arena);
+    gm_region *region = where->region;
+    if (!(should_recycle(arena, need) && !is_ping_pong(arena, region, need, new_room)) && need <= new_room)
+        return 0;
+    int64_t moving_since = arena->backend->modelled_ns;
+    engine->moving_by_choice = need <= new_room; /* else no new memory can be had */
+    uint64_t mapped = move_idle_chunks(arena, where, from, need, room, status);
+    /* Pages made ahead of need that still wait when new memory would lift the peak: the step
+     * did not repeat the last one. They become free memory, and chunks no growth took move. */
+    if (*status == GM_OK && mapped < need && engine->waiting_bytes && should_recycle(arena, need - mapped) &&
+        (*status = pages_settle_waiting(arena, NULL)) == GM_OK)
+        mapped += move_idle_chunks(arena, where, from + mapped, need - mapped, room - mapped, status);
+    engine->moving_by_choice = false;
+    if (move_spends_budget(arena, region, need))
+        engine->bounce_credit_ns -= arena->backend->modelled_ns - moving_since;
+    return mapped;
+}
+
+/* New memory for [from, from + need); on a full device any idle memory will do. The bytes mapped. */
+static uint64_t create_or_take_idle(gm_arena *arena, const window *where, uintptr_t from, uint64_t need,
+                                    uint64_t new_room, gm_status *status)
+{
+    uint64_t created = 0;
+    *status = create_memory(arena, where->region, from, need, where->request_end, new_room, &created);
+    if (*status != GM_ERROR_OUT_OF_MEMORY)
+        return created;
+    uint64_t moved = move_idle_chunks(arena, where, from + created, need - created, need - created, status);
+    if (*status == GM_OK && created + moved < need)
+        *status = gm_fail(GM_ERROR_OUT_OF_MEMORY, "the device has no room for %" PRIu64 " more bytes",
+                          need - created - moved);
+    return created + moved;
+}
+
+/* The free block over [from, from + mapped), whose pages are now backed, merged with free neighbours. */
+static gm_status open_backed(gm_arena *arena, gm_region *region, uintptr_t from, uint64_t mapped,
+                             gm_block **opened_out)
+{
+    gm_block *hole = pages_unmapped_at(region, from); /* evictions may have merged unmapped blocks */
+    pages_unmapped_remove(region, hole);
+    gm_block *opened = pages_carve(arena, hole, from, from + mapped, GM_BLOCK_FREE);
+    if (!opened) {
+        pages_unmapped_insert(region, hole);
+        pages_leave_waiting(arena, region, from, from + mapped);
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for block metadata");
+    }
+    *opened_out = pages_merge_alike(arena, opened);
+    return GM_OK;
+}
+
 static gm_status back_part(gm_arena *arena, const window *where, uintptr_t from, uintptr_t to,
                            gm_block **opened_out)
 {
@@ -277,23 +331,10 @@ static gm_status back_part(gm_arena *arena, const window *where, uintptr_t from,
     }
     int64_t spent_before = arena->backend->modelled_ns;
     pages_retire_passed_aliases(arena);
-    uint64_t mapped = 0, created = 0;
     /* Moving idle chunks changes neither reserved memory nor the device's free memory: one reading. */
     uint64_t new_room = pages_room_for_new_memory(arena);
     gm_status status = GM_OK;
-    if ((should_recycle(arena, need) && !is_ping_pong(arena, region, need, new_room)) || need > new_room) {
-        int64_t moving_since = arena->backend->modelled_ns;
-        engine->moving_by_choice = need <= new_room; /* else no new memory can be had */
-        mapped = move_idle_chunks(arena, where, from, need, room, &status);
-        /* Pages made ahead of need that still wait when new memory would lift the peak: the step
-         * did not repeat the last one. They become free memory, and chunks no growth took move. */
-        if (status == GM_OK && mapped < need && engine->waiting_bytes && should_recycle(arena, need - mapped) &&
-            (status = pages_settle_waiting(arena, NULL)) == GM_OK)
-            mapped += move_idle_chunks(arena, where, from + mapped, need - mapped, room - mapped, &status);
-        engine->moving_by_choice = false;
-        if (move_spends_budget(arena, region, need))
-            engine->bounce_credit_ns -= arena->backend->modelled_ns - moving_since;
-    }
+    uint64_t mapped = recycle_idle_into(arena, where, from, need, room, new_room, &status);
     if (status == GM_OK && mapped < need && arena->options->compact_min && !engine->placing_lane) {
         int64_t reserved_before = gm_stat_total(arena->stats->reserved_bytes);
         status = compact_for_growth(arena, where, need - mapped, new_room);
@@ -307,31 +348,14 @@ static gm_status back_part(gm_arena *arena, const window *where, uintptr_t from,
         if (engine->keep_peak && should_recycle(arena, need - mapped))
             status = GM_ERROR_OUT_OF_MEMORY; /* quietly: the caller has another place (lane_place) */
     }
-    if (status == GM_OK && mapped < need) {
-        status = create_memory(arena, region, from + mapped, need - mapped, where->request_end, new_room, &created);
-        mapped += created;
-        if (status == GM_ERROR_OUT_OF_MEMORY) { /* the device is full: any idle memory will do */
-            uint64_t moved = move_idle_chunks(arena, where, from + mapped, need - mapped, need - mapped, &status);
-            mapped += moved;
-            if (status == GM_OK && mapped < need)
-                status = gm_fail(GM_ERROR_OUT_OF_MEMORY, "the device has no room for %" PRIu64 " more bytes",
-                                 need - mapped);
-        }
-    }
+    if (status == GM_OK && mapped < need)
+        mapped += create_or_take_idle(arena, where, from + mapped, need - mapped, new_room, &status);
     engine->credit_ns -= arena->backend->modelled_ns - spent_before;
     *opened_out = NULL;
     if (mapped == 0)
         return status;
-    hole = pages_unmapped_at(region, from); /* evictions may have merged unmapped blocks */
-    pages_unmapped_remove(region, hole);
-    gm_block *opened = pages_carve(arena, hole, from, from + mapped, GM_BLOCK_FREE);
-    if (!opened) {
-        pages_unmapped_insert(region, hole);
-        pages_leave_waiting(arena, region, from, from + mapped);
-        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for block metadata");
-    }
-    *opened_out = pages_merge_alike(arena, opened);
-    return status;
+    gm_status opened = open_backed(arena, region, from, mapped, opened_out);
+    return opened != GM_OK ? opened : status;
 }
 
 /* The free block that holds the window [start, end) of the run from `run_first`, detached; NULL if
