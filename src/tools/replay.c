@@ -37,6 +37,38 @@ gm_status gm_replay_with_hook(gm_allocator *allocator, const gm_trace *trace, gm
     return gm_replay_with_hooks(allocator, trace, result_out, &hooks);
 }
 
+/* One stream per stream id of the trace (an array the caller frees). The ids are names, not
+ * handles: on a GPU each becomes a real stream. */
+static gm_status open_streams(gm_allocator *allocator, const gm_trace *trace, gm_stream **streams_out)
+{
+    gm_stream *streams = gm_system_malloc((trace->stream_count ? trace->stream_count : 1) * sizeof *streams);
+    if (!streams)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the replay");
+    for (size_t i = 0; i < trace->stream_count; i++) {
+        gm_status status = gm_named_stream(allocator, (uint64_t)trace->streams[i], &streams[i]);
+        if (status != GM_OK) {
+            free(streams);
+            return status;
+        }
+    }
+    *streams_out = streams;
+    return GM_OK;
+}
+
+/* The result of a replay that ran to its end (result_out->stats already read). */
+static void fill_result(const gm_trace *trace, size_t failed, uint64_t peak_live, int64_t elapsed_ns,
+                        gm_replay_result *result_out)
+{
+    result_out->operations = trace->count;
+    result_out->allocations = trace->allocation_count;
+    result_out->frees = trace->count - trace->allocation_count;
+    result_out->failed_allocations = failed;
+    result_out->peak_live_bytes = peak_live;
+    result_out->peak_reserved_bytes = (uint64_t)result_out->stats.reserved_bytes[GM_POOL_ALL].peak;
+    result_out->ratio = peak_live ? (double)result_out->peak_reserved_bytes / (double)peak_live : 0.0;
+    result_out->ns_per_operation = trace->count ? (double)elapsed_ns / (double)trace->count : 0.0;
+}
+
 gm_status gm_replay_with_hooks(gm_allocator *allocator, const gm_trace *trace, gm_replay_result *result_out,
                                const gm_replay_hooks *hooks)
 {
@@ -44,20 +76,12 @@ gm_status gm_replay_with_hooks(gm_allocator *allocator, const gm_trace *trace, g
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_replay: an argument is NULL");
     memset(result_out, 0, sizeof *result_out);
     void **pointers = gm_system_calloc(trace->slot_count ? trace->slot_count : 1, sizeof *pointers);
-    gm_stream *streams = gm_system_malloc((trace->stream_count ? trace->stream_count : 1) * sizeof *streams);
-    if (!pointers || !streams) {
+    gm_stream *streams = NULL;
+    gm_status opened = pointers ? open_streams(allocator, trace, &streams)
+                                : gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the replay");
+    if (opened != GM_OK) {
         free(pointers);
-        free(streams);
-        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the replay");
-    }
-    /* The trace's stream ids are names, not handles: on a GPU each becomes a real stream. */
-    for (size_t i = 0; i < trace->stream_count; i++) {
-        gm_status status = gm_named_stream(allocator, (uint64_t)trace->streams[i], &streams[i]);
-        if (status != GM_OK) {
-            free(pointers);
-            free(streams);
-            return status;
-        }
+        return opened;
     }
     gm_status failure = GM_OK;
     uint64_t live = 0, peak_live = 0;
@@ -101,13 +125,6 @@ gm_status gm_replay_with_hooks(gm_allocator *allocator, const gm_trace *trace, g
     free(streams);
     if (failure != GM_OK)
         return failure;
-    result_out->operations = trace->count;
-    result_out->allocations = trace->allocation_count;
-    result_out->frees = trace->count - trace->allocation_count;
-    result_out->failed_allocations = failed;
-    result_out->peak_live_bytes = peak_live;
-    result_out->peak_reserved_bytes = (uint64_t)result_out->stats.reserved_bytes[GM_POOL_ALL].peak;
-    result_out->ratio = peak_live ? (double)result_out->peak_reserved_bytes / (double)peak_live : 0.0;
-    result_out->ns_per_operation = trace->count ? (double)elapsed / (double)trace->count : 0.0;
+    fill_result(trace, failed, peak_live, elapsed, result_out);
     return GM_OK;
 }
