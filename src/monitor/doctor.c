@@ -320,6 +320,66 @@ static void format_limit(char *buffer, size_t size, int64_t bytes)
         format_bytes(buffer, size, bytes);
 }
 
+/* memory.max (or v1's limit) against the machine's RAM. */
+static void audit_cgroup_max(audit *audit, const gm_cgroup_memory *cgroup)
+{
+    if (!cgroup->max_known) {
+        add_unreadable(audit, "cgroup.memory_max", cgroup->max_file, "the cgroup's memory limit");
+        return;
+    }
+    int64_t limit = cgroup->max_bytes, total = audit->memory_known ? audit->memory.total_bytes : -1;
+    bool below = limit >= 0 && total > 0 && limit < total;
+    char text[64];
+    format_limit(text, sizeof text, limit);
+    add_finding(audit, "cgroup.memory_max", below ? GM_DOCTOR_WARN : GM_DOCTOR_OK,
+                "a cgroup limit below the machine's RAM (warn) is where the OOM killer strikes, whatever free "
+                "shows: the job has less host memory than the machine",
+                below ? "size num_workers and caches for the cgroup's limit, or raise it: docker run --memory=..., "
+                        "systemctl set-property UNIT MemoryMax=..., Kubernetes resources.limits.memory" : "",
+                "%s (RAM %.1f GiB)", text, total > 0 ? (double)total / GIB : 0.0);
+}
+
+/* memory.high, where the kernel starts to throttle. */
+static void audit_cgroup_high(audit *audit, const gm_cgroup_memory *cgroup)
+{
+    if (!cgroup->high_known)
+        return;
+    int64_t limit = cgroup->max_bytes, high = cgroup->high_bytes;
+    bool throttles = high >= 0 && (limit < 0 || high < limit) &&
+                     (!audit->memory_known || high < audit->memory.total_bytes);
+    char text[64];
+    format_limit(text, sizeof text, high);
+    add_finding(audit, "cgroup.memory_high", throttles ? GM_DOCTOR_WARN : GM_DOCTOR_OK,
+                "above memory.high the kernel throttles and reclaims the cgroup's memory (warn when it is below "
+                "memory.max and RAM): the job slows down before any OOM",
+                throttles ? "raise it: systemctl set-property UNIT MemoryHigh=... or echo max > memory.high" : "",
+                "%s", text);
+}
+
+/* The cgroup's memory in use, as a share of its limit. */
+static void audit_cgroup_current(audit *audit, const gm_cgroup_memory *cgroup)
+{
+    if (!cgroup->current_known) {
+        add_unreadable(audit, "cgroup.memory_current", cgroup->current_file, "the cgroup's memory in use");
+        return;
+    }
+    if (!cgroup->max_known)
+        return;
+    int64_t limit = cgroup->max_bytes;
+    double used = limit > 0 ? percent(cgroup->current_bytes, limit) : 0.0;
+    char current_text[64];
+    format_bytes(current_text, sizeof current_text, cgroup->current_bytes);
+    char share[64] = "no limit";
+    if (limit > 0)
+        snprintf(share, sizeof share, "%.1f%% of the limit", used);
+    gm_doctor_severity severity = limit > 0 && used > 90 ? GM_DOCTOR_WARN : GM_DOCTOR_OK;
+    add_finding(audit, "cgroup.memory_current", severity,
+                "the cgroup's memory in use, page cache included; above 90% of its limit (warn) the next "
+                "allocation triggers reclaim or the OOM killer",
+                severity == GM_DOCTOR_OK ? "" : "free memory in the cgroup or raise its limit",
+                "%s (%s)", current_text, share);
+}
+
 /* The cgroup as gm_cgroup_memory_read finds it (v2 when its memory.max reads, else v1's memory
  * controller): a finding per reading, none for a file the hierarchy does not have. */
 static void audit_cgroup(audit *audit)
@@ -346,48 +406,9 @@ static void audit_cgroup(audit *audit)
                            "the cgroup's memory limit (no memory controller here?)");
         return;
     }
-    int64_t limit = cgroup.max_bytes, high = cgroup.high_bytes, current = cgroup.current_bytes;
-    if (!cgroup.max_known) {
-        add_unreadable(audit, "cgroup.memory_max", cgroup.max_file, "the cgroup's memory limit");
-    } else {
-        int64_t total = audit->memory_known ? audit->memory.total_bytes : -1;
-        bool below = limit >= 0 && total > 0 && limit < total;
-        char text[64];
-        format_limit(text, sizeof text, limit);
-        add_finding(audit, "cgroup.memory_max", below ? GM_DOCTOR_WARN : GM_DOCTOR_OK,
-                    "a cgroup limit below the machine's RAM (warn) is where the OOM killer strikes, whatever free "
-                    "shows: the job has less host memory than the machine",
-                    below ? "size num_workers and caches for the cgroup's limit, or raise it: docker run --memory=..., "
-                            "systemctl set-property UNIT MemoryMax=..., Kubernetes resources.limits.memory" : "",
-                    "%s (RAM %.1f GiB)", text, total > 0 ? (double)total / GIB : 0.0);
-    }
-    if (cgroup.high_known) {
-        bool throttles = high >= 0 && (limit < 0 || high < limit) &&
-                         (!audit->memory_known || high < audit->memory.total_bytes);
-        char text[64];
-        format_limit(text, sizeof text, high);
-        add_finding(audit, "cgroup.memory_high", throttles ? GM_DOCTOR_WARN : GM_DOCTOR_OK,
-                    "above memory.high the kernel throttles and reclaims the cgroup's memory (warn when it is below "
-                    "memory.max and RAM): the job slows down before any OOM",
-                    throttles ? "raise it: systemctl set-property UNIT MemoryHigh=... or echo max > memory.high" : "",
-                    "%s", text);
-    }
-    if (cgroup.current_known && cgroup.max_known) {
-        double used = limit > 0 ? percent(current, limit) : 0.0;
-        char current_text[64];
-        format_bytes(current_text, sizeof current_text, current);
-        char share[64] = "no limit";
-        if (limit > 0)
-            snprintf(share, sizeof share, "%.1f%% of the limit", used);
-        gm_doctor_severity severity = limit > 0 && used > 90 ? GM_DOCTOR_WARN : GM_DOCTOR_OK;
-        add_finding(audit, "cgroup.memory_current", severity,
-                    "the cgroup's memory in use, page cache included; above 90% of its limit (warn) the next "
-                    "allocation triggers reclaim or the OOM killer",
-                    severity == GM_DOCTOR_OK ? "" : "free memory in the cgroup or raise its limit",
-                    "%s (%s)", current_text, share);
-    } else if (!cgroup.current_known) {
-        add_unreadable(audit, "cgroup.memory_current", cgroup.current_file, "the cgroup's memory in use");
-    }
+    audit_cgroup_max(audit, &cgroup);
+    audit_cgroup_high(audit, &cgroup);
+    audit_cgroup_current(audit, &cgroup);
     if (cgroup.swap_max_known) {
         char text[64];
         format_limit(text, sizeof text, cgroup.swap_max_bytes);
