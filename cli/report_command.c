@@ -114,6 +114,42 @@ static gm_status replay_once(const gm_trace *trace, const char *configuration, c
     return status;
 }
 
+/* The trace replayed twice on fresh allocators: once sampling its memory curve (result), once stopped
+ * where reserved memory first reached its peak (catcher's snapshot). */
+static gm_status replay_to_peak(const gm_trace *trace, const char *configuration, gm_memory_curve *curve,
+                                gm_replay_result *result, peak_catcher *catcher, gm_device_info *device)
+{
+    gm_replay_hooks sampling = {.after_operation = sample_curve, .context = curve};
+    gm_status status = replay_once(trace, configuration, &sampling, result, device);
+    if (status != GM_OK)
+        return status;
+    catcher->index = curve->peak_reserved_x;
+    gm_replay_result second;
+    gm_replay_hooks stopping = {.after_operation = catch_peak, .context = catcher};
+    return replay_once(trace, configuration, &stopping, &second, device);
+}
+
+/* What the report of a replayed trace says beside its numbers: where the two replays differ, a peak
+ * inside an operation, allocations that failed. */
+static void note_trace_replay(gm_html_report *report, notes *notes, const peak_catcher *catcher,
+                              const gm_memory_curve *curve, const gm_replay_result *result)
+{
+    if (catcher->snapshot &&
+        (uint64_t)catcher->snapshot->stats.reserved_bytes[GM_POOL_ALL].current != curve->peak_reserved)
+        add_note(report, notes,
+                 "The second replay held %" PRId64 " bytes reserved at operation %zu, not the first replay's %" PRIu64
+                 ": this backend does not replay deterministically, so the map is of a nearby state.",
+                 catcher->snapshot->stats.reserved_bytes[GM_POOL_ALL].current, catcher->index, curve->peak_reserved);
+    if (curve->peak_reserved != result->peak_reserved_bytes)
+        add_note(report, notes,
+                 "Reserved memory peaked at %" PRIu64 " bytes inside an operation; after any operation it was at most %" PRIu64
+                 " bytes (the curve and the map).",
+                 result->peak_reserved_bytes, curve->peak_reserved);
+    if (result->failed_allocations)
+        add_note(report, notes, "%zu allocations failed with out of memory; the replay skipped their frees.",
+                 result->failed_allocations);
+}
+
 int gm_report_of_trace(const gm_trace *trace, const char *trace_path, const char *configuration,
                        const char *output_path, const char *command)
 {
@@ -130,14 +166,7 @@ int gm_report_of_trace(const gm_trace *trace, const char *trace_path, const char
         free(notes);
         return GM_EXIT_ERROR;
     }
-    gm_replay_hooks sampling = {.after_operation = sample_curve, .context = &curve};
-    status = replay_once(trace, configuration, &sampling, result, &device);
-    if (status == GM_OK) {
-        catcher.index = curve.peak_reserved_x;
-        gm_replay_result second;
-        gm_replay_hooks stopping = {.after_operation = catch_peak, .context = &catcher};
-        status = replay_once(trace, configuration, &stopping, &second, &device);
-    }
+    status = replay_to_peak(trace, configuration, &curve, result, &catcher, &device);
     if (status != GM_OK) {
         fprintf(stderr, "gpumem %s: cannot replay '%s' for the report: %s: %s\n", command, trace_path,
                 gm_strerror(status), gm_last_error());
@@ -162,20 +191,7 @@ int gm_report_of_trace(const gm_trace *trace, const char *trace_path, const char
         .no_map_reason = "The second replay did not reach the peak's operation.", .stats = &result->stats,
         .stats_moment = "At the end of the trace, before its remaining allocations are freed (peaks cover the "
                         "whole replay)."};
-    if (catcher.snapshot &&
-        (uint64_t)catcher.snapshot->stats.reserved_bytes[GM_POOL_ALL].current != curve.peak_reserved)
-        add_note(&report, notes,
-                 "The second replay held %" PRId64 " bytes reserved at operation %zu, not the first replay's %" PRIu64
-                 ": this backend does not replay deterministically, so the map is of a nearby state.",
-                 catcher.snapshot->stats.reserved_bytes[GM_POOL_ALL].current, catcher.index, curve.peak_reserved);
-    if (curve.peak_reserved != result->peak_reserved_bytes)
-        add_note(&report, notes,
-                 "Reserved memory peaked at %" PRIu64 " bytes inside an operation; after any operation it was at most %" PRIu64
-                 " bytes (the curve and the map).",
-                 result->peak_reserved_bytes, curve.peak_reserved);
-    if (result->failed_allocations)
-        add_note(&report, notes, "%zu allocations failed with out of memory; the replay skipped their frees.",
-                 result->failed_allocations);
+    note_trace_replay(&report, notes, &catcher, &curve, result);
     exit_status = save(&report, output_path, command);
     if (exit_status == GM_EXIT_OK && result->failed_allocations) {
         fprintf(stderr, "gpumem %s: %zu allocations failed with out of memory (the report shows them)\n", command,
