@@ -142,6 +142,53 @@ static gm_status recover_failed_map(gm_arena *arena, gm_region *region, page_chu
                    "device cannot reach their memory", old->address, old->size);
 }
 
+/* How many runs of whole free pages the pinned chunk holds. */
+static size_t count_free_runs(const pinned_chunk *pinned, uint64_t page_size)
+{
+    uintptr_t start = pinned->chunk->address, end = start + pinned->chunk->size;
+    size_t free_runs = 0;
+    for (uintptr_t page = start; page < end; page = run_end(pinned->region, pinned->free_pages, page, end, page_size))
+        free_runs += pinned->free_pages[page_index(pinned->region, page, page_size)];
+    return free_runs;
+}
+
+/* Each run of touched pages of the pinned chunk copied into new memory (copies[0..*made_out)). */
+static gm_status copy_live_runs(gm_arena *arena, const pinned_chunk *pinned, page_chunk **copies, size_t *made_out)
+{
+    gm_region *region = pinned->region;
+    uint64_t page_size = engine_of(arena)->page_size;
+    uintptr_t start = pinned->chunk->address, end = start + pinned->chunk->size;
+    gm_status status = GM_OK;
+    for (uintptr_t page = start; page < end && status == GM_OK;) {
+        uintptr_t next = run_end(region, pinned->free_pages, page, end, page_size);
+        if (!pinned->free_pages[page_index(region, page, page_size)]) {
+            status = make_copy(arena, region, page, next - page, &copies[*made_out]);
+            *made_out += status == GM_OK;
+        }
+        page = next;
+    }
+    return status;
+}
+
+/* Once the old chunk [start, end) is released (pinned->chunk is gone): its runs of whole free pages
+ * left unmapped. Cannot run out of block metadata (reserved before the copies were made). */
+static gm_status vacate_free_runs(gm_arena *arena, const pinned_chunk *pinned, uintptr_t start, uintptr_t end)
+{
+    gm_region *region = pinned->region;
+    uint64_t page_size = engine_of(arena)->page_size;
+    gm_status status = GM_OK;
+    for (uintptr_t page = start; page < end && status == GM_OK;) {
+        uintptr_t next = run_end(region, pinned->free_pages, page, end, page_size);
+        if (pinned->free_pages[page_index(region, page, page_size)]) {
+            gm_block *around = pages_free_block_containing(region, page, next - page);
+            status = around ? pages_vacate(arena, around, page, next)
+                            : gm_fail(GM_ERROR_CORRUPT, "compaction: a free page is not inside a free block");
+        }
+        page = next;
+    }
+    return status;
+}
+
 /* Split a pinned chunk without losing a byte: each run of touched pages copied into new memory while
  * the chunk is still mapped, the chunk unmapped (its handle kept), the copies mapped in its place,
  * and only then the chunk released and its whole free pages left unmapped. A failure at any step
@@ -155,9 +202,7 @@ static gm_status compact_chunk(gm_arena *arena, const pinned_chunk *pinned, bool
     /* Host memory first, for the list of copies and for the blocks that will mark the free runs
      * unmapped (each splits its free block in three at most): once the old chunk is released nothing
      * may fail. Without it the chunk stays whole: compaction is only an economy. */
-    size_t free_runs = 0;
-    for (uintptr_t page = start; page < end; page = run_end(region, pinned->free_pages, page, end, page_size))
-        free_runs += pinned->free_pages[page_index(region, page, page_size)];
+    size_t free_runs = count_free_runs(pinned, page_size);
     /* The copies exist beside the chunk for a moment: reserved memory must stay within the memory limit
      * even then (the callers bound it by the peak, or not at all when the alternative is out of memory). */
     if ((uint64_t)gm_stat_total(arena->stats->reserved_bytes) + old->size - pinned->free_bytes > arena->memory_limit) {
@@ -171,15 +216,7 @@ static gm_status compact_chunk(gm_arena *arena, const pinned_chunk *pinned, bool
         return GM_OK;
     }
     size_t made = 0;
-    gm_status status = GM_OK;
-    for (uintptr_t page = start; page < end && status == GM_OK;) {
-        uintptr_t next = run_end(region, pinned->free_pages, page, end, page_size);
-        if (!pinned->free_pages[page_index(region, page, page_size)]) {
-            status = make_copy(arena, region, page, next - page, &copies[made]);
-            made += status == GM_OK;
-        }
-        page = next;
-    }
+    gm_status status = copy_live_runs(arena, pinned, copies, &made);
     if (status == GM_OK)
         status = pages_unmap_chunk(arena, region, old);
     if (status != GM_OK) { /* the chunk is still mapped: only the copies go */
@@ -199,17 +236,7 @@ static gm_status compact_chunk(gm_arena *arena, const pinned_chunk *pinned, bool
     if (status != GM_OK || *undone_out)
         return status;
     pages_release_chunk(arena, region, old);
-    for (uintptr_t page = start; page < end && status == GM_OK;) {
-        uintptr_t next = run_end(region, pinned->free_pages, page, end, page_size);
-        if (pinned->free_pages[page_index(region, page, page_size)]) {
-            gm_block *around = pages_free_block_containing(region, page, next - page);
-            /* cannot run out of block metadata: reserved above */
-            status = around ? pages_vacate(arena, around, page, next)
-                            : gm_fail(GM_ERROR_CORRUPT, "compaction: a free page is not inside a free block");
-        }
-        page = next;
-    }
-    return status;
+    return vacate_free_runs(arena, pinned, start, end);
 }
 
 /* Every chunk of the shared large pools (not a private pool's, not a lane's: page-sized chunks) with
