@@ -208,6 +208,31 @@ done:
 
 /* ---------------------------------------------------------------- a history */
 
+/* What the report of a history says beside its curve and map: its events by kind, what the ring
+ * dropped, actions left out. */
+static void note_history(gm_html_report *report, notes *notes, const gm_history_file *history,
+                         uint64_t allocated_baseline, uint64_t reserved_baseline)
+{
+    size_t by_kind[GM_EVENT_KIND_COUNT] = {0};
+    for (size_t i = 0; i < history->count; i++)
+        by_kind[history->events[i].kind]++;
+    add_note(report, notes,
+             "%zu events: %zu alloc, %zu free_requested, %zu free_completed, %zu segment_map, %zu segment_unmap, "
+             "%zu oom.",
+             history->count, by_kind[GM_EVENT_ALLOC], by_kind[GM_EVENT_FREE_REQUESTED],
+             by_kind[GM_EVENT_FREE_COMPLETED], by_kind[GM_EVENT_SEGMENT_MAP], by_kind[GM_EVENT_SEGMENT_UNMAP],
+             by_kind[GM_EVENT_OOM]);
+    if (history->dropped)
+        add_note(report, notes,
+                 "The ring dropped %" PRIu64 " older events: the levels start from the lowest baseline that keeps "
+                 "them from going below zero (%" PRIu64 " bytes allocated, %" PRIu64 " reserved), a lower bound, "
+                 "and the peaks are those of the events held.",
+                 history->dropped, allocated_baseline, reserved_baseline);
+    if (history->unknown_actions)
+        add_note(report, notes, "%zu events of actions this gpumem does not know were left out.",
+                 history->unknown_actions);
+}
+
 static int report_of_history(const gm_input_file *input, const char *output_path)
 {
     gm_history_file history;
@@ -235,9 +260,6 @@ static int report_of_history(const gm_input_file *input, const char *output_path
         gm_history_file_free(&history);
         return GM_EXIT_ERROR;
     }
-    size_t by_kind[GM_EVENT_KIND_COUNT] = {0};
-    for (size_t i = 0; i < history.count; i++)
-        by_kind[history.events[i].kind]++;
     char moment[NOTE_SIZE], peak[32];
     snprintf(moment, sizeof moment,
              "After event %zu of %zu (reserved memory first reached its peak, %s, at event %" PRIu64 "), rebuilt "
@@ -255,21 +277,7 @@ static int report_of_history(const gm_input_file *input, const char *output_path
                                        : "The history holds no events.",
         .no_stats_reason = "A history holds events, not statistics, so there is no memory_summary() table "
                            "(a snapshot has one: gpumem replay --snapshot)."};
-    add_note(&report, notes,
-             "%zu events: %zu alloc, %zu free_requested, %zu free_completed, %zu segment_map, %zu segment_unmap, "
-             "%zu oom.",
-             history.count, by_kind[GM_EVENT_ALLOC], by_kind[GM_EVENT_FREE_REQUESTED],
-             by_kind[GM_EVENT_FREE_COMPLETED], by_kind[GM_EVENT_SEGMENT_MAP], by_kind[GM_EVENT_SEGMENT_UNMAP],
-             by_kind[GM_EVENT_OOM]);
-    if (history.dropped)
-        add_note(&report, notes,
-                 "The ring dropped %" PRIu64 " older events: the levels start from the lowest baseline that keeps "
-                 "them from going below zero (%" PRIu64 " bytes allocated, %" PRIu64 " reserved), a lower bound, "
-                 "and the peaks are those of the events held.",
-                 history.dropped, allocated_baseline, reserved_baseline);
-    if (history.unknown_actions)
-        add_note(&report, notes, "%zu events of actions this gpumem does not know were left out.",
-                 history.unknown_actions);
+    note_history(&report, notes, &history, allocated_baseline, reserved_baseline);
     int exit_status = save(&report, output_path, "report");
     gm_history_map_free(map);
     gm_memory_curve_free(&curve);
@@ -313,12 +321,12 @@ static int report_of_snapshot(const gm_input_file *input, const char *output_pat
 
 /* ---------------------------------------------------------------- the command */
 
-int gm_command_report(int argc, char **argv)
+/* The command line into its input, output and device arguments; -1 to go on, else the exit status. */
+static int parse_arguments(int argc, char **argv, gm_device_arguments *device_arguments, const char **input_out,
+                           const char **output_out)
 {
-    gm_device_arguments device_arguments = {0};
-    const char *input_path = NULL, *output_path = NULL;
     for (int i = 0; i < argc; i++) {
-        int taken = gm_take_device_argument(&device_arguments, argc, argv, &i);
+        int taken = gm_take_device_argument(device_arguments, argc, argv, &i);
         if (taken < 0)
             return GM_EXIT_USAGE;
         if (taken)
@@ -328,24 +336,54 @@ int gm_command_report(int argc, char **argv)
                 fprintf(stderr, "gpumem report: %s needs a file name\n", argv[i]);
                 return GM_EXIT_USAGE;
             }
-            output_path = argv[++i];
+            *output_out = argv[++i];
         } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("%s", REPORT_USAGE);
             return GM_EXIT_OK;
         } else if (argv[i][0] == '-' && argv[i][1]) {
             fprintf(stderr, "gpumem report: unknown option '%s'\n", argv[i]);
             return GM_EXIT_USAGE;
-        } else if (input_path) {
-            fprintf(stderr, "gpumem report: one input at a time ('%s' and '%s')\n", input_path, argv[i]);
+        } else if (*input_out) {
+            fprintf(stderr, "gpumem report: one input at a time ('%s' and '%s')\n", *input_out, argv[i]);
             return GM_EXIT_USAGE;
         } else {
-            input_path = argv[i];
+            *input_out = argv[i];
         }
     }
-    if (!input_path || !output_path) {
-        fprintf(stderr, "%s%s", input_path ? "gpumem report: -o FILE is needed\n" : "", REPORT_USAGE);
+    if (!*input_out || !*output_out) {
+        fprintf(stderr, "%s%s", *input_out ? "gpumem report: -o FILE is needed\n" : "", REPORT_USAGE);
         return GM_EXIT_USAGE;
     }
+    return -1;
+}
+
+/* A trace file replayed on the device the arguments describe, into a report. */
+static int report_of_trace_file(const char *input_path, const gm_device_arguments *device_arguments,
+                                const char *output_path)
+{
+    char *configuration = gm_device_configuration(device_arguments, NULL);
+    if (!configuration)
+        return GM_EXIT_ERROR;
+    gm_trace trace;
+    gm_status status = gm_trace_load(input_path, &trace);
+    if (status != GM_OK) {
+        fprintf(stderr, "gpumem report: %s\n", gm_last_error());
+        free(configuration);
+        return exit_status_of(status);
+    }
+    int exit_status = gm_report_of_trace(&trace, input_path, configuration, output_path, "report");
+    free(configuration);
+    gm_trace_free(&trace);
+    return exit_status;
+}
+
+int gm_command_report(int argc, char **argv)
+{
+    gm_device_arguments device_arguments = {0};
+    const char *input_path = NULL, *output_path = NULL;
+    int parsed = parse_arguments(argc, argv, &device_arguments, &input_path, &output_path);
+    if (parsed >= 0)
+        return parsed;
     gm_input_file input;
     gm_status status = gm_input_open(input_path, &input);
     if (status != GM_OK) {
@@ -353,28 +391,12 @@ int gm_command_report(int argc, char **argv)
         return exit_status_of(status);
     }
     int exit_status;
-    if (input.kind == GM_INPUT_HISTORY) {
+    if (input.kind == GM_INPUT_HISTORY)
         exit_status = report_of_history(&input, output_path);
-    } else if (input.kind == GM_INPUT_SNAPSHOT) {
+    else if (input.kind == GM_INPUT_SNAPSHOT)
         exit_status = report_of_snapshot(&input, output_path);
-    } else {
-        char *configuration = gm_device_configuration(&device_arguments, NULL);
-        if (!configuration) {
-            gm_input_close(&input);
-            return GM_EXIT_ERROR;
-        }
-        gm_trace trace;
-        status = gm_trace_load(input_path, &trace);
-        if (status != GM_OK) {
-            fprintf(stderr, "gpumem report: %s\n", gm_last_error());
-            free(configuration);
-            gm_input_close(&input);
-            return exit_status_of(status);
-        }
-        exit_status = gm_report_of_trace(&trace, input_path, configuration, output_path, "report");
-        free(configuration);
-        gm_trace_free(&trace);
-    }
+    else
+        exit_status = report_of_trace_file(input_path, &device_arguments, output_path);
     gm_input_close(&input);
     return exit_status;
 }
