@@ -184,26 +184,17 @@ gm_status gm_publish_status(gm_allocator *allocator, char *path_out, size_t path
 
 /* ---------------------------------------------------------------- creation */
 
-static gm_status create_with_options(const gm_options *options, const gm_segment_source *source,
-                                     gm_allocator **allocator_out)
+/* The backend the allocator's options name, its memory limit and the engine that suits it. */
+static gm_status open_device(gm_allocator *allocator, const gm_segment_source *source)
 {
-    /* Aligned as the struct asks (its hot fields a cache line each): calloc promises less. */
-    gm_allocator *allocator = aligned_alloc(_Alignof(gm_allocator), sizeof *allocator);
-    if (!allocator)
-        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the allocator");
-    memset(allocator, 0, sizeof *allocator);
-    allocator->options = *options;
-    allocator->arena.stats = &allocator->own_stats;
-    allocator->arena.options = &allocator->options;
+    const gm_options *options = &allocator->options;
     gm_backend_config backend_config = {.name = options->backend, .device = options->device,
                                         .capacity = options->capacity, .page_size = options->page_size,
                                         .cost_model = options->cost_model, .fault_rate = options->fault_rate,
                                         .fault_seed = (uint64_t)options->fault_seed};
     gm_status status = gm_backend_open(&backend_config, &allocator->arena.backend);
-    if (status != GM_OK) {
-        free(allocator);
+    if (status != GM_OK)
         return status;
-    }
     gm_backend *backend = allocator->arena.backend;
     allocator->exclusive_device = backend->operations->stream_enqueue != NULL;
     allocator->arena.memory_limit = backend->total_bytes;
@@ -219,8 +210,27 @@ static gm_status create_with_options(const gm_options *options, const gm_segment
     }
     allocator->arena.stats->device_total_bytes = backend->total_bytes;
     allocator->arena.stats->page_size = backend->page_size;
+    return GM_OK;
+}
+
+static gm_status create_with_options(const gm_options *options, const gm_segment_source *source,
+                                     gm_allocator **allocator_out)
+{
+    /* Aligned as the struct asks (its hot fields a cache line each): calloc promises less. */
+    gm_allocator *allocator = aligned_alloc(_Alignof(gm_allocator), sizeof *allocator);
+    if (!allocator)
+        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the allocator");
+    memset(allocator, 0, sizeof *allocator);
+    allocator->options = *options;
+    allocator->arena.stats = &allocator->own_stats;
+    allocator->arena.options = &allocator->options;
+    gm_status status = open_device(allocator, source);
+    if (status != GM_OK) {
+        free(allocator);
+        return status;
+    }
     if (!gm_hash_map_init(&allocator->live_blocks, 1024)) {
-        gm_backend_close(backend);
+        gm_backend_close(allocator->arena.backend);
         free(allocator);
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for the allocator");
     }
