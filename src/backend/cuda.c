@@ -141,62 +141,58 @@ static void load_driver(void)
     static const struct {
         const char *symbol;
         size_t offset;
+        bool optional; /* newer than what gpumem needs: a NULL pointer when the driver lacks it */
     } entries[] = {
-        {"cuInit", offsetof(cuda_driver, init)},
-        {"cuDriverGetVersion", offsetof(cuda_driver, driver_get_version)},
-        {"cuDeviceGetCount", offsetof(cuda_driver, device_get_count)},
-        {"cuDeviceGet", offsetof(cuda_driver, device_get)},
-        {"cuDeviceGetName", offsetof(cuda_driver, device_get_name)},
-        {"cuDeviceGetAttribute", offsetof(cuda_driver, device_get_attribute)},
-        {"cuDeviceGetPCIBusId", offsetof(cuda_driver, device_get_pci_bus_id)},
-        {"cuDevicePrimaryCtxRetain", offsetof(cuda_driver, primary_context_retain)},
-        {"cuDevicePrimaryCtxRelease_v2", offsetof(cuda_driver, primary_context_release)},
-        {"cuCtxGetCurrent", offsetof(cuda_driver, context_get_current)},
-        {"cuCtxSetCurrent", offsetof(cuda_driver, context_set_current)},
-        {"cuMemGetInfo_v2", offsetof(cuda_driver, memory_get_info)},
-        {"cuMemAlloc_v2", offsetof(cuda_driver, memory_allocate)},
-        {"cuMemFree_v2", offsetof(cuda_driver, memory_free)},
-        {"cuMemHostAlloc", offsetof(cuda_driver, host_allocate)},
-        {"cuMemFreeHost", offsetof(cuda_driver, host_free)},
-        {"cuMemAddressReserve", offsetof(cuda_driver, address_reserve)},
-        {"cuMemAddressFree", offsetof(cuda_driver, address_free)},
-        {"cuMemCreate", offsetof(cuda_driver, create)},
-        {"cuMemRelease", offsetof(cuda_driver, release)},
-        {"cuMemMap", offsetof(cuda_driver, map)},
-        {"cuMemSetAccess", offsetof(cuda_driver, set_access)},
-        {"cuMemUnmap", offsetof(cuda_driver, unmap)},
-        {"cuCtxSynchronize", offsetof(cuda_driver, context_synchronize)},
-        {"cuMemcpyDtoD_v2", offsetof(cuda_driver, copy)},
-        {"cuMemGetAllocationGranularity", offsetof(cuda_driver, granularity)},
-        {"cuEventCreate", offsetof(cuda_driver, event_create)},
-        {"cuEventDestroy_v2", offsetof(cuda_driver, event_destroy)},
-        {"cuEventRecord", offsetof(cuda_driver, event_record)},
-        {"cuEventQuery", offsetof(cuda_driver, event_query)},
-        {"cuEventSynchronize", offsetof(cuda_driver, event_synchronize)},
-        {"cuGetErrorString", offsetof(cuda_driver, get_error_string)},
+        {"cuInit", offsetof(cuda_driver, init), false},
+        {"cuDriverGetVersion", offsetof(cuda_driver, driver_get_version), false},
+        {"cuDeviceGetCount", offsetof(cuda_driver, device_get_count), false},
+        {"cuDeviceGet", offsetof(cuda_driver, device_get), false},
+        {"cuDeviceGetName", offsetof(cuda_driver, device_get_name), false},
+        {"cuDeviceGetAttribute", offsetof(cuda_driver, device_get_attribute), false},
+        {"cuDeviceGetPCIBusId", offsetof(cuda_driver, device_get_pci_bus_id), false},
+        {"cuDevicePrimaryCtxRetain", offsetof(cuda_driver, primary_context_retain), false},
+        {"cuDevicePrimaryCtxRelease_v2", offsetof(cuda_driver, primary_context_release), false},
+        {"cuCtxGetCurrent", offsetof(cuda_driver, context_get_current), false},
+        {"cuCtxSetCurrent", offsetof(cuda_driver, context_set_current), false},
+        {"cuMemGetInfo_v2", offsetof(cuda_driver, memory_get_info), false},
+        {"cuMemAlloc_v2", offsetof(cuda_driver, memory_allocate), false},
+        {"cuMemFree_v2", offsetof(cuda_driver, memory_free), false},
+        {"cuMemHostAlloc", offsetof(cuda_driver, host_allocate), false},
+        {"cuMemFreeHost", offsetof(cuda_driver, host_free), false},
+        {"cuMemAddressReserve", offsetof(cuda_driver, address_reserve), false},
+        {"cuMemAddressFree", offsetof(cuda_driver, address_free), false},
+        {"cuMemCreate", offsetof(cuda_driver, create), false},
+        {"cuMemRelease", offsetof(cuda_driver, release), false},
+        {"cuMemMap", offsetof(cuda_driver, map), false},
+        {"cuMemSetAccess", offsetof(cuda_driver, set_access), false},
+        {"cuMemUnmap", offsetof(cuda_driver, unmap), false},
+        {"cuCtxSynchronize", offsetof(cuda_driver, context_synchronize), false},
+        {"cuMemcpyDtoD_v2", offsetof(cuda_driver, copy), false},
+        {"cuMemGetAllocationGranularity", offsetof(cuda_driver, granularity), false},
+        {"cuEventCreate", offsetof(cuda_driver, event_create), false},
+        {"cuEventDestroy_v2", offsetof(cuda_driver, event_destroy), false},
+        {"cuEventRecord", offsetof(cuda_driver, event_record), false},
+        {"cuEventQuery", offsetof(cuda_driver, event_query), false},
+        {"cuEventSynchronize", offsetof(cuda_driver, event_synchronize), false},
+        {"cuGetErrorString", offsetof(cuda_driver, get_error_string), false},
+        {"cuThreadExchangeStreamCaptureMode", offsetof(cuda_driver, exchange_capture_mode), true},
+        {"cuStreamIsCapturing", offsetof(cuda_driver, stream_is_capturing), true},
+        {"cuStreamQuery", offsetof(cuda_driver, stream_query), true},
+        {"cuStreamCreate", offsetof(cuda_driver, stream_create), true},
+        {"cuStreamDestroy_v2", offsetof(cuda_driver, stream_destroy), true},
+        {"cuMemExportToShareableHandle", offsetof(cuda_driver, export_handle), true},
+        {"cuMemImportFromShareableHandle", offsetof(cuda_driver, import_handle), true},
     };
     cuda_driver loaded;
     for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++) {
         void *address = dlsym(library, entries[i].symbol);
-        if (!address) {
+        if (!address && !entries[i].optional) {
             snprintf(driver_failure, sizeof driver_failure,
                      "cuda backend: libcuda.so.1 lacks %s; the NVIDIA driver is too old", entries[i].symbol);
             return;
         }
         memcpy((char *)&loaded + entries[i].offset, &address, sizeof address);
     }
-    void *exchange = dlsym(library, "cuThreadExchangeStreamCaptureMode");
-    void *is_capturing = dlsym(library, "cuStreamIsCapturing");
-    memcpy(&loaded.exchange_capture_mode, &exchange, sizeof exchange);
-    memcpy(&loaded.stream_is_capturing, &is_capturing, sizeof is_capturing);
-    void *query_stream = dlsym(library, "cuStreamQuery");
-    memcpy(&loaded.stream_query, &query_stream, sizeof query_stream);
-    void *create_stream = dlsym(library, "cuStreamCreate"), *destroy_stream = dlsym(library, "cuStreamDestroy_v2");
-    memcpy(&loaded.stream_create, &create_stream, sizeof create_stream);
-    memcpy(&loaded.stream_destroy, &destroy_stream, sizeof destroy_stream);
-    void *export = dlsym(library, "cuMemExportToShareableHandle"), *import = dlsym(library, "cuMemImportFromShareableHandle");
-    memcpy(&loaded.export_handle, &export, sizeof export);
-    memcpy(&loaded.import_handle, &import, sizeof import);
     cu_result result = loaded.init(0);
     if (result != CU_SUCCESS) {
         const char *text = "unknown error";
