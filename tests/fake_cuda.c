@@ -1,21 +1,44 @@
 /*
- * fake_cuda.c -- a stand-in libcuda.so.1 for test_cli.sh: the cuda backend's refusals, checked without a
- * GPU. cuda.c loads the driver with dlopen and looks its entry points up by name, so a library of those
- * names, found first through LD_LIBRARY_PATH, takes the driver's place.
+ * fake_cuda.c -- a stand-in libcuda.so.1, so that the cuda backend (src/backend/cuda.c) runs in CI on a
+ * machine without a GPU. cuda.c loads the driver with dlopen and looks its entry points up by name, so a
+ * library of those names, found first through LD_LIBRARY_PATH, takes the driver's place.
  *
- * Built twice. Plain, it has every entry point cuda.c needs and none of the optional ones, and its
- * cuInit and cuDeviceGetCount act as GPUMEM_FAKE_CUDA says: "init_fails" (cuInit answers
- * CUDA_ERROR_NO_DEVICE, as on a machine whose GPU the driver cannot use), "no_device" (cuInit succeeds,
- * no device is counted), or "one_device" (one device, so any other ordinal does not exist). With
- * FAKE_CUDA_OLD it has cuInit alone: a driver older than what gpumem needs.
+ * The device is host memory with the driver's virtual-memory rules kept strictly, as its documentation
+ * states them: an address reservation is an inaccessible anonymous mapping of whole pages (granularity
+ * 2 MiB); physical memory (cuMemCreate) is a run of whole pages of one sparse memfd (so that thousands
+ * of allocations hold one file descriptor), counted against the capacity (GPUMEM_FAKE_CUDA_CAPACITY
+ * bytes, default 256 MiB) and punched out of the file when freed; cuMemMap maps it at offset 0 into a free part of
+ * one reservation, without access until cuMemSetAccess covers whole mappings; cuMemUnmap takes whole
+ * mappings only; a reservation is freed whole and empty; released memory goes once its last mapping
+ * does. A call that breaks a rule is refused with CUDA_ERROR_INVALID_VALUE, told on stderr and counted
+ * (fakeCudaViolations, for the tests through gm_cuda_driver_symbol). Device work is synchronous: every
+ * event and stream is complete at once, and cuMemcpyDtoD is a memcpy between accessible ranges.
  *
- * Only those paths are reached: every other entry point answers CUDA_ERROR_NOT_SUPPORTED and is never
- * called by them (each is declared without its parameters, which no caller here passes).
+ * GPUMEM_FAKE_CUDA picks the machine: unset, one such device; "init_fails" (cuInit answers
+ * CUDA_ERROR_NO_DEVICE, as where the driver cannot use the GPU) or "no_device" (none counted).
+ * GPUMEM_FAKE_CUDA_FAIL_EVERY=N makes every Nth call that makes memory (cuMemAddressReserve,
+ * cuMemCreate, cuMemMap, cuMemSetAccess, cuMemAlloc) fail as a driver can (out of memory, or an
+ * unknown error). Built with FAKE_CUDA_OLD it has cuInit alone: a driver too old for gpumem.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
-enum { SUCCESS = 0, ERROR_NO_DEVICE = 100, ERROR_NOT_SUPPORTED = 801 };
+enum {
+    SUCCESS = 0,
+    ERROR_INVALID_VALUE = 1,
+    ERROR_OUT_OF_MEMORY = 2,
+    ERROR_NO_DEVICE = 100,
+    ERROR_UNKNOWN = 999,
+};
 
 static const char *mode(void)
 {
@@ -30,48 +53,561 @@ int cuInit(unsigned int flags)
 }
 
 #ifndef FAKE_CUDA_OLD
+
+#define GRANULARITY (2ull << 20)
+#define MAX_RANGES 65536
+#define FILE_PAGES (1ull << 19) /* 1 TiB of sparse file: room for any capacity a test asks, unfragmented */
+
+typedef struct range {
+    uintptr_t address;
+    size_t size;
+    int handle; /* mappings: the index of their memory; segments: -1 */
+    int accessible;
+} range;
+
+typedef struct memory {
+    int live; /* 0: the slot is free */
+    size_t offset, size; /* in the file */
+    int mappings;
+    int released;
+} memory;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static range reservations[MAX_RANGES], mappings[MAX_RANGES], segments[MAX_RANGES];
+static size_t reservation_count, mapping_count, segment_count;
+static memory memories[MAX_RANGES];
+static size_t memory_count;
+static int file = -1;
+static unsigned char *file_page_used;
+static size_t file_next_page;
+static size_t used_bytes;
+static unsigned long long violations, making_calls;
+static int retained;
+static char context_token;
+static __thread void *current_context;
+static __thread int capture_mode;
+
+static size_t capacity(void)
+{
+    const char *value = getenv("GPUMEM_FAKE_CUDA_CAPACITY");
+    return value ? (size_t)strtoull(value, NULL, 10) : 256ull << 20;
+}
+
+/* Refuse a call that breaks the driver's rules, and say which. */
+static int violation(const char *call, const char *rule)
+{
+    violations++;
+    fprintf(stderr, "fake_cuda: %s refused: %s\n", call, rule);
+    return ERROR_INVALID_VALUE;
+}
+
+/* Every Nth call that makes memory fails (GPUMEM_FAKE_CUDA_FAIL_EVERY). */
+static int injected_failure(void)
+{
+    const char *value = getenv("GPUMEM_FAKE_CUDA_FAIL_EVERY");
+    unsigned long long every = value ? strtoull(value, NULL, 10) : 0;
+    return every && ++making_calls % every == 0;
+}
+
+unsigned long long fakeCudaViolations(void);
+unsigned long long fakeCudaViolations(void) { return violations; }
+size_t fakeCudaUsedBytes(void);
+size_t fakeCudaUsedBytes(void) { return used_bytes; }
+
+static int add_range(range *ranges, size_t *count, range added)
+{
+    if (*count == MAX_RANGES)
+        return 0;
+    ranges[(*count)++] = added;
+    return 1;
+}
+
+static void remove_range(range *ranges, size_t *count, size_t index)
+{
+    ranges[index] = ranges[--*count];
+}
+
+/* The reservation that holds [address, address + size) whole, or -1. */
+static long reservation_holding(uintptr_t address, size_t size)
+{
+    for (size_t i = 0; i < reservation_count; i++)
+        if (address >= reservations[i].address && address + size <= reservations[i].address + reservations[i].size)
+            return (long)i;
+    return -1;
+}
+
+static int overlaps_mapping(uintptr_t address, size_t size)
+{
+    for (size_t i = 0; i < mapping_count; i++)
+        if (address < mappings[i].address + mappings[i].size && mappings[i].address < address + size)
+            return 1;
+    return 0;
+}
+
+/* Whether whole mappings cover [address, address + size) exactly, with no gap and none cut. */
+static int whole_mappings_cover(uintptr_t address, size_t size)
+{
+    size_t covered = 0;
+    for (size_t i = 0; i < mapping_count; i++) {
+        const range *mapping = &mappings[i];
+        if (mapping->address >= address + size || mapping->address + mapping->size <= address)
+            continue;
+        if (mapping->address < address || mapping->address + mapping->size > address + size)
+            return 0;
+        covered += mapping->size;
+    }
+    return covered == size;
+}
+
+/* Whether [address, address + size) is readable and writable: accessible mappings or segments. */
+static int accessible(uintptr_t address, size_t size)
+{
+    size_t covered = 0;
+    for (size_t i = 0; i < segment_count; i++)
+        if (address >= segments[i].address && address + size <= segments[i].address + segments[i].size)
+            return 1;
+    for (size_t i = 0; i < mapping_count; i++) {
+        const range *mapping = &mappings[i];
+        uintptr_t start = mapping->address > address ? mapping->address : address;
+        uintptr_t end = mapping->address + mapping->size < address + size ? mapping->address + mapping->size
+                                                                             : address + size;
+        if (start < end) {
+            if (!mapping->accessible)
+                return 0;
+            covered += end - start;
+        }
+    }
+    return covered == size;
+}
+
+/* A run of `pages` free pages of the file (made at the first call), marked used; its offset, or -1. */
+static long long take_file_pages(size_t pages)
+{
+    if (file < 0) {
+        file = memfd_create("fake_cuda", MFD_CLOEXEC);
+        file_page_used = calloc(FILE_PAGES, 1);
+        if (file < 0 || !file_page_used || ftruncate(file, (off_t)(FILE_PAGES * GRANULARITY)) != 0)
+            return -1;
+    }
+    for (size_t scanned = 0, run = 0; scanned < FILE_PAGES + pages; scanned++) {
+        size_t page = (file_next_page + scanned) % FILE_PAGES;
+        run = page == 0 ? 0 : run; /* a run does not wrap around the file's end */
+        run = file_page_used[page] ? 0 : run + 1;
+        if (run == pages) {
+            size_t first = page + 1 - pages;
+            memset(file_page_used + first, 1, pages);
+            file_next_page = (page + 1) % FILE_PAGES;
+            return (long long)(first * GRANULARITY);
+        }
+    }
+    return -1;
+}
+
+static void forget_memory_if_unused(int handle)
+{
+    memory *memory = &memories[handle];
+    if (memory->released && memory->mappings == 0) {
+        fallocate(file, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)memory->offset, (off_t)memory->size);
+        memset(file_page_used + memory->offset / GRANULARITY, 0, memory->size / GRANULARITY);
+        memory->live = 0;
+        used_bytes -= memory->size;
+    }
+}
+
+/* ---------------------------------------------------------------- device, context */
+
+int cuDriverGetVersion(int *version)
+{
+    *version = 13000;
+    return SUCCESS;
+}
+
 int cuDeviceGetCount(int *count)
 {
-    *count = strcmp(mode(), "one_device") ? 0 : 1;
+    *count = strcmp(mode(), "no_device") ? 1 : 0;
+    return SUCCESS;
+}
+
+int cuDeviceGet(int *device, int ordinal)
+{
+    if (ordinal != 0)
+        return violation("cuDeviceGet", "only device 0 exists");
+    *device = 0;
+    return SUCCESS;
+}
+
+int cuDeviceGetName(char *name, int length, int device)
+{
+    (void)device;
+    snprintf(name, (size_t)length, "Fake GPU (tests/fake_cuda.c)");
+    return SUCCESS;
+}
+
+int cuDeviceGetAttribute(int *value, int attribute, int device)
+{
+    (void)device;
+    *value = attribute == 102; /* virtual memory management: yes; POSIX descriptors (103) and the rest: no */
+    return SUCCESS;
+}
+
+int cuDeviceGetPCIBusId(char *bus_id, int length, int device)
+{
+    (void)device;
+    snprintf(bus_id, (size_t)length, "0000:00:00.0");
+    return SUCCESS;
+}
+
+int cuDevicePrimaryCtxRetain(void **context, int device)
+{
+    if (device != 0)
+        return violation("cuDevicePrimaryCtxRetain", "only device 0 exists");
+    pthread_mutex_lock(&lock);
+    retained++;
+    pthread_mutex_unlock(&lock);
+    *context = &context_token;
+    return SUCCESS;
+}
+
+int cuDevicePrimaryCtxRelease_v2(int device)
+{
+    (void)device;
+    pthread_mutex_lock(&lock);
+    int result = retained > 0 ? (retained--, SUCCESS) : violation("cuDevicePrimaryCtxRelease", "not retained");
+    pthread_mutex_unlock(&lock);
+    return result;
+}
+
+int cuCtxGetCurrent(void **context)
+{
+    *context = current_context;
+    return SUCCESS;
+}
+
+int cuCtxSetCurrent(void *context)
+{
+    current_context = context;
+    return SUCCESS;
+}
+
+int cuCtxSynchronize(void) { return SUCCESS; }
+
+int cuThreadExchangeStreamCaptureMode(int *mode_in_out)
+{
+    int previous = capture_mode;
+    capture_mode = *mode_in_out;
+    *mode_in_out = previous;
     return SUCCESS;
 }
 
 int cuGetErrorString(int result, const char **text)
 {
-    *text = result == ERROR_NO_DEVICE ? "no CUDA-capable device is detected" : "operation not supported";
+    *text = result == ERROR_NO_DEVICE        ? "no CUDA-capable device is detected"
+            : result == ERROR_OUT_OF_MEMORY  ? "out of memory"
+            : result == ERROR_INVALID_VALUE  ? "invalid argument"
+                                             : "unknown error";
     return SUCCESS;
 }
 
-#define UNSUPPORTED(name)                                                                                         \
-    int name(void);                                                                                                \
-    int name(void) { return ERROR_NOT_SUPPORTED; }
-UNSUPPORTED(cuDriverGetVersion)
-UNSUPPORTED(cuDeviceGet)
-UNSUPPORTED(cuDeviceGetName)
-UNSUPPORTED(cuDeviceGetAttribute)
-UNSUPPORTED(cuDeviceGetPCIBusId)
-UNSUPPORTED(cuDevicePrimaryCtxRetain)
-UNSUPPORTED(cuDevicePrimaryCtxRelease_v2)
-UNSUPPORTED(cuCtxGetCurrent)
-UNSUPPORTED(cuCtxSetCurrent)
-UNSUPPORTED(cuMemGetInfo_v2)
-UNSUPPORTED(cuMemAlloc_v2)
-UNSUPPORTED(cuMemFree_v2)
-UNSUPPORTED(cuMemHostAlloc)
-UNSUPPORTED(cuMemFreeHost)
-UNSUPPORTED(cuMemAddressReserve)
-UNSUPPORTED(cuMemAddressFree)
-UNSUPPORTED(cuMemCreate)
-UNSUPPORTED(cuMemRelease)
-UNSUPPORTED(cuMemMap)
-UNSUPPORTED(cuMemSetAccess)
-UNSUPPORTED(cuMemUnmap)
-UNSUPPORTED(cuCtxSynchronize)
-UNSUPPORTED(cuMemcpyDtoD_v2)
-UNSUPPORTED(cuMemGetAllocationGranularity)
-UNSUPPORTED(cuEventCreate)
-UNSUPPORTED(cuEventDestroy_v2)
-UNSUPPORTED(cuEventRecord)
-UNSUPPORTED(cuEventQuery)
-UNSUPPORTED(cuEventSynchronize)
+/* Every call below needs the primary context current, as the real driver does. */
+#define NEEDS_CONTEXT(call)                                                                                       \
+    do {                                                                                                           \
+        if (current_context != &context_token)                                                                    \
+            return violation(call, "no current context");                                                         \
+    } while (0)
+
+/* ---------------------------------------------------------------- memory */
+
+int cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
+{
+    NEEDS_CONTEXT("cuMemGetInfo");
+    pthread_mutex_lock(&lock);
+    *total_bytes = capacity();
+    *free_bytes = used_bytes < *total_bytes ? *total_bytes - used_bytes : 0;
+    pthread_mutex_unlock(&lock);
+    return SUCCESS;
+}
+
+int cuMemGetAllocationGranularity(size_t *granularity, const void *properties, int option)
+{
+    (void)properties;
+    (void)option;
+    *granularity = GRANULARITY;
+    return SUCCESS;
+}
+
+int cuMemAddressReserve(uintptr_t *address_out, size_t size, size_t alignment, uintptr_t hint, unsigned long long flags)
+{
+    NEEDS_CONTEXT("cuMemAddressReserve");
+    if (size == 0 || size % GRANULARITY || alignment % GRANULARITY || hint || flags)
+        return violation("cuMemAddressReserve", "size and alignment are whole pages, no fixed address or flags");
+    pthread_mutex_lock(&lock);
+    int result = SUCCESS;
+    char *base = injected_failure() ? MAP_FAILED
+                                    : mmap(NULL, size + GRANULARITY, PROT_NONE,
+                                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED) {
+        result = ERROR_OUT_OF_MEMORY;
+    } else {
+        uintptr_t start = ((uintptr_t)base + GRANULARITY - 1) / GRANULARITY * GRANULARITY;
+        if (start > (uintptr_t)base)
+            munmap(base, start - (uintptr_t)base);
+        munmap((char *)start + size, (uintptr_t)base + GRANULARITY - start);
+        if (add_range(reservations, &reservation_count, (range){start, size, -1, 0}))
+            *address_out = start;
+        else
+            result = (munmap((char *)start, size), ERROR_OUT_OF_MEMORY);
+    }
+    pthread_mutex_unlock(&lock);
+    return result;
+}
+
+int cuMemAddressFree(uintptr_t address, size_t size)
+{
+    NEEDS_CONTEXT("cuMemAddressFree");
+    pthread_mutex_lock(&lock);
+    long index = reservation_holding(address, size);
+    int result;
+    if (index < 0 || reservations[index].address != address || reservations[index].size != size)
+        result = violation("cuMemAddressFree", "not a whole reservation");
+    else if (overlaps_mapping(address, size))
+        result = violation("cuMemAddressFree", "memory is still mapped in the reservation");
+    else
+        result = (munmap((void *)address, size), remove_range(reservations, &reservation_count, (size_t)index), SUCCESS);
+    pthread_mutex_unlock(&lock);
+    return result;
+}
+
+int cuMemCreate(unsigned long long *handle_out, size_t size, const int *properties, unsigned long long flags)
+{
+    NEEDS_CONTEXT("cuMemCreate");
+    /* properties: type (pinned, 1), handle types, location type (device, 1) and id (0). */
+    if (size == 0 || size % GRANULARITY || flags || properties[0] != 1 || properties[2] != 1 || properties[3] != 0)
+        return violation("cuMemCreate", "whole pages of pinned memory on device 0, no flags");
+    pthread_mutex_lock(&lock);
+    int result = SUCCESS;
+    size_t slot = 0;
+    while (slot < memory_count && memories[slot].live)
+        slot++;
+    long long offset = -1;
+    if (injected_failure() || used_bytes + size > capacity() || slot == MAX_RANGES ||
+        (offset = take_file_pages(size / GRANULARITY)) < 0) {
+        result = ERROR_OUT_OF_MEMORY;
+    } else {
+        memories[slot] = (memory){1, (size_t)offset, size, 0, 0};
+        memory_count += slot == memory_count;
+        used_bytes += size;
+        *handle_out = slot + 1;
+    }
+    pthread_mutex_unlock(&lock);
+    return result;
+}
+
+static memory *live_memory(unsigned long long handle)
+{
+    if (handle == 0 || handle > memory_count || !memories[handle - 1].live || memories[handle - 1].released)
+        return NULL;
+    return &memories[handle - 1];
+}
+
+int cuMemRelease(unsigned long long handle)
+{
+    pthread_mutex_lock(&lock);
+    memory *memory = live_memory(handle);
+    int result = memory ? SUCCESS : violation("cuMemRelease", "not a live handle");
+    if (memory) {
+        memory->released = 1;
+        forget_memory_if_unused((int)(handle - 1));
+    }
+    pthread_mutex_unlock(&lock);
+    return result;
+}
+
+int cuMemMap(uintptr_t address, size_t size, size_t offset, unsigned long long handle, unsigned long long flags)
+{
+    NEEDS_CONTEXT("cuMemMap");
+    pthread_mutex_lock(&lock);
+    memory *memory = live_memory(handle);
+    int result = SUCCESS;
+    if (!memory || offset != 0 || flags || size == 0 || size % GRANULARITY || address % GRANULARITY ||
+        size > memory->size)
+        result = violation("cuMemMap", "a live handle, offset 0, no flags, whole pages within its size");
+    else if (reservation_holding(address, size) < 0)
+        result = violation("cuMemMap", "outside one reservation");
+    else if (overlaps_mapping(address, size))
+        result = violation("cuMemMap", "over memory already mapped");
+    else if (injected_failure())
+        result = ERROR_UNKNOWN;
+    else if (mmap((void *)address, size, PROT_NONE, MAP_SHARED | MAP_FIXED, file, (off_t)memory->offset) == MAP_FAILED ||
+             !add_range(mappings, &mapping_count, (range){address, size, (int)(handle - 1), 0}))
+        result = ERROR_OUT_OF_MEMORY;
+    else
+        memory->mappings++;
+    pthread_mutex_unlock(&lock);
+    return result;
+}
+
+int cuMemSetAccess(uintptr_t address, size_t size, const int *descriptors, size_t count)
+{
+    NEEDS_CONTEXT("cuMemSetAccess");
+    /* descriptors: location type (device, 1), location id, flags (read and write, 3). */
+    for (size_t i = 0; i < count; i++)
+        if (descriptors[3 * i] != 1 || descriptors[3 * i + 1] != 0 || descriptors[3 * i + 2] != 3)
+            return violation("cuMemSetAccess", "read and write access for device 0");
+    pthread_mutex_lock(&lock);
+    int result = SUCCESS;
+    if (count == 0 || !whole_mappings_cover(address, size))
+        result = violation("cuMemSetAccess", "the range must be whole mappings, with no gap");
+    else if (injected_failure())
+        result = ERROR_UNKNOWN;
+    else if (mprotect((void *)address, size, PROT_READ | PROT_WRITE) != 0)
+        result = ERROR_OUT_OF_MEMORY;
+    for (size_t i = 0; result == SUCCESS && i < mapping_count; i++)
+        if (mappings[i].address >= address && mappings[i].address < address + size)
+            mappings[i].accessible = 1;
+    pthread_mutex_unlock(&lock);
+    return result;
+}
+
+int cuMemUnmap(uintptr_t address, size_t size)
+{
+    NEEDS_CONTEXT("cuMemUnmap");
+    pthread_mutex_lock(&lock);
+    int result = SUCCESS;
+    if (!whole_mappings_cover(address, size)) {
+        result = violation("cuMemUnmap", "the range must be whole mappings, with no gap");
+    } else {
+        mmap((void *)address, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+        for (size_t i = 0; i < mapping_count;) {
+            if (mappings[i].address >= address && mappings[i].address < address + size) {
+                int handle = mappings[i].handle;
+                memories[handle].mappings--;
+                remove_range(mappings, &mapping_count, i);
+                forget_memory_if_unused(handle);
+            } else {
+                i++;
+            }
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return result;
+}
+
+int cuMemcpyDtoD_v2(uintptr_t destination, uintptr_t source, size_t size)
+{
+    NEEDS_CONTEXT("cuMemcpyDtoD");
+    pthread_mutex_lock(&lock);
+    int result = accessible(destination, size) && accessible(source, size)
+                     ? (memmove((void *)destination, (const void *)source, size), SUCCESS)
+                     : violation("cuMemcpyDtoD", "both ranges must be accessible device memory");
+    pthread_mutex_unlock(&lock);
+    return result;
+}
+
+int cuMemAlloc_v2(uintptr_t *address_out, size_t size)
+{
+    NEEDS_CONTEXT("cuMemAlloc");
+    if (size == 0)
+        return violation("cuMemAlloc", "size 0");
+    size_t rounded = (size + GRANULARITY - 1) / GRANULARITY * GRANULARITY;
+    pthread_mutex_lock(&lock);
+    int result = SUCCESS;
+    void *address = MAP_FAILED;
+    if (injected_failure() || used_bytes + rounded > capacity() ||
+        (address = mmap(NULL, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)) ==
+            MAP_FAILED ||
+        !add_range(segments, &segment_count, (range){(uintptr_t)address, rounded, -1, 1})) {
+        if (address != MAP_FAILED)
+            munmap(address, rounded);
+        result = ERROR_OUT_OF_MEMORY;
+    } else {
+        used_bytes += rounded;
+        *address_out = (uintptr_t)address;
+    }
+    pthread_mutex_unlock(&lock);
+    return result;
+}
+
+int cuMemFree_v2(uintptr_t address)
+{
+    NEEDS_CONTEXT("cuMemFree");
+    pthread_mutex_lock(&lock);
+    size_t index = 0;
+    while (index < segment_count && segments[index].address != address)
+        index++;
+    int result = index == segment_count ? violation("cuMemFree", "not the start of a cuMemAlloc allocation") : SUCCESS;
+    if (result == SUCCESS) {
+        munmap((void *)address, segments[index].size);
+        used_bytes -= segments[index].size;
+        remove_range(segments, &segment_count, index);
+    }
+    pthread_mutex_unlock(&lock);
+    return result;
+}
+
+int cuMemHostAlloc(void **pointer, size_t size, unsigned int flags)
+{
+    (void)flags;
+    return posix_memalign(pointer, 4096, size ? size : 1) == 0 ? SUCCESS : ERROR_OUT_OF_MEMORY;
+}
+
+int cuMemFreeHost(void *pointer)
+{
+    free(pointer);
+    return SUCCESS;
+}
+
+/* ---------------------------------------------------------------- events and streams: always complete */
+
+static int make_token(void **token_out)
+{
+    *token_out = malloc(1);
+    return *token_out ? SUCCESS : ERROR_OUT_OF_MEMORY;
+}
+
+int cuEventCreate(void **event, unsigned int flags)
+{
+    (void)flags;
+    return make_token(event);
+}
+
+int cuEventDestroy_v2(void *event)
+{
+    free(event);
+    return SUCCESS;
+}
+
+int cuEventRecord(void *event, void *stream)
+{
+    (void)stream;
+    return event ? SUCCESS : violation("cuEventRecord", "no event");
+}
+
+int cuEventQuery(void *event) { return event ? SUCCESS : violation("cuEventQuery", "no event"); }
+int cuEventSynchronize(void *event) { return event ? SUCCESS : violation("cuEventSynchronize", "no event"); }
+
+int cuStreamCreate(void **stream, unsigned int flags)
+{
+    (void)flags;
+    return make_token(stream);
+}
+
+int cuStreamDestroy_v2(void *stream)
+{
+    free(stream);
+    return SUCCESS;
+}
+
+int cuStreamQuery(void *stream)
+{
+    (void)stream;
+    return SUCCESS;
+}
+
+int cuStreamIsCapturing(void *stream, int *status)
+{
+    (void)stream;
+    *status = 0;
+    return SUCCESS;
+}
+
 #endif

@@ -38,7 +38,7 @@ expect 1 "no device: cuda backend: cuInit failed \(100: no CUDA-capable device i
 expect 1 "cannot create the allocator: no device: cuda backend: the driver sees no CUDA device" \
     "$fake" no_device -- "$gpumem" replay "$work/small.csv" --backend cuda
 expect 1 "no device: cuda backend: device 3 does not exist \(1 device\)" \
-    "$fake" one_device -- "$gpumem" info --backend cuda --conf device:3
+    "$fake" "" -- "$gpumem" info --backend cuda --conf device:3
 # gpumem tune, which makes allocators of its own, refuses the same way.
 expect 1 "gpumem tune: cannot create the allocator .*the driver sees no CUDA device" \
     "$fake" no_device -- "$gpumem" tune "$work/small.csv" --backend cuda

@@ -1,0 +1,189 @@
+/*
+ * test_cuda_fake.c -- the cuda backend (src/backend/cuda.c) on a machine without a GPU, over
+ * tests/fake_cuda.c: a stand-in libcuda.so.1 (LD_LIBRARY_PATH, set by CTest) whose device is host
+ * memory and which refuses, tells and counts every call that breaks the driver's virtual-memory rules.
+ *
+ *   device            gpumem info's facts come from the driver (name, version, capacity, granularity)
+ *   trace replay      the bundled traces reach the sim's peaks exactly, as on a real GPU (test_gpu)
+ *   data              randomized operations with data patterns, both engines, compaction's copies
+ *                     through a second mapping: live data never moves or breaks, and the driver's
+ *                     memory is what the allocator counts as reserved
+ *   driver failures   every seventh call that makes memory fails: errors, never a crash or lost data,
+ *                     and nothing leaks once the allocator is gone
+ *   pinned memory     gm_host_malloc through cuMemHostAlloc
+ *
+ * After each, the fake counts no broken rule and holds no memory. test_gpu runs the same backend on a
+ * real GPU, with kernels writing the memory.
+ */
+#include "test.h"
+
+#include "backend/backend.h"
+#include "data_workload.h"
+#include "tools/trace.h"
+
+#define MIB (1024ull * 1024ull)
+
+static unsigned long long (*fake_violations)(void);
+static size_t (*fake_used_bytes)(void);
+
+static void find_fake(void)
+{
+    *(void **)&fake_violations = gm_cuda_driver_symbol("fakeCudaViolations");
+    *(void **)&fake_used_bytes = gm_cuda_driver_symbol("fakeCudaUsedBytes");
+    REQUIRE(fake_violations && fake_used_bytes);
+}
+
+static void set_capacity(unsigned long long bytes)
+{
+    char text[32];
+    snprintf(text, sizeof text, "%llu", bytes);
+    setenv("GPUMEM_FAKE_CUDA_CAPACITY", text, 1);
+}
+
+/* Nothing broken, nothing held: run after each allocator is destroyed. */
+static void fake_is_clean(void)
+{
+    CHECK_EQ_INT(fake_violations(), 0);
+    CHECK_EQ_INT(fake_used_bytes(), 0);
+}
+
+static void device_facts_come_from_the_driver(void)
+{
+    set_capacity(256 * MIB);
+    gm_allocator *allocator = make_allocator("backend:cuda");
+    find_fake();
+    gm_device_info info;
+    CHECK_OK(gm_get_device_info(allocator, &info));
+    CHECK(!strcmp(info.backend, "cuda"));
+    CHECK(!strcmp(info.name, "Fake GPU (tests/fake_cuda.c)"));
+    CHECK(!strcmp(info.engine, "pages"));
+    CHECK_EQ_INT(info.device_count, 1);
+    CHECK_EQ_INT(info.driver_version, 13000);
+    CHECK_EQ_INT(info.total_bytes, 256 * MIB);
+    CHECK_EQ_INT(info.free_bytes, 256 * MIB);
+    CHECK_EQ_INT(info.virtual_memory, 1);
+    CHECK_EQ_INT(info.granularity, 2 * MIB);
+    void *pointer = NULL;
+    CHECK_OK(gm_malloc(allocator, 3 * MIB, 0, &pointer));
+    CHECK_OK(gm_get_device_info(allocator, &info));
+    CHECK(info.free_bytes <= 252 * MIB); /* the driver's free memory: what gpumem holds is gone */
+    CHECK_OK(gm_free(allocator, pointer));
+    gm_destroy(allocator, NULL);
+    fake_is_clean();
+}
+
+static void traces_reach_the_sim_peaks(void)
+{
+    static const char *const files[] = {"resnet50.csv.gz", "gpt2.csv.gz", "bert_varlen.csv.gz",
+                                        "llm_generate.csv.gz"};
+    const unsigned long long capacity = 141ull << 30; /* an H200's; the fake's memory is never touched */
+    set_capacity(capacity);
+    const char *data = getenv("GPUMEM_DATA");
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char path[1024], sim_config[128];
+        snprintf(path, sizeof path, "%s/traces/%s", data ? data : "data", files[i]);
+        snprintf(sim_config, sizeof sim_config, "backend:sim,capacity:%llu,page_size:2MiB", capacity);
+        gm_trace trace;
+        CHECK_OK(gm_trace_load(path, &trace));
+        gm_replay_result on_cuda, on_sim;
+        gm_allocator *cuda = make_allocator("backend:cuda");
+        CHECK_OK(gm_replay(cuda, &trace, &on_cuda));
+        gm_destroy(cuda, NULL);
+        fake_is_clean();
+        gm_allocator *sim = make_allocator(sim_config);
+        CHECK_OK(gm_replay(sim, &trace, &on_sim));
+        gm_destroy(sim, NULL);
+        CHECK_EQ_INT(on_cuda.failed_allocations, 0);
+        CHECK_EQ_INT(on_cuda.peak_live_bytes, trace.peak_live_bytes);
+        CHECK_EQ_INT(on_cuda.peak_reserved_bytes, on_sim.peak_reserved_bytes);
+        for (int kind = 0; kind < GM_CALL_KIND_COUNT; kind++) /* the same device calls, one for one */
+            CHECK_EQ_INT(on_cuda.stats.device_calls[kind], on_sim.stats.device_calls[kind]);
+        gm_trace_free(&trace);
+    }
+}
+
+/* The driver's physical memory is what the allocator counts as reserved (pages engine; the segments
+ * engine's segments are rounded up to whole pages by the fake). */
+static void driver_memory_is_reserved_memory(gm_allocator *allocator)
+{
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    CHECK_EQ_INT(fake_used_bytes(), stats.reserved_bytes[GM_POOL_ALL].current);
+}
+
+static void live_data_survives_both_engines(void)
+{
+    set_capacity(160 * MIB);
+    data_workload pages = {.config = "backend:cuda", .operations = 100000, .seed = 0xC0DA,
+                           .check = driver_memory_is_reserved_memory};
+    data_workload_run(&pages);
+    fake_is_clean();
+    data_workload segments = {.config = "backend:cuda,engine:segments", .operations = 50000, .seed = 0xFACE};
+    data_workload_run(&segments);
+    fake_is_clean();
+}
+
+static int64_t copies_made;
+
+/* Every 10000 operations: split the chunks that live blocks pin around their live pages, if any. */
+static void defragment(gm_allocator *allocator)
+{
+    CHECK_OK(gm_defragment(allocator, 2 * MIB, NULL));
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    copies_made = stats.device_calls[GM_CALL_COPY];
+    driver_memory_is_reserved_memory(allocator);
+}
+
+/* Compaction copies live pages through a second mapping of the new memory (cuMemcpyDtoD), at growths
+ * above the peak (compact_min; chunks larger than a page, so that live blocks pin free pages) and at
+ * gm_defragment; the workload checks every byte of every live block after them. */
+static void compaction_copies_keep_the_data(void)
+{
+    set_capacity(160 * MIB);
+    data_workload workload = {.config = "backend:cuda,compact_min:2MiB,chunk_room_share:0", .operations = 100000, .seed = 0xC0DA,
+                              .check = defragment};
+    data_workload_run(&workload);
+    CHECK(copies_made > 0);
+    fake_is_clean();
+}
+
+static void driver_failures_lose_nothing(void)
+{
+    set_capacity(160 * MIB);
+    setenv("GPUMEM_FAKE_CUDA_FAIL_EVERY", "7", 1);
+    data_workload pages = {.config = "backend:cuda", .operations = 100000, .seed = 0xF417,
+                           .device_errors_expected = true};
+    data_workload_result result = data_workload_run(&pages);
+    CHECK(result.device_errors > 0);
+    data_workload segments = {.config = "backend:cuda,engine:segments", .operations = 50000, .seed = 0xF417,
+                              .device_errors_expected = true};
+    data_workload_run(&segments);
+    unsetenv("GPUMEM_FAKE_CUDA_FAIL_EVERY");
+    CHECK_EQ_INT(fake_violations(), 0);
+    CHECK_EQ_INT(fake_used_bytes(), 0);
+}
+
+static void pinned_memory_through_the_driver(void)
+{
+    set_capacity(64 * MIB);
+    gm_allocator *allocator = make_allocator("backend:cuda");
+    void *pointers[8];
+    for (int i = 0; i < 8; i++) {
+        CHECK_OK(gm_host_malloc(allocator, (size_t)(i + 1) << 16, &pointers[i]));
+        pattern_stamp(pointers[i], (size_t)(i + 1) << 16, (uint64_t)i + 1);
+    }
+    for (int i = 0; i < 8; i++) {
+        CHECK(pattern_intact(pointers[i], (size_t)(i + 1) << 16, (uint64_t)i + 1));
+        CHECK_OK(gm_host_free(allocator, pointers[i]));
+    }
+    gm_host_stats host;
+    CHECK_OK(gm_host_get_stats(allocator, &host));
+    CHECK_EQ_INT(host.cache_misses, 8);
+    gm_destroy(allocator, NULL);
+    fake_is_clean();
+}
+
+RUN_TESTS(TEST_CASE(device_facts_come_from_the_driver), TEST_CASE(traces_reach_the_sim_peaks),
+          TEST_CASE(live_data_survives_both_engines), TEST_CASE(compaction_copies_keep_the_data),
+          TEST_CASE(driver_failures_lose_nothing), TEST_CASE(pinned_memory_through_the_driver))
