@@ -16,6 +16,9 @@
  *
  * GPUMEM_FAKE_CUDA picks the machine: unset, one such device; "init_fails" (cuInit answers
  * CUDA_ERROR_NO_DEVICE, as where the driver cannot use the GPU) or "no_device" (none counted).
+ * GPUMEM_FAKE_CUDA_EXPORT (any value) gives the device POSIX file descriptor handles: memory asked for
+ * with them is a memfd of its own, which cuMemExportToShareableHandle hands out and
+ * cuMemImportFromShareableHandle maps in another allocator or process.
  * GPUMEM_FAKE_CUDA_FAIL_EVERY=N makes every Nth call that makes memory (cuMemAddressReserve,
  * cuMemCreate, cuMemMap, cuMemSetAccess, cuMemAlloc) fail as a driver can (out of memory, or an
  * unknown error). Built with FAKE_CUDA_OLD it has cuInit alone: a driver too old for gpumem.
@@ -67,7 +70,9 @@ typedef struct range {
 
 typedef struct memory {
     int live; /* 0: the slot is free */
-    size_t offset, size; /* in the file */
+    int own_file; /* exportable or imported memory: a memfd of its own; else -1 (a run of the shared file) */
+    int imported; /* another allocation's memory: not counted again */
+    size_t offset, size; /* in its file */
     int mappings;
     int released;
 } memory;
@@ -206,12 +211,36 @@ static long long take_file_pages(size_t pages)
 static void forget_memory_if_unused(int handle)
 {
     memory *memory = &memories[handle];
-    if (memory->released && memory->mappings == 0) {
+    if (!memory->released || memory->mappings > 0)
+        return;
+    if (memory->own_file >= 0) {
+        close(memory->own_file);
+    } else {
         fallocate(file, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)memory->offset, (off_t)memory->size);
         memset(file_page_used + memory->offset / GRANULARITY, 0, memory->size / GRANULARITY);
-        memory->live = 0;
-        used_bytes -= memory->size;
     }
+    memory->live = 0;
+    used_bytes -= memory->imported ? 0 : memory->size;
+}
+
+/* A memfd of `size` bytes for memory of its own (exportable), or -1. */
+static int make_own_file(size_t size)
+{
+    int descriptor = memfd_create("fake_cuda_exportable", MFD_CLOEXEC);
+    if (descriptor >= 0 && ftruncate(descriptor, (off_t)size) != 0) {
+        close(descriptor);
+        descriptor = -1;
+    }
+    return descriptor;
+}
+
+/* A free slot for a memory record, or MAX_RANGES. */
+static size_t free_memory_slot(void)
+{
+    size_t slot = 0;
+    while (slot < memory_count && memories[slot].live)
+        slot++;
+    return slot;
 }
 
 /* ---------------------------------------------------------------- device, context */
@@ -246,7 +275,8 @@ int cuDeviceGetName(char *name, int length, int device)
 int cuDeviceGetAttribute(int *value, int attribute, int device)
 {
     (void)device;
-    *value = attribute == 102; /* virtual memory management: yes; POSIX descriptors (103) and the rest: no */
+    /* Virtual memory management (102): yes; POSIX file descriptor handles (103) with GPUMEM_FAKE_CUDA_EXPORT. */
+    *value = attribute == 102 || (attribute == 103 && getenv("GPUMEM_FAKE_CUDA_EXPORT"));
     return SUCCESS;
 }
 
@@ -380,20 +410,22 @@ int cuMemAddressFree(uintptr_t address, size_t size)
 int cuMemCreate(unsigned long long *handle_out, size_t size, const int *properties, unsigned long long flags)
 {
     NEEDS_CONTEXT("cuMemCreate");
-    /* properties: type (pinned, 1), handle types, location type (device, 1) and id (0). */
-    if (size == 0 || size % GRANULARITY || flags || properties[0] != 1 || properties[2] != 1 || properties[3] != 0)
+    /* properties: type (pinned, 1), handle types (none, or POSIX descriptors: 1), location type (device,
+     * 1) and id (0). */
+    if (size == 0 || size % GRANULARITY || flags || properties[0] != 1 || properties[2] != 1 || properties[3] != 0 ||
+        (properties[1] != 0 && properties[1] != 1))
         return violation("cuMemCreate", "whole pages of pinned memory on device 0, no flags");
+    int exportable = properties[1] == 1;
     pthread_mutex_lock(&lock);
     int result = SUCCESS;
-    size_t slot = 0;
-    while (slot < memory_count && memories[slot].live)
-        slot++;
+    size_t slot = free_memory_slot();
     long long offset = -1;
+    int own_file = -1;
     if (injected_failure() || used_bytes + size > capacity() || slot == MAX_RANGES ||
-        (offset = take_file_pages(size / GRANULARITY)) < 0) {
+        (exportable ? (own_file = make_own_file(size)) < 0 : (offset = take_file_pages(size / GRANULARITY)) < 0)) {
         result = ERROR_OUT_OF_MEMORY;
     } else {
-        memories[slot] = (memory){1, (size_t)offset, size, 0, 0};
+        memories[slot] = (memory){1, own_file, 0, exportable ? 0 : (size_t)offset, size, 0, 0};
         memory_count += slot == memory_count;
         used_bytes += size;
         *handle_out = slot + 1;
@@ -437,7 +469,8 @@ int cuMemMap(uintptr_t address, size_t size, size_t offset, unsigned long long h
         result = violation("cuMemMap", "over memory already mapped");
     else if (injected_failure())
         result = ERROR_UNKNOWN;
-    else if (mmap((void *)address, size, PROT_NONE, MAP_SHARED | MAP_FIXED, file, (off_t)memory->offset) == MAP_FAILED ||
+    else if (mmap((void *)address, size, PROT_NONE, MAP_SHARED | MAP_FIXED,
+                  memory->own_file >= 0 ? memory->own_file : file, (off_t)memory->offset) == MAP_FAILED ||
              !add_range(mappings, &mapping_count, (range){address, size, (int)(handle - 1), 0}))
         result = ERROR_OUT_OF_MEMORY;
     else
@@ -487,6 +520,45 @@ int cuMemUnmap(uintptr_t address, size_t size)
                 i++;
             }
         }
+    }
+    pthread_mutex_unlock(&lock);
+    return result;
+}
+
+/* Export (POSIX file descriptor handles, 1): a descriptor of the memory's own memfd. */
+int cuMemExportToShareableHandle(void *shareable, unsigned long long handle, int type, unsigned long long flags)
+{
+    NEEDS_CONTEXT("cuMemExportToShareableHandle");
+    pthread_mutex_lock(&lock);
+    memory *memory = live_memory(handle);
+    int result = SUCCESS;
+    if (!memory || type != 1 || flags || memory->own_file < 0)
+        result = violation("cuMemExportToShareableHandle", "a live handle made with POSIX descriptor handles");
+    else if ((*(int *)shareable = fcntl(memory->own_file, F_DUPFD_CLOEXEC, 0)) < 0)
+        result = ERROR_OUT_OF_MEMORY;
+    pthread_mutex_unlock(&lock);
+    return result;
+}
+
+/* Import: memory of its own over the descriptor's memfd. A descriptor that holds no whole pages is refused
+ * (as the driver refuses one it did not export): bad input, not a broken rule. */
+int cuMemImportFromShareableHandle(unsigned long long *handle_out, void *os_handle, int type)
+{
+    NEEDS_CONTEXT("cuMemImportFromShareableHandle");
+    int descriptor = (int)(intptr_t)os_handle;
+    off_t size = descriptor >= 0 ? lseek(descriptor, 0, SEEK_END) : -1;
+    if (type != 1)
+        return violation("cuMemImportFromShareableHandle", "POSIX descriptor handles");
+    if (size <= 0 || (size_t)size % GRANULARITY)
+        return ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    size_t slot = free_memory_slot();
+    int own_file = slot < MAX_RANGES ? fcntl(descriptor, F_DUPFD_CLOEXEC, 0) : -1;
+    int result = own_file >= 0 ? SUCCESS : ERROR_OUT_OF_MEMORY;
+    if (result == SUCCESS) {
+        memories[slot] = (memory){1, own_file, 1, 0, (size_t)size, 0, 0};
+        memory_count += slot == memory_count;
+        *handle_out = slot + 1;
     }
     pthread_mutex_unlock(&lock);
     return result;

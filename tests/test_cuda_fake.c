@@ -11,6 +11,7 @@
  *   driver failures   every seventh call that makes memory fails: errors, never a crash or lost data,
  *                     and nothing leaks once the allocator is gone
  *   pinned memory     gm_host_malloc through cuMemHostAlloc
+ *   sharing           a block shared through POSIX descriptors reads the same in a second allocator
  *
  * After each, the fake counts no broken rule and holds no memory. test_gpu runs the same backend on a
  * real GPU, with kernels writing the memory.
@@ -20,6 +21,9 @@
 #include "backend/backend.h"
 #include "data_workload.h"
 #include "tools/trace.h"
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #define MIB (1024ull * 1024ull)
 
@@ -184,6 +188,51 @@ static void pinned_memory_through_the_driver(void)
     fake_is_clean();
 }
 
+/* With POSIX descriptor handles, a block shared with a second allocator (as with another process:
+ * the descriptors taken with pidfd_getfd) reads and writes the same memory; without them gm_share is
+ * refused. */
+static void memory_shared_through_descriptors(void)
+{
+    set_capacity(1024 * MIB);
+    gm_allocator *plain = make_allocator("backend:cuda");
+    void *block = NULL;
+    REQUIRE(gm_malloc(plain, 3 * MIB, 0, &block) == GM_OK);
+    uint64_t offset = 0;
+    gm_shared_piece pieces[64];
+    size_t count = 0;
+    CHECK_STATUS(gm_share(plain, block, &offset, pieces, 64, &count), GM_ERROR_NOT_SUPPORTED);
+    CHECK_MESSAGE("cannot export memory");
+    CHECK_OK(gm_free(plain, block));
+    gm_destroy(plain, NULL);
+
+    setenv("GPUMEM_FAKE_CUDA_EXPORT", "1", 1);
+    gm_allocator *sharer = make_allocator("backend:cuda"), *taker = make_allocator("backend:cuda");
+    REQUIRE(gm_malloc(sharer, 100 * MIB, 0, &block) == GM_OK);
+    pattern_stamp(block, 100 * MIB, 7);
+    CHECK_OK(gm_share(sharer, block, &offset, pieces, 64, &count));
+    void *mapped = NULL;
+    CHECK_OK(gm_open_shared(taker, getpid(), pieces, count, &mapped));
+    if (mapped) {
+        char *there = (char *)mapped + offset;
+        CHECK(pattern_intact(there, 100 * MIB, 7));
+        pattern_stamp(there, 100 * MIB, 8);
+        CHECK(pattern_intact(block, 100 * MIB, 8));
+        CHECK_OK(gm_close_shared(taker, mapped));
+    }
+    gm_shared_piece plain_file = pieces[0];
+    plain_file.descriptor = open("/dev/null", O_RDONLY | O_CLOEXEC); /* no memory the driver exported */
+    CHECK_STATUS(gm_open_shared(taker, getpid(), &plain_file, 1, &mapped), GM_ERROR_DEVICE);
+    CHECK_MESSAGE("cuMemImportFromShareableHandle failed");
+    close(plain_file.descriptor);
+    CHECK_OK(gm_free(sharer, block));
+    CHECK_OK(gm_validate(sharer));
+    gm_destroy(taker, NULL);
+    gm_destroy(sharer, NULL);
+    unsetenv("GPUMEM_FAKE_CUDA_EXPORT");
+    fake_is_clean();
+}
+
 RUN_TESTS(TEST_CASE(device_facts_come_from_the_driver), TEST_CASE(traces_reach_the_sim_peaks),
           TEST_CASE(live_data_survives_both_engines), TEST_CASE(compaction_copies_keep_the_data),
-          TEST_CASE(driver_failures_lose_nothing), TEST_CASE(pinned_memory_through_the_driver))
+          TEST_CASE(driver_failures_lose_nothing), TEST_CASE(pinned_memory_through_the_driver),
+          TEST_CASE(memory_shared_through_descriptors))
