@@ -12,6 +12,7 @@
  *                     and nothing leaks once the allocator is gone
  *   pinned memory     gm_host_malloc through cuMemHostAlloc
  *   sharing           a block shared through POSIX descriptors reads the same in a second allocator
+ *   threads           four threads on one allocator, each call in the primary context of its thread
  *
  * After each, the fake counts no broken rule and holds no memory. test_gpu runs the same backend on a
  * real GPU, with kernels writing the memory.
@@ -23,6 +24,7 @@
 #include "tools/trace.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #define MIB (1024ull * 1024ull)
@@ -232,7 +234,70 @@ static void memory_shared_through_descriptors(void)
     fake_is_clean();
 }
 
+#define THREADS 4
+#define THREAD_LIVE 64
+
+typedef struct worker {
+    gm_allocator *allocator;
+    uint64_t seed, first_identity;
+    int broken, failed;
+} worker;
+
+/* One thread's share: its own live blocks, stamped, checked and freed in a random order. */
+static void *work(void *argument)
+{
+    worker *self = argument;
+    char *pointers[THREAD_LIVE] = {0};
+    size_t sizes[THREAD_LIVE] = {0};
+    uint64_t identities[THREAD_LIVE] = {0}, identity = self->first_identity;
+    for (int step = 0; step < 20000; step++) {
+        size_t slot = test_random(&self->seed) % THREAD_LIVE;
+        if (pointers[slot]) {
+            self->broken += !pattern_intact(pointers[slot], sizes[slot], identities[slot]);
+            self->failed += gm_free(self->allocator, pointers[slot]) != GM_OK;
+            pointers[slot] = NULL;
+            continue;
+        }
+        sizes[slot] = data_random_size(&self->seed) % (8 * MIB) + 1;
+        gm_status status = gm_malloc(self->allocator, sizes[slot], 0, (void **)&pointers[slot]);
+        self->failed += status != GM_OK && status != GM_ERROR_OUT_OF_MEMORY;
+        if (status != GM_OK) {
+            pointers[slot] = NULL;
+            continue;
+        }
+        identities[slot] = ++identity;
+        pattern_stamp(pointers[slot], sizes[slot], identities[slot]);
+    }
+    for (size_t slot = 0; slot < THREAD_LIVE; slot++)
+        if (pointers[slot])
+            self->failed += gm_free(self->allocator, pointers[slot]) != GM_OK;
+    return NULL;
+}
+
+/* Threads of their own call the driver through one allocator: each call makes the primary context
+ * current in its thread (the fake refuses a call without it) and gives the thread's own back. */
+static void threads_share_one_allocator(void)
+{
+    set_capacity(512 * MIB);
+    gm_allocator *allocator = make_allocator("backend:cuda");
+    pthread_t threads[THREADS];
+    worker workers[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        workers[i] = (worker){allocator, 0x7EAD + (uint64_t)i, (uint64_t)i << 40, 0, 0};
+        REQUIRE(pthread_create(&threads[i], NULL, work, &workers[i]) == 0);
+    }
+    for (int i = 0; i < THREADS; i++) {
+        pthread_join(threads[i], NULL);
+        CHECK_EQ_INT(workers[i].broken, 0);
+        CHECK_EQ_INT(workers[i].failed, 0);
+    }
+    CHECK_OK(gm_validate(allocator));
+    driver_memory_is_reserved_memory(allocator);
+    gm_destroy(allocator, NULL);
+    fake_is_clean();
+}
+
 RUN_TESTS(TEST_CASE(device_facts_come_from_the_driver), TEST_CASE(traces_reach_the_sim_peaks),
           TEST_CASE(live_data_survives_both_engines), TEST_CASE(compaction_copies_keep_the_data),
           TEST_CASE(driver_failures_lose_nothing), TEST_CASE(pinned_memory_through_the_driver),
-          TEST_CASE(memory_shared_through_descriptors))
+          TEST_CASE(memory_shared_through_descriptors), TEST_CASE(threads_share_one_allocator))
