@@ -19,6 +19,8 @@
  * GPUMEM_FAKE_CUDA_EXPORT (any value) gives the device POSIX file descriptor handles: memory asked for
  * with them is a memfd of its own, which cuMemExportToShareableHandle hands out and
  * cuMemImportFromShareableHandle maps in another allocator or process.
+ * A test marks streams as captured into a graph (fakeCudaSetCapturing): then the memory calls must come
+ * in the relaxed capture mode, a device-wide wait is refused and the legacy stream reads as captured.
  * GPUMEM_FAKE_CUDA_FAIL_EVERY=N makes every Nth call that makes memory (cuMemAddressReserve,
  * cuMemCreate, cuMemMap, cuMemSetAccess, cuMemAlloc) fail as a driver can (out of memory, or an
  * unknown error). Built with FAKE_CUDA_OLD it has cuInit alone: a driver too old for gpumem.
@@ -40,6 +42,8 @@ enum {
     ERROR_INVALID_VALUE = 1,
     ERROR_OUT_OF_MEMORY = 2,
     ERROR_NO_DEVICE = 100,
+    ERROR_CAPTURE_UNSUPPORTED = 900,
+    ERROR_CAPTURE_IMPLICIT = 906,
     ERROR_UNKNOWN = 999,
 };
 
@@ -90,7 +94,10 @@ static unsigned long long violations, making_calls;
 static int retained;
 static char context_token;
 static __thread void *current_context;
-static __thread int capture_mode;
+static __thread int capture_mode; /* 0: global (the default), 1: thread local, 2: relaxed */
+#define MOST_CAPTURES 16
+static void *captured_streams[MOST_CAPTURES];
+static size_t capture_count;
 
 static size_t capacity(void)
 {
@@ -319,7 +326,9 @@ int cuCtxSetCurrent(void *context)
     return SUCCESS;
 }
 
-int cuCtxSynchronize(void) { return SUCCESS; }
+/* A device-wide wait during a capture is refused (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED): the caller must
+ * not need it then. */
+int cuCtxSynchronize(void) { return capture_count ? ERROR_CAPTURE_UNSUPPORTED : SUCCESS; }
 
 int cuThreadExchangeStreamCaptureMode(int *mode_in_out)
 {
@@ -334,6 +343,8 @@ int cuGetErrorString(int result, const char **text)
     *text = result == ERROR_NO_DEVICE        ? "no CUDA-capable device is detected"
             : result == ERROR_OUT_OF_MEMORY  ? "out of memory"
             : result == ERROR_INVALID_VALUE  ? "invalid argument"
+            : result == ERROR_CAPTURE_UNSUPPORTED ? "operation not permitted when stream is capturing"
+            : result == ERROR_CAPTURE_IMPLICIT ? "operation would make the legacy stream depend on a capturing blocking stream"
                                              : "unknown error";
     return SUCCESS;
 }
@@ -343,6 +354,15 @@ int cuGetErrorString(int result, const char **text)
     do {                                                                                                           \
         if (current_context != &context_token)                                                                    \
             return violation(call, "no current context");                                                         \
+    } while (0)
+
+/* A call that makes or frees memory needs the context, and during a capture (in any thread) the relaxed
+ * capture mode: in the others the driver refuses it and invalidates the capture. */
+#define MEMORY_CALL(call)                                                                                         \
+    do {                                                                                                           \
+        NEEDS_CONTEXT(call);                                                                                       \
+        if (capture_count && capture_mode != 2)                                                                   \
+            return (violation(call, "during a capture, outside the relaxed capture mode"), ERROR_CAPTURE_UNSUPPORTED); \
     } while (0)
 
 /* ---------------------------------------------------------------- memory */
@@ -367,7 +387,7 @@ int cuMemGetAllocationGranularity(size_t *granularity, const void *properties, i
 
 int cuMemAddressReserve(uintptr_t *address_out, size_t size, size_t alignment, uintptr_t hint, unsigned long long flags)
 {
-    NEEDS_CONTEXT("cuMemAddressReserve");
+    MEMORY_CALL("cuMemAddressReserve");
     if (size == 0 || size % GRANULARITY || alignment % GRANULARITY || hint || flags)
         return violation("cuMemAddressReserve", "size and alignment are whole pages, no fixed address or flags");
     pthread_mutex_lock(&lock);
@@ -393,7 +413,7 @@ int cuMemAddressReserve(uintptr_t *address_out, size_t size, size_t alignment, u
 
 int cuMemAddressFree(uintptr_t address, size_t size)
 {
-    NEEDS_CONTEXT("cuMemAddressFree");
+    MEMORY_CALL("cuMemAddressFree");
     pthread_mutex_lock(&lock);
     long index = reservation_holding(address, size);
     int result;
@@ -409,7 +429,7 @@ int cuMemAddressFree(uintptr_t address, size_t size)
 
 int cuMemCreate(unsigned long long *handle_out, size_t size, const int *properties, unsigned long long flags)
 {
-    NEEDS_CONTEXT("cuMemCreate");
+    MEMORY_CALL("cuMemCreate");
     /* properties: type (pinned, 1), handle types (none, or POSIX descriptors: 1), location type (device,
      * 1) and id (0). */
     if (size == 0 || size % GRANULARITY || flags || properties[0] != 1 || properties[2] != 1 || properties[3] != 0 ||
@@ -456,7 +476,7 @@ int cuMemRelease(unsigned long long handle)
 
 int cuMemMap(uintptr_t address, size_t size, size_t offset, unsigned long long handle, unsigned long long flags)
 {
-    NEEDS_CONTEXT("cuMemMap");
+    MEMORY_CALL("cuMemMap");
     pthread_mutex_lock(&lock);
     memory *memory = live_memory(handle);
     int result = SUCCESS;
@@ -481,7 +501,7 @@ int cuMemMap(uintptr_t address, size_t size, size_t offset, unsigned long long h
 
 int cuMemSetAccess(uintptr_t address, size_t size, const int *descriptors, size_t count)
 {
-    NEEDS_CONTEXT("cuMemSetAccess");
+    MEMORY_CALL("cuMemSetAccess");
     /* descriptors: location type (device, 1), location id, flags (read and write, 3). */
     for (size_t i = 0; i < count; i++)
         if (descriptors[3 * i] != 1 || descriptors[3 * i + 1] != 0 || descriptors[3 * i + 2] != 3)
@@ -503,7 +523,7 @@ int cuMemSetAccess(uintptr_t address, size_t size, const int *descriptors, size_
 
 int cuMemUnmap(uintptr_t address, size_t size)
 {
-    NEEDS_CONTEXT("cuMemUnmap");
+    MEMORY_CALL("cuMemUnmap");
     pthread_mutex_lock(&lock);
     int result = SUCCESS;
     if (!whole_mappings_cover(address, size)) {
@@ -567,6 +587,8 @@ int cuMemImportFromShareableHandle(unsigned long long *handle_out, void *os_hand
 int cuMemcpyDtoD_v2(uintptr_t destination, uintptr_t source, size_t size)
 {
     NEEDS_CONTEXT("cuMemcpyDtoD");
+    if (capture_count) /* compaction's copy: never while a stream is captured (its wait would fail first) */
+        return violation("cuMemcpyDtoD", "a copy during a capture");
     pthread_mutex_lock(&lock);
     int result = accessible(destination, size) && accessible(source, size)
                      ? (memmove((void *)destination, (const void *)source, size), SUCCESS)
@@ -577,7 +599,7 @@ int cuMemcpyDtoD_v2(uintptr_t destination, uintptr_t source, size_t size)
 
 int cuMemAlloc_v2(uintptr_t *address_out, size_t size)
 {
-    NEEDS_CONTEXT("cuMemAlloc");
+    MEMORY_CALL("cuMemAlloc");
     if (size == 0)
         return violation("cuMemAlloc", "size 0");
     size_t rounded = (size + GRANULARITY - 1) / GRANULARITY * GRANULARITY;
@@ -601,7 +623,7 @@ int cuMemAlloc_v2(uintptr_t *address_out, size_t size)
 
 int cuMemFree_v2(uintptr_t address)
 {
-    NEEDS_CONTEXT("cuMemFree");
+    MEMORY_CALL("cuMemFree");
     pthread_mutex_lock(&lock);
     size_t index = 0;
     while (index < segment_count && segments[index].address != address)
@@ -675,11 +697,34 @@ int cuStreamQuery(void *stream)
     return SUCCESS;
 }
 
+/* Active (1) for a stream marked by fakeCudaSetCapturing; the legacy stream (NULL or CU_STREAM_LEGACY)
+ * during any capture: CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, as while a blocking stream is captured. */
 int cuStreamIsCapturing(void *stream, int *status)
 {
-    (void)stream;
+    pthread_mutex_lock(&lock);
+    int result = SUCCESS;
     *status = 0;
-    return SUCCESS;
+    for (size_t i = 0; i < capture_count; i++)
+        *status |= captured_streams[i] == stream;
+    if (capture_count && (stream == NULL || stream == (void *)1))
+        result = ERROR_CAPTURE_IMPLICIT;
+    pthread_mutex_unlock(&lock);
+    return result;
+}
+
+/* For the tests: start (on) or end a capture of `stream`. */
+void fakeCudaSetCapturing(void *stream, int on);
+void fakeCudaSetCapturing(void *stream, int on)
+{
+    pthread_mutex_lock(&lock);
+    size_t kept = 0;
+    for (size_t i = 0; i < capture_count; i++)
+        if (captured_streams[i] != stream)
+            captured_streams[kept++] = captured_streams[i];
+    capture_count = kept;
+    if (on && capture_count < MOST_CAPTURES)
+        captured_streams[capture_count++] = stream;
+    pthread_mutex_unlock(&lock);
 }
 
 #endif

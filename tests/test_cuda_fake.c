@@ -13,6 +13,8 @@
  *   pinned memory     gm_host_malloc through cuMemHostAlloc
  *   sharing           a block shared through POSIX descriptors reads the same in a second allocator
  *   threads           four threads on one allocator, each call in the primary context of its thread
+ *   graph capture     memory made and given back while a stream is captured, in the relaxed capture
+ *                     mode, with no device-wide wait until the capture ends
  *
  * After each, the fake counts no broken rule and holds no memory. test_gpu runs the same backend on a
  * real GPU, with kernels writing the memory.
@@ -297,7 +299,44 @@ static void threads_share_one_allocator(void)
     fake_is_clean();
 }
 
+/* While a stream is captured into a graph, memory is still made and given back (each call in the relaxed
+ * capture mode, else the fake refuses it), and nothing needs a device-wide wait: compaction waits for
+ * the capture's end, and gm_defragment is refused until then. */
+static void memory_calls_during_a_capture(void)
+{
+    set_capacity(1024 * MIB);
+    void (*set_capturing)(void *stream, int on) = NULL;
+    *(void **)&set_capturing = gm_cuda_driver_symbol("fakeCudaSetCapturing");
+    REQUIRE(set_capturing);
+    gm_allocator *allocator = make_allocator("backend:cuda,compact_min:2MiB,chunk_room_share:0");
+    gm_stream captured = 0;
+    CHECK_OK(gm_named_stream(allocator, 9, &captured));
+    void *pin = NULL, *big = NULL, *other = NULL;
+    CHECK_OK(gm_malloc(allocator, 64 * MIB, captured, &big));
+    CHECK_OK(gm_free(allocator, big));
+    CHECK_OK(gm_malloc(allocator, MIB + 1, captured, &pin)); /* pins the 64 MiB chunk */
+    set_capturing((void *)captured, 1);
+    CHECK_OK(gm_malloc(allocator, 300 * MIB, 0, &big)); /* new memory: compaction would need a wait */
+    CHECK_OK(gm_malloc(allocator, 5 * MIB, captured, &other));
+    CHECK_OK(gm_free(allocator, big));
+    CHECK_OK(gm_empty_cache(allocator));
+    CHECK_STATUS(gm_defragment(allocator, 0, NULL), GM_ERROR_NOT_SUPPORTED);
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    CHECK_EQ_INT(stats.device_calls[GM_CALL_COPY], 0);
+    set_capturing((void *)captured, 0);
+    uint64_t released = 0;
+    CHECK_OK(gm_defragment(allocator, 0, &released));
+    CHECK(released > 0); /* the pinned chunk's free pages, once the capture is over */
+    CHECK_OK(gm_free(allocator, pin));
+    CHECK_OK(gm_free(allocator, other));
+    CHECK_OK(gm_validate(allocator));
+    gm_destroy(allocator, NULL);
+    fake_is_clean();
+}
+
 RUN_TESTS(TEST_CASE(device_facts_come_from_the_driver), TEST_CASE(traces_reach_the_sim_peaks),
           TEST_CASE(live_data_survives_both_engines), TEST_CASE(compaction_copies_keep_the_data),
           TEST_CASE(driver_failures_lose_nothing), TEST_CASE(pinned_memory_through_the_driver),
-          TEST_CASE(memory_shared_through_descriptors), TEST_CASE(threads_share_one_allocator))
+          TEST_CASE(memory_shared_through_descriptors), TEST_CASE(threads_share_one_allocator),
+          TEST_CASE(memory_calls_during_a_capture))
