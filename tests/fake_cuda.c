@@ -3,27 +3,31 @@
  * machine without a GPU. cuda.c loads the driver with dlopen and looks its entry points up by name, so a
  * library of those names, found first through LD_LIBRARY_PATH, takes the driver's place.
  *
- * The device is host memory with the driver's virtual-memory rules kept strictly, as its documentation
- * states them: an address reservation is an inaccessible anonymous mapping of whole pages (granularity
- * 2 MiB); physical memory (cuMemCreate) is a run of whole pages of one sparse memfd (so that thousands
- * of allocations hold one file descriptor), counted against the capacity (GPUMEM_FAKE_CUDA_CAPACITY
- * bytes, default 256 MiB) and punched out of the file when freed; cuMemMap maps it at offset 0 into a free part of
- * one reservation, without access until cuMemSetAccess covers whole mappings; cuMemUnmap takes whole
- * mappings only; a reservation is freed whole and empty; released memory goes once its last mapping
- * does. A call that breaks a rule is refused with CUDA_ERROR_INVALID_VALUE, told on stderr and counted
+ * The device is host memory under the driver's virtual-memory rules, kept strictly as its documentation
+ * states them:
+ *   - an address reservation is an inaccessible anonymous mapping of whole pages (granularity 2 MiB);
+ *   - physical memory (cuMemCreate) is a run of whole pages of one sparse memfd (thousands of
+ *     allocations, one file descriptor), counted against the capacity (GPUMEM_FAKE_CUDA_CAPACITY bytes,
+ *     default 256 MiB) and punched out of the file when freed;
+ *   - cuMemMap maps it at offset 0 into a free part of one reservation, without access until
+ *     cuMemSetAccess covers whole mappings; cuMemUnmap takes whole mappings only; a reservation is freed
+ *     whole and empty; released memory goes once its last mapping does;
+ *   - every call needs the primary context current in the calling thread.
+ * A call that breaks a rule is refused with CUDA_ERROR_INVALID_VALUE, told on stderr and counted
  * (fakeCudaViolations, for the tests through gm_cuda_driver_symbol). Device work is synchronous: every
  * event and stream is complete at once, and cuMemcpyDtoD is a memcpy between accessible ranges.
  *
- * GPUMEM_FAKE_CUDA picks the machine: unset, one such device; "init_fails" (cuInit answers
- * CUDA_ERROR_NO_DEVICE, as where the driver cannot use the GPU) or "no_device" (none counted).
- * GPUMEM_FAKE_CUDA_EXPORT (any value) gives the device POSIX file descriptor handles: memory asked for
- * with them is a memfd of its own, which cuMemExportToShareableHandle hands out and
- * cuMemImportFromShareableHandle maps in another allocator or process.
- * A test marks streams as captured into a graph (fakeCudaSetCapturing): then the memory calls must come
- * in the relaxed capture mode, a device-wide wait is refused and the legacy stream reads as captured.
- * GPUMEM_FAKE_CUDA_FAIL_EVERY=N makes every Nth call that makes memory (cuMemAddressReserve,
- * cuMemCreate, cuMemMap, cuMemSetAccess, cuMemAlloc) fail as a driver can (out of memory, or an
- * unknown error). Built with FAKE_CUDA_OLD it has cuInit alone: a driver too old for gpumem.
+ * What the tests set:
+ *   - GPUMEM_FAKE_CUDA: unset, one such device; "init_fails" (cuInit answers CUDA_ERROR_NO_DEVICE, as
+ *     where the driver cannot use the GPU) or "no_device" (none counted).
+ *   - GPUMEM_FAKE_CUDA_EXPORT (any value): POSIX file descriptor handles. Memory asked for with them is a
+ *     memfd of its own, which cuMemExportToShareableHandle hands out and cuMemImportFromShareableHandle
+ *     maps in another allocator or process.
+ *   - fakeCudaSetCapturing marks a stream as captured into a graph: then memory calls must come in the
+ *     relaxed capture mode, a device-wide wait is refused and the legacy stream reads as captured.
+ *   - GPUMEM_FAKE_CUDA_FAIL_EVERY=N: every Nth call that makes memory (cuMemAddressReserve, cuMemCreate,
+ *     cuMemMap, cuMemSetAccess, cuMemAlloc) fails as a driver can (out of memory, or an unknown error).
+ * Built with FAKE_CUDA_OLD it has cuInit alone: a driver too old for gpumem.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
