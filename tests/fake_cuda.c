@@ -645,11 +645,13 @@ int cuMemFree_v2(uintptr_t address)
 int cuMemHostAlloc(void **pointer, size_t size, unsigned int flags)
 {
     (void)flags;
+    NEEDS_CONTEXT("cuMemHostAlloc");
     return posix_memalign(pointer, 4096, size ? size : 1) == 0 ? SUCCESS : ERROR_OUT_OF_MEMORY;
 }
 
 int cuMemFreeHost(void *pointer)
 {
+    NEEDS_CONTEXT("cuMemFreeHost");
     free(pointer);
     return SUCCESS;
 }
@@ -665,11 +667,13 @@ static int make_token(void **token_out)
 int cuEventCreate(void **event, unsigned int flags)
 {
     (void)flags;
+    NEEDS_CONTEXT("cuEventCreate");
     return make_token(event);
 }
 
 int cuEventDestroy_v2(void *event)
 {
+    NEEDS_CONTEXT("cuEventDestroy");
     free(event);
     return SUCCESS;
 }
@@ -677,20 +681,32 @@ int cuEventDestroy_v2(void *event)
 int cuEventRecord(void *event, void *stream)
 {
     (void)stream;
+    NEEDS_CONTEXT("cuEventRecord");
     return event ? SUCCESS : violation("cuEventRecord", "no event");
 }
 
-int cuEventQuery(void *event) { return event ? SUCCESS : violation("cuEventQuery", "no event"); }
-int cuEventSynchronize(void *event) { return event ? SUCCESS : violation("cuEventSynchronize", "no event"); }
+int cuEventQuery(void *event)
+{
+    NEEDS_CONTEXT("cuEventQuery");
+    return event ? SUCCESS : violation("cuEventQuery", "no event");
+}
+
+int cuEventSynchronize(void *event)
+{
+    NEEDS_CONTEXT("cuEventSynchronize");
+    return event ? SUCCESS : violation("cuEventSynchronize", "no event");
+}
 
 int cuStreamCreate(void **stream, unsigned int flags)
 {
     (void)flags;
+    NEEDS_CONTEXT("cuStreamCreate");
     return make_token(stream);
 }
 
 int cuStreamDestroy_v2(void *stream)
 {
+    NEEDS_CONTEXT("cuStreamDestroy");
     free(stream);
     return SUCCESS;
 }
@@ -698,6 +714,7 @@ int cuStreamDestroy_v2(void *stream)
 int cuStreamQuery(void *stream)
 {
     (void)stream;
+    NEEDS_CONTEXT("cuStreamQuery");
     return SUCCESS;
 }
 
@@ -705,6 +722,7 @@ int cuStreamQuery(void *stream)
  * during any capture: CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, as while a blocking stream is captured. */
 int cuStreamIsCapturing(void *stream, int *status)
 {
+    NEEDS_CONTEXT("cuStreamIsCapturing");
     pthread_mutex_lock(&lock);
     int result = SUCCESS;
     *status = 0;
