@@ -4,7 +4,8 @@
  * memory and which refuses, tells and counts every call that breaks the driver's virtual-memory rules.
  *
  *   device            gpumem info's facts come from the driver (name, version, capacity, granularity)
- *   trace replay      the bundled traces reach the sim's peaks exactly, as on a real GPU (test_gpu)
+ *   trace replay      the bundled traces reach the sim's peaks exactly, as on a real GPU (test_gpu),
+ *                     with the same device calls, one for one
  *   data              randomized operations with data patterns, both engines, compaction's copies
  *                     through a second mapping: live data never moves or breaks, and the driver's
  *                     memory is what the allocator counts as reserved
@@ -51,6 +52,8 @@ static void set_capacity(unsigned long long bytes)
 /* Nothing broken, nothing held: run after each allocator is destroyed. */
 static void fake_is_clean(void)
 {
+    if (!fake_violations)
+        find_fake();
     CHECK_EQ_INT(fake_violations(), 0);
     CHECK_EQ_INT(fake_used_bytes(), 0);
 }
