@@ -125,11 +125,11 @@ static void driver_memory_is_reserved_memory(gm_allocator *allocator)
 static void live_data_survives_both_engines(void)
 {
     set_capacity(160 * MIB);
-    data_workload pages = {.config = "backend:cuda", .operations = 100000, .seed = 0xC0DA,
+    data_workload pages = {.config = "backend:cuda", .operations = 60000, .seed = 0xC0DA,
                            .check = driver_memory_is_reserved_memory};
     data_workload_run(&pages);
     fake_is_clean();
-    data_workload segments = {.config = "backend:cuda,engine:segments", .operations = 50000, .seed = 0xFACE};
+    data_workload segments = {.config = "backend:cuda,engine:segments", .operations = 25000, .seed = 0xFACE};
     data_workload_run(&segments);
     fake_is_clean();
 }
@@ -152,7 +152,7 @@ static void defragment(gm_allocator *allocator)
 static void compaction_copies_keep_the_data(void)
 {
     set_capacity(160 * MIB);
-    data_workload workload = {.config = "backend:cuda,compact_min:2MiB,chunk_room_share:0", .operations = 100000, .seed = 0xC0DA,
+    data_workload workload = {.config = "backend:cuda,compact_min:2MiB,chunk_room_share:0", .operations = 60000, .seed = 0xC0DA,
                               .check = defragment};
     data_workload_run(&workload);
     CHECK(copies_made > 0);
@@ -163,11 +163,11 @@ static void driver_failures_lose_nothing(void)
 {
     set_capacity(160 * MIB);
     setenv("GPUMEM_FAKE_CUDA_FAIL_EVERY", "7", 1);
-    data_workload pages = {.config = "backend:cuda", .operations = 100000, .seed = 0xF417,
+    data_workload pages = {.config = "backend:cuda", .operations = 60000, .seed = 0xF417,
                            .device_errors_expected = true};
     data_workload_result result = data_workload_run(&pages);
     CHECK(result.device_errors > 0);
-    data_workload segments = {.config = "backend:cuda,engine:segments", .operations = 50000, .seed = 0xF417,
+    data_workload segments = {.config = "backend:cuda,engine:segments", .operations = 25000, .seed = 0xF417,
                               .device_errors_expected = true};
     data_workload_run(&segments);
     unsetenv("GPUMEM_FAKE_CUDA_FAIL_EVERY");
