@@ -32,7 +32,6 @@ typedef struct data_workload {
 
 typedef struct data_workload_result {
     int out_of_memory, device_errors;
-    uint64_t allocations;
 } data_workload_result;
 
 typedef struct data_live_allocation {
@@ -108,9 +107,7 @@ static int data_free(gm_allocator *allocator, const data_workload *workload, uin
 static data_workload_result data_workload_run(const data_workload *workload)
 {
     data_workload_result result = {0};
-    gm_allocator *allocator = NULL;
-    CHECK_OK(gm_create(workload->config, &allocator));
-    REQUIRE(allocator);
+    gm_allocator *allocator = make_allocator(workload->config);
     gm_stream side_stream = 5;
     if (!workload->model_streams)
         CHECK_OK(gm_named_stream(allocator, 5, &side_stream));
@@ -151,7 +148,6 @@ static data_workload_result data_workload_run(const data_workload *workload)
     if (workload->check)
         workload->check(allocator);
     gm_destroy(allocator, NULL);
-    result.allocations = identity;
     return result;
 }
 

@@ -493,12 +493,12 @@ int cuMemMap(uintptr_t address, size_t size, size_t offset, unsigned long long h
         result = violation("cuMemMap", "over memory already mapped");
     else if (injected_failure())
         result = ERROR_UNKNOWN;
-    else if (mmap((void *)address, size, PROT_NONE, MAP_SHARED | MAP_FIXED,
-                  memory->own_file >= 0 ? memory->own_file : file, (off_t)memory->offset) == MAP_FAILED ||
-             !add_range(mappings, &mapping_count, (range){address, size, (int)(handle - 1), 0}))
+    else if (mapping_count == MAX_RANGES || /* room to record it before the reservation is replaced */
+             mmap((void *)address, size, PROT_NONE, MAP_SHARED | MAP_FIXED,
+                  memory->own_file >= 0 ? memory->own_file : file, (off_t)memory->offset) == MAP_FAILED)
         result = ERROR_OUT_OF_MEMORY;
     else
-        memory->mappings++;
+        memory->mappings += add_range(mappings, &mapping_count, (range){address, size, (int)(handle - 1), 0});
     pthread_mutex_unlock(&lock);
     return result;
 }

@@ -260,10 +260,6 @@ static gm_status compact_for_growth(gm_arena *arena, const window *where, uint64
     return pages_compact_for(arena, where, (uint64_t)excess, false);
 }
 
-/* Back [from, to), inside an unmapped block, with physical memory: idle chunks first when new memory
- * would raise reserved memory past its peak (or the device is full), then new memory. The mapped
- * part is made accessible and turned into free space merged with its neighbours: *opened_out, the
- * merged free block, detached (NULL if nothing could be mapped). */
 /* Idle chunks moved to [from, from + need) (room: how far they may reach), when recycling is due or no
  * new memory can be had; the bytes so mapped. */
 static uint64_t recycle_idle_into(gm_arena *arena, const window *where, uintptr_t from, uint64_t need,
@@ -318,6 +314,10 @@ static gm_status open_backed(gm_arena *arena, gm_region *region, uintptr_t from,
     return GM_OK;
 }
 
+/* Back [from, to), inside an unmapped block, with physical memory: idle chunks first when new memory
+ * would raise reserved memory past its peak (or the device is full), then new memory. The mapped
+ * part is made accessible and turned into free space merged with its neighbours: *opened_out, the
+ * merged free block, detached (NULL if nothing could be mapped). */
 static gm_status back_part(gm_arena *arena, const window *where, uintptr_t from, uintptr_t to,
                            gm_block **opened_out)
 {
