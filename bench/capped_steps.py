@@ -4,9 +4,9 @@
                                   [--margins 1.03,1.5] [--relative-to torch-native] [--repeats 3]
                                   [--steps 10] [--empty-cache] [--out capped.jsonl]
 
-Under a memory limit below the device's capacity the pages engine makes every chunk page-sized and
-recycles idle pages within a tenth of the limit (docs/engine.md), so a training step near its cap may
-move pages that it would not move without one. This measures what that costs a real step. For each
+Under a memory limit below the device's capacity the pages engine works as on a device of the limit's size
+(docs/engine.md): its chunks shrink as the limit nears, so a training step near its cap may move chunks
+that it would not move without one. This measures what that costs a real step. For each
 workload, an uncapped run under --relative-to (torch-native by default; gpumem puts the cap near gpumem's
 own need, where PyTorch's allocator does not fit) gives its peak reserved memory P; each margin M then
 caps every allocator at M * P (as a fraction of the device's memory), and the workload trains under it

@@ -1,7 +1,7 @@
 """Training that nearly fills the GPU: bench/more_workloads.py's models run on a device of which all but a
 little more than the run's peak allocated memory is taken first (cuMemAlloc, outside any allocator), under
 PyTorch's allocators, gpumem's defaults, gpumem without the room share (gpumem-whole: chunk_room_share:0)
-and gpumem under the memory limit its out-of-memory report offers.
+and gpumem with the page-sized chunks its out-of-memory report offers first.
 Prints a markdown table. The GPU counterpart of bench/near_capacity.py.
 
     python3 bench/near_capacity_gpu.py [--runs vit:0,llama_varlen:1] [--factors 1.02,1.03]
@@ -11,8 +11,8 @@ Prints a markdown table. The GPU counterpart of bench/near_capacity.py.
 For each model and seed a calibration run (gpumem, the whole device) gives the peak allocated bytes P
 and the memory the process uses outside the allocator as it runs (kernels loaded, library handles: G);
 then each allocator runs in a fresh process with P x FACTOR + G MiB of the device left to it. "fits"
-means all steps ran; otherwise the error's first line. gpumem-limit is gpumem with
-GPUMEM_TORCH=memory_limit:NMiB, N the room left less 1 MiB, as the report offers.
+means all steps ran; otherwise the error's first line. gpumem-pages is gpumem with
+GPUMEM_TORCH=max_chunk_size:2MiB, as the report offers.
 """
 import argparse
 import json
@@ -23,7 +23,7 @@ import more_models_gpu
 from near_capacity import factor_list
 from torch_allocators import environment
 
-ALLOCATORS = ("torch-native", "torch-expandable", "gpumem", "gpumem-whole", "gpumem-limit")
+ALLOCATORS = ("torch-native", "torch-expandable", "gpumem", "gpumem-whole", "gpumem-pages")
 
 
 def allocator_list(text):
@@ -36,13 +36,13 @@ def allocator_list(text):
 
 
 def run(workload, seed, allocator, steps, warmup, room=None):
-    """more_models_gpu.run with the device left `room` MiB (when given); gpumem-limit is gpumem under
-    the memory limit its out-of-memory report offers, the room less 1 MiB. The error's tail is long
+    """more_models_gpu.run with the device left `room` MiB (when given); gpumem-pages is gpumem with the
+    page-sized chunks its out-of-memory report offers first. The error's tail is long
     enough to hold PyTorch's out-of-memory sentence before gpumem's report (whose remedies for
     fragmentation run to several thousand characters)."""
-    env = environment("gpumem" if allocator == "gpumem-limit" else allocator)
-    if allocator == "gpumem-limit":
-        env["GPUMEM_TORCH"] = f"memory_limit:{int(room) - 1}MiB"
+    env = environment("gpumem" if allocator == "gpumem-pages" else allocator)
+    if allocator == "gpumem-pages":
+        env["GPUMEM_TORCH"] = "max_chunk_size:2MiB"
     extra = ["--device-room", f"{room:.0f}"] if room else []
     result = more_models_gpu.run(workload, seed, allocator, steps, warmup, extra, env, error_tail=16000)
     result["room_MiB"] = room

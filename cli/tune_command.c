@@ -10,8 +10,8 @@
  * (max_chunk_size:8MiB,move_slack:0.01: more device calls as memory is first made, and at every step
  * for shapes that change) and compaction (compact_min:2MiB: pinned chunks split, their live pages
  * copied, which is safe only when one thread at a time launches work on the device); and where the
- * defaults run out of memory, the OOM report's first remedy too, a memory limit just below the device's
- * size (every chunk page-sized, idle pages recycled near the limit). The defaults without stitching are
+ * defaults run out of memory, the OOM report's first remedy too, page-sized chunks (max_chunk_size:2MiB:
+ * every free page can move). The defaults without stitching are
  * a candidate too, for what stitching costs and spares on this trace. Which one pays depends on the
  * program, and its own allocation trace answers that in seconds on the simulated device: each candidate replays the trace `passes` times on one allocator (the first pass cold, the
  * later ones warm, as a training loop repeats its steps), and the table gives each one's peak reserved
@@ -48,9 +48,9 @@ typedef struct candidate {
     const char *cost;          /* what it costs, said with a recommendation */
 } candidate;
 
-/* The last, a memory limit just below the device's size, is tried only when the defaults run out of
- * memory: it is the OOM report's first remedy for fragmentation, and far from the limit it changes
- * nothing but the device calls (idle pages are recycled only near it). */
+/* The last, page-sized chunks, is tried only when the defaults run out of memory: it is the OOM report's
+ * first remedy for fragmentation, and a program that fits does not need every free page to move at the
+ * price of a device call per page made. */
 static const candidate candidates[] = {
     {"defaults", "", ""},
     {"small chunks", "max_chunk_size:8MiB,move_slack:0.01",
@@ -61,9 +61,8 @@ static const candidate candidates[] = {
     {"compaction", "compact_min:2MiB",
      "copies of live pages after a device-wide wait; only for programs in which one thread at a time launches "
      "work on the GPU (a training loop), not for servers whose threads launch work at once"},
-    {"a memory limit", NULL, /* memory_limit:<the device's MiB - 1>MiB, made when it is tried */
-     "every chunk page-sized: many more device calls as memory is first made; set it before the first "
-     "allocation (or torch.cuda.set_per_process_memory_fraction)"},
+    {"page-sized chunks", "max_chunk_size:2MiB",
+     "a device call per page as memory is first made, and page moves in steps whose shapes change"},
 };
 enum { CANDIDATE_COUNT = sizeof candidates / sizeof candidates[0], ALWAYS_TRIED = CANDIDATE_COUNT - 1 };
 
@@ -83,7 +82,6 @@ typedef struct tuning {
     int count;                                   /* candidates tried: ALWAYS_TRIED, or all */
     const char *configurations[CANDIDATE_COUNT]; /* each one's keys */
     outcome outcomes[CANDIDATE_COUNT];
-    char limit[48]; /* the memory limit's keys */
 } tuning;
 
 #define TUNE_USAGE                                                                                            \
@@ -340,11 +338,11 @@ static gm_status try_candidate(const gm_trace *trace, const gm_device_arguments 
     return status;
 }
 
-/* Every candidate; the memory limit only where the defaults run out of memory. GM_EXIT_OK, or the
+/* Every candidate; page-sized chunks only where the defaults run out of memory. GM_EXIT_OK, or the
  * status after saying why. */
 static int run_candidates(const gm_trace *trace, const gm_device_arguments *device, int passes, tuning *tried)
 {
-    for (int i = 0; i < ALWAYS_TRIED; i++)
+    for (int i = 0; i < CANDIDATE_COUNT; i++)
         tried->configurations[i] = candidates[i].configuration;
     gm_status status = try_candidate(trace, device, passes, tried);
     if (status != GM_OK) /* the defaults over --conf: a bad --conf or no device, as for every one */
@@ -352,11 +350,8 @@ static int run_candidates(const gm_trace *trace, const gm_device_arguments *devi
     while (tried->count < ALWAYS_TRIED)
         try_candidate(trace, device, passes, tried);
     const outcome *defaults = &tried->outcomes[0];
-    if (defaults->failed_allocations && defaults->device_bytes > (1u << 20)) {
-        snprintf(tried->limit, sizeof tried->limit, "memory_limit:%" PRIu64 "MiB", (defaults->device_bytes >> 20) - 1);
-        tried->configurations[ALWAYS_TRIED] = tried->limit;
+    if (defaults->failed_allocations)
         try_candidate(trace, device, passes, tried);
-    }
     return GM_EXIT_OK;
 }
 

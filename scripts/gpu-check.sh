@@ -38,7 +38,7 @@
 #              with GPUMEM_CONF=stitch:true
 #   near       bench/near_capacity_gpu.py: training on a device that the run nearly fills (the rest taken first),
 #              under torch-native, torch-expandable, gpumem, gpumem without the room share (gpumem-whole) and
-#              gpumem under the memory limit its OOM report offers (not in "all"; NEAR_ARGS, e.g. "--runs vit:0
+#              gpumem with the page-sized chunks its OOM report offers (not in "all"; NEAR_ARGS, e.g. "--runs vit:0
 #              --factors 1.02 --allocators gpumem,gpumem-whole")
 #   traces     bench/record_traces.py (not in "all"; needs no build): new traces of bench/more_workloads.py's
 #              workloads, two seeds each, replayed under torch-native, torch-expandable and cuda-async, into

@@ -150,7 +150,7 @@ expect 0 "no anchors at '$work/no/anchors.json'" -- env GPUMEM="$gpumem" REPEAT=
 if grep -q Traceback "$work/out"; then echo "FAIL: bench/replay.sh printed a traceback"; failures=$((failures + 1)); fi
 
 # gpumem tune: the defaults and the opt-in settings side by side, and the one that reserves the least named
-# (a memory limit only where the defaults run out of memory: resnet50 shows three rows).
+# (page-sized chunks only where the defaults run out of memory: resnet50 shows four rows).
 # ViT wastes pages in 128 MiB chunks that small chunks give back; resnet50 gains nothing worth a setting;
 # in pinned.csv 1.5 MiB blocks pin each 62 MiB chunk whose tensor was freed, so that the last request
 # fits only where pinned chunks give up their free pages: with one chunk per growth (chunk_room_share:0;
@@ -169,16 +169,16 @@ expect 0 "^compaction +compact_min:2MiB +[0-9.]+  1\.0[0-9]{3} / 1\.0[0-9]{3} / 
     "$gpumem" tune "$data/traces-more/vit-seed0.csv.gz"
 expect 0 "^recommended: the defaults: no candidate reserves at least 56.2 MiB \(half a percent of the live peak\) less" -- \
     "$gpumem" tune "$data/traces/resnet50.csv.gz" --passes 2
-if grep -q "memory_limit" "$work/out"; then echo "FAIL: gpumem tune tried a memory limit where nothing ran out of memory"; failures=$((failures + 1)); fi
+if grep -q "max_chunk_size:2MiB" "$work/out"; then echo "FAIL: gpumem tune tried page-sized chunks where nothing ran out of memory"; failures=$((failures + 1)); fi
 expect 0 "^recommended: the defaults: no candidate reserves at least 12.6 MiB" -- "$gpumem" tune "$work/pinned.csv" --capacity 2700MiB
 expect 0 "it fits, where 1 allocation ran out of memory under the defaults" -- "$gpumem" tune "$work/pinned.csv" --capacity 2700MiB --conf chunk_room_share:0
 expect 0 "^defaults +- +2520.0  1.0000 / - / - +[0-9.]+ +- +1$" -- "$gpumem" tune "$work/pinned.csv" --capacity 2700MiB --conf chunk_room_share:0
-# where the defaults run out of memory, the OOM report's first remedy is tried too: a limit just below the device
-expect 0 "^a memory limit +memory_limit:2699MiB +[0-9.]+  1.0000 / 1.0[0-9]{3} / 1.0[0-9]{3} .* 0$" -- \
+# where the defaults run out of memory, the OOM report's first remedy is tried too: page-sized chunks
+expect 0 "^page-sized chunks +max_chunk_size:2MiB +[0-9.]+  1.0000 / 1.0[0-9]{3} / 1.0[0-9]{3} .* 0$" -- \
     "$gpumem" tune "$work/pinned.csv" --capacity 2700MiB --conf chunk_room_share:0
 expect 0 '"name": "compaction", "configuration": "compact_min:2MiB", "ran": true, "peak_reserved_bytes": [0-9]+, "failed_allocations": 0, "passes_run": 3' -- \
     "$gpumem" tune "$work/pinned.csv" --capacity 2700MiB --conf chunk_room_share:0 --json
-expect 0 '"recommended": "small chunks", "configuration": "max_chunk_size:8MiB,move_slack:0.01"}$' -- \
+expect 0 '"recommended": "page-sized chunks", "configuration": "max_chunk_size:2MiB"}$' -- \
     "$gpumem" tune "$work/pinned.csv" --capacity 2700MiB --conf chunk_room_share:0 --json
 expect 3 "no configuration fits: every candidate ran out of memory .*; the trace's live allocations alone peak at 11239.9 MiB, more than the device's 10240.0 MiB" -- \
     "$gpumem" tune "$data/traces/resnet50.csv.gz" --capacity 10GiB --passes 1

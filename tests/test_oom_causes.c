@@ -169,23 +169,23 @@ static void fragmentation(void)
     CHECK_MESSAGE("a live block pins the free pages of every chunk it touches");
     CHECK_MESSAGE("\n792.00 MiB of the cached memory is whole free pages inside chunks that live blocks pin, which "
                   "gm_defragment would give back.\n");
-    CHECK_MESSAGE("  1. memory_limit:1023MiB in GPUMEM_CONF (what this device leaves the process), or "
-                  "torch.cuda.set_per_process_memory_fraction(0.999), set before the first allocation");
+    CHECK_MESSAGE("  1. max_chunk_size:2MiB in GPUMEM_CONF (now no limit): page-sized chunks, so free pages anywhere "
+                  "serve a request, with no copies");
     CHECK_MESSAGE("  2. stitch:true in GPUMEM_CONF (the default; now false): a request may lie across second "
                   "mappings of the free end of one pinned chunk and the free start of another");
     CHECK_MESSAGE("  3. compact_min:2MiB in GPUMEM_CONF: a chunk that a few live blocks pin is split");
     CHECK_MESSAGE("; or the same at a moment the program chooses, between steps: gm_defragment, "
                   "gpumem.torch.defragment().\n");
     CHECK_MESSAGE("  4. chunk_room_share:1000 in GPUMEM_CONF (the default; now 0)");
-    CHECK_MESSAGE("  5. A smaller max_chunk_size in GPUMEM_CONF (now no limit)");
+    CHECK_MESSAGE("  5. Empty the cache between phases");
     CHECK_MESSAGE("\nWhich setting lets this program fit: gpumem run --tune -- python train.py replays its allocations "
                   "under each (gpumem tune) on what its GPU leaves it.\n");
     gm_destroy(allocator, NULL);
     /* Pages, no whole page pinned: 3 MiB blocks back to back fill a 64 MiB device (page-sized chunks, the
      * room share on so small a device); every other one freed leaves a whole idle page and a 1 MiB piece of
      * a page that the block before still uses (and the last block leaves 1 MiB of the last page). The idle
-     * pages go back at the retry; what stays cached is pieces, which gm_defragment cannot join, so the
-     * report does not offer it. */
+     * pages go back at the retry; what stays cached is pieces, which neither gm_defragment nor a smaller
+     * chunk size joins, so the report offers neither. */
     allocator = make_allocator("engine:pages,capacity:64MiB");
     void *threes[21];
     for (int i = 0; i < 21; i++)
@@ -199,24 +199,25 @@ static void fragmentation(void)
     CHECK_MESSAGE("\nNo whole free page of the cached memory is pinned: it lies in pieces that hold no whole page "
                   "(free bytes that share their pages with live blocks) or in other heaps, and gm_defragment "
                   "cannot give any of it back.\n");
-    CHECK_MESSAGE("  2. compact_min:2MiB in GPUMEM_CONF: a chunk that a few live blocks pin is split, its live pages "
+    CHECK_MESSAGE("  1. compact_min:2MiB in GPUMEM_CONF: a chunk that a few live blocks pin is split, its live pages "
                   "copied to new memory at the same addresses and its free pages given back (for a program in which "
                   "one thread at a time launches work on the device, as a training loop does; docs/engine.md, "
                   "\"Compaction\").\n");
     CHECK(strstr(gm_last_error(), "gm_defragment,") == NULL);
     CHECK(strstr(gm_last_error(), "whole free pages inside chunks") == NULL);
     CHECK(strstr(gm_last_error(), "stitch:true") == NULL); /* on by default: not offered */
+    CHECK(strstr(gm_last_error(), "max_chunk_size:2MiB") == NULL); /* no chunk size joins pieces of pages */
     gm_destroy(allocator, NULL);
     /* The first two remedies work: three 300 MiB chunks, each pinned by a 4 MiB block at its start, 888 MiB
-     * free but in pieces of 296 MiB and only 124 MiB more on the device. A 500 MiB request fails; under the
-     * memory limit the report offers it fits (every chunk page-sized, the free pages move), and with
-     * compaction it fits (two chunks are split around their pinned pages). chunk_room_share:0 keeps each
+     * free but in pieces of 296 MiB and only 124 MiB more on the device. A 500 MiB request fails; with the
+     * page-sized chunks the report offers it fits (the free pages move), and with compaction it fits (two
+     * chunks are split around their pinned pages). chunk_room_share:0 keeps each
      * growth one chunk; with the default share (the fourth) no chunk exceeds a thousandth of the room left,
      * a page on this device, and the same program fits with no remedy at all. */
     static const char *const configs[] = {
         "engine:pages,capacity:1GiB,max_chunk_size:0,chunk_room_share:0",
         "engine:pages,capacity:1GiB,max_chunk_size:0,chunk_room_share:0,compact_min:2MiB",
-        "engine:pages,capacity:1GiB,max_chunk_size:0,chunk_room_share:0,memory_limit:1023MiB",
+        "engine:pages,capacity:1GiB,max_chunk_size:2MiB,chunk_room_share:0",
         "engine:pages,capacity:1GiB,max_chunk_size:0"};
     for (int remedy = 0; remedy <= 3; remedy++) {
         allocator = make_allocator(configs[remedy]);
@@ -232,7 +233,7 @@ static void fragmentation(void)
         void *request = NULL;
         if (remedy == 0) {
             fail(allocator, 500 * MiB, GM_OOM_CAUSE_FRAGMENTATION);
-            CHECK_MESSAGE("  1. memory_limit:1023MiB in GPUMEM_CONF");
+            CHECK_MESSAGE("  1. max_chunk_size:2MiB in GPUMEM_CONF");
             CHECK_MESSAGE("  2. compact_min:2MiB in GPUMEM_CONF: a chunk that a few live blocks pin is split");
         } else if (remedy >= 2) {
             CHECK_OK(gm_malloc(allocator, 500 * MiB, 0, &request));

@@ -125,7 +125,7 @@ status=$?
 [ "$(cat "$work/tune.out")" = "the command's output" ] || fail "gpumem run --tune wrote to stdout: $(cat "$work/tune.out")"
 grep -q "on a simulated device of 2700MiB" "$work/tune.err" &&
     grep -Eq "^defaults +- +2520.0  1.0000 / - / - .* 1$" "$work/tune.err" &&
-    grep -q "^recommended: small chunks (max_chunk_size:8MiB,move_slack:0.01): it fits, where 1 allocation ran out of memory under the defaults" "$work/tune.err" ||
+    grep -q "^recommended: page-sized chunks (max_chunk_size:2MiB): it fits, where 1 allocation ran out of memory under the defaults" "$work/tune.err" ||
     fail "gpumem run --tune: $(cat "$work/tune.err")"
 "$gpumem" run --tune -- true 2>"$work/notune.err"
 [ $? -eq 1 ] && grep -q "nothing to tune: the command wrote no gpumem history" "$work/notune.err" ||

@@ -52,15 +52,13 @@ class BatchSizeSearch:
     """What find_batch_size found and how: ``batch_size``, ``trials`` (batch size, fitted, peak allocated,
     peak reserved), ``out_of_memory``, ``predicted``, ``paired`` (the second trial's transient allocations
     paired with the first's, and their number), ``outside`` (bytes the replay took as held outside
-    the step) and ``as_limit`` (whether the budget was gpumem's memory limit, replayed as one, or the
-    room the device left an allocator without a limit, replayed as the simulated device's capacity)."""
+    the step)."""
 
     def __init__(self):
         self.batch_size = None
         self.trials = []
         self.out_of_memory = 0
         self.predicted = None
-        self.as_limit = None
         self.paired = None
         self.outside = None
         self.peaks = None  # the second trial's peak reserved bytes, measured and replayed
@@ -217,22 +215,20 @@ def replay_config(config, capacity):
     return ",".join(["backend:sim", f"capacity:{int(capacity)}"] + kept)
 
 
-def within(config, limit, as_limit=True):
-    """`config` (replay_config's) bounded to `limit` bytes: as a memory limit, when the allocator the
-    trials run on has one below its device's capacity (the engine then makes every chunk page-sized), or
-    else as the simulated device's capacity (the engine keeps its larger chunks, as on the device)."""
-    if as_limit:
-        return f"{config},memory_limit:{int(limit)}"
+def within(config, limit):
+    """`config` (replay_config's) bounded to `limit` bytes, as the simulated device's capacity: to the
+    engine a memory limit is a smaller device, so the budget a memory limit sets and the room a device
+    leaves replay alike."""
     return ",".join(f"capacity:{int(limit)}" if item.startswith("capacity:") else item for item in config.split(","))
 
 
-def replay(operations, config, limit=None, mark=0, as_limit=True):
+def replay(operations, config, limit=None, mark=0):
     """(runs within the limit, peak reserved bytes, reserved bytes after the first `mark` operations) of
     the operations on gpumem's simulated device, within `limit` bytes if given (`within`)."""
     if limit is not None and limit < _PAGE:
         return False, 0, 0
     if limit is not None:
-        config = within(config, limit, as_limit)
+        config = within(config, limit)
     pointers, at_mark = {}, 0
     with gpumem.Allocator(config, from_environment=False) as allocator:
         reserved = lambda name: allocator.memory_stats()[f"reserved_bytes.all.{name}"]  # noqa: E731
@@ -262,13 +258,12 @@ def held_outside(model, config):
     return max(0, model.large.reserved_start - at_start)
 
 
-def predict_by_replay(model, budget, config, maximum=None, as_limit=True):
+def predict_by_replay(model, budget, config, maximum=None):
     """The largest batch whose replayed step fits in `budget` with what the step does not hold itself:
-    (batch size, bytes held outside the step). `as_limit`: the budget is the trials' allocator's memory
-    limit (else the room its device leaves; `within`)."""
+    (batch size, bytes held outside the step)."""
     large = model.large
     outside = held_outside(model, config)
-    fits = lambda size: replay(model.operations(size), config, budget - outside, as_limit=as_limit)[0]  # noqa: E731
+    fits = lambda size: replay(model.operations(size), config, budget - outside)[0]  # noqa: E731
     low, high = large.size, 2 * large.size
     while high < _LARGEST and fits(high):  # doubling: a replay is cheap, a trial is not
         if maximum is not None and high >= maximum:
@@ -317,8 +312,7 @@ def _search(step, make_batch, budget, start, maximum, config, search, log):
         return None
     capacity = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
     sim = replay_config(_installed_config() if config is None else config, capacity)
-    search.as_limit = _runs_under_a_limit()
-    safe, _ = predict_by_replay(StepModel(first), budget, sim, maximum, search.as_limit)
+    safe, _ = predict_by_replay(StepModel(first), budget, sim, maximum)
     second_size = max(2 * start, safe * 3 // 4)
     if maximum is not None and second_size >= maximum:
         second_size = max(start, maximum)
@@ -337,12 +331,11 @@ def _search(step, make_batch, budget, start, maximum, config, search, log):
 
 def _predict(small, large, budget, sim, maximum, search, log):
     model = StepModel(large, small)
-    predicted, outside = predict_by_replay(model, budget, sim, maximum, search.as_limit)
+    predicted, outside = predict_by_replay(model, budget, sim, maximum)
     search.paired, search.outside = model.paired, outside
     search.peaks = (large.peak_reserved, replay(model.operations(large.size), sim)[1])
-    bound = "gpumem's memory limit" if search.as_limit else "the device's room, no memory limit set"
     log(f"gpumem.find_batch_size: trials at {small.size} and {large.size} ({model.paired[0]} of "
-        f"{model.paired[1]} allocations paired); within {budget / 2**20:.0f} MiB ({bound}), {outside / 2**20:.0f} MiB "
+        f"{model.paired[1]} allocations paired); within {budget / 2**20:.0f} MiB, {outside / 2**20:.0f} MiB "
         f"held outside the step, the replay predicts {predicted}: trying it")
     return max(large.size, min(predicted, maximum or predicted))
 
@@ -364,14 +357,6 @@ def _memory_limit(limit):
     if gpumem_torch.is_installed():
         return min(gpumem_torch.allocator().memory_limit(), room)
     return room
-
-
-def _runs_under_a_limit():
-    """Whether the trials' allocator has a memory limit below its device's capacity (gpumem's engine
-    then makes every chunk page-sized, and the replay must do the same)."""
-    import torch
-    from gpumem import torch as gpumem_torch
-    return gpumem_torch.is_installed() and gpumem_torch.allocator().memory_limit() < torch.cuda.mem_get_info()[1]
 
 
 def _events_of_step(step, batch):

@@ -285,33 +285,30 @@ static void explain_fragmentation(gm_arena *arena, const gm_oom_facts *facts, co
                         "gm_defragment cannot give any of it back.\n");
 }
 
-/* With no memory limit below the device's capacity, the pages engine makes chunks of up to max_chunk_size,
- * and a live block pins all of one. Under a limit every chunk is page-sized and idle pages are recycled
- * near the limit, so a program that nearly fills the device fits in little more than its live peak. The
- * limit offered is what the device leaves this process, to the MiB, just under the device's capacity
- * so that it counts as a limit. */
-static void remedy_limit_for_fragmentation(gm_arena *arena, const gm_oom_facts *facts, unsigned *step)
+/* The pages engine makes chunks of up to max_chunk_size, and a live block pins all of one; page-sized
+ * chunks let every free page move to where a request needs it, so a program that nearly fills the
+ * device fits in little more than its live peak, for a device call per page made. Small chunks that
+ * settle are the cheaper middle. Offered while chunks may be larger than a page and whole free pages
+ * are pinned (or may be: their count ran out of host memory); free bytes in pieces of pages no chunk
+ * size joins. */
+static void remedy_finer_chunks(gm_arena *arena, const free_pieces *pieces, unsigned *step, byte_texts *t)
 {
-    if (arena->engine != &gm_page_engine || facts->memory_limit < facts->device_total)
+    uint64_t page = arena->backend->page_size, largest = arena->options->max_chunk_size;
+    if ((largest && largest <= page) || (!pieces->pinned_pages && pieces->pinned_counted))
         return;
-    uint64_t room = facts->device_total - facts->outside;
-    uint64_t below_capacity = facts->device_total - (facts->device_total > (1ull << 20) ? (1ull << 20) : 0);
-    uint64_t limit_mib = (room < below_capacity ? room : below_capacity) >> 20;
-    if (limit_mib == 0)
-        return; /* the device leaves nothing: another cause's remedies apply */
-    uint64_t thousandths = (limit_mib << 20) / (facts->device_total / 1000 ? facts->device_total / 1000 : 1);
-    gm_error_append("  %u. memory_limit:%" PRIu64 "MiB in GPUMEM_CONF (what this device leaves the process), or "
-                    "torch.cuda.set_per_process_memory_fraction(0.%03" PRIu64 "), set before the first allocation: under a "
-                    "limit below the device's capacity every chunk is page-sized, so free pages anywhere serve a "
-                    "request, with no copies; memory costs more device calls as it is first made.\n",
-                    (*step)++, limit_mib, thousandths > 999 ? 999 : thousandths);
+    gm_error_append("  %u. max_chunk_size:%" PRIu64 "%s in GPUMEM_CONF (now %s): page-sized chunks, so free pages "
+                    "anywhere serve a request, with no copies, for a device call per page as memory is first "
+                    "made and page moves in steps whose shapes change; max_chunk_size:8MiB,move_slack:0.01 "
+                    "costs fewer calls and lets a repeating step settle, for a little more memory.\n",
+                    (*step)++, page % (1u << 20) ? page >> 10 : page >> 20, page % (1u << 20) ? "KiB" : "MiB",
+                    largest ? bytes(t, largest) : "no limit");
 }
 
-static void remedy_fragmentation(gm_arena *arena, const gm_oom_facts *facts, const free_pieces *pieces,
-                                 byte_texts *t)
+static void remedy_fragmentation(gm_arena *arena, const free_pieces *pieces, byte_texts *t)
 {
     unsigned step = 1;
-    remedy_limit_for_fragmentation(arena, facts, &step);
+    if (arena->engine == &gm_page_engine)
+        remedy_finer_chunks(arena, pieces, &step, t);
     if (arena->engine == &gm_page_engine && !arena->options->stitch)
         gm_error_append("  %u. stitch:true in GPUMEM_CONF (the default; now false): a request may lie across second "
                         "mappings of the free end of one pinned chunk and the free start of another, so their free "
@@ -328,18 +325,11 @@ static void remedy_fragmentation(gm_arena *arena, const gm_oom_facts *facts, con
                             ? "; or the same at a moment the program chooses, between steps: gm_defragment, "
                               "gpumem.torch.defragment()"
                             : "");
-    if (arena->engine == &gm_page_engine && !arena->options->chunk_room_share &&
-        arena->memory_limit >= arena->backend->total_bytes) /* under a limit every chunk is page-sized */
+    if (arena->engine == &gm_page_engine && !arena->options->chunk_room_share)
         gm_error_append("  %u. chunk_room_share:1000 in GPUMEM_CONF (the default; now 0): no chunk larger than a "
-                        "thousandth of the room the device leaves, so that near its capacity live blocks pin "
-                        "little free memory.\n", step++);
-    if (arena->engine == &gm_page_engine)
-        gm_error_append("  %u. A smaller max_chunk_size in GPUMEM_CONF (now %s) makes chunks finer, so live blocks "
-                        "pin less free memory (for more device calls); with move_slack:0.01 beside it "
-                        "(max_chunk_size:8MiB,move_slack:0.01) a repeating step settles instead of moving pages "
-                        "at every step.\n", step++,
-                        arena->options->max_chunk_size ? bytes(t, arena->options->max_chunk_size) : "no limit");
-    else
+                        "thousandth of the room the device (or the memory limit) leaves, so that near its capacity "
+                        "live blocks pin little free memory.\n", step++);
+    if (arena->engine != &gm_page_engine)
         gm_error_append("  %u. Use the pages engine (engine:pages in GPUMEM_CONF): it remaps free pages so that "
                         "scattered free memory serves one request, as PyTorch's expandable_segments:True does.\n",
                         step++);
@@ -460,7 +450,7 @@ void gm_write_oom_report(gm_arena *arena, gm_heap *heap, uint64_t size, const gm
     case GM_OOM_CAUSE_MEMORY_LIMIT: remedy_limit(&facts, peak_live, t); break;
     case GM_OOM_CAUSE_OTHER_PROCESSES: remedy_other_processes(&facts, peak_live, t); break;
     case GM_OOM_CAUSE_HOST: remedy_host(); break;
-    default: remedy_fragmentation(arena, &facts, &pieces, t); break;
+    default: remedy_fragmentation(arena, &pieces, t); break;
     }
 }
 

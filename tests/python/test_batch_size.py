@@ -184,15 +184,15 @@ class StepModelTest(unittest.TestCase):
         self.assertEqual(batch_size.replay_config("stitch:false,split_blocks:false", 1 << 30),
                          "backend:sim,capacity:1073741824,stitch:false,split_blocks:false")
 
-    def test_without_a_limit_the_replay_keeps_the_devices_chunks(self):
-        """An allocator without a memory limit makes chunks of up to 128 MiB, one under a limit makes them
-        page-sized: a budget replayed as a limit would predict what only page-sized chunks fit. Bounded
-        as the device's capacity instead, the prediction is the largest size that fits on a device of
-        that size; each checked against brute force. A step whose layers each leave a small block
-        saved beside a large temporary (the saved blocks pin the temporaries' chunks) fits more under
-        the limit than on the device. With one chunk per growth (chunk_room_share:0): by default a device
-        of at most 1000 MiB gets page-sized chunks too, and the two bounds are the same device."""
+    def test_a_budget_replays_as_a_device_of_its_size(self):
+        """The budget is replayed as the simulated device's capacity. To the engine a memory limit of the
+        same bytes is the same device (the same fits, the same peak reserved bytes), so a budget that
+        gpumem's memory limit sets and one that the device's room leaves predict alike. The prediction
+        is the largest size that fits, checked against brute force, for a step whose layers each leave
+        a small block saved beside a large temporary (the saved blocks pin the temporaries' chunks),
+        with one chunk per growth (chunk_room_share:0)."""
         config = batch_size.replay_config("chunk_room_share:0", 8 << 30)
+
         def events(size):
             made, saved = [], []
             for layer in range(12):
@@ -202,30 +202,21 @@ class StepModelTest(unittest.TestCase):
                 saved.append(("free_requested", 2 * layer + 1, kept, 0))
             return made + [("alloc", 99, 60 * MIB * size // 4, 0), ("free_requested", 99, 60 * MIB * size // 4, 0)] + saved
         model = batch_size.StepModel(batch_size.Trial(4, events(4), [], 0, 0), batch_size.Trial(2, events(2), [], 0, 0))
-        differed = False
         for budget in (333 * MIB, 700 * MIB, 1000 * MIB):
-            sizes = {}
-            for as_limit in (True, False):
-                predicted, _ = batch_size.predict_by_replay(model, budget, config, as_limit=as_limit)
-                on_device = lambda size: batch_size.replay(  # noqa: E731
-                    model.operations(size), config, budget, as_limit=as_limit)[0]
-                self.assertTrue(on_device(predicted), (budget, as_limit))
-                self.assertFalse(any(on_device(size) for size in range(predicted + 1, predicted + 20)),
-                                 (budget, as_limit))
-                sizes[as_limit] = predicted
-            self.assertGreaterEqual(sizes[True], sizes[False], budget)
-            differed |= sizes[True] != sizes[False]
-        self.assertTrue(differed)  # the two bounds are not the same device
+            predicted, _ = batch_size.predict_by_replay(model, budget, config)
+            on_device = lambda size: batch_size.replay(model.operations(size), config, budget)  # noqa: E731
+            self.assertTrue(on_device(predicted)[0], budget)
+            self.assertFalse(any(on_device(size)[0] for size in range(predicted + 1, predicted + 20)), budget)
+            for size in (predicted, predicted + 1):
+                under_limit = batch_size.replay(model.operations(size), f"{config},memory_limit:{budget}")
+                self.assertEqual(under_limit[:2], on_device(size)[:2], (budget, size))
 
-    def test_within_bounds_a_configuration_as_a_limit_or_as_the_capacity(self):
+    def test_within_bounds_a_configuration_as_the_capacity(self):
         config = batch_size.replay_config("max_chunk_size:8MiB", 1 << 30)
-        self.assertEqual(batch_size.within(config, 5 << 20), config + ",memory_limit:5242880")
-        self.assertEqual(batch_size.within(config, 5 << 20, as_limit=False),
-                         "backend:sim,capacity:5242880,max_chunk_size:8MiB")
-        self.assertEqual(batch_size.replay([("a", 0, 1, 0)], config, 1 << 20, as_limit=False), (False, 0, 0))
-        self.assertEqual(batch_size.replay([("a", 0, 4 << 20, 0)], config, 5 << 20, as_limit=False)[0], True)
-        self.assertEqual(batch_size.replay([("a", 0, 6 << 20, 0)], config, 5 << 20, as_limit=False)[0], False)
-
+        self.assertEqual(batch_size.within(config, 5 << 20), "backend:sim,capacity:5242880,max_chunk_size:8MiB")
+        self.assertEqual(batch_size.replay([("a", 0, 1, 0)], config, 1 << 20), (False, 0, 0))
+        self.assertEqual(batch_size.replay([("a", 0, 4 << 20, 0)], config, 5 << 20)[0], True)
+        self.assertEqual(batch_size.replay([("a", 0, 6 << 20, 0)], config, 5 << 20)[0], False)
 
 if __name__ == "__main__":
     unittest.main()

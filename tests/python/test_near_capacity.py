@@ -17,27 +17,27 @@ class NearCapacityTest(unittest.TestCase):
         if not self.gpumem:
             self.skipTest("GPUMEM_CLI (the gpumem command) is not set")
 
-    def test_the_offered_limit_fits_where_the_defaults_do_not(self):
+    def test_the_remedies_fit_where_one_chunk_per_growth_does_not(self):
         """ViT seed 1 on a device 1.01 times its live peak: 128 MiB chunks pinned by live blocks leave the
         engine short without the room share (chunk_room_share:0; docs/benchmarks.md, "Near the device's
-        capacity"); the defaults, whose chunks shrink with the room left, fit, and so do page-sized chunks
-        under the limit the report offers."""
+        capacity"); the defaults, whose chunks shrink with the room left, fit, and so do the page-sized
+        chunks the report offers first."""
         run = subprocess.run([sys.executable, SCRIPT, "--gpumem", self.gpumem, "--factors", "1.01", TRACE],
                              capture_output=True, text=True)
         self.assertEqual(run.returncode, 0, run.stderr)
         rows = [line.strip("| ").split(" | ") for line in run.stdout.splitlines() if line.startswith("| vit-seed1")]
         self.assertEqual(len(rows), 1, run.stdout)
-        trace, live, factor, defaults, whole, limited, compact, fine = rows[0]
+        trace, live, factor, defaults, whole, pages, compact, fine = rows[0]
         self.assertEqual((trace, live, factor), ("vit-seed1", "9724.0", "1.01"))
         failed = lambda cell: int(cell.split(" / ")[0])  # noqa: E731
         self.assertGreater(failed(whole), 0)
         self.assertEqual(failed(defaults), 0)
-        self.assertEqual(failed(limited), 0)
+        self.assertEqual(failed(pages), 0)
         self.assertGreater(float(defaults.split(" / ")[1]), float(whole.split(" / ")[1]))  # smaller chunks cost
-        self.assertGreater(float(limited.split(" / ")[1]), float(whole.split(" / ")[1]))  # page-sized ones too
+        self.assertGreater(float(pages.split(" / ")[1]), float(whole.split(" / ")[1]))  # page-sized ones too
         self.assertIn("defaults: fits 1 of 1 (trace, capacity) pairs", run.stdout)
         self.assertIn("chunk_room_share:0 (one chunk per growth up to max_chunk_size): fits 0 of 1", run.stdout)
-        self.assertIn("memory_limit (capacity less 1 MiB): fits 1 of 1 (trace, capacity) pairs", run.stdout)
+        self.assertIn("max_chunk_size:2MiB (page-sized chunks): fits 1 of 1 (trace, capacity) pairs", run.stdout)
 
     def test_the_grid_shows_the_smallest_device_that_fits(self):
         """--grid: ViT seed 1 fits on a device 1.005 times its live peak under the defaults, and without the
@@ -75,7 +75,7 @@ class GpuDriverArgumentsTest(unittest.TestCase):
                                  capture_output=True, text=True)
             self.assertEqual(run.returncode, 2, allocators)
             self.assertIn("argument --allocators: not a comma-separated list of torch-native, torch-expandable, "
-                          "gpumem, gpumem-whole, gpumem-limit", run.stderr)
+                          "gpumem, gpumem-whole, gpumem-pages", run.stderr)
             self.assertEqual(run.stdout, "")
 
     def test_the_table_names_the_out_of_memory_error(self):

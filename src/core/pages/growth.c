@@ -15,16 +15,16 @@
  * chunk_room_share-th of the room for new memory: chunks shrink as the device fills. A training
  * loop that grows its memory once gets it in few large chunks; a workload whose tensors keep changing
  * size gets fine-grained chunks as it goes; device-call time stays a small share of the work either
- * way. Under a memory limit below the device's capacity every chunk is page-sized -- fitting matters
- * more than device time there, and only page-sized chunks let all free memory move -- and idle chunks
- * are moved by choice only once memory nears the limit, and then within the bounce budget below, so
- * that a limit set as a precaution, or a little above the need, costs no device calls per step: the
- * room left under the limit is taken instead (moves are forced only where new memory would pass the
- * limit). Nor does memory bounce: a place (a stream's heap and pool) that gave idle chunks
- * away within the last PING_PONG_ALLOCATIONS allocations and needs no more than it gave gets new memory
- * instead of taking chunks back once such bounces have spent their budget (BOUNCE_CREDIT_NS per
- * allocation) -- a page or a stream's working set more reserved, rather than a page move at every
- * operation (alternating 1 MiB and 64 MiB requests, streams freeing each other's memory:
+ * way. A memory limit below the device's capacity (GPUMEM_CONF memory_limit, or torch's memory
+ * fraction) is a smaller device: the room for new memory is what it leaves, and every rule is the
+ * device's. (Every chunk under a limit was once page-sized, and idle chunks moved by choice only near
+ * it: a limit set as a precaution cost a device call per page made, and one a little above the need
+ * took new room where idle chunks could serve. A program that needs every free page to move can ask
+ * for page-sized chunks, max_chunk_size at a page.) Nor does memory bounce: a place (a stream's heap
+ * and pool) that gave idle chunks away within the last PING_PONG_ALLOCATIONS allocations and needs no
+ * more than it gave gets new memory instead of taking chunks back once such bounces have spent their
+ * budget (BOUNCE_CREDIT_NS per allocation) -- a page or a stream's working set more reserved, rather
+ * than a page move at every operation (alternating 1 MiB and 64 MiB requests, streams freeing each other's memory:
  * bench/adversarial.py). An option (tail_chunk, off by default: one more chunk per growth) makes the
  * last page of a growth a chunk of its own when the request ends inside it, so that a block placed after
  * the request pins one page, not the whole growth. After an empty_cache, a growth in a step that repeats
@@ -120,13 +120,6 @@ static void release_idle_for(gm_arena *arena, const window *where, uint64_t need
     }
 }
 
-/* Whether a memory limit below the device's capacity is set (GPUMEM_CONF memory_limit, or torch's
- * memory fraction): capacity is then what the user is short of. */
-static bool memory_is_limited(const gm_arena *arena)
-{
-    return arena->memory_limit < arena->backend->total_bytes;
-}
-
 /* Bytes of new physical memory that may be made now, whole pages: what the memory limit leaves, and
  * no more than the device reports free (other processes and the CUDA context use it too). A growth
  * that does not fit is refused as a whole before any cuMemCreate, so that a full device is found out
@@ -154,8 +147,6 @@ uint64_t pages_largest_chunk(gm_arena *arena, uint64_t room)
 }
 
 /* New memory for [address, address + need): page-sized chunks in the small pool, in a growth lane,
- * under a memory limit set below the device's capacity (capacity is then what the user is short of:
- * every free page must be able to move to where a request needs it, whatever the device calls cost),
  * and for a growth of a few pages while the credit covers them; else chunks of pages_largest_chunk() (the
  * last one smaller), so that a live block left in memory made for a big tensor (logits, say) pins at
  * most a chunk, not all of it. With tail_chunk, when the request (ending at `request_end`) ends inside the last
@@ -168,7 +159,7 @@ static gm_status create_memory(gm_arena *arena, gm_region *region, uintptr_t add
 {
     page_engine *engine = engine_of(arena);
     uint64_t page_size = engine->page_size, pages = need / page_size;
-    bool fine = region->pool == GM_POOL_SMALL || engine->placing_lane || memory_is_limited(arena) ||
+    bool fine = region->pool == GM_POOL_SMALL || engine->placing_lane ||
                 (pages <= FINE_GROWTH_PAGES && engine->credit_ns >= (int64_t)pages * engine->page_chunk_cost_ns);
     uint64_t largest = pages_largest_chunk(arena, room);
     uint64_t piece = fine ? page_size : need < largest ? need : largest;
@@ -193,16 +184,11 @@ static gm_status create_memory(gm_arena *arena, gm_region *region, uintptr_t add
 
 
 /* Whether a growth of `need` bytes should take idle chunks from elsewhere rather than new memory:
- * when new memory would lift reserved memory above its peak -- and, under a memory limit below the
- * device's capacity, only once that is near the limit (nine tenths): the chunks are page-sized there,
- * and recycling them costs device calls at every step, which a process that set its limit only as a
- * precaution should not pay. A growth lane's ring is the exception: it recycles its own laps' pages
- * by design, and without that its top climbs by each call's growth and never comes down, so under a
- * limit far away a generation server would take the room under it lap by lap. With move_slack, not
- * while reserved memory stays within that fraction above the allocated peak: small chunks keep
- * reserved memory so close to the live peak that a step whose fits differ a little from the last
- * one's needs moves, each move leaves an unmapped hole that makes the next step's fits differ again,
- * and the pages never stop moving; a little room lets the layout settle. */
+ * when new memory would lift reserved memory above its peak. With move_slack, not while reserved
+ * memory stays within that fraction above the allocated peak: small chunks keep reserved memory so
+ * close to the live peak that a step whose fits differ a little from the last one's needs moves, each
+ * move leaves an unmapped hole that makes the next step's fits differ again, and the pages never stop
+ * moving; a little room lets the layout settle. */
 static bool should_recycle(const gm_arena *arena, uint64_t need)
 {
     const gm_stat *reserved = arena->stats->reserved_bytes;
@@ -210,10 +196,7 @@ static bool should_recycle(const gm_arena *arena, uint64_t need)
     if (after <= gm_arena_reserved_peak(arena))
         return false;
     double slack = arena->options->move_slack;
-    if (slack > 0 && (double)after <= (double)gm_arena_allocated_peak(arena) * (1 + slack))
-        return false;
-    return !memory_is_limited(arena) || engine_of((gm_arena *)arena)->placing_lane ||
-           (uint64_t)after > arena->memory_limit / 10 * 9;
+    return slack <= 0 || (double)after > (double)gm_arena_allocated_peak(arena) * (1 + slack);
 }
 
 /* Whether moving idle chunks to `region` for `need` bytes would bounce: it gave at least as much to
@@ -226,20 +209,12 @@ static bool is_bounce(const gm_arena *arena, const gm_region *region, uint64_t n
            need <= data->donated_bytes;
 }
 
-/* Whether moving idle chunks to `region` for `need` bytes spends the bounce budget: the move would
- * bounce (is_bounce), or a memory limit below the device's capacity is set, where every chunk is
- * page-sized and a step may move many of them by choice. */
-static bool move_spends_budget(const gm_arena *arena, const gm_region *region, uint64_t need)
-{
-    return memory_is_limited(arena) || is_bounce(arena, region, need);
-}
-
 /* Whether pages for `region` should be new memory although idle chunks could be moved there: the move
- * spends the bounce budget, that budget is spent (such moves cost more than BOUNCE_CREDIT_NS per
+ * would bounce, the bounce budget is spent (such moves cost more than BOUNCE_CREDIT_NS per
  * allocation), and new memory fits under the limit. */
 static bool is_ping_pong(const gm_arena *arena, const gm_region *region, uint64_t need, uint64_t new_room)
 {
-    return move_spends_budget(arena, region, need) && engine_of((gm_arena *)arena)->bounce_credit_ns < 0 &&
+    return is_bounce(arena, region, need) && engine_of((gm_arena *)arena)->bounce_credit_ns < 0 &&
            need <= new_room;
 }
 
@@ -278,7 +253,7 @@ static uint64_t recycle_idle_into(gm_arena *arena, const window *where, uintptr_
         (*status = pages_settle_waiting(arena, NULL)) == GM_OK)
         mapped += move_idle_chunks(arena, where, from + mapped, need - mapped, room - mapped, status);
     engine->moving_by_choice = false;
-    if (move_spends_budget(arena, region, need))
+    if (is_bounce(arena, region, need))
         engine->bounce_credit_ns -= arena->backend->modelled_ns - moving_since;
     return mapped;
 }

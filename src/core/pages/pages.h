@@ -167,7 +167,7 @@ typedef struct page_heap {
 } page_heap;
 
 /* Old mappings kept at most: every mapping and every growth looks through them, so a stream that keeps
- * work queued while many page-sized chunks move (under a memory limit) would make each growth slower;
+ * work queued while many page-sized chunks move (near the capacity) would make each growth slower;
  * beyond this many a move waits for its stream, as before, and that wait lets them all go. */
 #define MAX_ALIASES 128
 

@@ -57,8 +57,7 @@ gm_status pages_rechunk_fit(gm_arena *arena, gm_block *block, uint64_t size, gm_
     page_engine *engine = engine_of(arena);
     uint64_t page_size = engine->page_size, least = arena->options->rechunk_min;
     *block_out = NULL;
-    /* Not under a memory limit below the device (page-sized chunks already). */
-    if (block->pool != GM_POOL_LARGE || arena->memory_limit < arena->backend->total_bytes)
+    if (block->pool != GM_POOL_LARGE)
         return GM_OK;
     page_chunk *chunk = chunk_covered_in_part(block, size, least, page_size);
     if (!chunk)

@@ -284,8 +284,8 @@ void pages_prepare_groups(gm_arena *arena, const window *where, uintptr_t from, 
     page_engine *engine = engine_of(arena);
     gm_region *region = where->region;
     const gm_block *hole = pages_unmapped_at(region, from);
-    if (engine->placing_lane || arena->memory_limit < arena->backend->total_bytes || !hole)
-        return; /* a lane takes pages; under a limit every chunk is page-sized (growth.c) */
+    if (engine->placing_lane || !hole)
+        return; /* a lane takes pages */
     uintptr_t hole_end = hole->address + hole->size;
     int64_t spent_before = arena->backend->modelled_ns;
     size_t kept = 0;
