@@ -112,7 +112,7 @@ status=$?
 sed -n '/gpumem tune/,$p' "$work/oom.err"
 [ $status -eq 1 ] && grep -q "torch.OutOfMemoryError" "$work/oom.err" || fail "the program did not run out of memory ($status)"
 grep -Eq "^defaults +- +.* [1-9][0-9]*$" "$work/oom.err" &&
-    grep -Eq "^recommended: [a-z ]+ \([a-z_:0-9A-Z.,]+\): it fits, where [0-9]+ allocations? ran out of memory under the defaults" "$work/oom.err" ||
+    grep -Eq "^recommended: [a-z -]+ \([a-z_:0-9A-Z.,]+\): it fits, where [0-9]+ allocations? ran out of memory under the defaults" "$work/oom.err" ||
     fail "gpumem run --tune did not find the setting under which the program fits"
 [ $failed -eq 0 ] && echo "ok   gpumem run --tune: the program that ran out of memory fits under another setting"
 mkdir -p "${OUT:-gpu-results}/logs" && cp "$work/report.html" "${OUT:-gpu-results}/logs/run_report.html" 2>/dev/null

@@ -218,8 +218,7 @@ def test_find_batch_size_in_three_trials():
 def test_find_batch_size_without_a_cap_on_a_nearly_full_device():
     """No memory limit set, the device nearly full (all but 6 GiB more than gpumem holds taken with
     cuMemAlloc, outside any allocator): the budget is the room the device leaves, and the replay bounds
-    it as the simulated device's capacity, not as a limit (under which gpumem's chunks would be
-    page-sized, unlike the trials'). find_batch_size finds, in at most 3 trials and with no out of
+    it as the simulated device's capacity. find_batch_size finds, in at most 3 trials and with no out of
     memory, at least 90% of what doubling and bisection find on the same device."""
     import ctypes
     driver = ctypes.CDLL("libcuda.so.1")

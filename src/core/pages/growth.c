@@ -24,11 +24,12 @@
  * and pool) that gave idle chunks away within the last PING_PONG_ALLOCATIONS allocations and needs no
  * more than it gave gets new memory instead of taking chunks back once such bounces have spent their
  * budget (BOUNCE_CREDIT_NS per allocation) -- a page or a stream's working set more reserved, rather
- * than a page move at every operation (alternating 1 MiB and 64 MiB requests, streams freeing each other's memory:
- * bench/adversarial.py). An option (tail_chunk, off by default: one more chunk per growth) makes the
- * last page of a growth a chunk of its own when the request ends inside it, so that a block placed after
- * the request pins one page, not the whole growth. After an empty_cache, a growth in a step that repeats
- * an earlier one may find its pages already made, waiting (refill.c): it takes them as they are.
+ * than a page move at every operation (alternating 1 MiB and 64 MiB requests, streams freeing each
+ * other's memory: bench/adversarial.py). An option (tail_chunk, off by default: one more chunk per
+ * growth) makes the last page of a growth a chunk of its own when the request ends inside it, so that
+ * a block placed after the request pins one page, not the whole growth. After an empty_cache, a growth
+ * in a step that repeats an earlier one may find its pages already made, waiting (refill.c): it takes
+ * them as they are.
  */
 #include "core/pages/pages.h"
 
