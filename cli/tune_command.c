@@ -80,7 +80,6 @@ typedef struct outcome {
 /* The candidates tried on one trace and how each did. */
 typedef struct tuning {
     int count;                                   /* candidates tried: ALWAYS_TRIED, or all */
-    const char *configurations[CANDIDATE_COUNT]; /* each one's keys */
     outcome outcomes[CANDIDATE_COUNT];
 } tuning;
 
@@ -192,7 +191,7 @@ static void print_table(const char *trace_path, const gm_trace *trace, const tun
            RATIOS_TITLE, "device ms, 1st pass", "device ms, later (most)", "OOMs");
     for (int i = 0; i < tried->count; i++) {
         const outcome *result = &outcomes[i];
-        printf("%-17s %-36s ", candidates[i].name, *tried->configurations[i] ? tried->configurations[i] : "-");
+        printf("%-17s %-36s ", candidates[i].name, *candidates[i].configuration ? candidates[i].configuration : "-");
         if (!result->ran) {
             printf("%18s\n", "(could not run)");
             continue;
@@ -223,7 +222,7 @@ static void print_none_fits(const tuning *tried, uint64_t peak_live)
 static void print_recommendation(const tuning *tried, int choice, int passes, uint64_t peak_live)
 {
     const outcome *defaults = &tried->outcomes[0], *best = &tried->outcomes[choice];
-    const char *keys = tried->configurations[choice];
+    const char *keys = candidates[choice].configuration;
     printf("\n");
     if (best->failed_allocations) {
         print_none_fits(tried, peak_live);
@@ -260,7 +259,7 @@ static void print_json(const char *trace_path, const gm_trace *trace, const tuni
     for (int i = 0; i < tried->count; i++) {
         const outcome *result = &outcomes[i];
         printf("%s{\"name\": \"%s\", \"configuration\": \"%s\", \"ran\": %s", i ? ", " : "", candidates[i].name,
-               tried->configurations[i], result->ran ? "true" : "false");
+               candidates[i].configuration, result->ran ? "true" : "false");
         if (result->ran) {
             printf(", \"peak_reserved_bytes\": %" PRIu64 ", \"failed_allocations\": %zu, \"passes_run\": %d, "
                    "\"ratios\": [", result->peak_reserved, result->failed_allocations, result->passes_run);
@@ -277,7 +276,7 @@ static void print_json(const char *trace_path, const gm_trace *trace, const tuni
         printf("], \"recommended\": null, \"configuration\": null}\n");
     else
         printf("], \"recommended\": \"%s\", \"configuration\": \"%s\"}\n", candidates[choice].name,
-               tried->configurations[choice]);
+               candidates[choice].configuration);
 }
 
 /* The value of --passes: a whole number from 1 to TUNE_MAX_PASSES, else 0. */
@@ -329,7 +328,7 @@ static int parse_arguments(int argc, char **argv, gm_device_arguments *device, c
 static gm_status try_candidate(const gm_trace *trace, const gm_device_arguments *device, int passes, tuning *tried)
 {
     int i = tried->count++;
-    const char *keys = tried->configurations[i];
+    const char *keys = candidates[i].configuration;
     char *configuration = gm_device_configuration(device, *keys ? keys : NULL);
     if (!configuration)
         return GM_ERROR_OUT_OF_MEMORY;
@@ -342,8 +341,6 @@ static gm_status try_candidate(const gm_trace *trace, const gm_device_arguments 
  * status after saying why. */
 static int run_candidates(const gm_trace *trace, const gm_device_arguments *device, int passes, tuning *tried)
 {
-    for (int i = 0; i < CANDIDATE_COUNT; i++)
-        tried->configurations[i] = candidates[i].configuration;
     gm_status status = try_candidate(trace, device, passes, tried);
     if (status != GM_OK) /* the defaults over --conf: a bad --conf or no device, as for every one */
         return status == GM_ERROR_BAD_CONFIG ? GM_EXIT_USAGE : GM_EXIT_ERROR;
