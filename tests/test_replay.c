@@ -125,9 +125,9 @@ static void traces_replay_with_small_capacity_report_oom(void)
  * 128 MiB below its uncapped peak reserved is too small for chunks that live blocks pin, page-sized
  * chunks (the out-of-memory report's first remedy) let every free page move and it fits, with the
  * heap valid throughout. A limit far above what the trace needs (nine tenths of the device, set as a
- * precaution) costs nothing: chunks as large as without a limit and reserved memory within a
- * thousandth of the uncapped replay's (every chunk page-sized under any limit, as once, made
- * thousands more device calls). */
+ * precaution) costs nothing: chunks about as large as without a limit (the room share counts the
+ * room under it) and reserved memory within a thousandth of the uncapped replay's (every chunk
+ * page-sized under any limit, as once, made many times the device calls). */
 static void trace_fits_a_limit_below_its_uncapped_peak(void)
 {
     char path[1024];
