@@ -69,6 +69,13 @@ def print_grid(gpumem, traces, factors):
                 print("| " + " | ".join([os.path.basename(path).split(".")[0], name] + cells) + " |")
 
 
+def all_traces():
+    """Every trace of data/traces, data/traces-extra and data/traces-more, folder by folder."""
+    return sorted((p for d in ("traces", "traces-extra", "traces-more")
+                   for p in glob.glob(os.path.join(ROOT, "data", d, "*.csv.gz"))),
+                  key=lambda p: (os.path.basename(os.path.dirname(p)), os.path.basename(p)))
+
+
 def factor_list(text):
     """--factors: numbers of at least 1, comma-separated."""
     try:
@@ -90,9 +97,7 @@ def main():
                         help="a row per trace and configuration (defaults, chunk_room_share:0), a column per factor")
     arguments = parser.parse_args()
     factors = arguments.factors
-    traces = arguments.traces or sorted(
-        (p for d in ("traces", "traces-extra", "traces-more") for p in glob.glob(os.path.join(ROOT, "data", d, "*.csv.gz"))),
-        key=lambda p: (os.path.basename(os.path.dirname(p)), os.path.basename(p)))
+    traces = arguments.traces or all_traces()
     if not traces:
         sys.exit("bench/near_capacity.py: no traces")
     if arguments.grid:

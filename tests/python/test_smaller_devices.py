@@ -1,0 +1,74 @@
+"""bench/smaller_devices.py: a trace replayed several times on one allocator on a simulated device a few
+times its live peak; the rows, the warm passes' device time and the count of settled rows it prints."""
+import os
+import subprocess
+import sys
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "bench", "smaller_devices.py")
+TRACE = os.path.join(ROOT, "data", "traces", "resnet50.csv.gz")
+
+
+class SmallerDevicesTest(unittest.TestCase):
+    def setUp(self):
+        self.gpumem = os.environ.get("GPUMEM_CLI")
+        if not self.gpumem:
+            self.skipTest("GPUMEM_CLI (the gpumem command) is not set")
+
+    def run_script(self, *arguments):
+        return subprocess.run([sys.executable, SCRIPT, "--gpumem", self.gpumem, *arguments], capture_output=True,
+                              text=True)
+
+    def tables(self, output):
+        """{title: [row cells]} of each table printed."""
+        tables, title = {}, None
+        for line in output.splitlines():
+            if line.endswith(" passes"):
+                title = line
+                tables[title] = []
+            elif line.startswith("| resnet50"):
+                tables[title].append(line.strip("| ").split(" | "))
+        return tables
+
+    def test_a_row_per_trace_and_device_with_its_warm_passes(self):
+        """resnet50 on a device twice its live peak, three passes: under chunk_room_share:0 (chunks of
+        max_chunk_size whatever the room) its warm passes spend nothing and its ratio stays that of the first
+        pass, so the row counts as settled; the defaults' row has the same shape, its ratios at least 1."""
+        run = self.run_script("--factors", "2", "--passes", "3", "--conf", "chunk_room_share:0", TRACE)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        tables = self.tables(run.stdout)
+        self.assertEqual(list(tables), ["defaults, 3 passes", "chunk_room_share:0, 3 passes"], run.stdout)
+        for rows in tables.values():
+            self.assertEqual(len(rows), 1, run.stdout)
+            trace, factor, first, last, most, total, failed = rows[0]
+            self.assertEqual((trace, factor, failed), ("resnet50", "2", "0"))
+            self.assertGreaterEqual(float(last), float(first))  # each pass's ratio is the peak so far
+            self.assertGreater(float(first), 1.0)
+            self.assertLessEqual(float(most), float(total))
+        trace, factor, first, last, most, total, failed = tables["chunk_room_share:0, 3 passes"][0]
+        self.assertEqual((first, last, most, total), (first, first, "0.0", "0.0"))
+        self.assertEqual(run.stdout.count("settled (every warm pass under 1 ms, nothing failed): 1 of 1"), 1,
+                         run.stdout)
+
+    def test_a_pass_that_runs_out_of_memory_ends_the_row(self):
+        """On a device barely above resnet50's live peak with one chunk per growth the replay runs out of
+        memory: the row counts the failed allocations and says in which pass the replay stopped."""
+        run = self.run_script("--factors", "1.001", "--passes", "3", "--conf", "chunk_room_share:0", TRACE)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        trace, factor, first, last, most, total, failed = self.tables(run.stdout)["chunk_room_share:0, 3 passes"][0]
+        self.assertGreater(int(failed), 0)
+        self.assertRegex(last, r"^1\.\d{4} \(pass [12]\)$")
+        self.assertIn("settled (every warm pass under 1 ms, nothing failed): 0 of 1", run.stdout)
+
+    def test_bad_arguments_are_refused(self):
+        run = self.run_script("--passes", "1", TRACE)
+        self.assertEqual(run.returncode, 1)
+        self.assertIn("--passes must be at least 2", run.stderr)
+        run = self.run_script("--factors", "0.5", TRACE)
+        self.assertEqual(run.returncode, 2)
+        self.assertIn("argument --factors", run.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
