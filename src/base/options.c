@@ -113,7 +113,8 @@ static const option_descriptor descriptors[] = {
      "pages engine: idle chunks move by choice (to keep reserved memory at its peak) only once reserved "
      "memory would pass this fraction above the peak of allocated memory; with small chunks "
      "(max_chunk_size:8MiB, move_slack:0.01) the layout settles instead of moving pages at every step "
-     "(default 0: off)"},
+     "(default 0: 0.02 where the room share keeps chunks under half of max_chunk_size -- a device a few "
+     "times the program's need, or such a memory_limit -- and none elsewhere)"},
     {"history", KIND_INTEGER, FIELD(history), NULL,
      "keep the newest N allocator events (alloc, free, map, unmap, oom) for gm_history_read and "
      "snapshots' timelines, at most 1048576 (default 0: none, no cost)"},

@@ -20,7 +20,9 @@
  * device's. (Every chunk under a limit was once page-sized, and idle chunks moved by choice only near
  * it: a limit set as a precaution cost a device call per page made, and one a little above the need
  * took new room where idle chunks could serve. A program that needs every free page to move can ask
- * for page-sized chunks, max_chunk_size at a page.) Nor does memory bounce: a place (a stream's heap
+ * for page-sized chunks, max_chunk_size at a page.) Where the room share keeps chunks small (such a
+ * device or limit), idle chunks move by choice only above a slack over the allocated peak, new memory
+ * made below it: small chunks without one never let a repeating step settle. Nor does memory bounce: a place (a stream's heap
  * and pool) that gave idle chunks away within the last PING_PONG_ALLOCATIONS allocations and needs no
  * more than it gave gets new memory instead of taking chunks back once such bounces have spent their
  * budget (BOUNCE_CREDIT_NS per allocation) -- a page or a stream's working set more reserved, rather
@@ -184,19 +186,31 @@ static gm_status create_memory(gm_arena *arena, gm_region *region, uintptr_t add
 }
 
 
+/* The slack of should_recycle: move_slack when set; else SMALL_ROOM_SLACK where the room share keeps
+ * chunks small (a device a few times the program's need, or such a limit), since small chunks keep
+ * reserved memory so close to the live peak that a step whose fits differ a little from the last
+ * one's needs moves, each move leaves an unmapped hole that makes the next step's fits differ again,
+ * and the pages never stop moving; with large chunks (the rest of max_chunk_size: a device with room
+ * to spare, or page-sized chunks asked for by name) none. */
+static double move_slack_now(gm_arena *arena)
+{
+    if (arena->options->move_slack > 0)
+        return arena->options->move_slack;
+    uint64_t largest = pages_largest_chunk(arena, pages_room_for_new_memory(arena));
+    return largest < engine_of(arena)->max_chunk_size / SMALL_ROOM_CHUNK_DIVISOR ? SMALL_ROOM_SLACK : 0;
+}
+
 /* Whether a growth of `need` bytes should take idle chunks from elsewhere rather than new memory:
- * when new memory would lift reserved memory above its peak. With move_slack, not while reserved
- * memory stays within that fraction above the allocated peak: small chunks keep reserved memory so
- * close to the live peak that a step whose fits differ a little from the last one's needs moves, each
- * move leaves an unmapped hole that makes the next step's fits differ again, and the pages never stop
- * moving; a little room lets the layout settle. */
-static bool should_recycle(const gm_arena *arena, uint64_t need)
+ * when new memory would lift reserved memory above its peak, and above the slack (move_slack_now)
+ * over the allocated peak: a little room lets the layout settle. Moves that no new memory could
+ * replace happen whatever the slack (the callers check the room). */
+static bool should_recycle(gm_arena *arena, uint64_t need)
 {
     const gm_stat *reserved = arena->stats->reserved_bytes;
     int64_t after = gm_stat_total(reserved) + (int64_t)need;
     if (after <= gm_arena_reserved_peak(arena))
         return false;
-    double slack = arena->options->move_slack;
+    double slack = move_slack_now(arena);
     return slack <= 0 || (double)after > (double)gm_arena_allocated_peak(arena) * (1 + slack);
 }
 

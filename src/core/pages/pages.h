@@ -53,6 +53,13 @@
  * moving memory back and forth spends at most about this per allocation before it gets new memory. */
 #define BOUNCE_CREDIT_NS 250
 
+/* Where the room share keeps chunks under 1/SMALL_ROOM_CHUNK_DIVISOR of max_chunk_size (a device a few
+ * times the program's need, or such a memory limit), moves by choice wait until reserved memory would
+ * pass (1 + SMALL_ROOM_SLACK) times the allocated peak, as move_slack asks; below that, new memory
+ * (growth.c, should_recycle). */
+#define SMALL_ROOM_CHUNK_DIVISOR 2
+#define SMALL_ROOM_SLACK 0.02
+
 /* A regrowth: a request at most 1/REGROWTH_FRACTION larger than the block freed right after it (a
  * tensor replaced by a slightly longer copy, as torch.cat grows a KV cache). */
 #define REGROWTH_FRACTION 16
