@@ -22,12 +22,12 @@
  * took new room where idle chunks could serve. A program that needs every free page to move can ask
  * for page-sized chunks, max_chunk_size at a page.) Where the room share keeps chunks small (such a
  * device or limit), idle chunks move by choice only above a slack over the allocated peak, new memory
- * made below it: small chunks without one never let a repeating step settle. Nor does memory bounce: a place (a stream's heap
- * and pool) that gave idle chunks away within the last PING_PONG_ALLOCATIONS allocations and needs no
- * more than it gave gets new memory instead of taking chunks back once such bounces have spent their
- * budget (BOUNCE_CREDIT_NS per allocation) -- a page or a stream's working set more reserved, rather
- * than a page move at every operation (alternating 1 MiB and 64 MiB requests, streams freeing each
- * other's memory: bench/adversarial.py). An option (tail_chunk, off by default: one more chunk per
+ * made below it: small chunks without one never let a repeating step settle. Nor does memory bounce:
+ * a place (a stream's heap and pool) that gave idle chunks away within the last PING_PONG_ALLOCATIONS
+ * allocations and needs no more than it gave gets new memory instead of taking chunks back once such
+ * bounces have spent their budget (BOUNCE_CREDIT_NS per allocation) -- a page or a stream's working
+ * set more reserved, rather than a page move at every operation (alternating 1 MiB and 64 MiB
+ * requests, streams freeing each other's memory: bench/adversarial.py). An option (tail_chunk, off by default: one more chunk per
  * growth) makes the last page of a growth a chunk of its own when the request ends inside it, so that
  * a block placed after the request pins one page, not the whole growth. After an empty_cache, a growth
  * in a step that repeats an earlier one may find its pages already made, waiting (refill.c): it takes
@@ -191,13 +191,17 @@ static gm_status create_memory(gm_arena *arena, gm_region *region, uintptr_t add
  * reserved memory so close to the live peak that a step whose fits differ a little from the last
  * one's needs moves, each move leaves an unmapped hole that makes the next step's fits differ again,
  * and the pages never stop moving; with large chunks (the rest of max_chunk_size: a device with room
- * to spare, or page-sized chunks asked for by name) none. */
+ * to spare, or page-sized chunks asked for by name) none, nor without a max_chunk_size to be small
+ * against (max_chunk_size:0). */
 static double move_slack_now(gm_arena *arena)
 {
     if (arena->options->move_slack > 0)
         return arena->options->move_slack;
+    uint64_t most = engine_of(arena)->max_chunk_size;
+    if (most == UINT64_MAX)
+        return 0;
     uint64_t largest = pages_largest_chunk(arena, pages_room_for_new_memory(arena));
-    return largest < engine_of(arena)->max_chunk_size / SMALL_ROOM_CHUNK_DIVISOR ? SMALL_ROOM_SLACK : 0;
+    return largest < most / SMALL_ROOM_CHUNK_DIVISOR ? SMALL_ROOM_SLACK : 0;
 }
 
 /* Whether a growth of `need` bytes should take idle chunks from elsewhere rather than new memory:
