@@ -1,37 +1,37 @@
 /*
  * growth.c -- backing a window with pages: idle chunks moved, or new memory made.
  *
- * The pages a window needs come from idle chunks -- unmapped where they lie and mapped here -- when
- * new memory would raise reserved memory above its peak: GMLake's stitching, free memory in the wrong
- * place or in pieces too small gathered into one contiguous range. Only what the idle chunks cannot
- * cover is made new.
+ * The pages a window needs come from idle chunks -- unmapped where they lie and mapped here -- when new
+ * memory would raise reserved memory above its peak: GMLake's stitching, free memory in the wrong place
+ * or in pieces too small gathered into one contiguous range. Only what the idle chunks cannot cover is
+ * made new.
  *
- * Chunk size trades device calls against flexibility: a big chunk costs one cuMemCreate for many
- * pages but stays pinned while any byte of it is live (so no chunk exceeds max_chunk_size); page-sized
- * chunks can each move the moment they are free. Every allocation earns the engine a little
- * device-call credit (device_credit_ns); a growth of a few pages is made of page-sized chunks while
- * the credit covers their cost, anything else of as few chunks as max_chunk_size allows -- and, so that
- * a program that nearly fills the device is not undone by pinned chunks, of none larger than a
- * chunk_room_share-th of the room for new memory: chunks shrink as the device fills. A training
- * loop that grows its memory once gets it in few large chunks; a workload whose tensors keep changing
- * size gets fine-grained chunks as it goes; device-call time stays a small share of the work either
- * way. A memory limit below the device's capacity (GPUMEM_CONF memory_limit, or torch's memory
- * fraction) is a smaller device: the room for new memory is what it leaves, and every rule is the
- * device's. (Every chunk under a limit was once page-sized, and idle chunks moved by choice only near
- * it: a limit set as a precaution cost a device call per page made, and one a little above the need
- * took new room where idle chunks could serve. A program that needs every free page to move can ask
- * for page-sized chunks, max_chunk_size at a page.) Where the room share keeps chunks small (such a
- * device or limit), idle chunks move by choice only above a slack over the allocated peak, new memory
- * made below it: small chunks without one never let a repeating step settle. Nor does memory bounce:
- * a place (a stream's heap and pool) that gave idle chunks away within the last PING_PONG_ALLOCATIONS
- * allocations and needs no more than it gave gets new memory instead of taking chunks back once such
- * bounces have spent their budget (BOUNCE_CREDIT_NS per allocation) -- a page or a stream's working
- * set more reserved, rather than a page move at every operation (alternating 1 MiB and 64 MiB
- * requests, streams freeing each other's memory: bench/adversarial.py). An option (tail_chunk, off by default: one more chunk per
- * growth) makes the last page of a growth a chunk of its own when the request ends inside it, so that
- * a block placed after the request pins one page, not the whole growth. After an empty_cache, a growth
- * in a step that repeats an earlier one may find its pages already made, waiting (refill.c): it takes
- * them as they are.
+ * Chunk size trades device calls against flexibility: a big chunk costs one cuMemCreate for many pages
+ * but stays pinned while any byte of it is live (so no chunk exceeds max_chunk_size); page-sized chunks
+ * can each move the moment they are free. Every allocation earns the engine a little device-call credit
+ * (device_credit_ns); a growth of a few pages is made of page-sized chunks while the credit covers
+ * their cost, anything else of as few chunks as max_chunk_size allows -- and, so that a program that
+ * nearly fills the device is not undone by pinned chunks, of none larger than a chunk_room_share-th of
+ * the room for new memory: chunks shrink as the device fills. A training loop that grows its memory
+ * once gets it in few large chunks; a workload whose tensors keep changing size gets fine-grained
+ * chunks as it goes; device-call time stays a small share of the work either way. A memory limit below
+ * the device's capacity (GPUMEM_CONF memory_limit, or torch's memory fraction) is a smaller device: the
+ * room for new memory is what it leaves, and every rule is the device's. (Every chunk under a limit was
+ * once page-sized, and idle chunks moved by choice only near it: a limit set as a precaution cost a
+ * device call per page made, and one a little above the need took new room where idle chunks could
+ * serve. A program that needs every free page to move can ask for page-sized chunks, max_chunk_size at
+ * a page.) Where the room share keeps chunks small (such a device or limit), idle chunks move by choice
+ * only above a slack over the allocated peak, new memory made below it: small chunks without one never
+ * let a repeating step settle. Nor does memory bounce: a place (a stream's heap and pool) that gave
+ * idle chunks away within the last PING_PONG_ALLOCATIONS allocations and needs no more than it gave
+ * gets new memory instead of taking chunks back once such bounces have spent their budget
+ * (BOUNCE_CREDIT_NS per allocation) -- a page or a stream's working set more reserved, rather than a
+ * page move at every operation (alternating 1 MiB and 64 MiB requests, streams freeing each other's
+ * memory: bench/adversarial.py). An option (tail_chunk, off by default: one more chunk per growth)
+ * makes the last page of a growth a chunk of its own when the request ends inside it, so that a block
+ * placed after the request pins one page, not the whole growth. After an empty_cache, a growth in a
+ * step that repeats an earlier one may find its pages already made, waiting (refill.c): it takes them
+ * as they are.
  */
 #include "core/pages/pages.h"
 
