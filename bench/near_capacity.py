@@ -76,6 +76,12 @@ def all_traces():
                   key=lambda p: (os.path.basename(os.path.dirname(p)), os.path.basename(p)))
 
 
+def require_gpumem(path, script):
+    """Exit with a clear message unless `path` is an executable (the gpumem command to replay with)."""
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        sys.exit(f"{script}: {path} is not the gpumem command (build it first, or pass --gpumem PATH)")
+
+
 def factor_list(text):
     """--factors: numbers of at least 1, comma-separated."""
     try:
@@ -97,6 +103,7 @@ def main():
                         help="a row per trace and configuration (defaults, chunk_room_share:0), a column per factor")
     arguments = parser.parse_args()
     factors = arguments.factors
+    require_gpumem(arguments.gpumem, "bench/near_capacity.py")
     traces = arguments.traces or all_traces()
     if not traces:
         sys.exit("bench/near_capacity.py: no traces")

@@ -19,7 +19,7 @@ import os
 import subprocess
 import sys
 
-from near_capacity import ROOT, factor_list, live_peaks, all_traces
+from near_capacity import ROOT, all_traces, factor_list, live_peaks, require_gpumem
 
 WARM_MS_SETTLED = 1.0  # a warm pass under this is counted as settled
 
@@ -70,6 +70,7 @@ def main():
     arguments = parser.parse_args()
     if arguments.passes < 2:
         sys.exit("bench/smaller_devices.py: --passes must be at least 2 (the warm passes are the question)")
+    require_gpumem(arguments.gpumem, "bench/smaller_devices.py")
     traces = arguments.traces or all_traces()
     if not traces:
         sys.exit("bench/smaller_devices.py: no traces")

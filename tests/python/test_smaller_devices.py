@@ -78,6 +78,15 @@ class SmallerDevicesTest(unittest.TestCase):
         run = self.run_script("--factors", "0.5", TRACE)
         self.assertEqual(run.returncode, 2)
         self.assertIn("argument --factors", run.stderr)
+        run = subprocess.run([sys.executable, SCRIPT, "--gpumem", os.path.join(ROOT, "no-such-gpumem"), TRACE],
+                             capture_output=True, text=True)
+        self.assertEqual(run.returncode, 1)
+        self.assertIn("no-such-gpumem is not the gpumem command", run.stderr)
+        self.assertNotIn("Traceback", run.stderr)
+        run = self.run_script("--conf", "no_such_key:1", TRACE)
+        self.assertEqual(run.returncode, 1)
+        self.assertIn("no_such_key", run.stderr)
+        self.assertNotIn("Traceback", run.stderr)
 
 
 if __name__ == "__main__":
