@@ -193,28 +193,29 @@ static gm_status create_memory(gm_arena *arena, gm_region *region, uintptr_t add
  * and the pages never stop moving; with large chunks (the rest of max_chunk_size: a device with room
  * to spare, or page-sized chunks asked for by name) none, nor without a max_chunk_size to be small
  * against (max_chunk_size:0). */
-static double move_slack_now(gm_arena *arena)
+static double move_slack_now(gm_arena *arena, uint64_t new_room)
 {
     if (arena->options->move_slack > 0)
         return arena->options->move_slack;
     uint64_t most = engine_of(arena)->max_chunk_size;
     if (most == UINT64_MAX)
         return 0;
-    uint64_t largest = pages_largest_chunk(arena, pages_room_for_new_memory(arena));
+    uint64_t largest = pages_largest_chunk(arena, new_room);
     return largest < most / SMALL_ROOM_CHUNK_DIVISOR ? SMALL_ROOM_SLACK : 0;
 }
 
 /* Whether a growth of `need` bytes should take idle chunks from elsewhere rather than new memory:
  * when new memory would lift reserved memory above its peak, and above the slack (move_slack_now)
- * over the allocated peak: a little room lets the layout settle. Moves that no new memory could
- * replace happen whatever the slack (the callers check the room). */
-static bool should_recycle(gm_arena *arena, uint64_t need)
+ * over the allocated peak: a little room lets the layout settle. `new_room` is the caller's reading of
+ * pages_room_for_new_memory (on CUDA a driver query, so read once per growth). Moves that no new memory
+ * could replace happen whatever the slack (the callers check the room). */
+static bool should_recycle(gm_arena *arena, uint64_t need, uint64_t new_room)
 {
     const gm_stat *reserved = arena->stats->reserved_bytes;
     int64_t after = gm_stat_total(reserved) + (int64_t)need;
     if (after <= gm_arena_reserved_peak(arena))
         return false;
-    double slack = move_slack_now(arena);
+    double slack = move_slack_now(arena, new_room);
     return slack <= 0 || (double)after > (double)gm_arena_allocated_peak(arena) * (1 + slack);
 }
 
@@ -244,7 +245,7 @@ static gm_status compact_for_growth(gm_arena *arena, const window *where, uint64
 {
     if (short_of > new_room)
         return pages_compact_for(arena, where, short_of - new_room, true);
-    if (!should_recycle(arena, short_of))
+    if (!should_recycle(arena, short_of, new_room))
         return GM_OK;
     const gm_stat *reserved = arena->stats->reserved_bytes;
     int64_t peak = gm_arena_reserved_peak(arena);
@@ -261,14 +262,14 @@ static uint64_t recycle_idle_into(gm_arena *arena, const window *where, uintptr_
 {
     page_engine *engine = engine_of(arena);
     gm_region *region = where->region;
-    if (!(should_recycle(arena, need) && !is_ping_pong(arena, region, need, new_room)) && need <= new_room)
+    if (!(should_recycle(arena, need, new_room) && !is_ping_pong(arena, region, need, new_room)) && need <= new_room)
         return 0;
     int64_t moving_since = arena->backend->modelled_ns;
     engine->moving_by_choice = need <= new_room; /* else no new memory can be had */
     uint64_t mapped = move_idle_chunks(arena, where, from, need, room, status);
     /* Pages made ahead of need that still wait when new memory would lift the peak: the step
      * did not repeat the last one. They become free memory, and chunks no growth took move. */
-    if (*status == GM_OK && mapped < need && engine->waiting_bytes && should_recycle(arena, need - mapped) &&
+    if (*status == GM_OK && mapped < need && engine->waiting_bytes && should_recycle(arena, need - mapped, new_room) &&
         (*status = pages_settle_waiting(arena, NULL)) == GM_OK)
         mapped += move_idle_chunks(arena, where, from + mapped, need - mapped, room - mapped, status);
     engine->moving_by_choice = false;
@@ -335,11 +336,11 @@ static gm_status back_part(gm_arena *arena, const window *where, uintptr_t from,
         if (gm_stat_total(arena->stats->reserved_bytes) != reserved_before) /* compaction gave memory back */
             new_room = pages_room_for_new_memory(arena);
     }
-    if (status == GM_OK && mapped < need && engine->placing_lane && should_recycle(arena, need - mapped)) {
+    if (status == GM_OK && mapped < need && engine->placing_lane && should_recycle(arena, need - mapped, new_room)) {
         engine->moving_by_choice = true;
         release_idle_for(arena, where, need - mapped);
         engine->moving_by_choice = false;
-        if (engine->keep_peak && should_recycle(arena, need - mapped))
+        if (engine->keep_peak && should_recycle(arena, need - mapped, pages_room_for_new_memory(arena)))
             status = GM_ERROR_OUT_OF_MEMORY; /* quietly: the caller has another place (lane_place) */
     }
     if (status == GM_OK && mapped < need)
