@@ -7,8 +7,8 @@
  * middle one freed, the rest of the region unmapped): gm_validate must return GM_ERROR_CORRUPT with a
  * message that names the fault, and pass again once the field is mended. The front end's checks (the
  * live map, the pending frees, the size indexes, the statistics, the device's own count) and the pages
- * engine's (blocks in place, pages mapped under every mapped block, the page table, mapped and waiting
- * bytes, a growth lane's list of live blocks) each get theirs.
+ * engine's (blocks in place, pages mapped under every mapped block, the page table and its groups'
+ * counts, mapped and waiting bytes, a growth lane's list of live blocks) each get theirs.
  */
 #include "test.h"
 
@@ -235,6 +235,25 @@ static void the_page_table_out_of_step(void)
     end_scene(&made);
 }
 
+/* Each group of pages counts its mapped pages, so that validation can pass over unmapped groups: a count
+ * above what the group holds, or a group counted as empty though a chunk lies in it, is caught. */
+static void the_page_groups_out_of_step(void)
+{
+    scene made = make_scene();
+    page_region *data = data_of(made.region);
+    uint64_t page_size = engine_of(&made.allocator->arena)->page_size;
+    uint64_t group = (made.allocated->address - made.region->base) / page_size / PAGE_GROUP;
+    uint8_t count = data->mapped_in_group[group];
+    REQUIRE(count > 0 && count < PAGE_GROUP);
+    char expected[128];
+    snprintf(expected, sizeof expected, "counts %u mapped pages in group %" PRIu64 ", holds %u", count + 1u, group,
+             (unsigned)count);
+    EXPECT_CAUGHT(made.allocator, data->mapped_in_group[group]++, data->mapped_in_group[group]--, expected);
+    EXPECT_CAUGHT(made.allocator, data->mapped_in_group[group] = 0, data->mapped_in_group[group] = count,
+                  "mapped pages in its groups, its chunks hold");
+    end_scene(&made);
+}
+
 static void mapped_and_waiting_bytes_out_of_step(void)
 {
     scene made = make_scene();
@@ -278,4 +297,5 @@ RUN_TESTS(TEST_CASE(a_live_map_entry_that_is_not_allocated), TEST_CASE(a_size_in
           TEST_CASE(pending_frees_out_of_step), TEST_CASE(a_free_held_for_a_capture_out_of_step),
           TEST_CASE(blocks_out_of_place), TEST_CASE(free_blocks_unmerged_or_unindexed),
           TEST_CASE(a_vacant_block_of_another_heap), TEST_CASE(the_page_table_out_of_step),
-          TEST_CASE(mapped_and_waiting_bytes_out_of_step), TEST_CASE(a_growth_lane_out_of_step))
+          TEST_CASE(the_page_groups_out_of_step), TEST_CASE(mapped_and_waiting_bytes_out_of_step),
+          TEST_CASE(a_growth_lane_out_of_step))

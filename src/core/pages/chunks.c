@@ -34,20 +34,22 @@ static gm_status new_region(gm_arena *arena, gm_heap *heap, int pool, gm_region 
     gm_region *region = gm_system_calloc(1, sizeof *region);
     page_region *data = gm_system_calloc(1, sizeof *data);
     page_chunk **pages = gm_system_calloc(page_count, sizeof *pages);
+    uint8_t *mapped_in_group = gm_system_calloc(page_count / PAGE_GROUP + 1, 1);
     gm_block *block = gm_block_new(&arena->block_pool);
     uintptr_t base = 0;
-    gm_status status = region && data && pages && block
+    gm_status status = region && data && pages && mapped_in_group && block
                            ? gm_backend_address_reserve(arena->backend, engine->region_size, &base)
                            : gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory for a region");
     if (status != GM_OK) {
         free(region);
         free(data);
         free(pages);
+        free(mapped_in_group);
         if (block)
             gm_block_delete(&arena->block_pool, block);
         return status;
     }
-    *data = (page_region){.pages = pages, .page_count = page_count};
+    *data = (page_region){.pages = pages, .page_count = page_count, .mapped_in_group = mapped_in_group};
     *region = (gm_region){.base = base, .size = engine->region_size, .heap = heap, .first_block = block,
                           .pool = (uint8_t)pool, .engine_data = data};
     gm_list_push_front(&heap->regions, &region->link);
@@ -65,8 +67,13 @@ static void record_chunk_pages(gm_region *region, page_chunk *chunk, page_chunk 
 {
     page_region *data = data_of(region);
     uint64_t first = page_index(region, chunk->address, page_size);
-    for (uint64_t page = first; page < first + chunk->size / page_size; page++)
+    for (uint64_t page = first; page < first + chunk->size / page_size; page++) {
+        if (!data->pages[page] && value)
+            data->mapped_in_group[page / PAGE_GROUP]++;
+        else if (data->pages[page] && !value)
+            data->mapped_in_group[page / PAGE_GROUP]--;
         data->pages[page] = value;
+    }
 }
 
 /* `chunk` in `region`'s books at its address: in its list of chunks, its mapped bytes and its pages. */

@@ -164,10 +164,42 @@ static gm_status check_block_pages(const gm_region *region, const gm_block *bloc
     uint64_t first = page_index(region, block->address, page_size);
     uint64_t last = page_index(region, block->address + block->size - 1, page_size);
     bool mapped_expected = block->state != GM_BLOCK_UNMAPPED;
-    for (uint64_t page = first; page <= last; page++)
+    for (uint64_t page = first; page <= last; page++) {
+        if (!mapped_expected && page % PAGE_GROUP == 0 && page + PAGE_GROUP - 1 <= last &&
+            data->mapped_in_group[page / PAGE_GROUP] == 0) {
+            page += PAGE_GROUP - 1; /* a whole group with no page mapped: as an unmapped block wants */
+            continue;
+        }
         if ((data->pages[page] != NULL) != mapped_expected && (mapped_expected || !data->pages[page]->waiting))
             return gm_fail(GM_ERROR_CORRUPT, "block 0x%" PRIxPTR " (state %d) has page %" PRIu64 " %s", block->address,
                            block->state, page, mapped_expected ? "unmapped" : "mapped");
+    }
+    return GM_OK;
+}
+
+/* The group counts that check_block_pages trusts agree with the pages: a group that counts mapped
+ * pages holds exactly that many, and the counts add up to the chunks' pages (whose entries
+ * validate_region checked), so a chunk's page in a group that counts none leaves the sum short. Only
+ * the groups that count some are read page by page; a pointer written into an empty group other than
+ * through record_chunk_pages (chunks.c), the one writer of both, is not looked for. */
+static gm_status check_page_groups(const gm_region *region, uint64_t page_size)
+{
+    const page_region *data = data_of(region);
+    uint64_t counted = 0;
+    for (uint64_t group = 0; group <= (data->page_count - 1) / PAGE_GROUP; group++) {
+        counted += data->mapped_in_group[group];
+        if (data->mapped_in_group[group] == 0)
+            continue;
+        uint64_t held = 0;
+        for (uint64_t page = group * PAGE_GROUP; page < data->page_count && page < (group + 1) * PAGE_GROUP; page++)
+            held += data->pages[page] != NULL;
+        if (held != data->mapped_in_group[group])
+            return gm_fail(GM_ERROR_CORRUPT, "region 0x%" PRIxPTR " counts %u mapped pages in group %" PRIu64
+                           ", holds %" PRIu64, region->base, (unsigned)data->mapped_in_group[group], group, held);
+    }
+    if (counted * page_size != data->mapped_bytes)
+        return gm_fail(GM_ERROR_CORRUPT, "region 0x%" PRIxPTR " counts %" PRIu64 " mapped pages in its groups, its "
+                       "chunks hold %" PRIu64, region->base, counted, data->mapped_bytes / page_size);
     return GM_OK;
 }
 
@@ -195,7 +227,7 @@ static gm_status validate_region(gm_arena *arena, gm_region *region, gm_stats *r
     if (mapped != data->mapped_bytes)
         return gm_fail(GM_ERROR_CORRUPT, "region 0x%" PRIxPTR " counts %" PRIu64 " mapped bytes, holds %" PRIu64,
                        region->base, data->mapped_bytes, mapped);
-    return GM_OK;
+    return check_page_groups(region, engine->page_size);
 }
 
 
@@ -287,6 +319,7 @@ static gm_status drop_free_region(gm_arena *arena, gm_region *region)
     gm_delete_region_blocks(arena, region);
     gm_list_remove(&region->heap->regions, &region->link);
     free(data->pages);
+    free(data->mapped_in_group);
     free(data);
     free(region);
     return GM_OK;
@@ -341,6 +374,7 @@ static void pages_destroy(gm_arena *arena)
             gm_delete_region_blocks(arena, region);
             gm_region *next = gm_next_region(region);
             free(data->pages);
+            free(data->mapped_in_group);
             free(data);
             free(region);
             region = next;

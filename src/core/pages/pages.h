@@ -26,8 +26,10 @@
  * when it is not unmapped, and an unmapped block's pages are not, except those of a chunk made ahead of
  * need after an empty_cache (refill.c: its `waiting` bytes); every chunk is mapped at one place (its old
  * mapping after a move ahead of its stream is not in the books: aliases.c) and the page table points at it
- * from each of its pages; a free or unmapped block belongs to its region's heap, an allocated or pending
- * one to the heap that asked for it (a lane's blocks lie in its stream's large-pool region: lane_sharing.c);
+ * from each of its pages, and each group of PAGE_GROUP pages counts those of its pages that point at a
+ * chunk (an empty group's count stands for its pages: the one writer of the page table keeps both); a
+ * free or unmapped block belongs to its region's heap, an allocated or pending one to the heap that asked
+ * for it (a lane's blocks lie in its stream's large-pool region: lane_sharing.c);
  * every free block is in its heap's size index and every unmapped block in its region's unmapped list;
  * a lane lists exactly its allocated and pending blocks, oldest first.
  */
@@ -103,9 +105,15 @@ typedef struct page_chunk {
 } page_chunk;
 
 /* The engine's part of a region (region->engine_data). */
+#define PAGE_GROUP 64
+
 typedef struct page_region {
     page_chunk **pages; /* page index -> chunk mapped there, or NULL */
     uint64_t page_count;
+    /* How many of each PAGE_GROUP pages are mapped (kept beside `pages` by the one place that writes
+     * it): validation walks an unmapped block a group at a time and looks only into groups that hold
+     * a mapped page, instead of every page of a region twice the device's size. */
+    uint8_t *mapped_in_group;
     uint64_t mapped_bytes;  /* the chunks mapped in it */
     uint64_t donated_at;    /* allocation number when an idle chunk last moved from here elsewhere; 0: never */
     uint64_t donated_bytes; /* bytes moved elsewhere since donated_at's window began */
