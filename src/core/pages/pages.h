@@ -106,6 +106,7 @@ typedef struct page_chunk {
 
 /* The engine's part of a region (region->engine_data). */
 #define PAGE_GROUP 64
+_Static_assert(PAGE_GROUP <= UINT8_MAX, "a group's count of mapped pages is a uint8_t");
 
 typedef struct page_region {
     page_chunk **pages; /* page index -> chunk mapped there, or NULL */
