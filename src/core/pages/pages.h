@@ -104,10 +104,10 @@ typedef struct page_chunk {
     uint32_t clones;             /* second mappings of it that stitches hold: it neither moves nor goes */
 } page_chunk;
 
-/* The engine's part of a region (region->engine_data). */
 #define PAGE_GROUP 64
 _Static_assert(PAGE_GROUP <= UINT8_MAX, "a group's count of mapped pages is a uint8_t");
 
+/* The engine's part of a region (region->engine_data). */
 typedef struct page_region {
     page_chunk **pages; /* page index -> chunk mapped there, or NULL */
     uint64_t page_count;
