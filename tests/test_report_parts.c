@@ -2,13 +2,15 @@
  * test_report_parts.c -- the parts behind gpumem report: the memory curve keeps every peak however far
  * it is downsampled; the JSON reader accepts JSON and says where bad text goes wrong; snapshots and
  * histories read back equal what was written; the memory map rebuilt from a history at the peak of
- * reserved memory equals a snapshot taken then; HTML escaping; a page without curve, map or statistics.
+ * reserved memory equals a snapshot taken then, and one from an inconsistent history still tiles its
+ * regions; HTML escaping; a page without curve, map or statistics; a map of more regions than it draws.
  */
 #include "test.h"
 
 #include "report/history_map.h"
 #include "report/html_report.h"
 #include "report/html_text.h"
+#include "report/svg_charts.h"
 #include "report/memory_curve.h"
 #include "tools/json_formats.h"
 #include "tools/json_reader.h"
@@ -336,6 +338,57 @@ static void history_map_equals_the_snapshot_at_the_peak(void)
     gm_trace_free(&trace);
 }
 
+/* A history that no allocator writes (a damaged or hand-edited file can say anything): mappings that
+ * overlap or run past the largest address, blocks outside every mapping, overlapping their neighbour or
+ * running past their region's end. The map leaves out what it cannot place and cuts what overlaps, so
+ * its blocks still tile its regions. */
+static void history_map_of_an_inconsistent_history(void)
+{
+    const gm_event events[] = {
+        {.kind = GM_EVENT_SEGMENT_MAP, .address = 0x10000, .size = 0x10000, .stream = 1},          /* region A */
+        {.kind = GM_EVENT_SEGMENT_MAP, .address = 0x18000, .size = 0x10000, .stream = 1},          /* overlaps A */
+        {.kind = GM_EVENT_SEGMENT_MAP, .address = 0x30000, .size = 0x8000, .stream = 2},           /* region C */
+        {.kind = GM_EVENT_SEGMENT_MAP, .address = UINT64_MAX - 0xfff, .size = 0x2000, .stream = 1}, /* past 2^64 */
+        {.kind = GM_EVENT_SEGMENT_MAP, .address = 0x50000, .size = 0x1000, .stream = 1},
+        {.kind = GM_EVENT_SEGMENT_UNMAP, .address = 0x50000, .size = 0x1000, .stream = 1},         /* gone again */
+        {.kind = GM_EVENT_ALLOC, .address = 0x1000, .size = 512, .stream = 1},                     /* outside */
+        {.kind = GM_EVENT_ALLOC, .address = 0x10000, .size = 0x1000, .stream = 1},
+        {.kind = GM_EVENT_ALLOC, .address = 0x10800, .size = 0x1000, .stream = 1}, /* overlaps the last one */
+        {.kind = GM_EVENT_FREE_REQUESTED, .address = 0x1f000, .size = 0x4000, .stream = 1}, /* past A's end */
+        {.kind = GM_EVENT_ALLOC, .address = 0x30000, .size = 0x100, .stream = 2},
+        {.kind = GM_EVENT_FREE_COMPLETED, .address = 0x30000, .size = 0x100, .stream = 2},
+        {.kind = GM_EVENT_ALLOC, .address = 0x34000, .size = 100, .stream = 2},
+    };
+    size_t count = sizeof events / sizeof events[0];
+    gm_snapshot *map = NULL;
+    CHECK_STATUS(gm_history_map(events, count, count, &map), GM_ERROR_INVALID_ARGUMENT);
+    CHECK(map == NULL && strstr(gm_last_error(), "no event 13 in a history of 13") != NULL);
+    CHECK_STATUS(gm_history_map(NULL, count, 0, &map), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_OK(gm_history_map(events, count, count - 1, &map));
+    REQUIRE(map);
+    CHECK_EQ_INT(map->region_count, 2);
+    const struct {
+        uint64_t address, size, requested;
+        gm_block_kind kind;
+    } expected[] = {
+        {0x10000, 0x1000, 0x1000, GM_BLOCK_KIND_ALLOCATED}, {0x11000, 0x800, 0x1000, GM_BLOCK_KIND_ALLOCATED},
+        {0x11800, 0xd800, 0, GM_BLOCK_KIND_FREE},           {0x1f000, 0x1000, 0x4000, GM_BLOCK_KIND_PENDING},
+        {0x30000, 0x4000, 0, GM_BLOCK_KIND_FREE},           {0x34000, 512, 100, GM_BLOCK_KIND_ALLOCATED},
+        {0x34200, 0x3e00, 0, GM_BLOCK_KIND_FREE},
+    };
+    REQUIRE(map->region_count == 2 && map->block_count == sizeof expected / sizeof expected[0]);
+    CHECK(map->regions[0].address == 0x10000 && map->regions[0].size == 0x10000 && map->regions[0].stream == 1);
+    CHECK(map->regions[1].address == 0x30000 && map->regions[1].size == 0x8000 && map->regions[1].stream == 2);
+    CHECK_EQ_INT(map->regions[0].block_count, 4);
+    CHECK_EQ_INT(map->regions[1].first_block, 4);
+    for (size_t b = 0; b < map->block_count; b++) {
+        const gm_snapshot_block *block = &map->blocks[b];
+        CHECK(block->address == expected[b].address && block->size == expected[b].size &&
+              block->requested == expected[b].requested && block->kind == expected[b].kind);
+    }
+    gm_history_map_free(map);
+}
+
 /* ---------------------------------------------------------------- HTML */
 
 static char *page_of(const gm_html_report *report)
@@ -378,6 +431,41 @@ static void html_is_escaped(void)
     free(page);
 }
 
+/* More regions than the map draws (the segments engine's many segments): the largest are drawn, in
+ * their own order, and a note says how many are left out and what they hold. */
+static void memory_map_with_more_regions_than_rows(void)
+{
+    enum { REGIONS = 130 };
+    gm_snapshot_region regions[REGIONS];
+    gm_snapshot_block blocks[REGIONS];
+    for (size_t r = 0; r < REGIONS; r++) {
+        uint64_t size = (r == 3 || r == 100 ? 1 : 4 + r % 3) * MiB, address = 0x7000000000 + r * 64 * MiB;
+        blocks[r] = (gm_snapshot_block){address, size, size, r == 7 ? GM_BLOCK_KIND_PENDING : GM_BLOCK_KIND_ALLOCATED};
+        regions[r] = (gm_snapshot_region){.address = address, .size = size, .mapped_bytes = size, .stream = r % 5,
+                                          .pool = GM_POOL_LARGE, .first_block = r, .block_count = 1};
+    }
+    gm_snapshot map = {.region_count = REGIONS, .regions = regions, .block_count = REGIONS, .blocks = blocks};
+    char *text = NULL;
+    size_t size = 0;
+    FILE *out = open_memstream(&text, &size);
+    REQUIRE(out);
+    gm_svg_memory_map(out, &map);
+    fclose(out);
+    size_t rows = 0;
+    for (const char *at = text; (at = strstr(at, "<g class=\"region\"")); at++)
+        rows++;
+    CHECK_EQ_INT(rows, 128);
+    CHECK(strstr(text, ">region 3 \u00b7") == NULL && strstr(text, ">region 100 \u00b7") == NULL);
+    const char *second = strstr(text, ">region 2 \u00b7"), *fourth = strstr(text, ">region 4 \u00b7");
+    const char *last = strstr(text, ">region 129 \u00b7");
+    CHECK(second && fourth && last && second < fourth && fourth < last);
+    CHECK(strstr(text, "region 7 \u00b7 large pool \u00b7 stream 2 \u00b7 at 0x701c000000 \u00b7 5.00 MiB mapped: "
+                       "0 B allocated, 0 B free in 0 blocks (largest 0 B), 5.00 MiB pending") != NULL);
+    CHECK(strstr(text, "<p class=\"note\">2 more regions, holding 2.00 MiB, are not drawn.</p>") != NULL);
+    free(text);
+}
+
 RUN_TESTS(TEST_CASE(curve_keeps_every_peak), TEST_CASE(curve_from_events), TEST_CASE(json_reader_reads_and_refuses),
           TEST_CASE(snapshot_reads_back), TEST_CASE(input_kinds), TEST_CASE(history_map_equals_the_snapshot_at_the_peak),
-          TEST_CASE(html_is_escaped))
+          TEST_CASE(history_map_of_an_inconsistent_history), TEST_CASE(html_is_escaped),
+          TEST_CASE(memory_map_with_more_regions_than_rows))
