@@ -209,9 +209,13 @@ expect 1 "cannot write the report to '$work/partial.html': File too large" -- \
     bash -c "ulimit -f 10; trap '' XFSZ; exec \"\$0\" report \"\$1\" -o \"\$2\"" "$gpumem" "$trace" "$work/partial.html"
 [ -e "$work/partial.html" ] && fail "a failed write left a partial report" || ok "no partial report"
 ls "$work" | grep -q '\.tmp\.' && fail "temporary files left: $(ls "$work" | grep '\.tmp\.')" || ok "no temporary file left"
-# A device is written directly.
+# A device or a pipe is written directly; a regular file behind /dev/stdout is replaced as any file is.
 "$gpumem" report "$work/snapshot.json" -o /dev/stdout >"$work/stdout.html" && cmp -s "$work/stdout.html" "$work/snapshot.html" &&
     ok "-o /dev/stdout" || fail "-o /dev/stdout did not write the report"
+"$gpumem" report "$work/snapshot.json" -o /dev/stdout | cat >"$work/piped.html" && cmp -s "$work/piped.html" "$work/snapshot.html" &&
+    ok "-o /dev/stdout into a pipe" || fail "-o /dev/stdout into a pipe did not write the report"
+expect 1 "cannot write the report to '/dev/full': No space left on device" -- \
+    "$gpumem" report "$work/snapshot.json" -o /dev/full
 
 if [ "$failures" -ne 0 ]; then
     echo "$failures check(s) failed"

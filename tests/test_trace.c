@@ -1,6 +1,7 @@
 /*
  * test_trace.c -- loading traces: plain and gzip files, comments, and a clear "FILE:LINE: reason"
- * for each kind of malformed line, binary data (NUL bytes, no newline) included; an unreadable or
+ * for each kind of malformed line, binary data (NUL bytes, no newline) and more streams than a trace
+ * can name included; an unreadable or
  * truncated file is an I/O error. Nothing is loaded from a bad
  * trace, nor when host memory runs out.
  */
@@ -77,6 +78,7 @@ static void malformed_lines_are_located(void)
         {"a,0,99999999999999999999999,0\n", ":1: size '99999999999999999999999' is not a non-negative integer"},
         /* Found by fuzz_trace: live sizes past 2^64 once wrapped around, and peak_live_bytes was wrong. */
         {"a,0,18446744073709551615,0\na,1,1,0\n", ":2: the live allocations add up to more than 2^64 bytes"},
+        {"a,18446744073709551615,1,0\n", ":1: id too large"},
         {"# only a comment\n", ":1: the trace holds no operations"},
         {"", ":0: the trace holds no operations"},
     };
@@ -96,6 +98,20 @@ static void malformed_lines_are_located(void)
     gm_trace trace;
     CHECK_STATUS(gm_trace_load(write_file("long.csv", long_line, 0), &trace), GM_ERROR_PARSE);
     CHECK_MESSAGE(":1: line too long");
+    /* A trace names its streams with 16-bit indexes: the 65536th stream is refused at its line. */
+    size_t streams = 65536, room = streams * 32;
+    char *many = malloc(room), *at = many;
+    REQUIRE(many);
+    for (size_t i = 0; i < streams; i++)
+        at += snprintf(at, room - (size_t)(at - many), "a,%zu,1,%zu\n", i, i);
+    CHECK_STATUS(gm_trace_load(write_file("streams.csv", many, 0), &trace), GM_ERROR_PARSE);
+    CHECK_MESSAGE(":65536: more than 65535 streams");
+    CHECK(trace.operations == NULL && trace.count == 0);
+    many[strlen(many) - strlen("a,65535,1,65535\n")] = '\0'; /* one stream fewer loads */
+    CHECK_OK(gm_trace_load(write_file("streams.csv", many, 0), &trace));
+    CHECK_EQ_INT(trace.stream_count, 65535);
+    gm_trace_free(&trace);
+    free(many);
 }
 
 /* Binary data is refused at its first NUL, with the line and column, plain or gzip: a NUL once ended the
