@@ -1,8 +1,7 @@
 /*
  * test_trace.c -- loading traces: plain and gzip files, comments, and a clear "FILE:LINE: reason"
  * for each kind of malformed line, binary data (NUL bytes, no newline) and more streams than a trace
- * can name included; an unreadable or
- * truncated file is an I/O error. Nothing is loaded from a bad
+ * can name included; an unreadable or truncated file is an I/O error. Nothing is loaded from a bad
  * trace, nor when host memory runs out.
  */
 #include "test.h"
