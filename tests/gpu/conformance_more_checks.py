@@ -3,7 +3,8 @@ in the same child process as the others, before the failed capture): settings ch
 storage resized as FSDP does, the memory fraction read back, the out-of-memory message's parts, the
 summary table and the old names of the statistics, a dumped snapshot drawn by torch.cuda._memory_viz,
 streams made and dropped, mixed precision with activation checkpointing, cuDNN's benchmark mode sizing its
-workspaces by the allocator's cacheInfo, tensors outliving the external stream they were made on."""
+workspaces by the allocator's cacheInfo, tensors outliving the external stream they were made on, the
+profiler's memory timeline."""
 
 MIB = 1 << 20
 MORE_CHECKS = []
@@ -215,3 +216,25 @@ def external_stream_destroyed_under_its_tensors(torch):
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     return destroyed, made, used == 3 * count, count > 8, torch.cuda.memory_allocated() - base
+
+
+@check
+def profiler_memory_timeline(torch):
+    """torch.profiler's export_memory_timeline (memory by category over time, built from the allocator's
+    reports to the profiler): written, with the step's parameters, input and gradients in it."""
+    import json
+    import tempfile
+    from torch.profiler import ProfilerActivity, profile
+    model = torch.nn.Linear(1024, 1024).cuda()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], profile_memory=True, record_shapes=True,
+                 with_stack=True) as profiler:
+        inputs = torch.randn(256, 1024, device="cuda", requires_grad=True)
+        model(inputs).sum().backward()
+    with tempfile.TemporaryDirectory() as folder:
+        path = folder + "/timeline.json"
+        profiler.export_memory_timeline(path, device="cuda:0")
+        with open(path) as file:
+            times, sizes = json.load(file)
+    assert times and len(times) == len(sizes), (len(times), len(sizes))
+    peak = max(sum(row) if isinstance(row, list) else row for row in sizes)
+    assert peak >= 2 * 1024 * 1024 * 4, f"the timeline's peak is {peak} bytes"  # weight and its gradient
