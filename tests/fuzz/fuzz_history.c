@@ -9,9 +9,14 @@
  *   - a parsed history's events: each of a known action; made a trace, GM_OK or GM_ERROR_PARSE (an
  *     address allocated twice, no allocation at all), and a trace made is consistent and, when small,
  *     replays on the simulated device with the allocator's books valid afterwards (fuzz_support.h);
- *   - a parsed snapshot: every region's blocks lie in the block array and inside their region.
+ *   - a parsed snapshot: every region's blocks lie in the block array and inside their region;
+ *   - what `gpumem report` makes of either: a history's curve and, when the ring dropped nothing, its
+ *     memory map rebuilt at the peak (regions in address order, apart, each tiled by its blocks), and
+ *     the HTML page of that curve and map or of the snapshot, written without a crash.
  * Input that is not JSON is a trace, fuzz_trace's part: it is left alone here.
  */
+#include "report/history_map.h"
+#include "report/html_report.h"
 #include "tools/json_formats.h"
 #include "tools/trace.h"
 #include "fuzz_support.h"
@@ -33,6 +38,74 @@ static void check_failure(gm_status status, const char *what)
         fail(what, gm_strerror(status));
     if (!gm_last_error()[0])
         fail(what, "a failure without a message");
+}
+
+/* The page gpumem report writes, into a memory stream that is then dropped. */
+static void write_page(const gm_html_report *report)
+{
+    char *text = NULL;
+    size_t length = 0;
+    FILE *out = open_memstream(&text, &length);
+    if (!out)
+        return;
+    gm_html_report_write(report, out);
+    fclose(out);
+    if (length < 8 || strcmp(text + length - 8, "</html>\n") != 0)
+        fail("the report page does not end with </html>", NULL);
+    free(text);
+}
+
+/* Regions in address order and apart, each tiled by its blocks, as the report draws them. */
+static void check_map(const gm_snapshot *map)
+{
+    uint64_t previous_end = 0;
+    for (size_t r = 0; r < map->region_count; r++) {
+        const gm_snapshot_region *region = &map->regions[r];
+        if (r && region->address < previous_end)
+            fail("the rebuilt map's regions overlap or are out of order", NULL);
+        if (region->first_block > map->block_count || region->block_count > map->block_count - region->first_block)
+            fail("a rebuilt region's blocks lie outside the block array", NULL);
+        uint64_t at = region->address;
+        for (size_t b = region->first_block; b < region->first_block + region->block_count; b++) {
+            if (map->blocks[b].address != at || map->blocks[b].size == 0)
+                fail("a rebuilt region's blocks do not tile it", NULL);
+            at += map->blocks[b].size;
+        }
+        if (at != region->address + region->size)
+            fail("a rebuilt region's blocks do not reach its end", NULL);
+        previous_end = region->address + region->size;
+    }
+}
+
+/* The curve and the map at the peak of reserved memory, as `gpumem report HISTORY` makes them. */
+static void check_history_report(const gm_history_file *history)
+{
+    gm_memory_curve curve;
+    uint64_t allocated_baseline = 0, reserved_baseline = 0;
+    gm_status status = gm_memory_curve_from_events(&curve, 64, history->events, history->count, &allocated_baseline,
+                                                   &reserved_baseline);
+    if (status != GM_OK) {
+        check_failure(status, "gm_memory_curve_from_events gave an unexpected status");
+        return;
+    }
+    gm_snapshot *map = NULL;
+    if (history->count && !history->dropped) {
+        if (curve.peak_reserved_x >= history->count)
+            fail("the curve's peak lies past the last event", NULL);
+        size_t moment = gm_history_operation_end(history->events, history->count, (size_t)curve.peak_reserved_x);
+        status = gm_history_map(history->events, history->count, moment, &map);
+        if (status != GM_OK)
+            check_failure(status, "gm_history_map gave an unexpected status");
+        else
+            check_map(map);
+    }
+    gm_html_report report = {.input_name = "fuzz", .input_kind = "history", .has_peaks = history->count > 0,
+                             .peak_live_bytes = curve.peak_allocated, .peak_reserved_bytes = curve.peak_reserved,
+                             .curve = &curve, .curve_unit = "event", .no_curve_reason = "none", .map = map,
+                             .map_moment = "the peak", .no_map_reason = "none", .no_stats_reason = "none"};
+    write_page(&report);
+    gm_history_map_free(map);
+    gm_memory_curve_free(&curve);
 }
 
 static void check_history(const gm_input_file *input, size_t size)
@@ -58,6 +131,7 @@ static void check_history(const gm_input_file *input, size_t size)
     } else if (status != GM_ERROR_PARSE && status != GM_ERROR_OUT_OF_MEMORY) {
         fail("gm_trace_from_events gave an unexpected status", gm_strerror(status));
     }
+    check_history_report(&history);
     gm_history_file_free(&history);
 }
 
@@ -80,6 +154,9 @@ static void check_snapshot(const gm_input_file *input)
                 fail("a block lies outside its region", NULL);
         }
     }
+    gm_html_report report = {.input_name = "fuzz", .input_kind = "snapshot", .no_curve_reason = "none",
+                             .map = snapshot, .map_moment = "now", .stats = &snapshot->stats, .stats_moment = "now"};
+    write_page(&report);
     gm_snapshot_file_free(snapshot);
 }
 
