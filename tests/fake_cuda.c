@@ -27,6 +27,8 @@
  *     relaxed capture mode, a device-wide wait is refused and the legacy stream reads as captured.
  *   - GPUMEM_FAKE_CUDA_FAIL_EVERY=N: every Nth call that makes memory (cuMemAddressReserve, cuMemCreate,
  *     cuMemMap, cuMemSetAccess, cuMemAlloc) fails as a driver can (out of memory, or an unknown error).
+ *   - GPUMEM_FAKE_CUDA_USED_ELSEWHERE=BYTES: memory that other processes hold, gone from cuMemGetInfo's
+ *     free memory and from what cuMemCreate and cuMemAlloc can have.
  * Built with FAKE_CUDA_OLD it has cuInit alone: a driver too old for gpumem.
  */
 #ifndef _GNU_SOURCE
@@ -107,6 +109,14 @@ static size_t capacity(void)
 {
     const char *value = getenv("GPUMEM_FAKE_CUDA_CAPACITY");
     return value ? (size_t)strtoull(value, NULL, 10) : 256ull << 20;
+}
+
+/* Whether `size` more bytes fit beside what this process and others (GPUMEM_FAKE_CUDA_USED_ELSEWHERE) use. */
+static int fits(size_t size)
+{
+    const char *value = getenv("GPUMEM_FAKE_CUDA_USED_ELSEWHERE");
+    size_t elsewhere = value ? (size_t)strtoull(value, NULL, 10) : 0, total = capacity();
+    return elsewhere <= total && used_bytes <= total - elsewhere && size <= total - elsewhere - used_bytes;
 }
 
 /* Refuse a call that breaks the driver's rules, and say which. */
@@ -376,7 +386,9 @@ int cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     NEEDS_CONTEXT("cuMemGetInfo");
     pthread_mutex_lock(&lock);
     *total_bytes = capacity();
-    *free_bytes = used_bytes < *total_bytes ? *total_bytes - used_bytes : 0;
+    const char *elsewhere = getenv("GPUMEM_FAKE_CUDA_USED_ELSEWHERE");
+    size_t used = used_bytes + (elsewhere ? (size_t)strtoull(elsewhere, NULL, 10) : 0);
+    *free_bytes = used < *total_bytes ? *total_bytes - used : 0;
     pthread_mutex_unlock(&lock);
     return SUCCESS;
 }
@@ -445,7 +457,7 @@ int cuMemCreate(unsigned long long *handle_out, size_t size, const int *properti
     size_t slot = free_memory_slot();
     long long offset = -1;
     int own_file = -1;
-    if (injected_failure() || used_bytes + size > capacity() || slot == MAX_RANGES ||
+    if (injected_failure() || !fits(size) || slot == MAX_RANGES ||
         (exportable ? (own_file = make_own_file(size)) < 0 : (offset = take_file_pages(size / GRANULARITY)) < 0)) {
         result = ERROR_OUT_OF_MEMORY;
     } else {
@@ -610,7 +622,7 @@ int cuMemAlloc_v2(uintptr_t *address_out, size_t size)
     pthread_mutex_lock(&lock);
     int result = SUCCESS;
     void *address = MAP_FAILED;
-    if (injected_failure() || used_bytes + rounded > capacity() ||
+    if (injected_failure() || !fits(rounded) ||
         (address = mmap(NULL, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)) ==
             MAP_FAILED ||
         !add_range(segments, &segment_count, (range){(uintptr_t)address, rounded, -1, 1})) {

@@ -1,8 +1,9 @@
 /*
- * fake_nvml.c -- a stand-in libnvidia-ml.so.1 for test_doctor.sh: one GPU ("Fake H200", 140 GiB, 1 GiB
- * used, persistence and ECC on, MIG off, PCIe gen5 x8 of x16, one process holding 1 GiB) and driver
- * 550.54.15 / CUDA 12.4, so that the GPU findings of gpumem doctor are checked without a GPU. Loaded
- * through LD_LIBRARY_PATH by nvml.c's dlopen; only the entry points nvml.c looks up.
+ * fake_nvml.c -- a stand-in libnvidia-ml.so.1 for test_doctor.sh and test_cuda_fake: one GPU ("Fake H200",
+ * 140 GiB, 1 GiB used, persistence and ECC on, MIG off, PCIe gen5 x8 of x16, one process, PID 4321, holding
+ * 1 GiB, at PCI bus id 0000:00:00.0 as tests/fake_cuda.c's device) and driver 550.54.15 / CUDA 12.4, so that
+ * the GPU findings of gpumem doctor and the out-of-memory report's list of processes are checked without a
+ * GPU. Loaded through LD_LIBRARY_PATH by nvml.c's dlopen; only the entry points nvml.c looks up.
  */
 #include <stdio.h>
 #include <string.h>
@@ -27,6 +28,13 @@ int nvmlDeviceGetHandleByIndex_v2(unsigned int index, void **device)
 {
     if (index != 0)
         return 2;
+    *device = &device_token;
+    return 0;
+}
+int nvmlDeviceGetHandleByPciBusId_v2(const char *bus_id, void **device)
+{
+    if (strcmp(bus_id, "0000:00:00.0") != 0)
+        return 6; /* NVML_ERROR_NOT_FOUND */
     *device = &device_token;
     return 0;
 }

@@ -4,6 +4,8 @@
  * memory and which refuses, tells and counts every call that breaks the driver's virtual-memory rules.
  *
  *   device            gpumem info's facts come from the driver (name, version, capacity, granularity)
+ *   other processes   memory they hold (the fake's GPUMEM_FAKE_CUDA_USED_ELSEWHERE): the out-of-memory
+ *                     report names that cause and lists them from NVML (tests/fake_nvml.c)
  *   trace replay      the bundled traces reach the sim's peaks exactly, as on a real GPU (test_gpu),
  *                     with the same device calls, one for one
  *   data              randomized operations with data patterns, both engines, compaction's copies
@@ -81,6 +83,29 @@ static void device_facts_come_from_the_driver(void)
     CHECK_OK(gm_get_device_info(allocator, &info));
     CHECK(info.free_bytes <= 252 * MIB); /* the driver's free memory: what gpumem holds is gone */
     CHECK_OK(gm_free(allocator, pointer));
+    gm_destroy(allocator, NULL);
+    fake_is_clean();
+}
+
+/* Memory that other processes hold: the out-of-memory report names that cause and lists the processes
+ * NVML sees on the device (tests/fake_nvml.c, found by the fake device's PCI bus id); once they are
+ * gone the request fits. */
+static void out_of_memory_lists_the_other_processes(void)
+{
+    set_capacity(256 * MIB);
+    setenv("GPUMEM_FAKE_CUDA_USED_ELSEWHERE", "167772160", 1); /* 160 MiB */
+    gm_allocator *allocator = make_allocator("backend:cuda");
+    void *live = NULL, *request = NULL;
+    CHECK_OK(gm_malloc(allocator, 32 * MIB, 0, &live));
+    CHECK_STATUS(gm_malloc(allocator, 128 * MIB, 0, &request), GM_ERROR_OUT_OF_MEMORY);
+    CHECK_EQ_INT(gm_last_oom_cause(), GM_OOM_CAUSE_OTHER_PROCESSES);
+    CHECK_MESSAGE("Cause: other processes. 160.00 MiB of the device is used outside this allocator");
+    CHECK_MESSAGE("\nProcesses on this GPU (NVML): PID 4321 1.00 GiB.\n");
+    CHECK_MESSAGE("  1. Stop the other processes on this GPU");
+    unsetenv("GPUMEM_FAKE_CUDA_USED_ELSEWHERE");
+    CHECK_OK(gm_malloc(allocator, 128 * MIB, 0, &request));
+    CHECK_OK(gm_free(allocator, request));
+    CHECK_OK(gm_free(allocator, live));
     gm_destroy(allocator, NULL);
     fake_is_clean();
 }
@@ -340,7 +365,8 @@ static void memory_calls_during_a_capture(void)
     fake_is_clean();
 }
 
-RUN_TESTS(TEST_CASE(device_facts_come_from_the_driver), TEST_CASE(traces_reach_the_sim_peaks),
+RUN_TESTS(TEST_CASE(device_facts_come_from_the_driver), TEST_CASE(out_of_memory_lists_the_other_processes),
+          TEST_CASE(traces_reach_the_sim_peaks),
           TEST_CASE(live_data_survives_both_engines), TEST_CASE(compaction_copies_keep_the_data),
           TEST_CASE(driver_failures_lose_nothing), TEST_CASE(pinned_memory_through_the_driver),
           TEST_CASE(memory_shared_through_descriptors), TEST_CASE(threads_share_one_allocator),
