@@ -111,11 +111,17 @@ static size_t capacity(void)
     return value ? (size_t)strtoull(value, NULL, 10) : 256ull << 20;
 }
 
-/* Whether `size` more bytes fit beside what this process and others (GPUMEM_FAKE_CUDA_USED_ELSEWHERE) use. */
-static int fits(size_t size)
+/* Memory that other processes hold (GPUMEM_FAKE_CUDA_USED_ELSEWHERE). */
+static size_t used_elsewhere(void)
 {
     const char *value = getenv("GPUMEM_FAKE_CUDA_USED_ELSEWHERE");
-    size_t elsewhere = value ? (size_t)strtoull(value, NULL, 10) : 0, total = capacity();
+    return value ? (size_t)strtoull(value, NULL, 10) : 0;
+}
+
+/* Whether `size` more bytes fit beside what this process and others use. */
+static int fits(size_t size)
+{
+    size_t elsewhere = used_elsewhere(), total = capacity();
     return elsewhere <= total && used_bytes <= total - elsewhere && size <= total - elsewhere - used_bytes;
 }
 
@@ -386,8 +392,7 @@ int cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     NEEDS_CONTEXT("cuMemGetInfo");
     pthread_mutex_lock(&lock);
     *total_bytes = capacity();
-    const char *elsewhere = getenv("GPUMEM_FAKE_CUDA_USED_ELSEWHERE");
-    size_t used = used_bytes + (elsewhere ? (size_t)strtoull(elsewhere, NULL, 10) : 0);
+    size_t used = used_bytes + used_elsewhere();
     *free_bytes = used < *total_bytes ? *total_bytes - used : 0;
     pthread_mutex_unlock(&lock);
     return SUCCESS;

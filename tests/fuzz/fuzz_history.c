@@ -21,6 +21,7 @@
 #include "tools/trace.h"
 #include "fuzz_support.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +56,12 @@ static void write_page(const gm_html_report *report)
     free(text);
 }
 
+/* Whether a region's blocks lie in the snapshot's block array. */
+static bool blocks_in_array(const gm_snapshot *map, const gm_snapshot_region *region)
+{
+    return region->first_block <= map->block_count && region->block_count <= map->block_count - region->first_block;
+}
+
 /* Regions in address order and apart, each tiled by its blocks, as the report draws them. */
 static void check_map(const gm_snapshot *map)
 {
@@ -63,7 +70,7 @@ static void check_map(const gm_snapshot *map)
         const gm_snapshot_region *region = &map->regions[r];
         if (r && region->address < previous_end)
             fail("the rebuilt map's regions overlap or are out of order", NULL);
-        if (region->first_block > map->block_count || region->block_count > map->block_count - region->first_block)
+        if (!blocks_in_array(map, region))
             fail("a rebuilt region's blocks lie outside the block array", NULL);
         uint64_t at = region->address;
         for (size_t b = region->first_block; b < region->first_block + region->block_count; b++) {
@@ -145,7 +152,7 @@ static void check_snapshot(const gm_input_file *input)
     }
     for (size_t r = 0; r < snapshot->region_count; r++) {
         const gm_snapshot_region *region = &snapshot->regions[r];
-        if (region->first_block > snapshot->block_count || region->block_count > snapshot->block_count - region->first_block)
+        if (!blocks_in_array(snapshot, region))
             fail("a region's blocks lie outside the block array", NULL);
         for (size_t b = region->first_block; b < region->first_block + region->block_count; b++) {
             const gm_snapshot_block *block = &snapshot->blocks[b];
