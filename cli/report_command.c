@@ -241,19 +241,10 @@ static int report_of_history(const gm_input_file *input, const char *output_path
         fprintf(stderr, "gpumem report: %s\n", gm_last_error());
         return exit_status_of(status);
     }
-    gm_memory_curve curve;
-    uint64_t allocated_baseline = 0, reserved_baseline = 0;
-    gm_snapshot *map = NULL;
+    gm_history_peak at_peak;
     notes *notes = calloc(1, sizeof *notes);
-    status = notes ? gm_memory_curve_from_events(&curve, CURVE_BUCKETS, history.events, history.count,
-                                                 &allocated_baseline, &reserved_baseline)
+    status = notes ? gm_history_peak_build(history.events, history.count, !history.dropped, CURVE_BUCKETS, &at_peak)
                    : GM_ERROR_OUT_OF_MEMORY;
-    /* The map after the allocation that took reserved memory to its peak. */
-    size_t moment_index = status == GM_OK ? gm_history_operation_end(history.events, history.count,
-                                                                      (size_t)curve.peak_reserved_x)
-                                          : 0;
-    if (status == GM_OK && history.count && !history.dropped)
-        status = gm_history_map(history.events, history.count, moment_index, &map);
     if (status != GM_OK) {
         fprintf(stderr, "gpumem report: no host memory for the report\n");
         free(notes);
@@ -265,22 +256,21 @@ static int report_of_history(const gm_input_file *input, const char *output_path
              "After event %zu of %zu (reserved memory first reached its peak, %s, at event %" PRIu64 "), rebuilt "
              "from the events: the regions are the mappings then held (neighbouring ones of a stream joined), each "
              "block sized as requested, rounded up to 512 bytes.",
-             moment_index, history.count, gm_format_bytes(peak, sizeof peak, curve.peak_reserved),
-             curve.peak_reserved_x);
+             at_peak.moment, history.count, gm_format_bytes(peak, sizeof peak, at_peak.curve.peak_reserved),
+             at_peak.curve.peak_reserved_x);
     gm_html_report report = {
         .input_name = base_name(input->path), .input_kind = "history", .has_peaks = history.count > 0,
-        .peak_live_bytes = curve.peak_allocated, .peak_reserved_bytes = curve.peak_reserved,
-        .curve = &curve, .curve_unit = "event",
-        .no_curve_reason = "The history holds no events.", .map = map, .map_moment = moment,
+        .peak_live_bytes = at_peak.curve.peak_allocated,
+        .peak_reserved_bytes = at_peak.curve.peak_reserved, .curve = &at_peak.curve, .curve_unit = "event",
+        .no_curve_reason = "The history holds no events.", .map = at_peak.map, .map_moment = moment,
         .no_map_reason = history.count ? "The history's ring dropped older events, so the memory map at the peak "
                                          "cannot be rebuilt from it."
                                        : "The history holds no events.",
         .no_stats_reason = "A history holds events, not statistics, so there is no memory_summary() table "
                            "(a snapshot has one: gpumem replay --snapshot)."};
-    note_history(&report, notes, &history, allocated_baseline, reserved_baseline);
+    note_history(&report, notes, &history, at_peak.allocated_baseline, at_peak.reserved_baseline);
     int exit_status = save(&report, output_path, "report");
-    gm_history_map_free(map);
-    gm_memory_curve_free(&curve);
+    gm_history_peak_free(&at_peak);
     gm_history_file_free(&history);
     free(notes);
     return exit_status;

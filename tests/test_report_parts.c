@@ -295,15 +295,20 @@ static void history_map_equals_the_snapshot_at_the_peak(void)
     CHECK_OK(gm_input_open(path, &input));
     CHECK_OK(gm_history_parse(&input, &history));
     CHECK_EQ_INT(history.dropped, 0);
-    gm_memory_curve curve;
-    uint64_t allocated_baseline, reserved_baseline;
-    CHECK_OK(gm_memory_curve_from_events(&curve, 1024, history.events, history.count, &allocated_baseline,
-                                         &reserved_baseline));
-    CHECK_EQ_INT(curve.peak_reserved, result.peak_reserved_bytes);
-    CHECK_EQ_INT(curve.peak_allocated, result.peak_live_bytes);
-    gm_snapshot *map = NULL;
-    CHECK_OK(gm_history_map(history.events, history.count,
-                            gm_history_operation_end(history.events, history.count, curve.peak_reserved_x), &map));
+    /* What gpumem report builds: no map of a history that dropped events, and none of an empty one. */
+    gm_history_peak at_peak;
+    CHECK_OK(gm_history_peak_build(history.events, history.count, false, 1024, &at_peak));
+    CHECK(at_peak.map == NULL && at_peak.curve.peak_reserved == result.peak_reserved_bytes);
+    gm_history_peak_free(&at_peak);
+    CHECK_OK(gm_history_peak_build(history.events, 0, true, 1024, &at_peak));
+    CHECK(at_peak.map == NULL && at_peak.moment == 0 && at_peak.curve.peak_reserved == 0);
+    gm_history_peak_free(&at_peak);
+    CHECK_OK(gm_history_peak_build(history.events, history.count, true, 1024, &at_peak));
+    CHECK_EQ_INT(at_peak.curve.peak_reserved, result.peak_reserved_bytes);
+    CHECK_EQ_INT(at_peak.curve.peak_allocated, result.peak_live_bytes);
+    CHECK_EQ_INT(at_peak.moment,
+                 gm_history_operation_end(history.events, history.count, at_peak.curve.peak_reserved_x));
+    const gm_snapshot *map = at_peak.map;
     REQUIRE(map);
 
     /* The same allocations (address, bytes requested), the same memory mapped and free. */
@@ -328,8 +333,7 @@ static void history_map_equals_the_snapshot_at_the_peak(void)
         }
         CHECK(at == map->regions[r].address + map->regions[r].size);
     }
-    gm_history_map_free(map);
-    gm_memory_curve_free(&curve);
+    gm_history_peak_free(&at_peak);
     gm_history_file_free(&history);
     gm_input_close(&input);
     unlink(path);

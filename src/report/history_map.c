@@ -183,3 +183,28 @@ void gm_history_map_free(gm_snapshot *map)
     free(map->blocks);
     free(map);
 }
+
+gm_status gm_history_peak_build(const gm_event *events, size_t count, bool whole, size_t max_buckets,
+                                gm_history_peak *out)
+{
+    *out = (gm_history_peak){0};
+    gm_status status = gm_memory_curve_from_events(&out->curve, max_buckets, events, count, &out->allocated_baseline,
+                                                   &out->reserved_baseline);
+    if (status != GM_OK)
+        return status;
+    if (count == 0)
+        return GM_OK;
+    out->moment = gm_history_operation_end(events, count, (size_t)out->curve.peak_reserved_x);
+    if (whole)
+        status = gm_history_map(events, count, out->moment, &out->map);
+    if (status != GM_OK)
+        gm_history_peak_free(out);
+    return status;
+}
+
+void gm_history_peak_free(gm_history_peak *peak)
+{
+    gm_history_map_free(peak->map);
+    gm_memory_curve_free(&peak->curve);
+    *peak = (gm_history_peak){0};
+}

@@ -15,7 +15,9 @@
 #define GM_HISTORY_MAP_H
 
 #include "gpumem.h"
+#include "report/memory_curve.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 
 /* The last event of the operation that events[index] belongs to: an allocation's mapping events come
@@ -26,5 +28,20 @@ size_t gm_history_operation_end(const gm_event *events, size_t count, size_t ind
 /* The map after events[0 .. last]; free it with gm_history_map_free. */
 gm_status gm_history_map(const gm_event *events, size_t count, size_t last, gm_snapshot **map_out);
 void gm_history_map_free(gm_snapshot *map);
+
+/* What `gpumem report` draws of a history: its curve (gm_memory_curve_from_events, with its baselines)
+ * and, when the history has events and is whole (its ring dropped none), the map after the operation
+ * that first took reserved memory to its peak; `moment` is that operation's last event (0 for an empty
+ * history). On a failure nothing is left to free. */
+typedef struct gm_history_peak {
+    gm_memory_curve curve;
+    uint64_t allocated_baseline, reserved_baseline;
+    size_t moment;
+    gm_snapshot *map; /* NULL when there is no map to rebuild */
+} gm_history_peak;
+
+gm_status gm_history_peak_build(const gm_event *events, size_t count, bool whole, size_t max_buckets,
+                                gm_history_peak *out);
+void gm_history_peak_free(gm_history_peak *peak);
 
 #endif

@@ -11,7 +11,8 @@
  *     replays on the simulated device with the allocator's books valid afterwards (fuzz_support.h);
  *   - a parsed snapshot: every region's blocks lie in the block array and inside their region;
  *   - what `gpumem report` makes of either: a history's curve and, when the ring dropped nothing, its
- *     memory map rebuilt at the peak (regions in address order, apart, each tiled by its blocks), and
+ *     memory map rebuilt at the peak (gm_history_peak_build, the CLI's own call: regions in address
+ *     order, apart, each tiled by its blocks), and
  *     the HTML page of that curve and map or of the snapshot, written without a crash.
  * Input that is not JSON is a trace, fuzz_trace's part: it is left alone here.
  */
@@ -84,35 +85,30 @@ static void check_map(const gm_snapshot *map)
     }
 }
 
-/* The curve and the map at the peak of reserved memory, as `gpumem report HISTORY` makes them. */
+/* The curve and the map at the peak of reserved memory, made as `gpumem report HISTORY` makes them. */
 static void check_history_report(const gm_history_file *history)
 {
-    gm_memory_curve curve;
-    uint64_t allocated_baseline = 0, reserved_baseline = 0;
-    gm_status status = gm_memory_curve_from_events(&curve, 64, history->events, history->count, &allocated_baseline,
-                                                   &reserved_baseline);
+    gm_history_peak at_peak;
+    gm_status status = gm_history_peak_build(history->events, history->count, !history->dropped, 64, &at_peak);
     if (status != GM_OK) {
-        check_failure(status, "gm_memory_curve_from_events gave an unexpected status");
+        check_failure(status, "gm_history_peak_build gave an unexpected status");
         return;
     }
-    gm_snapshot *map = NULL;
-    if (history->count && !history->dropped) {
-        if (curve.peak_reserved_x >= history->count)
-            fail("the curve's peak lies past the last event", NULL);
-        size_t moment = gm_history_operation_end(history->events, history->count, (size_t)curve.peak_reserved_x);
-        status = gm_history_map(history->events, history->count, moment, &map);
-        if (status != GM_OK)
-            check_failure(status, "gm_history_map gave an unexpected status");
-        else
-            check_map(map);
-    }
+    if (history->count && at_peak.curve.peak_reserved_x >= history->count)
+        fail("the curve's peak lies past the last event", NULL);
+    if (history->count && at_peak.moment >= history->count)
+        fail("the map's moment lies past the last event", NULL);
+    if (!at_peak.map != (!history->count || history->dropped))
+        fail("a map where none can be rebuilt, or none where one can", NULL);
+    if (at_peak.map)
+        check_map(at_peak.map);
     gm_html_report report = {.input_name = "fuzz", .input_kind = "history", .has_peaks = history->count > 0,
-                             .peak_live_bytes = curve.peak_allocated, .peak_reserved_bytes = curve.peak_reserved,
-                             .curve = &curve, .curve_unit = "event", .no_curve_reason = "none", .map = map,
+                             .peak_live_bytes = at_peak.curve.peak_allocated,
+                             .peak_reserved_bytes = at_peak.curve.peak_reserved, .curve = &at_peak.curve,
+                             .curve_unit = "event", .no_curve_reason = "none", .map = at_peak.map,
                              .map_moment = "the peak", .no_map_reason = "none", .no_stats_reason = "none"};
     write_page(&report);
-    gm_history_map_free(map);
-    gm_memory_curve_free(&curve);
+    gm_history_peak_free(&at_peak);
 }
 
 static void check_history(const gm_input_file *input, size_t size)
