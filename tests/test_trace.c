@@ -59,6 +59,24 @@ static void good_trace_loads(void)
     }
 }
 
+/* Streams are indexed in the order they first appear, whatever their numbers: 2^64-1 too, the one
+ * number the loader's stream map cannot hold as a key. */
+static void streams_are_indexed_by_first_use(void)
+{
+    const char *text = "a,1,8,0\na,2,8,18446744073709551615\na,3,8,18446744073709551614\n"
+                       "a,4,8,18446744073709551615\na,5,8,0\na,6,8,18446744073709551614\n";
+    gm_trace trace;
+    CHECK_OK(gm_trace_load(write_file("stream-numbers.csv", text, 0), &trace));
+    CHECK_EQ_INT(trace.stream_count, 3);
+    const int expected[] = {0, 1, 2, 1, 0, 2};
+    for (size_t i = 0; i < 6; i++)
+        CHECK_EQ_INT(trace.operations[i].stream_index, expected[i]);
+    CHECK((uint64_t)(uintptr_t)trace.streams[1] == UINT64_MAX);
+    CHECK((uint64_t)(uintptr_t)trace.streams[2] == UINT64_MAX - 1);
+    CHECK(trace.streams[0] == 0);
+    gm_trace_free(&trace);
+}
+
 static void malformed_lines_are_located(void)
 {
     static const struct {
@@ -258,7 +276,8 @@ int main(void)
 {
     snprintf(directory, sizeof directory, "/tmp/gpumem-test-trace-%d", (int)getpid());
     REQUIRE(mkdir(directory, 0700) == 0);
-    static const test_case cases[] = {TEST_CASE(good_trace_loads), TEST_CASE(malformed_lines_are_located),
+    static const test_case cases[] = {TEST_CASE(good_trace_loads), TEST_CASE(streams_are_indexed_by_first_use),
+                                      TEST_CASE(malformed_lines_are_located),
                                       TEST_CASE(binary_input_is_refused), TEST_CASE(unreadable_files_are_io_errors),
                                       TEST_CASE(truncated_gzip_is_an_io_error),
                                       TEST_CASE(replay_reports_what_it_measured),

@@ -7,9 +7,9 @@
  * Each line is checked: no NUL bytes (binary data), a newline within 512 bytes, the operation letter,
  * four fields, numbers that parse, an allocation id that is not already live, a free of an id that
  * is, live sizes that add up to at most 2^64 - 1 bytes. Ids become slots (reused after a free) so that
- * replay indexes an array; streams become a short table. The first bad line stops loading with
- * "FILE:LINE: reason". A gzip stream that ends early or fails its checks is an I/O error naming the
- * last good line, never a malformed line.
+ * replay indexes an array; streams become a short table, each found through a hash map. The first bad
+ * line stops loading with "FILE:LINE: reason". A gzip stream that ends early or fails its checks is an
+ * I/O error naming the last good line, never a malformed line.
  */
 #include "tools/trace.h"
 
@@ -37,6 +37,9 @@ typedef struct loader {
     gm_trace *trace;
     size_t operation_capacity;
     gm_hash_map live_ids;    /* id + 1 -> slot << 32 | line of allocation (low 32 bits) */
+    gm_hash_map stream_indexes;  /* stream + 1 -> index into trace->streams */
+    uint32_t all_ones_stream;    /* index + 1 of stream 2^64-1 (whose key would be the map's empty 0); 0: unseen */
+    size_t stream_capacity;
     uint32_t *free_slots;
     size_t free_slot_count;
     uint64_t *slot_sizes;
@@ -77,22 +80,42 @@ static gm_status grow(loader *state)
     return GM_OK;
 }
 
+/* The maps a loader keeps while it reads; false when host memory cannot be had. */
+static bool loader_start(loader *state)
+{
+    bool ids = gm_hash_map_init(&state->live_ids, 4096);
+    bool streams = gm_hash_map_init(&state->stream_indexes, 16);
+    return ids && streams;
+}
+
+static void loader_finish(loader *state)
+{
+    gm_hash_map_free(&state->live_ids);
+    gm_hash_map_free(&state->stream_indexes);
+    free(state->free_slots);
+    free(state->slot_sizes);
+}
+
+/* The trace's index of a stream, the stream added when new: one lookup however many streams there are. */
 static gm_status stream_index_of(loader *state, uint64_t stream, uint16_t *index_out)
 {
     gm_trace *trace = state->trace;
-    for (size_t i = 0; i < trace->stream_count; i++) {
-        if (trace->streams[i] == stream) {
-            *index_out = (uint16_t)i;
-            return GM_OK;
-        }
+    uint64_t index = 0;
+    bool all_ones = stream == UINT64_MAX;
+    if (all_ones ? state->all_ones_stream != 0 : gm_hash_map_get(&state->stream_indexes, stream + 1, &index)) {
+        *index_out = (uint16_t)(all_ones ? state->all_ones_stream - 1 : index);
+        return GM_OK;
     }
     if (trace->stream_count == UINT16_MAX)
         return malformed(state, "more than 65535 streams");
-    gm_stream *grown = gm_system_realloc(trace->streams, (trace->stream_count + 1) * sizeof *grown);
-    if (!grown)
+    gm_stream *grown = gm_array_room_for_one(trace->streams, trace->stream_count, &state->stream_capacity,
+                                             sizeof *grown, 8);
+    if (!grown || (!all_ones && !gm_hash_map_put(&state->stream_indexes, stream + 1, trace->stream_count)))
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "%s: no host memory for the trace", state->path);
     trace->streams = grown;
     grown[trace->stream_count] = (gm_stream)stream;
+    if (all_ones)
+        state->all_ones_stream = (uint32_t)trace->stream_count + 1;
     *index_out = (uint16_t)trace->stream_count++;
     return GM_OK;
 }
@@ -411,13 +434,10 @@ gm_status gm_trace_load(const char *path, gm_trace *trace_out)
         return status;
     }
     loader state = {.path = path, .trace = trace_out, .line_name = "line"};
-    status = gm_hash_map_init(&state.live_ids, 4096) ? read_lines(&state, source)
-                                                     : gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory");
+    status = loader_start(&state) ? read_lines(&state, source) : gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory");
     close_source(source);
     free(source);
-    gm_hash_map_free(&state.live_ids);
-    free(state.free_slots);
-    free(state.slot_sizes);
+    loader_finish(&state);
     if (status == GM_OK && trace_out->count == 0)
         status = gm_fail(GM_ERROR_PARSE, "%s:%lu: the trace holds no operations", path, state.line);
     if (status != GM_OK)
@@ -430,32 +450,23 @@ gm_status gm_trace_load(const char *path, gm_trace *trace_out)
 #define OOM_REQUEST_ID (UINT64_MAX - 1)
 
 /* A stream's name in the trace: 0 for the default stream (NULL), else 1, 2, ... in the order the
- * events first name them, so that a history's stream handles become the small names a trace uses. */
-static gm_status stream_name_of(loader *state, gm_stream stream, gm_stream **seen, size_t *seen_count,
-                                uint64_t *name_out)
+ * events first name them, so that a history's stream handles become the small names a trace uses.
+ * `names` maps each handle seen (never NULL, so never the empty key 0) to its name. */
+static gm_status stream_name_of(loader *state, gm_stream stream, gm_hash_map *names, uint64_t *name_out)
 {
-    if (!stream) {
-        *name_out = 0;
+    *name_out = 0;
+    if (!stream || gm_hash_map_get(names, (uint64_t)(uintptr_t)stream, name_out))
         return GM_OK;
-    }
-    for (size_t i = 0; i < *seen_count; i++)
-        if ((*seen)[i] == stream) {
-            *name_out = i + 1;
-            return GM_OK;
-        }
-    gm_stream *grown = gm_system_realloc(*seen, (*seen_count + 1) * sizeof *grown);
-    if (!grown)
+    *name_out = names->count + 1;
+    if (!gm_hash_map_put(names, (uint64_t)(uintptr_t)stream, *name_out))
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "%s: no host memory for the trace", state->path);
-    *seen = grown;
-    grown[*seen_count] = stream;
-    *name_out = ++*seen_count;
     return GM_OK;
 }
 
 /* Pass 1: the blocks freed in the events but allocated before them (the ring had dropped their
  * allocation, or it predates the history), allocated first, each with its free's size and stream. */
-static gm_status add_early_allocations(loader *state, const gm_event *events, size_t count, gm_stream **seen,
-                                       size_t *seen_count, size_t *early_out)
+static gm_status add_early_allocations(loader *state, const gm_event *events, size_t count, gm_hash_map *names,
+                                       size_t *early_out)
 {
     gm_hash_map live; /* address + 1 -> 1 while allocated within the events */
     if (!gm_hash_map_init(&live, 4096))
@@ -468,7 +479,7 @@ static gm_status add_early_allocations(loader *state, const gm_event *events, si
         } else if (event->kind == GM_EVENT_FREE_REQUESTED && !gm_hash_map_remove(&live, event->address + 1, NULL)) {
             uint64_t name = 0;
             state->line = i + 1;
-            status = stream_name_of(state, event->stream, seen, seen_count, &name);
+            status = stream_name_of(state, event->stream, names, &name);
             if (status == GM_OK)
                 status = add_operation(state, true, event->address, event->size, name);
             ++*early_out;
@@ -486,11 +497,10 @@ gm_status gm_trace_from_events(const char *name, const gm_event *events, size_t 
     memset(trace_out, 0, sizeof *trace_out);
     *early_out = 0;
     loader state = {.path = name, .trace = trace_out, .line_name = "event"};
-    gm_stream *seen = NULL;
-    size_t seen_count = 0;
-    gm_status status = gm_hash_map_init(&state.live_ids, 4096)
-                           ? add_early_allocations(&state, events, count, &seen, &seen_count, early_out)
-                           : gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory");
+    gm_hash_map names; /* a stream handle -> its name in the trace */
+    bool have_names = gm_hash_map_init(&names, 16);
+    gm_status status = loader_start(&state) && have_names ? add_early_allocations(&state, events, count, &names, early_out)
+                                                          : gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory");
     /* Pass 2: every allocation and free request, in order (a free's completion is gpumem's own wait), and
      * every request that ran out of memory as an allocation freed at once: whether it fits is the question. */
     for (size_t i = 0; i < count && status == GM_OK; i++) {
@@ -499,7 +509,7 @@ gm_status gm_trace_from_events(const char *name, const gm_event *events, size_t 
             continue;
         uint64_t stream = 0;
         state.line = i + 1;
-        status = stream_name_of(&state, event->stream, &seen, &seen_count, &stream);
+        status = stream_name_of(&state, event->stream, &names, &stream);
         if (status == GM_OK && event->kind == GM_EVENT_OOM) {
             status = add_operation(&state, true, OOM_REQUEST_ID, event->size, stream);
             if (status == GM_OK)
@@ -508,10 +518,8 @@ gm_status gm_trace_from_events(const char *name, const gm_event *events, size_t 
             status = add_operation(&state, event->kind == GM_EVENT_ALLOC, event->address, event->size, stream);
         }
     }
-    free(seen);
-    gm_hash_map_free(&state.live_ids);
-    free(state.free_slots);
-    free(state.slot_sizes);
+    gm_hash_map_free(&names);
+    loader_finish(&state);
     if (status == GM_OK && trace_out->count == 0)
         status = gm_fail(GM_ERROR_PARSE, "%s: no allocation in its events", name);
     if (status != GM_OK)
