@@ -237,8 +237,15 @@ static void replay_reports_what_it_measured(void)
 static void host_memory_failures_are_clean(void)
 {
     const char *text = "a,0,3145728,0\na,1,1000,0\nf,0,3145728,0\na,2,100,1\nf,1,1000,0\nf,2,100,1\n";
-    for (int compressed = 0; compressed < 2; compressed++) {
-        const char *path = write_file(compressed ? "failing.csv.gz" : "failing.csv", text, compressed);
+    /* 40 streams: the stream table and its map grow in the same line (the 17th stream), so a failure of
+     * either comes after the other has moved. */
+    char many_streams[40 * 16] = "", *at = many_streams;
+    for (int stream = 0; stream < 40; stream++)
+        at += sprintf(at, "a,%d,8,%d\n", stream, stream);
+    for (int input = 0; input < 3; input++) {
+        int compressed = input == 1;
+        const char *path = input == 2 ? write_file("failing-streams.csv", many_streams, 0)
+                                      : write_file(compressed ? "failing.csv.gz" : "failing.csv", text, compressed);
         uint64_t before = gm_system_allocations_made();
         gm_trace trace;
         REQUIRE(gm_trace_load(path, &trace) == GM_OK);

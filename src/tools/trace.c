@@ -110,9 +110,10 @@ static gm_status stream_index_of(loader *state, uint64_t stream, uint16_t *index
         return malformed(state, "more than 65535 streams");
     gm_stream *grown = gm_array_room_for_one(trace->streams, trace->stream_count, &state->stream_capacity,
                                              sizeof *grown, 8);
+    if (grown)
+        trace->streams = grown; /* kept at once: the old array may be gone */
     if (!grown || (!all_ones && !gm_hash_map_put(&state->stream_indexes, stream + 1, trace->stream_count)))
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "%s: no host memory for the trace", state->path);
-    trace->streams = grown;
     grown[trace->stream_count] = (gm_stream)stream;
     if (all_ones)
         state->all_ones_stream = (uint32_t)trace->stream_count + 1;
