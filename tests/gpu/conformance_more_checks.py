@@ -4,7 +4,8 @@ storage resized as FSDP does, the memory fraction read back, the out-of-memory m
 summary table and the old names of the statistics, a dumped snapshot drawn by torch.cuda._memory_viz,
 streams made and dropped, mixed precision with activation checkpointing, cuDNN's benchmark mode sizing its
 workspaces by the allocator's cacheInfo, tensors outliving the external stream they were made on, the
-profiler's memory timeline."""
+profiler's memory timeline, tensors shared with CuPy through DLPack, and the allocator's work under
+torch.cuda.set_sync_debug_mode("error")."""
 
 MIB = 1 << 20
 MORE_CHECKS = []
@@ -238,3 +239,69 @@ def profiler_memory_timeline(torch):
     assert times and len(times) == len(sizes), (len(times), len(sizes))
     peak = max(sum(row) if isinstance(row, list) else row for row in sizes)
     assert peak >= 2 * 1024 * 1024 * 4, f"the timeline's peak is {peak} bytes"  # weight and its gradient
+
+
+@check
+def dlpack_exchange_with_cupy(torch):
+    """Tensors handed to CuPy and back through DLPack, as pipelines that mix the two do (under gpumem,
+    CuPy on gpumem too): the memory is shared both ways, outlives the side that dropped it (new tensors
+    do not take it), and is freed once both have dropped it."""
+    import gc
+    import os
+    try:
+        import cupy
+    except ImportError:
+        return "no cupy"
+    if os.environ.get("GPUMEM_TORCH"):
+        import gpumem.cupy
+        gpumem.cupy.install()
+    words = 4 * MIB // 4
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    tensor = torch.arange(words, dtype=torch.int32, device="cuda")
+    array = cupy.from_dlpack(tensor)
+    array += 1  # written by CuPy, read by torch
+    cupy.cuda.get_current_stream().synchronize()
+    seen = int(tensor[-1].item())
+    del tensor
+    others = [torch.full((words,), 7, dtype=torch.int32, device="cuda") for _ in range(4)]
+    torch.cuda.synchronize()
+    intact = int(array[-1]) == words and int(array.sum()) == words * (words + 1) // 2
+    held = torch.cuda.memory_allocated() - base
+    del array
+    gc.collect()
+    released = torch.cuda.memory_allocated() - base
+    del others
+    source = cupy.arange(1000, dtype=cupy.float32)
+    view = torch.from_dlpack(source)
+    del source
+    gc.collect()
+    view.mul_(2)  # CuPy's memory, still held by torch's view
+    total = float(view.sum().item())
+    del view
+    return seen, intact, held // MIB, released // MIB, total
+
+
+@check
+def sync_debug_mode_sees_no_synchronization(torch):
+    """torch.cuda.set_sync_debug_mode("error") raises on every synchronizing call PyTorch makes: the
+    allocator's own work (tensors of every size on two streams, record_stream, the statistics, a
+    snapshot, empty_cache) makes none."""
+    torch.ones(1, device="cuda")
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for size in (1, 512, 4096, MIB, 3 * MIB, 64 * MIB, 300 * MIB) * 3:
+            tensor = torch.empty(size, dtype=torch.uint8, device="cuda")
+            with torch.cuda.stream(side):
+                other = torch.empty(size, dtype=torch.uint8, device="cuda")
+            tensor.record_stream(side)
+            del tensor, other
+        stats = torch.cuda.memory_stats()
+        torch.cuda.memory_snapshot()
+        torch.cuda.empty_cache()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    return stats["num_ooms"]
