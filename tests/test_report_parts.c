@@ -7,6 +7,7 @@
  */
 #include "test.h"
 
+#include "base/system_memory.h"
 #include "report/history_map.h"
 #include "report/html_report.h"
 #include "report/html_text.h"
@@ -303,6 +304,19 @@ static void history_map_equals_the_snapshot_at_the_peak(void)
     CHECK_OK(gm_history_peak_build(history.events, 0, true, 1024, &at_peak));
     CHECK(at_peak.map == NULL && at_peak.moment == 0 && at_peak.curve.peak_reserved == 0);
     gm_history_peak_free(&at_peak);
+    /* Every host allocation of the build may fail: out of memory then, with nothing left to free. */
+    uint64_t before = gm_system_allocations_made();
+    CHECK_OK(gm_history_peak_build(history.events, history.count, true, 1024, &at_peak));
+    uint64_t made = gm_system_allocations_made() - before;
+    gm_history_peak_free(&at_peak);
+    CHECK(made >= 3); /* the curve, and the map's mappings, blocks and snapshot */
+    for (uint64_t position = 0; position < made; position++) {
+        gm_fail_system_allocations(position, 1);
+        gm_status status = gm_history_peak_build(history.events, history.count, true, 1024, &at_peak);
+        gm_fail_system_allocations(0, 0);
+        CHECK_STATUS(status, GM_ERROR_OUT_OF_MEMORY);
+        CHECK(at_peak.map == NULL && at_peak.curve.buckets == NULL);
+    }
     CHECK_OK(gm_history_peak_build(history.events, history.count, true, 1024, &at_peak));
     CHECK_EQ_INT(at_peak.curve.peak_reserved, result.peak_reserved_bytes);
     CHECK_EQ_INT(at_peak.curve.peak_allocated, result.peak_live_bytes);

@@ -77,6 +77,69 @@ static void streams_are_indexed_by_first_use(void)
     gm_trace_free(&trace);
 }
 
+/* A history's events as a trace (gm_trace_from_events, what gpumem tune replays): allocations and
+ * free requests in order, a free of a block allocated before the events allocated first, a request
+ * that ran out of memory allocated and freed at once, the other events left out; streams named 1, 2,
+ * ... by first use (the default stream 0). */
+static void history_events_become_a_trace(void)
+{
+    const gm_stream first = (gm_stream)0xa000, second = (gm_stream)0xb000;
+    const gm_event events[] = {
+        {.kind = GM_EVENT_SEGMENT_MAP, .address = 0x10000, .size = 2 << 20},
+        {.kind = GM_EVENT_ALLOC, .address = 0x10000, .size = 100},
+        {.kind = GM_EVENT_ALLOC, .address = 0x20000, .size = 5000, .stream = first},
+        {.kind = GM_EVENT_FREE_REQUESTED, .address = 0x30000, .size = 700, .stream = second}, /* allocated earlier */
+        {.kind = GM_EVENT_OOM, .size = 1ull << 40, .stream = first},
+        {.kind = GM_EVENT_FREE_REQUESTED, .address = 0x10000, .size = 100},
+        {.kind = GM_EVENT_FREE_COMPLETED, .address = 0x10000, .size = 100},
+        {.kind = GM_EVENT_ALLOC, .address = 0x10000, .size = 300, .stream = second},
+        {.kind = GM_EVENT_PRESSURE_HIGH, .address = 1, .size = 5},
+    };
+    const size_t count = sizeof events / sizeof events[0];
+    gm_trace trace;
+    size_t early = 0;
+    CHECK_OK(gm_trace_from_events("h", events, count, &trace, &early));
+    CHECK_EQ_INT(early, 1);
+    CHECK_EQ_INT(trace.count, 8);
+    CHECK_EQ_INT(trace.allocation_count, 5);
+    CHECK_EQ_INT(trace.stream_count, 3);
+    CHECK(trace.peak_live_bytes == 100 + 5000 + (1ull << 40)); /* the early block freed before the request */
+    const uint64_t sizes[] = {700, 100, 5000, 700, 1ull << 40, 1ull << 40, 100, 300};
+    const int kinds[] = {GM_TRACE_ALLOCATE, GM_TRACE_ALLOCATE, GM_TRACE_ALLOCATE, GM_TRACE_FREE,
+                         GM_TRACE_ALLOCATE, GM_TRACE_FREE, GM_TRACE_FREE, GM_TRACE_ALLOCATE};
+    const uintptr_t names[] = {1, 0, 2, 1, 2, 2, 0, 1}; /* `second` first named (by the early allocation) */
+    for (size_t i = 0; i < trace.count && i < 8; i++) {
+        CHECK(trace.operations[i].size == sizes[i]);
+        CHECK_EQ_INT(trace.operations[i].kind, kinds[i]);
+        CHECK((uintptr_t)trace.streams[trace.operations[i].stream_index] == names[i]);
+    }
+    CHECK_EQ_INT(trace.operations[6].slot, trace.operations[1].slot); /* a free names its allocation's slot */
+    CHECK_EQ_INT(trace.operations[3].slot, trace.operations[0].slot);
+    gm_trace_free(&trace);
+
+    /* Every host allocation it makes may fail: then out of memory, with nothing left behind. */
+    uint64_t before = gm_system_allocations_made();
+    REQUIRE(gm_trace_from_events("h", events, count, &trace, &early) == GM_OK);
+    uint64_t made = gm_system_allocations_made() - before;
+    gm_trace_free(&trace);
+    for (uint64_t position = 0; position < made; position++) {
+        gm_fail_system_allocations(position, 1);
+        gm_status status = gm_trace_from_events("h", events, count, &trace, &early);
+        gm_fail_system_allocations(0, 0);
+        CHECK_STATUS(status, GM_ERROR_OUT_OF_MEMORY);
+        CHECK(trace.operations == NULL && trace.streams == NULL);
+    }
+
+    /* An address allocated again while live, and events with no allocation, are malformed. */
+    gm_event twice[] = {events[1], events[2], events[1]};
+    CHECK_STATUS(gm_trace_from_events("h", twice, 3, &trace, &early), GM_ERROR_PARSE);
+    CHECK_MESSAGE("h:3: allocation id 65536 is already live (allocated at event 1)");
+    CHECK_STATUS(gm_trace_from_events("h", events, 1, &trace, &early), GM_ERROR_PARSE);
+    CHECK_MESSAGE("h: no allocation in its events");
+    CHECK_STATUS(gm_trace_from_events(NULL, events, 1, &trace, &early), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_STATUS(gm_trace_from_events("h", NULL, 1, &trace, &early), GM_ERROR_INVALID_ARGUMENT);
+}
+
 static void malformed_lines_are_located(void)
 {
     static const struct {
@@ -284,6 +347,7 @@ int main(void)
     snprintf(directory, sizeof directory, "/tmp/gpumem-test-trace-%d", (int)getpid());
     REQUIRE(mkdir(directory, 0700) == 0);
     static const test_case cases[] = {TEST_CASE(good_trace_loads), TEST_CASE(streams_are_indexed_by_first_use),
+                                      TEST_CASE(history_events_become_a_trace),
                                       TEST_CASE(malformed_lines_are_located),
                                       TEST_CASE(binary_input_is_refused), TEST_CASE(unreadable_files_are_io_errors),
                                       TEST_CASE(truncated_gzip_is_an_io_error),
