@@ -2,7 +2,7 @@
 # test_cuda_refusals.sh -- the cuda backend's refusals on machines where it cannot run, each a clear
 # message and a non-zero exit, checked without a GPU: tests/fake_cuda.c stands in for libcuda.so.1
 # (LD_LIBRARY_PATH), as a driver too old for gpumem, a driver whose cuInit fails, one that counts no
-# device and one with a single device asked for another.
+# device and one with a single device asked for another; and what needs a simulated device.
 # Usage: test_cuda_refusals.sh PATH/TO/gpumem FAKE_CUDA_DIRECTORY FAKE_OLD_CUDA_DIRECTORY
 set -u
 gpumem=$1
@@ -39,6 +39,9 @@ expect 1 "cannot create the allocator: no device: cuda backend: the driver sees 
     "$fake" no_device -- "$gpumem" replay "$work/small.csv" --backend cuda
 expect 1 "no device: cuda backend: device 3 does not exist \(1 device\)" \
     "$fake" "" -- "$gpumem" info --backend cuda --conf device:3
+# A lead of the host over the device is the simulated devices' (a GPU runs behind its host by itself).
+expect 2 "gpumem replay: --lead: a lead of the host over the device needs a simulated device \(--backend sim or host\)" \
+    "$fake" "" -- "$gpumem" replay "$work/small.csv" --backend cuda --lead 4
 # gpumem tune, which makes allocators of its own, refuses the same way.
 expect 1 "gpumem tune: cannot create the allocator .*the driver sees no CUDA device" \
     "$fake" no_device -- "$gpumem" tune "$work/small.csv" --backend cuda
