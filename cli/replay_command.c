@@ -12,6 +12,7 @@
  */
 #include "gpumem.h"
 
+#include "base/options.h"
 #include "tools/replay_lead.h"
 #include "tools/trace.h"
 #include "commands.h"
@@ -182,14 +183,21 @@ static long parse_count(const char *text, long most)
 
 /* A replay on sim or host that failed because the trace alone needs more than the device: the capacity is
  * the user's to choose (the host backend's default is only 1 GiB), so say how, with a size that leaves a
- * quarter of room for the cache's fragmentation. */
+ * quarter of room for the cache's fragmentation, within the largest capacity the options take. */
 static void suggest_capacity(const gm_device_info *device, const gm_trace *trace)
 {
     bool capacity_is_chosen = !strcmp(device->backend, "sim") || !strcmp(device->backend, "host");
     if (!capacity_is_chosen || trace->peak_live_bytes <= device->total_bytes)
         return;
     const double gib = 1024.0 * 1024.0 * 1024.0;
-    uint64_t suggested_gib = (trace->peak_live_bytes + trace->peak_live_bytes / 4 + (1ull << 30) - 1) >> 30;
+    if (trace->peak_live_bytes > GM_MAX_CAPACITY) {
+        fprintf(stderr, "gpumem replay: this trace's live allocations alone peak at %.2f GiB, more than the largest "
+                "%s device gpumem makes (%.0f GiB): it cannot be replayed whole\n",
+                (double)trace->peak_live_bytes / gib, device->backend, (double)GM_MAX_CAPACITY / gib);
+        return;
+    }
+    uint64_t room = trace->peak_live_bytes + trace->peak_live_bytes / 4, most = GM_MAX_CAPACITY;
+    uint64_t suggested_gib = ((room < most ? room : most) + (1ull << 30) - 1) >> 30;
     fprintf(stderr, "gpumem replay: this trace's live allocations alone peak at %.2f GiB, more than the %s "
             "device's %.2f GiB: raise it with --capacity, e.g. --capacity %" PRIu64 "GiB%s\n",
             (double)trace->peak_live_bytes / gib, device->backend, (double)device->total_bytes / gib, suggested_gib,

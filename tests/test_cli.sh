@@ -134,6 +134,11 @@ expect 2 "gpumem run: GPUMEM_CONF with --conf is too long" -- "$gpumem" run --co
 # a pass that runs out of memory says the later passes were not run; --help says --json prints JSON
 # lines; --version; the summary says the reserved memory left is the cache.
 expect 3 "peak at 10.98 GiB, more than the host device's 1.00 GiB: raise it with --capacity, e.g. --capacity 14GiB" -- "$gpumem" replay "$data/traces/resnet50.csv.gz" --backend host
+# The suggestion stays within what --capacity takes (1TiB); beyond that, no capacity would do.
+printf 'a,0,1000000000000,0\nf,0,0,0\n' >"$work/terabyte.csv"
+expect 3 "peak at 931.32 GiB, more than the sim device's .*: raise it with --capacity, e.g. --capacity 1024GiB" -- "$gpumem" replay "$work/terabyte.csv"
+expect 0 "ratio +1.0000" -- "$gpumem" replay "$work/terabyte.csv" --capacity 1024GiB
+expect 3 "peak at 8589934592.00 GiB, more than the largest sim device gpumem makes \(1024 GiB\): it cannot be replayed whole" -- "$gpumem" replay "$work/eight_exbibytes.csv"
 expect 3 "passes 2 to 3 were not run: pass 1 ran out of memory" -- "$gpumem" replay "$work/huge.csv" --capacity 1GiB --passes 3
 expect 0 "one JSON object per pass, one per line \(JSON lines\)" -- "$gpumem" replay --help
 expect 0 "one JSON object per pass, one per line \(JSON lines\)" -- "$gpumem" help

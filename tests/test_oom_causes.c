@@ -127,6 +127,38 @@ static void capacity(void)
     }
 }
 
+/* A request that can never fit, asked for again and again (a retry loop, a batch-size search), costs
+ * nothing that stays: no address range is reserved for it (the pages engine once reserved a region for
+ * each request larger than a region and kept it, empty), nor kept by a request within a region's size. */
+static void requests_that_never_fit_leave_nothing_behind(void)
+{
+    static const char *const configurations[] = {"engine:pages,capacity:1GiB", "engine:pages,memory_limit:1KiB",
+                                                 "engine:segments,capacity:1GiB"};
+    static const uint64_t sizes[] = {3 * GiB, 300 * MiB, 3 * GiB};
+    for (int c = 0; c < 3; c++) {
+        gm_allocator *allocator = make_allocator(configurations[c]);
+        for (int attempt = 0; attempt < 50; attempt++) {
+            void *pointer = NULL;
+            CHECK_STATUS(gm_malloc(allocator, sizes[c], 0, &pointer), GM_ERROR_OUT_OF_MEMORY);
+        }
+        gm_stats stats;
+        CHECK_OK(gm_get_stats(allocator, &stats));
+        CHECK_EQ_INT(stats.device_calls[GM_CALL_ADDRESS_RESERVE], 0);
+        CHECK_EQ_INT(stats.num_ooms, 50);
+        gm_destroy(allocator, NULL);
+    }
+    /* Within a region's size but over the device: one region, made once and used again. */
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:1GiB");
+    for (int attempt = 0; attempt < 50; attempt++) {
+        void *pointer = NULL;
+        CHECK_STATUS(gm_malloc(allocator, 1536 * MiB, 0, &pointer), GM_ERROR_OUT_OF_MEMORY);
+    }
+    gm_stats stats;
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    CHECK(stats.device_calls[GM_CALL_ADDRESS_RESERVE] <= 1);
+    gm_destroy(allocator, NULL);
+}
+
 /* A 1 GiB device, one chunk per growth, no stitching: an 800 MiB chunk (then a 100 MiB one) whose
  * middle 396 MiB is freed between two live 4 MiB blocks, which pin it: 792 MiB cached, none in one
  * piece over 396 MiB. */
@@ -413,6 +445,6 @@ static void host_backend_refused_by_the_host(void)
 }
 
 RUN_TESTS(TEST_CASE(names_of_causes), TEST_CASE(cause_is_per_thread), TEST_CASE(classification_boundaries),
-          TEST_CASE(capacity), TEST_CASE(fragmentation), TEST_CASE(fragmentation_report_without_host_memory_to_count),
+          TEST_CASE(capacity), TEST_CASE(requests_that_never_fit_leave_nothing_behind), TEST_CASE(fragmentation), TEST_CASE(fragmentation_report_without_host_memory_to_count),
           TEST_CASE(other_processes), TEST_CASE(memory_limit), TEST_CASE(host_memory_nearly_exhausted),
           TEST_CASE(host_backend_refused_by_the_host))

@@ -579,11 +579,13 @@ void pages_take_idle_chunk(page_engine *engine, ptrdiff_t pick, size_t *first, s
 }
 
 
-/* A new region of `heap`'s `pool` for a request of `size` bytes. */
+/* A new region of `heap`'s `pool` for a request of `size` bytes. A request larger than a region is
+ * refused before any address range is reserved: a region made for it would stay, empty, and a program
+ * that retries such a request (a batch-size search) would pile them up. */
 gm_status pages_add_region(gm_arena *arena, gm_heap *heap, int pool, uint64_t size, gm_region **region_out)
 {
-    gm_status status = new_region(arena, heap, pool, region_out);
-    if (status == GM_OK && (*region_out)->size < size)
+    *region_out = NULL;
+    if (size > engine_of(arena)->region_size)
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "a request of %" PRIu64 " bytes exceeds the address range", size);
-    return status;
+    return new_region(arena, heap, pool, region_out);
 }
