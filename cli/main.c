@@ -24,6 +24,8 @@
 
 #include "commands.h"
 
+#include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -75,11 +77,8 @@ static void print_usage(FILE *out)
             "                 print the version\n");
 }
 
-int main(int argc, char **argv)
+static int run_command(int argc, char **argv)
 {
-    /* On a pipe too, lines leave in the order they were written, stdout's and stderr's alike: an error
-     * stands on its own line, not inside a table still held in stdout's buffer (as on a terminal). */
-    setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         print_usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? GM_EXIT_USAGE : GM_EXIT_OK;
@@ -114,4 +113,22 @@ int main(int argc, char **argv)
     fprintf(stderr, "gpumem: unknown command '%s'\n\n", command);
     print_usage(stderr);
     return GM_EXIT_USAGE;
+}
+
+int main(int argc, char **argv)
+{
+    /* On a pipe too, lines leave in the order they were written, stdout's and stderr's alike: an error
+     * stands on its own line, not inside a table still held in stdout's buffer (as on a terminal). */
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    int status = run_command(argc, argv);
+    /* Output that could not be written (a full disk, a closed pipe or descriptor) is a failure, not a
+     * success with nothing to show: its commands write their results to stdout. */
+    errno = 0;
+    bool unflushed = fflush(stdout) != 0;
+    if (unflushed || ferror(stdout)) {
+        fprintf(stderr, "gpumem: could not write all of its output to standard output%s%s\n", unflushed ? ": " : "",
+                unflushed ? strerror(errno) : "");
+        return status == GM_EXIT_OK ? GM_EXIT_ERROR : status;
+    }
+    return status;
 }

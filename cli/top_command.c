@@ -255,6 +255,11 @@ int gm_command_top(int argc, char **argv)
                 fprintf(stderr, "gpumem top: -d needs a number of seconds from 0.1 to 3600\n");
                 return GM_EXIT_USAGE;
             }
+        } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: gpumem top [-d SECONDS] [--once] [--json]\n"
+                   "  every publishing gpumem process of this user (GPUMEM_CONF=publish:true), live, and the host's\n"
+                   "  memory; -d: seconds between refreshes (default 1); --once: one table; --json: one JSON object\n");
+            return GM_EXIT_OK;
         } else {
             fprintf(stderr, "gpumem top: unknown argument '%s'\nusage: gpumem top [-d SECONDS] [--once] [--json]\n",
                     argv[i]);

@@ -140,6 +140,12 @@ expect 3 "peak at 931.32 GiB, more than the sim device's .*: raise it with --cap
 expect 0 "ratio +1.0000" -- "$gpumem" replay "$work/terabyte.csv" --capacity 1024GiB
 expect 3 "peak at 8589934592.00 GiB, more than the largest sim device gpumem makes \(1024 GiB\): it cannot be replayed whole" -- "$gpumem" replay "$work/eight_exbibytes.csv"
 expect 3 "passes 2 to 3 were not run: pass 1 ran out of memory" -- "$gpumem" replay "$work/huge.csv" --capacity 1GiB --passes 3
+# Output that cannot be written (a full disk, a closed descriptor) fails the command, whichever it is.
+for command in "replay $work/small.csv --json" "replay $work/small.csv" "config" "info" "--help"; do
+    expect 1 "^gpumem: could not write all of its output to standard output" -- sh -c "\"\$0\" $command >/dev/full" "$gpumem"
+done
+expect 1 "could not write all of its output to standard output" -- sh -c '"$0" info >&-' "$gpumem"
+expect 0 "usage: gpumem top \[-d SECONDS\] \[--once\] \[--json\]" -- "$gpumem" top --help
 expect 0 "one JSON object per pass, one per line \(JSON lines\)" -- "$gpumem" replay --help
 expect 0 "one JSON object per pass, one per line \(JSON lines\)" -- "$gpumem" help
 # The sim's capacity sizes the chunks, so the results: the help names the default, the sim has it.
