@@ -3,8 +3,9 @@
  * as a table (severity, id, value, then why and fix indented below) or as JSON.
  *
  * Exit status: 0 every finding ok (findings that could not be read, severity "unknown", do not count),
- * 4 the worst is warn, 5 the worst is fail; 1 an error (the root is not a directory, no such process),
- * 2 bad usage. 3 stays the replay's "out of memory".
+ * 4 the worst is warn, 5 the worst is fail; 1 an error (the root is not a directory, no such process,
+ * or not one finding could be read: an audit that saw nothing is no "ok"), 2 bad usage. 3 stays the
+ * replay's "out of memory".
  */
 #include "gpumem.h"
 
@@ -21,11 +22,24 @@ static void print_usage(FILE *out)
                  "  audit host memory, kernel settings, the cgroup, limits, /dev/shm and the GPUs for GPU training;\n"
                  "  --pid PID: also that process tree's RSS / PSS / USS / swap / locked memory;\n"
                  "  --root DIR: read /proc and /sys under DIR (fixture trees; /dev/shm from DIR/.statvfs/dev/shm)\n"
-                 "  exit status: 0 all ok, 4 worst is warn, 5 worst is fail, 1 error, 2 bad usage\n");
+                 "  exit status: 0 all ok, 4 worst is warn, 5 worst is fail, 1 error (or nothing could be read),\n"
+                 "  2 bad usage\n");
 }
 
-static int exit_status_of(gm_doctor_severity worst)
+/* Whether any finding could be read at all. */
+static int anything_read(const gm_doctor_report *report)
 {
+    for (size_t i = 0; i < report->finding_count; i++)
+        if (report->findings[i].severity != GM_DOCTOR_UNKNOWN)
+            return 1;
+    return 0;
+}
+
+static int exit_status_of(const gm_doctor_report *report)
+{
+    gm_doctor_severity worst = gm_doctor_worst(report);
+    if (!anything_read(report))
+        return GM_EXIT_ERROR;
     return worst == GM_DOCTOR_FAIL ? GM_EXIT_DOCTOR_FAIL : worst == GM_DOCTOR_WARN ? GM_EXIT_DOCTOR_WARN : GM_EXIT_OK;
 }
 
@@ -37,9 +51,15 @@ static void print_bytes_field(const char *name, long long bytes, int last)
         printf("\"%s\": %lld%s", name, bytes, last ? "" : ", ");
 }
 
+/* The worst finding; "unknown" when none could be read. */
+static gm_doctor_severity worst_shown(const gm_doctor_report *report)
+{
+    return anything_read(report) ? gm_doctor_worst(report) : GM_DOCTOR_UNKNOWN;
+}
+
 static void print_json(const gm_doctor_report *report, const char *root, long pid)
 {
-    gm_doctor_severity worst = gm_doctor_worst(report);
+    gm_doctor_severity worst = worst_shown(report);
     printf("{\n  \"format\": \"gpumem-doctor\",\n  \"version\": 1,\n  \"root\": ");
     gm_print_json_string(root ? root : "/");
     printf(",\n  \"pid\": ");
@@ -48,7 +68,7 @@ static void print_json(const gm_doctor_report *report, const char *root, long pi
     else
         printf("null");
     printf(",\n  \"worst\": \"%s\",\n  \"exit_status\": %d,\n  \"findings\": [", gm_doctor_severity_name(worst),
-           exit_status_of(worst));
+           exit_status_of(report));
     for (size_t i = 0; i < report->finding_count; i++) {
         const gm_doctor_finding *finding = &report->findings[i];
         printf("%s\n    {\"id\": ", i ? "," : "");
@@ -117,7 +137,7 @@ static void print_table(const gm_doctor_report *report)
         if (report->processes_left_out)
             printf("(%zu more processes left out)\n", report->processes_left_out);
     }
-    gm_doctor_severity worst = gm_doctor_worst(report);
+    gm_doctor_severity worst = worst_shown(report);
     printf("\nworst: %s", gm_doctor_severity_name(worst));
     if (unknown)
         printf("; %zu finding%s could not be read (severity unknown)", unknown, unknown == 1 ? "" : "s");
@@ -173,7 +193,10 @@ int gm_command_doctor(int argc, char **argv)
         print_json(report, root, pid);
     else
         print_table(report);
-    int exit_status = exit_status_of(gm_doctor_worst(report));
+    int exit_status = exit_status_of(report);
+    if (!anything_read(report))
+        fprintf(stderr, "gpumem doctor: not one finding could be read%s%s: nothing was checked\n",
+                root ? " under " : "", root ? root : "");
     free(report);
     return exit_status;
 }

@@ -205,7 +205,8 @@ echo 16384 >"$settings/proc/sys/vm/min_free_kbytes"
 printf 'vm.overcommit|warn|overcommit_memory 2, overcommit_ratio 50\nmemory.thp|warn|always\nvm.min_free_kbytes|warn|16384 KiB\n' >"$work/settings.expected"
 check "kernel settings" "$settings" 4 "$work/settings.expected"
 
-# Nothing readable: every finding says what it could not read; not an error.
+# Nothing readable: every finding says what it could not read, and an audit that saw nothing is an
+# error (exit 1, worst "unknown"), not "all ok".
 empty=$work/empty
 mkdir -p "$empty"
 cat >"$work/empty.expected" <<'EOF'
@@ -223,7 +224,11 @@ limits.open_files|unknown|cannot read @ROOT/proc/self/limits
 shm.size|unknown|cannot read @ROOT/.statvfs/dev/shm
 gpu|unknown|not read under --root @ROOT
 EOF
-check "nothing readable" "$empty" 0 "$work/empty.expected"
+check "nothing readable" "$empty" 1 "$work/empty.expected"
+grep -q "gpumem doctor: not one finding could be read under $empty: nothing was checked" "$work/err" ||
+    fail "nothing readable: no message on stderr"
+python3 -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["worst"] != "unknown")' "$work/out.json" ||
+    fail "nothing readable: worst is not unknown"
 
 # A process tree: 100 (python) with a worker 101 and a grandchild 103; 102 is unrelated.
 tree=$work/tree
