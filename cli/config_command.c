@@ -4,15 +4,16 @@
  *
  *   gpumem config                  every key, what it does and its default
  *   gpumem config KEY...           those keys only
- *   gpumem config --check [CONF]   parse CONF exactly as gm_create does, creating nothing: each key
+ *   gpumem config --check [CONF]   parse CONF exactly as gm_create does, creating no allocator: each key
  *                                  given with its meaning, or the error; without CONF, $GPUMEM_CONF
  *                                  and $GPUMEM_TORCH (the PyTorch adapter's keys over GPUMEM_CONF's)
  *
- * The check runs the library's own parser (base/options.c), so it accepts and refuses what an
- * allocator would, with the same message.
+ * The check runs the library's own parser (base/options.c), and opens a simulated device as gm_create
+ * would, so it accepts and refuses what an allocator would, with the same message.
  */
 #include "gpumem.h"
 
+#include "backend/backend.h"
 #include "base/options.h"
 #include "commands.h"
 
@@ -63,10 +64,29 @@ static void print_pairs(const char *configuration)
     }
 }
 
+/* A simulated device (sim, host) is made from the capacity and page size when the allocator is
+ * created, and refused then if it cannot be (a page larger than the device, too many pages): one is
+ * opened and closed here, so that the check refuses what gm_create would. Its device index is left
+ * out (device 0): a configuration checked without naming a backend may be meant for the PyTorch
+ * adapter's GPUs. The cuda backend's device is the GPU, which this machine may not have: its keys are
+ * only parsed. */
+static gm_status check_simulated_device(const gm_options *options)
+{
+    if (strcmp(options->backend, "sim") && strcmp(options->backend, "host"))
+        return GM_OK;
+    gm_backend_config config = gm_backend_config_of(options);
+    config.device = 0;
+    gm_backend *backend = NULL;
+    gm_status status = gm_backend_open(&config, &backend);
+    if (status == GM_OK)
+        gm_backend_close(backend);
+    return status;
+}
+
 /* Apply `configuration` on top of *options, as gm_create_from_environment applies its overrides. */
 static int check(gm_options *options, const char *configuration, const char *origin)
 {
-    if (gm_options_parse(options, configuration) != GM_OK) {
+    if (gm_options_parse(options, configuration) != GM_OK || check_simulated_device(options) != GM_OK) {
         fprintf(stderr, "gpumem config: %s is not valid: %s\n", origin, gm_last_error());
         return GM_EXIT_ERROR;
     }

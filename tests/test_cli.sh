@@ -48,6 +48,11 @@ expect 1 "GPUMEM_TORCH over GPUMEM_CONF is not valid: key 'pressure_low' \(0.95\
 expect 0 "GPUMEM_TORCH is valid" -- env -u GPUMEM_CONF GPUMEM_TORCH=compact_min:2MiB "$gpumem" config --check
 expect 0 "no keys in GPUMEM_CONF or GPUMEM_TORCH" -- env -u GPUMEM_CONF GPUMEM_TORCH=1 "$gpumem" config --check
 expect 2 "takes one configuration string" -- "$gpumem" config --check a:1 b:2
+# The simulated device that gm_create would make from the capacity and page size is checked too.
+expect 1 "the configuration is not valid: sim backend: page_size \(2.00 MiB\) is larger than the capacity \(80 B\)" -- \
+    "$gpumem" config --check capacity:80
+expect 1 "host backend: a capacity of 1.00 TiB in pages of 4.00 KiB" -- "$gpumem" config --check backend:host,capacity:1TiB,page_size:4KiB
+expect 0 "the configuration is valid" -- "$gpumem" config --check backend:cuda,device:3
 expect 2 "usage: gpumem replay" -- "$gpumem" replay
 expect 0 "usage: gpumem replay TRACE" -- "$gpumem" replay --help
 expect 0 "usage: gpumem info" -- "$gpumem" info -h

@@ -10,6 +10,7 @@
 
 #include "base/blocking.h"
 #include "base/error.h"
+#include "base/options.h"
 #include "base/system_memory.h"
 
 #include <errno.h>
@@ -46,6 +47,13 @@ const char *gm_device_call_name(gm_device_call call)
 size_t gm_device_call_count(void)
 {
     return GM_CALL_KIND_COUNT;
+}
+
+gm_backend_config gm_backend_config_of(const gm_options *options)
+{
+    return (gm_backend_config){.name = options->backend, .device = options->device, .capacity = options->capacity,
+                               .page_size = options->page_size, .cost_model = options->cost_model,
+                               .fault_rate = options->fault_rate, .fault_seed = (uint64_t)options->fault_seed};
 }
 
 gm_status gm_backend_open(const gm_backend_config *config, gm_backend **backend_out)

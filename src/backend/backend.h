@@ -146,6 +146,9 @@ struct gm_backend {
 
 /* Open the backend named by config->name. On failure *backend_out is untouched and
  * gm_last_error() says why (GM_ERROR_NO_DEVICE when there is no such device). */
+/* The backend part of an allocator's options. */
+struct gm_options;
+gm_backend_config gm_backend_config_of(const struct gm_options *options);
 gm_status gm_backend_open(const gm_backend_config *config, gm_backend **backend_out);
 void gm_backend_close(gm_backend *backend);
 

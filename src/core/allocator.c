@@ -188,10 +188,7 @@ gm_status gm_publish_status(gm_allocator *allocator, char *path_out, size_t path
 static gm_status open_device(gm_allocator *allocator, const gm_segment_source *source)
 {
     const gm_options *options = &allocator->options;
-    gm_backend_config backend_config = {.name = options->backend, .device = options->device,
-                                        .capacity = options->capacity, .page_size = options->page_size,
-                                        .cost_model = options->cost_model, .fault_rate = options->fault_rate,
-                                        .fault_seed = (uint64_t)options->fault_seed};
+    gm_backend_config backend_config = gm_backend_config_of(options);
     gm_status status = gm_backend_open(&backend_config, &allocator->arena.backend);
     if (status != GM_OK)
         return status;
