@@ -235,7 +235,11 @@ static void input_kinds(void)
     unlink(path);
     path = write_temporary("{\"format\": \"gpumem-history\"}");
     CHECK_STATUS(gm_input_open(path, &input), GM_ERROR_PARSE);
-    CHECK_MESSAGE("gpumem-history version 0 is not supported");
+    CHECK_MESSAGE("a gpumem-history file without its \"version\" (this gpumem reads version 1)");
+    unlink(path);
+    path = write_temporary("{\"format\": \"gpumem-history\", \"version\": 0}");
+    CHECK_STATUS(gm_input_open(path, &input), GM_ERROR_PARSE);
+    CHECK_MESSAGE("gpumem-history version 0 is not supported (this gpumem reads version 1)");
     unlink(path);
     CHECK_STATUS(gm_input_open("/nonexistent/input.json", &input), GM_ERROR_IO);
     CHECK_MESSAGE("/nonexistent/input.json: cannot open: No such file or directory");

@@ -226,8 +226,8 @@ gm_status gm_parse_size(const char *text, uint64_t *bytes_out)
         *bytes_out = (uint64_t)number << shift;
         return GM_OK;
     }
-    return gm_fail(GM_ERROR_PARSE, "size '%s' has an unknown suffix '%s' (use B, KiB, MiB, GiB or TiB)",
-                   text, end);
+    return gm_fail(GM_ERROR_PARSE, "size '%s' has an unknown suffix '%s' (use B, KiB, MiB, GiB or TiB; K, KB, M, MB, "
+                   "G, GB, T and TB mean the same powers of 1024, as in PyTorch's *_mb settings)", text, end);
 }
 
 /* A size in the largest binary unit that divides it ("1TiB", "1GiB", "3000"), as the parser reads it. */
@@ -525,7 +525,9 @@ static pthread_once_t help_once = PTHREAD_ONCE_INIT;
 
 static void write_help(void)
 {
-    size_t used = (size_t)snprintf(help_text, sizeof help_text, "GPUMEM_CONF keys (key:value,key:value):\n");
+    size_t used = (size_t)snprintf(help_text, sizeof help_text,
+                                   "GPUMEM_CONF keys (key:value,key:value; sizes in B, KiB, MiB, GiB or TiB, and K, KB, "
+                                   "M, MB, G, GB, T, TB as the same powers of 1024):\n");
     for (size_t i = 0; i < DESCRIPTOR_COUNT && used < sizeof help_text; i++)
         used += (size_t)snprintf(help_text + used, sizeof help_text - used, "  %-22s %s\n", descriptors[i].key,
                                  descriptors[i].help);

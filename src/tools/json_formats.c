@@ -102,7 +102,10 @@ gm_status gm_input_open(const char *path, gm_input_file *input_out)
         result = gm_fail(GM_ERROR_PARSE, "%s: JSON, but not a gpumem snapshot or history (its \"format\" is '%s', "
                                          "not 'gpumem-snapshot' or 'gpumem-history')",
                          path, format);
-    else if (!has_version || version != SUPPORTED_VERSION)
+    else if (!has_version)
+        result = gm_fail(GM_ERROR_PARSE, "%s: a %s file without its \"version\" (this gpumem reads version %d)", path,
+                         format, SUPPORTED_VERSION);
+    else if (version != SUPPORTED_VERSION)
         result = gm_fail(GM_ERROR_PARSE, "%s: %s version %llu is not supported (this gpumem reads version %d)", path,
                          format, (unsigned long long)version, SUPPORTED_VERSION);
     if (result != GM_OK) {

@@ -263,7 +263,8 @@ class PackageTest(unittest.TestCase):
                 gpumem.torch.install("compact_min:2XB")
             self.assertEqual(str(caught.exception), "bad configuration: gpumem.torch.install('compact_min:2XB') "
                              "(GPUMEM_TORCH): bad value for key 'compact_min': size '2XB' has an unknown suffix "
-                             "'XB' (use B, KiB, MiB, GiB or TiB)")
+                             "'XB' (use B, KiB, MiB, GiB or TiB; K, KB, M, MB, G, GB, T and TB mean the same powers of "
+                             "1024, as in PyTorch's *_mb settings)")
             with self.assertRaises(gpumem.GpumemError) as caught:
                 gpumem.torch.install("engine:warp")
             self.assertNotIn("GPUMEM_TORCH", str(caught.exception))
