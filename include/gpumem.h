@@ -72,14 +72,16 @@ typedef enum gm_oom_cause {
     GM_OOM_CAUSE_FRAGMENTATION = 2,   /* enough memory is free in total, but not in one piece that fits */
     GM_OOM_CAUSE_OTHER_PROCESSES = 3, /* it would fit but for the memory used outside this allocator */
     GM_OOM_CAUSE_MEMORY_LIMIT = 4,    /* it would fit on the device but not under the memory limit set */
-    GM_OOM_CAUSE_HOST = 5             /* host memory ran out (the host backend, or metadata) */
+    GM_OOM_CAUSE_HOST = 5,            /* host memory ran out (the host backend, or metadata) */
+    GM_OOM_CAUSE_SOURCE = 6           /* the memory source of gm_create_with_source could not give more */
 } gm_oom_cause;
 
 /* The cause of the last out-of-memory report written on this thread (gm_malloc's
  * GM_ERROR_OUT_OF_MEMORY); GM_OOM_CAUSE_NONE before any. */
 GM_API gm_oom_cause gm_last_oom_cause(void);
 
-/* "none", "capacity", "fragmentation", "other_processes", "memory_limit", "host"; "unknown" otherwise. */
+/* "none", "capacity", "fragmentation", "other_processes", "memory_limit", "host", "source"; "unknown"
+ * otherwise. */
 GM_API const char *gm_oom_cause_name(gm_oom_cause cause);
 
 /* ---------------------------------------------------------------- lifetime */
@@ -230,8 +232,10 @@ GM_API gm_status gm_holds_stream(gm_allocator *allocator, gm_stream stream, int 
  * blocks freed inside it are reused by its own later allocations. Pools are named by the caller's
  * pair of numbers (PyTorch's MempoolId_t; {0, 0} names no pool) and counted: the first retain or
  * begin makes a pool, each one adds a user (graphs may share a pool), each gm_release_pool takes one
- * away. At no users the pool's free memory goes back to the device at once, and its other blocks'
- * memory as they are freed. */
+ * away. At no users the pool's memory is no longer kept for it: its free memory is cached memory that
+ * other allocations may take and that empty_cache (or a retry after out of memory) gives back to the
+ * device, as PyTorch does with a released graph pool; once its last block is freed too, the pool is
+ * gone and all of its memory goes back. */
 typedef struct gm_pool_id {
     uint64_t first;
     uint64_t second;
@@ -557,8 +561,9 @@ GM_API void gm_snapshot_free(gm_snapshot *snapshot);
  * The names are those of PyTorch's memory snapshots ("alloc", "free_requested", ...). */
 typedef enum gm_event_kind {
     GM_EVENT_ALLOC = 0,          /* gm_malloc handed out a block */
-    GM_EVENT_FREE_REQUESTED = 1, /* gm_free of a block still used on recorded streams */
-    GM_EVENT_FREE_COMPLETED = 2, /* the block's memory is free for reuse */
+    GM_EVENT_FREE_REQUESTED = 1, /* gm_free called (every free, as in PyTorch's snapshots) */
+    GM_EVENT_FREE_COMPLETED = 2, /* the block's memory is free for reuse: at once, or once the streams
+                                    recorded on it have passed the free */
     GM_EVENT_SEGMENT_MAP = 3,    /* device memory mapped: a segment allocated or a chunk mapped */
     GM_EVENT_SEGMENT_UNMAP = 4,  /* device memory unmapped: a segment freed or a chunk unmapped */
     GM_EVENT_OOM = 5,            /* gm_malloc failed for lack of memory (address 0) */

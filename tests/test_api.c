@@ -515,9 +515,24 @@ static void memory_limit_changes_at_run_time(void)
         CHECK_OK(gm_free(allocator, b));
         CHECK_OK(gm_cache_info(allocator, &free_bytes, &largest));
         CHECK(free_bytes >= 150u << 20 && largest >= 150u << 20 && largest <= free_bytes);
+        /* A limit lowered under live memory: what is reserved beyond it goes back as it becomes free. */
+        CHECK_OK(gm_malloc(allocator, 180u << 20, 0, &a));
+        CHECK_OK(gm_set_memory_limit(allocator, 50u << 20));
+        CHECK_OK(gm_get_stats(allocator, &stats));
+        CHECK(stats.reserved_bytes[GM_POOL_ALL].current >= 180 << 20);
+        CHECK_OK(gm_free(allocator, a));
+        CHECK_OK(gm_get_stats(allocator, &stats));
+        CHECK(stats.reserved_bytes[GM_POOL_ALL].current <= 50 << 20);
+        CHECK_OK(gm_largest_allocation(allocator, &largest));
+        CHECK(largest <= 50u << 20);
+        CHECK_STATUS(gm_malloc(allocator, 100u << 20, 0, &a), GM_ERROR_OUT_OF_MEMORY);
         CHECK_OK(gm_set_memory_limit(allocator, 0)); /* back to the whole device */
         CHECK_OK(gm_get_memory_limit(allocator, &limit));
         CHECK_EQ_INT(limit, 1ull << 30);
+        CHECK_OK(gm_malloc(allocator, 100u << 20, 0, &a));
+        CHECK_OK(gm_free(allocator, a));
+        CHECK_OK(gm_get_stats(allocator, &stats));
+        CHECK(stats.reserved_bytes[GM_POOL_ALL].current >= 100 << 20); /* cached again, no limit left */
         CHECK_STATUS(gm_set_memory_limit(NULL, 0), GM_ERROR_INVALID_ARGUMENT);
         CHECK_STATUS(gm_get_memory_limit(allocator, NULL), GM_ERROR_INVALID_ARGUMENT);
         CHECK_STATUS(gm_cache_info(allocator, NULL, &largest), GM_ERROR_INVALID_ARGUMENT);

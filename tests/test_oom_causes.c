@@ -48,8 +48,9 @@ static void check_cause_line(const char *cause_line)
 
 static void names_of_causes(void)
 {
-    static const char *const names[] = {"none", "capacity", "fragmentation", "other_processes", "memory_limit", "host"};
-    for (int cause = 0; cause <= GM_OOM_CAUSE_HOST; cause++)
+    static const char *const names[] = {"none",         "capacity", "fragmentation", "other_processes",
+                                        "memory_limit", "host",     "source"};
+    for (int cause = 0; cause <= GM_OOM_CAUSE_SOURCE; cause++)
         CHECK(!strcmp(gm_oom_cause_name((gm_oom_cause)cause), names[cause]));
     CHECK(!strcmp(gm_oom_cause_name((gm_oom_cause)42), "unknown"));
 }
@@ -125,6 +126,14 @@ static void capacity(void)
             CHECK_OK(gm_free(allocator, blocks[i]));
         gm_destroy(allocator, NULL);
     }
+    /* In whole pages: a 70 MiB request needs two 64 MiB pages, and a 100 MiB device holds one. */
+    gm_allocator *allocator = make_allocator("engine:pages,capacity:100MiB,page_size:64MiB");
+    fail(allocator, 70 * MiB, GM_OOM_CAUSE_CAPACITY);
+    check_cause_line("Cause: capacity. The request alone (70.00 MiB) needs 128.00 MiB in whole pages of 64.00 MiB, "
+                     "more than the whole device's 100.00 MiB holds in such pages.");
+    CHECK_MESSAGE("  1. Split the work so that no single tensor needs 70.00 MiB");
+    CHECK_OK(gm_free(allocator, take(allocator, 60 * MiB))); /* one page's worth fits */
+    gm_destroy(allocator, NULL);
 }
 
 /* A request that can never fit, asked for again and again (a retry loop, a batch-size search), costs

@@ -175,8 +175,10 @@ static void an_empty_source_is_out_of_memory(gm_status refusal)
     gm_stats stats = stats_of(allocator);
     CHECK_EQ_INT(stats.num_alloc_retries, out_of_memory);
     CHECK_EQ_INT(stats.num_ooms, out_of_memory);
-    if (out_of_memory)
+    if (out_of_memory) {
         CHECK_EQ_INT(source.out, 1); /* the cached 24 MiB went back before the retry */
+        CHECK_EQ_INT(gm_last_oom_cause(), GM_OOM_CAUSE_SOURCE); /* the cause the report names */
+    }
     CHECK_EQ_INT(stats.reserved_bytes[GM_POOL_ALL].current, bytes_out(&source));
     CHECK(pattern_intact(kept, 12 * MIB, 7));
     source.budget += 64 * MIB;

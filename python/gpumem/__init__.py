@@ -46,7 +46,7 @@ _POOLS = ("all", "small_pool", "large_pool")
 # gpumem.h's gm_pressure_level, GM_PRESSURE_SIGNAL_* bits and gm_oom_cause, by name.
 PRESSURE_LEVELS = ("normal", "high", "critical")
 PRESSURE_SIGNALS = {"reserved": 1, "allocated": 2, "device": 4, "host": 8, "psi": 16, "cgroup": 32}
-OOM_CAUSES = ("none", "capacity", "fragmentation", "other_processes", "memory_limit", "host")
+OOM_CAUSES = ("none", "capacity", "fragmentation", "other_processes", "memory_limit", "host", "source")
 
 
 class GpumemError(RuntimeError):
@@ -62,7 +62,7 @@ class GpumemError(RuntimeError):
 class OutOfMemoryError(GpumemError):
     """The device has no room for the request; the message is gpumem's out-of-memory report, and ``cause``
     its primary cause (one of OOM_CAUSES: "capacity", "fragmentation", "other_processes", "memory_limit",
-    "host")."""
+    "host", "source": the allocator a MemPool's memory comes from)."""
 
     def __init__(self, status, message, cause="none"):
         super().__init__(status, message)

@@ -657,6 +657,9 @@ gm_status gm_set_memory_limit(gm_allocator *allocator, uint64_t bytes)
     allocator->arena.memory_limit = bytes && bytes < total ? bytes : total;
     if ((uint64_t)gm_stat_total(allocator->arena.stats->reserved_bytes) > allocator->arena.memory_limit)
         allocator->arena.engine->release_cached(&allocator->arena, 0);
+    /* What could not go back now (live, or cached in a private pool) goes as it becomes free. */
+    allocator->arena.over_limit =
+        (uint64_t)gm_stat_total(allocator->arena.stats->reserved_bytes) > allocator->arena.memory_limit;
     gm_pressure_limit_changed_locked(allocator); /* the watermarks are fractions of the limit */
     if (pressure_crossed(allocator))
         return finish_under_pressure(allocator, GM_OK);

@@ -77,6 +77,8 @@ typedef struct gm_arena {
     uint32_t heap_count;
     bool stats_published; /* publish:true: the hot statistics too are kept in *stats (the region), not in
                              hot_stats, for the region's readers to see every call's result */
+    bool over_limit;      /* reserved memory above a memory limit lowered under it: every free gives back
+                             what it can until it is not (gm_set_memory_limit) */
     uint64_t clock;     /* counts requests, for gm_heap.last_used */
     gm_history *history; /* the event ring, NULL when history is off */
 

@@ -51,6 +51,7 @@ const char *gm_oom_cause_name(gm_oom_cause cause)
     case GM_OOM_CAUSE_OTHER_PROCESSES: return "other_processes";
     case GM_OOM_CAUSE_MEMORY_LIMIT: return "memory_limit";
     case GM_OOM_CAUSE_HOST: return "host";
+    case GM_OOM_CAUSE_SOURCE: return "source";
     }
     return "unknown";
 }
@@ -64,12 +65,33 @@ static bool host_is_low(const gm_oom_facts *facts)
     return (uint64_t)facts->host_available < threshold;
 }
 
+/* Whether the request alone is larger than the whole device: in bytes, or in the whole pages it
+ * needs against the whole pages the device has (a 70 MiB request needs two 64 MiB pages, and a 100 MiB
+ * device has room for one). */
+static bool request_alone_too_large(const gm_oom_facts *facts)
+{
+    if (facts->size > facts->device_total)
+        return true;
+    uint64_t page = facts->page_size;
+    if (!page)
+        return false;
+    uint64_t pages_needed = facts->size / page + (facts->size % page != 0);
+    return pages_needed > facts->device_total / page;
+}
+
+/* The request in the whole pages it needs (the request itself without a page size). */
+static uint64_t request_in_pages(const gm_oom_facts *facts)
+{
+    uint64_t page = facts->page_size;
+    return page && facts->size % page ? facts->size + (page - facts->size % page) : facts->size;
+}
+
 gm_oom_cause gm_classify_oom(const gm_oom_facts *facts)
 {
     uint64_t need = facts->live + facts->size;
     if (facts->host_failed)
         return GM_OOM_CAUSE_HOST;
-    if (need > facts->device_total)
+    if (need > facts->device_total || request_alone_too_large(facts))
         return GM_OOM_CAUSE_CAPACITY;
     if (facts->memory_limit < facts->device_total && need > facts->memory_limit)
         return GM_OOM_CAUSE_MEMORY_LIMIT;
@@ -125,7 +147,7 @@ static gm_oom_facts gather_facts(gm_arena *arena, uint64_t size, const gm_oom_at
 {
     gm_stats stats;
     gm_arena_read_stats(arena, &stats);
-    gm_oom_facts facts = {.size = size, .memory_limit = arena->memory_limit,
+    gm_oom_facts facts = {.size = size, .page_size = arena->backend->page_size, .memory_limit = arena->memory_limit,
                           .host_failed = arena->backend->host_memory_failed};
     gm_backend_memory_info(arena->backend, &facts.device_free, &facts.device_total);
     facts.reserved = (uint64_t)stats.reserved_bytes[GM_POOL_ALL].current;
@@ -148,6 +170,12 @@ static void explain_capacity(const gm_oom_facts *facts, byte_texts *t)
                         bytes(t, facts->size), bytes(t, facts->device_total));
         return;
     }
+    if (request_alone_too_large(facts)) {
+        gm_error_append("Cause: capacity. The request alone (%s) needs %s in whole pages of %s, more than the whole "
+                        "device's %s holds in such pages.\n", bytes(t, facts->size), bytes(t, request_in_pages(facts)),
+                        bytes(t, facts->page_size), bytes(t, facts->device_total));
+        return;
+    }
     gm_error_append("Cause: capacity. Live allocations hold %s of the device's %s and the request needs %s "
                     "more: %s in all, more than the whole device.\n", bytes(t, facts->live),
                     bytes(t, facts->device_total), bytes(t, facts->size), bytes(t, facts->live + facts->size));
@@ -155,7 +183,7 @@ static void explain_capacity(const gm_oom_facts *facts, byte_texts *t)
 
 static void remedy_capacity(const gm_oom_facts *facts, uint64_t peak_live, uint64_t room, byte_texts *t)
 {
-    if (facts->size > facts->device_total) {
+    if (request_alone_too_large(facts)) {
         gm_error_append("  1. Split the work so that no single tensor needs %s: a smaller micro-batch or shorter "
                         "sequences (with gradient accumulation to keep the batch), or this tensor computed in "
                         "pieces.\n", bytes(t, facts->size));
@@ -419,7 +447,7 @@ void gm_write_oom_report(gm_arena *arena, gm_heap *heap, uint64_t size, const gm
     free_pieces pieces = find_free_pieces(arena, heap, pool);
     uint64_t peak_live = (uint64_t)stats.allocated_bytes[GM_POOL_ALL].peak;
     bool from_source = arena->backend->source.allocate != NULL;
-    gm_oom_cause cause = from_source ? GM_OOM_CAUSE_CAPACITY : gm_classify_oom(&facts);
+    gm_oom_cause cause = from_source ? GM_OOM_CAUSE_SOURCE : gm_classify_oom(&facts);
     last_cause = cause;
     arena->backend->host_memory_failed = false;
     gpu_processes processes = {.asked = false};

@@ -19,6 +19,7 @@ typedef struct gm_oom_attempts {
 /* What the classification looks at, in bytes. */
 typedef struct gm_oom_facts {
     uint64_t size;             /* the request, rounded */
+    uint64_t page_size;        /* the device's mapping granularity (0: none): memory is made in whole pages */
     uint64_t device_total;     /* the driver's total and free memory */
     uint64_t device_free;
     uint64_t memory_limit;     /* equal to device_total when no limit is set */

@@ -50,6 +50,13 @@ void gm_return_event_locked(gm_allocator *allocator, uint64_t event)
 
 /* ---------------------------------------------------------------- freeing */
 
+/* Memory reserved beyond a lowered memory limit goes back to the device as it becomes free. */
+__attribute__((noinline, cold)) static void release_over_limit(gm_arena *arena)
+{
+    arena->engine->release_cached(arena, arena->memory_limit);
+    arena->over_limit = (uint64_t)gm_stat_total(arena->stats->reserved_bytes) > arena->memory_limit;
+}
+
 /* A block that is neither allocated nor awaited any more: its memory goes back to the engine. */
 void gm_retire_block_locked(gm_allocator *allocator, gm_block *block)
 {
@@ -65,6 +72,8 @@ void gm_retire_block_locked(gm_allocator *allocator, gm_block *block)
     allocator->arena.engine->free_block(&allocator->arena, block);
     if (pool)
         gm_pool_block_retired_locked(allocator, pool);
+    if (__builtin_expect(arena->over_limit, 0))
+        release_over_limit(arena);
 }
 
 /* A list node for a pending or held free: a recycled one, else new (NULL without host memory); and its
