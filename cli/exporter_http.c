@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -76,6 +77,17 @@ static handler_result respond_metrics(struct MHD_Connection *connection)
     return respond(connection, MHD_HTTP_OK, GM_PROMETHEUS_CONTENT_TYPE, buffer.text, buffer.length);
 }
 
+/* The path of a request's target: the target itself, or the part after the authority of one in
+ * absolute form ("http://host:port/metrics", which HTTP/1.1 servers must accept, RFC 9112 3.2.2). */
+static const char *path_of(const char *url)
+{
+    const char *scheme_end = strncasecmp(url, "http://", 7) == 0 ? url + 7 : NULL;
+    if (!scheme_end)
+        return url;
+    const char *path = strchr(scheme_end, '/');
+    return path ? path : "/";
+}
+
 static handler_result answer(void *context, struct MHD_Connection *connection, const char *url, const char *method,
                              const char *version, const char *upload_data, size_t *upload_data_size,
                              void **request_state)
@@ -84,6 +96,7 @@ static handler_result answer(void *context, struct MHD_Connection *connection, c
     if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
         return respond_text(connection, MHD_HTTP_METHOD_NOT_ALLOWED, "text/plain; charset=utf-8",
                             "method not allowed: GET or HEAD\n");
+    url = path_of(url);
     if (!strcmp(url, "/metrics"))
         return respond_metrics(connection);
     if (!strcmp(url, "/"))

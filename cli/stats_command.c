@@ -18,6 +18,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,7 +117,7 @@ static int parse_whole_number(const char *text, long *value_out)
     char *end = NULL;
     errno = 0;
     long value = strtol(text, &end, 10);
-    if (errno || end == text || *end || value < 0)
+    if (errno || end == text || *end || value < 0 || value > INT_MAX) /* pids and devices are ints */
         return 0;
     *value_out = value;
     return 1;

@@ -38,6 +38,7 @@ typedef struct top_view {
     size_t count;
     size_t stale; /* regions left out: their process is gone */
     size_t refused; /* regions left out: refused by the reader */
+    size_t beyond; /* regions left out: readable, but past the table's MAX_ROWS */
     gm_gpu_reading gpus[MAX_GPUS];
     size_t gpu_count;
     char gpu_failure[256]; /* why there are no GPU rows, or "" */
@@ -51,10 +52,13 @@ static bool collect(const char *path, long pid, int device, void *context)
         view->stale++;
         return true;
     }
-    if (view->count < MAX_ROWS && gm_published_read(path, &view->rows[view->count]) == GM_OK)
+    gm_published row;
+    if (gm_published_read(path, view->count < MAX_ROWS ? &view->rows[view->count] : &row) != GM_OK)
+        view->refused++;
+    else if (view->count < MAX_ROWS)
         view->count++;
     else
-        view->refused++;
+        view->beyond++;
     return true;
 }
 
@@ -113,7 +117,8 @@ static void print_json(const top_view *view)
 {
     printf("{");
     print_host_json();
-    printf("\"stale_regions\": %zu, \"refused_regions\": %zu, ", view->stale, view->refused);
+    printf("\"stale_regions\": %zu, \"refused_regions\": %zu, \"regions_beyond_the_table\": %zu, ", view->stale,
+           view->refused, view->beyond);
     print_gpus_json(view);
     for (size_t i = 0; i < view->count; i++) {
         const gm_published *row = &view->rows[i];
@@ -147,9 +152,19 @@ static double mib(int64_t bytes)
 
 static void print_host_line(const top_view *view)
 {
-    printf("gpumem top -- %zu process%s", view->count, view->count == 1 ? "" : "es");
+    size_t processes = 0; /* a process has a region per device it uses */
+    for (size_t i = 0; i < view->count; i++) {
+        size_t j = 0;
+        while (j < i && view->rows[j].pid != view->rows[i].pid)
+            j++;
+        processes += j == i;
+    }
+    printf("gpumem top -- %zu process%s, %zu region%s", processes, processes == 1 ? "" : "es", view->count,
+           view->count == 1 ? "" : "s");
     if (view->stale || view->refused)
         printf(" (%zu stale and %zu refused regions left out)", view->stale, view->refused);
+    if (view->beyond)
+        printf(" (%zu more past the table's %d rows)", view->beyond, MAX_ROWS);
     gm_host_memory host;
     if (gm_host_memory_read(NULL, &host) != GM_OK) {
         printf("; host memory: %s\n\n", gm_last_error());

@@ -2,8 +2,8 @@
 # test_exporter.sh -- gpumem exporter from outside, as Prometheus would use it: a process that
 # publishes known allocations (publish_holder), the exporter serving it on a free loopback port, its
 # /metrics fetched over HTTP (exact bytes of device memory and of the pinned host cache, headers,
-# promtool's lint), 404 and 405, a stale and two hostile regions counted, non-loopback and malformed
-# addresses refused, a port in use, SIGTERM and SIGINT; the textfile mode once and every --interval,
+# promtool's lint), a target in absolute form, 404 and 405, a stale and two hostile regions counted,
+# non-loopback and malformed addresses refused, a port in use, SIGTERM and SIGINT; the textfile mode once and every --interval,
 # and an unwritable directory; then a real Prometheus scraping the exporter every second, whose query
 # API must return the holder's reserved bytes exactly as `gpumem stats PID --json` gives them.
 # Usage: test_exporter.sh PATH/TO/gpumem PATH/TO/publish_holder HTTP
@@ -197,6 +197,21 @@ elif have python3; then
     [ "$code" = 200 ] && grep -q '<a href="/metrics">' "$work/home" || fail "GET / answered $code: $(cat "$work/home")"
     code=$(fetch GET "$base/nothing" "$work/nothing")
     [ "$code" = 404 ] || fail "GET /nothing answered $code, not 404"
+    # A request target in absolute form (RFC 9112, 3.2.2) asks for the same page.
+    status_line=$(python3 - "$port" <<'PYTHON'
+import socket, sys
+connection = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
+connection.sendall(b"GET http://127.0.0.1/metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+answer = b""
+while True:
+    chunk = connection.recv(65536)
+    if not chunk:
+        break
+    answer += chunk
+print(answer.split(b"\r\n", 1)[0].decode(), "gpumem_exporter_regions" in answer.decode(errors="replace"))
+PYTHON
+)
+    [ "$status_line" = "HTTP/1.1 200 OK True" ] || fail "GET http://127.0.0.1/metrics answered '$status_line'"
     code=$(fetch POST "$base/metrics" "$work/post")
     [ "$code" = 405 ] && grep -qix "allow: GET, HEAD" "$work/post.headers" || fail "POST /metrics answered $code, not 405"
 

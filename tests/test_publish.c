@@ -396,6 +396,25 @@ static void test_hostile_regions(void)
     expect_refused(path, GM_ERROR_IO, "is not a regular file: refused");
     rmdir(path);
 
+    /* Names that gpumem never writes, which would reach JSON, Prometheus labels and the terminal as they
+     * stand: a quote, a byte that is not UTF-8, no NUL inside the field, nothing at all. */
+    static const char *const bad_backends[] = {"si\"m", "sim\xff", "0123456789abcdef", ""};
+    for (int i = 0; i < 4; i++) {
+        region = valid_for(25 + i);
+        memset(region.header.backend, 0, sizeof region.header.backend);
+        memcpy(region.header.backend, bad_backends[i], strlen(bad_backends[i])); /* the third fills the field */
+        close(write_region(pid, 25 + i, &region, sizeof region, path, sizeof path));
+        expect_refused(path, GM_ERROR_CORRUPT, "names its backend or engine with other than lowercase letters");
+    }
+    region = valid_for(29);
+    memcpy(region.header.engine, "pa\nges", 7);
+    close(write_region(pid, 29, &region, sizeof region, path, sizeof path));
+    expect_refused(path, GM_ERROR_CORRUPT, "names its backend or engine");
+
+    /* A pid that pid_t cannot hold (2^32 + 1 would be taken for process 1): no process has it. */
+    CHECK(!gm_published_process_alive(4294967297L) && !gm_published_process_alive(4294967295L));
+    CHECK(gm_published_process_alive(pid));
+
     region = valid_for(24); /* a build with one more counter */
     region.header.counter_count++;
     close(write_region(pid, 24, &region, sizeof region, path, sizeof path));

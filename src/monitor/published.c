@@ -22,6 +22,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -39,7 +40,23 @@
 
 bool gm_published_process_alive(long pid)
 {
-    return pid > 0 && !(kill((pid_t)pid, 0) == -1 && errno == ESRCH);
+    /* Beyond pid_t no process can be, and the cast would name another (2^32 + 1 is 1, 2^32 - 1 is -1:
+     * every process). */
+    return pid > 0 && pid <= INT_MAX && !(kill((pid_t)pid, 0) == -1 && errno == ESRCH);
+}
+
+/* A name as gpumem writes one in the header (its backend's, its engine's): a short run of lowercase
+ * letters, digits and '_' ended by a NUL inside its field. Anything else would reach JSON, Prometheus
+ * labels and the terminal as it stands. */
+static bool is_plain_name(const char *text, size_t size)
+{
+    size_t length = strnlen(text, size);
+    if (length == 0 || length == size)
+        return false;
+    for (size_t i = 0; i < length; i++)
+        if (!((text[i] >= 'a' && text[i] <= 'z') || (text[i] >= '0' && text[i] <= '9') || text[i] == '_'))
+            return false;
+    return true;
 }
 
 /* "gpumem.<uid>.<pid>.<device>" of this user: its pid and device. */
@@ -52,7 +69,7 @@ static bool parse_name(const char *name, long *pid_out, int *device_out)
         return false;
     char *end = NULL;
     long pid = strtol(name + prefix_length, &end, 10);
-    if (pid <= 0 || *end != '.' || end[1] < '0' || end[1] > '9')
+    if (pid <= 0 || pid > INT_MAX || *end != '.' || end[1] < '0' || end[1] > '9')
         return false;
     long device = strtol(end + 1, &end, 10);
     if (*end || device > 1 << 20)
@@ -111,6 +128,9 @@ static gm_status check_header(const char *path, const gm_region_header *header, 
                        "counters, %u call kinds); this gpumem has %d, %d, %d", path, header->pool_statistic_count,
                        header->counter_count, header->call_kind_count, GM_REGION_POOL_STATISTIC_COUNT,
                        GM_REGION_COUNTER_COUNT, GM_CALL_KIND_COUNT);
+    if (!is_plain_name(header->backend, sizeof header->backend) || !is_plain_name(header->engine, sizeof header->engine))
+        return gm_fail(GM_ERROR_CORRUPT, "%s names its backend or engine with other than lowercase letters, digits "
+                       "and '_': not a region gpumem wrote", path);
     long name_pid = 0;
     int name_device = 0;
     if (!parse_name(base_name(path), &name_pid, &name_device) || name_pid != header->pid ||
