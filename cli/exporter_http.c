@@ -210,13 +210,17 @@ static int listen_on(const struct addrinfo *address, const char *text)
 
 /* ---------------------------------------------------------------- serving */
 
+/* At most 64 connections. A client that connects and sends nothing holds one until the timeout, so the
+ * timeout is short -- 3 s, well inside Prometheus's default scrape timeout of 10 s -- lest clients that
+ * stay idle hold every slot through a scrape. A scraper's kept-alive connection that times out between
+ * scrapes is simply opened again. */
 static struct MHD_Daemon *start_daemon(int descriptor, int family)
 {
     unsigned int flags = MHD_USE_AUTO_INTERNAL_THREAD;
     if (family == AF_INET6)
         flags |= MHD_USE_IPv6;
     return MHD_start_daemon(flags, 0, NULL, NULL, answer, NULL, MHD_OPTION_LISTEN_SOCKET, descriptor,
-                            MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_CONNECTION_LIMIT, 64u, MHD_OPTION_END);
+                            MHD_OPTION_CONNECTION_TIMEOUT, 3u, MHD_OPTION_CONNECTION_LIMIT, 64u, MHD_OPTION_END);
 }
 
 int gm_exporter_serve(const char *listen_address, bool allow_remote)
