@@ -118,6 +118,27 @@ if command -v tmux >/dev/null; then
 else
     fail "tmux is not installed (.ci/run installs it): gpumem top's terminal view is untested"
 fi
+# More regions than the table's 256 rows (the holder's copied for devices 1-300, each header's device,
+# an int32 at byte 32, set to match its name): 256 shown, the rest counted apart, none refused.
+python3 - "$region" "$GPUMEM_SHM_DIR" "$(id -u)" "$holder_pid" <<'PYTHON'
+import struct, sys
+region, folder, uid, pid = sys.argv[1:5]
+data = bytearray(open(region, "rb").read())
+for device in range(1, 301):
+    struct.pack_into("<i", data, 32, device)
+    with open(f"{folder}/gpumem.{uid}.{pid}.{device}", "wb") as copy:
+        copy.write(data)
+PYTHON
+"$gpumem" top --once --json >"$work/top_many.json" 2>&1
+python3 - "$work/top_many.json" <<'PYTHON' || fail "gpumem top with 301 regions: $(head -c 300 "$work/top_many.json")"
+import json, sys
+view = json.load(open(sys.argv[1]))
+sys.exit(not (len(view["processes"]) == 256 and view["regions_beyond_the_table"] == 45 and view["refused_regions"] == 0))
+PYTHON
+"$gpumem" top --once >"$work/top_many.txt" 2>&1
+grep -q "^gpumem top -- 1 process, 256 regions (45 more past the table's 256 rows)" "$work/top_many.txt" ||
+    fail "gpumem top's header with 301 regions: $(head -n 1 "$work/top_many.txt")"
+rm -f "$GPUMEM_SHM_DIR"/gpumem.*."$holder_pid".[1-9]*
 "$gpumem" top -d 0 >"$work/top_usage.out" 2>&1
 [ $? -eq 2 ] && grep -q "seconds from 0.1 to 3600" "$work/top_usage.out" || fail "gpumem top -d 0 is not a usage error"
 grep -Eq "^allocated_bytes +current +$expected " "$work/stats.txt" || fail "the table lacks allocated_bytes $expected"
