@@ -35,12 +35,19 @@ static int anything_read(const gm_doctor_report *report)
     return 0;
 }
 
+/* The worst finding; "unknown" when none could be read (gm_doctor_worst never gives "unknown"). */
+static gm_doctor_severity worst_shown(const gm_doctor_report *report)
+{
+    return anything_read(report) ? gm_doctor_worst(report) : GM_DOCTOR_UNKNOWN;
+}
+
 static int exit_status_of(const gm_doctor_report *report)
 {
-    gm_doctor_severity worst = gm_doctor_worst(report);
-    if (!anything_read(report))
-        return GM_EXIT_ERROR;
-    return worst == GM_DOCTOR_FAIL ? GM_EXIT_DOCTOR_FAIL : worst == GM_DOCTOR_WARN ? GM_EXIT_DOCTOR_WARN : GM_EXIT_OK;
+    gm_doctor_severity worst = worst_shown(report);
+    return worst == GM_DOCTOR_UNKNOWN ? GM_EXIT_ERROR
+           : worst == GM_DOCTOR_FAIL  ? GM_EXIT_DOCTOR_FAIL
+           : worst == GM_DOCTOR_WARN  ? GM_EXIT_DOCTOR_WARN
+                                      : GM_EXIT_OK;
 }
 
 static void print_bytes_field(const char *name, long long bytes, int last)
@@ -49,12 +56,6 @@ static void print_bytes_field(const char *name, long long bytes, int last)
         printf("\"%s\": null%s", name, last ? "" : ", ");
     else
         printf("\"%s\": %lld%s", name, bytes, last ? "" : ", ");
-}
-
-/* The worst finding; "unknown" when none could be read. */
-static gm_doctor_severity worst_shown(const gm_doctor_report *report)
-{
-    return anything_read(report) ? gm_doctor_worst(report) : GM_DOCTOR_UNKNOWN;
 }
 
 static void print_json(const gm_doctor_report *report, const char *root, long pid)

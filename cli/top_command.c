@@ -254,6 +254,11 @@ static int show(bool json)
     return GM_EXIT_OK;
 }
 
+static void print_usage(FILE *out)
+{
+    fputs("usage: gpumem top [-d SECONDS] [--once] [--json]\n", out);
+}
+
 int gm_command_top(int argc, char **argv)
 {
     bool once = false, json = false;
@@ -271,13 +276,13 @@ int gm_command_top(int argc, char **argv)
                 return GM_EXIT_USAGE;
             }
         } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: gpumem top [-d SECONDS] [--once] [--json]\n"
-                   "  every publishing gpumem process of this user (GPUMEM_CONF=publish:true), live, and the host's\n"
+            print_usage(stdout);
+            printf("  every publishing gpumem process of this user (GPUMEM_CONF=publish:true), live, and the host's\n"
                    "  memory; -d: seconds between refreshes (default 1); --once: one table; --json: one JSON object\n");
             return GM_EXIT_OK;
         } else {
-            fprintf(stderr, "gpumem top: unknown argument '%s'\nusage: gpumem top [-d SECONDS] [--once] [--json]\n",
-                    argv[i]);
+            fprintf(stderr, "gpumem top: unknown argument '%s'\n", argv[i]);
+            print_usage(stderr);
             return GM_EXIT_USAGE;
         }
     }

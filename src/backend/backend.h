@@ -144,11 +144,11 @@ struct gm_backend {
     gm_segment_source source;   /* segments come from here when source.allocate is set (gm_create_with_source) */
 };
 
-/* Open the backend named by config->name. On failure *backend_out is untouched and
- * gm_last_error() says why (GM_ERROR_NO_DEVICE when there is no such device). */
 /* The backend part of an allocator's options. */
 struct gm_options;
 gm_backend_config gm_backend_config_of(const struct gm_options *options);
+/* Open the backend named by config->name. On failure *backend_out is untouched and
+ * gm_last_error() says why (GM_ERROR_NO_DEVICE when there is no such device). */
 gm_status gm_backend_open(const gm_backend_config *config, gm_backend **backend_out);
 void gm_backend_close(gm_backend *backend);
 

@@ -20,6 +20,7 @@
 
 #include "base/error.h"
 #include "base/format.h"
+#include "core/block.h"
 #include "monitor/host_memory.h"
 #include "monitor/nvml.h"
 
@@ -65,25 +66,21 @@ static bool host_is_low(const gm_oom_facts *facts)
     return (uint64_t)facts->host_available < threshold;
 }
 
+/* The request in the whole pages it needs (the request itself without a page size); for a request no
+ * larger than the device, so that the rounding cannot wrap around. */
+static uint64_t request_in_pages(const gm_oom_facts *facts)
+{
+    return facts->page_size ? gm_round_up(facts->size, facts->page_size) : facts->size;
+}
+
 /* Whether the request alone is larger than the whole device: in bytes, or in the whole pages it
  * needs against the whole pages the device has (a 70 MiB request needs two 64 MiB pages, and a 100 MiB
  * device has room for one). */
 static bool request_alone_too_large(const gm_oom_facts *facts)
 {
-    if (facts->size > facts->device_total)
-        return true;
     uint64_t page = facts->page_size;
-    if (!page)
-        return false;
-    uint64_t pages_needed = facts->size / page + (facts->size % page != 0);
-    return pages_needed > facts->device_total / page;
-}
-
-/* The request in the whole pages it needs (the request itself without a page size). */
-static uint64_t request_in_pages(const gm_oom_facts *facts)
-{
-    uint64_t page = facts->page_size;
-    return page && facts->size % page ? facts->size + (page - facts->size % page) : facts->size;
+    return facts->size > facts->device_total ||
+           (page && request_in_pages(facts) > facts->device_total / page * page);
 }
 
 gm_oom_cause gm_classify_oom(const gm_oom_facts *facts)
