@@ -45,7 +45,7 @@ for file in bin/gpumem include/gpumem.h "${libdir#"$prefix"/}"/libgpumem.so.0 \
             "${libdir#"$prefix"/}"/cmake/gpumem/gpumemConfigVersion.cmake \
             "${libdir#"$prefix"/}"/cmake/gpumem/gpumemTargets.cmake \
             share/gpumem/python/pyproject.toml share/gpumem/python/gpumem/__init__.py \
-            share/gpumem/python/gpumem/_install_paths.py; do
+            share/gpumem/python/gpumem/_install_paths.py share/gpumem/python/sitecustomize.py; do
     check "installed $file" -- test -e "$prefix/$file"
 done
 check "no static library installed" -- test -z "$(find "$prefix" -name '*.a')"
@@ -87,6 +87,16 @@ step "build the find_package consumer" -- "$cmake" --build "$work/consumer-cmake
 step "consumer (find_package) runs without LD_LIBRARY_PATH" -- env -u LD_LIBRARY_PATH "$work/consumer-cmake/consumer"
 show
 
+# The PyTorch hook (torch itself is not needed): with GPUMEM_TORCH set, the sitecustomize beside the
+# package puts its finder first on sys.meta_path, so that importing torch installs gpumem.
+hook_probe='import os, sys, sitecustomize
+assert os.path.realpath(sitecustomize.__file__).startswith(os.path.realpath(sys.argv[1]) + os.sep), sitecustomize.__file__
+assert type(sys.meta_path[0]).__name__ == "_InstallAfterTorch", sys.meta_path
+print("hooked from", sitecustomize.__file__)'
+step "bin/gpumem run hooks PyTorch from the prefix" -- \
+    env -u PYTHONPATH "$prefix/bin/gpumem" run -- "$python" -c "$hook_probe" "$prefix/share/gpumem/python"
+show
+
 # The Python package, pip-installed offline from the prefix (the source folder left read-only: pip must not
 # need to write there), then imported from elsewhere without GPUMEM_LIBRARY: it uses the installed library.
 chmod -R a-w "$prefix/share/gpumem/python"
@@ -110,5 +120,8 @@ with gpumem.Allocator("backend:sim,capacity:1GiB", from_environment=False) as al
     print(allocator.summary().splitlines()[1])
 import gpumem.torch  # importable without torch
 ' "$prefix" "$work/site" "$version"
+show
+step "GPUMEM_TORCH=1 with the pip-installed package on PYTHONPATH hooks PyTorch" -- \
+    env PYTHONPATH="$work/site" GPUMEM_TORCH=1 "$python" -c "$hook_probe" "$work/site"
 show
 echo "test_install: all passed"
