@@ -348,14 +348,15 @@ static int parse_arguments(int argc, char **argv, gm_device_arguments *device_ar
 }
 
 /* A trace file replayed on the device the arguments describe, into a report. */
-static int report_of_trace_file(const char *input_path, const gm_device_arguments *device_arguments,
+static int report_of_trace_file(gm_input_file *input, const gm_device_arguments *device_arguments,
                                 const char *output_path)
 {
+    const char *input_path = input->path;
     char *configuration = gm_device_configuration(device_arguments, NULL);
     if (!configuration)
         return GM_EXIT_ERROR;
     gm_trace trace;
-    gm_status status = gm_trace_load(input_path, &trace);
+    gm_status status = gm_trace_load_source(input->source, &trace);
     if (status != GM_OK) {
         fprintf(stderr, "gpumem report: %s\n", gm_last_error());
         free(configuration);
@@ -386,7 +387,7 @@ int gm_command_report(int argc, char **argv)
     else if (input.kind == GM_INPUT_SNAPSHOT)
         exit_status = report_of_snapshot(&input, output_path);
     else
-        exit_status = report_of_trace_file(input_path, &device_arguments, output_path);
+        exit_status = report_of_trace_file(&input, &device_arguments, output_path);
     gm_input_close(&input);
     return exit_status;
 }

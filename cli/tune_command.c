@@ -383,7 +383,8 @@ static int load_input(const char *path, gm_trace *trace)
         return GM_EXIT_USAGE;
     }
     if (status == GM_OK)
-        status = input.kind == GM_INPUT_HISTORY ? trace_of_history(&input, trace) : gm_trace_load(path, trace);
+        status = input.kind == GM_INPUT_HISTORY ? trace_of_history(&input, trace)
+                                                   : gm_trace_load_source(input.source, trace);
     gm_input_close(&input);
     if (status == GM_OK)
         return GM_EXIT_OK;

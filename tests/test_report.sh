@@ -143,6 +143,20 @@ expect 0 '"peak_reserved_bytes": '"$peak_reserved" -- "$gpumem" replay "$trace" 
 cmp -s "$work/trace.html" "$work/replayed.html" && ok "gpumem replay --report = gpumem report" ||
     fail "gpumem replay --report differs from gpumem report"
 
+# An input read once: a trace or a history from a pipe gives the report of the file; a gzip history
+# and a trace that starts with a UTF-8 byte-order mark are read as such.
+gzip -dc "$trace" | "$gpumem" report /dev/stdin -o "$work/piped_trace.html" >"$work/out" 2>&1 || fail "trace from a pipe: $(cat "$work/out")"
+same "trace from a pipe: peak reserved" "$(headline "$work/piped_trace.html" peak-reserved)" "$peak_reserved"
+"$gpumem" report <(cat "$work/history.json") -o "$work/piped_history.html" >"$work/out" 2>&1 || fail "history from a pipe: $(cat "$work/out")"
+same "history from a pipe: peak reserved" "$(headline "$work/piped_history.html" peak-reserved)" "$peak_reserved"
+gzip -c "$work/history.json" >"$work/history.json.gz"
+quiet "$gpumem" report "$work/history.json.gz" -o "$work/gzip_history.html"
+same "gzip history: peak reserved" "$(headline "$work/gzip_history.html" peak-reserved)" "$peak_reserved"
+printf '\xef\xbb\xbfa,0,3145728,0\nf,0,3145728,0\n' >"$work/bom.csv"
+expect 0 '"peak_live_bytes": 3145728' -- "$gpumem" replay "$work/bom.csv" --json
+quiet "$gpumem" report "$work/bom.csv" -o "$work/bom.html"
+same "trace with a byte-order mark: peak live" "$(headline "$work/bom.html" peak-live)" 3145728
+
 # The segments engine, many regions: compact rows, still every allocated block drawn.
 quiet "$gpumem" report "$trace" --conf engine:segments -o "$work/segments.html"
 [ "$(grep -c '<g class="region"' "$work/segments.html")" -ge 17 ] && ok "segments: one row per segment" ||
@@ -191,6 +205,12 @@ expect 2 "other.json: JSON, but not a gpumem snapshot or history" -- "$gpumem" r
 expect 2 "future.json: gpumem-snapshot version 7 is not supported" -- "$gpumem" report "$work/future.json" -o "$work/x.html"
 expect 2 "truncated.json:[0-9]+:[0-9]+: " -- "$gpumem" report "$work/truncated.json" -o "$work/x.html"
 expect 2 "outside.json:1:[0-9]+: a region with a block outside it" -- "$gpumem" report "$work/outside.json" -o "$work/x.html"
+python3 -c 'import sys
+event = "{\"action\": \"alloc\", \"address\": %d, \"size\": 1}"
+events = lambda first, count: ",".join(event % ((first + i) * 512) for i in range(count))
+sys.stdout.write("{\"format\": \"gpumem-history\", \"version\": 1, \"events\": [%s], \"events\": [%s]}" % (events(0, 5000), events(6000, 100)))' >"$work/two_events.json"
+expect 2 'two_events.json:1:[0-9]+: a history with two "events"' -- "$gpumem" report "$work/two_events.json" -o "$work/x.html"
+expect 2 'two_events.json:1:[0-9]+: a history with two "events"' -- "$gpumem" tune "$work/two_events.json"
 expect 2 "state.json:1:[0-9]+: a block whose \"state\" is 'lost'" -- "$gpumem" report "$work/state.json" -o "$work/x.html"
 [ -e "$work/x.html" ] && fail "a failed report left $work/x.html" || ok "no report left by bad input"
 

@@ -11,6 +11,7 @@
 #include "base/error.h"
 #include "tools/json_reader.h"
 #include "base/system_memory.h"
+#include "tools/text_source.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -23,60 +24,22 @@ enum { KEY_SIZE = 128, SUPPORTED_VERSION = 1 };
 
 /* ---------------------------------------------------------------- opening */
 
-static gm_status read_whole_file(FILE *file, const char *path, char **text_out, size_t *length_out)
-{
-    size_t capacity = 1 << 16, length = 0;
-    char *text = gm_system_malloc(capacity);
-    while (text) {
-        length += fread(text + length, 1, capacity - length - 1, file);
-        if (length + 1 < capacity)
-            break;
-        char *grown = capacity < SIZE_MAX / 2 ? gm_system_realloc(text, capacity * 2) : NULL;
-        if (!grown) {
-            free(text);
-            text = NULL;
-        } else {
-            text = grown;
-            capacity *= 2;
-        }
-    }
-    if (!text)
-        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "%s: no host memory to read it", path);
-    if (ferror(file)) {
-        int error = errno;
-        free(text);
-        return gm_fail(GM_ERROR_IO, "%s: cannot read: %s", path, strerror(error));
-    }
-    text[length] = '\0';
-    *text_out = text;
-    *length_out = length;
-    return GM_OK;
-}
-
 gm_status gm_input_open(const char *path, gm_input_file *input_out)
 {
     memset(input_out, 0, sizeof *input_out);
     input_out->path = path;
-    struct stat status;
-    if (stat(path, &status) != 0)
-        return gm_fail(GM_ERROR_IO, "%s: cannot open: %s", path, strerror(errno));
-    if (S_ISDIR(status.st_mode))
-        return gm_fail(GM_ERROR_IO, "%s: cannot open: it is a directory", path);
-    FILE *file = fopen(path, "rb");
-    if (!file)
-        return gm_fail(GM_ERROR_IO, "%s: cannot open: %s", path, strerror(errno));
-    int c;
-    while ((c = getc(file)) == ' ' || c == '\t' || c == '\n' || c == '\r')
-        ;
-    if (c != '{') { /* a trace: gzip (0x1f 0x8b) or text; the trace reader opens it again */
-        bool failed = ferror(file);
-        int error = errno;
-        fclose(file);
-        return failed ? gm_fail(GM_ERROR_IO, "%s: cannot read: %s", path, strerror(error)) : GM_OK;
+    gm_text_source *source;
+    gm_status result = gm_text_source_open(path, &source);
+    int first = -1;
+    if (result == GM_OK)
+        result = gm_text_source_peek(source, &first);
+    if (result == GM_OK && first != '{') { /* a trace: its reader goes on from here */
+        input_out->source = source;
+        return GM_OK;
     }
-    rewind(file);
-    gm_status result = read_whole_file(file, path, &input_out->text, &input_out->length);
-    fclose(file);
+    if (result == GM_OK)
+        result = gm_text_source_read_all(source, &input_out->text, &input_out->length);
+    gm_text_source_close(source);
     if (result != GM_OK)
         return result;
 
@@ -118,6 +81,8 @@ gm_status gm_input_open(const char *path, gm_input_file *input_out)
 
 void gm_input_close(gm_input_file *input)
 {
+    gm_text_source_close(input->source);
+    input->source = NULL;
     free(input->text);
     input->text = NULL;
     input->length = 0;
@@ -192,7 +157,9 @@ gm_status gm_history_parse(const gm_input_file *input, gm_history_file *history_
     bool has_events = false;
     gm_json_begin_object(&reader);
     while (gm_json_next_member(&reader, key, sizeof key)) {
-        if (!strcmp(key, "events"))
+        if (!strcmp(key, "events") && has_events)
+            gm_json_fail(&reader, "a history with two \"events\"");
+        else if (!strcmp(key, "events"))
             has_events = read_events(&reader, history_out);
         else if (!strcmp(key, "dropped"))
             gm_json_read_uint64(&reader, &history_out->dropped);

@@ -16,16 +16,19 @@
 
 typedef enum gm_input_kind { GM_INPUT_TRACE = 0, GM_INPUT_HISTORY = 1, GM_INPUT_SNAPSHOT = 2 } gm_input_kind;
 
+struct gm_text_source;
+
 /* A file opened as input: its kind and, for JSON, its whole text. */
 typedef struct gm_input_file {
     const char *path;
     gm_input_kind kind;
-    char *text; /* NULL for a trace: the trace reader reads it (gzip or plain) */
+    char *text; /* NULL for a trace */
     size_t length;
+    struct gm_text_source *source; /* a trace's text, open where it starts: gm_trace_load_source */
 } gm_input_file;
 
 /* JSON (the first character that is not white space is '{') naming one of the two formats, else a
- * trace (gzip or text). */
+ * trace; either plain or gzip, from a file or a pipe, read once. */
 gm_status gm_input_open(const char *path, gm_input_file *input_out);
 void gm_input_close(gm_input_file *input);
 

@@ -1,15 +1,13 @@
 /*
  * trace.c -- reading allocation traces (plain or gzip) into a dense array.
  *
- * gzip is read through zlib where the build found it, else through a `gzip -dc` pipe (zlib reads
- * plain files too; without it, plain files are read directly).
+ * The text comes from text_source.c (plain or gzip, a file or a pipe, a byte-order mark skipped).
  *
  * Each line is checked: no NUL bytes (binary data), a newline within 512 bytes, the operation letter,
  * four fields, numbers that parse, an allocation id that is not already live, a free of an id that
  * is, live sizes that add up to at most 2^64 - 1 bytes. Ids become slots (reused after a free) so that
  * replay indexes an array; streams become a short table, each found through a hash map. The first bad
- * line stops loading with "FILE:LINE: reason". A gzip stream that ends early or fails its checks is an
- * I/O error naming the last good line, never a malformed line.
+ * line stops loading with "FILE:LINE: reason".
  */
 #include "tools/trace.h"
 
@@ -17,6 +15,7 @@
 #include "base/error.h"
 #include "base/hash_map.h"
 #include "base/system_memory.h"
+#include "tools/text_source.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -24,11 +23,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#ifdef GPUMEM_HAVE_ZLIB
-#include <zlib.h>
-#endif
 
 typedef struct loader {
     const char *path;
@@ -227,177 +221,13 @@ static gm_status parse_line(loader *state, char *line)
     return add_operation(state, fields[0][0] == 'a', id, size, stream);
 }
 
-/* The longest line read, newline included: a valid line ("a,ID,BYTES,STREAM" with 20-digit numbers) is
- * under 70 bytes, so anything longer is not a trace; the limit also bounds what is read before a binary
- * file without newlines (/dev/zero) is refused. */
-#define MAX_LINE_BYTES 512
-#define READ_BUFFER_BYTES 65536
-
-/* A line source: zlib, or a plain stream (a file, or a `gzip -dc` pipe), read in blocks so that a line's
- * length is known exactly -- NUL bytes included, which string functions would take for its end. */
-typedef struct line_source {
-#ifdef GPUMEM_HAVE_ZLIB
-    gzFile compressed;
-#endif
-    FILE *plain;
-    bool piped;
-    bool at_end;     /* the source gave everything it had, and ended cleanly */
-    size_t start;    /* the unread bytes are buffer[start, end) */
-    size_t end;
-    char buffer[READ_BUFFER_BYTES];
-} line_source;
-
-#ifndef GPUMEM_HAVE_ZLIB
-static bool is_gzip_name(const char *path)
-{
-    size_t length = strlen(path);
-    return length > 3 && strcmp(path + length - 3, ".gz") == 0;
-}
-#endif
-
-static gm_status open_source(const char *path, line_source *source)
-{
-    memset(source, 0, offsetof(line_source, buffer));
-    struct stat status;
-    if (stat(path, &status) != 0)
-        return gm_fail(GM_ERROR_IO, "%s: cannot open: %s", path, strerror(errno));
-    if (S_ISDIR(status.st_mode))
-        return gm_fail(GM_ERROR_IO, "%s: cannot open: it is a directory", path);
-#ifdef GPUMEM_HAVE_ZLIB
-    source->compressed = gzopen(path, "rb");
-    if (!source->compressed)
-        return gm_fail(GM_ERROR_IO, "%s: cannot open: %s", path, errno ? strerror(errno) : "out of memory");
-    return GM_OK;
-#else
-    if (is_gzip_name(path)) {
-        char command[4200];
-        if (strchr(path, '\'') || strlen(path) > 4000)
-            return gm_fail(GM_ERROR_IO, "%s: cannot open: unusual file name", path);
-        snprintf(command, sizeof command, "gzip -dc -- '%s'", path);
-        source->plain = popen(command, "r");
-        source->piped = true;
-    } else {
-        source->plain = fopen(path, "r");
-    }
-    if (!source->plain)
-        return gm_fail(GM_ERROR_IO, "%s: cannot open: %s", path, strerror(errno));
-    return GM_OK;
-#endif
-}
-
-/* The source ended or failed: GM_OK if it ended cleanly, else an I/O error that says why. `lines` is the
- * count of lines read so far; a gzip stream that stops early is named as such, because the lines before
- * the cut were good and the cut line is not malformed but missing. */
-static gm_status end_of_source(const char *path, line_source *source, unsigned long lines)
-{
-    char where[48] = "before its first line";
-    if (lines)
-        snprintf(where, sizeof where, "after line %lu", lines);
-#ifdef GPUMEM_HAVE_ZLIB
-    if (source->compressed) {
-        int error_number = 0;
-        const char *message = gzerror(source->compressed, &error_number);
-        size_t path_length = strlen(path); /* zlib's message starts with the path, said already */
-        if (!strncmp(message, path, path_length) && !strncmp(message + path_length, ": ", 2))
-            message += path_length + 2;
-        if (error_number == Z_ERRNO)
-            return gm_fail(GM_ERROR_IO, "%s: cannot read %s: %s", path, where, strerror(errno));
-        if (error_number != Z_OK && error_number != Z_STREAM_END)
-            return gm_fail(GM_ERROR_IO, "%s: truncated or corrupt gzip data %s: %s", path, where, message);
-        return GM_OK;
-    }
-#endif
-    if (ferror(source->plain))
-        return gm_fail(GM_ERROR_IO, "%s: cannot read %s: %s", path, where, strerror(errno));
-    if (source->piped) { /* gzip's exit status is the only word on the data's integrity */
-        int closed = pclose(source->plain);
-        source->plain = NULL;
-        if (closed != 0)
-            return gm_fail(GM_ERROR_IO, "%s: truncated or corrupt gzip data %s (gzip -dc failed, exit status %d)",
-                           path, where, closed > 0 && WIFEXITED(closed) ? WEXITSTATUS(closed) : closed);
-    }
-    return GM_OK;
-}
-
-/* More bytes into the buffer; at the end of the source, at_end, or the source's error. */
-static gm_status fill_buffer(const char *path, line_source *source, unsigned long lines)
-{
-    if (source->start > 0) {
-        memmove(source->buffer, source->buffer + source->start, source->end - source->start);
-        source->end -= source->start;
-        source->start = 0;
-    }
-    size_t room = sizeof source->buffer - source->end;
-    size_t got;
-#ifdef GPUMEM_HAVE_ZLIB
-    if (source->compressed) {
-        int read = gzread(source->compressed, source->buffer + source->end, (unsigned)room);
-        got = read > 0 ? (size_t)read : 0;
-    } else
-#endif
-    {
-        got = fread(source->buffer + source->end, 1, room, source->plain);
-    }
-    source->end += got;
-    if (got > 0)
-        return GM_OK;
-    gm_status status = end_of_source(path, source, lines);
-    source->at_end = status == GM_OK;
-    return status;
-}
-
-/* The next line (without its newline) and its length, NUL bytes included; *line_out is NULL at the end.
- * A line without a newline within MAX_LINE_BYTES comes back as its first MAX_LINE_BYTES bytes with
- * *too_long set, before more of it is read. */
-static gm_status next_line(const loader *state, line_source *source, char **line_out, size_t *length_out,
-                           bool *too_long)
-{
-    *too_long = false;
-    for (;;) {
-        char *first = source->buffer + source->start;
-        size_t available = source->end - source->start;
-        size_t scanned = available < MAX_LINE_BYTES ? available : MAX_LINE_BYTES;
-        char *newline = memchr(first, '\n', scanned);
-        bool last_without_newline = source->at_end && available > 0 && available < MAX_LINE_BYTES;
-        if (newline || last_without_newline || available >= MAX_LINE_BYTES) {
-            size_t length = newline ? (size_t)(newline - first) : scanned;
-            *too_long = !newline && !last_without_newline;
-            source->start += newline ? length + 1 : length;
-            *line_out = first;
-            *length_out = length;
-            return GM_OK;
-        }
-        if (source->at_end) {
-            *line_out = NULL;
-            return GM_OK;
-        }
-        gm_status status = fill_buffer(state->path, source, state->line);
-        if (status != GM_OK)
-            return status;
-    }
-}
-
-static void close_source(line_source *source)
-{
-#ifdef GPUMEM_HAVE_ZLIB
-    if (source->compressed) {
-        gzclose(source->compressed);
-        return;
-    }
-#endif
-    if (source->plain && source->piped)
-        pclose(source->plain);
-    else if (source->plain)
-        fclose(source->plain);
-}
-
-static gm_status read_lines(loader *state, line_source *source)
+static gm_status read_lines(loader *state, gm_text_source *source)
 {
     for (;;) {
         char *line = NULL;
         size_t length = 0;
         bool too_long = false;
-        gm_status status = next_line(state, source, &line, &length, &too_long);
+        gm_status status = gm_text_source_next_line(source, state->line, &line, &length, &too_long);
         if (status != GM_OK || !line)
             return status;
         state->line++;
@@ -421,28 +251,32 @@ static gm_status read_lines(loader *state, line_source *source)
     }
 }
 
-gm_status gm_trace_load(const char *path, gm_trace *trace_out)
+gm_status gm_trace_load_source(gm_text_source *source, gm_trace *trace_out)
 {
-    if (!path || !trace_out)
-        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_trace_load: an argument is NULL");
+    const char *path = gm_text_source_path(source);
     memset(trace_out, 0, sizeof *trace_out);
-    line_source *source = gm_system_malloc(sizeof *source); /* its read buffer is too large for the stack */
-    if (!source)
-        return gm_fail(GM_ERROR_OUT_OF_MEMORY, "%s: no host memory to read the trace", path);
-    gm_status status = open_source(path, source);
-    if (status != GM_OK) {
-        free(source);
-        return status;
-    }
     loader state = {.path = path, .trace = trace_out, .line_name = "line"};
-    status = loader_start(&state) ? read_lines(&state, source) : gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory");
-    close_source(source);
-    free(source);
+    gm_status status = loader_start(&state) ? read_lines(&state, source)
+                                            : gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory");
     loader_finish(&state);
     if (status == GM_OK && trace_out->count == 0)
         status = gm_fail(GM_ERROR_PARSE, "%s:%lu: the trace holds no operations", path, state.line);
     if (status != GM_OK)
         gm_trace_free(trace_out);
+    return status;
+}
+
+gm_status gm_trace_load(const char *path, gm_trace *trace_out)
+{
+    if (!path || !trace_out)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_trace_load: an argument is NULL");
+    memset(trace_out, 0, sizeof *trace_out);
+    gm_text_source *source;
+    gm_status status = gm_text_source_open(path, &source);
+    if (status != GM_OK)
+        return status;
+    status = gm_trace_load_source(source, trace_out);
+    gm_text_source_close(source);
     return status;
 }
 

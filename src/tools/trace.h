@@ -37,6 +37,9 @@ typedef struct gm_trace {
  * "FILE:LINE: reason" in gm_last_error(); an unreadable file, or a truncated or corrupt gzip file, gives
  * GM_ERROR_IO. */
 gm_status gm_trace_load(const char *path, gm_trace *trace_out);
+/* The same from a source already open (text_source.h), from where it stands; the source stays open. */
+struct gm_text_source;
+gm_status gm_trace_load_source(struct gm_text_source *source, gm_trace *trace_out);
 void gm_trace_free(gm_trace *trace);
 
 /* The allocations and frees of a history's events (oldest first; gm_history_read, or a history file) as
