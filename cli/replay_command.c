@@ -12,6 +12,7 @@
  */
 #include "gpumem.h"
 
+#include "base/file_save.h"
 #include "base/options.h"
 #include "tools/replay_lead.h"
 #include "tools/trace.h"
@@ -116,18 +117,18 @@ typedef struct replay_outputs {
     size_t lead; /* --lead, else 0 */
 } replay_outputs;
 
-/* Write `text` to `path`; 0, or -1 after saying why. */
+static void write_string(FILE *out, const void *text)
+{
+    fputs(text, out);
+}
+
+/* Write `text` to `path`, whole or not at all; 0, or -1 after saying why. */
 static int write_text(const char *path, const char *text, const char *what)
 {
-    FILE *file = fopen(path, "w");
-    int failed = !file || fputs(text, file) == EOF;
-    if (file && fclose(file) != 0)
-        failed = 1;
-    if (failed) {
-        fprintf(stderr, "gpumem replay: cannot write the %s to '%s': %s\n", what, path, strerror(errno));
-        return -1;
-    }
-    return 0;
+    if (gm_file_save(path, what, write_string, text) == GM_OK)
+        return 0;
+    fprintf(stderr, "gpumem replay: %s\n", gm_last_error());
+    return -1;
 }
 
 /* What a pass's hooks see. */

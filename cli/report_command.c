@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 enum { CURVE_BUCKETS = 1024, NOTE_SIZE = 512 };
 
@@ -342,6 +343,13 @@ static int parse_arguments(int argc, char **argv, gm_device_arguments *device_ar
     }
     if (!*input_out || !*output_out) {
         fprintf(stderr, "%s%s", *input_out ? "gpumem report: -o FILE is needed\n" : "", REPORT_USAGE);
+        return GM_EXIT_USAGE;
+    }
+    struct stat input, output;
+    if (stat(*input_out, &input) == 0 && S_ISREG(input.st_mode) && stat(*output_out, &output) == 0 &&
+        input.st_dev == output.st_dev && input.st_ino == output.st_ino) {
+        fprintf(stderr, "gpumem report: '%s' is the input: the report would replace it (give another -o FILE)\n",
+                *output_out);
         return GM_EXIT_USAGE;
     }
     return -1;

@@ -194,6 +194,9 @@ expect 0 "report TRACE\|HISTORY\|SNAPSHOT -o FILE" -- "$gpumem" help
 expect 2 "-o FILE is needed" -- "$gpumem" report "$trace"
 expect 2 "-o needs a file name" -- "$gpumem" report "$trace" -o
 expect 2 "unknown option '--fast'" -- "$gpumem" report "$trace" -o "$work/x.html" --fast
+cp "$work/bad.csv" "$work/input.csv"
+expect 2 "'$work/input.csv' is the input: the report would replace it" -- "$gpumem" report "$work/input.csv" -o "$work/input.csv"
+cmp -s "$work/bad.csv" "$work/input.csv" && ok "the input is kept" || fail "the input was changed"
 expect 2 "one input at a time" -- "$gpumem" report "$trace" "$trace" -o "$work/x.html"
 expect 2 "unknown key 'colour'" -- "$gpumem" report "$trace" --conf colour:red -o "$work/x.html"
 expect 2 "--report needs a file name" -- "$gpumem" replay "$trace" --report
@@ -228,6 +231,13 @@ cmp -s "$work/snapshot.html" "$work/kept.html" && ok "the earlier report is kept
 expect 1 "cannot write the report to '$work/partial.html': File too large" -- \
     bash -c "ulimit -f 10; trap '' XFSZ; exec \"\$0\" report \"\$1\" -o \"\$2\"" "$gpumem" "$trace" "$work/partial.html"
 [ -e "$work/partial.html" ] && fail "a failed write left a partial report" || ok "no partial report"
+# gpumem replay's snapshot and history are saved the same way.
+for kind in snapshot history; do
+    cp "$work/$kind.json" "$work/kept_$kind.json"
+    expect 1 "gpumem replay: cannot write the $kind to '$work/kept_$kind.json': File too large" -- \
+        bash -c "ulimit -f 10; trap '' XFSZ; exec \"\$0\" replay \"\$1\" --$kind \"\$2\"" "$gpumem" "$trace" "$work/kept_$kind.json"
+    cmp -s "$work/$kind.json" "$work/kept_$kind.json" && ok "the earlier $kind is kept whole" || fail "the earlier $kind was changed"
+done
 ls "$work" | grep -q '\.tmp\.' && fail "temporary files left: $(ls "$work" | grep '\.tmp\.')" || ok "no temporary file left"
 # A device or a pipe is written directly; a regular file behind /dev/stdout is replaced as any file is.
 "$gpumem" report "$work/snapshot.json" -o /dev/stdout >"$work/stdout.html" && cmp -s "$work/stdout.html" "$work/snapshot.html" &&

@@ -10,6 +10,7 @@
 #include "report/html_report.h"
 
 #include "base/error.h"
+#include "base/file_save.h"
 #include "report/html_text.h"
 #include "report/svg_charts.h"
 #include "base/system_memory.h"
@@ -354,74 +355,12 @@ void gm_html_report_write(const gm_html_report *report, FILE *out)
             GPUMEM_VERSION, SCRIPT);
 }
 
-/* Straight into a device or pipe (/dev/stdout, a FIFO): nothing there to replace atomically. */
-static gm_status write_directly(const gm_html_report *report, const char *path)
+static void write_page(FILE *out, const void *report)
 {
-    FILE *out = fopen(path, "w");
-    int error = out ? 0 : errno;
-    if (out) {
-        gm_html_report_write(report, out);
-        if (fflush(out) != 0 || ferror(out))
-            error = errno ? errno : EIO;
-        if (fclose(out) != 0 && !error)
-            error = errno;
-    }
-    return error ? gm_fail(GM_ERROR_IO, "cannot write the report to '%s': %s", path, strerror(error)) : GM_OK;
-}
-
-/* To `target` (a regular file or none yet) through a temporary file beside it, renamed over it. */
-static gm_status write_replacing(const gm_html_report *report, const char *path, const char *target)
-{
-    size_t length = strlen(target);
-    char *temporary = gm_system_malloc(length + 16);
-    if (!temporary)
-        return gm_fail(GM_ERROR_IO, "cannot write the report to '%s': no host memory", path);
-    snprintf(temporary, length + 16, "%s.tmp.XXXXXX", target);
-    int descriptor = mkstemp(temporary);
-    if (descriptor < 0) {
-        int error = errno;
-        free(temporary);
-        return gm_fail(GM_ERROR_IO, "cannot write the report to '%s': %s", path, strerror(error));
-    }
-    mode_t mask = umask(0);
-    umask(mask);
-    FILE *out = fdopen(descriptor, "w");
-    int error = 0;
-    if (!out) {
-        error = errno;
-        close(descriptor);
-    } else {
-        if (fchmod(descriptor, 0666 & ~mask) != 0)
-            error = errno;
-        gm_html_report_write(report, out);
-        if (fflush(out) != 0 || ferror(out))
-            error = error ? error : errno ? errno : EIO;
-        if (fclose(out) != 0 && !error)
-            error = errno;
-    }
-    if (!error && rename(temporary, target) != 0)
-        error = errno;
-    if (error)
-        unlink(temporary);
-    free(temporary);
-    if (error)
-        return gm_fail(GM_ERROR_IO, "cannot write the report to '%s': %s", path, strerror(error));
-    return GM_OK;
+    gm_html_report_write(report, out);
 }
 
 gm_status gm_html_report_save(const gm_html_report *report, const char *path)
 {
-    struct stat status;
-    if (stat(path, &status) != 0) /* a new file */
-        return write_replacing(report, path, path);
-    if (S_ISDIR(status.st_mode))
-        return gm_fail(GM_ERROR_IO, "cannot write the report to '%s': it is a directory", path);
-    if (!S_ISREG(status.st_mode))
-        return write_directly(report, path);
-    char *target = realpath(path, NULL); /* through a symbolic link, replace the file it names */
-    if (!target)
-        return gm_fail(GM_ERROR_IO, "cannot write the report to '%s': %s", path, strerror(errno));
-    gm_status result = write_replacing(report, path, target);
-    free(target);
-    return result;
+    return gm_file_save(path, "report", write_page, report);
 }
