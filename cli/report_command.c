@@ -261,6 +261,7 @@ static int report_of_history(const gm_input_file *input, const char *output_path
              at_peak.curve.peak_reserved_x);
     gm_html_report report = {
         .input_name = base_name(input->path), .input_kind = "history", .has_peaks = history.count > 0,
+        .peaks_are_lower_bounds = history.dropped > 0,
         .peak_live_bytes = at_peak.curve.peak_allocated,
         .peak_reserved_bytes = at_peak.curve.peak_reserved, .curve = &at_peak.curve, .curve_unit = "event",
         .no_curve_reason = "The history holds no events.", .map = at_peak.map, .map_moment = moment,

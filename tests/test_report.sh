@@ -157,6 +157,19 @@ expect 0 '"peak_live_bytes": 3145728' -- "$gpumem" replay "$work/bom.csv" --json
 quiet "$gpumem" report "$work/bom.csv" -o "$work/bom.html"
 same "trace with a byte-order mark: peak live" "$(headline "$work/bom.html" peak-live)" 3145728
 
+# A history whose ring dropped older events: the levels before its first event are lower bounds that
+# keep reserved memory at least the allocated (a free of 100 bytes first: at least 100 were live); the
+# peaks say "at least" and there is no ratio.
+printf '{"format": "gpumem-history", "version": 1, "dropped": 3, "events": [{"action": "free_requested", "address": 4096, "size": 100}, {"action": "alloc", "address": 8192, "size": 1000}, {"action": "segment_unmap", "address": 0, "size": 2097152}]}\n' >"$work/dropped.json"
+quiet "$gpumem" report "$work/dropped.json" -o "$work/dropped.html"
+same "dropped events: peak live" "$(headline "$work/dropped.html" peak-live)" 1000
+same "dropped events: peak reserved (the 1000 bytes still live after the unmap)" "$(headline "$work/dropped.html" peak-reserved)" 2098152
+grep -q 'peak live (bytes requested)</th><td>at least ' "$work/dropped.html" && grep -q 'id="ratio" data-value=""><th>ratio</th><td>not known' "$work/dropped.html" &&
+    ok "dropped events: lower bounds, no ratio" || fail "dropped events: the peaks should say at least and give no ratio"
+printf '{"format": "gpumem-history", "version": 1, "dropped": 1, "events": [{"action": "free_requested", "address": 4096, "size": 100}, {"action": "segment_unmap", "address": 0, "size": 2097152}]}\n' >"$work/dropped_first.json"
+quiet "$gpumem" report "$work/dropped_first.json" -o "$work/dropped_first.html"
+same "dropped events: what was live before the first event counts" "$(headline "$work/dropped_first.html" peak-live)" 100
+
 # The segments engine, many regions: compact rows, still every allocated block drawn.
 quiet "$gpumem" report "$trace" --conf engine:segments -o "$work/segments.html"
 [ "$(grep -c '<g class="region"' "$work/segments.html")" -ge 17 ] && ok "segments: one row per segment" ||

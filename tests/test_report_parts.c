@@ -98,11 +98,15 @@ static void curve_from_events(void)
     CHECK_EQ_INT(gm_history_operation_end(events, 8, 5), 6); /* the mapping's allocation */
     CHECK_EQ_INT(gm_history_operation_end(events, 8, 3), 3);
     gm_memory_curve_free(&curve);
-    /* A history whose ring dropped its start: the levels are lifted to stay at or above zero. */
+    /* A history whose ring dropped its start: the levels are lifted to stay at or above zero, reserved
+     * memory to hold the 5000 bytes still allocated after the unmap; the baseline is the first sample. */
     CHECK_OK(gm_memory_curve_from_events(&curve, 16, events + 3, 5, &allocated_baseline, &reserved_baseline));
     CHECK_EQ_INT(allocated_baseline, 1000);
-    CHECK_EQ_INT(reserved_baseline, 2 * MiB);
-    CHECK_EQ_INT(curve.buckets[0].allocated_last, 0);
+    CHECK_EQ_INT(reserved_baseline, 2 * MiB + 5000);
+    CHECK_EQ_INT(curve.sample_count, 6);
+    CHECK_EQ_INT(curve.buckets[0].allocated_last, 1000);
+    CHECK_EQ_INT(curve.buckets[1].allocated_last, 0);
+    CHECK_EQ_INT(curve.buckets[5].reserved_last, 5000);
     gm_memory_curve_free(&curve);
 }
 

@@ -125,13 +125,27 @@ static void headline_row(FILE *out, const char *id, const char *label, const cha
     fputs("</td></tr>\n", out);
 }
 
-static void bytes_row(FILE *out, const char *id, const char *label, uint64_t value)
+static void bytes_row(FILE *out, const char *id, const char *label, uint64_t value, bool at_least)
 {
-    char exact[32], human[32], grouped[40], shown[96];
+    char exact[32], human[32], grouped[40], shown[112];
     snprintf(exact, sizeof exact, "%" PRIu64, value);
-    snprintf(shown, sizeof shown, "%s (%s bytes)", gm_html_bytes(human, sizeof human, value),
-             gm_html_grouped(grouped, sizeof grouped, value));
+    snprintf(shown, sizeof shown, "%s%s (%s bytes)", at_least ? "at least " : "",
+             gm_html_bytes(human, sizeof human, value), gm_html_grouped(grouped, sizeof grouped, value));
     headline_row(out, id, label, exact, shown);
+}
+
+static void ratio_row(FILE *out, const gm_html_report *report)
+{
+    if (report->peaks_are_lower_bounds) { /* two lower bounds make no ratio */
+        headline_row(out, "ratio", "ratio", "", "not known (the history's ring dropped older events)");
+        return;
+    }
+    char value[64], shown[96];
+    double ratio =
+        report->peak_live_bytes ? (double)report->peak_reserved_bytes / (double)report->peak_live_bytes : 0.0;
+    snprintf(value, sizeof value, "%.6f", ratio);
+    snprintf(shown, sizeof shown, "%.4f (reserved / live at their peaks)", ratio);
+    headline_row(out, "ratio", "ratio", value, shown);
 }
 
 static void headline(FILE *out, const gm_html_report *report)
@@ -139,13 +153,10 @@ static void headline(FILE *out, const gm_html_report *report)
     char value[64], shown[96];
     fputs("<table id=\"headline\">\n", out);
     if (report->has_peaks) {
-        bytes_row(out, "peak-live", "peak live (bytes requested)", report->peak_live_bytes);
-        bytes_row(out, "peak-reserved", "peak reserved", report->peak_reserved_bytes);
-        double ratio = report->peak_live_bytes ? (double)report->peak_reserved_bytes / (double)report->peak_live_bytes
-                                               : 0.0;
-        snprintf(value, sizeof value, "%.6f", ratio);
-        snprintf(shown, sizeof shown, "%.4f (reserved / live at their peaks)", ratio);
-        headline_row(out, "ratio", "ratio", value, shown);
+        bool at_least = report->peaks_are_lower_bounds;
+        bytes_row(out, "peak-live", "peak live (bytes requested)", report->peak_live_bytes, at_least);
+        bytes_row(out, "peak-reserved", "peak reserved", report->peak_reserved_bytes, at_least);
+        ratio_row(out, report);
     }
     if (report->has_device_calls) {
         snprintf(value, sizeof value, "%" PRId64, report->device_calls);

@@ -30,6 +30,7 @@ typedef struct gm_html_report {
 
     /* Headline numbers. */
     bool has_peaks;
+    bool peaks_are_lower_bounds; /* a history whose ring dropped older events: "at least", and no ratio */
     uint64_t peak_live_bytes; /* bytes asked for, as gpumem replay's peak_live_bytes */
     uint64_t peak_reserved_bytes;
     bool has_device_calls;

@@ -40,8 +40,9 @@ void gm_memory_curve_free(gm_memory_curve *curve);
 /* The curve of a history, x being the event's index: allocated is the bytes asked for by `alloc`
  * events less those of `free_requested` ones (torch's allocated memory, unrounded); reserved is the
  * sizes of `segment_map` events less those of `segment_unmap` ones. Each level starts from the lowest
- * baseline that keeps it from going below zero: 0 for a whole history; for one whose ring dropped older
- * events, a lower bound of what was held before its first event (the baselines come out). */
+ * baseline that keeps it from going below zero, and reserved memory from the one that keeps it at least
+ * the allocated: 0 for a whole history; for one whose ring dropped older events, a lower bound of what
+ * was held before its first event (the baselines come out), which is then the curve's first sample. */
 gm_status gm_memory_curve_from_events(gm_memory_curve *curve, size_t max_buckets, const gm_event *events,
                                       size_t count, uint64_t *allocated_baseline_out,
                                       uint64_t *reserved_baseline_out);
