@@ -289,9 +289,10 @@ static int report_of_snapshot(const gm_input_file *input, const char *output_pat
         return exit_status_of(status);
     }
     const gm_stats *stats = &snapshot->stats;
-    int64_t calls = 0;
+    int64_t calls = 0; /* a hand-made snapshot may hold any counts: the sum stops at INT64_MAX */
     for (int kind = 0; kind < GM_CALL_KIND_COUNT; kind++)
-        calls += stats->device_calls[kind];
+        if (stats->device_calls[kind] > 0 && __builtin_add_overflow(calls, stats->device_calls[kind], &calls))
+            calls = INT64_MAX;
     gm_html_report report = {
         .input_name = base_name(input->path), .input_kind = "snapshot", .backend = snapshot->device.backend,
         .engine = snapshot->device.engine, .has_peaks = true,

@@ -73,7 +73,9 @@ typedef enum gm_oom_cause {
     GM_OOM_CAUSE_OTHER_PROCESSES = 3, /* it would fit but for the memory used outside this allocator */
     GM_OOM_CAUSE_MEMORY_LIMIT = 4,    /* it would fit on the device but not under the memory limit set */
     GM_OOM_CAUSE_HOST = 5,            /* host memory ran out (the host backend, or metadata) */
-    GM_OOM_CAUSE_SOURCE = 6           /* the memory source of gm_create_with_source could not give more */
+    GM_OOM_CAUSE_SOURCE = 6,          /* the memory source of gm_create_with_source could not give more */
+    GM_OOM_CAUSE_ADDRESS_SPACE = 7    /* the device's virtual address space ran out (the pages engine reserves
+                                         twice the device, or the memory limit, for each stream that allocates) */
 } gm_oom_cause;
 
 /* The cause of the last out-of-memory report written on this thread (gm_malloc's

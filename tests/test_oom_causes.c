@@ -49,8 +49,8 @@ static void check_cause_line(const char *cause_line)
 static void names_of_causes(void)
 {
     static const char *const names[] = {"none",         "capacity", "fragmentation", "other_processes",
-                                        "memory_limit", "host",     "source"};
-    for (int cause = 0; cause <= GM_OOM_CAUSE_SOURCE; cause++)
+                                        "memory_limit", "host",     "source",        "address_space"};
+    for (int cause = 0; cause <= GM_OOM_CAUSE_ADDRESS_SPACE; cause++)
         CHECK(!strcmp(gm_oom_cause_name((gm_oom_cause)cause), names[cause]));
     CHECK(!strcmp(gm_oom_cause_name((gm_oom_cause)42), "unknown"));
 }
@@ -333,6 +333,35 @@ static void memory_limit(void)
     gm_destroy(allocator, NULL);
 }
 
+/* A stream that allocates takes twice the device of addresses: on a simulated device of 1 TiB, the sim's
+ * fake address space (about 95 TiB) holds the ranges of a few dozen streams. The stream past them is
+ * told so, not that memory is fragmented; once streams' memory is given back, a new stream fits again,
+ * and the next failure is judged on its own. */
+static void address_space(void)
+{
+    gm_allocator *allocator = make_allocator("capacity:1TiB");
+    void *pointers[100] = {0};
+    gm_stream stream = 1;
+    gm_status status = GM_OK;
+    for (; stream < 100 && status == GM_OK; stream++)
+        status = gm_malloc(allocator, 1 * MiB, (gm_stream)stream, &pointers[stream]);
+    stream--;
+    CHECK_STATUS(status, GM_ERROR_OUT_OF_MEMORY);
+    CHECK(stream > 10 && stream < 100);
+    CHECK_EQ_INT(gm_last_oom_cause(), GM_OOM_CAUSE_ADDRESS_SPACE);
+    check_cause_line("Cause: address space. The device's virtual address space ran out: each stream that allocates");
+    CHECK_MESSAGE("  1. Allocate on fewer streams");
+    for (gm_stream i = 1; i < stream; i++)
+        CHECK_OK(gm_free(allocator, pointers[i]));
+    CHECK_OK(gm_empty_cache(allocator));
+    void *pointer = NULL;
+    CHECK_OK(gm_malloc(allocator, 1 * MiB, stream, &pointer));
+    CHECK_STATUS(gm_malloc(allocator, 2 * (1ull << 40), stream, &pointers[0]), GM_ERROR_OUT_OF_MEMORY);
+    CHECK_EQ_INT(gm_last_oom_cause(), GM_OOM_CAUSE_CAPACITY);
+    CHECK_OK(gm_free(allocator, pointer));
+    gm_destroy(allocator, NULL);
+}
+
 /* ---------------------------------------------------------------- host */
 
 static char root[256];
@@ -455,5 +484,5 @@ static void host_backend_refused_by_the_host(void)
 
 RUN_TESTS(TEST_CASE(names_of_causes), TEST_CASE(cause_is_per_thread), TEST_CASE(classification_boundaries),
           TEST_CASE(capacity), TEST_CASE(requests_that_never_fit_leave_nothing_behind), TEST_CASE(fragmentation), TEST_CASE(fragmentation_report_without_host_memory_to_count),
-          TEST_CASE(other_processes), TEST_CASE(memory_limit), TEST_CASE(host_memory_nearly_exhausted),
+          TEST_CASE(other_processes), TEST_CASE(memory_limit), TEST_CASE(address_space), TEST_CASE(host_memory_nearly_exhausted),
           TEST_CASE(host_backend_refused_by_the_host))

@@ -136,6 +136,15 @@ static void history_events_become_a_trace(void)
     CHECK_MESSAGE("h:3: allocation id 65536 is already live (allocated at event 1)");
     CHECK_STATUS(gm_trace_from_events("h", events, 1, &trace, &early), GM_ERROR_PARSE);
     CHECK_MESSAGE("h: no allocation in its events");
+    /* The last two addresses start no block (the map's key would wrap to its empty 0, the other is the
+     * id of requests that ran out of memory): said, not taken for another block. */
+    gm_event at_the_end[] = {events[1], events[1], events[1]};
+    at_the_end[1].address = at_the_end[2].address = UINT64_MAX;
+    at_the_end[2].kind = GM_EVENT_FREE_REQUESTED;
+    CHECK_STATUS(gm_trace_from_events("h", at_the_end, 3, &trace, &early), GM_ERROR_PARSE);
+    CHECK_MESSAGE("h:2: an address within the last two bytes of the address space");
+    at_the_end[1].address = UINT64_MAX - 1;
+    CHECK_STATUS(gm_trace_from_events("h", at_the_end, 2, &trace, &early), GM_ERROR_PARSE);
     CHECK_STATUS(gm_trace_from_events(NULL, events, 1, &trace, &early), GM_ERROR_INVALID_ARGUMENT);
     CHECK_STATUS(gm_trace_from_events("h", NULL, 1, &trace, &early), GM_ERROR_INVALID_ARGUMENT);
 }

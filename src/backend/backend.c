@@ -206,9 +206,17 @@ gm_status gm_backend_segment_free(gm_backend *backend, uintptr_t address, uint64
     COUNTED_CALL(backend, GM_CALL_SEGMENT_FREE, size, backend->operations->segment_free(backend, address, size));
 }
 
-gm_status gm_backend_address_reserve(gm_backend *backend, uint64_t size, uintptr_t *address_out)
+static gm_status counted_address_reserve(gm_backend *backend, uint64_t size, uintptr_t *address_out)
 {
     COUNTED_CALL(backend, GM_CALL_ADDRESS_RESERVE, size, backend->operations->address_reserve(backend, size, address_out));
+}
+
+gm_status gm_backend_address_reserve(gm_backend *backend, uint64_t size, uintptr_t *address_out)
+{
+    gm_status status = counted_address_reserve(backend, size, address_out);
+    if (status == GM_ERROR_OUT_OF_MEMORY)
+        backend->address_space_failed = true;
+    return status;
 }
 
 gm_status gm_backend_address_free(gm_backend *backend, uintptr_t address, uint64_t size)

@@ -131,6 +131,8 @@ struct gm_backend {
                                    which the device model counts as used */
     bool host_memory_failed;    /* a host allocation failed for lack of memory (the host backend's mmap):
                                    the out-of-memory report names the host; it clears the flag */
+    bool address_space_failed;  /* a reservation of virtual addresses ran out: the out-of-memory report names
+                                   the address space; the allocator clears it before its retries */
     int peers[GM_BACKEND_MAX_PEERS]; /* other devices that may reach this device's mappings: set_access
                                         grants them access with the device's own (gm_enable_peer_access) */
     int peer_count;

@@ -351,6 +351,7 @@ __attribute__((noinline, cold)) static gm_status allocate_after_failure(gm_alloc
                                                                        int pool, uint64_t size, gm_block **block_out)
 {
     gm_oom_attempts attempts = {.host_root = allocator->pressure.policy_set ? allocator->pressure.root : NULL};
+    allocator->arena.backend->address_space_failed = false; /* said only when the retries run out of it */
     gm_status status = retry_allocation(allocator, heap, pool, size, block_out, &attempts);
     gm_pressure_readings event;
     if (status == GM_ERROR_OUT_OF_MEMORY &&

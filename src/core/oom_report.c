@@ -53,6 +53,7 @@ const char *gm_oom_cause_name(gm_oom_cause cause)
     case GM_OOM_CAUSE_MEMORY_LIMIT: return "memory_limit";
     case GM_OOM_CAUSE_HOST: return "host";
     case GM_OOM_CAUSE_SOURCE: return "source";
+    case GM_OOM_CAUSE_ADDRESS_SPACE: return "address_space";
     }
     return "unknown";
 }
@@ -90,6 +91,8 @@ gm_oom_cause gm_classify_oom(const gm_oom_facts *facts)
         return GM_OOM_CAUSE_HOST;
     if (need > facts->device_total || request_alone_too_large(facts))
         return GM_OOM_CAUSE_CAPACITY;
+    if (facts->address_space_failed)
+        return GM_OOM_CAUSE_ADDRESS_SPACE;
     if (facts->memory_limit < facts->device_total && need > facts->memory_limit)
         return GM_OOM_CAUSE_MEMORY_LIMIT;
     if (need > facts->device_total - facts->outside)
@@ -145,7 +148,8 @@ static gm_oom_facts gather_facts(gm_arena *arena, uint64_t size, const gm_oom_at
     gm_stats stats;
     gm_arena_read_stats(arena, &stats);
     gm_oom_facts facts = {.size = size, .page_size = arena->backend->page_size, .memory_limit = arena->memory_limit,
-                          .host_failed = arena->backend->host_memory_failed};
+                          .host_failed = arena->backend->host_memory_failed,
+                          .address_space_failed = arena->backend->address_space_failed};
     gm_backend_memory_info(arena->backend, &facts.device_free, &facts.device_total);
     facts.reserved = (uint64_t)stats.reserved_bytes[GM_POOL_ALL].current;
     facts.live = (uint64_t)stats.active_bytes[GM_POOL_ALL].current;
@@ -393,6 +397,22 @@ static void remedy_host(void)
     gm_error_append("  3. If the limit is a cgroup's or a ulimit (RLIMIT_AS), raise it.\n");
 }
 
+static void explain_address_space(const gm_arena *arena)
+{
+    gm_error_append("Cause: address space. The device's virtual address space ran out: each stream that allocates "
+                    "(%zu now) has a range of addresses of its own, twice the device's memory (or the memory limit "
+                    "the allocator was made with), so that memory can move between streams without copies; the "
+                    "device's memory itself would fit.\n", (size_t)arena->heap_count);
+}
+
+static void remedy_address_space(void)
+{
+    gm_error_append("  1. Allocate on fewer streams: reuse a few side streams (a pool of them) rather than a new one "
+                    "for each piece of work.\n");
+    gm_error_append("  2. Set memory_limit:N in GPUMEM_CONF near what the program needs: each stream's range is then "
+                    "twice N.\n");
+}
+
 /* Memory from a source of the caller's (gm_create_with_source): the source is the capacity. */
 static void explain_source(const gm_oom_facts *facts, byte_texts *t)
 {
@@ -447,6 +467,7 @@ void gm_write_oom_report(gm_arena *arena, gm_heap *heap, uint64_t size, const gm
     gm_oom_cause cause = from_source ? GM_OOM_CAUSE_SOURCE : gm_classify_oom(&facts);
     last_cause = cause;
     arena->backend->host_memory_failed = false;
+    arena->backend->address_space_failed = false;
     gpu_processes processes = {.asked = false};
     if (cause == GM_OOM_CAUSE_OTHER_PROCESSES)
         read_gpu_processes(arena, &processes);
@@ -464,6 +485,7 @@ void gm_write_oom_report(gm_arena *arena, gm_heap *heap, uint64_t size, const gm
     case GM_OOM_CAUSE_MEMORY_LIMIT: explain_limit(&facts, t); break;
     case GM_OOM_CAUSE_OTHER_PROCESSES: explain_other_processes(arena, &facts, &processes, t); break;
     case GM_OOM_CAUSE_HOST: explain_host(&facts, t); break;
+    case GM_OOM_CAUSE_ADDRESS_SPACE: explain_address_space(arena); break;
     default: explain_fragmentation(arena, &facts, &pieces, t); break;
     }
     write_facts(arena, &stats, &facts, &pieces, attempts, t);
@@ -475,6 +497,7 @@ void gm_write_oom_report(gm_arena *arena, gm_heap *heap, uint64_t size, const gm
     case GM_OOM_CAUSE_MEMORY_LIMIT: remedy_limit(&facts, peak_live, t); break;
     case GM_OOM_CAUSE_OTHER_PROCESSES: remedy_other_processes(&facts, peak_live, t); break;
     case GM_OOM_CAUSE_HOST: remedy_host(); break;
+    case GM_OOM_CAUSE_ADDRESS_SPACE: remedy_address_space(); break;
     default: remedy_fragmentation(arena, &pieces, t); break;
     }
 }

@@ -27,6 +27,7 @@ typedef struct gm_oom_facts {
     uint64_t live;             /* allocated, plus freed but still in use on streams */
     uint64_t outside;          /* the driver's used memory that is not gpumem's */
     bool host_failed;          /* a host allocation failed for lack of memory */
+    bool address_space_failed; /* a reservation of virtual addresses failed */
     int64_t host_available;    /* MemAvailable, MemTotal; -1 when unread */
     int64_t host_total;
 } gm_oom_facts;

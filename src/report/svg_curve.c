@@ -76,7 +76,7 @@ static void grid(FILE *out, const axes *axes, const char *unit_name, double y_st
                      "<text class=\"tick\" x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%g %s</text>\n",
                 PLOT_LEFT, y, PLOT_RIGHT, y, PLOT_LEFT - 6, y + 4, tick / y_unit, y_unit_name);
     }
-    double x_step = nice_step((axes->x_high - axes->x_low) / 8);
+    double x_step = fmax(1, nice_step((axes->x_high - axes->x_low) / 8)); /* whole operations */
     for (double tick = ceil(axes->x_low / x_step) * x_step; tick <= axes->x_high; tick += x_step) {
         double x = to_x(axes, tick);
         fprintf(out, "<line x1=\"%.1f\" y1=\"%.0f\" x2=\"%.1f\" y2=\"%.0f\"/>"
@@ -152,6 +152,8 @@ void gm_svg_memory_curve(FILE *out, const gm_memory_curve *curve, const char *un
     const char *y_unit_name;
     byte_unit(top ? (double)top : 1.0, &y_unit, &y_unit_name);
     double y_step = nice_step((top ? (double)top : 1.0) / y_unit / 5);
+    if (y_unit == 1 && y_step < 1) /* whole bytes */
+        y_step = 1;
     axes axes = {.x_low = (double)curve->buckets[0].first_x,
                  .x_high = (double)curve->buckets[curve->bucket_count - 1].last_x,
                  .y_high = ceil((top ? (double)top : 1.0) / y_unit / y_step) * y_step * y_unit};

@@ -309,7 +309,11 @@ static gm_status add_early_allocations(loader *state, const gm_event *events, si
     gm_status status = GM_OK;
     for (size_t i = 0; i < count && status == GM_OK; i++) {
         const gm_event *event = &events[i];
-        if (event->kind == GM_EVENT_ALLOC && !gm_hash_map_put(&live, event->address + 1, 1)) {
+        bool names_a_block = event->kind == GM_EVENT_ALLOC || event->kind == GM_EVENT_FREE_REQUESTED;
+        if (names_a_block && event->address >= OOM_REQUEST_ID) { /* no block starts there; the ids need it */
+            state->line = i + 1;
+            status = malformed(state, "an address within the last two bytes of the address space");
+        } else if (event->kind == GM_EVENT_ALLOC && !gm_hash_map_put(&live, event->address + 1, 1)) {
             status = gm_fail(GM_ERROR_OUT_OF_MEMORY, "%s: no host memory for the trace", state->path);
         } else if (event->kind == GM_EVENT_FREE_REQUESTED && !gm_hash_map_remove(&live, event->address + 1, NULL)) {
             uint64_t name = 0;
