@@ -15,9 +15,9 @@
  *   gpumem config [KEY...] | --check [KEY:VALUE,...]
  *   gpumem version | --version     (the CMake project's version, GPUMEM_PROJECT_VERSION)
  *
- * Exit status: 0 success; 1 an error (unreadable file, no device, bad configuration); 2 bad usage
- * or malformed input; 3 the replay ran but some allocations failed with out of memory; 4 and 5 gpumem
- * doctor's worst finding is warn, fail.
+ * Exit status: 0 success; 1 an error (unreadable file, no device); 2 bad usage, malformed input or a
+ * bad configuration (gpumem config --check: 1); 3 the replay ran but some allocations failed with out
+ * of memory; 4 and 5 gpumem doctor's worst finding is warn, fail; gpumem run: its command's status.
  * Configuration comes from GPUMEM_CONF, then --conf, then the explicit flags.
  */
 #include "gpumem.h"
@@ -45,8 +45,9 @@ static void print_usage(FILE *out)
             "                 replay an allocation trace (plain or .gz) and report peak live and\n"
             "                 reserved bytes, their ratio, CPU time per operation and device calls\n"
             "  tune TRACE|HISTORY [--backend ...] [--capacity ...] [--conf ...] [--passes N] [--json]\n"
-            "                 replay a trace (or a history's allocations) under the defaults and each opt-in\n"
-            "                 setting (small chunks, compaction) and name the one that reserves the least\n"
+            "                 replay a trace (or a history's allocations) under the defaults, the defaults\n"
+            "                 without stitching and each opt-in setting (small chunks, compaction) and\n"
+            "                 name the one that reserves the least\n"
             "  report TRACE|HISTORY|SNAPSHOT -o FILE [--backend ...] [--capacity ...] [--conf ...]\n"
             "                 a self-contained HTML report: memory over time, the memory map at the peak,\n"
             "                 the largest allocations then and the statistics table\n"
@@ -72,7 +73,8 @@ static void print_usage(FILE *out)
             "  config [KEY...]\n"
             "                 the GPUMEM_CONF keys: what each does and its default\n"
             "  config --check [KEY:VALUE,...]\n"
-            "                 check a configuration (without one, $GPUMEM_CONF) as the library parses it\n"
+            "                 check a configuration (without one, $GPUMEM_CONF and $GPUMEM_TORCH) as the\n"
+            "                 library parses it\n"
             "  version, --version\n"
             "                 print the version\n");
 }
