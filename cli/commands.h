@@ -4,6 +4,7 @@
 #ifndef GM_COMMANDS_H
 #define GM_COMMANDS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 /* 4 and 5: gpumem doctor's worst finding is warn, fail (cli/doctor_command.c). */
@@ -31,9 +32,11 @@ int gm_take_device_argument(gm_device_arguments *arguments, int argc, char **arg
  * stderr, when there is no host memory for it. */
 char *gm_device_configuration(const gm_device_arguments *arguments, const char *addition);
 
-/* The keys of GPUMEM_TORCH, which the PyTorch adapter applies over GPUMEM_CONF's; NULL when it is unset
- * or "1" (which only turns the adapter on). */
+/* The keys of GPUMEM_TORCH, which the PyTorch adapter applies over GPUMEM_CONF's; NULL when it is unset,
+ * "1" (which only turns the adapter on) or off. */
 const char *gm_torch_configuration(void);
+/* Whether a GPUMEM_TORCH value turns the adapter off: unset, empty, 0, false, no or off (any case). */
+bool gm_torch_setting_is_off(const char *setting);
 
 /* Print `text` as a JSON string literal (quotes, backslashes and control characters escaped). */
 void gm_print_json_string(const char *text);

@@ -4,9 +4,12 @@
  */
 #include "commands.h"
 
+#include <ctype.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 int gm_take_device_argument(gm_device_arguments *arguments, int argc, char **argv, int *index)
 {
@@ -58,8 +61,28 @@ void gm_print_json_string(const char *text)
     putchar('"');
 }
 
+/* Whether `setting`, white space around it left out, is `word` (in any case). */
+static bool trimmed_is(const char *setting, const char *word)
+{
+    while (isspace((unsigned char)*setting))
+        setting++;
+    size_t length = strlen(setting);
+    while (length && isspace((unsigned char)setting[length - 1]))
+        length--;
+    return length == strlen(word) && !strncasecmp(setting, word, length);
+}
+
+bool gm_torch_setting_is_off(const char *setting)
+{
+    static const char *const off[] = {"", "0", "false", "no", "off"}; /* as python/gpumem/torch.py's _OFF */
+    for (size_t i = 0; setting && i < sizeof off / sizeof off[0]; i++)
+        if (trimmed_is(setting, off[i]))
+            return true;
+    return !setting;
+}
+
 const char *gm_torch_configuration(void)
 {
     const char *keys = getenv("GPUMEM_TORCH");
-    return keys && strcmp(keys, "1") ? keys : NULL;
+    return keys && !gm_torch_setting_is_off(keys) && !trimmed_is(keys, "1") ? keys : NULL;
 }

@@ -161,7 +161,8 @@ static bool prepare_environment(const char *conf, const char *output_folder, con
         !default_setting(configuration, sizeof configuration, "history:", history_events))
         return false;
     setenv("GPUMEM_CONF", configuration, 1);
-    setenv("GPUMEM_TORCH", "1", 0);
+    if (gm_torch_setting_is_off(getenv("GPUMEM_TORCH"))) /* running under gpumem is what was asked */
+        setenv("GPUMEM_TORCH", "1", 1);
     if (output_folder)
         setenv("GPUMEM_RUN_OUTPUT", output_folder, 1);
     if (!find_python_folder(folder, sizeof folder, library, sizeof library)) {

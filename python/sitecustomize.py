@@ -2,12 +2,15 @@
 
 With gpumem's ``python`` folder on PYTHONPATH and GPUMEM_TORCH set (to 1, or to a GPUMEM_CONF-style
 string for gpumem), gpumem is installed as soon as ``torch`` is imported, before anything can touch
-CUDA. Without GPUMEM_TORCH this does nothing. Any other sitecustomize on the path still runs.
+CUDA. Without GPUMEM_TORCH, or with it empty, 0, false, no or off, this does nothing. Any other
+sitecustomize on the path still runs.
 """
 import importlib.abc
 import importlib.util
 import os
 import sys
+
+_OFF = ("", "0", "false", "no", "off")  # as gpumem/torch.py's (not imported here: every interpreter runs this)
 
 
 class _InstallAfterTorch(importlib.abc.MetaPathFinder):
@@ -23,8 +26,7 @@ class _InstallAfterTorch(importlib.abc.MetaPathFinder):
         def exec_module(module):
             execute(module)
             import gpumem.torch
-            setting = os.environ.get("GPUMEM_TORCH", "")
-            gpumem.torch.install("" if setting == "1" else setting)
+            gpumem.torch.install(gpumem.torch.configuration_from_environment() or "")
 
         spec.loader.exec_module = exec_module
         return spec
@@ -40,6 +42,6 @@ def _run_next_sitecustomize():
             return
 
 
-if os.environ.get("GPUMEM_TORCH"):
+if os.environ.get("GPUMEM_TORCH", "").strip().lower() not in _OFF:
     sys.meta_path.insert(0, _InstallAfterTorch())
 _run_next_sitecustomize()

@@ -47,6 +47,9 @@ expect 1 "GPUMEM_TORCH over GPUMEM_CONF is not valid: key 'pressure_low' \(0.95\
     env GPUMEM_CONF=pressure_high:0.9 GPUMEM_TORCH=pressure_low:0.95 "$gpumem" config --check
 expect 0 "GPUMEM_TORCH is valid" -- env -u GPUMEM_CONF GPUMEM_TORCH=compact_min:2MiB "$gpumem" config --check
 expect 0 "no keys in GPUMEM_CONF or GPUMEM_TORCH" -- env -u GPUMEM_CONF GPUMEM_TORCH=1 "$gpumem" config --check
+for off in 0 " Off " false no ""; do  # the adapter turned off, as python/gpumem/torch.py reads it: no keys
+    expect 0 "no keys in GPUMEM_CONF or GPUMEM_TORCH" -- env -u GPUMEM_CONF GPUMEM_TORCH="$off" "$gpumem" config --check
+done
 expect 2 "takes one configuration string" -- "$gpumem" config --check a:1 b:2
 # The simulated device that gm_create would make from the capacity and page size is checked too.
 expect 1 "the configuration is not valid: sim backend: page_size \(2.00 MiB\) is larger than the capacity \(80 B\)" -- \

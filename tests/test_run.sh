@@ -31,6 +31,10 @@ print(os.environ["GPUMEM_CONF"]); print(os.environ["GPUMEM_TORCH"]); print(gpume
 grep -q "libgpumem.so" "$work/env.out" || fail "gpumem's Python package does not find its library under gpumem run"
 grep -q "exited with status 0" "$work/env.err" && grep -q "made no gpumem allocator" "$work/env.err" ||
     fail "gpumem run's end message for a command without gpumem: $(cat "$work/env.err")"
+GPUMEM_TORCH=off "$gpumem" run -- sh -c 'echo "$GPUMEM_TORCH"' >"$work/torch.out" 2>/dev/null
+[ "$(cat "$work/torch.out")" = 1 ] || fail "GPUMEM_TORCH=off under gpumem run is '$(cat "$work/torch.out")', not 1"
+GPUMEM_TORCH=compact_min:2MiB "$gpumem" run -- sh -c 'echo "$GPUMEM_TORCH"' >"$work/torch.out" 2>/dev/null
+[ "$(cat "$work/torch.out")" = compact_min:2MiB ] || fail "GPUMEM_TORCH's keys under gpumem run are '$(cat "$work/torch.out")'"
 GPUMEM_CONF=publish:false "$gpumem" run -- sh -c 'echo "$GPUMEM_CONF"' >"$work/off.out" 2>/dev/null
 [ "$(cat "$work/off.out")" = "publish:false" ] || fail "publish:false in GPUMEM_CONF was overridden: $(cat "$work/off.out")"
 

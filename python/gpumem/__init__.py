@@ -15,7 +15,8 @@ or on the dynamic linker's search path (libgpumem.so.0). ``library_path()`` says
     print(allocator.summary())
     allocator.memory_stats()["allocated_bytes.all.peak"]
 
-Memory pressure (the C library's gm_set_pressure_policy / gm_on_pressure, docs in gpumem.h):
+Memory pressure (the C library's gm_set_pressure_policy / gm_on_pressure, docs in gpumem.h; gpumem.pressure
+keeps each callback's C function alive by the allocator's address, whichever wrapper registered it):
 
     allocator.set_pressure_policy(high=0.9, low=0.8)          # fractions of the memory limit (or device)
     allocator.on_pressure(lambda level, readings: ...)        # "high", "normal", "critical"
@@ -30,6 +31,9 @@ __all__ = ["Allocator", "GpumemError", "OutOfMemoryError", "config_help", "check
            "include_path", "STATUS_NAMES", "PRESSURE_LEVELS", "PRESSURE_SIGNALS", "OOM_CAUSES"]
 __version__ = "0.1.0"  # read by pyproject.toml; CMakeLists.txt checks it against the project's version
 
+from gpumem import pressure as _pressure
+from gpumem.pressure import PRESSURE_LEVELS, PRESSURE_SIGNALS
+
 try:
     from gpumem import _install_paths  # written by `cmake --install`; absent in the sources
 except ImportError:
@@ -43,10 +47,9 @@ STATUS_NAMES = {
 _OUT_OF_MEMORY = 2
 _BUFFER_TOO_SMALL = 11
 _POOLS = ("all", "small_pool", "large_pool")
-# gpumem.h's gm_pressure_level, GM_PRESSURE_SIGNAL_* bits and gm_oom_cause, by name.
-PRESSURE_LEVELS = ("normal", "high", "critical")
-PRESSURE_SIGNALS = {"reserved": 1, "allocated": 2, "device": 4, "host": 8, "psi": 16, "cgroup": 32}
-OOM_CAUSES = ("none", "capacity", "fragmentation", "other_processes", "memory_limit", "host", "source")
+# gpumem.h's gm_oom_cause, by name (its pressure levels and signals: gpumem.pressure).
+OOM_CAUSES = ("none", "capacity", "fragmentation", "other_processes", "memory_limit", "host", "source",
+              "address_space")
 
 
 class GpumemError(RuntimeError):
@@ -62,7 +65,8 @@ class GpumemError(RuntimeError):
 class OutOfMemoryError(GpumemError):
     """The device has no room for the request; the message is gpumem's out-of-memory report, and ``cause``
     its primary cause (one of OOM_CAUSES: "capacity", "fragmentation", "other_processes", "memory_limit",
-    "host", "source": the allocator a MemPool's memory comes from)."""
+    "host", "source": the allocator a MemPool's memory comes from, "address_space": the device's virtual
+    addresses, with very many streams)."""
 
     def __init__(self, status, message, cause="none"):
         super().__init__(status, message)
@@ -87,48 +91,6 @@ class _DeviceInfo(ctypes.Structure):
                 ("device_count", ctypes.c_int), ("driver_version", ctypes.c_int),
                 ("total_bytes", ctypes.c_uint64), ("free_bytes", ctypes.c_uint64),
                 ("virtual_memory", ctypes.c_int), ("granularity", ctypes.c_uint64), ("engine", ctypes.c_char * 16)]
-
-
-class _PressurePolicy(ctypes.Structure):
-    _fields_ = [("high", ctypes.c_double), ("low", ctypes.c_double), ("signals", ctypes.c_uint32),
-                ("interval_ms", ctypes.c_uint32), ("psi_high", ctypes.c_double), ("psi_low", ctypes.c_double),
-                ("host_root", ctypes.c_char_p)]
-
-
-class _PressureReadings(ctypes.Structure):
-    _fields_ = [("level", ctypes.c_int), ("signals_high", ctypes.c_uint32), ("reserved_bytes", ctypes.c_uint64),
-                ("allocated_bytes", ctypes.c_uint64), ("limit_bytes", ctypes.c_uint64),
-                ("high_bytes", ctypes.c_uint64), ("low_bytes", ctypes.c_uint64),
-                ("device_used_bytes", ctypes.c_uint64), ("device_total_bytes", ctypes.c_uint64),
-                ("host_available_bytes", ctypes.c_int64), ("host_total_bytes", ctypes.c_int64),
-                ("host_psi_avg10", ctypes.c_double), ("request_bytes", ctypes.c_uint64),
-                ("released_bytes", ctypes.c_uint64), ("changes", ctypes.c_uint64),
-                ("cgroup_current_bytes", ctypes.c_int64), ("cgroup_limit_bytes", ctypes.c_int64)]
-
-
-# gm_pressure_callback: (allocator, level, readings, context).
-_PRESSURE_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(_PressureReadings),
-                                      ctypes.c_void_p)
-
-
-def _signal_bits(names):
-    bits = 0
-    for name in names:
-        if name not in PRESSURE_SIGNALS:
-            raise ValueError(f"unknown pressure signal {name!r} (known: {', '.join(PRESSURE_SIGNALS)})")
-        bits |= PRESSURE_SIGNALS[name]
-    return bits
-
-
-def _signal_names(bits):
-    return tuple(name for name, bit in PRESSURE_SIGNALS.items() if bits & bit)
-
-
-def _readings_dict(readings):
-    result = {name: getattr(readings, name) for name, _ in _PressureReadings._fields_}
-    result["level"] = PRESSURE_LEVELS[readings.level] if 0 <= readings.level < len(PRESSURE_LEVELS) else "unknown"
-    result["signals_high"] = _signal_names(readings.signals_high)
-    return result
 
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -251,12 +213,12 @@ def _load():
         "gm_validate": (status, [pointer]),
         "gm_get_device_info": (status, [pointer, ctypes.POINTER(_DeviceInfo)]),
         "gm_last_oom_cause": (ctypes.c_int, []),
-        "gm_set_pressure_policy": (status, [pointer, ctypes.POINTER(_PressurePolicy)]),
-        "gm_get_pressure_policy": (status, [pointer, ctypes.POINTER(_PressurePolicy)]),
-        "gm_get_pressure": (status, [pointer, ctypes.POINTER(_PressureReadings)]),
-        "gm_check_pressure": (status, [pointer, ctypes.POINTER(_PressureReadings)]),
-        "gm_on_pressure": (status, [pointer, _PRESSURE_CALLBACK, ctypes.c_void_p]),
-        "gm_remove_pressure_callback": (status, [pointer, _PRESSURE_CALLBACK, ctypes.c_void_p]),
+        "gm_set_pressure_policy": (status, [pointer, ctypes.POINTER(_pressure.PressurePolicy)]),
+        "gm_get_pressure_policy": (status, [pointer, ctypes.POINTER(_pressure.PressurePolicy)]),
+        "gm_get_pressure": (status, [pointer, ctypes.POINTER(_pressure.PressureReadings)]),
+        "gm_check_pressure": (status, [pointer, ctypes.POINTER(_pressure.PressureReadings)]),
+        "gm_on_pressure": (status, [pointer, _pressure.CALLBACK, ctypes.c_void_p]),
+        "gm_remove_pressure_callback": (status, [pointer, _pressure.CALLBACK, ctypes.c_void_p]),
         "gm_sim_set_used_elsewhere": (status, [pointer, ctypes.c_uint64]),
         "gm_host_malloc": (status, [pointer, ctypes.c_size_t, ctypes.POINTER(pointer)]),
         "gm_host_free": (status, [pointer, pointer]),
@@ -301,21 +263,53 @@ class _Stats(ctypes.Structure):
         ("device_total_bytes", ctypes.c_uint64), ("page_size", ctypes.c_uint64)]
 
 
-_SIZE_LIMIT = 2**64 - 1  # size_t and uint64_t: ctypes would wrap larger values silently, negative ones too
+# Integer arguments are checked here: ctypes would wrap values out of their C type's range silently.
 
 
-def _unsigned(value, what):
-    """`value` as an int for a size_t / uint64_t argument named `what`; ValueError or OverflowError instead
-    of the wrapped number ctypes would pass (2**64 + 4096 as 4096, -1 as 2**64 - 1)."""
+def _integer(value, what):
+    """`value` as an int; TypeError naming `what` otherwise."""
     try:
-        number = operator.index(value)
+        return operator.index(value)
     except TypeError:
         raise TypeError(f"gpumem: {what} must be an integer, not {type(value).__name__}") from None
+
+
+def _unsigned(value, what, bits=64):
+    """`value` as an int for an unsigned C argument of `bits` bits named `what` (size_t, uint64_t, uint32_t);
+    ValueError or OverflowError instead of the wrapped number ctypes would pass (2**64 + 4096 as 4096,
+    -1 as 2**64 - 1)."""
+    number = _integer(value, what)
     if number < 0:
         raise ValueError(f"gpumem: {what} must not be negative (got {number})")
-    if number > _SIZE_LIMIT:
-        raise OverflowError(f"gpumem: {what} must be at most 2**64 - 1 (got {number})")
+    if number >= 1 << bits:
+        raise OverflowError(f"gpumem: {what} must be at most 2**{bits} - 1 (got {number})")
     return number
+
+
+def _pointer(value):
+    """A device or host address as a c_void_p: None is NULL (as ctypes has it); an address outside
+    0 .. 2**64 - 1 is refused, where ctypes would wrap it (p + 2**64 would name p)."""
+    return ctypes.c_void_p(None if value is None else _unsigned(value, "pointer"))
+
+
+def _text(value, what, none_allowed=False, form=""):
+    """A string argument as bytes for the library; TypeError for anything but str (None too, unless
+    `none_allowed`: then None, "none given"). `form` says what the string holds, for the message."""
+    if value is None and none_allowed:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"gpumem: {what} must be a str{form}, not {type(value).__name__}")
+    return value.encode()
+
+
+_CONFIGURATION = " (GPUMEM_CONF-style KEY:VALUE,...)"
+
+
+def _fraction(value, what):
+    """A float for a gm_pressure_policy field; TypeError for what is not a real number ("0.9", None)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"gpumem: {what} must be a number, not {type(value).__name__}")
+    return float(value)
 
 
 def _check(status):
@@ -365,10 +359,13 @@ def check_configuration(config="", caller=None):
     """Parse GPUMEM_CONF, then ``config`` over it, as an allocator made from the environment would,
     creating nothing: GpumemError (status 4, bad configuration) naming the key and why, its message
     after "``caller``: " when one is given; else None."""
-    status = _library.gm_check_configuration(config.encode() if config else None)
+    status = _library.gm_check_configuration(_text(config, "config", True, _CONFIGURATION) or None)
     if status != 0 and caller:
         raise GpumemError(status, f"{caller}: {_library.gm_last_error().decode(errors='replace')}")
     _check(status)
+
+
+_pressure_callbacks = _pressure.CallbackRegistry()  # every allocator's, by its address (gpumem.pressure)
 
 
 class Allocator:
@@ -380,19 +377,18 @@ class Allocator:
     """
 
     def __init__(self, config="", from_environment=True):
+        self._handle, self._owned = None, False  # what close() and __del__ see if the creation fails
         handle = ctypes.c_void_p()
         create = _library.gm_create_from_environment if from_environment else _library.gm_create
-        _check(create(config.encode(), ctypes.byref(handle)))
+        _check(create(_text(config, "config", form=_CONFIGURATION), ctypes.byref(handle)))
         self._handle = handle
         self._owned = True
-        self._pressure_callbacks = {}
 
     @classmethod
     def attach(cls, address):
         allocator = cls.__new__(cls)
-        allocator._handle = ctypes.c_void_p(address)
+        allocator._handle = ctypes.c_void_p(None if address is None else _unsigned(address, "address"))
         allocator._owned = False
-        allocator._pressure_callbacks = {}
         return allocator
 
     def close(self):
@@ -405,6 +401,7 @@ class Allocator:
             destroyed = ctypes.c_void_p(handle.value)
             handle.value = None
             _library.gm_destroy(destroyed, ctypes.byref(live))
+            _pressure_callbacks.forget(destroyed.value)  # C holds none of its callbacks any more
             return live.value
         return 0
 
@@ -423,6 +420,8 @@ class Allocator:
     @property
     def address(self):
         """The C handle, as an integer."""
+        if self._handle is None:
+            raise GpumemError(1, "gpumem.Allocator.address: this allocator was closed")
         return self._handle.value
 
     def malloc(self, size, stream=0, borrowed=False):
@@ -435,7 +434,7 @@ class Allocator:
         return pointer.value or 0
 
     def free(self, pointer):
-        _check(_library.gm_free(self._handle, ctypes.c_void_p(pointer)))
+        _check(_library.gm_free(self._handle, _pointer(pointer)))
 
     def unchecked_functions(self):
         """(malloc(size, stream) -> pointer, free(pointer)) for an adapter's hot path: malloc and free
@@ -460,11 +459,11 @@ class Allocator:
 
     def record_stream(self, pointer, stream):
         stream = _unsigned(stream, "stream")
-        _check(_library.gm_record_stream(self._handle, ctypes.c_void_p(pointer), stream))
+        _check(_library.gm_record_stream(self._handle, _pointer(pointer), stream))
 
     def allocation_size(self, pointer):
         size = ctypes.c_size_t()
-        _check(_library.gm_allocation_size(self._handle, ctypes.c_void_p(pointer), ctypes.byref(size)))
+        _check(_library.gm_allocation_size(self._handle, _pointer(pointer), ctypes.byref(size)))
         return size.value
 
     def empty_cache(self):
@@ -491,8 +490,11 @@ class Allocator:
         """Let device ``peer`` read and write this allocator's memory, now and later (gm_enable_peer_access):
         what a kernel of one GPU needs to use a CuPy array of another. The driver's peer access between the
         two devices (``cupy.cuda.runtime.deviceEnablePeerAccess``) is the caller's, as without gpumem."""
-        if isinstance(peer, bool) or not isinstance(peer, int):
-            raise TypeError(f"gpumem: peer must be an integer, not {type(peer).__name__}")
+        if isinstance(peer, bool):
+            raise TypeError("gpumem: peer must be an integer, not bool")
+        peer = _integer(peer, "peer")
+        if not -2**31 <= peer < 2**31:  # a C int: ctypes would pass 2**40 as 0
+            raise OverflowError(f"gpumem: peer must be a device number, not {peer}")
         _check(_library.gm_enable_peer_access(self._handle, peer))
 
     def host_malloc(self, size):
@@ -507,16 +509,16 @@ class Allocator:
         in the same call (gm_host_free_with_streams): it is not reused before the work queued on them
         until now is done."""
         if not streams:
-            _check(_library.gm_host_free(self._handle, ctypes.c_void_p(pointer)))
+            _check(_library.gm_host_free(self._handle, _pointer(pointer)))
             return
         streams = [_unsigned(stream, "stream") for stream in streams]
         array = (ctypes.c_size_t * len(streams))(*streams)
-        _check(_library.gm_host_free_with_streams(self._handle, ctypes.c_void_p(pointer), array, len(streams)))
+        _check(_library.gm_host_free_with_streams(self._handle, _pointer(pointer), array, len(streams)))
 
     def host_record_stream(self, pointer, stream):
         """The block is used by work on ``stream``: not reused before that work finished."""
         stream = _unsigned(stream, "stream")
-        _check(_library.gm_host_record_stream(self._handle, ctypes.c_void_p(pointer), stream))
+        _check(_library.gm_host_record_stream(self._handle, _pointer(pointer), stream))
 
     def host_empty_cache(self):
         _check(_library.gm_host_empty_cache(self._handle))
@@ -610,60 +612,75 @@ class Allocator:
     def set_pressure_policy(self, high=None, low=None, signals=("reserved", "allocated"), interval_ms=0,
                             psi_high=0.0, psi_low=0.0, host_root=None):
         """Watch memory: the level rises to "high" when a signal reaches `high` (a fraction of the memory limit,
-        or of the device) and falls back to "normal" when every one is below `low` (default high - 0.1). Signals:
-        "reserved", "allocated", "device" (the driver's used memory), "host" (host memory used), "psi" (host
-        memory stalls, against psi_high / psi_low percent), "cgroup" (this process's memory cgroup: its usage
-        of the lower of memory.max and memory.high; never high without such a limit). host_root: where /proc
-        and /sys/fs/cgroup are read (a fixture tree in tests). high=None turns the policy off."""
+        or of the device) and falls back to "normal" when every one is below `low` (default high - 0.1). Signals
+        (a name or names): "reserved", "allocated", "device" (the driver's used memory), "host" (host memory
+        used), "psi" (host memory stalls, against psi_high / psi_low percent), "cgroup" (this process's memory
+        cgroup: its usage of the lower of memory.max and memory.high; never high without such a limit).
+        interval_ms: how often the sampled signals are read (0: 100). host_root: where /proc and
+        /sys/fs/cgroup are read (a fixture tree in tests). high=None turns the policy off."""
         if high is None:
             _check(_library.gm_set_pressure_policy(self._handle, None))
             return
-        self._pressure_policy = _PressurePolicy(
-            high=high, low=high - 0.1 if low is None else low, signals=_signal_bits(signals), interval_ms=interval_ms,
-            psi_high=psi_high, psi_low=psi_low, host_root=host_root.encode() if host_root else None)
-        _check(_library.gm_set_pressure_policy(self._handle, ctypes.byref(self._pressure_policy)))
+        high, psi_high, psi_low = (_fraction(value, name) for value, name in
+                                   ((high, "high"), (psi_high, "psi_high"), (psi_low, "psi_low")))
+        if low is None and high <= 0.1:
+            raise ValueError(f"gpumem: set_pressure_policy(high={high:g}) leaves no room for the default low "
+                             f"(high - 0.1): pass low= too, a fraction between 0 and {high:g}")
+        policy = _pressure.PressurePolicy(
+            high=high, low=high - 0.1 if low is None else _fraction(low, "low"), signals=_pressure.signal_bits(signals),
+            interval_ms=_unsigned(interval_ms, "interval_ms", bits=32), psi_high=psi_high, psi_low=psi_low,
+            host_root=_text(host_root or None, "host_root", none_allowed=True))  # "": the default, "/"
+        _check(_library.gm_set_pressure_policy(self._handle, ctypes.byref(policy)))  # host_root is copied
 
     def pressure_policy(self):
         """The policy in force as a dict (with its defaults filled in), or None."""
-        policy = _PressurePolicy()
+        policy = _pressure.PressurePolicy()
         _check(_library.gm_get_pressure_policy(self._handle, ctypes.byref(policy)))
         if policy.high == 0:
             return None
-        return {"high": policy.high, "low": policy.low, "signals": _signal_names(policy.signals),
+        return {"high": policy.high, "low": policy.low, "signals": _pressure.signal_names(policy.signals),
                 "interval_ms": policy.interval_ms, "psi_high": policy.psi_high, "psi_low": policy.psi_low,
                 "host_root": policy.host_root.decode() if policy.host_root else None}
 
     def pressure(self):
         """The current level ("normal", "high", "critical") and the readings behind it, as a dict."""
-        readings = _PressureReadings()
+        readings = _pressure.PressureReadings()
         _check(_library.gm_get_pressure(self._handle, ctypes.byref(readings)))
-        return _readings_dict(readings)
+        return _pressure.readings_dict(readings)
 
     def check_pressure(self):
         """Read the sampled signals now and evaluate (callbacks run on this thread); the readings after."""
-        readings = _PressureReadings()
+        readings = _pressure.PressureReadings()
         _check(_library.gm_check_pressure(self._handle, ctypes.byref(readings)))
-        return _readings_dict(readings)
+        return _pressure.readings_dict(readings)
 
     def on_pressure(self, callback):
         """Call callback(level, readings) on every change of level ("high", "normal"; "critical" before the last
         retry of an allocation that would fail), with no gpumem lock held: it may allocate and free. Returns
-        `callback`, for remove_pressure_callback."""
-        def trampoline(allocator, level, readings, context):
-            callback(PRESSURE_LEVELS[level] if 0 <= level < len(PRESSURE_LEVELS) else "unknown",
-                     _readings_dict(readings.contents))
-        function = _PRESSURE_CALLBACK(trampoline)
-        _check(_library.gm_on_pressure(self._handle, function, None))
-        self._pressure_callbacks[id(callback)] = function
+        `callback`, for remove_pressure_callback. The registration belongs to the C allocator, not to this
+        object (gpumem.pressure): it lasts until removed or until the allocator is closed, and a callback
+        already registered with the allocator is refused, as gm_on_pressure refuses one twice."""
+        if not callable(callback):
+            raise TypeError(f"gpumem: on_pressure needs a callable, not {type(callback).__name__}")
+        address = self.address
+        thunk = _pressure_callbacks.reserve(address, callback)
+        if thunk is None:
+            raise GpumemError(1, "on_pressure: this callback is already registered with this allocator")
+        status = _library.gm_on_pressure(self._handle, thunk, None)
+        if status:
+            _pressure_callbacks.cancel(address, thunk)
+            _check(status)
         return callback
 
     def remove_pressure_callback(self, callback):
-        """Stop calling `callback`; once this returns it runs nowhere."""
-        function = self._pressure_callbacks.get(id(callback))
-        if function is None:
-            raise GpumemError(1, "this callback is not registered")
-        _check(_library.gm_remove_pressure_callback(self._handle, function, None))
-        del self._pressure_callbacks[id(callback)]
+        """Stop calling `callback`; once this returns it runs nowhere (but on the thread calling this, when
+        it is called from inside a callback)."""
+        address = self.address
+        thunk = _pressure_callbacks.find(address, callback)
+        if thunk is None:
+            raise GpumemError(1, "remove_pressure_callback: this callback is not registered with this allocator")
+        _check(_library.gm_remove_pressure_callback(self._handle, thunk, None))
+        _pressure_callbacks.release(address, thunk)
 
     def sim_set_used_elsewhere(self, size):
         """sim/host backends: make `size` bytes of the device used by "other processes"."""

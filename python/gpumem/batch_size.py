@@ -26,7 +26,9 @@ memory reserved before the step) is the trial's measured peak reserved less the 
    when it does not fit does the search bisect with real trials.
 
 Each trial is a real training step: give ``state=(model, optimizer)`` to
-have their states restored afterwards.
+have their states restored afterwards. A trial whose ``make_batch`` runs out of memory does not fit, as
+one whose step does. A memory history the program records (``_record_memory_history``) stays on as it
+was, the trials' events added to it; otherwise the search turns it on for each trial and off after.
 """
 import os
 import sys
@@ -287,6 +289,7 @@ def find_batch_size(step, make_batch, limit=None, start=2, margin=0.0, maximum=N
     the allocator's GPUMEM_CONF keys, for the replay (default: gpumem.torch's). Returns a
     BatchSizeSearch."""
     import torch
+    _check_sizes(start, maximum)
     log = log or _log_to_stderr
     budget = int(_memory_limit(limit) * (1 - margin))
     saved = _save_state(state)
@@ -301,6 +304,16 @@ def find_batch_size(step, make_batch, limit=None, start=2, margin=0.0, maximum=N
     log(f"gpumem.find_batch_size: batch size {search.batch_size} after {len(search.trials)} trials "
         f"({search.out_of_memory} out of memory)")
     return search
+
+
+def _check_sizes(start, maximum):
+    """ValueError unless start and maximum (if given) are batch sizes with start <= maximum."""
+    for name, value in (("start", start), ("maximum", maximum)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"gpumem.find_batch_size: {name} must be a batch size (an int, 1 or more), not {value!r}")
+    if maximum is not None and maximum < start:
+        raise ValueError(f"gpumem.find_batch_size: maximum ({maximum}) is below start ({start}), the size of the "
+                         "first trial: give a start of at most the maximum")
 
 
 def _search(step, make_batch, budget, start, maximum, config, search, log):
@@ -359,27 +372,69 @@ def _memory_limit(limit):
     return room
 
 
-def _events_of_step(step, batch):
-    """Run the step with torch's memory history on; its allocation events in order."""
+def _history_is_on():
+    """Whether torch's memory history is being recorded (torch._C._cuda_isHistoryEnabled; where torch
+    lacks it, taken as off)."""
     import torch
-    torch.cuda.memory._record_memory_history(max_entries=1 << 20, context=None, stacks="python")
-    try:
+    is_on = getattr(getattr(torch, "_C", None), "_cuda_isHistoryEnabled", None)
+    return bool(is_on()) if is_on is not None else False
+
+
+def _device_history(device):
+    import torch
+    traces = torch.cuda.memory._snapshot()["device_traces"]
+    return traces[device] if device < len(traces) else []
+
+
+def _events_of_step(step, batch):
+    """Run the step with torch's memory history on; its allocation events in order. A history the program
+    records already is left as it is (its settings, its events); the step's events are those after its
+    last one. Else the history is on for the step alone."""
+    import torch
+    device = torch.cuda.current_device()
+    if _history_is_on():
+        before = _device_history(device)
         step(batch)
         torch.cuda.synchronize()
-        snapshot = torch.cuda.memory._snapshot()
-    finally:
-        torch.cuda.memory._record_memory_history(enabled=None)
-    device = torch.cuda.current_device()
-    traces = snapshot["device_traces"][device] if snapshot["device_traces"] else []
+        traces = _entries_after(_device_history(device), before[-1] if before else None)
+    else:
+        torch.cuda.memory._record_memory_history(max_entries=1 << 20, context=None, stacks="python")
+        try:
+            step(batch)
+            torch.cuda.synchronize()
+            traces = _device_history(device)
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None)
     return [(event["action"], event["addr"], event["size"], event.get("stream", 0)) for event in traces
             if event["action"] in ("alloc", "free_requested")]
 
 
+def _entry_key(entry):
+    return tuple(entry.get(key) for key in ("action", "addr", "size", "stream", "time_us"))
+
+
+def _entries_after(entries, last_before):
+    """The entries after `last_before` (the newest one before the step; None: every entry). The program's
+    history is a ring: when the step pushed `last_before` out of it, the step's first events are gone too."""
+    if last_before is None:
+        return entries
+    key = _entry_key(last_before)
+    for index in range(len(entries) - 1, -1, -1):
+        if _entry_key(entries[index]) == key:
+            return entries[index + 1:]
+    raise RuntimeError("gpumem.find_batch_size: the memory history this program records (torch.cuda.memory."
+                       "_record_memory_history) keeps fewer entries than one training step makes: raise its "
+                       "max_entries, or turn it off during the search")
+
+
 def _live_blocks():
-    """{address: bytes} of the blocks allocated (or freed and waiting for a stream) now."""
+    """{address: bytes} of the blocks allocated (or freed and waiting for a stream) now on the current device."""
     import torch
+    device = torch.cuda.current_device()
     live = {}
     for segment in torch.cuda.memory_snapshot():
+        if segment.get("device", device) != device:
+            continue
         address = segment["address"]
         for block in segment["blocks"]:
             if block["state"] in ("active_allocated", "active_pending_free"):
@@ -417,12 +472,12 @@ def _trial(step, make_batch, size, budget, search):
     """A recorded trial (a Trial), or None when the step at this size does not fit."""
     import torch
     torch.cuda.empty_cache()  # every trial starts from the memory the step does not hold, as the model assumes
-    batch = make_batch(size)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    reserved_start = torch.cuda.memory_reserved()
-    live_at_start = _live_blocks()
     try:
+        batch = make_batch(size)  # a batch that does not fit makes no step that fits
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        reserved_start = torch.cuda.memory_reserved()
+        live_at_start = _live_blocks()
         events = _events_of_step(step, batch)
     except torch.OutOfMemoryError:
         search.out_of_memory += 1
@@ -459,7 +514,9 @@ def _fits(step, make_batch, size, budget, search):
 
 
 def _bisect(step, make_batch, low, high, budget, search, log):
-    """Largest fitting size in [low, high): low fits, high does not."""
+    """A fitting size in [low, high), where low fits and high does not: the largest one to within low / 64
+    (each try is a real training step, so the bisection stops once the gap is at most max(1, low // 64)
+    samples; the last size found to fit)."""
     log(f"gpumem.find_batch_size: {high} does not fit; bisecting between {low} and {high}")
     while high - low > max(1, low // 64):
         middle = (low + high) // 2

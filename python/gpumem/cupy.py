@@ -60,6 +60,7 @@ import gpumem
 from gpumem import compiled, cupy_hooks, cupy_pools
 
 _allocators = {}
+_allocators_lock = threading.Lock()  # held while a device's allocator is made (_device_state)
 # The CuPy streams gpumem has allocated on and still holds memory for, kept alive: gpumem keeps cached
 # memory per stream and may record an event on the stream later (to move its idle memory to another
 # stream), which a destroyed stream's handle must not receive. (CuPy destroys a Stream when its last
@@ -169,15 +170,20 @@ class _PinnedBlock:
 
 
 def _device_state(device):
-    """The device's _Device, its gpumem allocator made on first use."""
+    """The device's _Device, its gpumem allocator made on first use (by one thread: two threads' first
+    allocations on a device would otherwise make two allocators, the loser's memory stranded)."""
     state = _allocators.get(device)
-    if state is None:
-        config = f"backend:cuda,device:{device}" + (f",{_settings['config']}" if _settings["config"] else "")
-        allocator = gpumem.Allocator(config)
-        limit = cupy_pools.memory_limit_from_environment(allocator.device_info()["total_bytes"])
-        if limit is not None:  # CuPy's default pool would apply it to every device
-            allocator.set_memory_limit(limit)
-        state = _allocators[device] = _Device(allocator)
+    if state is not None:
+        return state
+    with _allocators_lock:
+        state = _allocators.get(device)
+        if state is None:
+            config = f"backend:cuda,device:{device}" + (f",{_settings['config']}" if _settings["config"] else "")
+            allocator = gpumem.Allocator(config)
+            limit = cupy_pools.memory_limit_from_environment(allocator.device_info()["total_bytes"])
+            if limit is not None:  # CuPy's default pool would apply it to every device
+                allocator.set_memory_limit(limit)
+            state = _allocators[device] = _Device(allocator)
     return state
 
 

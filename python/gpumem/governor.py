@@ -17,14 +17,18 @@ pages that live tensors pin given back, once a step, between the failed try and 
 kernel of this step runs): when that gives memory back, the step runs again as it was. After
 ``merge_after`` steps in a row without trouble it tries half as many again. When even one
 sample per micro-batch does not fit, the modules named in ``checkpoint`` are switched to activation
-checkpointing (``torch.utils.checkpoint``) and the step is retried once more. Every decision is a log
-line (``log``, default: standard error) and a count in ``step.counts``.
+checkpointing (``torch.utils.checkpoint``) and the step is retried once more; when that fails too it
+raises ``torch.OutOfMemoryError``. Every decision is a log line (``log``, default: standard error) and a
+count in ``step.counts``. Gradients accumulated before the call are kept through its tries, and are what
+the parameters hold if it raises.
 
 Batch-norm: a micro-batch is normalized with its own statistics, as in any gradient accumulation, so
 with batch-norm the gradients are not exactly the whole batch's. The running statistics are kept exact:
 during a split step each batch-norm module's per-micro-batch mean and variance are recorded, the
 running statistics are restored afterwards and updated once with the whole batch's mean and unbiased
-variance combined from them, as one unsplit step would have done.
+variance combined from them, as one unsplit step would have done. A try that runs out of memory may have
+run forward (updating them) before backward failed, so they are saved when the step starts and restored
+before every retry, and when the step raises.
 
 ``watch_leaks`` looks at the live bytes at step boundaries: when they grow over ``steps`` boundaries
 in a row (after ``warmup`` steps), it warns once, with the growth per step and the allocations made
@@ -44,12 +48,17 @@ def _log_to_stderr(line):
 
 
 def _batch_size(batch):
+    """The samples in the batch: the first dimension of its first tensor (ValueError when it has none)."""
     if isinstance(batch, torch.Tensor):
+        if len(batch.shape) == 0:
+            raise ValueError("gpumem.adaptive cannot split a 0-dimensional tensor: the samples go along the "
+                             "first dimension")
         return batch.shape[0]
-    if isinstance(batch, dict):
-        return _batch_size(next(iter(batch.values())))
-    if isinstance(batch, (list, tuple)):
-        return _batch_size(batch[0])
+    if isinstance(batch, (dict, list, tuple)):
+        if not batch:
+            raise ValueError(f"gpumem.adaptive cannot split an empty {type(batch).__name__}: the batch needs "
+                             "a tensor with the samples along its first dimension")
+        return _batch_size(next(iter(batch.values())) if isinstance(batch, dict) else batch[0])
     raise TypeError(f"gpumem.adaptive cannot split a {type(batch).__name__}: give tensors, or tuples, lists or "
                     "dicts of them, with the samples along the first dimension")
 
@@ -70,18 +79,35 @@ def _bounds(size, parts):
     return [(edges[i], edges[i + 1]) for i in range(parts) if edges[i + 1] > edges[i]]
 
 
+def _tracking_batch_norms(modules):
+    """The batch-norm modules whose forward updates running statistics."""
+    return [m for m in modules if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+            and m.training and m.track_running_stats]
+
+
+def _save_batch_norms(modules):
+    """{module: (running mean, running variance, batches tracked)} copied, for _restore_batch_norms."""
+    return {module: (module.running_mean.clone(), module.running_var.clone(), module.num_batches_tracked.clone())
+            for module in modules}
+
+
+def _restore_batch_norms(saved):
+    with torch.no_grad():
+        for module, (mean, variance, tracked) in saved.items():
+            module.running_mean.copy_(mean), module.running_var.copy_(variance)
+            module.num_batches_tracked.copy_(tracked)
+
+
 class _BatchNormRecorder:
     """During a split step: each batch-norm module's micro-batch statistics, then one exact update."""
 
     def __init__(self, modules):
-        self.modules = [m for m in modules if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
-                        and m.training and m.track_running_stats]
+        self.modules = _tracking_batch_norms(modules)
         self.saved, self.seen, self.hooks = {}, {}, []
 
     def __enter__(self):
+        self.saved = _save_batch_norms(self.modules)
         for module in self.modules:
-            self.saved[module] = (module.running_mean.clone(), module.running_var.clone(),
-                                  module.num_batches_tracked.clone())
             self.seen[module] = []
             self.hooks.append(module.register_forward_pre_hook(self._record))
         return self
@@ -95,9 +121,7 @@ class _BatchNormRecorder:
         for hook in self.hooks:
             hook.remove()
         if failure[0] is not None:
-            for module, (mean, variance, tracked) in self.saved.items():
-                module.running_mean.copy_(mean), module.running_var.copy_(variance)
-                module.num_batches_tracked.copy_(tracked)
+            _restore_batch_norms(self.saved)
             return False
         with torch.no_grad():
             for module, (mean, variance, tracked) in self.saved.items():
@@ -139,22 +163,46 @@ class Adaptive:
 
     def __call__(self, batch):
         size = _batch_size(batch)
+        if size == 0:
+            raise ValueError("gpumem.adaptive: the batch has no samples (its first dimension is 0)")
         self.steps += 1
         self.counts["steps"] += 1
         self._react_to_pressure(size)
-        merging = self._time_to_merge()
         kept = [p.grad for p in self.parameters]  # gradients accumulated before this step, added back after
         for p in self.parameters:
             p.grad = None
+        # Running statistics as before the step: every retry starts from them, as does the caller after a
+        # failure (a failed try may have run forward, updating them, before it ran out in backward).
+        norms = _save_batch_norms(_tracking_batch_norms(self.model.modules() if self.model is not None else ()))
+        try:
+            loss = self._run_until_it_fits(batch, size, norms)
+        except BaseException:
+            self._drop_gradients()
+            _restore_batch_norms(norms)
+            raise
+        finally:
+            for p, before in zip(self.parameters, kept):
+                if before is not None:
+                    p.grad = before if p.grad is None else before.add_(p.grad)
+        self.quiet_steps += 1
+        return loss
+
+    def _drop_gradients(self):
+        for p in self.parameters:
+            p.grad = None  # the partial gradients go with the failed step's graph
+
+    def _run_until_it_fits(self, batch, size, norms):
+        """The step's loss, run again after each out-of-memory error: defragmented once, then at the
+        micro-batches a failed merge left, then split further."""
+        merging = self._time_to_merge()
         defragmented = False
         while True:
             try:
-                loss = self._run(batch, size)
-                break
+                return self._run(batch, size)
             except torch.OutOfMemoryError as error:
                 message = str(error).splitlines()[0]
-            for p in self.parameters:
-                p.grad = None  # the partial gradients go with the failed step's graph
+            self._drop_gradients()
+            _restore_batch_norms(norms)
             self.counts["out_of_memory"] += 1
             self.quiet_steps = 0
             if not defragmented:
@@ -170,11 +218,6 @@ class Adaptive:
                          f"{self.micro_batches} micro-batches, next try after {self.merge_after} steps")
                 continue
             self._split_further(size, message)
-        for p, before in zip(self.parameters, kept):
-            if before is not None:
-                p.grad = before if p.grad is None else before.add_(p.grad)
-        self.quiet_steps += 1
-        return loss
 
     def _run(self, batch, size):
         parts = _bounds(size, min(self.micro_batches, size))
@@ -267,6 +310,10 @@ class LeakWatch:
     """Live bytes at step boundaries; warns once when they grow over `steps` boundaries in a row."""
 
     def __init__(self, steps=5, warmup=2, log=None):
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"gpumem.watch_leaks: steps must be a whole number of steps, 1 or more (got {steps!r})")
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+            raise ValueError(f"gpumem.watch_leaks: warmup must be a whole number of steps, 0 or more (got {warmup!r})")
         self.window = steps
         self.warmup = warmup
         self.log = log or _log_to_stderr

@@ -7,7 +7,9 @@
 
 Unmodified scripts: put gpumem's ``python`` folder on PYTHONPATH and set GPUMEM_TORCH=1 (or to a
 GPUMEM_CONF-style string): ``PYTHONPATH=/path/to/gpumem/python GPUMEM_TORCH=1 python train.py``.
-Or run ``python -m gpumem.torch train.py ARGS``.
+GPUMEM_TORCH unset, empty, 0, false, no or off: not installed. Or run ``python -m gpumem.torch train.py
+ARGS``, which runs the script as ``python train.py ARGS`` would (its folder first on sys.path), with gpumem
+installed (with GPUMEM_TORCH's configuration, if it holds one).
 
 The translation layer is a small C++ extension (torch_adapter.cpp) compiled against the installed
 torch on first use and cached by torch.utils.cpp_extension; all logic stays in libgpumem.
@@ -20,6 +22,15 @@ import gpumem
 
 _extension = None
 _installed_config = ""
+_OFF = ("", "0", "false", "no", "off")  # GPUMEM_TORCH values that mean "not installed" (sitecustomize.py too)
+
+
+def configuration_from_environment():
+    """GPUMEM_TORCH's meaning: None (unset or off), "" (1: the defaults) or the configuration it holds."""
+    setting = os.environ.get("GPUMEM_TORCH")
+    if setting is None or setting.strip().lower() in _OFF:
+        return None
+    return "" if setting.strip() == "1" else setting
 
 
 def _adapter():
@@ -47,11 +58,21 @@ def install(config=""):
     """Make gpumem the CUDA allocator of this process.
 
     ``config`` is applied on top of GPUMEM_CONF (e.g. "engine:segments"). Must run before CUDA is
-    initialized; installing twice is harmless. A bad configuration raises gpumem.GpumemError at once,
-    with nothing swapped (PyTorch keeps its own allocator).
+    initialized. Installing again with the same configuration, or with none (""; as a script does that
+    GPUMEM_TORCH=KEYS installed for), is harmless; with another one it warns (RuntimeWarning) that the
+    allocator in place keeps its own, and the program goes on (a script that calls install(KEYS) itself
+    still runs under `gpumem run` or GPUMEM_TORCH=1). A bad configuration raises gpumem.GpumemError at
+    once, with nothing swapped (PyTorch keeps its own allocator).
     """
     import torch
+    global _installed_config
     if is_installed():
+        if config and config != _installed_config:
+            import warnings
+            warnings.warn(f"gpumem.torch.install({config!r}): gpumem is installed already, with "
+                          f"{_installed_config!r}, which stays: the configuration cannot change in this process "
+                          "(set GPUMEM_TORCH or GPUMEM_CONF to the one wanted, or call install() once)",
+                          RuntimeWarning, stacklevel=2)
         return
     # A bad configuration stops here, before anything is built or swapped (PyTorch keeps its own
     # allocator), rather than at the first CUDA tensor; the error names the variable it came from.
@@ -63,7 +84,6 @@ def install(config=""):
             "tensor, torch.cuda.init() or any torch.cuda memory call (or set GPUMEM_TORCH=1 and put "
             "gpumem's python folder on PYTHONPATH, so that it runs when torch is imported).")
     _adapter().install(config)
-    global _installed_config
     _installed_config = config
     if os.environ.get("GPUMEM_RUN_OUTPUT"):
         import atexit
@@ -93,13 +113,30 @@ def is_installed():
     return _extension is not None and _extension.is_installed()
 
 
-def allocator(device=None):
-    """The gpumem.Allocator behind a CUDA device (for gpumem's own statistics and summary)."""
+def device_index(device=None):
+    """The index of a CUDA device named as torch.cuda's functions take it: None (the current device), an
+    int, a str ("cuda", "cuda:1") or a torch.device."""
     import torch
+    if device is None:
+        return torch.cuda.current_device()
+    if isinstance(device, bool) or not isinstance(device, (int, str, torch.device)):
+        raise TypeError(f"gpumem.torch: a device is an int, a str or a torch.device, not {type(device).__name__}")
+    if not isinstance(device, int):
+        named = device if isinstance(device, torch.device) else torch.device(device)
+        if named.type != "cuda":
+            raise ValueError(f"gpumem.torch: {device!r} is not a CUDA device")
+        device = torch.cuda.current_device() if named.index is None else named.index
+    if not 0 <= device < torch.cuda.device_count():
+        raise ValueError(f"gpumem.torch: no CUDA device {device} (this process sees {torch.cuda.device_count()})")
+    return device
+
+
+def allocator(device=None):
+    """The gpumem.Allocator behind a CUDA device (for gpumem's own statistics and summary); ``device`` as
+    torch.cuda's functions take it (device_index)."""
     if not is_installed():
         raise RuntimeError("gpumem is not installed as the CUDA allocator")
-    index = torch.cuda.current_device() if device is None else torch.device("cuda", device).index or 0
-    return gpumem.Allocator.attach(_extension.handle(index))
+    return gpumem.Allocator.attach(_extension.handle(device_index(device)))
 
 
 def defragment(device=None, min_free_bytes=0):
@@ -158,14 +195,22 @@ def __getattr__(name):
 
 
 def _main():
-    """python -m gpumem.torch SCRIPT ARGS: run a script with gpumem as the CUDA allocator."""
+    """python -m gpumem.torch SCRIPT ARGS: run a script with gpumem as the CUDA allocator, as
+    ``python SCRIPT ARGS`` runs it: its folder in place of this one's first on sys.path."""
     import runpy
+    import zipfile
     if len(sys.argv) < 2:
         sys.exit("usage: python -m gpumem.torch SCRIPT [ARGS...]")
-    install(os.environ.get("GPUMEM_TORCH", "") if os.environ.get("GPUMEM_TORCH") not in (None, "1") else "")
+    install(configuration_from_environment() or "")
     sys.argv = sys.argv[1:]
-    runpy.run_path(sys.argv[0], run_name="__main__")
+    script = sys.argv[0]
+    if not os.path.isdir(script) and not zipfile.is_zipfile(script):  # those run_path puts on sys.path itself
+        sys.path[0] = os.path.dirname(os.path.realpath(script))  # as python does, symbolic links followed
+    runpy.run_path(script, run_name="__main__")
 
 
 if __name__ == "__main__":
-    _main()
+    # Run as gpumem.torch, not as __main__ (a second copy of this module): the script's `import gpumem.torch`
+    # must find the module that installed gpumem (is_installed(), allocator()).
+    from gpumem import torch as _installed_module
+    _installed_module._main()

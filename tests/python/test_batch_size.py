@@ -1,6 +1,11 @@
 """gpumem.batch_size without a GPU: the step model built from two recorded trials, and the prediction by
-replay on the simulated device, checked against brute force over every batch size."""
+replay on the simulated device, checked against brute force over every batch size. Then find_batch_size
+and gpumem.governor's adaptive step and leak watch over a stand-in torch (fake_torch below: tensors on
+Python lists, torch.cuda's calls as find_batch_size makes them, its memory history)."""
+import contextlib
 import random
+import sys
+import types
 import unittest
 
 import gpumem
@@ -217,6 +222,297 @@ class StepModelTest(unittest.TestCase):
         self.assertEqual(batch_size.replay([("a", 0, 1, 0)], config, 1 << 20), (False, 0, 0))
         self.assertEqual(batch_size.replay([("a", 0, 4 << 20, 0)], config, 5 << 20)[0], True)
         self.assertEqual(batch_size.replay([("a", 0, 6 << 20, 0)], config, 5 << 20)[0], False)
+
+class FakeTensor:
+    """A float tensor of one or two dimensions on Python lists: what the governor does with a batch, a
+    batch-norm module's input and its running statistics."""
+
+    dtype = "float32"
+
+    def __init__(self, values, shape=None):
+        if shape is None:
+            nested = bool(values) and isinstance(values[0], list)
+            shape = (len(values), len(values[0])) if nested else (len(values),)
+            values = [x for row in values for x in row] if nested else list(values)
+        self.values, self.shape = [float(x) for x in values], tuple(shape)
+
+    def rows(self):
+        width = self.shape[1]
+        return [self.values[i * width:(i + 1) * width] for i in range(self.shape[0])]
+
+    def __getitem__(self, where):
+        return FakeTensor(self.rows()[where] if len(self.shape) == 2 else self.values[where])
+
+    def _apply(self, other, operation):
+        others = other.values if isinstance(other, FakeTensor) else [other] * len(self.values)
+        return FakeTensor([operation(a, b) for a, b in zip(self.values, others)], self.shape)
+
+    __add__ = __radd__ = lambda self, other: self._apply(other, lambda a, b: a + b)
+    __mul__ = __rmul__ = lambda self, other: self._apply(other, lambda a, b: a * b)
+    __sub__ = lambda self, other: self._apply(other, lambda a, b: a - b)
+    __truediv__ = lambda self, other: self._apply(other, lambda a, b: a / b)
+    __pow__ = lambda self, other: self._apply(other, lambda a, b: a ** b)
+    detach = float = lambda self: self
+    to = lambda self, dtype: self  # noqa: E731
+    reshape = lambda self, rows, columns: self  # noqa: E731 (only ever of a transposed 2-D tensor)
+    clone = lambda self: FakeTensor(list(self.values), self.shape)  # noqa: E731
+    item = lambda self: self.values[0]  # noqa: E731
+
+    def transpose(self, first, second):
+        return FakeTensor([list(column) for column in zip(*self.rows())])
+
+    def mean(self, dimension):
+        return FakeTensor([sum(row) / len(row) for row in self.rows()])
+
+    def var(self, dimension, unbiased=True):
+        return FakeTensor([sum((x - sum(row) / len(row)) ** 2 for x in row) / (len(row) - unbiased)
+                           if len(row) > unbiased else float("nan") for row in self.rows()])
+
+    def copy_(self, other):
+        self.values = list(other.values)
+        return self
+
+    def add_(self, other):
+        self.values = self._apply(other, lambda a, b: a + b).values
+        return self
+
+
+class FakeModule:
+    def __init__(self, *children):
+        self.children, self.hooks, self.training = list(children), [], True
+
+    def __call__(self, *inputs):
+        for hook in list(self.hooks):
+            hook(self, inputs)
+        return self.forward(*inputs)
+
+    def forward(self, x):
+        for child in self.children:
+            x = child(x)
+        return x
+
+    def register_forward_pre_hook(self, hook):
+        self.hooks.append(hook)
+        return types.SimpleNamespace(remove=lambda: self.hooks.remove(hook))
+
+    def modules(self):
+        yield self
+        for child in self.children:
+            yield from child.modules()
+
+    def parameters(self):
+        return []
+
+
+class FakeBatchNorm(FakeModule):
+    """Updates its running statistics in forward, as torch's batch norm does in training."""
+
+    def __init__(self):
+        super().__init__()
+        self.momentum, self.track_running_stats = 0.1, True
+        self.running_mean, self.running_var = FakeTensor([0.0]), FakeTensor([1.0])
+        self.num_batches_tracked = FakeTensor([0.0])
+
+    def forward(self, x):
+        columns, m = x.transpose(0, 1), self.momentum
+        self.running_mean.copy_((1 - m) * self.running_mean + m * columns.mean(1))
+        self.running_var.copy_((1 - m) * self.running_var + m * columns.var(1, unbiased=True))
+        self.num_batches_tracked.copy_(self.num_batches_tracked + 1)
+        return x
+
+
+class FakeDevice:
+    """torch.cuda as find_batch_size sees it: the peak a step sets, and the memory history (its entries
+    while on; turning it off clears them, as torch does)."""
+
+    def __init__(self):
+        self.history_on, self.entries, self.history_calls, self.peak, self.clock = False, [], [], 0, 0
+        self.segments, self.current = [], 0
+
+    def record_history(self, enabled="all", **settings):
+        self.history_calls.append(enabled)
+        self.history_on = enabled is not None
+        if not self.history_on:
+            self.entries = []
+
+    def event(self, action, address, size):
+        self.clock += 1
+        if self.history_on:
+            self.entries.append({"action": action, "addr": address, "size": size, "stream": 0, "time_us": self.clock})
+
+
+def fake_torch(device=None):
+    """A stand-in torch module: FakeTensor, FakeModule and FakeBatchNorm as torch.Tensor, torch.nn.Module and
+    batch norm; torch.cuda over a FakeDevice."""
+    device = device or FakeDevice()
+    torch = types.ModuleType("torch")
+    torch.Tensor, torch.OutOfMemoryError, torch.no_grad = FakeTensor, type("OutOfMemoryError", (RuntimeError,), {}), \
+        contextlib.nullcontext
+    torch.is_tensor = lambda value: isinstance(value, FakeTensor)
+    torch.nn = types.SimpleNamespace(Module=FakeModule, modules=types.SimpleNamespace(
+        batchnorm=types.SimpleNamespace(_BatchNorm=FakeBatchNorm)))
+    nothing = lambda *arguments: None  # noqa: E731
+    torch.cuda = types.SimpleNamespace(
+        empty_cache=nothing, synchronize=nothing, current_device=lambda: device.current, memory_reserved=lambda: 0,
+        reset_peak_memory_stats=lambda: setattr(device, "peak", 0), max_memory_reserved=lambda: device.peak,
+        max_memory_allocated=lambda: device.peak, memory_snapshot=lambda: device.segments, memory_allocated=lambda: 0,
+        get_device_properties=lambda index: types.SimpleNamespace(total_memory=80 << 30),
+        memory=types.SimpleNamespace(_record_memory_history=device.record_history,
+                                     _snapshot=lambda: {"device_traces": [list(device.entries)], "segments": []}))
+    torch._C = types.SimpleNamespace(_cuda_isHistoryEnabled=lambda: device.history_on)
+    return torch, device
+
+
+class StandInTorchTest(unittest.TestCase):
+    """fake_torch() as sys.modules["torch"] for each test (gpumem.governor's global `torch` too)."""
+
+    def setUp(self):
+        self.torch, self.device = fake_torch()
+        saved = sys.modules.get("torch")
+        sys.modules["torch"] = self.torch
+        self.addCleanup(lambda: sys.modules.__setitem__("torch", saved) if saved else sys.modules.pop("torch", None))
+        from gpumem import governor
+        self.governor, saved_torch = governor, getattr(governor, "torch", None)
+        governor.torch = self.torch
+        self.addCleanup(setattr, governor, "torch", saved_torch)
+
+
+class FindBatchSizeTest(StandInTorchTest):
+    def step(self, samples):
+        """A step of 1 MiB of activations a sample, out of memory above 200 MiB."""
+        self.device.event("alloc", 1, samples * MIB)
+        self.device.event("free_requested", 1, samples * MIB)
+        self.device.peak = samples * MIB
+        if samples * MIB > 200 * MIB:
+            raise self.torch.OutOfMemoryError("step out of memory")
+
+    def find(self, make_batch=lambda samples: samples, **options):
+        return batch_size.find_batch_size(self.step, make_batch, limit=1 << 30, log=lambda line: None, config="",
+                                          **options)
+
+    def test_a_batch_that_does_not_fit_is_a_size_that_does_not_fit(self):
+        def make_batch(samples):  # the batch's own tensors run out above 64 samples
+            if samples > 64:
+                raise self.torch.OutOfMemoryError(f"out of memory making a batch of {samples}")
+            return samples
+        search = self.find(make_batch)  # raised the second trial's OutOfMemoryError
+        self.assertEqual(search.batch_size, 64)
+        self.assertEqual(search.trials[1][:2], (768, False))
+
+    def test_a_history_the_program_records_stays_on(self):
+        self.device.record_history("all")
+        self.device.history_calls = []
+        self.device.event("alloc", 99, 5 * MIB)  # the program's own
+        self.assertEqual(batch_size._events_of_step(self.step, 3), [("alloc", 1, 3 * MIB, 0),
+                                                                    ("free_requested", 1, 3 * MIB, 0)])
+        self.assertIn(self.find().batch_size, range(196, 201))
+        self.assertTrue(self.device.history_on)  # was turned off, and emptied
+        self.assertEqual(self.device.history_calls, [])  # its settings left as they were
+        self.assertEqual(self.device.entries[0]["addr"], 99)
+
+    def test_a_history_that_was_off_is_off_after(self):
+        search = self.find()
+        self.assertFalse(self.device.history_on)
+        self.assertEqual(self.device.history_calls[:2], ["all", None])
+        self.assertIn(search.batch_size, range(196, 201))  # the bisection stops within 1/64
+
+    def test_blocks_live_are_the_current_devices(self):
+        self.device.current = 1
+        self.device.segments = [
+            {"device": 0, "address": 4096, "blocks": [{"size": 512, "state": "active_allocated"}]},
+            {"device": 1, "address": 8192, "blocks": [{"size": 512, "state": "inactive"},
+                                                      {"size": 1024, "state": "active_pending_free"}]}]
+        self.assertEqual(batch_size._live_blocks(), {8704: 1024})  # device 0's block counted too
+
+    def test_a_maximum_below_the_start_is_refused(self):
+        # It returned a size above the maximum.
+        with self.assertRaises(ValueError) as caught:
+            self.find(start=8, maximum=4)
+        self.assertIn("maximum (4) is below start (8)", str(caught.exception))
+        self.assertEqual(self.device.clock, 0)  # no trial ran
+        self.assertEqual(self.find(start=4, maximum=4).batch_size, 4)
+
+
+class Parameter:
+    requires_grad, grad = True, None
+
+
+class AdaptiveTest(StandInTorchTest):
+    def model_and_step(self, failures=0, **options):
+        """A model (one batch norm, one parameter) and its adaptive step, whose backward runs out of memory
+        `failures` times: after forward has updated the running statistics."""
+        norm, parameter, left = FakeBatchNorm(), Parameter(), [failures]
+        model = FakeModule(norm)
+        model.parameters = lambda: [parameter]
+
+        def backward():
+            if left[0]:
+                left[0] -= 1
+                raise self.torch.OutOfMemoryError("CUDA out of memory (in backward)")
+            parameter.grad = FakeTensor([1.0])
+
+        def loss_of(batch):
+            model(batch)
+            return _Loss(backward)
+        return norm, parameter, self.governor.adaptive(loss_of, model, log=lambda line: None, **options)
+
+    def statistics(self, norm):
+        return norm.running_mean.values, norm.running_var.values, norm.num_batches_tracked.values
+
+    def test_running_statistics_are_restored_before_every_retry(self):
+        batch = FakeTensor([[1.0], [2.0], [3.0], [4.0]])
+        norm, _, step = self.model_and_step()
+        step(batch)
+        unsplit = self.statistics(norm)
+        retries = {"split": {}, "defragmented": {"defragment": lambda: 8 << 20},
+                   "failed merge": {"micro_batches": 2, "merge_after": 0}}
+        for name, options in retries.items():
+            norm, _, step = self.model_and_step(failures=1, **options)
+            step(batch)  # one try ran forward (the statistics updated), then out of memory in backward
+            self.assertEqual(self.statistics(norm), unsplit, name)
+        self.assertEqual((step.counts["failed_merges"], step.micro_batches), (1, 2))
+
+    def test_gradients_from_before_the_call_are_kept_when_it_fails(self):
+        norm, parameter, step = self.model_and_step(failures=99)
+        parameter.grad = FakeTensor([5.0])  # accumulated by an earlier call
+        before = self.statistics(norm)
+        with self.assertRaises(self.torch.OutOfMemoryError) as caught:
+            step(FakeTensor([[1.0], [2.0]]))
+        self.assertIn("a single sample does not fit", str(caught.exception))
+        self.assertEqual(parameter.grad.values, [5.0])  # was None
+        self.assertEqual(self.statistics(norm), before)
+        norm, parameter, step = self.model_and_step()
+        parameter.grad = FakeTensor([5.0])
+        step(FakeTensor([[1.0], [2.0]]))
+        self.assertEqual(parameter.grad.values, [6.0])
+
+    def test_batches_without_samples_are_clear_errors(self):
+        _, _, step = self.model_and_step()
+        for batch, message in ((FakeTensor([]), "the batch has no samples"), ({}, "cannot split an empty dict"),
+                               ([], "cannot split an empty list")):  # ZeroDivisionError, StopIteration, IndexError
+            with self.assertRaises(ValueError) as caught:
+                step(batch)
+            self.assertIn(message, str(caught.exception))
+        for steps, warmup in ((0, 2), (1.5, 2), (5, -1)):  # steps=0 was a ZeroDivisionError at the first step
+            with self.assertRaises(ValueError):
+                self.governor.watch_leaks(steps=steps, warmup=warmup)
+
+
+class _Loss:
+    """A micro-batch's loss: scaled and summed as the governor does, and its backward."""
+
+    def __init__(self, backward):
+        self.backward = backward
+
+    def __mul__(self, factor):
+        return self
+
+    def __add__(self, other):
+        return self
+
+    def detach(self):
+        return self
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -11,6 +11,7 @@ import collections
 import ctypes
 import sys
 import threading
+import time
 import types
 import unittest
 
@@ -179,6 +180,34 @@ class CupyInstallTest(StandInCupyTest):
         self.assertNotIn(1000, kept)
         del live
         self.assertEqual(self.unraisable, [])
+
+    def test_two_threads_first_allocations_make_one_allocator(self):
+        # Without a lock both threads made an allocator for device 0, and one of them was dropped.
+        made, barrier, real = [], threading.Barrier(2), gpumem.Allocator
+
+        def slow_allocator(config):
+            made.append(config)
+            time.sleep(0.2)  # both threads are in here unless the first holds a lock
+            return real(config)
+        saved_config = self.module._settings["config"]
+        self.module._settings["config"] = "backend:sim"
+        gpumem.Allocator = slow_allocator
+        try:
+            states = [None, None]
+
+            def first_allocation(index):
+                barrier.wait()
+                states[index] = self.module._device_state(0)
+            threads = [threading.Thread(target=first_allocation, args=(index,)) for index in range(2)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        finally:
+            gpumem.Allocator = real
+            self.module._settings["config"] = saved_config
+        self.assertEqual(len(made), 1)
+        self.assertIs(states[0], states[1])
 
     def test_installs_both_allocators_or_only_the_device_one(self):
         state = self.install(pinned=False)

@@ -5,9 +5,42 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
+import types
 import unittest
 
 import gpumem
+
+# A stand-in torch package for child processes (python -m gpumem.torch, sitecustomize): no CUDA started, and
+# torch.utils.cpp_extension.load gives an adapter that only records install(config).
+FAKE_TORCH_FILES = {
+    "torch/__init__.py": "import types\ncuda = types.SimpleNamespace(is_initialized=lambda: False)\n",
+    "torch/utils/__init__.py": "",
+    "torch/utils/cpp_extension.py": textwrap.dedent("""\
+        import types
+        installed = []
+        def load(**options):
+            return types.SimpleNamespace(install=installed.append, is_installed=lambda: bool(installed))
+        """),
+}
+
+
+def fake_torch_module(device_count=2):
+    """A stand-in torch module for gpumem.torch in this process: devices, torch.cuda's current device."""
+    torch = types.ModuleType("torch")
+
+    class device:
+        def __init__(self, kind, index=None):
+            if isinstance(kind, device):
+                kind, index = kind.type, kind.index
+            elif ":" in kind:
+                kind, index = kind.split(":")[0], int(kind.split(":")[1])
+            self.type, self.index = kind, index
+
+    torch.device = device
+    torch.cuda = types.SimpleNamespace(is_initialized=lambda: False, current_device=lambda: 0,
+                                       device_count=lambda: device_count)
+    return torch
 
 
 class PackageTest(unittest.TestCase):
@@ -132,6 +165,14 @@ class PackageTest(unittest.TestCase):
             self.allocator.history()
         self.assertIn("keeps no history", str(caught.exception))
 
+    def test_oom_causes_are_the_librarys(self):
+        import ctypes
+        name = gpumem._library.gm_oom_cause_name
+        name.restype = ctypes.c_char_p
+        name.argtypes = [ctypes.c_int]
+        self.assertEqual(gpumem.OOM_CAUSES, tuple(name(cause).decode() for cause in range(len(gpumem.OOM_CAUSES))))
+        self.assertEqual(name(len(gpumem.OOM_CAUSES)), b"unknown")  # none left out
+
     def test_errors_say_why(self):
         with self.assertRaises(gpumem.OutOfMemoryError) as caught:
             self.allocator.malloc(2 << 30)
@@ -150,6 +191,41 @@ class PackageTest(unittest.TestCase):
             with self.assertRaises(gpumem.GpumemError) as caught:
                 call()
             self.assertIn("allocator is NULL (this gpumem.Allocator was closed)", str(caught.exception))
+
+    def test_pointers_and_peers_out_of_range_are_refused(self):
+        # ctypes wrapped them: free(p + 2**64) freed p, allocation_size(p + 2**64) was p's, peer 2**40 was 0.
+        pointer = self.allocator.malloc(1 << 20)
+        for call in (self.allocator.free, self.allocator.allocation_size, self.allocator.host_free,
+                     lambda wrapped: self.allocator.record_stream(wrapped, 0),
+                     lambda wrapped: self.allocator.host_record_stream(wrapped, 0)):
+            with self.assertRaises(OverflowError) as caught:
+                call(pointer + 2**64)
+            self.assertIn("pointer must be at most 2**64 - 1", str(caught.exception))
+        with self.assertRaises(ValueError) as caught:
+            self.allocator.free(-1)
+        self.assertIn("pointer must not be negative", str(caught.exception))
+        with self.assertRaises(TypeError):
+            self.allocator.free(1.5)
+        self.assertEqual(self.allocator.memory_stats()["allocated_bytes.all.current"], 1 << 20)  # still live
+        self.assertEqual(self.allocator.allocation_size(pointer), 1 << 20)
+        self.allocator.free(None)  # NULL, as free(NULL)
+        self.allocator.free(pointer)
+        with self.assertRaises(OverflowError) as caught:
+            self.allocator.enable_peer_access(2**40)
+        self.assertIn("peer must be a device number, not 1099511627776", str(caught.exception))
+
+    def test_configurations_that_are_not_strings_are_type_errors(self):
+        # Allocator(None) and check_configuration(5) were AttributeErrors ('NoneType' object has no attribute
+        # 'encode'); bytes too.
+        for config in (None, 5, b"backend:sim"):
+            with self.assertRaises(TypeError) as caught:
+                gpumem.Allocator(config)
+            self.assertIn(f"config must be a str (GPUMEM_CONF-style KEY:VALUE,...), not {type(config).__name__}",
+                          str(caught.exception))
+        for config in (5, b"x"):
+            with self.assertRaises(TypeError):
+                gpumem.check_configuration(config)
+        gpumem.check_configuration(None)  # no configuration: GPUMEM_CONF alone
 
     def test_sizes_and_streams_out_of_range_are_refused(self):
         # ctypes wrapped them: malloc(2**64 + 4096) gave a 4096-byte block, stream -1 became 2**64 - 1.
@@ -279,6 +355,94 @@ class PackageTest(unittest.TestCase):
                 os.environ.pop("GPUMEM_TORCH", None)
             else:
                 os.environ["GPUMEM_TORCH"] = saved_setting
+
+    def test_torch_devices_are_named_as_torch_cuda_names_them(self):
+        # allocator("cuda:1") and allocator(torch.device("cuda", 1)) failed; so did defragment and
+        # pressure_is_high, which go through it.
+        import gpumem.torch
+        allocators = [gpumem.Allocator("backend:sim,capacity:1GiB", from_environment=False) for _ in range(2)]
+        torch = fake_torch_module()
+        extension = types.SimpleNamespace(is_installed=lambda: True, handle=lambda index: allocators[index].address)
+        saved = sys.modules.get("torch"), gpumem.torch._extension
+        sys.modules["torch"], gpumem.torch._extension = torch, extension
+        try:
+            for device, index in ((None, 0), (1, 1), ("cuda", 0), ("cuda:1", 1), (torch.device("cuda", 1), 1),
+                                  (torch.device("cuda"), 0)):
+                self.assertEqual(gpumem.torch.allocator(device).address, allocators[index].address, device)
+            for device, error in (("cpu", ValueError), (2, ValueError), (-1, ValueError), (1.0, TypeError)):
+                with self.assertRaises(error, msg=device):
+                    gpumem.torch.allocator(device)
+            allocators[1].set_pressure_policy(high=0.5, low=0.25, signals="allocated")
+            pointer = allocators[1].malloc(600 << 20)
+            devices = (0, "cuda:1", torch.device("cuda", 1))
+            self.assertEqual([gpumem.torch.pressure_is_high(device) for device in devices], [False, True, True])
+            self.assertEqual(gpumem.torch.defragment("cuda:1"), 0)
+            allocators[1].free(pointer)
+        finally:
+            gpumem.torch._extension = saved[1]
+            if saved[0] is None:
+                sys.modules.pop("torch", None)
+            else:
+                sys.modules["torch"] = saved[0]
+            for allocator in allocators:
+                allocator.close()
+
+    def test_torch_install_twice_warns_of_another_configuration(self):
+        import gpumem.torch
+        installed = []
+        extension = types.SimpleNamespace(install=installed.append, is_installed=lambda: bool(installed))
+        saved = sys.modules.get("torch"), gpumem.torch._extension, gpumem.torch._installed_config
+        sys.modules["torch"], gpumem.torch._extension = fake_torch_module(), extension
+        try:
+            gpumem.torch.install("engine:segments")
+            gpumem.torch.install("engine:segments")  # the same: nothing to do
+            gpumem.torch.install()  # none asked for: a script calling install() under GPUMEM_TORCH=KEYS
+            with self.assertWarns(RuntimeWarning) as caught:  # was silently ignored
+                gpumem.torch.install("engine:pages")
+            self.assertIn("gpumem.torch.install('engine:pages'): gpumem is installed already, with "
+                          "'engine:segments', which stays", str(caught.warning))
+            self.assertEqual(installed, ["engine:segments"])
+        finally:
+            gpumem.torch._extension, gpumem.torch._installed_config = saved[1], saved[2]
+            if saved[0] is None:
+                sys.modules.pop("torch", None)
+            else:
+                sys.modules["torch"] = saved[0]
+
+    def run_with_fake_torch(self, arguments, code, **environment):
+        """Run python ARGUMENTS in a fresh folder (cwd) holding a stand-in torch and dir/train.py (code),
+        with gpumem's python folder on PYTHONPATH (so its sitecustomize runs); (exit status, output)."""
+        with tempfile.TemporaryDirectory() as folder:
+            files = dict(FAKE_TORCH_FILES, **{"dir/train.py": textwrap.dedent(code),
+                                              "dir/helper.py": "NAME = 'helper'\n"})
+            for name, text in files.items():
+                os.makedirs(os.path.dirname(os.path.join(folder, name)), exist_ok=True)
+                with open(os.path.join(folder, name), "w") as file:
+                    file.write(text)
+            python = os.path.dirname(os.path.dirname(os.path.abspath(gpumem.__file__)))
+            environment = dict(os.environ, PYTHONPATH=f"{python}{os.pathsep}{folder}", **environment)
+            run = subprocess.run([sys.executable, *arguments], cwd=folder, env=environment, capture_output=True,
+                                 text=True, timeout=120)
+            return run.returncode, (run.stdout + run.stderr).replace(folder, "FOLDER")
+
+    def test_python_m_gpumem_torch_runs_a_script_as_python_does(self):
+        # sys.path[0] was the current folder, not the script's: `import helper` beside train.py failed.
+        code = """
+            import sys, helper, gpumem.torch
+            print(helper.NAME, sys.path[0], sys.argv, gpumem.torch.is_installed())
+        """
+        status, out = self.run_with_fake_torch(["-m", "gpumem.torch", "dir/train.py", "a"], code)
+        self.assertEqual((status, out), (0, "helper FOLDER/dir ['dir/train.py', 'a'] True\n"))
+        status, out = self.run_with_fake_torch(["-m", "gpumem.torch", "dir/train.py"], code, GPUMEM_TORCH="off")
+        self.assertEqual((status, out), (0, "helper FOLDER/dir ['dir/train.py'] True\n"))  # not a configuration
+
+    def test_gpumem_torch_off_values_mean_off(self):
+        # GPUMEM_TORCH=0 (false, no, off) was taken for a configuration: a parse error at `import torch`.
+        code = "import torch, gpumem.torch; print(gpumem.torch.is_installed())\n"
+        for setting in ("0", "false", "No", "off", ""):
+            self.assertEqual(self.run_with_fake_torch(["dir/train.py"], code, GPUMEM_TORCH=setting), (0, "False\n"),
+                             setting)
+        self.assertEqual(self.run_with_fake_torch(["dir/train.py"], code, GPUMEM_TORCH="1"), (0, "True\n"))
 
     def test_no_gpu_is_a_clear_error(self):
         try:

@@ -1,9 +1,13 @@
 """Memory pressure and out-of-memory causes from Python: the ctypes layer over gm_set_pressure_policy,
 gm_on_pressure, gm_get_pressure and gm_last_oom_cause, on the sim backend (no GPU, no PyTorch); the cgroup
-signal on a fixture tree of /proc and /sys/fs/cgroup."""
+signal on a fixture tree of /proc and /sys/fs/cgroup. Callbacks whose C function pointer outlives the
+Python wrapper that registered them run in a child process (before gpumem.pressure's registry, a crash)."""
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import textwrap
 import unittest
 
 import gpumem
@@ -55,6 +59,104 @@ class PressureTest(unittest.TestCase):
         self.assertIn("low (0.7) must be in (0, high = 0.5)", str(caught.exception))
         self.allocator.set_pressure_policy(None)
         self.assertIsNone(self.allocator.pressure_policy())
+
+    def run_child(self, code):
+        """Run `code` in a Python process of its own (a crash fails the test, not the suite); its stdout."""
+        run = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                             timeout=120)
+        self.assertEqual(run.returncode, 0, f"exit status {run.returncode}: {run.stdout}{run.stderr}")
+        return run.stdout
+
+    def test_a_callback_lives_as_long_as_its_registration_not_its_wrapper(self):
+        # gpumem.torch.allocator().on_pressure(cb) registers through a wrapper made for that call
+        # (Allocator.attach): the C function must not go with it.
+        out = self.run_child("""
+            import gc, gpumem
+            allocator = gpumem.Allocator("backend:sim,capacity:1GiB", from_environment=False)
+            allocator.set_pressure_policy(high=0.5, low=0.4)
+            def register_through_a_wrapper():
+                gpumem.Allocator.attach(allocator.address).on_pressure(lambda level, readings: print("called", level))
+            register_through_a_wrapper()
+            gc.collect()
+            junk = [bytearray(100) for _ in range(10000)]  # reuse the memory a freed thunk had
+            allocator.malloc(700 << 20)
+            print("survived")
+        """)
+        self.assertEqual(out.split("\n")[:2], ["called high", "survived"])
+
+    def test_a_registration_is_the_allocators_whichever_wrapper_made_it(self):
+        seen = []
+        callback = self.allocator.on_pressure(lambda level, readings: seen.append(level))
+        address = self.allocator.address
+        gpumem.Allocator.attach(address).remove_pressure_callback(callback)  # "not registered" before
+        with self.assertRaises(gpumem.GpumemError):
+            self.allocator.remove_pressure_callback(callback)
+        self.allocator.on_pressure(callback)
+        self.allocator.close()  # the C allocator and its registrations go
+        self.assertIsNone(gpumem._pressure_callbacks.find(address, callback))
+        with self.assertRaises(gpumem.GpumemError) as caught:
+            self.allocator.address
+        self.assertIn("this allocator was closed", str(caught.exception))  # was AttributeError
+
+    def test_the_same_callback_twice_is_refused_as_gm_on_pressure_refuses_it(self):
+        # The second registration overwrote the first's thunk, which C still called (a crash). gm_on_pressure
+        # refuses a function registered already with the same context: so does on_pressure.
+        out = self.run_child("""
+            import gc, gpumem
+            allocator = gpumem.Allocator("backend:sim,capacity:1GiB", from_environment=False)
+            allocator.set_pressure_policy(high=0.5, low=0.4, signals=("allocated",))
+            def callback(level, readings): print("called", level)
+            allocator.on_pressure(callback)
+            for registering in (allocator, gpumem.Allocator.attach(allocator.address)):
+                try:
+                    registering.on_pressure(callback)
+                except gpumem.GpumemError as error:
+                    print("refused:", error.status, error)
+            gc.collect()
+            junk = [bytearray(100) for _ in range(10000)]
+            allocator.free(allocator.malloc(700 << 20))
+            allocator.remove_pressure_callback(callback)
+            allocator.on_pressure(callback)  # registered again once removed
+            print("survived")
+        """)
+        refusal = "refused: 1 invalid argument: on_pressure: this callback is already registered with this allocator"
+        self.assertEqual(out.splitlines(), [refusal, refusal, "called high", "called normal", "survived"])
+
+    def test_a_callback_may_remove_itself(self):
+        calls = []
+
+        def once(level, readings):
+            calls.append(level)
+            self.allocator.remove_pressure_callback(once)  # gpumem.h allows it; the thunk is on the stack
+
+        self.allocator.set_pressure_policy(high=0.5, low=0.25, signals=("allocated",))
+        self.allocator.on_pressure(once)
+        for _ in range(3):
+            self.allocator.free(self.allocator.malloc(600 * MiB))
+        self.assertEqual(calls, ["high"])
+
+    def test_policy_arguments_out_of_range_are_refused(self):
+        # interval_ms went to C as a uint32_t: -1 became 4294967295 ms, 2**32 + 5 became 5.
+        with self.assertRaises(ValueError) as caught:
+            self.allocator.set_pressure_policy(high=0.9, interval_ms=-1)
+        self.assertIn("interval_ms must not be negative", str(caught.exception))
+        with self.assertRaises(OverflowError) as caught:
+            self.allocator.set_pressure_policy(high=0.9, interval_ms=2**32 + 5)
+        self.assertIn("interval_ms must be at most 2**32 - 1", str(caught.exception))
+        with self.assertRaises(TypeError) as caught:
+            self.allocator.set_pressure_policy(high="0.9")
+        self.assertIn("high must be a number, not str", str(caught.exception))
+        # The default low (high - 0.1) is no fraction under a high of 0.1 or less: say so, and what to pass,
+        # rather than complain about a low of -0.05 that was never given.
+        with self.assertRaises(ValueError) as caught:
+            self.allocator.set_pressure_policy(high=0.05)
+        self.assertIn("set_pressure_policy(high=0.05) leaves no room for the default low (high - 0.1): pass low= "
+                      "too, a fraction between 0 and 0.05", str(caught.exception))
+        self.allocator.set_pressure_policy(high=0.05, low=0.02, interval_ms=2**32 - 1, signals="allocated")
+        self.assertEqual(self.allocator.pressure_policy()["interval_ms"], 2**32 - 1)
+        self.assertEqual(self.allocator.pressure_policy()["signals"], ("allocated",))  # one name alone: not 'a', ...
+        self.assertIsNone(self.allocator.set_pressure_policy(high=0.5))
+        self.assertEqual(self.allocator.pressure_policy()["low"], 0.4)
 
     def test_critical_callback_frees_what_the_program_keeps(self):
         kept = [self.allocator.malloc(900 * MiB)]

@@ -1,6 +1,7 @@
 """python -m gpumem.whatif on snapshots shaped as PyTorch's _dump_snapshot writes them (plain dicts in a
-pickle; no torch needed): the trace it derives, PyTorch's reserved peak followed through the segment
-events, gpumem's peak matching `gpumem replay` on the written trace, and clear errors for bad input."""
+pickle; no torch needed): the trace it derives (with the blocks live throughout the history, which no
+event names), PyTorch's reserved peak followed through the segment events, gpumem's peak matching
+`gpumem replay` on the written trace, and clear errors for bad input."""
 import io
 import json
 import os
@@ -80,13 +81,18 @@ class WhatIfTest(unittest.TestCase):
     def test_a_snapshot_dumped_under_gpumem_becomes_a_trace_for_gpumem_tune(self):
         operations, reserved_peak = whatif.to_trace(whatif.load(GPUMEM_SNAPSHOT))
         kinds = [kind for kind, *_ in operations]
-        self.assertEqual((kinds.count("a"), kinds.count("f")), (104, 101))  # five steps; the weights were
-        self.assertEqual(reserved_peak, GPUMEM_SNAPSHOT_MAX_RESERVED)       # made before recording began
+        # Five steps: 104 allocations and 101 frees, and first the 4 blocks made before recording began and
+        # live to the end (the weights and biases: 2 x 16 MiB, 16 KiB, 4 KiB), which no event names.
+        self.assertEqual((kinds.count("a"), kinds.count("f")), (108, 101))
+        self.assertEqual([size for _, _, size, _ in operations[:4]], [16384, 4096, 16 * MiB, 16 * MiB])
+        self.assertEqual(reserved_peak, GPUMEM_SNAPSHOT_MAX_RESERVED)
         trace = os.path.join(self.directory.name, "trace.csv")
         output = io.StringIO()
         with redirect_stdout(output):
             self.assertEqual(whatif.main([GPUMEM_SNAPSHOT, "--json", "--trace", trace]), 0)
         replayed = json.loads(output.getvalue())
+        self.assertEqual(replayed["peak_live_bytes"], 353411208)  # without the weights: 32 MiB less
+        self.assertGreaterEqual(replayed["gpumem_peak_reserved_bytes"], replayed["peak_live_bytes"])
         tuned = subprocess.run([os.environ["GPUMEM_CLI"], "tune", trace, "--json"], capture_output=True, text=True,
                                env={**os.environ, "GPUMEM_CONF": ""})
         self.assertEqual(tuned.returncode, 0, tuned.stderr)
@@ -96,6 +102,29 @@ class WhatIfTest(unittest.TestCase):
         for candidate in result["candidates"]:
             self.assertTrue(candidate["ran"] and candidate["failed_allocations"] == 0, candidate)
         self.assertAlmostEqual(result["candidates"][0]["ratios"][0], first_pass, places=6)
+
+    def test_blocks_live_throughout_the_history_are_allocated_first(self):
+        """Blocks the segments hold allocated at the end that no event names were live all along: allocated
+        at the start, with the segment's stream. Not the block whose free the history holds (pending, for a
+        stream), nor inactive blocks, nor another device's."""
+        entries = [{"action": "alloc", "addr": 0x100000, "size": MiB, "stream": 7},
+                   {"action": "free_requested", "addr": 0x100000, "size": MiB, "stream": 7},
+                   {"action": "alloc", "addr": 0x300000, "size": 3 * MiB, "stream": 7}]
+        weights = {"address": 0x400000, "size": 4 * MiB, "requested_size": 4 * MiB - 100, "state": "active_allocated"}
+        segments = [
+            {"device": 0, "address": 0x100000, "total_size": 12 * MiB, "stream": 5, "blocks": [
+                {"size": MiB, "state": "active_pending_free"},   # freed in the history, waiting for a stream
+                {"size": MiB, "state": "inactive"},
+                {"size": 3 * MiB, "state": "active_allocated"},  # allocated in the history
+                weights,
+                {"address": 0x800000, "size": 2 * MiB, "requested_size": 2 * MiB, "state": "active_pending_free"},
+                {"address": 0xA00000, "size": MiB, "state": "inactive"}]},
+            {"device": 1, "address": 0xF00000, "total_size": 2 * MiB, "stream": 5,
+             "blocks": [{"size": 2 * MiB, "state": "active_allocated"}]}]
+        operations, _ = whatif.to_trace(snapshot_of(entries, segments))
+        self.assertEqual(operations[:2], [("a", 2, 4 * MiB - 100, 1), ("a", 3, 2 * MiB, 1)])
+        self.assertEqual([kind for kind, *_ in operations[2:]], ["a", "f", "a"])
+        self.assertEqual(whatif.replay(operations)[0], 9 * MiB - 100)  # the peak live: 6 MiB held throughout
 
     def test_text_output(self):
         output = io.StringIO()
@@ -138,6 +167,59 @@ class WhatIfTest(unittest.TestCase):
             with redirect_stderr(errors):
                 self.assertEqual(whatif.main([path]), 1)
             self.assertIn(message, errors.getvalue())
+            self.assertLessEqual(errors.getvalue().count("not a memory snapshot"), 1)  # evil.pickle's said it twice
+
+    def assert_refused(self, arguments, message):
+        errors = io.StringIO()
+        with redirect_stderr(errors), redirect_stdout(io.StringIO()):
+            self.assertEqual(whatif.main(arguments), 1, arguments)
+        self.assertTrue(errors.getvalue().startswith("gpumem.whatif: "), errors.getvalue())
+        self.assertIn(message, errors.getvalue())
+
+    def test_malformed_snapshots_are_clear_errors(self):
+        """Each was a Python traceback, a wrapped number passed on, or a wrong peak."""
+        def alloc(**fields):
+            return {"action": "alloc", "addr": 1, "size": 512, "stream": 0, **fields}
+        cases = [
+            ({"device_traces": [[1, 2, 3]]}, "device_traces[0][0] must be a dict, not int"),
+            ({"device_traces": [5]}, "device_traces[0] must be a list, not int"),
+            ({"device_traces": [{"a": 1}]}, "device_traces[0] must be a list, not dict"),
+            ({"device_traces": [[alloc()]], "segments": 5}, "segments must be a list, not int"),
+            ({"device_traces": [[alloc()]], "segments": [None]}, "segments[0] must be a dict, not NoneType"),
+            ({"device_traces": [[alloc(size=None)]]}, "'size' must be an integer, not None"),
+            ({"device_traces": [[alloc(size="512")]]}, "'size' must be an integer, not '512'"),
+            ({"device_traces": [[alloc(size=512.0)]]}, "'size' must be an integer, not 512.0"),
+            ({"device_traces": [[alloc(size=-512)]]}, "'size' must be a size in 0 .. 2**64 - 1, not -512"),
+            ({"device_traces": [[alloc(size=2**70)]]}, "'size' must be a size in 0 .. 2**64 - 1"),
+            ({"device_traces": [[alloc(stream=[1])]]}, "'stream' must be an integer, not [1]"),
+            ({"device_traces": [[alloc()]], "segments": [{"device": 0, "address": 1, "total_size": MiB,
+                                                           "blocks": [{"size": "x", "state": "inactive"}]}]},
+             "'size' must be an integer, not 'x'"),
+            # A segment_alloc of 20 MiB, and no segment at the end to have held it: the reservation at the
+            # start would be -20 MiB (its peak was reported as 0).
+            ({"device_traces": [[{"action": "segment_alloc", "addr": 1, "size": 20 * MiB}, alloc()]]},
+             "segment events reserve 20971520 bytes more than its segments hold at the end"),
+        ]
+        for index, (snapshot, message) in enumerate(cases):
+            path = self.write(snapshot, f"bad{index}.pickle")
+            self.assert_refused([path], f"{path}: ")
+            self.assert_refused([path], message)
+
+    def test_devices_out_of_range_and_damaged_pickles_are_clear_errors(self):
+        two = self.write({"device_traces": [[{"action": "alloc", "addr": 1, "size": 512}],
+                                            [{"action": "alloc", "addr": 1, "size": 1024}]]}, "two.pickle")
+        for device in ("-1", "-3"):  # -1 took the last device, -3 was an IndexError
+            self.assert_refused([two, "--device", device],
+                                f"--device must be a device number (0 or more), not {device}")
+        self.assert_refused([two, "--device", "2"], "no history for device 2")
+        damaged = {"overflow.pickle": (b"\x80\x04\x8d" + (2**63 + 5).to_bytes(8, "little"), "BINUNICODE exceeds"),
+                   "memory.pickle": (b"\x80\x04\x8d" + (2**50).to_bytes(8, "little") + b"abc", "(MemoryError)")}
+        for name, (data, message) in damaged.items():
+            path = os.path.join(self.directory.name, name)
+            with open(path, "wb") as file:
+                file.write(data)
+            self.assert_refused([path], f"{name}: not a memory snapshot")
+            self.assert_refused([path], message)
 
 
 if __name__ == "__main__":
