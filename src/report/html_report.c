@@ -15,12 +15,9 @@
 #include "report/svg_charts.h"
 #include "base/system_memory.h"
 
-#include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 enum { LARGEST_ALLOCATIONS = 20 };
 

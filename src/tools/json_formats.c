@@ -13,12 +13,10 @@
 #include "base/system_memory.h"
 #include "tools/text_source.h"
 
-#include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 enum { KEY_SIZE = 128, SUPPORTED_VERSION = 1 };
 
