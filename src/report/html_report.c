@@ -1,8 +1,7 @@
 /*
  * html_report.c -- the report page (html_report.h): its style, its sections in reading order, the
- * small inline script, and saving it whole (a temporary file renamed over the target, so that a
- * failed write never leaves a partial page under the requested name; a device or pipe such as
- * /dev/stdout is written directly).
+ * small inline script, and saving it whole (base/file_save.c: a failed write never leaves a partial page
+ * under the requested name).
  *
  * Numbers a test or a reader may want to check carry their exact value in a data-value attribute
  * (<tr id="peak-reserved" data-value="11813257216">), next to the human-readable form.
