@@ -22,7 +22,8 @@
  *     where the driver cannot use the GPU) or "no_device" (none counted).
  *   - GPUMEM_FAKE_CUDA_EXPORT (any value): POSIX file descriptor handles. Memory asked for with them is a
  *     memfd of its own, which cuMemExportToShareableHandle hands out and cuMemImportFromShareableHandle
- *     maps in another allocator or process.
+ *     maps in another allocator or process. "refused": the attribute says yes, but cuMemCreate refuses
+ *     such memory (CUDA_ERROR_INVALID_VALUE), as WSL2's driver does. Unset, it refuses them too.
  *   - fakeCudaSetCapturing marks a stream as captured into a graph: then memory calls must come in the
  *     relaxed capture mode, a device-wide wait is refused and the legacy stream reads as captured.
  *   - GPUMEM_FAKE_CUDA_FAIL_EVERY=N: every Nth call that makes memory (cuMemAddressReserve, cuMemCreate,
@@ -457,6 +458,9 @@ int cuMemCreate(unsigned long long *handle_out, size_t size, const int *properti
         (properties[1] != 0 && properties[1] != 1))
         return violation("cuMemCreate", "whole pages of pinned memory on device 0, no flags");
     int exportable = properties[1] == 1;
+    const char *export = getenv("GPUMEM_FAKE_CUDA_EXPORT");
+    if (exportable && (!export || !strcmp(export, "refused")))
+        return ERROR_INVALID_VALUE; /* what a driver without them answers: not a broken rule of gpumem's */
     pthread_mutex_lock(&lock);
     int result = SUCCESS;
     size_t slot = free_memory_slot();

@@ -262,6 +262,19 @@ static void memory_shared_through_descriptors(void)
     CHECK_OK(gm_validate(sharer));
     gm_destroy(taker, NULL);
     gm_destroy(sharer, NULL);
+
+    /* A driver whose attribute promises exportable memory but that refuses it: plain chunks instead,
+     * the allocations work and gm_share says it cannot share. */
+    setenv("GPUMEM_FAKE_CUDA_EXPORT", "refused", 1);
+    gm_allocator *refused = make_allocator("backend:cuda");
+    REQUIRE(gm_malloc(refused, 3 * MIB, 0, &block) == GM_OK);
+    pattern_stamp(block, 3 * MIB, 9);
+    CHECK(pattern_intact(block, 3 * MIB, 9));
+    CHECK_STATUS(gm_share(refused, block, &offset, pieces, 64, &count), GM_ERROR_NOT_SUPPORTED);
+    CHECK_MESSAGE("cannot export memory");
+    CHECK_OK(gm_free(refused, block));
+    CHECK_OK(gm_validate(refused));
+    gm_destroy(refused, NULL);
     unsetenv("GPUMEM_FAKE_CUDA_EXPORT");
     fake_is_clean();
 }

@@ -221,19 +221,24 @@ static size_t device_events(gm_allocator *allocator)
     return events;
 }
 
-/* A cross-stream free whose event cannot be recorded waits for every stream instead; the event goes
- * back to the pool, and the next such free takes it rather than making another (it was lost once). */
+/* A cross-stream free whose event cannot be recorded waits for the whole device before its memory is
+ * reused (the stream's queued work is finished, not raced); the event goes back to the pool, and the
+ * next such free takes it rather than making another (it was lost once). */
 static void an_event_that_cannot_be_recorded_is_kept(void)
 {
     gm_allocator *allocator = NULL;
     REQUIRE(gm_create("backend:sim,capacity:4GiB,engine:segments", &allocator) == GM_OK);
     for (int round = 0; round < 3; round++) {
         void *pointer = NULL;
+        uint64_t waited_before = 0, waited_after = 0;
         CHECK_OK(gm_malloc(allocator, 3 * MIB, 0, &pointer));
         CHECK_OK(gm_record_stream(allocator, pointer, 5));
         CHECK_OK(gm_sim_stream_enqueue(allocator, 5, 10));
         CHECK_OK(gm_inject_device_failures(allocator, GM_CALL_EVENT_RECORD, 0, 1));
+        CHECK_OK(gm_sim_work_waited_for(allocator, &waited_before));
         CHECK_OK(gm_free(allocator, pointer));
+        CHECK_OK(gm_sim_work_waited_for(allocator, &waited_after));
+        CHECK_EQ_INT(waited_after - waited_before, 10);
         CHECK_OK(gm_validate(allocator));
         CHECK_EQ_INT(device_events(allocator), 1);
     }

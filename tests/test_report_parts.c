@@ -230,7 +230,8 @@ static void input_kinds(void)
     gm_input_file input;
     const char *path = write_temporary("a,0,100,0\n");
     CHECK_OK(gm_input_open(path, &input));
-    CHECK(input.kind == GM_INPUT_TRACE && !input.text);
+    CHECK(input.kind == GM_INPUT_TRACE && !input.text && input.source);
+    gm_input_close(&input); /* a trace's source stays open until then */
     unlink(path);
     path = write_temporary("\n  {\"events\": [], \"version\": 1, \"format\": \"gpumem-history\"}");
     CHECK_OK(gm_input_open(path, &input)); /* the format need not come first */

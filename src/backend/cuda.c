@@ -316,6 +316,7 @@ static gm_status open_device(gm_backend *backend, cuda_state *state, int ordinal
     int exportable = 0;
     if (virtual_memory && driver.export_handle && driver.import_handle)
         driver.device_get_attribute(&exportable, CU_ATTRIBUTE_POSIX_DESCRIPTOR_SUPPORTED, state->device);
+    state->exportable = exportable != 0; /* before the granularity: asked for the properties chunks will have */
     size_t granularity = 2u << 20;
     if (virtual_memory) {
         cu_allocation_properties properties = device_properties(state);
@@ -323,7 +324,6 @@ static gm_status open_device(gm_backend *backend, cuda_state *state, int ordinal
             granularity = 2u << 20;
     }
     backend->page_size = granularity;
-    state->exportable = exportable != 0;
     size_t free_bytes = 0, total_bytes = 0;
     gm_status status = GM_OK;
     IN_CONTEXT(backend, {
@@ -457,13 +457,22 @@ static gm_status cuda_address_free(gm_backend *backend, uintptr_t address, uint6
     DRIVER_CALL(backend, "cuMemAddressFree", driver.address_free((cu_device_pointer)address, size));
 }
 
+/* Chunks are made exportable (POSIX descriptors) where the device says it can; a driver that then
+ * refuses such chunks for any reason but memory (WSL2 does, its attribute notwithstanding) gets plain
+ * ones from then on, and gm_share says it cannot share, as PyTorch's expandable segments fall back. */
 static gm_status cuda_physical_create(gm_backend *backend, uint64_t size, uint64_t *handle_out)
 {
-    cu_allocation_properties properties = device_properties(state_of(backend));
+    cuda_state *state = state_of(backend);
     cu_allocation_handle handle = 0;
     gm_status status = GM_OK;
     IN_CONTEXT(backend, {
+        cu_allocation_properties properties = device_properties(state);
         cu_result result = driver.create(&handle, size, &properties, 0);
+        if (result != CU_SUCCESS && result != CU_ERROR_OUT_OF_MEMORY && state->exportable) {
+            state->exportable = false;
+            properties = device_properties(state);
+            result = driver.create(&handle, size, &properties, 0);
+        }
         if (result != CU_SUCCESS)
             status = driver_error(result, "cuMemCreate");
     });
@@ -595,7 +604,7 @@ static gm_status map_shared_piece(gm_backend *backend, int process, const gm_sha
     if (status != GM_OK)
         return status;
     status = cuda_map(backend, address, piece->size, handle);
-    driver.release(handle);
+    IN_CONTEXT(backend, { driver.release(handle); }); /* the mapping keeps the memory; unmapped, it goes */
     if (status == GM_OK && (status = cuda_set_access(backend, address, piece->size)) != GM_OK)
         cuda_unmap(backend, address, piece->size);
     return status;
@@ -624,9 +633,12 @@ static gm_status cuda_open_shared(gm_backend *backend, int process, const gm_sha
     return GM_OK;
 }
 
-/* One unmap for every piece: the range covers whole mappings. */
+/* One unmap for every piece: the range covers whole mappings. cuMemUnmap does not wait for work still
+ * reading the memory, and this process's work on another's memory is on streams gpumem never saw: the
+ * device is waited for first, as PyTorch does before unmapping an imported expandable segment. */
 static void cuda_close_shared(gm_backend *backend, uintptr_t address, uint64_t size)
 {
+    cuda_synchronize(backend); /* if even that fails, the unmap is what it was without it */
     cuda_unmap(backend, address, size);
     cuda_address_free(backend, address, size);
 }

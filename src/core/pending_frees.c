@@ -269,6 +269,13 @@ void gm_free_after_recorded_streams_locked(gm_allocator *allocator, gm_block *bl
          * risk reuse while a stream still runs. */
         allocator->arena.stats->num_sync_all_streams++;
         gm_process_pending_frees_locked(allocator, true);
+    } else if (deferred != GM_OK) {
+        /* Not one event could be had: the whole device is waited for before the memory is reused. A
+         * device that can neither record an event nor be waited for has failed (a sticky error runs no
+         * more work), so the block is reused all the same: its books stay exact. */
+        allocator->arena.stats->num_sync_all_streams++;
+        gm_backend_synchronize(allocator->arena.backend);
+        gm_retire_block_locked(allocator, block);
     } else if (block->pending_events == 0) {
         gm_retire_block_locked(allocator, block);
     }

@@ -341,6 +341,8 @@ static gm_status forget_one_heap(gm_arena *arena, gm_heap *heap)
 
 static gm_status pages_forget_heap(gm_arena *arena, gm_heap *heap)
 {
+    if (pages_stream_capturing(arena, heap)) /* its chunks' waits would join the graph: kept until the end */
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "the heap's stream is being captured into a CUDA graph");
     gm_heap *lane = heap->engine_data ? state_of(heap)->lane : NULL;
     if (lane && state_of(lane)->live) /* the lane's blocks lie in this heap's range: it stays */
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "the heap's lane still has live blocks");
@@ -358,6 +360,10 @@ static void pages_destroy(gm_arena *arena)
     page_engine *engine = engine_of(arena);
     if (!engine)
         return;
+    /* cuMemUnmap does not wait for work still using the memory (a free is ordered on its stream, the
+     * allocator's end is not): the device is waited for first, unless that would break a capture. */
+    if (!pages_any_stream_capturing(arena))
+        gm_backend_synchronize(arena->backend);
     pages_drop_stitches(arena);
     pages_drop_aliases(arena);
     for (size_t h = 0; h < arena->heap_count; h++) {
