@@ -139,8 +139,10 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
         apply_fraction(allocator, pending_fractions_[device]);
       if (created_.load(std::memory_order_relaxed) == 0)
         single_.store(allocator, std::memory_order_relaxed);
+      // Counted before it is published: a free that sees one allocator counted takes it for the only one
+      // (owner_of_device_memory), so a pointer of this one must never meet that count.
+      created_.fetch_add(1, std::memory_order_seq_cst);
       history_.adopt(allocator, [&] { allocators_[device].store(allocator, std::memory_order_seq_cst); });
-      created_.fetch_add(1, std::memory_order_release);
       observers_.watch(allocator, device);
     }
     return allocator;
@@ -272,24 +274,39 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     return {pointer, pointer, &delete_pointer, c10::Device(c10::DeviceType::CUDA, device)};
   }
 
-  c10::DeleterFnPtr raw_deleter() const override { return &delete_pointer; }
+  // With caching off, raw allocations are the driver's too, as native's (torch_uncached.h).
+  bool caching() const { return !forced_uncached_ && caching_.load(std::memory_order_relaxed); }
+
+  c10::DeleterFnPtr raw_deleter() const override {
+    return caching() ? &delete_pointer : &gpumem_uncached::free_pointer;
+  }
 
   // caching_allocator_enable(False) and PYTORCH_NO_CUDA_MEMORY_CACHING (torch_uncached.h).
   void enable(bool value) override { caching_.store(value, std::memory_order_relaxed); }
   bool isEnabled() const override { return caching_.load(std::memory_order_relaxed); }
 
-  void *raw_alloc(size_t size) override { return malloc_on_current(size, current_device_index()); }
+  void *raw_alloc(size_t size) override {
+    c10::DeviceIndex device = current_device_index();
+    return caching() ? malloc_on_current(size, device) : gpumem_uncached::raw_allocate(size, device);
+  }
 
   void *raw_alloc_with_stream(size_t size, cudaStream_t stream) override {
     // Any stream may come here (caching_allocator_alloc's): one that is not the current stream of
     // PyTorch's own making is taken as borrowed.
     c10::DeviceIndex device = current_device_index();
+    if (!caching())
+      return gpumem_uncached::raw_allocate(size, device);
     c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device);
     bool borrowed = stream != nullptr && (stream != current.stream() || is_borrowed(current));
     return malloc_on(size, device, stream, borrowed);
   }
 
-  void raw_delete(void *pointer) override { free_pointer(pointer); }
+  void raw_delete(void *pointer) override {
+    if (caching())
+      free_pointer(pointer);
+    else
+      gpumem_uncached::free_pointer(pointer);
+  }
 
   void init(int device_count) override {
     TORCH_CHECK(static_cast<size_t>(device_count) <= kMaxDevices, "gpumem: more than ", kMaxDevices,
@@ -315,7 +332,7 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   }
 
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
-    TORCH_CHECK(fraction > 0 && fraction <= 1, "gpumem: memory fraction ", fraction, " is not in (0, 1]");
+    TORCH_CHECK(fraction >= 0 && fraction <= 1, "gpumem: memory fraction ", fraction, " is not in [0, 1]");
     gm_allocator *allocator = nullptr;
     {
       std::lock_guard<std::mutex> guard(create_mutex_);
@@ -329,7 +346,10 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   static void apply_fraction(gm_allocator *allocator, double fraction) {
     gm_device_info info;
     gm_get_device_info(allocator, &info);
-    gm_set_memory_limit(allocator, static_cast<uint64_t>(fraction * static_cast<double>(info.total_bytes)));
+    // gpumem's limit 0 means the whole device: a fraction of no bytes (0, or one that rounds to 0) is a
+    // limit of one byte, under which nothing fits, as native's.
+    uint64_t limit = static_cast<uint64_t>(fraction * static_cast<double>(info.total_bytes));
+    gm_set_memory_limit(allocator, limit ? limit : 1);
   }
 
   // The allocator of a device if it exists, without making one.
@@ -339,7 +359,12 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     return allocators_[device].load(std::memory_order_acquire);
   }
 
-  void emptyCache(c10::cuda::MempoolId_t /*mempool_id*/) override {
+  // emptyCache(pool id), as MemPool's destructor calls it after releasePool: native gives back that
+  // pool's free memory only. A released pool's free memory is ordinary cache to gpumem (gm_release_pool)
+  // and a sourced pool goes with its last user, so nothing else is emptied for it.
+  void emptyCache(c10::cuda::MempoolId_t mempool_id) override {
+    if (mempool_id.first != 0 || mempool_id.second != 0)
+      return;
     for (auto &slot : allocators_)
       if (gm_allocator *allocator = slot.load(std::memory_order_acquire))
         gm_empty_cache(allocator);

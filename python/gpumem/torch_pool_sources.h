@@ -112,10 +112,14 @@ class SourcedPools {
     return pool ? pool->users : 0;
   }
 
-  // Allocations on the streams `filter` accepts go to the pool until end_routing (use_mem_pool).
+  // Allocations on the streams `filter` accepts go to the pool until end_routing (use_mem_pool). Like
+  // native's beginAllocateToPool it adds a user, which the releasePool after endAllocateToPool takes
+  // away (use_mem_pool and graph captures pair them so).
   void begin_routing(c10::DeviceIndex device, c10::cuda::MempoolId_t id, Filter filter) {
     std::lock_guard<std::mutex> guard(mutex_);
-    routes_.push_back(Route{find(device, id), std::move(filter)});
+    SourcedPool *pool = find(device, id);
+    pool->users++;
+    routes_.push_back(Route{pool, std::move(filter)});
     routing_.store(static_cast<int>(routes_.size()), std::memory_order_release);
   }
 

@@ -3,7 +3,8 @@
 // torch.cuda.caching_allocator_enable(False), or PYTORCH_NO_CUDA_MEMORY_CACHING set to a true value
 // before the first tensor: each tensor gets a cudaMalloc of its own, given back by cudaFree when it
 // dies and not counted in the statistics (so that compute-sanitizer sees each one's bounds).
-// Allocations through raw_alloc stay cached, as native's.
+// Allocations through raw_alloc (caching_allocator_alloc, C++ extensions' raw_allocate) are the
+// driver's too, with raw_deleter's cudaFree, as native's since PyTorch 2.x.
 #pragma once
 
 #include <c10/core/Allocator.h>
@@ -30,7 +31,8 @@ inline void free_pointer(void *pointer) {
     C10_CUDA_CHECK_WARN(cudaFree(pointer));
 }
 
-inline c10::DataPtr allocate(size_t size, c10::DeviceIndex device) {
+// A cudaMalloc of its own (nullptr for 0 bytes), for raw_alloc and for a tensor's DataPtr.
+inline void *raw_allocate(size_t size, c10::DeviceIndex device) {
   void *pointer = nullptr;
   if (size) {
     c10::cuda::CUDAGuard guard(device);
@@ -42,6 +44,11 @@ inline c10::DataPtr allocate(size_t size, c10::DeviceIndex device) {
     }
     C10_CUDA_CHECK(error);
   }
+  return pointer;
+}
+
+inline c10::DataPtr allocate(size_t size, c10::DeviceIndex device) {
+  void *pointer = raw_allocate(size, device);
   return {pointer, pointer, &free_pointer, c10::Device(c10::DeviceType::CUDA, device)};
 }
 

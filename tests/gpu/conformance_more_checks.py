@@ -4,8 +4,9 @@ storage resized as FSDP does, the memory fraction read back, the out-of-memory m
 summary table and the old names of the statistics, a dumped snapshot drawn by torch.cuda._memory_viz,
 streams made and dropped, mixed precision with activation checkpointing, cuDNN's benchmark mode sizing its
 workspaces by the allocator's cacheInfo, tensors outliving the external stream they were made on, the
-profiler's memory timeline, tensors shared with CuPy through DLPack, and the allocator's work under
-torch.cuda.set_sync_debug_mode("error")."""
+profiler's memory timeline, tensors shared with CuPy through DLPack, the allocator's work under
+torch.cuda.set_sync_debug_mode("error"), MemPools used again and destroyed, a memory fraction of nothing,
+and raw allocations with caching off."""
 
 MIB = 1 << 20
 MORE_CHECKS = []
@@ -305,3 +306,101 @@ def sync_debug_mode_sees_no_synchronization(torch):
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
     return stats["num_ooms"]
+
+
+def _counted_allocator(torch):
+    """test_torch_conformance.py's counted allocator (a cudaMalloc that counts), built anew: the library,
+    and a CUDAPluggableAllocator over it."""
+    import ctypes
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    source_text = sys.modules["__main__"]._COUNTED_ALLOCATOR  # the child runs test_torch_conformance.py
+    folder = tempfile.mkdtemp()
+    source, library = os.path.join(folder, "counted.c"), os.path.join(folder, "libcounted.so")
+    with open(source, "w") as out:
+        out.write(source_text)
+    cuda = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", f"-I{cuda}/include", source, "-o", library,
+                    f"-L{cuda}/lib64", "-lcudart"], check=True, capture_output=True)
+    counted = ctypes.CDLL(library)
+    return counted, torch.cuda.memory.CUDAPluggableAllocator(library, "counted_alloc", "counted_free")
+
+
+@check
+def mem_pool_used_again(torch):
+    """use_mem_pool on one MemPool again and again (as NCCL's symmetric-memory pools are): each use adds a
+    user that its end takes away, so the pool and its allocator live as long as the MemPool object, and
+    its memory keeps coming from that allocator."""
+    counted, allocator = _counted_allocator(torch)
+    pool = torch.cuda.MemPool(allocator.allocator())
+    counts = []
+    for round in range(3):
+        with torch.cuda.use_mem_pool(pool):
+            counts.append(pool.use_count())
+            tensor = torch.full((MIB,), round, dtype=torch.uint8, device="cuda")
+        counts.append(pool.use_count())
+        del tensor
+        torch.cuda.synchronize()
+    frees_while_alive = counted.counted_frees()
+    unsplit = torch.cuda.MemPool(no_split=True)
+    for _ in range(2):
+        with torch.cuda.use_mem_pool(unsplit):
+            first, second = (torch.empty(MIB, dtype=torch.uint8, device="cuda") for _ in range(2))
+        counts.append(unsplit.use_count())
+        del first, second
+    del pool, unsplit
+    return counts, frees_while_alive, counted.counted_allocations() >= 1
+
+
+@check
+def mem_pool_destroyed_keeps_other_cache(torch):
+    """A MemPool's end empties that pool only (its destructor calls emptyCache with its id): the device's
+    own cached memory stays reserved."""
+    torch.cuda.synchronize()
+    cached = torch.empty(256 * MIB, dtype=torch.uint8, device="cuda")
+    del cached
+    reserved = torch.cuda.memory_reserved()
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        inside = torch.empty(MIB, dtype=torch.uint8, device="cuda")
+    del inside, pool
+    return torch.cuda.memory_reserved() >= reserved
+
+
+@check
+def memory_fraction_of_nothing(torch):
+    """set_per_process_memory_fraction(0.0) is accepted and lets nothing through; 1.0 lifts it."""
+    torch.cuda.set_per_process_memory_fraction(0.0)
+    try:
+        torch.cuda.empty_cache()
+        try:
+            torch.empty(4 * MIB, dtype=torch.uint8, device="cuda")
+            refused = False
+        except torch.OutOfMemoryError:
+            refused = True
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    after = torch.ones(MIB, dtype=torch.uint8, device="cuda")
+    return refused, int(after.sum().item())
+
+
+@check
+def caching_disabled_raw_allocations(torch):
+    """With caching off, caching_allocator_alloc (raw_alloc) is the driver's memory too: not in the
+    statistics, given back by caching_allocator_delete (raw_deleter's cudaFree)."""
+    torch.cuda.synchronize()
+    allocated = torch.cuda.memory_allocated()
+    torch.cuda.memory.caching_allocator_enable(False)
+    try:
+        free_before, _ = torch.cuda.mem_get_info()
+        pointer = torch.cuda.caching_allocator_alloc(64 * MIB)
+        counted = torch.cuda.memory_allocated() - allocated
+        free_during, _ = torch.cuda.mem_get_info()
+        torch.cuda.caching_allocator_delete(pointer)
+        torch.cuda.synchronize()
+        free_after, _ = torch.cuda.mem_get_info()
+    finally:
+        torch.cuda.memory.caching_allocator_enable(True)
+    return counted, free_during <= free_before - 64 * MIB, free_after >= free_during + 60 * MIB
