@@ -469,14 +469,18 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     return result;
   }
 
+  // The device's statistics include its MemPools with allocators of their own (getDeviceStats): they
+  // are reset with it, as native's one DeviceStats per device is.
   void resetAccumulatedStats(c10::DeviceIndex device) override {
     if (gm_allocator *allocator = existing(device))
       gm_reset_accumulated_stats(allocator);
+    sourced_.for_each_pool(device, [](gm_allocator *pool, c10::cuda::MempoolId_t) { gm_reset_accumulated_stats(pool); });
   }
 
   void resetPeakStats(c10::DeviceIndex device) override {
     if (gm_allocator *allocator = existing(device))
       gm_reset_peak_stats(allocator);
+    sourced_.for_each_pool(device, [](gm_allocator *pool, c10::cuda::MempoolId_t) { gm_reset_peak_stats(pool); });
   }
 
   // Private pools. The filters live here, in the order their routes were begun, as gpumem keeps them:

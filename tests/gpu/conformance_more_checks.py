@@ -404,3 +404,19 @@ def caching_disabled_raw_allocations(torch):
     finally:
         torch.cuda.memory.caching_allocator_enable(True)
     return counted, free_during <= free_before - 64 * MIB, free_after >= free_during + 60 * MIB
+
+
+@check
+def peaks_reset_with_a_pools_own_allocator(torch):
+    """reset_peak_memory_stats() resets the peaks of MemPools with allocators of their own (no_split)
+    too: their memory is in the device's statistics, as native's one set of statistics per device."""
+    pool = torch.cuda.MemPool(no_split=True)
+    with torch.cuda.use_mem_pool(pool):
+        kept = torch.ones(MIB, dtype=torch.uint8, device="cuda")
+        passing = torch.empty(256 * MIB, dtype=torch.uint8, device="cuda")
+        del passing
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    above = torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()
+    del kept, pool
+    return above
