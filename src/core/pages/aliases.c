@@ -41,10 +41,8 @@ static gm_status retire(gm_arena *arena, size_t index, bool wait)
 {
     page_engine *engine = engine_of(arena);
     page_alias *alias = &engine->aliases[index];
-    /* An event recorded on a stream being captured would join the graph, and a wait for it fail: only
-     * a mark recorded before the capture may be waited for then. */
     if (wait && pages_stream_capturing(arena, alias->heap) &&
-        !pages_free_is_done(arena, alias->heap, alias->freed_at) && !pages_has_mark_after(alias->heap, alias->freed_at))
+        !pages_wait_is_capturable(arena, alias->heap, alias->freed_at))
         return gm_fail(GM_ERROR_DEVICE, "the old mapping at 0x%" PRIxPTR " of a chunk moved ahead of its stream "
                        "cannot be waited for: the stream is being captured into a CUDA graph and no event recorded "
                        "before the capture covers it", alias->address);

@@ -166,10 +166,7 @@ void pages_unmap_clone(gm_arena *arena, gm_region *region, page_chunk *clone)
     leave_region(region, clone, engine->page_size);
     page_alias alias = {clone->address, clone->size, clone->handle, region->heap, engine->frees, false, true};
     bool capturing = pages_stream_capturing(arena, region->heap);
-    /* While the stream is captured only a mark recorded before may be waited for (aliases.c's retire):
-     * an event recorded now would join the graph, and a wait for it fail. */
-    bool can_wait = capturing && (pages_free_is_done(arena, region->heap, alias.freed_at) ||
-                                  pages_has_mark_after(region->heap, alias.freed_at));
+    bool can_wait = capturing && pages_wait_is_capturable(arena, region->heap, alias.freed_at);
     if (can_wait && pages_wait_for_free(arena, region->heap, alias.freed_at) == GM_OK &&
         gm_backend_unmap(arena->backend, alias.address, alias.size) == GM_OK) {
         arena->stats->num_page_unmaps += (int64_t)(alias.size / engine->page_size);

@@ -358,6 +358,10 @@ gm_status pages_wait_for_free(gm_arena *arena, gm_heap *heap, uint64_t freed_at)
 bool pages_free_is_done(gm_arena *arena, gm_heap *heap, uint64_t freed_at);
 /* Whether a mark recorded after the free numbered `freed_at` is kept (a wait for it records no event). */
 bool pages_has_mark_after(const gm_heap *heap, uint64_t freed_at);
+/* Whether pages_wait_for_free may be asked for the free numbered `freed_at` while `heap`'s stream is
+ * being captured into a graph: only when it records no event (the free is done, or a mark recorded
+ * before the capture covers it); an event recorded now would join the graph, and a wait for it fail. */
+bool pages_wait_is_capturable(gm_arena *arena, gm_heap *heap, uint64_t freed_at);
 /* Record a mark on `heap`'s stream unless one recorded after the free numbered `freed_at` is kept, so
  * that asking the marks will tell when that free's work has finished (none during a graph capture). */
 void pages_mark_after(gm_arena *arena, gm_heap *heap, uint64_t freed_at);

@@ -151,6 +151,11 @@ bool pages_has_mark_after(const gm_heap *heap, uint64_t freed_at)
     return state->mark_count && mark_at(state, state->mark_count - 1)->frees >= freed_at;
 }
 
+bool pages_wait_is_capturable(gm_arena *arena, gm_heap *heap, uint64_t freed_at)
+{
+    return pages_free_is_done(arena, heap, freed_at) || pages_has_mark_after(heap, freed_at);
+}
+
 void pages_mark_after(gm_arena *arena, gm_heap *heap, uint64_t freed_at)
 {
     if (!pages_has_mark_after(heap, freed_at))
