@@ -10,7 +10,6 @@
 #include "base/system_memory.h"
 
 #include <errno.h>
-#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>

@@ -138,7 +138,8 @@ gm_status gm_memory_curve_from_events(gm_memory_curve *curve, size_t max_buckets
     if (status != GM_OK)
         return status;
     /* First the lowest each level reaches relative to its start: the baseline lifts that to zero. Reserved
-     * memory also holds all allocated memory at every moment, so its baseline is lifted until it does. */
+     * memory also holds all allocated memory at every moment, so its baseline is lifted until it does:
+     * by the most that allocated memory ever rises above reserved memory, relative to their starts. */
     int64_t allocated = 0, reserved = 0, lowest_allocated = 0, lowest_reserved = 0, most_unreserved = 0;
     for (size_t i = 0; i < count; i++) {
         int64_t allocated_change, reserved_change;
@@ -147,21 +148,12 @@ gm_status gm_memory_curve_from_events(gm_memory_curve *curve, size_t max_buckets
         reserved = add_clamped(reserved, reserved_change);
         lowest_allocated = allocated < lowest_allocated ? allocated : lowest_allocated;
         lowest_reserved = reserved < lowest_reserved ? reserved : lowest_reserved;
-    }
-    int64_t allocated_baseline = -lowest_allocated;
-    allocated = allocated_baseline;
-    reserved = 0;
-    most_unreserved = allocated_baseline;
-    for (size_t i = 0; i < count; i++) {
-        int64_t allocated_change, reserved_change;
-        event_change(&events[i], &allocated_change, &reserved_change);
-        allocated = add_clamped(allocated, allocated_change);
-        reserved = add_clamped(reserved, reserved_change);
         int64_t unreserved = add_clamped(allocated, -reserved); /* add_clamped keeps reserved > INT64_MIN */
         most_unreserved = unreserved > most_unreserved ? unreserved : most_unreserved;
     }
-    allocated = allocated_baseline;
-    reserved = -lowest_reserved > most_unreserved ? -lowest_reserved : most_unreserved;
+    allocated = -lowest_allocated;
+    int64_t holding_allocated = add_clamped(allocated, most_unreserved);
+    reserved = -lowest_reserved > holding_allocated ? -lowest_reserved : holding_allocated;
     *allocated_baseline_out = (uint64_t)allocated;
     *reserved_baseline_out = (uint64_t)reserved;
     if (count && (allocated || reserved)) /* the levels before the first event (older ones were dropped) */
