@@ -308,19 +308,38 @@ def sync_debug_mode_sees_no_synchronization(torch):
     return stats["num_ooms"]
 
 
-def _counted_allocator(torch):
-    """test_torch_conformance.py's counted allocator (a cudaMalloc that counts), built anew: the library,
-    and a CUDAPluggableAllocator over it."""
+COUNTED_ALLOCATOR_SOURCE = r"""
+#include <cuda_runtime_api.h>
+#include <sys/types.h>
+static int allocations, frees;
+void *counted_alloc(ssize_t size, int device, cudaStream_t stream) {
+    void *pointer = 0;
+    (void)device; (void)stream;
+    if (cudaMalloc(&pointer, (size_t)size) != cudaSuccess) return 0;
+    allocations++;
+    return pointer;
+}
+void counted_free(void *pointer, ssize_t size, int device, cudaStream_t stream) {
+    (void)size; (void)device; (void)stream;
+    frees++;
+    cudaFree(pointer);
+}
+int counted_allocations(void) { return allocations; }
+int counted_frees(void) { return frees; }
+"""
+
+
+def counted_allocator(torch):
+    """A cudaMalloc that counts (COUNTED_ALLOCATOR_SOURCE), built anew: the library (its
+    counted_allocations() and counted_frees()), and a CUDAPluggableAllocator over it."""
     import ctypes
     import os
     import subprocess
-    import sys
     import tempfile
-    source_text = sys.modules["__main__"]._COUNTED_ALLOCATOR  # the child runs test_torch_conformance.py
     folder = tempfile.mkdtemp()
     source, library = os.path.join(folder, "counted.c"), os.path.join(folder, "libcounted.so")
     with open(source, "w") as out:
-        out.write(source_text)
+        out.write(COUNTED_ALLOCATOR_SOURCE)
     cuda = os.environ.get("CUDA_HOME", "/usr/local/cuda")
     subprocess.run(["gcc", "-shared", "-fPIC", "-O1", f"-I{cuda}/include", source, "-o", library,
                     f"-L{cuda}/lib64", "-lcudart"], check=True, capture_output=True)
@@ -333,7 +352,7 @@ def mem_pool_used_again(torch):
     """use_mem_pool on one MemPool again and again (as NCCL's symmetric-memory pools are): each use adds a
     user that its end takes away, so the pool and its allocator live as long as the MemPool object, and
     its memory keeps coming from that allocator."""
-    counted, allocator = _counted_allocator(torch)
+    counted, allocator = counted_allocator(torch)
     pool = torch.cuda.MemPool(allocator.allocator())
     counts = []
     for round in range(3):

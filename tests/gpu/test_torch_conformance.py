@@ -274,27 +274,6 @@ def mem_pool(torch):
     del inside, outside, pool
 
 
-_COUNTED_ALLOCATOR = r"""
-#include <cuda_runtime_api.h>
-#include <sys/types.h>
-static int allocations, frees;
-void *counted_alloc(ssize_t size, int device, cudaStream_t stream) {
-    void *pointer = 0;
-    (void)device; (void)stream;
-    if (cudaMalloc(&pointer, (size_t)size) != cudaSuccess) return 0;
-    allocations++;
-    return pointer;
-}
-void counted_free(void *pointer, ssize_t size, int device, cudaStream_t stream) {
-    (void)size; (void)device; (void)stream;
-    frees++;
-    cudaFree(pointer);
-}
-int counted_allocations(void) { return allocations; }
-int counted_frees(void) { return frees; }
-"""
-
-
 @check
 def mem_pool_snapshot_lists_its_own_segments(torch):
     """MemPool.snapshot() (and NCCL's registration of a pool, which reads it) lists the pool's segments
@@ -520,17 +499,8 @@ def mem_pool_with_its_own_allocator(torch):
     """torch.cuda.MemPool(allocator=...): the pool's memory comes from that allocator (as NCCL's
     ncclMemAlloc pools or an allocator that can release its memory on demand do), is counted in the
     statistics, and goes back to it once the pool is gone and the cache emptied."""
-    import ctypes
-    import tempfile
-    folder = tempfile.mkdtemp()
-    source, library = os.path.join(folder, "counted.c"), os.path.join(folder, "libcounted.so")
-    with open(source, "w") as out:
-        out.write(_COUNTED_ALLOCATOR)
-    cuda = os.environ.get("CUDA_HOME", "/usr/local/cuda")
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", f"-I{cuda}/include", source, "-o", library,
-                    f"-L{cuda}/lib64", "-lcudart"], check=True, capture_output=True)
-    counted = ctypes.CDLL(library)
-    allocator = torch.cuda.memory.CUDAPluggableAllocator(library, "counted_alloc", "counted_free")
+    from conformance_more_checks import counted_allocator
+    counted, allocator = counted_allocator(torch)
     pool = torch.cuda.MemPool(allocator.allocator())
     before = torch.cuda.memory_allocated()
     with torch.cuda.use_mem_pool(pool):
