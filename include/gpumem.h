@@ -568,7 +568,8 @@ typedef enum gm_event_kind {
                                     recorded on it have passed the free */
     GM_EVENT_SEGMENT_MAP = 3,    /* device memory mapped: a segment allocated or a chunk mapped */
     GM_EVENT_SEGMENT_UNMAP = 4,  /* device memory unmapped: a segment freed or a chunk unmapped */
-    GM_EVENT_OOM = 5,            /* gm_malloc failed for lack of memory (address 0) */
+    GM_EVENT_OOM = 5,            /* gm_malloc failed for lack of memory (address: the device's free bytes
+                                    then, as PyTorch's trace entry; size: bytes asked for) */
     GM_EVENT_PRESSURE_HIGH = 6,     /* the pressure level rose to high (address: the signals at or above
                                        the high watermark, size: reserved bytes) */
     GM_EVENT_PRESSURE_CRITICAL = 7, /* an allocation would fail: the callbacks are called before the
@@ -609,6 +610,9 @@ GM_API gm_status gm_set_history(gm_allocator *allocator, size_t capacity);
 /* The same, keeping the newest events held that fit in the new ring (what no longer fits counts as
  * dropped): torch's _record_memory_history(clear_history=False) with another max_entries. */
 GM_API gm_status gm_resize_history(gm_allocator *allocator, size_t capacity);
+/* How many events the history ring holds at most (0: none kept), as GPUMEM_CONF history:N or the last
+ * gm_set_history / gm_resize_history set it. */
+GM_API gm_status gm_history_capacity(gm_allocator *allocator, size_t *capacity_out);
 
 /* A callback called (under the allocator's lock, so it must not call gpumem) for every event, whose
  * result becomes the event's tag -- for an adapter that records stack ids. NULL removes it.

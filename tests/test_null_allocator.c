@@ -131,6 +131,9 @@ static void reading_calls(void)
     CHECK(count == SENTINEL && dropped == SENTINEL);
     CHECK_REFUSED(gm_set_history(NULL, 16));
     CHECK_REFUSED(gm_resize_history(NULL, 16));
+    size_t capacity = SENTINEL;
+    CHECK_REFUSED(gm_history_capacity(NULL, &capacity));
+    CHECK(capacity == SENTINEL);
     CHECK_REFUSED(gm_set_history_tagger(NULL, no_tag, NULL));
     CHECK_REFUSED(gm_set_event_observer(NULL, ignore_event, NULL));
     char *json = (char *)(uintptr_t)SENTINEL;
@@ -200,6 +203,7 @@ static void each_required_pointer(void)
     CHECK_NAMES(gm_snapshot_take(allocator, NULL), "snapshot_out");
     CHECK_NAMES(gm_history_read(allocator, NULL, 0, NULL, NULL), "count_out");
     CHECK_NAMES(gm_history_json(allocator, NULL), "json_out");
+    CHECK_NAMES(gm_history_capacity(allocator, NULL), "capacity_out");
     CHECK_NAMES(gm_get_pressure_policy(allocator, NULL), "policy_out");
     CHECK_NAMES(gm_get_pressure(allocator, NULL), "readings_out");
     CHECK_NAMES(gm_named_stream(allocator, 3, NULL), "stream_out");

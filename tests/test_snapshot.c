@@ -171,7 +171,10 @@ static void history_keeps_the_newest_events_in_order(void)
     CHECK(events[0].address == (uint64_t)(uintptr_t)b && events[0].size == 1000);
     CHECK(events[1].address == (uint64_t)(uintptr_t)a && events[1].size == 4 * MiB);
     CHECK(events[3].address == (uint64_t)(uintptr_t)a && events[3].size == 4 * MiB);
-    CHECK(events[4].address == 0 && events[4].size == 2048 * MiB);
+    gm_stats stats; /* the oom event carries the device's free bytes then, as PyTorch's trace entry */
+    CHECK_OK(gm_get_stats(allocator, &stats));
+    CHECK_EQ_INT(events[4].address, 1024 * MiB - (uint64_t)stats.reserved_bytes[GM_POOL_ALL].current);
+    CHECK(events[4].size == 2048 * MiB);
     CHECK(!strcmp(gm_event_name(GM_EVENT_FREE_REQUESTED), "free_requested"));
     char *json = NULL;
     CHECK_OK(gm_history_json(allocator, &json));
@@ -194,6 +197,22 @@ static void history_is_off_by_default(void)
     char *json = NULL;
     CHECK_STATUS(gm_history_json(allocator, &json), GM_ERROR_NOT_SUPPORTED);
     CHECK(json == NULL);
+    size_t capacity = 7;
+    CHECK_OK(gm_history_capacity(allocator, &capacity));
+    CHECK_EQ_INT(capacity, 0);
+    CHECK_OK(gm_resize_history(allocator, 9));
+    CHECK_OK(gm_history_capacity(allocator, &capacity));
+    CHECK_EQ_INT(capacity, 9);
+    CHECK_STATUS(gm_history_capacity(allocator, NULL), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_MESSAGE("capacity_out");
+    CHECK_STATUS(gm_history_capacity(NULL, &capacity), GM_ERROR_INVALID_ARGUMENT);
+    gm_destroy(allocator, NULL);
+    CHECK_OK(gm_create("capacity:1GiB,history:5", &allocator));
+    CHECK_OK(gm_history_capacity(allocator, &capacity));
+    CHECK_EQ_INT(capacity, 5);
+    CHECK_OK(gm_set_history(allocator, 0));
+    CHECK_OK(gm_history_capacity(allocator, &capacity));
+    CHECK_EQ_INT(capacity, 0);
     gm_destroy(allocator, NULL);
     CHECK_STATUS(gm_create("history:2000000", &allocator), GM_ERROR_BAD_CONFIG);
     CHECK_STATUS(gm_snapshot_take(NULL, NULL), GM_ERROR_INVALID_ARGUMENT);

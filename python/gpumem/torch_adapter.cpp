@@ -10,7 +10,8 @@
 //     peer access reaches gpumem's mappings (gm_enable_peer_access);
 //   - the profiler's memory events, and _record_memory_history / _snapshot (memory_viz): gpumem's
 //     regions and history ring, with the Python stacks torch gathers; out-of-memory observers and
-//     allocator trace trackers (NCCL's memory registration) (torch_trace.h); PyTorch's settings as
+//     allocator trace trackers (NCCL's memory registration) (torch_trace.h); torch.cuda._gpu_trace and the
+//     CUDA sanitizer hear of every allocation and free (torch_gpu_trace.h); PyTorch's settings as
 //     snapshots and ProcessGroupNCCL read them (torch_settings.h);
 //   - caching_allocator_enable(False) and PYTORCH_NO_CUDA_MEMORY_CACHING: a cudaMalloc per tensor
 //     (torch_uncached.h);
@@ -43,6 +44,7 @@
 #include <vector>
 
 #include "gpumem.h"
+#include "torch_gpu_trace.h"
 #include "torch_ipc.h"
 #include "torch_oom.h"
 #include "torch_pool_sources.h"
@@ -142,8 +144,11 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
                                 : gm_malloc(allocator, size, named, &pointer);
     if (recording)
       history_.end_call(pointer, true);
-    if (status == GM_OK && c10::memoryProfilingEnabled())
-      report_to_profiler(allocator, pointer, device, 1);
+    if (status == GM_OK) {
+      gpumem_gpu_trace::allocated(pointer);
+      if (c10::memoryProfilingEnabled())
+        report_to_profiler(allocator, pointer, device, 1);
+    }
     if (status == GM_ERROR_OUT_OF_MEMORY)
       out_of_memory(size, device);
     TORCH_CHECK(status == GM_OK, "gpumem: ", gm_last_error());
@@ -216,6 +221,7 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     bool recording = history_.enabled();
     if (recording)
       history_.begin_call(false);
+    gpumem_gpu_trace::freeing(pointer);
     gm_status status = gm_free(allocator, pointer);
     if (profiling && status == GM_OK) {
       c10::DeviceIndex device = current_device_index();

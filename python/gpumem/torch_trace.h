@@ -8,6 +8,10 @@
 //
 // User metadata (torch.cuda.memory._set_memory_metadata) goes with each recorded event, as the stacks
 // do; annotations (profiler ranges while history is recorded) are kept with the same capacity.
+// An allocator may keep a ring of its own (GPUMEM_CONF history:N, which `gpumem run --report` sets and
+// reads at exit): torch's recording makes that ring larger while it lasts, never smaller, and its end
+// leaves the ring and its events; torch's snapshots show only the events since its recording began, at
+// most max_entries of them, as native's.
 //
 // Observers: callbacks PyTorch lets others attach. Out-of-memory observers are called before the
 // OutOfMemoryError is raised (torch._C._cuda_attach_out_of_memory_observer: dump a snapshot at the
@@ -109,6 +113,7 @@ class History {
     skip_actions_ = skip_actions;
     if (enabled && !clear && enabled_.load(std::memory_order_relaxed))
       return resize(capacity, allocators);
+    since_ns_ = monotonic_ns();
     contexts_.assign(capacity, nullptr);
     metadata_of_tag_.assign(capacity, std::string());
     annotations_.clear();
@@ -123,6 +128,9 @@ class History {
   // a configure() running meanwhile cannot miss it.
   template <typename Publish> void adopt(gm_allocator *allocator, Publish publish) {
     std::lock_guard<std::mutex> guard(mutex_);
+    size_t own = 0;
+    if (gm_history_capacity(allocator, &own) == GM_OK && own)
+      own_capacity_[allocator] = own;
     if (capacity_)
       apply(allocator);
     publish();
@@ -253,13 +261,17 @@ class History {
       return;
     std::vector<gm_event> events(count);
     gm_history_read(allocator, events.data(), events.size(), &count, nullptr);
+    size_t first = 0; // the allocator's own ring may hold older events, and more
+    while (first < count && events[first].time_ns < since_ns_)
+      first++;
+    first = std::max(first, count - std::min(count, capacity_));
     bool pages = is_pages_engine(allocator);
     // gpumem's times are CLOCK_MONOTONIC; snapshots carry microseconds since the epoch.
     timespec now_real, now_monotonic;
     clock_gettime(CLOCK_REALTIME, &now_real);
     clock_gettime(CLOCK_MONOTONIC, &now_monotonic);
     int64_t offset_ns = (now_real.tv_sec - now_monotonic.tv_sec) * 1000000000LL + now_real.tv_nsec - now_monotonic.tv_nsec;
-    for (size_t i = 0; i < count; i++) {
+    for (size_t i = first; i < count; i++) {
       const gm_event &event = events[i];
       TraceEntry::Action action;
       if (!action_of(event.kind, pages, &action) ||
@@ -291,14 +303,30 @@ class History {
       annotations_.pop_front();
     capacity_ = capacity;
     for (gm_allocator *allocator : allocators)
-      gm_resize_history(allocator, capacity);
+      gm_resize_history(allocator, std::max(capacity, own_capacity(allocator)));
   }
 
   // The ring's size and the tagger, for a new or every allocator (mutex_ held).
   void apply(gm_allocator *allocator) {
-    gm_set_history(allocator, capacity_);
+    size_t own = own_capacity(allocator);
+    if (own)
+      gm_resize_history(allocator, std::max(capacity_, own));
+    else
+      gm_set_history(allocator, capacity_);
     if (capacity_)
       gm_set_history_tagger(allocator, current_tag_of, nullptr);
+  }
+
+  // The ring the allocator keeps of its own, from its configuration (mutex_ held).
+  size_t own_capacity(gm_allocator *allocator) const {
+    auto own = own_capacity_.find(allocator);
+    return own == own_capacity_.end() ? 0 : own->second;
+  }
+
+  static uint64_t monotonic_ns() {
+    timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return static_cast<uint64_t>(now.tv_sec) * 1000000000ull + static_cast<uint64_t>(now.tv_nsec);
   }
 
   // Whether the rings still hold what was kept for `tag` (mutex_ held).
@@ -318,6 +346,8 @@ class History {
   CreateContextFn recorder_ = nullptr;
   RecordContext when_ = RecordContext::NEVER;
   size_t capacity_ = 0;
+  uint64_t since_ns_ = 0; // when torch's recording began (CLOCK_MONOTONIC, as gpumem's event times)
+  std::unordered_map<gm_allocator *, size_t> own_capacity_;
   uint64_t next_tag_ = 0;
   std::vector<std::shared_ptr<GatheredContext>> contexts_; // tag % size -> the stack of that call
   std::vector<std::string> metadata_of_tag_;                // tag % size -> the user metadata then

@@ -15,6 +15,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "torch_gpu_trace.h"
+
 namespace gpumem_uncached {
 
 // PYTORCH_NO_CUDA_MEMORY_CACHING set to a true value, as PyTorch reads it.
@@ -27,8 +29,10 @@ inline bool requested_by_environment() {
 }
 
 inline void free_pointer(void *pointer) {
-  if (pointer)
+  if (pointer) {
+    gpumem_gpu_trace::freeing(pointer);
     C10_CUDA_CHECK_WARN(cudaFree(pointer));
+  }
 }
 
 // A cudaMalloc of its own (nullptr for 0 bytes), for raw_alloc and for a tensor's DataPtr.
@@ -43,6 +47,7 @@ inline void *raw_allocate(size_t size, c10::DeviceIndex device) {
                        " bytes with caching disabled (gpumem)");
     }
     C10_CUDA_CHECK(error);
+    gpumem_gpu_trace::allocated(pointer);
   }
   return pointer;
 }

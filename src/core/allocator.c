@@ -371,8 +371,8 @@ __attribute__((noinline, cold)) static gm_status allocate_after_failure(gm_alloc
     }
     if (status == GM_ERROR_OUT_OF_MEMORY) {
         allocator->arena.stats->num_ooms++;
-        gm_write_oom_report(&allocator->arena, heap, size, &attempts);
-        gm_history_record(allocator->arena.history, GM_EVENT_OOM, 0, size, heap->stream,
+        uint64_t device_free = gm_write_oom_report(&allocator->arena, heap, size, &attempts);
+        gm_history_record(allocator->arena.history, GM_EVENT_OOM, device_free, size, heap->stream,
                           gm_heap_pool_id(heap));
     }
     return status;
@@ -432,8 +432,8 @@ __attribute__((noinline, cold)) static gm_status refuse_impossible_request(gm_al
     gm_lock_acquire(&allocator->lock);
     begin_change(allocator);
     allocator->arena.stats->num_ooms++;
-    gm_write_impossible_request_report(&allocator->arena, stream, size, GM_MAX_REQUEST);
-    gm_history_record(allocator->arena.history, GM_EVENT_OOM, 0, size, stream, GM_NO_POOL);
+    uint64_t device_free = gm_write_impossible_request_report(&allocator->arena, stream, size, GM_MAX_REQUEST);
+    gm_history_record(allocator->arena.history, GM_EVENT_OOM, device_free, size, stream, GM_NO_POOL);
     end_change(allocator);
     gm_lock_release(&allocator->lock);
     return GM_ERROR_OUT_OF_MEMORY;

@@ -453,7 +453,7 @@ static void write_facts(gm_arena *arena, const gm_stats *stats, const gm_oom_fac
                         attempts->callbacks_called == 1 ? "" : "s");
 }
 
-void gm_write_oom_report(gm_arena *arena, gm_heap *heap, uint64_t size, const gm_oom_attempts *attempts)
+uint64_t gm_write_oom_report(gm_arena *arena, gm_heap *heap, uint64_t size, const gm_oom_attempts *attempts)
 {
     byte_texts texts = {.used = 0};
     byte_texts *t = &texts;
@@ -500,9 +500,10 @@ void gm_write_oom_report(gm_arena *arena, gm_heap *heap, uint64_t size, const gm
     case GM_OOM_CAUSE_ADDRESS_SPACE: remedy_address_space(); break;
     default: remedy_fragmentation(arena, &pieces, t); break;
     }
+    return facts.device_free;
 }
 
-void gm_write_impossible_request_report(gm_arena *arena, gm_stream stream, uint64_t size, uint64_t largest_request)
+uint64_t gm_write_impossible_request_report(gm_arena *arena, gm_stream stream, uint64_t size, uint64_t largest_request)
 {
     byte_texts texts = {.used = 0};
     byte_texts *t = &texts;
@@ -518,4 +519,5 @@ void gm_write_impossible_request_report(gm_arena *arena, gm_stream stream, uint6
     gm_error_append("What to do, in order:\n");
     gm_error_append("  1. Check how the size was computed: one this large is usually a negative number converted "
                     "to an unsigned size, or a product of dimensions that overflowed.\n");
+    return device_free;
 }

@@ -39,12 +39,14 @@ typedef struct gm_oom_facts {
 gm_oom_cause gm_classify_oom(const gm_oom_facts *facts);
 
 /* Write the report as this thread's gm_last_error() and set gm_last_oom_cause(). Called with the
- * allocator's lock held; clears the backend's host_memory_failed. */
-void gm_write_oom_report(gm_arena *arena, gm_heap *heap, uint64_t size, const gm_oom_attempts *attempts);
+ * allocator's lock held; clears the backend's host_memory_failed. Returns the device's free bytes that
+ * the report read (0 when unread), which the "oom" event carries as PyTorch's trace entry does. */
+uint64_t gm_write_oom_report(gm_arena *arena, gm_heap *heap, uint64_t size, const gm_oom_attempts *attempts);
 
 /* The report of a request larger than `largest_request`, the most any request may be: refused before any
- * engine sees it (nothing is released or retried), cause capacity, with its real size. */
-void gm_write_impossible_request_report(gm_arena *arena, gm_stream stream, uint64_t size, uint64_t largest_request);
+ * engine sees it (nothing is released or retried), cause capacity, with its real size. Returns the
+ * device's free bytes, as gm_write_oom_report. */
+uint64_t gm_write_impossible_request_report(gm_arena *arena, gm_stream stream, uint64_t size, uint64_t largest_request);
 
 /* Set this thread's gm_last_oom_cause() (a dispatch of callbacks puts back its caller's). */
 void gm_set_last_oom_cause(gm_oom_cause cause);

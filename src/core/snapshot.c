@@ -210,6 +210,17 @@ gm_status gm_resize_history(gm_allocator *allocator, size_t capacity)
     return set_history(allocator, capacity, true, "gm_resize_history");
 }
 
+gm_status gm_history_capacity(gm_allocator *allocator, size_t *capacity_out)
+{
+    if (!allocator || !capacity_out)
+        return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_history_capacity: %s is NULL",
+                       allocator ? "capacity_out" : "allocator");
+    gm_arena *arena = gm_lock_arena(allocator);
+    *capacity_out = arena->history ? arena->history->capacity : 0;
+    gm_unlock_arena(allocator);
+    return GM_OK;
+}
+
 gm_status gm_set_event_observer(gm_allocator *allocator, gm_event_observer observer, void *context)
 {
     if (!allocator)

@@ -6,7 +6,8 @@ streams made and dropped, mixed precision with activation checkpointing, cuDNN's
 workspaces by the allocator's cacheInfo, tensors outliving the external stream they were made on, the
 profiler's memory timeline, tensors shared with CuPy through DLPack, the allocator's work under
 torch.cuda.set_sync_debug_mode("error"), MemPools used again and destroyed, a memory fraction of nothing,
-and raw allocations with caching off."""
+raw allocations with caching off, the GPU trace that the CUDA sanitizer listens to, and the history's
+out-of-memory entry."""
 
 MIB = 1 << 20
 MORE_CHECKS = []
@@ -439,3 +440,76 @@ def peaks_reset_with_a_pools_own_allocator(torch):
     above = torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()
     del kept, pool
     return above
+
+
+GPU_TRACE_PROGRAM = r"""
+import json, torch
+from torch.cuda import _gpu_trace
+from torch.cuda._sanitizer import CUDASanitizerErrors, enable_cuda_sanitizer
+heard = {"allocated": [], "freed": []}
+enable_cuda_sanitizer()
+_gpu_trace.register_callback_for_memory_allocation(heard["allocated"].append)
+_gpu_trace.register_callback_for_memory_deallocation(heard["freed"].append)
+side = torch.cuda.Stream()
+first = torch.ones(1 << 20, device="cuda")
+address = first.data_ptr()
+side.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(side):
+    first.mul_(2)
+first.record_stream(side)
+del first
+while not side.query():  # not a synchronization the sanitizer sees
+    pass
+reports = 0
+for _ in range(4):  # the freed memory handed out again on the current stream
+    try:
+        again = torch.zeros(1 << 20, device="cuda")
+        again.add_(1)
+        del again
+    except CUDASanitizerErrors:
+        reports += 1
+racing = torch.ones(1 << 20, device="cuda")
+with torch.cuda.stream(side):
+    try:
+        racing.mul_(3)  # a real race: written on the current stream, no wait
+        caught = False
+    except CUDASanitizerErrors:
+        caught = True
+torch.cuda.synchronize()
+print("TRACE " + json.dumps([address in heard["allocated"], address in heard["freed"], reports, caught]))
+"""
+
+
+@check
+def gpu_trace_and_cuda_sanitizer(torch):
+    """torch.cuda._gpu_trace hears of each allocation and free, and the CUDA sanitizer (which lives on in
+    its process, so a fresh one) reports the real race and no race on memory freed after record_stream
+    and handed out again."""
+    import json
+    import subprocess
+    import sys
+    run = subprocess.run([sys.executable, "-c", GPU_TRACE_PROGRAM], capture_output=True, text=True, timeout=300)
+    for line in run.stdout.splitlines():
+        if line.startswith("TRACE "):
+            return json.loads(line[6:])
+    raise RuntimeError(f"the sanitizer's process failed (status {run.returncode}): {run.stderr[-1500:]}")
+
+
+@check
+def out_of_memory_in_the_history(torch):
+    """The history's "oom" entry (memory_viz shows it): the bytes asked for, and the device's free memory
+    when the request failed."""
+    torch.cuda.memory._record_memory_history(max_entries=1000)
+    try:
+        try:
+            torch.empty(1 << 50, dtype=torch.uint8, device="cuda")
+            raise AssertionError("no error")
+        except torch.OutOfMemoryError:
+            pass
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    total = torch.cuda.get_device_properties(0).total_memory
+    entries = [entry for trace in snapshot["device_traces"] for entry in trace if entry["action"] == "oom"]
+    assert entries, "no oom entry"
+    return entries[-1]["size"] >= 1 << 50, 0 < entries[-1].get("device_free", 0) <= total

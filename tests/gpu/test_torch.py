@@ -543,6 +543,30 @@ def test_memory_snapshot_and_history_open_in_memory_viz(tmp_path):
         assert out.stat().st_size > 1000
 
 
+def test_torch_recording_keeps_gpumems_own_history():
+    """A ring of gpumem's own (GPUMEM_CONF history:N, which `gpumem run --report` reads at exit) outlives
+    torch's _record_memory_history: torch's snapshot shows only what it recorded, at most max_entries
+    events, and the end of its recording leaves gpumem's ring with every event."""
+    out = run_python("""
+        import json, torch, gpumem.torch
+        first = torch.ones(1 << 20, device="cuda")
+        del first
+        torch.cuda.memory._record_memory_history(max_entries=3)
+        for _ in range(5):
+            during = torch.ones(1 << 20, device="cuda")
+            del during
+        trace = torch.cuda.memory._snapshot()["device_traces"][0]
+        torch.cuda.memory._record_memory_history(enabled=None)
+        after = torch.ones(1 << 20, device="cuda")
+        del after
+        events = json.loads(gpumem.torch.allocator().history_json())["events"]
+        print(json.dumps([len(trace), sum(1 for event in events if event["action"] == "alloc")]))
+    """, GPUMEM_TORCH="history:1000")
+    torch_entries, own_allocations = json.loads(out.strip().splitlines()[-1])
+    assert torch_entries == 3
+    assert own_allocations == 7  # before, during (5) and after torch's recording
+
+
 def test_a_snapshot_under_gpumem_is_a_trace_for_gpumem_tune(tmp_path):
     """The way to gpumem tune that its help gives: a training loop's history under gpumem, dumped as a
     snapshot (tests/gpu/gpumem_snapshot.py, which also makes data/snapshots' fixture), made a trace by

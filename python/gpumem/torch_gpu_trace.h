@@ -1,0 +1,53 @@
+// torch_gpu_trace.h -- the GPU trace calls PyTorch's allocator makes, made by gpumem's adapter too.
+//
+// torch.cuda._gpu_trace lets Python code hear of every device allocation and free; the CUDA sanitizer
+// (torch.cuda._sanitizer, TORCH_CUDA_SANITIZER=1) is its main listener: it forgets what a tensor's
+// memory was used for when the memory is freed. Without these calls a block that gpumem hands out again
+// still carries its last owner's accesses, and the sanitizer reports races that are none (a tensor freed
+// after record_stream and its memory reused on another stream). The calls cost one load of a flag
+// while no tracer is active, as native's do.
+#pragma once
+
+#include <c10/core/DeviceType.h>
+#include <c10/core/impl/GPUTrace.h>
+#include <c10/core/impl/PyInterpreter.h>
+
+#include <cstdint>
+
+namespace gpumem_gpu_trace {
+
+// Newer PyTorch versions name the device type in each call; older ones take the address alone.
+template <typename Table>
+auto allocation_call(const Table &table, uintptr_t address, int)
+    -> decltype(table.trace_gpu_memory_allocation(c10::DeviceType::CUDA, address), void()) {
+  table.trace_gpu_memory_allocation(c10::DeviceType::CUDA, address);
+}
+template <typename Table>
+void allocation_call(const Table &table, uintptr_t address, long) {
+  table.trace_gpu_memory_allocation(address);
+}
+template <typename Table>
+auto deallocation_call(const Table &table, uintptr_t address, int)
+    -> decltype(table.trace_gpu_memory_deallocation(c10::DeviceType::CUDA, address), void()) {
+  table.trace_gpu_memory_deallocation(c10::DeviceType::CUDA, address);
+}
+template <typename Table>
+void deallocation_call(const Table &table, uintptr_t address, long) {
+  table.trace_gpu_memory_deallocation(address);
+}
+
+// A device allocation made at `pointer` (none for nullptr: zero bytes).
+inline void allocated(const void *pointer) {
+  const c10::impl::PyInterpreter *interpreter = c10::impl::GPUTrace::get_trace();
+  if (C10_UNLIKELY(interpreter != nullptr) && pointer)
+    allocation_call(*(*interpreter).operator->(), reinterpret_cast<uintptr_t>(pointer), 0);
+}
+
+// The allocation at `pointer` is about to be freed.
+inline void freeing(const void *pointer) {
+  const c10::impl::PyInterpreter *interpreter = c10::impl::GPUTrace::get_trace();
+  if (C10_UNLIKELY(interpreter != nullptr) && pointer)
+    deallocation_call(*(*interpreter).operator->(), reinterpret_cast<uintptr_t>(pointer), 0);
+}
+
+}  // namespace gpumem_gpu_trace
