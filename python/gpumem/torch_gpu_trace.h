@@ -16,38 +16,37 @@
 
 namespace gpumem_gpu_trace {
 
-// Newer PyTorch versions name the device type in each call; older ones take the address alone.
-template <typename Table>
-auto allocation_call(const Table &table, uintptr_t address, int)
-    -> decltype(table.trace_gpu_memory_allocation(c10::DeviceType::CUDA, address), void()) {
-  table.trace_gpu_memory_allocation(c10::DeviceType::CUDA, address);
+// Newer PyTorch versions name the device type in each call; older ones take the address alone. `call`
+// forwards its arguments to one of the interpreter's trace functions.
+template <typename Call>
+auto with_device_type(const Call &call, uintptr_t address, int) -> decltype(call(c10::DeviceType::CUDA, address)) {
+  call(c10::DeviceType::CUDA, address);
 }
-template <typename Table>
-void allocation_call(const Table &table, uintptr_t address, long) {
-  table.trace_gpu_memory_allocation(address);
-}
-template <typename Table>
-auto deallocation_call(const Table &table, uintptr_t address, int)
-    -> decltype(table.trace_gpu_memory_deallocation(c10::DeviceType::CUDA, address), void()) {
-  table.trace_gpu_memory_deallocation(c10::DeviceType::CUDA, address);
-}
-template <typename Table>
-void deallocation_call(const Table &table, uintptr_t address, long) {
-  table.trace_gpu_memory_deallocation(address);
+template <typename Call>
+void with_device_type(const Call &call, uintptr_t address, long) {
+  call(address);
 }
 
 // A device allocation made at `pointer` (none for nullptr: zero bytes).
 inline void allocated(const void *pointer) {
   const c10::impl::PyInterpreter *interpreter = c10::impl::GPUTrace::get_trace();
-  if (C10_UNLIKELY(interpreter != nullptr) && pointer)
-    allocation_call(*(*interpreter).operator->(), reinterpret_cast<uintptr_t>(pointer), 0);
+  if (C10_LIKELY(interpreter == nullptr) || !pointer)
+    return;
+  const auto &table = *interpreter->operator->();
+  with_device_type([&](auto... arguments) -> decltype(table.trace_gpu_memory_allocation(arguments...)) {
+    table.trace_gpu_memory_allocation(arguments...);
+  }, reinterpret_cast<uintptr_t>(pointer), 0);
 }
 
 // The allocation at `pointer` is about to be freed.
 inline void freeing(const void *pointer) {
   const c10::impl::PyInterpreter *interpreter = c10::impl::GPUTrace::get_trace();
-  if (C10_UNLIKELY(interpreter != nullptr) && pointer)
-    deallocation_call(*(*interpreter).operator->(), reinterpret_cast<uintptr_t>(pointer), 0);
+  if (C10_LIKELY(interpreter == nullptr) || !pointer)
+    return;
+  const auto &table = *interpreter->operator->();
+  with_device_type([&](auto... arguments) -> decltype(table.trace_gpu_memory_deallocation(arguments...)) {
+    table.trace_gpu_memory_deallocation(arguments...);
+  }, reinterpret_cast<uintptr_t>(pointer), 0);
 }
 
 }  // namespace gpumem_gpu_trace
