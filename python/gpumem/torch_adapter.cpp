@@ -52,23 +52,17 @@
 #include "torch_trace.h"
 #include "torch_uncached.h"
 
-
 namespace {
 
 using c10::CachingAllocator::StatType;
 using c10::CachingDeviceAllocator::RecordContext;
+using c10::CachingDeviceAllocator::TraceEntry;
 using c10::cuda::CUDACachingAllocator::CreateContextFn;
 using c10::cuda::CUDACachingAllocator::SnapshotInfo;
 
 using torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
 
 constexpr size_t kMaxDevices = 64;
-
-std::array<double, kMaxDevices> filled(double value) {
-  std::array<double, kMaxDevices> values;
-  values.fill(value);
-  return values;
-}
 
 #include "torch_adapter_parts.h" // inside this anonymous namespace: a part of this file
 
@@ -78,6 +72,7 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
       : CUDAPluggableAllocator(unused_alloc, unused_free), config_(std::move(config)), replaced_(replaced) {
     sourced_.on_made = [this](gm_allocator *pool, c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
       observers_.watch(pool, device, id);
+      history_.adopt_pool(pool);
     };
     sourced_.on_destroyed = [this](gm_allocator *pool) { observers_.forget(pool); };
   }
@@ -603,12 +598,15 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
 
   void recordHistory(bool enabled, CreateContextFn context_recorder, size_t alloc_trace_max_entries,
                      RecordContext when, bool clear_history, const std::vector<std::string> &skip_actions) override {
-    std::vector<gm_allocator *> allocators;
-    for (auto &slot : allocators_)
-      if (gm_allocator *allocator = slot.load(std::memory_order_acquire))
-        allocators.push_back(allocator);
     history_.configure(enabled, context_recorder, alloc_trace_max_entries, when, clear_history, skip_actions,
-                       allocators);
+                       [this](auto visit) {
+                         for (size_t device = 0; device < kMaxDevices; device++) {
+                           if (gm_allocator *allocator = allocators_[device].load(std::memory_order_acquire))
+                             visit(allocator);
+                           sourced_.for_each_pool(static_cast<c10::DeviceIndex>(device),
+                                                  [&](gm_allocator *pool, c10::cuda::MempoolId_t) { visit(pool); });
+                         }
+                       });
   }
 
   // Every device's segments, or with a pool named (MemPool.snapshot(), NCCL's registration of a pool)
@@ -625,11 +623,17 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
       auto device = static_cast<c10::DeviceIndex>(index);
       devices = index + 1;
       history_.add_segments(allocator, device, result, mempool_id);
+      bool traces = include_traces && history_.keeps_events();
+      std::vector<TraceEntry> &trace = result.device_traces[index];
       sourced_.for_each_pool(device, [&](gm_allocator *pool, c10::cuda::MempoolId_t id) {
         history_.add_segments(pool, device, result, mempool_id, id);
+        if (traces)
+          history_.add_trace(pool, device, trace, id);
       });
-      if (include_traces && history_.keeps_events())
-        history_.add_trace(allocator, device, result.device_traces[index]);
+      if (traces)
+        history_.add_trace(allocator, device, trace);
+      std::stable_sort(trace.begin(), trace.end(),
+                       [](const TraceEntry &a, const TraceEntry &b) { return a.time_.t_ < b.time_.t_; });
     }
     result.device_traces.resize(std::max<size_t>(devices, c10::cuda::device_count()));
     result.external_annotations = history_.annotations();

@@ -1,11 +1,17 @@
-// torch_adapter_parts.h -- the small pieces torch_adapter.cpp's allocator class is built from: the
-// stream filter of a pool being allocated to and the C callback that asks it, pool ids as gpumem's,
+// torch_adapter_parts.h -- the small pieces torch_adapter.cpp's allocator class is built from: an
+// array of one value per device, the stream filter of a pool being allocated to and the C callback that asks it, pool ids as gpumem's,
 // the unused functions CUDAPluggableAllocator is made with, a graph pool's checkpoint, the current
 // device, and addresses as pointers. Included by torch_adapter.cpp inside its anonymous namespace,
 // after its includes and using-declarations: it is a part of that file, not a header of its own.
 #pragma once
 
 using StreamFilter = std::function<bool(cudaStream_t)>;
+
+std::array<double, kMaxDevices> filled(double value) {
+  std::array<double, kMaxDevices> values;
+  values.fill(value);
+  return values;
+}
 
 gm_pool_id pool_of(c10::cuda::MempoolId_t id) {
   return gm_pool_id{static_cast<uint64_t>(id.first), static_cast<uint64_t>(id.second)};

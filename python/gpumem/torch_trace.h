@@ -102,26 +102,40 @@ class History {
  public:
   bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
 
-  // _record_memory_history: the ring's size and what stacks to gather, applied to every allocator. Called
-  // again while recording with clear_history false, the history recorded so far stays (what fits).
+  // _record_memory_history: the ring's size and what stacks to gather, applied to every allocator (each
+  // one that for_each_allocator(visit) visits, under this object's lock: the devices' and the MemPools'
+  // of their own). Called again while recording with clear_history false, the history recorded so far
+  // stays (what fits).
+  template <typename ForEach>
   void configure(bool enabled, CreateContextFn recorder, size_t max_entries, RecordContext when, bool clear,
-                 const std::vector<std::string> &skip_actions, const std::vector<gm_allocator *> &allocators) {
+                 const std::vector<std::string> &skip_actions, ForEach for_each_allocator) {
     std::lock_guard<std::mutex> guard(mutex_);
     size_t capacity = enabled ? std::min<size_t>(std::max<size_t>(max_entries, 1), 1u << 20) : 0;
     recorder_ = enabled ? recorder : nullptr;
     when_ = enabled ? when : RecordContext::NEVER;
     skip_actions_ = skip_actions;
     if (enabled && !clear && enabled_.load(std::memory_order_relaxed))
-      return resize(capacity, allocators);
+      return resize(capacity, for_each_allocator);
     since_ns_ = monotonic_ns();
     contexts_.assign(capacity, nullptr);
     metadata_of_tag_.assign(capacity, std::string());
     annotations_.clear();
     live_.clear();
     capacity_ = capacity;
-    for (gm_allocator *allocator : allocators)
-      apply(allocator);
+    ring_of_new_pools_.store(capacity, std::memory_order_release);
+    for_each_allocator([this](gm_allocator *allocator) { apply(allocator); });
     enabled_.store(enabled, std::memory_order_relaxed);
+  }
+
+  // A MemPool's allocator of its own, made under the pools' lock (which configure() takes inside this
+  // object's, so not this object's lock here): the ring that the last configure() asked for. One made
+  // before configure() visits the pools is visited; one made after reads what it stored.
+  void adopt_pool(gm_allocator *allocator) {
+    size_t ring = ring_of_new_pools_.load(std::memory_order_acquire);
+    if (ring) {
+      gm_set_history(allocator, ring);
+      gm_set_history_tagger(allocator, current_tag_of, nullptr);
+    }
   }
 
   // A new allocator gets the history settings; `publish` makes it visible inside the same lock, so that
@@ -255,7 +269,10 @@ class History {
     gm_snapshot_free(snapshot);
   }
 
-  void add_trace(gm_allocator *allocator, c10::DeviceIndex device, std::vector<TraceEntry> &trace) {
+  // The events since torch's recording began, as PyTorch's trace entries; `own_pool` names the pool of an
+  // allocator that serves one MemPool.
+  void add_trace(gm_allocator *allocator, c10::DeviceIndex device, std::vector<TraceEntry> &trace,
+                 MempoolId_t own_pool = {0, 0}) {
     size_t count = 0;
     if (gm_history_read(allocator, nullptr, 0, &count, nullptr) != GM_OK)
       return;
@@ -278,7 +295,7 @@ class History {
           std::find(skip_actions_.begin(), skip_actions_.end(), action_name(action)) != skip_actions_.end())
         continue;
       TraceEntry entry(action, device, static_cast<size_t>(event.address), static_cast<size_t>(event.size),
-                       reinterpret_cast<void *>(event.stream), torch_pool(event.pool), c10::approx_time_t{0},
+                       reinterpret_cast<void *>(event.stream), pool_named(own_pool, event.pool), c10::approx_time_t{0},
                        stack_of_tag(event.tag), "", metadata_of_tag(event.tag));
       entry.time_.t_ = static_cast<time_t>((static_cast<int64_t>(event.time_ns) + offset_ns) / 1000);
       trace.push_back(std::move(entry));
@@ -287,7 +304,7 @@ class History {
 
  private:
   // Rings of another size that keep the newest of what they held (mutex_ held).
-  void resize(size_t capacity, const std::vector<gm_allocator *> &allocators) {
+  template <typename ForEach> void resize(size_t capacity, ForEach for_each_allocator) {
     if (capacity == capacity_)
       return;
     std::vector<std::shared_ptr<GatheredContext>> contexts(capacity);
@@ -302,8 +319,10 @@ class History {
     while (annotations_.size() > capacity)
       annotations_.pop_front();
     capacity_ = capacity;
-    for (gm_allocator *allocator : allocators)
-      gm_resize_history(allocator, std::max(capacity, own_capacity(allocator)));
+    ring_of_new_pools_.store(capacity, std::memory_order_release);
+    for_each_allocator([this](gm_allocator *allocator) {
+      gm_resize_history(allocator, std::max(capacity_, own_capacity(allocator)));
+    });
   }
 
   // The ring's size and the tagger, for a new or every allocator (mutex_ held).
@@ -346,6 +365,7 @@ class History {
   CreateContextFn recorder_ = nullptr;
   RecordContext when_ = RecordContext::NEVER;
   size_t capacity_ = 0;
+  std::atomic<size_t> ring_of_new_pools_{0}; // capacity_, read without the lock (adopt_pool)
   uint64_t since_ns_ = 0; // when torch's recording began (CLOCK_MONOTONIC, as gpumem's event times)
   std::unordered_map<gm_allocator *, size_t> own_capacity_;
   uint64_t next_tag_ = 0;

@@ -6,8 +6,8 @@ streams made and dropped, mixed precision with activation checkpointing, cuDNN's
 workspaces by the allocator's cacheInfo, tensors outliving the external stream they were made on, the
 profiler's memory timeline, tensors shared with CuPy through DLPack, the allocator's work under
 torch.cuda.set_sync_debug_mode("error"), MemPools used again and destroyed, a memory fraction of nothing,
-raw allocations with caching off, the GPU trace that the CUDA sanitizer listens to, and the history's
-out-of-memory entry."""
+raw allocations with caching off, the GPU trace that the CUDA sanitizer listens to, the history's
+out-of-memory entry, and the history of a MemPool that does not split."""
 
 MIB = 1 << 20
 MORE_CHECKS = []
@@ -513,3 +513,25 @@ def out_of_memory_in_the_history(torch):
     entries = [entry for trace in snapshot["device_traces"] for entry in trace if entry["action"] == "oom"]
     assert entries, "no oom entry"
     return entries[-1]["size"] >= 1 << 50, 0 < entries[-1].get("device_free", 0) <= total
+
+
+@check
+def history_of_a_pool_that_does_not_split(torch):
+    """Allocations in a MemPool(no_split=True) (symmetric memory's) are in the history's trace, in their
+    place among the device's."""
+    sizes = (5 * MIB + 4096, 3 * MIB + 4096, 7 * MIB + 4096)
+    torch.cuda.memory._record_memory_history(max_entries=1000)
+    try:
+        pool = torch.cuda.MemPool(no_split=True)
+        before = torch.empty(sizes[0], dtype=torch.uint8, device="cuda")
+        with torch.cuda.use_mem_pool(pool):
+            inside = torch.empty(sizes[1], dtype=torch.uint8, device="cuda")
+        after = torch.empty(sizes[2], dtype=torch.uint8, device="cuda")
+        del inside
+        trace = torch.cuda.memory._snapshot()["device_traces"][0]
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    del before, after, pool
+    allocations = [entry["size"] for entry in trace if entry["action"] == "alloc" and entry["size"] in sizes]
+    freed = [entry["size"] for entry in trace if entry["action"] == "free_requested" and entry["size"] in sizes]
+    return allocations, freed
