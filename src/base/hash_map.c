@@ -1,16 +1,69 @@
 /*
  * hash_map.c -- see hash_map.h. Keys are mixed with a 64-bit multiplicative hash (Fibonacci
- * hashing), which spreads aligned addresses (whose low bits are all zero) over the table.
+ * hashing), which spreads aligned addresses (whose low bits are all zero) over the table. A keyed map
+ * first passes key + secret through a full 64-bit mixer (every output bit depends on every input bit),
+ * whose collisions cannot be chosen without the secret.
  */
 #include "base/hash_map.h"
 #include "base/system_memory.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/random.h>
+#include <time.h>
+
+static inline uint64_t mix_fully(uint64_t value)
+{
+    value ^= value >> 33;
+    value *= 0xff51afd7ed558ccdull;
+    value ^= value >> 33;
+    value *= 0xc4ceb9fe1a85ec53ull;
+    return value ^ (value >> 33);
+}
 
 static inline size_t slot_for(const gm_hash_map *map, uint64_t key)
 {
+    if (__builtin_expect(map->secret != 0, 0))
+        key = mix_fully(key + map->secret);
     uint64_t mixed = (key ^ (key >> 29)) * 0x9E3779B97F4A7C15ull;
     return (size_t)(mixed >> 20) & (map->capacity - 1);
+}
+
+/* This process's secret: from the kernel's random source, else from the clock and an address (which
+ * address-space randomization varies); never 0. */
+static uint64_t process_secret(void)
+{
+    static _Atomic uint64_t secret;
+    uint64_t value = atomic_load_explicit(&secret, memory_order_relaxed);
+    if (value)
+        return value;
+    if (getrandom(&value, sizeof value, GRND_NONBLOCK) != (ssize_t)sizeof value) {
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        value = mix_fully((uint64_t)now.tv_nsec ^ (uint64_t)now.tv_sec << 32 ^ (uint64_t)(uintptr_t)&secret);
+    }
+    value |= 1;
+    atomic_store_explicit(&secret, value, memory_order_relaxed); /* a race stores one of two good values */
+    return value;
+}
+
+bool gm_hash_map_init_keyed(gm_hash_map *map, size_t initial_capacity)
+{
+    bool made = gm_hash_map_init(map, initial_capacity);
+    map->secret = process_secret();
+    return made;
+}
+
+size_t gm_hash_map_probes(const gm_hash_map *map, uint64_t key)
+{
+    if (map->capacity == 0)
+        return 0;
+    size_t slot = slot_for(map, key), probes = 1;
+    while (map->entries[slot].key != 0 && map->entries[slot].key != key) {
+        slot = (slot + 1) & (map->capacity - 1);
+        probes++;
+    }
+    return probes;
 }
 
 bool gm_hash_map_init(gm_hash_map *map, size_t initial_capacity)
@@ -21,6 +74,7 @@ bool gm_hash_map_init(gm_hash_map *map, size_t initial_capacity)
     map->entries = gm_system_calloc(capacity, sizeof(gm_hash_entry));
     map->capacity = map->entries ? capacity : 0;
     map->count = 0;
+    map->secret = 0;
     return map->entries != NULL;
 }
 

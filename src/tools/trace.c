@@ -6,8 +6,10 @@
  * Each line is checked: no NUL bytes (binary data), a newline within 512 bytes, the operation letter,
  * four fields, numbers that parse, an allocation id that is not already live, a free of an id that
  * is, live sizes that add up to at most 2^64 - 1 bytes. Ids become slots (reused after a free) so that
- * replay indexes an array; streams become a short table, each found through a hash map. The first bad
- * line stops loading with "FILE:LINE: reason".
+ * replay indexes an array; streams become a short table, each found through a hash map. The maps are
+ * keyed with a secret of the process (gm_hash_map_init_keyed): a file cannot choose ids that all share
+ * one slot and make loading take time quadratic in their number. The first bad line stops loading with
+ * "FILE:LINE: reason".
  */
 #include "tools/trace.h"
 
@@ -77,8 +79,8 @@ static gm_status grow(loader *state)
 /* The maps a loader keeps while it reads; false when host memory cannot be had. */
 static bool loader_start(loader *state)
 {
-    bool ids = gm_hash_map_init(&state->live_ids, 4096);
-    bool streams = gm_hash_map_init(&state->stream_indexes, 16);
+    bool ids = gm_hash_map_init_keyed(&state->live_ids, 4096);
+    bool streams = gm_hash_map_init_keyed(&state->stream_indexes, 16);
     return ids && streams;
 }
 
@@ -304,7 +306,7 @@ static gm_status add_early_allocations(loader *state, const gm_event *events, si
                                        size_t *early_out)
 {
     gm_hash_map live; /* address + 1 -> 1 while allocated within the events */
-    if (!gm_hash_map_init(&live, 4096))
+    if (!gm_hash_map_init_keyed(&live, 4096))
         return gm_fail(GM_ERROR_OUT_OF_MEMORY, "%s: no host memory for the trace", state->path);
     gm_status status = GM_OK;
     for (size_t i = 0; i < count && status == GM_OK; i++) {
@@ -337,7 +339,7 @@ gm_status gm_trace_from_events(const char *name, const gm_event *events, size_t 
     *early_out = 0;
     loader state = {.path = name, .trace = trace_out, .line_name = "event"};
     gm_hash_map names; /* a stream handle -> its name in the trace */
-    bool have_names = gm_hash_map_init(&names, 16);
+    bool have_names = gm_hash_map_init_keyed(&names, 16);
     gm_status status = loader_start(&state) && have_names ? add_early_allocations(&state, events, count, &names, early_out)
                                                           : gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory");
     /* Pass 2: every allocation and free request, in order (a free's completion is gpumem's own wait), and
