@@ -7,6 +7,7 @@
  * clock_gettime costs nothing that matters.
  */
 #include "backend/backend.h"
+#include "backend/descriptor_broker.h"
 
 #include "base/blocking.h"
 #include "base/error.h"
@@ -15,19 +16,12 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
-
-/* Older C libraries lack the names of these system calls (Linux 5.3 and 5.6), not the kernel. */
-#ifndef SYS_pidfd_open
-#define SYS_pidfd_open 434
-#endif
-#ifndef SYS_pidfd_getfd
-#define SYS_pidfd_getfd 438
-#endif
 
 static int64_t monotonic_ns(void)
 {
@@ -349,12 +343,28 @@ gm_status gm_backend_export(gm_backend *backend, uint64_t handle, int *descripto
         return gm_fail(GM_ERROR_NOT_SUPPORTED, "the %s backend cannot share memory with other processes (the "
                        "host and cuda backends can)", backend->operations->name);
     gm_before_blocking();
-    return backend->operations->export_handle(backend, handle, descriptor_out);
+    gm_status status = backend->operations->export_handle(backend, handle, descriptor_out);
+    if (status == GM_OK)
+        gm_broker_offer(*descriptor_out);
+    return status;
 }
 
 void gm_backend_close_export(gm_backend *backend, int descriptor)
 {
+    gm_broker_withdraw(descriptor);
     backend->operations->close_export(backend, descriptor);
+}
+
+/* pidfd_getfd was refused (no right to trace `process`, or a kernel without it): the descriptor from
+ * the process's own broker instead, or an error that gives both reasons. */
+static gm_status take_from_broker(int process, int descriptor, const char *refusal, int *mine_out)
+{
+    if (gm_broker_request(process, descriptor, mine_out) == GM_OK)
+        return GM_OK;
+    char asked[512];
+    snprintf(asked, sizeof asked, "%s", gm_last_error());
+    return gm_fail(GM_ERROR_IO, "cannot take descriptor %d of process %d: %s; nor did that process give it: %s",
+                   descriptor, process, refusal, asked);
 }
 
 gm_status gm_take_descriptor(int process, int descriptor, int *mine_out)
@@ -362,19 +372,22 @@ gm_status gm_take_descriptor(int process, int descriptor, int *mine_out)
     long process_descriptor = syscall(SYS_pidfd_open, process, 0);
     if (process_descriptor < 0) {
         int error = errno;
-        return gm_fail(error == ENOSYS ? GM_ERROR_NOT_SUPPORTED : error == ESRCH ? GM_ERROR_INVALID_ARGUMENT : GM_ERROR_IO,
+        if (error == ENOSYS)
+            return take_from_broker(process, descriptor, "this kernel has no pidfd_open", mine_out);
+        return gm_fail(error == ESRCH ? GM_ERROR_INVALID_ARGUMENT : GM_ERROR_IO,
                        "cannot reach process %d to take the memory it shared (pidfd_open: %s)", process, strerror(error));
     }
     long mine = syscall(SYS_pidfd_getfd, (int)process_descriptor, descriptor, 0);
     int error = errno;
     close((int)process_descriptor);
+    if (mine < 0 && (error == EPERM || error == ENOSYS))
+        return take_from_broker(process, descriptor,
+                                error == EPERM ? "pidfd_getfd needs the right to trace it (the same user, and "
+                                                 "/proc/sys/kernel/yama/ptrace_scope 0 or it a descendant of this one)"
+                                               : "this kernel has no pidfd_getfd", mine_out);
     if (mine < 0)
-        return gm_fail(error == ENOSYS ? GM_ERROR_NOT_SUPPORTED : error == EBADF ? GM_ERROR_INVALID_ARGUMENT : GM_ERROR_IO,
-                       "cannot take descriptor %d of process %d (pidfd_getfd: %s%s)", descriptor, process,
-                       strerror(error),
-                       error == EPERM ? "; taking it needs the right to trace that process: the same user, and "
-                                        "/proc/sys/kernel/yama/ptrace_scope 0 or that process a descendant of this one"
-                                      : "");
+        return gm_fail(error == EBADF ? GM_ERROR_INVALID_ARGUMENT : GM_ERROR_IO,
+                       "cannot take descriptor %d of process %d (pidfd_getfd: %s)", descriptor, process, strerror(error));
     *mine_out = (int)mine;
     return GM_OK;
 }

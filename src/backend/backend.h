@@ -158,8 +158,18 @@ void gm_backend_close(gm_backend *backend);
 gm_status gm_backend_export(gm_backend *backend, uint64_t handle, int *descriptor_out);
 void gm_backend_close_export(gm_backend *backend, int descriptor);
 
-/* Descriptor `descriptor` of process `process`, duplicated into this one (pidfd_open, pidfd_getfd) into
- * *mine_out: for open_shared. */
+/* Older C libraries lack the names of these system calls (Linux 5.3 and 5.6), not the kernel. */
+#include <sys/syscall.h>
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438
+#endif
+
+/* Descriptor `descriptor` of process `process`, duplicated into this one (pidfd_open, pidfd_getfd; where
+ * that is refused, from that process's descriptor broker: descriptor_broker.h) into *mine_out: for
+ * open_shared. */
 gm_status gm_take_descriptor(int process, int descriptor, int *mine_out);
 
 /* An entry point of the CUDA driver (loaded and initialized once), or NULL where there is none.

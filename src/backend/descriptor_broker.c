@@ -1,0 +1,255 @@
+/*
+ * descriptor_broker.c -- see descriptor_broker.h. One thread per sharing process answers one request per
+ * connection: {magic, descriptor} in, a status byte out, with the descriptor attached when it is given.
+ * The list of offered descriptors is short (one per shared chunk) and changes only when a chunk is
+ * exported or closed, so it is a plain array behind one mutex; a descriptor is sent with that mutex
+ * held, so that it cannot be closed and its number reused meanwhile. fork() takes the mutex first, so
+ * that a child never starts with it held by a thread it does not have.
+ */
+#include "backend/descriptor_broker.h"
+
+#include "base/error.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define REQUEST_MAGIC 0x676d6264u /* "gmbd" */
+
+enum reply { GIVEN = 0, NOT_OFFERED = 1, ANOTHER_USER = 2, BAD_REQUEST = 3 };
+
+typedef struct request {
+    uint32_t magic;
+    int32_t descriptor;
+} request;
+
+static struct {
+    pthread_mutex_t mutex;
+    pid_t serving;   /* the process whose thread serves (a forked child serves anew); 0: none */
+    int listening;   /* its socket, -1 when none */
+    int *offered;
+    size_t count, capacity;
+} broker = {PTHREAD_MUTEX_INITIALIZER, 0, -1, NULL, 0, 0};
+
+/* The abstract socket address of `process`'s broker, and its length. */
+static socklen_t address_of(pid_t process, struct sockaddr_un *address)
+{
+    memset(address, 0, sizeof *address);
+    address->sun_family = AF_UNIX;
+    int length = snprintf(address->sun_path + 1, sizeof address->sun_path - 1, "gpumem-descriptors-%d", (int)process);
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)length);
+}
+
+static bool is_offered(int descriptor)
+{
+    for (size_t i = 0; i < broker.count; i++)
+        if (broker.offered[i] == descriptor)
+            return true;
+    return false;
+}
+
+static void reply(int connection, enum reply answer, int descriptor)
+{
+    unsigned char status = (unsigned char)answer;
+    struct iovec part = {&status, 1};
+    union {
+        struct cmsghdr header;
+        char room[CMSG_SPACE(sizeof(int))];
+    } control;
+    struct msghdr message = {.msg_iov = &part, .msg_iovlen = 1};
+    if (answer == GIVEN) {
+        memset(&control, 0, sizeof control);
+        message.msg_control = control.room;
+        message.msg_controllen = sizeof control.room;
+        struct cmsghdr *header = CMSG_FIRSTHDR(&message);
+        header->cmsg_level = SOL_SOCKET;
+        header->cmsg_type = SCM_RIGHTS;
+        header->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(header), &descriptor, sizeof descriptor);
+    }
+    (void)sendmsg(connection, &message, MSG_NOSIGNAL);
+}
+
+/* One request: a client that sends nothing is dropped after a second. */
+static void answer(int connection)
+{
+    struct timeval second = {1, 0};
+    setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &second, sizeof second);
+    struct ucred peer;
+    socklen_t length = sizeof peer;
+    request asked;
+    if (getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &peer, &length) != 0 ||
+        recv(connection, &asked, sizeof asked, 0) != (ssize_t)sizeof asked || asked.magic != REQUEST_MAGIC) {
+        reply(connection, BAD_REQUEST, -1);
+        return;
+    }
+    if (peer.uid != geteuid()) {
+        reply(connection, ANOTHER_USER, -1);
+        return;
+    }
+    pthread_mutex_lock(&broker.mutex);
+    bool offered = broker.serving == getpid() && is_offered(asked.descriptor);
+    reply(connection, offered ? GIVEN : NOT_OFFERED, asked.descriptor);
+    pthread_mutex_unlock(&broker.mutex);
+}
+
+static void *serve(void *listening)
+{
+    int socket_descriptor = (int)(intptr_t)listening;
+    for (;;) {
+        int connection = accept4(socket_descriptor, NULL, NULL, SOCK_CLOEXEC);
+        if (connection < 0) {
+            if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+                errno == ENOMEM)
+                continue;
+            return NULL;
+        }
+        answer(connection);
+        close(connection);
+    }
+}
+
+/* This process's socket and thread (mutex held); false when either cannot be had. The thread blocks
+ * every signal, which stay the application's. */
+static bool start_serving(void)
+{
+    if (broker.listening >= 0)
+        close(broker.listening); /* the parent's, inherited through fork */
+    broker.listening = -1;
+    broker.count = 0; /* the parent's offers are not this process's */
+    broker.serving = getpid();
+    int listening = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    struct sockaddr_un address;
+    socklen_t length = address_of(broker.serving, &address);
+    if (listening < 0 || bind(listening, (struct sockaddr *)&address, length) != 0 || listen(listening, 16) != 0) {
+        if (listening >= 0)
+            close(listening);
+        return false;
+    }
+    sigset_t all, before;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &before);
+    pthread_attr_t attributes;
+    pthread_attr_init(&attributes);
+    pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
+    pthread_t thread;
+    bool started = pthread_create(&thread, &attributes, serve, (void *)(intptr_t)listening) == 0;
+    pthread_attr_destroy(&attributes);
+    pthread_sigmask(SIG_SETMASK, &before, NULL);
+    if (!started) {
+        close(listening);
+        return false;
+    }
+    broker.listening = listening;
+    return true;
+}
+
+static void lock_for_fork(void) { pthread_mutex_lock(&broker.mutex); }
+static void unlock_after_fork(void) { pthread_mutex_unlock(&broker.mutex); }
+static void watch_forks(void) { pthread_atfork(lock_for_fork, unlock_after_fork, unlock_after_fork); }
+
+void gm_broker_offer(int descriptor)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, watch_forks);
+    pthread_mutex_lock(&broker.mutex);
+    if (broker.serving != getpid())
+        start_serving();
+    if (broker.count == broker.capacity) {
+        size_t capacity = broker.capacity ? broker.capacity * 2 : 16;
+        int *grown = realloc(broker.offered, capacity * sizeof *grown);
+        if (grown) {
+            broker.offered = grown;
+            broker.capacity = capacity;
+        }
+    }
+    if (broker.count < broker.capacity && !is_offered(descriptor))
+        broker.offered[broker.count++] = descriptor;
+    pthread_mutex_unlock(&broker.mutex);
+}
+
+void gm_broker_withdraw(int descriptor)
+{
+    pthread_mutex_lock(&broker.mutex);
+    for (size_t i = 0; i < broker.count; i++)
+        if (broker.offered[i] == descriptor) {
+            broker.offered[i] = broker.offered[--broker.count];
+            break;
+        }
+    pthread_mutex_unlock(&broker.mutex);
+}
+
+/* The descriptor attached to a reply, or -1. */
+static int attached_descriptor(struct msghdr *message)
+{
+    for (struct cmsghdr *header = CMSG_FIRSTHDR(message); header; header = CMSG_NXTHDR(message, header))
+        if (header->cmsg_level == SOL_SOCKET && header->cmsg_type == SCM_RIGHTS &&
+            header->cmsg_len == CMSG_LEN(sizeof(int))) {
+            int descriptor;
+            memcpy(&descriptor, CMSG_DATA(header), sizeof descriptor);
+            return descriptor;
+        }
+    return -1;
+}
+
+static gm_status exchange(int connection, int process, int descriptor, int *mine_out)
+{
+    struct ucred owner;
+    socklen_t length = sizeof owner;
+    if (getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &owner, &length) != 0 || owner.pid != process)
+        return gm_fail(GM_ERROR_IO, "the descriptor socket of process %d is held by process %d", process, (int)owner.pid);
+    struct timeval wait = {5, 0};
+    setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
+    request asked = {REQUEST_MAGIC, descriptor};
+    if (send(connection, &asked, sizeof asked, MSG_NOSIGNAL) != (ssize_t)sizeof asked)
+        return gm_fail(GM_ERROR_IO, "cannot ask process %d for descriptor %d: %s", process, descriptor, strerror(errno));
+    unsigned char status = BAD_REQUEST;
+    struct iovec part = {&status, 1};
+    union {
+        struct cmsghdr header;
+        char room[CMSG_SPACE(sizeof(int))];
+    } control;
+    struct msghdr message = {.msg_iov = &part, .msg_iovlen = 1, .msg_control = control.room,
+                             .msg_controllen = sizeof control.room};
+    ssize_t got = recvmsg(connection, &message, MSG_CMSG_CLOEXEC);
+    int mine = got == 1 ? attached_descriptor(&message) : -1;
+    if (got == 1 && status == GIVEN && mine >= 0) {
+        *mine_out = mine;
+        return GM_OK;
+    }
+    if (mine >= 0)
+        close(mine);
+    if (got != 1)
+        return gm_fail(GM_ERROR_IO, "process %d did not answer for descriptor %d", process, descriptor);
+    return gm_fail(GM_ERROR_INVALID_ARGUMENT, "process %d did not give descriptor %d: %s", process, descriptor,
+                   status == NOT_OFFERED   ? "it is not memory that process shares"
+                   : status == ANOTHER_USER ? "this process runs as another user"
+                                            : "it refused the request");
+}
+
+gm_status gm_broker_request(int process, int descriptor, int *mine_out)
+{
+    int connection = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (connection < 0)
+        return gm_fail(GM_ERROR_IO, "cannot make a socket to ask process %d for memory: %s", process, strerror(errno));
+    struct sockaddr_un address;
+    socklen_t length = address_of(process, &address);
+    gm_status status;
+    if (connect(connection, (struct sockaddr *)&address, length) != 0)
+        status = gm_fail(GM_ERROR_IO, "process %d serves no shared memory (no socket gpumem-descriptors-%d: %s)",
+                         process, process, strerror(errno));
+    else
+        status = exchange(connection, process, descriptor, mine_out);
+    close(connection);
+    return status;
+}
