@@ -1,9 +1,11 @@
 /*
  * test_descriptor_broker.c -- a process that shares memory hands its shared descriptors to processes
  * that may not take them with pidfd_getfd (descriptor_broker.h): only descriptors offered for sharing,
- * none once withdrawn, a clear error where no process serves; and end to end, a child that has no right
- * to trace its parent (the parent not dumpable, the child without CAP_SYS_PTRACE: what Yama's
- * ptrace_scope 1 makes of every child) maps and writes the block its parent shared.
+ * none once withdrawn, only to itself and its descendants, a clear error where no process serves (a
+ * forked child keeps no socket of its parent's); and end to end, a child that has no right to trace
+ * its parent (the parent not dumpable, the child without CAP_SYS_PTRACE: what Yama's ptrace_scope 1
+ * makes of every child) maps and writes the block its parent shared. Every broker runs in a forked
+ * child, so that this process never has a second thread when it forks (ThreadSanitizer's rule).
  */
 #include "test.h"
 
@@ -11,6 +13,7 @@
 #include "backend/descriptor_broker.h"
 #include "pattern.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdbool.h>
 #include <linux/capability.h>
@@ -22,6 +25,13 @@
 #include <unistd.h>
 
 #define MIB (1ull << 20)
+
+/* fork() with this process's output written first, so that no child writes it again. */
+static pid_t fork_flushed(void)
+{
+    fflush(NULL);
+    return fork();
+}
 
 /* A memfd holding `text`. */
 static int memory_holding(const char *text)
@@ -38,7 +48,21 @@ static bool reads(int descriptor, const char *text)
     return pread(descriptor, seen, sizeof seen - 1, 0) == (ssize_t)strlen(text) && !strcmp(seen, text);
 }
 
-static void only_offered_descriptors_are_given(void)
+/* Run `checks` in a child of its own; its checks' failures fail the test. */
+static void in_a_child(void (*checks)(void))
+{
+    pid_t child = fork_flushed();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        checks();
+        _exit(test_failures ? 1 : 0);
+    }
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+static void offered_only(void)
 {
     int offered = memory_holding("offered"), other = memory_holding("other");
     gm_broker_offer(offered);
@@ -58,10 +82,92 @@ static void only_offered_descriptors_are_given(void)
     close(other);
 }
 
+static void only_offered_descriptors_are_given(void)
+{
+    in_a_child(offered_only);
+}
+
+/* A process that is not its descendant (here: its parent) is refused, before anything is read. */
+static void only_descendants_are_given(void)
+{
+    int ready[2];
+    REQUIRE(pipe(ready) == 0);
+    int offered = memory_holding("offered");
+    pid_t sharer = fork_flushed();
+    REQUIRE(sharer >= 0);
+    if (sharer == 0) {
+        gm_broker_offer(offered);
+        char byte = 1;
+        if (write(ready[1], &byte, 1) != 1)
+            _exit(1);
+        pause();
+        _exit(0);
+    }
+    char byte = 0;
+    REQUIRE(read(ready[0], &byte, 1) == 1);
+    int mine = -1;
+    CHECK_STATUS(gm_broker_request(sharer, offered, &mine), GM_ERROR_INVALID_ARGUMENT);
+    CHECK_MESSAGE("not a descendant");
+    CHECK(mine == -1);
+    kill(sharer, SIGKILL);
+    waitpid(sharer, NULL, 0);
+    close(offered);
+    close(ready[0]);
+    close(ready[1]);
+}
+
+/* Whether `process` has a socket open. */
+static bool holds_a_socket(pid_t process)
+{
+    char folder[64], path[320], target[64];
+    snprintf(folder, sizeof folder, "/proc/%d/fd", (int)process);
+    DIR *entries = opendir(folder);
+    REQUIRE(entries != NULL);
+    bool found = false;
+    for (struct dirent *entry; (entry = readdir(entries));) {
+        snprintf(path, sizeof path, "%s/%s", folder, entry->d_name);
+        ssize_t length = readlink(path, target, sizeof target - 1);
+        found = found || (length > 7 && !strncmp(target, "socket:", 7));
+    }
+    closedir(entries);
+    return found;
+}
+
+/* A sharer's forked child (a data loader's worker) keeps no copy of its socket, which would keep its
+ * name bound after the sharer is gone, with no thread to answer: askers would wait for nothing. */
+static void a_forked_child_keeps_no_socket_of_its_parent(void)
+{
+    int worker_pid[2];
+    REQUIRE(pipe(worker_pid) == 0);
+    pid_t sharer = fork_flushed();
+    REQUIRE(sharer >= 0);
+    if (sharer == 0) {
+        gm_broker_offer(memory_holding("offered"));
+        pid_t worker = fork_flushed();
+        if (worker == 0) { /* fork has returned here: its handlers have run */
+            pid_t self = getpid();
+            if (write(worker_pid[1], &self, sizeof self) != (ssize_t)sizeof self)
+                _exit(1);
+            pause();
+            _exit(0);
+        }
+        _exit(0);
+    }
+    pid_t worker = 0;
+    REQUIRE(read(worker_pid[0], &worker, sizeof worker) == (ssize_t)sizeof worker);
+    REQUIRE(waitpid(sharer, NULL, 0) == sharer);
+    CHECK(!holds_a_socket(worker));
+    int mine = -1;
+    CHECK_STATUS(gm_broker_request(sharer, 3, &mine), GM_ERROR_IO); /* no socket, or one closing */
+    kill(worker, SIGKILL);
+    close(worker_pid[0]);
+    close(worker_pid[1]);
+}
+
 /* A process that never shared memory has no socket: a clear error, not a wait. */
 static void a_process_that_shares_nothing_serves_nothing(void)
 {
-    pid_t quiet = fork();
+    pid_t quiet = fork_flushed();
     REQUIRE(quiet >= 0);
     if (quiet == 0) {
         pause();
@@ -116,7 +222,7 @@ static int share_with_a_child_that_cannot_trace(void)
     size_t count = 0;
     if (gm_share(sharer, block, &offset, pieces, 64, &count) != GM_OK || prctl(PR_SET_DUMPABLE, 0) != 0)
         return 11;
-    pid_t parent = getpid(), child = fork();
+    pid_t parent = getpid(), child = fork_flushed();
     if (child < 0)
         return 12;
     if (child == 0)
@@ -131,7 +237,7 @@ static int share_with_a_child_that_cannot_trace(void)
 
 static void a_child_without_the_right_to_trace_maps_the_parents_block(void)
 {
-    pid_t sharer = fork();
+    pid_t sharer = fork_flushed();
     REQUIRE(sharer >= 0);
     if (sharer == 0)
         _exit(share_with_a_child_that_cannot_trace());
@@ -141,5 +247,6 @@ static void a_child_without_the_right_to_trace_maps_the_parents_block(void)
     CHECK_EQ_INT(WEXITSTATUS(status), 0);
 }
 
-RUN_TESTS(TEST_CASE(only_offered_descriptors_are_given), TEST_CASE(a_process_that_shares_nothing_serves_nothing),
+RUN_TESTS(TEST_CASE(only_offered_descriptors_are_given), TEST_CASE(only_descendants_are_given),
+          TEST_CASE(a_forked_child_keeps_no_socket_of_its_parent), TEST_CASE(a_process_that_shares_nothing_serves_nothing),
           TEST_CASE(a_child_without_the_right_to_trace_maps_the_parents_block))

@@ -184,7 +184,7 @@ class SourcedPools {
 
   // visit(allocator, pool id) for each pool on `device`.
   template <typename Visit> void for_each_pool(c10::DeviceIndex device, Visit visit) {
-    if (!count_.load(std::memory_order_acquire))
+    if (!count_.load(std::memory_order_seq_cst))
       return;
     std::lock_guard<std::mutex> guard(mutex_);
     for (SourcedPool &pool : pools_)
@@ -238,7 +238,7 @@ class SourcedPools {
       undo();
       TORCH_CHECK(false, "gpumem: cannot make the allocator of the memory pool: ", reason);
     }
-    count_.fetch_add(1, std::memory_order_release);
+    count_.fetch_add(1, std::memory_order_seq_cst);
     if (on_made)
       on_made(pool.allocator, pool.device, pool.id);
   }

@@ -122,16 +122,18 @@ class History {
     annotations_.clear();
     live_.clear();
     capacity_ = capacity;
-    ring_of_new_pools_.store(capacity, std::memory_order_release);
+    ring_of_new_pools_.store(capacity, std::memory_order_seq_cst);
     for_each_allocator([this](gm_allocator *allocator) { apply(allocator); });
     enabled_.store(enabled, std::memory_order_relaxed);
   }
 
   // A MemPool's allocator of its own, made under the pools' lock (which configure() takes inside this
   // object's, so not this object's lock here): the ring that the last configure() asked for. One made
-  // before configure() visits the pools is visited; one made after reads what it stored.
+  // before configure() visits the pools is visited; one made after reads what it stored. configure()
+  // stores the ring, then reads the pools' count; a new pool adds itself to the count, then reads the
+  // ring: all four sequentially consistent, so that at least one of the two sees the other.
   void adopt_pool(gm_allocator *allocator) {
-    size_t ring = ring_of_new_pools_.load(std::memory_order_acquire);
+    size_t ring = ring_of_new_pools_.load(std::memory_order_seq_cst);
     if (ring) {
       gm_set_history(allocator, ring);
       gm_set_history_tagger(allocator, current_tag_of, nullptr);
@@ -319,7 +321,7 @@ class History {
     while (annotations_.size() > capacity)
       annotations_.pop_front();
     capacity_ = capacity;
-    ring_of_new_pools_.store(capacity, std::memory_order_release);
+    ring_of_new_pools_.store(capacity, std::memory_order_seq_cst);
     for_each_allocator([this](gm_allocator *allocator) {
       gm_resize_history(allocator, std::max(capacity_, own_capacity(allocator)));
     });

@@ -22,11 +22,12 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #define REQUEST_MAGIC 0x676d6264u /* "gmbd" */
 
-enum reply { GIVEN = 0, NOT_OFFERED = 1, ANOTHER_USER = 2, BAD_REQUEST = 3 };
+enum reply { GIVEN = 0, NOT_OFFERED = 1, ANOTHER_USER = 2, BAD_REQUEST = 3, NOT_RELATED = 4 };
 
 typedef struct request {
     uint32_t magic;
@@ -80,21 +81,58 @@ static void reply(int connection, enum reply answer, int descriptor)
     (void)sendmsg(connection, &message, MSG_NOSIGNAL);
 }
 
-/* One request: a client that sends nothing is dropped after a second. */
+/* The parent of `process` from /proc (0 when unknown). */
+static pid_t parent_of(pid_t process)
+{
+    char path[64], text[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)process);
+    FILE *file = fopen(path, "re");
+    if (!file)
+        return 0;
+    size_t length = fread(text, 1, sizeof text - 1, file);
+    fclose(file);
+    text[length] = 0;
+    const char *after_name = strrchr(text, ')'); /* the name may hold spaces and parentheses */
+    int parent = 0;
+    return after_name && sscanf(after_name, ") %*c %d", &parent) == 1 ? (pid_t)parent : 0;
+}
+
+/* `process` is this process or one of its descendants: a process Yama's ptrace_scope 1 lets this one
+ * trace, and the one that cannot take this process's descriptors itself. */
+static bool is_this_or_descendant(pid_t process)
+{
+    pid_t self = getpid();
+    for (int depth = 0; depth < 64 && process > 1; depth++) {
+        if (process == self)
+            return true;
+        process = parent_of(process);
+    }
+    return false;
+}
+
+/* One request. Who asks is checked before anything is read, so that no other process can keep the
+ * broker waiting; a descendant that sends nothing is dropped after a second. */
 static void answer(int connection)
 {
-    struct timeval second = {1, 0};
-    setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &second, sizeof second);
-    struct ucred peer;
+    struct ucred peer = {0, 0, 0};
     socklen_t length = sizeof peer;
-    request asked;
-    if (getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &peer, &length) != 0 ||
-        recv(connection, &asked, sizeof asked, 0) != (ssize_t)sizeof asked || asked.magic != REQUEST_MAGIC) {
+    if (getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &peer, &length) != 0) {
         reply(connection, BAD_REQUEST, -1);
         return;
     }
     if (peer.uid != geteuid()) {
         reply(connection, ANOTHER_USER, -1);
+        return;
+    }
+    if (!is_this_or_descendant(peer.pid)) {
+        reply(connection, NOT_RELATED, -1);
+        return;
+    }
+    struct timeval second = {1, 0};
+    setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &second, sizeof second);
+    request asked;
+    if (recv(connection, &asked, sizeof asked, 0) != (ssize_t)sizeof asked || asked.magic != REQUEST_MAGIC) {
+        reply(connection, BAD_REQUEST, -1);
         return;
     }
     pthread_mutex_lock(&broker.mutex);
@@ -109,9 +147,13 @@ static void *serve(void *listening)
     for (;;) {
         int connection = accept4(socket_descriptor, NULL, NULL, SOCK_CLOEXEC);
         if (connection < 0) {
-            if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
-                errno == ENOMEM)
+            if (errno == EINTR || errno == ECONNABORTED)
                 continue;
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                struct timespec pause = {0, 10 * 1000 * 1000}; /* the connection waits; the process is short */
+                nanosleep(&pause, NULL);
+                continue;
+            }
             return NULL;
         }
         answer(connection);
@@ -119,18 +161,13 @@ static void *serve(void *listening)
     }
 }
 
-/* This process's socket and thread (mutex held); false when either cannot be had. The thread blocks
- * every signal, which stay the application's. */
+/* This process's socket and thread (mutex held); false when either cannot be had (tried again at the
+ * next offer). The thread blocks every signal, which stay the application's. */
 static bool start_serving(void)
 {
-    if (broker.listening >= 0)
-        close(broker.listening); /* the parent's, inherited through fork */
-    broker.listening = -1;
-    broker.count = 0; /* the parent's offers are not this process's */
-    broker.serving = getpid();
     int listening = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     struct sockaddr_un address;
-    socklen_t length = address_of(broker.serving, &address);
+    socklen_t length = address_of(getpid(), &address);
     if (listening < 0 || bind(listening, (struct sockaddr *)&address, length) != 0 || listen(listening, 16) != 0) {
         if (listening >= 0)
             close(listening);
@@ -151,12 +188,26 @@ static bool start_serving(void)
         return false;
     }
     broker.listening = listening;
+    broker.serving = getpid();
     return true;
 }
 
 static void lock_for_fork(void) { pthread_mutex_lock(&broker.mutex); }
 static void unlock_after_fork(void) { pthread_mutex_unlock(&broker.mutex); }
-static void watch_forks(void) { pthread_atfork(lock_for_fork, unlock_after_fork, unlock_after_fork); }
+
+/* A child made by fork has no broker thread: it must not hold the parent's socket (whose name would
+ * outlive the parent, unanswered), nor offer what the parent offered. */
+static void forget_after_fork(void)
+{
+    if (broker.listening >= 0)
+        close(broker.listening);
+    broker.listening = -1;
+    broker.serving = 0;
+    broker.count = 0;
+    pthread_mutex_unlock(&broker.mutex);
+}
+
+static void watch_forks(void) { pthread_atfork(lock_for_fork, unlock_after_fork, forget_after_fork); }
 
 void gm_broker_offer(int descriptor)
 {
@@ -204,15 +255,15 @@ static int attached_descriptor(struct msghdr *message)
 
 static gm_status exchange(int connection, int process, int descriptor, int *mine_out)
 {
-    struct ucred owner;
+    struct ucred owner = {0, 0, 0};
     socklen_t length = sizeof owner;
-    if (getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &owner, &length) != 0 || owner.pid != process)
-        return gm_fail(GM_ERROR_IO, "the descriptor socket of process %d is held by process %d", process, (int)owner.pid);
-    struct timeval wait = {5, 0};
-    setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
+    if (getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &owner, &length) != 0 || owner.pid != process ||
+        owner.uid != geteuid())
+        return gm_fail(GM_ERROR_IO, "the descriptor socket of process %d is held by process %d of user %d", process,
+                       (int)owner.pid, (int)owner.uid);
     request asked = {REQUEST_MAGIC, descriptor};
-    if (send(connection, &asked, sizeof asked, MSG_NOSIGNAL) != (ssize_t)sizeof asked)
-        return gm_fail(GM_ERROR_IO, "cannot ask process %d for descriptor %d: %s", process, descriptor, strerror(errno));
+    bool sent = send(connection, &asked, sizeof asked, MSG_NOSIGNAL) == (ssize_t)sizeof asked;
+    int send_error = errno; /* a broker that refuses the asker answers before reading: its answer waits */
     unsigned char status = BAD_REQUEST;
     struct iovec part = {&status, 1};
     union {
@@ -222,6 +273,8 @@ static gm_status exchange(int connection, int process, int descriptor, int *mine
     struct msghdr message = {.msg_iov = &part, .msg_iovlen = 1, .msg_control = control.room,
                              .msg_controllen = sizeof control.room};
     ssize_t got = recvmsg(connection, &message, MSG_CMSG_CLOEXEC);
+    if (got < 0 && errno == ECONNRESET) /* closed with the request unread: the error comes first, the answer next */
+        got = recvmsg(connection, &message, MSG_CMSG_CLOEXEC);
     int mine = got == 1 ? attached_descriptor(&message) : -1;
     if (got == 1 && status == GIVEN && mine >= 0) {
         *mine_out = mine;
@@ -229,19 +282,32 @@ static gm_status exchange(int connection, int process, int descriptor, int *mine
     }
     if (mine >= 0)
         close(mine);
+    if (got != 1 && !sent)
+        return gm_fail(GM_ERROR_IO, "cannot ask process %d for descriptor %d: %s", process, descriptor,
+                       strerror(send_error));
     if (got != 1)
         return gm_fail(GM_ERROR_IO, "process %d did not answer for descriptor %d", process, descriptor);
     return gm_fail(GM_ERROR_INVALID_ARGUMENT, "process %d did not give descriptor %d: %s", process, descriptor,
-                   status == NOT_OFFERED   ? "it is not memory that process shares"
+                   status == NOT_OFFERED    ? "it is not memory that process shares"
                    : status == ANOTHER_USER ? "this process runs as another user"
+                   : status == NOT_RELATED  ? "this process is not a descendant of it (a process hands its shared "
+                                              "memory only to the processes it started, directly or not)"
                                             : "it refused the request");
 }
 
+/* Signals stay pending while a request runs (at most the 5 s its socket waits), so that none cuts a
+ * call short. */
 gm_status gm_broker_request(int process, int descriptor, int *mine_out)
 {
     int connection = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (connection < 0)
         return gm_fail(GM_ERROR_IO, "cannot make a socket to ask process %d for memory: %s", process, strerror(errno));
+    sigset_t all, before;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &before);
+    struct timeval wait = {5, 0}; /* bounds connect (a full queue), send and the answer */
+    setsockopt(connection, SOL_SOCKET, SO_SNDTIMEO, &wait, sizeof wait);
+    setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
     struct sockaddr_un address;
     socklen_t length = address_of(process, &address);
     gm_status status;
@@ -251,5 +317,6 @@ gm_status gm_broker_request(int process, int descriptor, int *mine_out)
     else
         status = exchange(connection, process, descriptor, mine_out);
     close(connection);
+    pthread_sigmask(SIG_SETMASK, &before, NULL);
     return status;
 }

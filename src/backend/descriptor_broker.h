@@ -10,10 +10,14 @@
  * listen on the abstract Unix socket "gpumem-descriptors-PID", and a process that is refused the
  * descriptor asks there and receives it (SCM_RIGHTS).
  *
- * What it gives: only descriptors exported for sharing and not yet closed, and only to a process of
- * the same user (SO_PEERCRED) -- the memory that this process offered for sharing, no other file it has
- * open. The asker checks that the socket's owner is the process it asked for, so that no other process
- * can answer in its place. A child made by fork serves its own exports on its own socket.
+ * What it gives: only descriptors exported for sharing and not yet closed -- the memory this process
+ * offered for sharing, no other file it has open -- and only to itself and its descendants of the same
+ * user (SO_PEERCRED, then /proc's parents), the processes that Yama lets it trace: what the rule keeps
+ * from others stays kept. Who asks is checked before the request is read, so that no other process can
+ * keep the broker waiting. The asker checks that the socket's owner is the process it asked for and of
+ * its user, so that no other process can answer in its place, and waits at most 5 s, with its signals
+ * held meanwhile. A child made by fork keeps neither the socket nor the offers (it serves its own
+ * exports on its own socket).
  */
 #ifndef GM_DESCRIPTOR_BROKER_H
 #define GM_DESCRIPTOR_BROKER_H
