@@ -20,7 +20,10 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <stddef.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -164,6 +167,73 @@ static void a_forked_child_keeps_no_socket_of_its_parent(void)
     close(worker_pid[1]);
 }
 
+/* How many descriptors this process has open. */
+static int open_descriptors(void)
+{
+    DIR *entries = opendir("/proc/self/fd");
+    REQUIRE(entries != NULL);
+    int count = 0;
+    while (readdir(entries))
+        count++;
+    closedir(entries);
+    return count;
+}
+
+/* A server in the broker's place (the process asked, its user) that answers "given" with `attached`
+ * descriptors and waits to be killed. */
+static pid_t false_broker(int attached)
+{
+    int ready[2];
+    REQUIRE(pipe(ready) == 0);
+    pid_t server = fork_flushed();
+    REQUIRE(server >= 0);
+    if (server == 0) {
+        struct sockaddr_un address = {.sun_family = AF_UNIX};
+        int length = snprintf(address.sun_path + 1, sizeof address.sun_path - 1, "gpumem-descriptors-%d", (int)getpid());
+        int listening = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+        if (bind(listening, (struct sockaddr *)&address, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + length)) ||
+            listen(listening, 4) || write(ready[1], "r", 1) != 1)
+            _exit(1);
+        int connection = accept(listening, NULL, NULL), files[4];
+        for (int i = 0; i < attached; i++)
+            files[i] = memory_holding("false");
+        unsigned char given = 0;
+        struct iovec part = {&given, 1};
+        char room[CMSG_SPACE(sizeof files)] = {0};
+        struct msghdr message = {.msg_iov = &part, .msg_iovlen = 1, .msg_control = room,
+                                 .msg_controllen = CMSG_SPACE(attached * sizeof(int))};
+        struct cmsghdr *header = CMSG_FIRSTHDR(&message);
+        header->cmsg_level = SOL_SOCKET;
+        header->cmsg_type = SCM_RIGHTS;
+        header->cmsg_len = CMSG_LEN(attached * sizeof(int));
+        memcpy(CMSG_DATA(header), files, attached * sizeof(int));
+        if (sendmsg(connection, &message, 0) != 1)
+            _exit(2);
+        pause();
+        _exit(0);
+    }
+    char byte = 0;
+    REQUIRE(read(ready[0], &byte, 1) == 1);
+    close(ready[0]);
+    close(ready[1]);
+    return server;
+}
+
+/* An answer that brings more than one descriptor is refused, and none of them stays open here. */
+static void an_answer_with_several_descriptors_leaves_none_open(void)
+{
+    for (int attached = 2; attached <= 4; attached++) {
+        pid_t server = false_broker(attached);
+        int before = open_descriptors(), mine = -1;
+        CHECK_STATUS(gm_broker_request(server, 3, &mine), GM_ERROR_IO);
+        CHECK_MESSAGE("without exactly one descriptor");
+        CHECK(mine == -1);
+        CHECK_EQ_INT(open_descriptors(), before);
+        kill(server, SIGKILL);
+        waitpid(server, NULL, 0);
+    }
+}
+
 /* A process that never shared memory has no socket: a clear error, not a wait. */
 static void a_process_that_shares_nothing_serves_nothing(void)
 {
@@ -209,8 +279,10 @@ static int child_maps_without_tracing(pid_t parent, const gm_shared_piece *piece
 }
 
 /* The sharer's side, in a process of its own: it makes itself undumpable, which only a tracer with
- * CAP_SYS_PTRACE can pass. */
-static int share_with_a_child_that_cannot_trace(void)
+ * CAP_SYS_PTRACE can pass. With `again_in_a_child`, a child of the sharer (which inherits the block,
+ * its chunks and their descriptors, but not the sharer's offers) shares the block again and is the
+ * one its own child asks. */
+static int share_with_a_child_that_cannot_trace(bool again_in_a_child)
 {
     gm_allocator *sharer = NULL;
     void *block = NULL;
@@ -220,8 +292,19 @@ static int share_with_a_child_that_cannot_trace(void)
     gm_shared_piece pieces[64];
     uint64_t offset = 0;
     size_t count = 0;
-    if (gm_share(sharer, block, &offset, pieces, 64, &count) != GM_OK || prctl(PR_SET_DUMPABLE, 0) != 0)
+    if (gm_share(sharer, block, &offset, pieces, 64, &count) != GM_OK)
         return 11;
+    if (again_in_a_child) {
+        pid_t middle = fork_flushed();
+        if (middle != 0) {
+            int status = 0;
+            return middle > 0 && waitpid(middle, &status, 0) == middle && WIFEXITED(status) ? WEXITSTATUS(status) : 15;
+        }
+        if (gm_share(sharer, block, &offset, pieces, 64, &count) != GM_OK)
+            _exit(16);
+    }
+    if (prctl(PR_SET_DUMPABLE, 0) != 0)
+        return 17;
     pid_t parent = getpid(), child = fork_flushed();
     if (child < 0)
         return 12;
@@ -240,7 +323,19 @@ static void a_child_without_the_right_to_trace_maps_the_parents_block(void)
     pid_t sharer = fork_flushed();
     REQUIRE(sharer >= 0);
     if (sharer == 0)
-        _exit(share_with_a_child_that_cannot_trace());
+        _exit(share_with_a_child_that_cannot_trace(false));
+    int status = 0;
+    REQUIRE(waitpid(sharer, &status, 0) == sharer);
+    CHECK(WIFEXITED(status));
+    CHECK_EQ_INT(WEXITSTATUS(status), 0);
+}
+
+static void a_forked_child_serves_what_it_shares_again(void)
+{
+    pid_t sharer = fork_flushed();
+    REQUIRE(sharer >= 0);
+    if (sharer == 0)
+        _exit(share_with_a_child_that_cannot_trace(true));
     int status = 0;
     REQUIRE(waitpid(sharer, &status, 0) == sharer);
     CHECK(WIFEXITED(status));
@@ -249,4 +344,6 @@ static void a_child_without_the_right_to_trace_maps_the_parents_block(void)
 
 RUN_TESTS(TEST_CASE(only_offered_descriptors_are_given), TEST_CASE(only_descendants_are_given),
           TEST_CASE(a_forked_child_keeps_no_socket_of_its_parent), TEST_CASE(a_process_that_shares_nothing_serves_nothing),
-          TEST_CASE(a_child_without_the_right_to_trace_maps_the_parents_block))
+          TEST_CASE(a_child_without_the_right_to_trace_maps_the_parents_block),
+          TEST_CASE(a_forked_child_serves_what_it_shares_again),
+          TEST_CASE(an_answer_with_several_descriptors_leaves_none_open))

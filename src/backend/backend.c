@@ -349,6 +349,11 @@ gm_status gm_backend_export(gm_backend *backend, uint64_t handle, int *descripto
     return status;
 }
 
+void gm_backend_offer_export(int descriptor)
+{
+    gm_broker_offer(descriptor);
+}
+
 void gm_backend_close_export(gm_backend *backend, int descriptor)
 {
     gm_broker_withdraw(descriptor);

@@ -157,6 +157,9 @@ void gm_backend_close(gm_backend *backend);
 /* export_handle and close_export; GM_ERROR_NOT_SUPPORTED where the backend has none. */
 gm_status gm_backend_export(gm_backend *backend, uint64_t handle, int *descriptor_out);
 void gm_backend_close_export(gm_backend *backend, int descriptor);
+/* A descriptor exported before, shared again: offered to other processes anew (a child made by fork
+ * keeps the parent's chunks and descriptors but not its offers). */
+void gm_backend_offer_export(int descriptor);
 
 /* Older C libraries lack the names of these system calls (Linux 5.3 and 5.6), not the kernel. */
 #include <sys/syscall.h>

@@ -11,6 +11,7 @@
 #include "base/error.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -102,12 +103,33 @@ static pid_t parent_of(pid_t process)
 static bool is_this_or_descendant(pid_t process)
 {
     pid_t self = getpid();
-    for (int depth = 0; depth < 64 && process > 1; depth++) {
+    for (int depth = 0; depth < 64 && process > 0; depth++) {
         if (process == self)
-            return true;
+            return true; /* a sharer that is process 1 (a container's) has every process below it */
+        if (process == 1)
+            return false;
         process = parent_of(process);
     }
     return false;
+}
+
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77
+#endif
+
+/* The process that connected has not exited since (its number cannot have gone to another process
+ * while /proc was read): its pidfd (SO_PEERPIDFD, Linux 6.5) does not read as exited. Older kernels
+ * have none to ask; there the number is taken as it was read. */
+static bool still_the_asker(int connection)
+{
+    int process = -1;
+    socklen_t length = sizeof process;
+    if (getsockopt(connection, SOL_SOCKET, SO_PEERPIDFD, &process, &length) != 0)
+        return errno == ENOPROTOOPT;
+    struct pollfd exited = {process, POLLIN, 0};
+    bool alive = poll(&exited, 1, 0) == 0;
+    close(process);
+    return alive;
 }
 
 /* One request. Who asks is checked before anything is read, so that no other process can keep the
@@ -124,7 +146,7 @@ static void answer(int connection)
         reply(connection, ANOTHER_USER, -1);
         return;
     }
-    if (!is_this_or_descendant(peer.pid)) {
+    if (!is_this_or_descendant(peer.pid) || !still_the_asker(connection)) {
         reply(connection, NOT_RELATED, -1);
         return;
     }
@@ -154,11 +176,19 @@ static void *serve(void *listening)
                 nanosleep(&pause, NULL);
                 continue;
             }
-            return NULL;
+            break;
         }
         answer(connection);
         close(connection);
     }
+    pthread_mutex_lock(&broker.mutex); /* an error no retry mends: the next offer serves anew */
+    if (broker.listening == socket_descriptor) {
+        close(broker.listening);
+        broker.listening = -1;
+        broker.serving = 0;
+    }
+    pthread_mutex_unlock(&broker.mutex);
+    return NULL;
 }
 
 /* This process's socket and thread (mutex held); false when either cannot be had (tried again at the
@@ -192,18 +222,23 @@ static bool start_serving(void)
     return true;
 }
 
-static void lock_for_fork(void) { pthread_mutex_lock(&broker.mutex); }
-static void unlock_after_fork(void) { pthread_mutex_unlock(&broker.mutex); }
-
 /* A child made by fork has no broker thread: it must not hold the parent's socket (whose name would
- * outlive the parent, unanswered), nor offer what the parent offered. */
-static void forget_after_fork(void)
+ * outlive the parent, unanswered), nor offer what the parent offered (mutex held). */
+static void forget_the_parents(void)
 {
     if (broker.listening >= 0)
         close(broker.listening);
     broker.listening = -1;
     broker.serving = 0;
     broker.count = 0;
+}
+
+static void lock_for_fork(void) { pthread_mutex_lock(&broker.mutex); }
+static void unlock_after_fork(void) { pthread_mutex_unlock(&broker.mutex); }
+
+static void forget_after_fork(void)
+{
+    forget_the_parents();
     pthread_mutex_unlock(&broker.mutex);
 }
 
@@ -214,7 +249,9 @@ void gm_broker_offer(int descriptor)
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, watch_forks);
     pthread_mutex_lock(&broker.mutex);
-    if (broker.serving != getpid())
+    if (broker.serving && broker.serving != getpid())
+        forget_the_parents(); /* a child made without fork's handlers (_Fork, clone) */
+    if (!broker.serving)
         start_serving();
     if (broker.count == broker.capacity) {
         size_t capacity = broker.capacity ? broker.capacity * 2 : 16;
@@ -240,16 +277,28 @@ void gm_broker_withdraw(int descriptor)
     pthread_mutex_unlock(&broker.mutex);
 }
 
-/* The descriptor attached to a reply, or -1. */
+/* The one descriptor attached to a reply, or -1; any others that came are closed (an answer that is
+ * not the broker's may carry several, or more than fitted: MSG_CTRUNC). */
 static int attached_descriptor(struct msghdr *message)
 {
-    for (struct cmsghdr *header = CMSG_FIRSTHDR(message); header; header = CMSG_NXTHDR(message, header))
-        if (header->cmsg_level == SOL_SOCKET && header->cmsg_type == SCM_RIGHTS &&
-            header->cmsg_len == CMSG_LEN(sizeof(int))) {
+    int found = -1, count = 0;
+    for (struct cmsghdr *header = CMSG_FIRSTHDR(message); header; header = CMSG_NXTHDR(message, header)) {
+        if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS || header->cmsg_len < CMSG_LEN(0))
+            continue;
+        size_t descriptors = (header->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < descriptors; i++) {
             int descriptor;
-            memcpy(&descriptor, CMSG_DATA(header), sizeof descriptor);
-            return descriptor;
+            memcpy(&descriptor, CMSG_DATA(header) + i * sizeof(int), sizeof descriptor);
+            if (count++ == 0)
+                found = descriptor;
+            else
+                close(descriptor);
         }
+    }
+    if (count == 1 && !(message->msg_flags & MSG_CTRUNC))
+        return found;
+    if (found >= 0)
+        close(found);
     return -1;
 }
 
@@ -275,8 +324,8 @@ static gm_status exchange(int connection, int process, int descriptor, int *mine
     ssize_t got = recvmsg(connection, &message, MSG_CMSG_CLOEXEC);
     if (got < 0 && errno == ECONNRESET) /* closed with the request unread: the error comes first, the answer next */
         got = recvmsg(connection, &message, MSG_CMSG_CLOEXEC);
-    int mine = got == 1 ? attached_descriptor(&message) : -1;
-    if (got == 1 && status == GIVEN && mine >= 0) {
+    int mine = got >= 0 ? attached_descriptor(&message) : -1;
+    if (got == 1 && status == GIVEN && mine >= 0 && !(message.msg_flags & MSG_TRUNC)) {
         *mine_out = mine;
         return GM_OK;
     }
@@ -287,6 +336,9 @@ static gm_status exchange(int connection, int process, int descriptor, int *mine
                        strerror(send_error));
     if (got != 1)
         return gm_fail(GM_ERROR_IO, "process %d did not answer for descriptor %d", process, descriptor);
+    if (status == GIVEN)
+        return gm_fail(GM_ERROR_IO, "process %d answered for descriptor %d without exactly one descriptor", process,
+                       descriptor);
     return gm_fail(GM_ERROR_INVALID_ARGUMENT, "process %d did not give descriptor %d: %s", process, descriptor,
                    status == NOT_OFFERED    ? "it is not memory that process shares"
                    : status == ANOTHER_USER ? "this process runs as another user"
@@ -295,8 +347,8 @@ static gm_status exchange(int connection, int process, int descriptor, int *mine
                                             : "it refused the request");
 }
 
-/* Signals stay pending while a request runs (at most the 5 s its socket waits), so that none cuts a
- * call short. */
+/* Signals stay pending while a request runs (at most 5 s to connect and 5 s for the answer), so that
+ * none cuts a call short. */
 gm_status gm_broker_request(int process, int descriptor, int *mine_out)
 {
     int connection = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);

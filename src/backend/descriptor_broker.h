@@ -15,8 +15,9 @@
  * user (SO_PEERCRED, then /proc's parents), the processes that Yama lets it trace: what the rule keeps
  * from others stays kept. Who asks is checked before the request is read, so that no other process can
  * keep the broker waiting. The asker checks that the socket's owner is the process it asked for and of
- * its user, so that no other process can answer in its place, and waits at most 5 s, with its signals
- * held meanwhile. A child made by fork keeps neither the socket nor the offers (it serves its own
+ * its user, so that no other process can answer in its place, and waits at most 5 s to connect and 5 s
+ * for the answer, with its signals held meanwhile. Any process may bind a name first (abstract names
+ * have no owner): the sharer then serves nothing and askers refuse the squatter -- a denial, not a leak. A child made by fork keeps neither the socket nor the offers (it serves its own
  * exports on its own socket).
  */
 #ifndef GM_DESCRIPTOR_BROKER_H

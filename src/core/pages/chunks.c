@@ -429,7 +429,11 @@ gm_status pages_share_block(gm_arena *arena, const gm_block *block, uint64_t *of
             first = chunk->address;
         if (count < capacity) {
             int descriptor = chunk->exported - 1;
-            gm_status status = chunk->exported ? GM_OK : gm_backend_export(arena->backend, chunk->handle, &descriptor);
+            gm_status status = GM_OK;
+            if (chunk->exported)
+                gm_backend_offer_export(descriptor);
+            else
+                status = gm_backend_export(arena->backend, chunk->handle, &descriptor);
             if (status != GM_OK)
                 return status;
             chunk->exported = descriptor + 1;
