@@ -1,7 +1,7 @@
 """The other processes of test_torch_conformance.py's CUDA IPC checks, in a module of their own so that
 the processes torch.multiprocessing spawns import them by name: a tensor sent to another process,
 which adds one to it on a side stream; a tensor received from another process, which checks the writes
-that reached it; a fresh process that sends its first tensor. Each runs under gpumem or, with
+that reached it; a fresh process that sends its first tensor; a parent that its child may not trace. Each runs under gpumem or, with
 `native_child`, under PyTorch's own allocator (optionally with expandable segments)."""
 import os
 
@@ -123,3 +123,64 @@ def send_from_a_fresh_process(answers):
         answers.put(("ok", None))
     except Exception as error:  # noqa: BLE001 -- reported to the parent
         answers.put(("error", f"{type(error).__name__}: {error}"[:400]))
+
+
+def _drop_the_right_to_trace():
+    """Take CAP_SYS_PTRACE out of this process's capabilities (capset), as a process of an ordinary user
+    has none: with its parent not dumpable, pidfd_getfd on the parent is then refused."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+    header, data = Header(0x20080522, 0), (Data * 2)()  # _LINUX_CAPABILITY_VERSION_3
+    if libc.capget(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capget")
+    data[0].effective &= ~(1 << 19)  # CAP_SYS_PTRACE
+    data[0].permitted &= ~(1 << 19)
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+
+
+def add_one_without_the_right_to_trace(queue, answers):
+    """add_one_in_another_process, in a child that may not trace its parent (what Yama's ptrace_scope 1
+    makes of every child)."""
+    try:
+        _drop_the_right_to_trace()
+    except OSError as error:
+        answers.put(("error", f"cannot drop CAP_SYS_PTRACE: {error}"))
+        return
+    add_one_in_another_process(queue, answers)
+
+
+def send_to_a_child_that_may_not_trace():
+    """Run as a program of its own (it makes itself not dumpable): a view of a CUDA tensor goes to a
+    child without the right to trace it, which adds one to it. Prints OK and the child's sum."""
+    import ctypes
+    import queue as queues
+    import torch
+    if ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE 0
+        raise OSError("prctl(PR_SET_DUMPABLE, 0) failed")
+    context = torch.multiprocessing.get_context("spawn")
+    tensors, answers = context.Queue(), context.Queue()
+    process = context.Process(target=add_one_without_the_right_to_trace, args=(tensors, answers))
+    process.start()
+    try:
+        tensor = torch.arange(1 << 22, dtype=torch.float32, device="cuda")
+        view = tensor[1000:]
+        tensors.put(view)
+        try:
+            status, value = answers.get(timeout=90)
+        except queues.Empty:
+            raise AssertionError("the child never answered") from None
+        assert status == "ok", value
+        process.join(timeout=60)
+        added = torch.equal(view.cpu(), torch.arange(1000, 1 << 22, dtype=torch.float32) + 1)
+        print("SHARED", value, added, flush=True)
+    finally:
+        if process.is_alive():
+            process.kill()

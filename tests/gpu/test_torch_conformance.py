@@ -597,6 +597,20 @@ def cuda_tensors_shared_with_another_process(torch):
 
 
 @check
+def cuda_tensors_shared_with_a_child_that_may_not_trace(torch):
+    """A parent shares with a child that has no right to trace it (the parent not dumpable, the child
+    without CAP_SYS_PTRACE: Yama's ptrace_scope 1, Ubuntu's default, makes every child so): native's
+    cudaIpc handles need no such right, and gpumem's descriptors come from the parent's broker."""
+    program = ("import sys; sys.path.insert(0, %r); import conformance_processes; "
+               "conformance_processes.send_to_a_child_that_may_not_trace()" % os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300)
+    for line in run.stdout.splitlines():
+        if line.startswith("SHARED "):
+            return line[7:]
+    raise RuntimeError(f"the sharing process failed (status {run.returncode}): {run.stderr[-1500:]}")
+
+
+@check
 def cuda_tensors_received_from_a_process_on_pytorchs_allocator(torch):
     """From a process on PyTorch's own caching allocator: its cudaMalloc memory, and its expandable
     segments (file descriptors of its pages)."""
