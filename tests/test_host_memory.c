@@ -2,7 +2,8 @@
  * test_host_memory.c -- the host-memory readers against fixture /proc and /sys trees made here: meminfo
  * and memory pressure; a process with a child and a grandchild (counted in its tree) and an unrelated
  * process (not counted); a process whose smaps_rollup is missing (RSS from status, PSS unknown); a
- * machine without PSI; a root with no meminfo; a process that is gone. The memory cgroup: v2 with
+ * zombie (nothing held, the sums still known); a machine without PSI; a root with no meminfo; a process
+ * that is gone. The memory cgroup: v2 with
  * memory.max and memory.high, v2 with only memory.high, the v2 root cgroup (no limit), v1 with a limit
  * and without one (its huge number), a hybrid host, files that do not hold a number, a process whose
  * cgroup file is missing, and bad arguments.
@@ -59,6 +60,8 @@ static void make_machine(void)
     write_process(103, 1, 9999, 9999, 9999);
     write_file("/proc/104/stat", "104 (nosmaps) S 100 1 1\n");
     write_file("/proc/104/status", "Name: nosmaps\nVmRSS:      64 kB\nVmSwap:       2 kB\n");
+    write_file("/proc/105/stat", "105 (zombie) Z 101 1 1\n"); /* exited, not waited for: no smaps_rollup */
+    write_file("/proc/105/status", "Name: zombie\nState:\tZ (zombie)\n");
 }
 
 static void test_host(void)
@@ -80,14 +83,16 @@ static void test_process_tree(void)
     CHECK_EQ_INT(memory.rss_bytes, 1000 * 1024);
     CHECK_EQ_INT(memory.pss_bytes, 800 * 1024);
     CHECK_EQ_INT(memory.swap_bytes, 10 * 1024);
-    CHECK_EQ_INT(memory.descendants, 3); /* 101, its child 102, and 104; not 103 */
+    CHECK_EQ_INT(memory.descendants, 4); /* 101, its children 102 and 105 (a zombie), and 104; not 103 */
     CHECK_EQ_INT(memory.tree_rss_bytes, (1000 + 500 + 200 + 64) * 1024);
     CHECK_EQ_INT(memory.tree_pss_bytes, -1); /* 104's PSS is unknown, so the sum is */
     CHECK_EQ_INT(memory.tree_swap_bytes, (10 + 0 + 5 + 2) * 1024);
 
     CHECK_OK(gm_process_memory_read(root, 101, &memory));
-    CHECK_EQ_INT(memory.descendants, 1);
+    CHECK_EQ_INT(memory.descendants, 2); /* 102, and the zombie 105, which holds nothing */
+    CHECK_EQ_INT(memory.tree_rss_bytes, (500 + 200) * 1024);
     CHECK_EQ_INT(memory.tree_pss_bytes, (300 + 100) * 1024);
+    CHECK_EQ_INT(memory.tree_swap_bytes, 5 * 1024);
 
     CHECK_OK(gm_process_memory_read(root, 104, &memory));
     CHECK_EQ_INT(memory.rss_bytes, 64 * 1024);

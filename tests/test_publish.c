@@ -415,6 +415,21 @@ static void test_hostile_regions(void)
     CHECK(!gm_published_process_alive(4294967297L) && !gm_published_process_alive(4294967295L));
     CHECK(gm_published_process_alive(pid));
 
+    /* Numbers no writer makes: a negative reading, small and large pools whose sum passes 2^63, a
+     * negative counter. */
+    for (int i = 0; i < 3; i++) {
+        region = valid_for(30 + i);
+        if (i == 0)
+            region.stats.allocated_bytes[GM_POOL_SMALL].current = -2;
+        if (i == 1)
+            region.stats.reserved_bytes[GM_POOL_SMALL].current = region.stats.reserved_bytes[GM_POOL_LARGE].current =
+                INT64_MAX / 2 + 1;
+        if (i == 2)
+            region.stats.num_ooms = -1;
+        close(write_region(pid, 30 + i, &region, sizeof region, path, sizeof path));
+        expect_refused(path, GM_ERROR_CORRUPT, "negative statistics, or sums past 2^63");
+    }
+
     region = valid_for(24); /* a build with one more counter */
     region.header.counter_count++;
     close(write_region(pid, 24, &region, sizeof region, path, sizeof path));

@@ -24,6 +24,7 @@ keeps each callback's C function alive by the allocator's address, whichever wra
 """
 import ctypes
 import json
+import math
 import operator
 import os
 
@@ -299,6 +300,8 @@ def _text(value, what, none_allowed=False, form=""):
         return None
     if not isinstance(value, str):
         raise TypeError(f"gpumem: {what} must be a str{form}, not {type(value).__name__}")
+    if "\0" in value:  # the library would read the text only up to it
+        raise ValueError(f"gpumem: {what} holds a NUL character")
     return value.encode()
 
 
@@ -309,6 +312,8 @@ def _fraction(value, what):
     """A float for a gm_pressure_policy field; TypeError for what is not a real number ("0.9", None)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"gpumem: {what} must be a number, not {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ValueError(f"gpumem: {what} must be a finite number, not {value}")
     return float(value)
 
 

@@ -92,6 +92,8 @@ def _history(snapshot, device):
                             f"{[i for i, trace in enumerate(traces) if trace]})")
     entries = _list_of_dicts(traces[device], f"device_traces[{device}]")
     for index, entry in enumerate(entries):
+        if not isinstance(entry.get("action"), str):
+            raise SnapshotError(f"device_traces[{device}][{index}]: its action is {entry.get('action')!r}, not a name")
         if entry.get("action") in _EVENTS:
             where = f"device_traces[{device}][{index}] ({entry.get('action')})"
             _field(entry, "addr", where, kind="id"), _field(entry, "size", where)
@@ -120,7 +122,7 @@ def to_trace(snapshot, device=0):
     SnapshotError for a snapshot that is not one (fields of the wrong type, sizes out of range, segments
     that cannot have held what the history reserved)."""
     entries, segments = _history(snapshot, device), _segments(snapshot, device)
-    streams, live, operations, early = {}, {}, [], []
+    streams, live, operations, early, seen = {}, {}, [], [], set()
     next_id = 0
     reserved = sum(segment.get("total_size", 0) for segment in segments)
     for entry in entries:  # the reserved memory at the start of the history
@@ -135,10 +137,17 @@ def to_trace(snapshot, device=0):
             continue
         stream = streams.setdefault(entry.get("stream", 0), len(streams))
         if action == "alloc":
+            if address in live:
+                raise SnapshotError(f"device {device}'s history allocates at {address:#x}, which it has not freed")
             live[address] = (next_id, size, stream)
             operations.append(("a", next_id, size, stream))
             next_id += 1
+            seen.add(address)
         elif action == "free_requested":
+            if address not in live and address in seen:
+                raise SnapshotError(f"device {device}'s history frees {address:#x} twice without an allocation "
+                                    "between")
+            seen.add(address)
             if address not in live:  # allocated before the history began
                 live[address] = (next_id, size, stream)
                 early.append(("a", next_id, size, stream))

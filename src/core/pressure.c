@@ -612,7 +612,7 @@ static gm_status check_policy(const gm_pressure_policy *policy)
     if (policy->signals & ~(byte_signals | sampled_signals))
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_set_pressure_policy: unknown signal bits 0x%x",
                        policy->signals & ~(byte_signals | sampled_signals));
-    if (policy->psi_high < 0 || policy->psi_high > 100 || policy->psi_low < 0 ||
+    if (!(policy->psi_high >= 0 && policy->psi_high <= 100 && policy->psi_low >= 0) || /* NaN fails too */
         (policy->psi_low && policy->psi_low >= (policy->psi_high ? policy->psi_high : DEFAULT_PSI_HIGH)))
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_set_pressure_policy: psi_high must be in [0, 100] and psi_low "
                        "below it");

@@ -36,16 +36,32 @@ static void path_under(char *buffer, size_t size, const char *root, const char *
     snprintf(buffer, size, "%s%s", root, path);
 }
 
-/* "Key: N kB" in an open file, in bytes; -1 if absent. */
+/* "Key: N kB" in an open file, in bytes; -1 if absent, negative or too large to count in bytes. */
 static int64_t kilobytes_of(FILE *file, const char *key)
 {
     char line[256];
     size_t key_length = strlen(key);
     rewind(file);
     while (fgets(line, sizeof line, file))
-        if (!strncmp(line, key, key_length) && line[key_length] == ':')
-            return strtoll(line + key_length + 1, NULL, 10) * 1024;
+        if (!strncmp(line, key, key_length) && line[key_length] == ':') {
+            long long kilobytes = strtoll(line + key_length + 1, NULL, 10);
+            return kilobytes >= 0 && kilobytes <= INT64_MAX / 1024 ? (int64_t)kilobytes * 1024 : -1;
+        }
     return -1;
+}
+
+/* A process that has exited but not been waited for (state Z, or X while it goes) holds no memory, and
+ * its status has no VmRSS line. */
+static bool is_zombie(FILE *status)
+{
+    char line[256];
+    rewind(status);
+    while (fgets(line, sizeof line, status))
+        if (!strncmp(line, "State:", 6)) {
+            const char *state = line + 6 + strspn(line + 6, " \t");
+            return *state == 'Z' || *state == 'X';
+        }
+    return false;
 }
 
 /* "some avg10=A avg60=B ..." lines of a pressure file. */
@@ -119,6 +135,8 @@ static bool read_one_process(const char *root, long pid, int64_t *rss, int64_t *
     *rss = kilobytes_of(file, "VmRSS");
     *swap = kilobytes_of(file, "VmSwap");
     *pss = -1;
+    if (*rss < 0 && is_zombie(file))
+        *rss = *pss = *swap = 0;
     fclose(file);
     return true;
 }

@@ -235,15 +235,29 @@ static snapshot_result read_snapshot(gm_region *region, long writer_pid, gm_stat
     }
 }
 
-/* The all-pools current, allocated and freed readings are sums the writer does not keep. */
-static void complete(gm_stats *stats)
+/* The all-pools current, allocated and freed readings are sums the writer does not keep. False when a
+ * reading is negative or a sum overflows: numbers no writer of gpumem's makes (another process's memory,
+ * so nothing is taken on trust). */
+static bool complete(gm_stats *stats)
 {
-#define SUM(field, label, unit, origin)                                                                    \
-    stats->field[GM_POOL_ALL].current = stats->field[GM_POOL_SMALL].current + stats->field[GM_POOL_LARGE].current; \
-    stats->field[GM_POOL_ALL].allocated = stats->field[GM_POOL_SMALL].allocated + stats->field[GM_POOL_LARGE].allocated; \
-    stats->field[GM_POOL_ALL].freed = stats->field[GM_POOL_SMALL].freed + stats->field[GM_POOL_LARGE].freed;
+    bool sound = true;
+#define SUM(field, label, unit, origin)                                                                       \
+    for (int pool = GM_POOL_SMALL; pool <= GM_POOL_LARGE; pool++)                                            \
+        sound = sound && stats->field[pool].current >= 0 && stats->field[pool].peak >= 0 &&                 \
+                stats->field[pool].allocated >= 0 && stats->field[pool].freed >= 0;                          \
+    sound = sound && stats->field[GM_POOL_ALL].peak >= 0 &&                                                  \
+            !__builtin_add_overflow(stats->field[GM_POOL_SMALL].current, stats->field[GM_POOL_LARGE].current, \
+                                    &stats->field[GM_POOL_ALL].current) &&                                   \
+            !__builtin_add_overflow(stats->field[GM_POOL_SMALL].allocated,                                   \
+                                    stats->field[GM_POOL_LARGE].allocated, &stats->field[GM_POOL_ALL].allocated) && \
+            !__builtin_add_overflow(stats->field[GM_POOL_SMALL].freed, stats->field[GM_POOL_LARGE].freed,     \
+                                    &stats->field[GM_POOL_ALL].freed);
     GM_POOL_STATISTICS(SUM)
 #undef SUM
+#define COUNTER(field, label, origin) sound = sound && stats->field >= 0;
+    GM_COUNTERS(COUNTER)
+#undef COUNTER
+    return sound;
 }
 
 static void copy_header(const gm_region_header *header, gm_published *published)
@@ -338,7 +352,9 @@ gm_status gm_published_watch_read(const gm_published_watch *watch, gm_published 
                        "enough for a copy for %d ms; try again", watch->path, (long long)watch->header.pid,
                        (int)(READ_BUSY_PATIENCE_NS / 1000000));
     published_out->torn = result == SNAPSHOT_TORN;
-    complete(&published_out->stats);
+    if (!complete(&published_out->stats))
+        return gm_fail(GM_ERROR_CORRUPT, "%s holds negative statistics, or sums past 2^63: not what gpumem writes",
+                       watch->path);
     published_out->cached_free_bytes = cache.free_bytes;
     published_out->largest_free_block_bytes = cache.largest_free_block_bytes;
     copy_pinned_host(&pinned_host, &published_out->pinned_host);

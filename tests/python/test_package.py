@@ -226,6 +226,12 @@ class PackageTest(unittest.TestCase):
             with self.assertRaises(TypeError):
                 gpumem.check_configuration(config)
         gpumem.check_configuration(None)  # no configuration: GPUMEM_CONF alone
+        # The library reads a string up to a NUL: what follows it was never checked.
+        for call in (lambda: gpumem.check_configuration("capacity:1GiB\0,bogus:1"),
+                     lambda: gpumem.Allocator("backend:sim,capacity:1GiB\0,bogus", from_environment=False)):
+            with self.assertRaises(ValueError) as caught:
+                call()
+            self.assertIn("holds a NUL character", str(caught.exception))
 
     def test_sizes_and_streams_out_of_range_are_refused(self):
         # ctypes wrapped them: malloc(2**64 + 4096) gave a 4096-byte block, stream -1 became 2**64 - 1.

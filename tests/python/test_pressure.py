@@ -146,6 +146,11 @@ class PressureTest(unittest.TestCase):
         with self.assertRaises(TypeError) as caught:
             self.allocator.set_pressure_policy(high="0.9")
         self.assertIn("high must be a number, not str", str(caught.exception))
+        # NaN passed every comparison of the C check: a psi signal that could never trigger.
+        for value in (float("nan"), float("inf")):
+            with self.assertRaises(ValueError) as caught:
+                self.allocator.set_pressure_policy(high=0.9, psi_high=value)
+            self.assertIn("psi_high must be a finite number", str(caught.exception))
         # The default low (high - 0.1) is no fraction under a high of 0.1 or less: say so, and what to pass,
         # rather than complain about a low of -0.05 that was never given.
         with self.assertRaises(ValueError) as caught:

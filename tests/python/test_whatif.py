@@ -199,6 +199,12 @@ class WhatIfTest(unittest.TestCase):
             # start would be -20 MiB (its peak was reported as 0).
             ({"device_traces": [[{"action": "segment_alloc", "addr": 1, "size": 20 * MiB}, alloc()]]},
              "segment events reserve 20971520 bytes more than its segments hold at the end"),
+            # Histories that contradict themselves: two allocations at one live address (the first never
+            # freed in the trace), and one address freed twice (the second taken for an early block).
+            ({"device_traces": [[alloc(), alloc()]]}, "allocates at 0x1, which it has not freed"),
+            ({"device_traces": [[alloc(), alloc(action="free_requested"), alloc(action="free_requested")]]},
+             "frees 0x1 twice without an allocation between"),
+            ({"device_traces": [[alloc(action=["alloc"])]]}, "its action is ['alloc'], not a name"),
         ]
         for index, (snapshot, message) in enumerate(cases):
             path = self.write(snapshot, f"bad{index}.pickle")
