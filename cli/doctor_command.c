@@ -12,6 +12,8 @@
 #include "commands.h"
 #include "monitor/doctor.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -167,8 +169,9 @@ int gm_command_doctor(int argc, char **argv)
             }
             char *end;
             const char *text = argv[++i];
+            errno = 0;
             pid = strtol(text, &end, 10);
-            if (!*text || *end || pid <= 0) {
+            if (!*text || *end || pid <= 0 || errno == ERANGE || pid > INT_MAX) {
                 fprintf(stderr, "gpumem doctor: --pid needs a positive process id, not '%s'\n", text);
                 return GM_EXIT_USAGE;
             }

@@ -157,8 +157,10 @@ static int command(int argc, char **argv, int summary)
             return usage(stderr, GM_EXIT_USAGE);
         }
     }
-    if (pid <= 0)
+    if (pid <= 0) {
+        fprintf(stderr, "gpumem %s: which process? (a process id is missing)\n", summary ? "summary" : "stats");
         return usage(stderr, GM_EXIT_USAGE);
+    }
     char path[4096];
     gm_published published;
     gm_status status = gm_published_find(pid, (int)device, path, sizeof path);
@@ -168,6 +170,9 @@ static int command(int argc, char **argv, int summary)
         fprintf(stderr, "gpumem %s: %s\n", summary ? "summary" : "stats", gm_last_error());
         return GM_EXIT_ERROR;
     }
+    if (published.torn)
+        fprintf(stderr, "gpumem %s: process %ld was killed inside an allocator call: that call may be counted in "
+                "part\n", summary ? "summary" : "stats", published.pid);
     if (summary)
         print_summary(&published);
     else if (json)

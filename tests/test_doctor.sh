@@ -355,6 +355,7 @@ expect 1 "no process 999999999" -- "$gpumem" doctor --pid 999999999
 expect 1 "no process 4242" -- "$gpumem" doctor --root "$healthy" --pid 4242
 expect 2 "--pid needs a positive process id, not 'abc'" -- "$gpumem" doctor --pid abc
 expect 2 "--pid needs a positive process id, not '-3'" -- "$gpumem" doctor --pid -3
+expect 2 "--pid needs a positive process id, not '99999999999999999999'" -- "$gpumem" doctor --pid 99999999999999999999
 expect 2 "--root needs a value" -- "$gpumem" doctor --root
 expect 2 "unknown argument '--fast'" -- "$gpumem" doctor --fast
 expect 0 "usage: gpumem doctor" -- "$gpumem" doctor --help

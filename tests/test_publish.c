@@ -25,6 +25,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#define MiB (1ull << 20)
+
 static char directory[256];
 
 static void use_temporary_directory(void)
@@ -663,6 +665,33 @@ static void test_pinned_host_snapshots_consistent(void)
     check_copies_while_writing(host_allocate_and_free, &host_writer_done, pinned_host_tears);
 }
 
+/* A forked child's allocations stay out of its parent's numbers, in its own process and as published
+ * (the region was shared with the child, which counted into it). */
+static void test_forked_child_counts_apart(void)
+{
+    char path[4096];
+    gm_allocator *allocator = create_publishing("", path, sizeof path);
+    void *block = NULL;
+    REQUIRE(gm_malloc(allocator, MiB, 0, &block) == GM_OK);
+    pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        void *more = NULL;
+        for (int i = 0; i < 10; i++)
+            if (gm_malloc(allocator, 8 * MiB, 0, &more) != GM_OK)
+                _exit(1);
+        gm_stats own;
+        _exit(gm_get_stats(allocator, &own) == GM_OK && own.allocated_bytes[GM_POOL_ALL].current == 81 * (int64_t)MiB
+                  ? 0 : 2);
+    }
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    check_published_equals_stats(allocator, path, MiB);
+    CHECK_OK(gm_free(allocator, block));
+    gm_destroy(allocator, NULL);
+}
+
 /* A process that exits normally without destroying its allocator (as PyTorch's) removes its region;
  * a forked child that exits or destroys its copy of the allocator removes none of its parent's. */
 static void test_exit_and_fork(void)
@@ -718,5 +747,5 @@ RUN_TESTS(TEST_CASE(test_exact_numbers), TEST_CASE(test_event_calls_published_pe
           TEST_CASE(test_torn_region_of_a_dead_writer), TEST_CASE(test_region_of_a_stuck_writer),
           TEST_CASE(test_region_of_a_writer_without_pause),
           TEST_CASE(test_stale_region), TEST_CASE(test_snapshots_consistent), TEST_CASE(test_pinned_host_published),
-          TEST_CASE(test_pinned_host_snapshots_consistent), TEST_CASE(test_exit_and_fork),
+          TEST_CASE(test_pinned_host_snapshots_consistent), TEST_CASE(test_forked_child_counts_apart), TEST_CASE(test_exit_and_fork),
           TEST_CASE(test_cleanup))

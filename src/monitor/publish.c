@@ -77,9 +77,30 @@ static void remove_regions_at_exit(void)
     pthread_mutex_unlock(&open_lock);
 }
 
+/* A child made by fork shares the parent's regions (MAP_SHARED) and would write its own allocations
+ * into the parent's numbers, under the parent's seqlock. Each is replaced, at the same address (the
+ * allocator's pointers into it stay good), by a private copy: the child's allocators keep counting
+ * there, unpublished, and the parent's region stays the parent's alone. Runs in the child, alone. */
+static void keep_private_copies(void)
+{
+    static gm_region copy;
+    for (gm_publisher *publisher = open_publishers; publisher; publisher = publisher->next_open) {
+        memcpy(&copy, publisher->region, sizeof copy);
+        void *mapping = mmap(publisher->region, sizeof(gm_region), PROT_READ | PROT_WRITE,
+                             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+        if (mapping != MAP_FAILED)
+            memcpy(publisher->region, &copy, sizeof copy);
+    }
+    pthread_mutex_unlock(&open_lock);
+}
+
+static void lock_for_fork(void) { gm_mutex_lock(&open_lock); }
+static void unlock_after_fork(void) { pthread_mutex_unlock(&open_lock); }
+
 static void register_exit_handler(void)
 {
     atexit(remove_regions_at_exit);
+    pthread_atfork(lock_for_fork, unlock_after_fork, keep_private_copies);
 }
 
 static void remember(gm_publisher *publisher, bool open)
