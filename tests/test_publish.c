@@ -432,6 +432,11 @@ static void test_hostile_regions(void)
         expect_refused(path, GM_ERROR_CORRUPT, "negative statistics, or sums past 2^63");
     }
 
+    region = valid_for(33); /* made before this process started: a dead writer's, whose pid we were given */
+    region.header.start_time_ns = 1000000000;
+    close(write_region(pid, 33, &region, sizeof region, path, sizeof path));
+    expect_refused(path, GM_ERROR_IO, "started after");
+
     region = valid_for(24); /* a build with one more counter */
     region.header.counter_count++;
     close(write_region(pid, 24, &region, sizeof region, path, sizeof path));

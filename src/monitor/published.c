@@ -294,6 +294,35 @@ struct gm_published_watch {
     char path[4096];
 };
 
+/* Whether process `pid` started more than two seconds after `realtime_ns` (CLOCK_REALTIME), the moment
+ * its region was made: then that process is not the region's writer but a later one given its number.
+ * /proc's start time counts clock ticks since boot (suspend included: CLOCK_BOOTTIME); the margin allows
+ * for the tick and for the clock being set meanwhile. False when /proc says nothing. */
+static bool started_after(long pid, int64_t realtime_ns)
+{
+    char path[64], text[1024];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    FILE *file = fopen(path, "re");
+    if (!file)
+        return false;
+    size_t length = fread(text, 1, sizeof text - 1, file);
+    fclose(file);
+    text[length] = 0;
+    const char *field = strrchr(text, ')'); /* fields from the state (3rd) on; the start time is the 22nd */
+    unsigned long long ticks = 0;
+    if (!field || sscanf(field + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+                         &ticks) != 1)
+        return false;
+    long per_second = sysconf(_SC_CLK_TCK);
+    struct timespec real, boot;
+    if (per_second <= 0 || clock_gettime(CLOCK_REALTIME, &real) || clock_gettime(CLOCK_BOOTTIME, &boot))
+        return false;
+    int64_t since_boot_ns = (int64_t)(ticks / (unsigned long long)per_second) * 1000000000 +
+                            (int64_t)(ticks % (unsigned long long)per_second) * (1000000000 / per_second);
+    int64_t boot_realtime_ns = ((int64_t)real.tv_sec - boot.tv_sec) * 1000000000 + (real.tv_nsec - boot.tv_nsec);
+    return boot_realtime_ns + since_boot_ns > realtime_ns + 2000000000LL;
+}
+
 /* Open, check and map a region; `require_alive`: refuse it when its writer is gone. */
 static gm_status watch_region(const char *path, bool require_alive, gm_published_watch **watch_out)
 {
@@ -307,6 +336,9 @@ static gm_status watch_region(const char *path, bool require_alive, gm_published
     if (status == GM_OK && require_alive && !gm_published_process_alive((long)header.pid))
         status = gm_fail(GM_ERROR_IO, "process %lld is gone (killed before it could remove %s): the region is stale",
                          (long long)header.pid, path);
+    else if (status == GM_OK && require_alive && started_after((long)header.pid, header.start_time_ns))
+        status = gm_fail(GM_ERROR_IO, "process %lld started after %s was made: its writer is gone and another "
+                         "process has its number; the region is stale", (long long)header.pid, path);
     void *mapping = MAP_FAILED;
     if (status == GM_OK && (mapping = mmap(NULL, sizeof(gm_region), PROT_READ, MAP_SHARED, descriptor, 0)) == MAP_FAILED)
         status = gm_fail(GM_ERROR_IO, "cannot map %s: %s", path, strerror(errno));
