@@ -187,11 +187,9 @@ class StepModel:
         streams, ids, operations = {}, {}, []
         early = [("a", index, block_size, 0) for index, block_size in enumerate(large.outside_blocks)]
         stream_of = lambda event: streams.setdefault(event[3], len(streams))  # noqa: E731
-        made = {event[1] for event in large.events if event[0] == "alloc"}
-        for event in large.events:  # released: made before the step
-            if event[0] != "alloc" and event[1] not in made and event[1] not in ids:
-                ids[event[1]] = len(early)
-                early.append(("a", len(early), event[2], stream_of(event)))
+        for event in _released_events(large.events):  # released: made before the step
+            ids[event[1]] = len(early)
+            early.append(("a", len(early), event[2], stream_of(event)))
         for tensor_bytes in large.batch_tensors:
             early.append(("a", len(early), max(1, -(-tensor_bytes * size // large.size)), 0))
         self.early = len(early)
@@ -443,10 +441,25 @@ def _live_blocks():
     return live
 
 
+def _released_events(events):
+    """The step's frees of blocks made before it, in order: a free of an address that the step has not
+    allocated by then. (The step may allocate at that address again later, as backward() makes new
+    gradients where zero_grad(set_to_none=True) freed the old ones: the old block is still released.)"""
+    made, released, seen = set(), [], set()
+    for event in events:
+        if event[0] == "alloc":
+            made.add(event[1])
+        elif event[1] in made:
+            made.discard(event[1])
+        elif event[1] not in seen:
+            seen.add(event[1])
+            released.append(event)
+    return released
+
+
 def _outside_blocks(live, events, batch_storages):
     """Sizes of the blocks live at the step's start that are neither the batch nor freed by the step."""
-    made = {event[1] for event in events if event[0] == "alloc"}
-    released = {event[1] for event in events if event[0] != "alloc" and event[1] not in made}
+    released = {event[1] for event in _released_events(events)}
     return [size for address, size in sorted(live.items()) if address not in released and address not in batch_storages]
 
 

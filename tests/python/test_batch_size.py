@@ -143,6 +143,19 @@ class StepModelTest(unittest.TestCase):
         self.assertTrue(fits(exact))
         self.assertFalse(fits(exact + 1))
 
+    def test_a_block_freed_and_made_again_at_its_address_is_released(self):
+        """zero_grad(set_to_none=True) frees the last step's gradients and backward() makes new ones where
+        they were: the old ones are released by the step, not held outside it through the step (they were
+        counted twice, and the batch predicted too small by the gradients' size)."""
+        events = [("free_requested", 100, 4 * MIB, 7), ("alloc", 200, 8 * MIB, 7), ("alloc", 100, 4 * MIB, 7),
+                  ("free_requested", 200, 8 * MIB, 7)]
+        self.assertEqual(batch_size._outside_blocks({100: 4 * MIB, 300: 16 * MIB}, events, {}), [16 * MIB])
+        model = batch_size.StepModel(batch_size.Trial(1, events, [], 0, 0))
+        operations = model.operations(1)
+        self.assertEqual(model.early, 1)  # the old gradient: made before the step, freed by it
+        self.assertEqual(operations[0], ("a", 0, 4 * MIB, 0))
+        self.assertEqual(operations[1:], [("f", 0, 0, 0), ("a", 1, 8 * MIB, 0), ("a", 2, 4 * MIB, 0), ("f", 1, 0, 0)])
+
     def test_one_trial_gives_a_size_that_fits(self):
         outside = 40 * MIB
         first = self.trial(2, first_step=True, outside=outside)
