@@ -628,6 +628,8 @@ class Allocator:
             return
         high, psi_high, psi_low = (_fraction(value, name) for value, name in
                                    ((high, "high"), (psi_high, "psi_high"), (psi_low, "psi_low")))
+        if not 0 < high <= 1:
+            raise ValueError(f"gpumem: set_pressure_policy(high={high:g}): high must be a fraction in (0, 1]")
         if low is None and high <= 0.1:
             raise ValueError(f"gpumem: set_pressure_policy(high={high:g}) leaves no room for the default low "
                              f"(high - 0.1): pass low= too, a fraction between 0 and {high:g}")

@@ -43,6 +43,8 @@ CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(
 
 def signal_bits(names):
     """The bits of signal names (one name alone, or an iterable of them)."""
+    if not isinstance(names, str) and not isinstance(names, (list, tuple, set, frozenset)):
+        raise TypeError(f"pressure signals must be a name or a list of names, not {type(names).__name__}")
     bits = 0
     for name in (names,) if isinstance(names, str) else names:
         if name not in PRESSURE_SIGNALS:

@@ -146,6 +146,13 @@ class PressureTest(unittest.TestCase):
         with self.assertRaises(TypeError) as caught:
             self.allocator.set_pressure_policy(high="0.9")
         self.assertIn("high must be a number, not str", str(caught.exception))
+        with self.assertRaises(ValueError) as caught:  # was "leaves no room for the default low"
+            self.allocator.set_pressure_policy(high=-1)
+        self.assertIn("high must be a fraction in (0, 1]", str(caught.exception))
+        for signals, shown in ((b"reserved", "bytes"), (None, "NoneType")):  # "unknown signal 114"; not iterable
+            with self.assertRaises(TypeError) as caught:
+                self.allocator.set_pressure_policy(high=0.9, signals=signals)
+            self.assertIn(f"pressure signals must be a name or a list of names, not {shown}", str(caught.exception))
         # NaN passed every comparison of the C check: a psi signal that could never trigger.
         for value in (float("nan"), float("inf")):
             with self.assertRaises(ValueError) as caught:
