@@ -268,10 +268,10 @@ int gm_command_top(int argc, char **argv)
             once = true;
         } else if (!strcmp(argv[i], "--json")) {
             json = true;
-        } else if (!strcmp(argv[i], "-d") && i + 1 < argc) {
+        } else if (!strcmp(argv[i], "-d")) {
             char *end = NULL;
-            seconds = strtod(argv[++i], &end);
-            if (!*argv[i] || *end || !(seconds >= 0.1 && seconds <= 3600)) {
+            seconds = i + 1 < argc ? strtod(argv[++i], &end) : 0;
+            if (!end || !*argv[i] || *end || !(seconds >= 0.1 && seconds <= 3600)) {
                 fprintf(stderr, "gpumem top: -d needs a number of seconds from 0.1 to 3600\n");
                 return GM_EXIT_USAGE;
             }

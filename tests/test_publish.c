@@ -436,6 +436,19 @@ static void test_hostile_regions(void)
     region.header.start_time_ns = 1000000000;
     close(write_region(pid, 33, &region, sizeof region, path, sizeof path));
     expect_refused(path, GM_ERROR_IO, "started after");
+    CHECK(gm_published_remove_stale() >= 1); /* removed as a dead writer's is; the live ones stay */
+    CHECK(access(path, F_OK) != 0);
+    CHECK(access(target, F_OK) == 0);
+
+    region = valid_for(34); /* cut short while watched: refused, where reading the mapping would be SIGBUS */
+    close(write_region(pid, 34, &region, sizeof region, path, sizeof path));
+    gm_published_watch *cut = NULL;
+    REQUIRE(gm_published_watch_open(path, &cut) == GM_OK);
+    CHECK_OK(gm_published_watch_read(cut, &published));
+    REQUIRE(truncate(path, 0) == 0);
+    CHECK_STATUS(gm_published_watch_read(cut, &published), GM_ERROR_CORRUPT);
+    CHECK_MESSAGE("was cut short after it was opened");
+    gm_published_watch_close(cut);
 
     region = valid_for(24); /* a build with one more counter */
     region.header.counter_count++;

@@ -162,6 +162,8 @@ grep -q "process 999999999 does not exist" "$work/none.out" || fail "missing pro
 
 "$gpumem" stats >"$work/usage.out" 2>&1
 [ $? -eq 2 ] && grep -q "usage: gpumem stats PID" "$work/usage.out" || fail "gpumem stats without a pid is not a usage error"
+"$gpumem" top -d >"$work/usage.out" 2>&1
+[ $? -eq 2 ] && grep -q "seconds from 0.1 to 3600" "$work/usage.out" || fail "gpumem top -d without a value: $(head -n 1 "$work/usage.out")"
 "$gpumem" stats --device 0 >"$work/usage.out" 2>&1
 [ $? -eq 2 ] && grep -q "a process id is missing" "$work/usage.out" || fail "gpumem stats --device 0 does not say the pid is missing"
 for word in abc 0 12x; do

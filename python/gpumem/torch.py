@@ -201,6 +201,9 @@ def _main():
     import zipfile
     if len(sys.argv) < 2:
         sys.exit("usage: python -m gpumem.torch SCRIPT [ARGS...]")
+    if not os.path.exists(sys.argv[1]):  # as python says it (and its status 2), before CUDA is touched
+        print(f"python -m gpumem.torch: can't open file {sys.argv[1]!r}: no such file or directory", file=sys.stderr)
+        sys.exit(2)
     install(configuration_from_environment() or "")
     sys.argv = sys.argv[1:]
     script = sys.argv[0]

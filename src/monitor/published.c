@@ -290,6 +290,7 @@ static void copy_pinned_host(const gm_region_pinned_host *part, gm_published_pin
 
 struct gm_published_watch {
     gm_region *mapping;
+    int descriptor; /* kept open: its size is looked at before each copy */
     gm_region_header header;
     char path[4096];
 };
@@ -342,16 +343,17 @@ static gm_status watch_region(const char *path, bool require_alive, gm_published
     void *mapping = MAP_FAILED;
     if (status == GM_OK && (mapping = mmap(NULL, sizeof(gm_region), PROT_READ, MAP_SHARED, descriptor, 0)) == MAP_FAILED)
         status = gm_fail(GM_ERROR_IO, "cannot map %s: %s", path, strerror(errno));
-    close(descriptor);
     gm_published_watch *watch = status == GM_OK ? gm_system_calloc(1, sizeof *watch) : NULL;
     if (status == GM_OK && !watch)
         status = gm_fail(GM_ERROR_OUT_OF_MEMORY, "no host memory to watch %s", path);
     if (status != GM_OK) {
         if (mapping != MAP_FAILED)
             munmap(mapping, sizeof(gm_region));
+        close(descriptor);
         return status;
     }
     watch->mapping = mapping;
+    watch->descriptor = descriptor;
     watch->header = header;
     snprintf(watch->path, sizeof watch->path, "%s", path);
     *watch_out = watch;
@@ -370,6 +372,10 @@ gm_status gm_published_watch_read(const gm_published_watch *watch, gm_published 
     if (!watch || !published_out)
         return gm_fail(GM_ERROR_INVALID_ARGUMENT, "gm_published_watch_read: an argument is NULL");
     memset(published_out, 0, sizeof *published_out);
+    struct stat file_status; /* a file cut short under the mapping would end this process (SIGBUS) */
+    if (fstat(watch->descriptor, &file_status) != 0 || file_status.st_size < (off_t)sizeof(gm_region))
+        return gm_fail(GM_ERROR_CORRUPT, "%s was cut short after it was opened: not a statistics region now",
+                       watch->path);
     copy_header(&watch->header, published_out);
     gm_region_cache cache;
     gm_region_pinned_host pinned_host;
@@ -398,6 +404,7 @@ void gm_published_watch_close(gm_published_watch *watch)
     if (!watch)
         return;
     munmap(watch->mapping, sizeof(gm_region));
+    close(watch->descriptor);
     free(watch);
 }
 
@@ -472,12 +479,26 @@ gm_status gm_published_find(long pid, int device, char *path_out, size_t path_si
     return gm_fail(GM_ERROR_IO, "process %ld %s: no region in %s", pid, what, gm_region_directory());
 }
 
+/* A region whose process is alive but started after the region was made: a dead writer's (pid reuse). */
+static bool made_before_its_process(const char *path, long pid)
+{
+    int descriptor = -1;
+    struct stat file_status;
+    if (open_region_file(path, &descriptor, &file_status) != GM_OK)
+        return false;
+    gm_region_header header;
+    bool earlier = read_header(path, descriptor, file_status.st_size, &header) == GM_OK &&
+                   started_after(pid, header.start_time_ns);
+    close(descriptor);
+    return earlier;
+}
+
 static bool visit_for_removal(const char *path, long pid, int device, void *context)
 {
     (void)device;
     struct stat file_status;
-    if (!gm_published_process_alive(pid) && lstat(path, &file_status) == 0 && file_status.st_uid == getuid() &&
-        unlink(path) == 0)
+    if ((!gm_published_process_alive(pid) || made_before_its_process(path, pid)) && lstat(path, &file_status) == 0 &&
+        file_status.st_uid == getuid() && unlink(path) == 0)
         ++*(size_t *)context;
     return true;
 }

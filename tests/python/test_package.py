@@ -11,6 +11,8 @@ import unittest
 
 import gpumem
 
+PYTHON_FOLDER = os.path.dirname(os.path.dirname(os.path.abspath(gpumem.__file__)))  # gpumem's python/
+
 # A stand-in torch package for child processes (python -m gpumem.torch, sitecustomize): no CUDA started, and
 # torch.utils.cpp_extension.load gives an adapter that only records install(config).
 FAKE_TORCH_FILES = {
@@ -213,6 +215,15 @@ class PackageTest(unittest.TestCase):
         with self.assertRaises(OverflowError) as caught:
             self.allocator.enable_peer_access(2**40)
         self.assertIn("peer must be a device number, not 1099511627776", str(caught.exception))
+
+    def test_running_a_missing_script_says_so(self):
+        """python -m gpumem.torch of a file that is not there: python's message and status, not a traceback
+        from runpy after gpumem was installed (no torch needed to see it)."""
+        run = subprocess.run([sys.executable, "-m", "gpumem.torch", "no-such-script.py"], capture_output=True,
+                             text=True, env=dict(os.environ, PYTHONPATH=PYTHON_FOLDER))
+        self.assertEqual(run.returncode, 2, run.stderr)
+        self.assertIn("can't open file 'no-such-script.py': no such file or directory", run.stderr)
+        self.assertNotIn("Traceback", run.stderr)
 
     def test_configurations_that_are_not_strings_are_type_errors(self):
         # Allocator(None) and check_configuration(5) were AttributeErrors ('NoneType' object has no attribute
