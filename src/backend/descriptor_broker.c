@@ -9,6 +9,7 @@
 #include "backend/descriptor_broker.h"
 
 #include "base/error.h"
+#include "base/process_stat.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -85,17 +86,8 @@ static void reply(int connection, enum reply answer, int descriptor)
 /* The parent of `process` from /proc (0 when unknown). */
 static pid_t parent_of(pid_t process)
 {
-    char path[64], text[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)process);
-    FILE *file = fopen(path, "re");
-    if (!file)
-        return 0;
-    size_t length = fread(text, 1, sizeof text - 1, file);
-    fclose(file);
-    text[length] = 0;
-    const char *after_name = strrchr(text, ')'); /* the name may hold spaces and parentheses */
-    int parent = 0;
-    return after_name && sscanf(after_name, ") %*c %d", &parent) == 1 ? (pid_t)parent : 0;
+    gm_process_stat stat;
+    return gm_process_stat_read(NULL, process, &stat) && stat.parent > 0 ? (pid_t)stat.parent : 0;
 }
 
 /* `process` is this process or one of its descendants: a process Yama's ptrace_scope 1 lets this one

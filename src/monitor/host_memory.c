@@ -20,6 +20,7 @@
 #include "monitor/host_memory.h"
 
 #include "base/error.h"
+#include "base/process_stat.h"
 #include "base/system_memory.h"
 
 #include <ctype.h>
@@ -142,23 +143,10 @@ static bool read_one_process(const char *root, long pid, int64_t *rss, int64_t *
 }
 
 
-/* The parent named in /proc/PID/stat: "PID (COMM) STATE PPID ...", COMM may hold anything. */
 long gm_process_parent(const char *root, long pid)
 {
-    char relative[64], path[4096], line[1024];
-    snprintf(relative, sizeof relative, "/proc/%ld/stat", pid);
-    path_under(path, sizeof path, root, relative);
-    FILE *file = fopen(path, "r");
-    if (!file)
-        return -1;
-    size_t length = fread(line, 1, sizeof line - 1, file);
-    fclose(file);
-    line[length] = '\0';
-    char *after_name = strrchr(line, ')');
-    long parent = -1;
-    if (!after_name || sscanf(after_name + 1, " %*c %ld", &parent) != 1)
-        return -1;
-    return parent;
+    gm_process_stat stat;
+    return gm_process_stat_read(root, pid, &stat) ? stat.parent : -1;
 }
 
 gm_process_link *gm_process_list(const char *root, size_t *count_out)

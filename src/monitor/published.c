@@ -16,6 +16,7 @@
 #include "monitor/published.h"
 
 #include "base/error.h"
+#include "base/process_stat.h"
 #include "monitor/region.h"
 #include "base/system_memory.h"
 
@@ -301,19 +302,10 @@ struct gm_published_watch {
  * for the tick and for the clock being set meanwhile. False when /proc says nothing. */
 static bool started_after(long pid, int64_t realtime_ns)
 {
-    char path[64], text[1024];
-    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
-    FILE *file = fopen(path, "re");
-    if (!file)
+    gm_process_stat stat;
+    if (!gm_process_stat_read(NULL, pid, &stat) || !stat.has_start)
         return false;
-    size_t length = fread(text, 1, sizeof text - 1, file);
-    fclose(file);
-    text[length] = 0;
-    const char *field = strrchr(text, ')'); /* fields from the state (3rd) on; the start time is the 22nd */
-    unsigned long long ticks = 0;
-    if (!field || sscanf(field + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
-                         &ticks) != 1)
-        return false;
+    unsigned long long ticks = stat.start_ticks;
     long per_second = sysconf(_SC_CLK_TCK);
     struct timespec real, boot;
     if (per_second <= 0 || clock_gettime(CLOCK_REALTIME, &real) || clock_gettime(CLOCK_BOOTTIME, &boot))
