@@ -617,20 +617,23 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     result.device_traces.resize(kMaxDevices);
     size_t devices = 0;
     for (size_t index = 0; index < kMaxDevices; index++) {
+      // A device may have MemPools with allocators of their own before its own allocator exists.
       gm_allocator *allocator = allocators_[index].load(std::memory_order_acquire);
-      if (!allocator)
-        continue;
       auto device = static_cast<c10::DeviceIndex>(index);
-      devices = index + 1;
-      history_.add_segments(allocator, device, result, mempool_id);
-      bool traces = include_traces && history_.keeps_events();
+      bool traces = include_traces && history_.keeps_events(), any = allocator != nullptr;
+      if (allocator)
+        history_.add_segments(allocator, device, result, mempool_id);
       std::vector<TraceEntry> &trace = result.device_traces[index];
       sourced_.for_each_pool(device, [&](gm_allocator *pool, c10::cuda::MempoolId_t id) {
+        any = true;
         history_.add_segments(pool, device, result, mempool_id, id);
         if (traces)
           history_.add_trace(pool, device, trace, id);
       });
-      if (traces)
+      if (!any)
+        continue;
+      devices = index + 1;
+      if (traces && allocator)
         history_.add_trace(allocator, device, trace);
       std::stable_sort(trace.begin(), trace.end(),
                        [](const TraceEntry &a, const TraceEntry &b) { return a.time_.t_ < b.time_.t_; });

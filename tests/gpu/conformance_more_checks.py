@@ -7,7 +7,8 @@ workspaces by the allocator's cacheInfo, tensors outliving the external stream t
 profiler's memory timeline, tensors shared with CuPy through DLPack, the allocator's work under
 torch.cuda.set_sync_debug_mode("error"), MemPools used again and destroyed, a memory fraction of nothing,
 raw allocations with caching off, the GPU trace that the CUDA sanitizer listens to, the history's
-out-of-memory entry, and the history of a MemPool that does not split."""
+out-of-memory entry, the history of a MemPool that does not split, and a process whose first allocation is
+in a MemPool with an allocator of its own."""
 
 MIB = 1 << 20
 MORE_CHECKS = []
@@ -330,10 +331,8 @@ int counted_frees(void) { return frees; }
 """
 
 
-def counted_allocator(torch):
-    """A cudaMalloc that counts (COUNTED_ALLOCATOR_SOURCE), built anew: the library (its
-    counted_allocations() and counted_frees()), and a CUDAPluggableAllocator over it."""
-    import ctypes
+def counted_library():
+    """COUNTED_ALLOCATOR_SOURCE built anew: the path of its shared library."""
     import os
     import subprocess
     import tempfile
@@ -344,8 +343,43 @@ def counted_allocator(torch):
     cuda = os.environ.get("CUDA_HOME", "/usr/local/cuda")
     subprocess.run(["gcc", "-shared", "-fPIC", "-O1", f"-I{cuda}/include", source, "-o", library,
                     f"-L{cuda}/lib64", "-lcudart"], check=True, capture_output=True)
-    counted = ctypes.CDLL(library)
-    return counted, torch.cuda.memory.CUDAPluggableAllocator(library, "counted_alloc", "counted_free")
+    return library
+
+
+def counted_allocator(torch):
+    """A cudaMalloc that counts (COUNTED_ALLOCATOR_SOURCE): the library (its counted_allocations() and
+    counted_frees()), and a CUDAPluggableAllocator over it."""
+    import ctypes
+    library = counted_library()
+    return ctypes.CDLL(library), torch.cuda.memory.CUDAPluggableAllocator(library, "counted_alloc", "counted_free")
+
+
+FIRST_IN_A_POOL_PROGRAM = r"""
+import json, sys, torch
+allocator = torch.cuda.memory.CUDAPluggableAllocator(sys.argv[1], "counted_alloc", "counted_free")
+pool = torch.cuda.MemPool(allocator.allocator())
+with torch.cuda.use_mem_pool(pool):
+    inside = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
+snapshot = torch.cuda.memory._snapshot()
+blocks = [block["size"] for segment in snapshot["segments"] for block in segment["blocks"]
+          if block["state"] == "active_allocated"]
+print("POOL " + json.dumps([torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated(), blocks]))
+"""
+
+
+@check
+def first_allocation_in_a_mem_pool_with_its_own_allocator(torch):
+    """A process whose first allocation is in a MemPool(allocator=...) (the device's own pool never used):
+    the statistics and the snapshot's segments show it."""
+    import json
+    import subprocess
+    import sys
+    run = subprocess.run([sys.executable, "-c", FIRST_IN_A_POOL_PROGRAM, counted_library()], capture_output=True,
+                         text=True, timeout=300)
+    for line in run.stdout.splitlines():
+        if line.startswith("POOL "):
+            return json.loads(line[5:])
+    raise RuntimeError(f"the pool's process failed (status {run.returncode}): {run.stderr[-1500:]}")
 
 
 @check
