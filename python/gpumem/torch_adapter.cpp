@@ -110,15 +110,6 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     return allocator;
   }
 
-  // A stream PyTorch did not make (torch.cuda.ExternalStream: its id is the handle itself, an even
-  // number; PyTorch's own have odd ids, the default stream 0): its owner may destroy it while memory
-  // freed on it is still cached or its tensors live, which PyTorch's allocator allows, since it never
-  // calls the driver on a tensor's stream later. gpumem is told so and never names it either.
-  static bool is_borrowed(const c10::cuda::CUDAStream &stream) {
-    c10::StreamId id = stream.id();
-    return id != 0 && (id & 1) == 0;
-  }
-
   void *malloc_on_current(size_t size, c10::DeviceIndex device) {
     c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device);
     return malloc_on(size, device, current.stream(), is_borrowed(current));
@@ -131,9 +122,16 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     bool recording = history_.enabled();
     if (recording)
       history_.begin_call(true);
-    gm_allocator *allocator = sourced_.route(device, stream); // a MemPool with an allocator of its own
-    if (!allocator)
-      allocator = of(device);
+    gm_allocator *allocator = nullptr;
+    try {
+      allocator = sourced_.route(device, stream); // a MemPool with an allocator of its own
+      if (!allocator)
+        allocator = of(device);
+    } catch (...) { // the call's tag and stack must not stay on this thread's later events
+      if (recording)
+        history_.end_call(nullptr, true);
+      throw;
+    }
     gm_stream named = reinterpret_cast<gm_stream>(stream);
     gm_status status = borrowed ? gm_malloc_on_borrowed_stream(allocator, size, named, &pointer)
                                 : gm_malloc(allocator, size, named, &pointer);
@@ -142,7 +140,7 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     if (status == GM_OK) {
       gpumem_gpu_trace::allocated(pointer);
       if (c10::memoryProfilingEnabled())
-        report_to_profiler(allocator, pointer, device, 1);
+        report_to_profiler(allocator, pointer, device);
     }
     if (status == GM_ERROR_OUT_OF_MEMORY)
       out_of_memory(size, device);
@@ -209,20 +207,22 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
       TORCH_WARN("gpumem: free of ", pointer, ", which no device allocator owns");
       return;
     }
+    // What the profiler is told is read while the allocation lives: once it is freed, a released pool
+    // with no allocation left may be destroyed by another thread.
     bool profiling = c10::memoryProfilingEnabled();
     size_t size = 0;
-    if (profiling)
+    c10::DeviceIndex device = 0;
+    if (profiling) {
       gm_allocation_size(allocator, pointer, &size);
+      device = pool ? sourced_.device_of(pool, current_device_index()) : device_of(allocator);
+    }
     bool recording = history_.enabled();
     if (recording)
       history_.begin_call(false);
     gpumem_gpu_trace::freeing(pointer);
     gm_status status = gm_free(allocator, pointer);
-    if (profiling && status == GM_OK) {
-      c10::DeviceIndex device = current_device_index();
-      owner_of_any(allocator, &device);
-      report_size_to_profiler(allocator, pointer, -static_cast<int64_t>(size), device);
-    }
+    if (profiling && status == GM_OK)
+      report_size_to_profiler(pointer, -static_cast<int64_t>(size), device);
     if (recording)
       history_.end_call(pointer, false);
     if (status != GM_OK) {
@@ -309,15 +309,6 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
       apply_fraction(allocator, fraction);
   }
 
-  static void apply_fraction(gm_allocator *allocator, double fraction) {
-    gm_device_info info;
-    gm_get_device_info(allocator, &info);
-    // gpumem's limit 0 means the whole device: a fraction of no bytes (0, or one that rounds to 0) is a
-    // limit of one byte, under which nothing fits, as native's.
-    uint64_t limit = static_cast<uint64_t>(fraction * static_cast<double>(info.total_bytes));
-    gm_set_memory_limit(allocator, limit ? limit : 1);
-  }
-
   // The allocator of a device if it exists, without making one.
   gm_allocator *existing(c10::DeviceIndex device) {
     TORCH_CHECK(device >= 0 && static_cast<size_t>(device) < kMaxDevices, "gpumem: device ", device,
@@ -326,11 +317,11 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   }
 
   // emptyCache(pool id), as MemPool's destructor calls it after releasePool: native gives back that
-  // pool's free memory only. A released pool's free memory is ordinary cache to gpumem (gm_release_pool)
-  // and a sourced pool goes with its last user, so nothing else is emptied for it.
+  // pool's free memory only. A released pool's free memory is ordinary cache to gpumem (gm_release_pool);
+  // a released MemPool with an allocator of its own gives its cached segments back to that allocator.
   void emptyCache(c10::cuda::MempoolId_t mempool_id) override {
     if (mempool_id.first != 0 || mempool_id.second != 0)
-      return;
+      return sourced_.empty_cache_of(mempool_id);
     for (auto &slot : allocators_)
       if (gm_allocator *allocator = slot.load(std::memory_order_acquire))
         gm_empty_cache(allocator);
@@ -416,15 +407,21 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, count, stream);
   }
 
-  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+  // The device's allocator's statistics with its MemPools' with allocators of their own added.
+  gm_stats device_totals(c10::DeviceIndex device) {
     gm_stats stats = {};
     if (gm_allocator *allocator = existing(device)) // a device not used yet has none (and no context)
       gm_get_stats(allocator, &stats);
-    sourced_.add_statistics(device, stats); // MemPools with allocators of their own
+    sourced_.add_statistics(device, stats);
+    return stats;
+  }
+
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    gm_stats stats = device_totals(device);
     c10::CachingDeviceAllocator::DeviceStats result;
     // Every statistic of gpumem.h's lists that torch has (origin TORCH), under the same name; gpumem's
     // own (origin GPUMEM) are read through gpumem.torch.allocator().memory_stats().
-#define COPY_TORCH_STATISTIC(field) copy(result.field, stats.field);
+#define COPY_TORCH_STATISTIC(field) copy_statistic(result.field, stats.field);
 #define COPY_GPUMEM_STATISTIC(field)
 #define COPY_STATISTIC(field, label, unit, origin) COPY_##origin##_STATISTIC(field)
     GM_POOL_STATISTICS(COPY_STATISTIC)
@@ -491,7 +488,13 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     gm_pool_info info;
     TORCH_CHECK(gm_get_pool_info(allocator, pool_of(id), &info) == GM_OK, "gpumem: ", gm_last_error());
     TORCH_CHECK(info.live_allocations == 0, "gpumem: no_split must be set before the memory pool is used");
-    sourced_.make_unsplit(device, id, static_cast<int>(info.users));
+    try {
+      sourced_.make_unsplit(device, id, static_cast<int>(info.users));
+    } catch (...) { // the MemPool is not made, so nothing would release its users
+      for (uint32_t user = 0; user < info.users; user++)
+        gm_release_pool(allocator, pool_of(id));
+      throw;
+    }
     for (uint32_t user = 0; user < info.users; user++)
       gm_release_pool(allocator, pool_of(id));
   }
@@ -703,40 +706,28 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
            (environment && std::string(environment).find("publish:") != std::string::npos);
   }
 
-  static void copy(c10::CachingDeviceAllocator::StatArray &to, const gm_stat from[GM_POOL_COUNT]) {
-    static_assert(static_cast<int>(StatType::AGGREGATE) == GM_POOL_ALL &&
-                      static_cast<int>(StatType::SMALL_POOL) == GM_POOL_SMALL &&
-                      static_cast<int>(StatType::LARGE_POOL) == GM_POOL_LARGE,
-                  "pool order");
-    for (int pool = 0; pool < GM_POOL_COUNT; pool++) {
-      to[pool].current = from[pool].current;
-      to[pool].peak = from[pool].peak;
-      to[pool].allocated = from[pool].allocated;
-      to[pool].freed = from[pool].freed;
-    }
-  }
 
-  // The profiler's memory events (profile_memory=True): the block's size, signed, with the totals after
-  // the call, as PyTorch's allocator reports them.
-  void report_to_profiler(gm_allocator *allocator, void *pointer, c10::DeviceIndex device, int sign) {
+  // The profiler's memory events (profile_memory=True): the block's size, signed, with the device's
+  // totals after the call (its MemPools' included), as PyTorch's allocator reports them.
+  void report_to_profiler(gm_allocator *allocator, void *pointer, c10::DeviceIndex device) {
     size_t size = 0;
     gm_allocation_size(allocator, pointer, &size);
-    report_size_to_profiler(allocator, pointer, sign * static_cast<int64_t>(size), device);
+    report_size_to_profiler(pointer, static_cast<int64_t>(size), device);
   }
 
-  void report_size_to_profiler(gm_allocator *allocator, void *pointer, int64_t size, c10::DeviceIndex device) {
-    gm_stats stats;
-    gm_get_stats(allocator, &stats);
+  void report_size_to_profiler(void *pointer, int64_t size, c10::DeviceIndex device) {
+    gm_stats stats = device_totals(device);
     c10::reportMemoryUsageToProfiler(pointer, size, static_cast<size_t>(stats.allocated_bytes[GM_POOL_ALL].current),
                                      static_cast<size_t>(stats.reserved_bytes[GM_POOL_ALL].current),
                                      c10::Device(c10::DeviceType::CUDA, device));
   }
 
-  // The device of `allocator` (its index among the devices' allocators) into *device_out.
-  void owner_of_any(gm_allocator *allocator, c10::DeviceIndex *device_out) {
+  // The device of one of the devices' allocators (the current device if none matches).
+  c10::DeviceIndex device_of(gm_allocator *allocator) {
     for (size_t device = 0; device < kMaxDevices; device++)
       if (allocators_[device].load(std::memory_order_acquire) == allocator)
-        *device_out = static_cast<c10::DeviceIndex>(device);
+        return static_cast<c10::DeviceIndex>(device);
+    return current_device_index();
   }
 
   std::string config_;

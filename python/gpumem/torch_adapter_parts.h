@@ -1,7 +1,8 @@
 // torch_adapter_parts.h -- the small pieces torch_adapter.cpp's allocator class is built from: an
-// array of one value per device, the stream filter of a pool being allocated to and the C callback that asks it, pool ids as gpumem's,
-// the unused functions CUDAPluggableAllocator is made with, a graph pool's checkpoint, the current
-// device, and addresses as pointers. Included by torch_adapter.cpp inside its anonymous namespace,
+// array of one value per device, the stream filter of a pool being allocated to and the C callback that
+// asks it, pool ids as gpumem's, the unused functions CUDAPluggableAllocator is made with, a graph
+// pool's checkpoint, the current device, addresses as pointers, borrowed streams, a memory fraction as
+// a limit, and statistics as torch's. Included by torch_adapter.cpp inside its anonymous namespace,
 // after its includes and using-declarations: it is a part of that file, not a header of its own.
 #pragma once
 
@@ -47,3 +48,35 @@ c10::DeviceIndex current_device_index() {
 }
 
 void *pointer_of(uint64_t address) { return reinterpret_cast<void *>(static_cast<uintptr_t>(address)); }
+
+// A stream PyTorch did not make (torch.cuda.ExternalStream: its id is the handle itself, an even
+// number; PyTorch's own have odd ids, the default stream 0): its owner may destroy it while memory
+// freed on it is still cached or its tensors live, which PyTorch's allocator allows, since it never
+// calls the driver on a tensor's stream later. gpumem is told so and never names it either.
+bool is_borrowed(const c10::cuda::CUDAStream &stream) {
+  c10::StreamId id = stream.id();
+  return id != 0 && (id & 1) == 0;
+}
+
+void apply_fraction(gm_allocator *allocator, double fraction) {
+  gm_device_info info;
+  gm_get_device_info(allocator, &info);
+  // gpumem's limit 0 means the whole device: a fraction of no bytes (0, or one that rounds to 0) is a
+  // limit of one byte, under which nothing fits, as native's.
+  uint64_t limit = static_cast<uint64_t>(fraction * static_cast<double>(info.total_bytes));
+  gm_set_memory_limit(allocator, limit ? limit : 1);
+}
+
+// gpumem's statistic as torch's.
+void copy_statistic(c10::CachingDeviceAllocator::StatArray &to, const gm_stat from[GM_POOL_COUNT]) {
+  static_assert(static_cast<int>(StatType::AGGREGATE) == GM_POOL_ALL &&
+                    static_cast<int>(StatType::SMALL_POOL) == GM_POOL_SMALL &&
+                    static_cast<int>(StatType::LARGE_POOL) == GM_POOL_LARGE,
+                "pool order");
+  for (int pool = 0; pool < GM_POOL_COUNT; pool++) {
+    to[pool].current = from[pool].current;
+    to[pool].peak = from[pool].peak;
+    to[pool].allocated = from[pool].allocated;
+    to[pool].freed = from[pool].freed;
+  }
+}

@@ -18,6 +18,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <list>
@@ -96,7 +97,8 @@ class SourcedPools {
                 "gpumem: no_split must be set before the memory pool is used");
     destroy_allocator(*pool);
     pool->unsplit = true;
-    make_allocator(*pool, [] {});
+    auto position = std::find_if(pools_.begin(), pools_.end(), [pool](const SourcedPool &each) { return &each == pool; });
+    make_allocator(*pool, [this, position] { pools_.erase(position); }); // the MemPool is not made: nor its pool
   }
 
   bool has(c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
@@ -164,12 +166,34 @@ class SourcedPools {
     sweep();
   }
 
-  // empty_cache: every pool's cached segments go back to its allocator.
+  // empty_cache: as native's, only pools PyTorch released (their last allocations still live) give their
+  // cached segments back to their allocators; pools in use keep them (NCCL's registered segments stay).
   void empty_cache() {
     std::lock_guard<std::mutex> guard(mutex_);
     for (SourcedPool &pool : pools_)
-      gm_empty_cache(pool.allocator);
+      if (pool.users <= 0)
+        gm_empty_cache(pool.allocator);
     sweep();
+  }
+
+  // emptyCache(id) (a MemPool's destructor, after releasePool): that pool's cached segments, if released.
+  void empty_cache_of(c10::cuda::MempoolId_t id) {
+    if (!count_.load(std::memory_order_seq_cst))
+      return;
+    std::lock_guard<std::mutex> guard(mutex_);
+    for (SourcedPool &pool : pools_)
+      if (pool.id == id && pool.users <= 0)
+        gm_empty_cache(pool.allocator);
+    sweep();
+  }
+
+  // The device of a pool's allocator (`otherwise` if it is no pool's).
+  c10::DeviceIndex device_of(gm_allocator *allocator, c10::DeviceIndex otherwise) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    for (const SourcedPool &pool : pools_)
+      if (pool.allocator == allocator)
+        return pool.device;
+    return otherwise;
   }
 
   // A freed allocation may have been a released pool's last.

@@ -7,8 +7,8 @@ workspaces by the allocator's cacheInfo, tensors outliving the external stream t
 profiler's memory timeline, tensors shared with CuPy through DLPack, the allocator's work under
 torch.cuda.set_sync_debug_mode("error"), MemPools used again and destroyed, a memory fraction of nothing,
 raw allocations with caching off, the GPU trace that the CUDA sanitizer listens to, the history's
-out-of-memory entry, the history of a MemPool that does not split, and a process whose first allocation is
-in a MemPool with an allocator of its own."""
+out-of-memory entry, the history of a MemPool that does not split, empty_cache beside a MemPool in use, and a process whose
+first allocation is in a MemPool with an allocator of its own."""
 
 MIB = 1 << 20
 MORE_CHECKS = []
@@ -352,6 +352,24 @@ def counted_allocator(torch):
     import ctypes
     library = counted_library()
     return ctypes.CDLL(library), torch.cuda.memory.CUDAPluggableAllocator(library, "counted_alloc", "counted_free")
+
+
+@check
+def empty_cache_keeps_a_mem_pool_in_use(torch):
+    """torch.cuda.empty_cache() leaves the cached memory of a MemPool(allocator=...) that still has users
+    (NCCL's pools keep their registered segments); once the MemPool is gone, its segments go back."""
+    counted, allocator = counted_allocator(torch)
+    pool = torch.cuda.MemPool(allocator.allocator())
+    with torch.cuda.use_mem_pool(pool):
+        tensor = torch.ones(MIB, dtype=torch.uint8, device="cuda")
+    del tensor
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    kept = counted.counted_frees() == 0
+    del pool
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return kept, counted.counted_frees() == counted.counted_allocations()
 
 
 FIRST_IN_A_POOL_PROGRAM = r"""
