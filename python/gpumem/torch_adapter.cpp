@@ -74,6 +74,7 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
       observers_.watch(pool, device, id);
       history_.adopt_pool(pool);
     };
+    sourced_.on_destroying = [this](gm_allocator *pool) { observers_.retire(pool); };
     sourced_.on_destroyed = [this](gm_allocator *pool) { observers_.forget(pool); };
   }
 

@@ -219,7 +219,7 @@ class SourcedPools {
   // Told of each pool allocator made and destroyed (the adapter's trace trackers watch them); set once,
   // before any pool is made, and called with this object's lock held.
   std::function<void(gm_allocator *, c10::DeviceIndex, c10::cuda::MempoolId_t)> on_made;
-  std::function<void(gm_allocator *)> on_destroyed;
+  std::function<void(gm_allocator *)> on_destroying, on_destroyed;
 
   // The pools' statistics on `device` added to the device allocator's `stats`.
   void add_statistics(c10::DeviceIndex device, gm_stats &stats) {
@@ -268,6 +268,8 @@ class SourcedPools {
   }
 
   void destroy_allocator(SourcedPool &pool) {
+    if (on_destroying)
+      on_destroying(pool.allocator);
     gm_destroy(pool.allocator, nullptr);
     if (on_destroyed)
       on_destroyed(pool.allocator);

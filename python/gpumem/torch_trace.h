@@ -402,10 +402,12 @@ class Observers {
   void attach_tracker(AllocatorTraceTracker tracker) {
     std::lock_guard<std::mutex> guard(mutex_);
     trackers_.push_back(std::move(tracker));
-    tracking_.store(true, std::memory_order_release);
+    tracking_.store(true, std::memory_order_seq_cst);
   }
 
-  bool tracking() const { return tracking_.load(std::memory_order_acquire); }
+  // Sequentially consistent, as the store that publishes a new allocator: a tracker attached while an
+  // allocator is made is seen by watch() or the attacher sees the allocator.
+  bool tracking() const { return tracking_.load(std::memory_order_seq_cst); }
 
   // The trackers see `allocator`'s events from now on (once per allocator). `own_pool` names the pool
   // of an allocator that serves one MemPool.
@@ -417,7 +419,7 @@ class Observers {
     {
       std::lock_guard<std::mutex> guard(mutex_);
       for (Watched &entry : watched_)
-        if (entry.allocator == allocator)
+        if (entry.allocator == allocator && !entry.retiring)
           return;
       watched_.push_back(Watched{this, allocator, device, own_pool, pages});
       watched = &watched_.back(); // a list: the element stays where it is while the allocator lives
@@ -425,10 +427,19 @@ class Observers {
     gm_set_event_observer(allocator, on_event, watched);
   }
 
+  // An allocator about to be destroyed: its entry stays until forget() (its events during the destroy
+  // still arrive there), but a new allocator made at its address meanwhile is watched anew.
+  void retire(gm_allocator *allocator) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    for (Watched &entry : watched_)
+      if (entry.allocator == allocator)
+        entry.retiring = true;
+  }
+
   // A destroyed allocator is no longer watched.
   void forget(gm_allocator *allocator) {
     std::lock_guard<std::mutex> guard(mutex_);
-    watched_.remove_if([allocator](const Watched &entry) { return entry.allocator == allocator; });
+    watched_.remove_if([allocator](const Watched &entry) { return entry.allocator == allocator && entry.retiring; });
   }
 
  private:
@@ -438,6 +449,7 @@ class Observers {
     c10::DeviceIndex device;
     MempoolId_t own_pool;
     bool pages;
+    bool retiring = false;
   };
 
   // Under gpumem's lock (and then this mutex). An exception must not cross gpumem's C frames, and a
