@@ -219,7 +219,7 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     }
     bool recording = history_.enabled();
     if (recording)
-      history_.begin_call(false);
+      history_.begin_call(false, pointer);
     gpumem_gpu_trace::freeing(pointer);
     gm_status status = gm_free(allocator, pointer);
     if (profiling && status == GM_OK)

@@ -120,7 +120,8 @@ class History {
     contexts_.assign(capacity, nullptr);
     metadata_of_tag_.assign(capacity, std::string());
     annotations_.clear();
-    live_.clear();
+    if (!enabled) // cleared or begun again, blocks allocated before keep their stacks, as native's
+      live_.clear();
     capacity_ = capacity;
     ring_of_new_pools_.store(capacity, std::memory_order_seq_cst);
     for_each_allocator([this](gm_allocator *allocator) { apply(allocator); });
@@ -155,7 +156,9 @@ class History {
   // Before a recorded allocation or free: a new tag, and the Python stack for it when torch asked for
   // stacks of such calls. The stack is gathered outside the lock, as PyTorch's allocator does:
   // gathering may need the GIL, which another thread may hold while it waits for this lock.
-  void begin_call(bool allocating) {
+  // A free without a stack of its own (torch asked for stacks of allocations only) is shown with its
+  // allocation's, as native's.
+  void begin_call(bool allocating, void *freeing = nullptr) {
     CreateContextFn recorder = nullptr;
     {
       std::lock_guard<std::mutex> guard(mutex_);
@@ -164,6 +167,11 @@ class History {
     }
     std::shared_ptr<GatheredContext> stack = recorder ? recorder() : nullptr;
     std::lock_guard<std::mutex> guard(mutex_);
+    if (!stack && !allocating) {
+      auto live = live_.find(freeing);
+      if (live != live_.end())
+        stack = live->second;
+    }
     current_tag = ++next_tag_;
     current_stack = stack;
     if (!contexts_.empty()) {
