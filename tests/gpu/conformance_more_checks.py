@@ -7,8 +7,9 @@ workspaces by the allocator's cacheInfo, tensors outliving the external stream t
 profiler's memory timeline, tensors shared with CuPy through DLPack, the allocator's work under
 torch.cuda.set_sync_debug_mode("error"), MemPools used again and destroyed, a memory fraction of nothing,
 raw allocations with caching off, the GPU trace that the CUDA sanitizer listens to, the history's
-out-of-memory entry, the history of a MemPool that does not split, empty_cache beside a MemPool in use, and a process whose
-first allocation is in a MemPool with an allocator of its own."""
+out-of-memory entry, the history of a MemPool that does not split, empty_cache beside a MemPool in use, the stacks of frees and of
+blocks kept through a cleared history, and a process whose first allocation is in a MemPool with an
+allocator of its own."""
 
 MIB = 1 << 20
 MORE_CHECKS = []
@@ -370,6 +371,28 @@ def empty_cache_keeps_a_mem_pool_in_use(torch):
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     return kept, counted.counted_frees() == counted.counted_allocations()
+
+
+@check
+def history_stacks_of_frees_and_of_blocks_kept(torch):
+    """With stacks of allocations only (context="alloc"), a free in the trace shows its allocation's stack;
+    a block allocated before the history is cleared (clear_history=True) keeps its stack in the snapshot."""
+    freed_size, kept_size = 3 * MIB + 4096 + 512, 5 * MIB + 4096 + 512
+    torch.cuda.memory._record_memory_history(context="alloc", max_entries=1000)
+    try:
+        freed = torch.empty(freed_size, dtype=torch.uint8, device="cuda")
+        del freed
+        kept = torch.empty(kept_size, dtype=torch.uint8, device="cuda")
+        trace = torch.cuda.memory._snapshot()["device_traces"][0]
+        torch.cuda.memory._record_memory_history(context="alloc", max_entries=1000, clear_history=True)
+        segments = torch.cuda.memory._snapshot()["segments"]
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    frees = [entry for entry in trace if entry["action"] == "free_requested" and entry["size"] == freed_size]
+    blocks = [block for segment in segments for block in segment["blocks"]
+              if block["state"] == "active_allocated" and block.get("requested_size") == kept_size]
+    del kept
+    return bool(frees and frees[-1].get("frames")), bool(blocks and blocks[0].get("frames"))
 
 
 FIRST_IN_A_POOL_PROGRAM = r"""
