@@ -439,12 +439,14 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     if (gm_allocator *allocator = existing(device))
       gm_reset_accumulated_stats(allocator);
     sourced_.for_each_pool(device, [](gm_allocator *pool, c10::cuda::MempoolId_t) { gm_reset_accumulated_stats(pool); });
+    sourced_.reset_retired(device, true);
   }
 
   void resetPeakStats(c10::DeviceIndex device) override {
     if (gm_allocator *allocator = existing(device))
       gm_reset_peak_stats(allocator);
     sourced_.for_each_pool(device, [](gm_allocator *pool, c10::cuda::MempoolId_t) { gm_reset_peak_stats(pool); });
+    sourced_.reset_retired(device, false);
   }
 
   // Private pools. The filters live here, in the order their routes were begun, as gpumem keeps them:

@@ -22,6 +22,7 @@
 #include <atomic>
 #include <functional>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -221,25 +222,41 @@ class SourcedPools {
   std::function<void(gm_allocator *, c10::DeviceIndex, c10::cuda::MempoolId_t)> on_made;
   std::function<void(gm_allocator *)> on_destroying, on_destroyed;
 
-  // The pools' statistics on `device` added to the device allocator's `stats`.
+  // The pools' statistics on `device` added to the device allocator's `stats`, with those of the pools
+  // gone (their counts and peaks stay the device's, as in native's one set of statistics per device).
   void add_statistics(c10::DeviceIndex device, gm_stats &stats) {
     for_each_pool(device, [&stats](gm_allocator *allocator, c10::cuda::MempoolId_t) {
       gm_stats more;
-      if (gm_get_stats(allocator, &more) != GM_OK)
-        return;
-#define GPUMEM_ADD_STATISTIC(field, label, unit, origin)                                                              \
-  for (int kind = 0; kind < GM_POOL_COUNT; kind++) {                                                                  \
-    stats.field[kind].current += more.field[kind].current;                                                            \
-    stats.field[kind].peak += more.field[kind].peak;                                                                  \
-    stats.field[kind].allocated += more.field[kind].allocated;                                                        \
-    stats.field[kind].freed += more.field[kind].freed;                                                                \
-  }
-      GM_POOL_STATISTICS(GPUMEM_ADD_STATISTIC)
-#undef GPUMEM_ADD_STATISTIC
-#define GPUMEM_ADD_COUNTER(field, label, origin) stats.field += more.field;
-      GM_COUNTERS(GPUMEM_ADD_COUNTER)
-#undef GPUMEM_ADD_COUNTER
+      if (gm_get_stats(allocator, &more) == GM_OK)
+        add(stats, more);
     });
+    std::lock_guard<std::mutex> guard(mutex_);
+    auto gone = retired_.find(device);
+    if (gone != retired_.end())
+      add(stats, gone->second);
+  }
+
+  // torch.cuda.reset_accumulated_memory_stats / reset_peak_memory_stats of `device`: the pools gone too.
+  void reset_retired(c10::DeviceIndex device, bool accumulated) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    auto gone = retired_.find(device);
+    if (gone == retired_.end())
+      return;
+    gm_stats &kept = gone->second;
+#define GPUMEM_RESET_STATISTIC(field, label, unit, origin)                                                            \
+  for (int kind = 0; kind < GM_POOL_COUNT; kind++) {                                                                  \
+    if (accumulated)                                                                                                  \
+      kept.field[kind].allocated = kept.field[kind].freed = 0;                                                        \
+    else                                                                                                              \
+      kept.field[kind].peak = 0;                                                                                      \
+  }
+    GM_POOL_STATISTICS(GPUMEM_RESET_STATISTIC)
+#undef GPUMEM_RESET_STATISTIC
+#define GPUMEM_RESET_COUNTER(field, label, origin)                                                                    \
+  if (accumulated)                                                                                                    \
+    kept.field = 0;
+    GM_COUNTERS(GPUMEM_RESET_COUNTER)
+#undef GPUMEM_RESET_COUNTER
   }
 
  private:
@@ -270,11 +287,43 @@ class SourcedPools {
   void destroy_allocator(SourcedPool &pool) {
     if (on_destroying)
       on_destroying(pool.allocator);
+    retire_statistics(pool);
     gm_destroy(pool.allocator, nullptr);
     if (on_destroyed)
       on_destroyed(pool.allocator);
     pool.allocator = nullptr;
     count_.fetch_sub(1, std::memory_order_release);
+  }
+
+  static void add(gm_stats &stats, const gm_stats &more) {
+#define GPUMEM_ADD_STATISTIC(field, label, unit, origin)                                                              \
+  for (int kind = 0; kind < GM_POOL_COUNT; kind++) {                                                                  \
+    stats.field[kind].current += more.field[kind].current;                                                            \
+    stats.field[kind].peak += more.field[kind].peak;                                                                  \
+    stats.field[kind].allocated += more.field[kind].allocated;                                                        \
+    stats.field[kind].freed += more.field[kind].freed;                                                                \
+  }
+    GM_POOL_STATISTICS(GPUMEM_ADD_STATISTIC)
+#undef GPUMEM_ADD_STATISTIC
+#define GPUMEM_ADD_COUNTER(field, label, origin) stats.field += more.field;
+    GM_COUNTERS(GPUMEM_ADD_COUNTER)
+#undef GPUMEM_ADD_COUNTER
+  }
+
+  // A pool about to go (mutex_ held): its counts and peaks are kept for its device, what it holds now
+  // counted as freed (its segments go back with it).
+  void retire_statistics(const SourcedPool &pool) {
+    gm_stats stats;
+    if (gm_get_stats(pool.allocator, &stats) != GM_OK)
+      return;
+#define GPUMEM_RELEASE_STATISTIC(field, label, unit, origin)                                                          \
+  for (int kind = 0; kind < GM_POOL_COUNT; kind++) {                                                                  \
+    stats.field[kind].freed += stats.field[kind].current;                                                             \
+    stats.field[kind].current = 0;                                                                                    \
+  }
+    GM_POOL_STATISTICS(GPUMEM_RELEASE_STATISTIC)
+#undef GPUMEM_RELEASE_STATISTIC
+    add(retired_[pool.device], stats);
   }
 
   SourcedPool *find(c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
@@ -307,6 +356,7 @@ class SourcedPools {
   std::vector<Route> routes_;
   std::atomic<int> routing_{0};
   std::atomic<int> count_{0};
+  std::map<c10::DeviceIndex, gm_stats> retired_; // the statistics of pools gone, by device (value-initialized)
 };
 
 } // namespace gpumem_pools
