@@ -7,7 +7,7 @@ workspaces by the allocator's cacheInfo, tensors outliving the external stream t
 profiler's memory timeline, tensors shared with CuPy through DLPack, the allocator's work under
 torch.cuda.set_sync_debug_mode("error"), MemPools used again and destroyed, a memory fraction of nothing,
 raw allocations with caching off, the GPU trace that the CUDA sanitizer listens to, the history's
-out-of-memory entry, the history of a MemPool that does not split, empty_cache beside a MemPool in use, the stacks of frees and of
+out-of-memory entry, the history of a MemPool that does not split, empty_cache beside a MemPool in use, counts that outlive a MemPool, the stacks of frees and of
 blocks kept through a cleared history, and a process whose first allocation is in a MemPool with an
 allocator of its own."""
 
@@ -393,6 +393,23 @@ def history_stacks_of_frees_and_of_blocks_kept(torch):
               if block["state"] == "active_allocated" and block.get("requested_size") == kept_size]
     del kept
     return bool(frees and frees[-1].get("frames")), bool(blocks and blocks[0].get("frames"))
+
+
+@check
+def counts_outlive_a_mem_pool(torch):
+    """The device's allocation counts include a MemPool(allocator=...)'s, and keep them once the pool is
+    gone (torch's statistics are the device's, never going back)."""
+    counted, allocator = counted_allocator(torch)
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    pool = torch.cuda.MemPool(allocator.allocator())
+    with torch.cuda.use_mem_pool(pool):
+        tensors = [torch.ones(MIB, dtype=torch.uint8, device="cuda") for _ in range(3)]
+    during = torch.cuda.memory_stats()["allocation.all.allocated"] - before
+    del tensors, pool
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    after = torch.cuda.memory_stats()["allocation.all.allocated"] - before
+    return during, after, counted.counted_frees() == counted.counted_allocations()
 
 
 FIRST_IN_A_POOL_PROGRAM = r"""
