@@ -709,7 +709,6 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
            (environment && std::string(environment).find("publish:") != std::string::npos);
   }
 
-
   // The profiler's memory events (profile_memory=True): the block's size, signed, with the device's
   // totals after the call (its MemPools' included), as PyTorch's allocator reports them.
   void report_to_profiler(gm_allocator *allocator, void *pointer, c10::DeviceIndex device) {
