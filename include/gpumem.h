@@ -249,7 +249,8 @@ typedef int (*gm_stream_filter)(gm_stream stream, void *context);
 
 /* From now on, allocations on streams that `filter` accepts come from `pool` (made if new), until
  * gm_end_allocate_to_pool. Adds a user, as gm_retain_pool does. Several pools may be allocated to at
- * once (captures on different streams): the first begun whose filter accepts the stream wins. */
+ * once (captures on different streams, nested MemPools): the last begun whose filter accepts the stream
+ * wins, as in PyTorch's allocator. */
 GM_API gm_status gm_begin_allocate_to_pool(gm_allocator *allocator, gm_pool_id pool, gm_stream_filter filter,
                                            void *context);
 /* Stop allocating to `pool` (the user stays: the memory is the owner's until gm_release_pool). */

@@ -240,15 +240,30 @@ static void pools_at_once_and_shared(void)
         gm_allocator *allocator = NULL;
         REQUIRE(gm_create(configs[c], &allocator) == GM_OK);
         int calls = 0;
-        CHECK_OK(gm_begin_allocate_to_pool(allocator, graph_pool, only_stream_7, &calls));
         CHECK_OK(gm_begin_allocate_to_pool(allocator, other_pool, NULL, NULL));
+        CHECK_OK(gm_begin_allocate_to_pool(allocator, graph_pool, only_stream_7, &calls));
         void *first = NULL, *second = NULL;
-        CHECK_OK(gm_malloc(allocator, 2 * MIB, 7, &first));
-        CHECK_OK(gm_malloc(allocator, 2 * MIB, 9, &second));
+        CHECK_OK(gm_malloc(allocator, 2 * MIB, 7, &first)); /* the newer route takes its stream */
+        CHECK_OK(gm_malloc(allocator, 2 * MIB, 9, &second)); /* the older one the rest */
         CHECK_EQ_INT(pool_info(allocator, graph_pool).live_allocations, 1);
         CHECK_EQ_INT(pool_info(allocator, other_pool).live_allocations, 1);
         CHECK_OK(gm_end_allocate_to_pool(allocator, graph_pool));
         CHECK_OK(gm_end_allocate_to_pool(allocator, other_pool));
+        /* Nested, both taking every stream: the inner (newer) pool wins until it ends. */
+        CHECK_OK(gm_begin_allocate_to_pool(allocator, other_pool, NULL, NULL));
+        CHECK_OK(gm_begin_allocate_to_pool(allocator, graph_pool, NULL, NULL));
+        void *inner = NULL, *outer = NULL;
+        CHECK_OK(gm_malloc(allocator, 2 * MIB, 9, &inner));
+        CHECK_OK(gm_end_allocate_to_pool(allocator, graph_pool));
+        CHECK_OK(gm_malloc(allocator, 2 * MIB, 9, &outer));
+        CHECK_OK(gm_end_allocate_to_pool(allocator, other_pool));
+        CHECK_EQ_INT(pool_info(allocator, graph_pool).live_allocations, 2);
+        CHECK_EQ_INT(pool_info(allocator, other_pool).live_allocations, 2);
+        CHECK_OK(gm_free(allocator, inner));
+        CHECK_OK(gm_free(allocator, outer));
+        CHECK_EQ_INT(pool_info(allocator, graph_pool).users, 2);
+        CHECK_OK(gm_release_pool(allocator, graph_pool)); /* the users the nested begins added */
+        CHECK_OK(gm_release_pool(allocator, other_pool));
         /* A second graph shares the first one's pool, and reuses what the first freed. */
         CHECK_OK(gm_free(allocator, first));
         CHECK_OK(gm_begin_allocate_to_pool(allocator, graph_pool, NULL, NULL));

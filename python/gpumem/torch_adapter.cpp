@@ -91,7 +91,7 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     allocator = allocators_[device].load(std::memory_order_acquire);
     if (!allocator) {
       std::string config = "backend:cuda,device:" + std::to_string(device);
-      if (!mentions_publish())
+      if (!mentions_publish(config_))
         config += ",publish:true"; // visible to gpumem top by default; publish:false in either turns it off
       if (!config_.empty())
         config += "," + config_;
@@ -125,8 +125,9 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
       history_.begin_call(true);
     gm_allocator *allocator = nullptr;
     try {
-      allocator = sourced_.route(device, stream); // a MemPool with an allocator of its own
-      if (!allocator)
+      uint64_t begun = 0; // a MemPool with an allocator of its own, unless a newer private route takes it
+      allocator = sourced_.route(device, stream, &begun);
+      if (!allocator || newer_private_route_takes(device, stream, begun))
         allocator = of(device);
     } catch (...) { // the call's tag and stack must not stay on this thread's later events
       if (recording)
@@ -452,13 +453,14 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   // Private pools. The filters live here, in the order their routes were begun, as gpumem keeps them:
   // ending a pool removes the first route of that pool there and the first filter of it here.
   void beginAllocateToPool(c10::DeviceIndex device, c10::cuda::MempoolId_t id, StreamFilter filter) override {
+    uint64_t begun = routes_begun_.fetch_add(1, std::memory_order_relaxed) + 1;
     if (sourced_.has(device, id))
-      return sourced_.begin_routing(device, id, std::move(filter));
+      return sourced_.begin_routing(device, id, std::move(filter), begun);
     gm_allocator *allocator = of(device);
     auto owned = std::make_shared<StreamFilter>(std::move(filter));
     {
       std::lock_guard<std::mutex> guard(pool_mutex_);
-      pool_filters_.push_back(PoolFilter{device, id, owned});
+      pool_filters_.push_back(PoolFilter{device, id, owned, begun});
     }
     if (gm_begin_allocate_to_pool(allocator, pool_of(id), accept_stream, owned.get()) != GM_OK) {
       std::string reason = gm_last_error();
@@ -690,7 +692,19 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
     c10::DeviceIndex device;
     c10::cuda::MempoolId_t id;
     std::shared_ptr<StreamFilter> filter;
+    uint64_t begun; // routes of both kinds numbered: of those that take a stream, the last begun wins
   };
+
+  // Whether a private pool's route begun after `begun` (a MemPool's with an allocator of its own) takes
+  // an allocation on `stream`: gpumem then routes it among its own, the last begun first.
+  bool newer_private_route_takes(c10::DeviceIndex device, cudaStream_t stream, uint64_t begun) {
+    std::lock_guard<std::mutex> guard(pool_mutex_);
+    for (const PoolFilter &route : pool_filters_)
+      if (route.device == device && route.begun > begun &&
+          accept_stream(reinterpret_cast<gm_stream>(stream), route.filter.get()))
+        return true;
+    return false;
+  }
 
   // The first filter of pool `id` on `device` is no longer used by gpumem.
   void drop_filter(c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
@@ -701,12 +715,6 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
         return;
       }
     }
-  }
-
-  bool mentions_publish() const {
-    const char *environment = std::getenv("GPUMEM_CONF");
-    return config_.find("publish:") != std::string::npos ||
-           (environment && std::string(environment).find("publish:") != std::string::npos);
   }
 
   // The profiler's memory events (profile_memory=True): the block's size, signed, with the device's
@@ -743,6 +751,7 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   std::mutex create_mutex_;
   std::array<double, kMaxDevices> pending_fractions_ = filled(1.0); // set before the device's allocator
   std::mutex pool_mutex_;
+  std::atomic<uint64_t> routes_begun_{0};
   std::vector<PoolFilter> pool_filters_;
   gpumem_pools::SourcedPools sourced_; // MemPools with an allocator of their own (torch_pool_sources.h)
   c10::cuda::CUDACachingAllocator::CUDAAllocator *replaced_; // PyTorch's allocator, for its own IPC handles

@@ -2,8 +2,9 @@
 // array of one value per device, the stream filter of a pool being allocated to and the C callback that
 // asks it, pool ids as gpumem's, the unused functions CUDAPluggableAllocator is made with, a graph
 // pool's checkpoint, the current device, addresses as pointers, borrowed streams, a memory fraction as
-// a limit, and statistics as torch's. Included by torch_adapter.cpp inside its anonymous namespace,
-// after its includes and using-declarations: it is a part of that file, not a header of its own.
+// a limit, statistics as torch's, and whether the configuration names publish. Included by
+// torch_adapter.cpp inside its anonymous namespace, after its includes and using-declarations: it is a
+// part of that file, not a header of its own.
 #pragma once
 
 using StreamFilter = std::function<bool(cudaStream_t)>;
@@ -79,4 +80,11 @@ void copy_statistic(c10::CachingDeviceAllocator::StatArray &to, const gm_stat fr
     to[pool].allocated = from[pool].allocated;
     to[pool].freed = from[pool].freed;
   }
+}
+
+// Whether install()'s configuration or GPUMEM_CONF says whether to publish.
+bool mentions_publish(const std::string &config) {
+  const char *environment = std::getenv("GPUMEM_CONF");
+  return config.find("publish:") != std::string::npos ||
+         (environment && std::string(environment).find("publish:") != std::string::npos);
 }

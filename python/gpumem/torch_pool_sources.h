@@ -118,11 +118,11 @@ class SourcedPools {
   // Allocations on the streams `filter` accepts go to the pool until end_routing (use_mem_pool). Like
   // native's beginAllocateToPool it adds a user, which the releasePool after endAllocateToPool takes
   // away (use_mem_pool and graph captures pair them so).
-  void begin_routing(c10::DeviceIndex device, c10::cuda::MempoolId_t id, Filter filter) {
+  void begin_routing(c10::DeviceIndex device, c10::cuda::MempoolId_t id, Filter filter, uint64_t begun) {
     std::lock_guard<std::mutex> guard(mutex_);
     SourcedPool *pool = find(device, id);
     pool->users++;
-    routes_.push_back(Route{pool, std::move(filter)});
+    routes_.push_back(Route{pool, std::move(filter), begun});
     routing_.store(static_cast<int>(routes_.size()), std::memory_order_release);
   }
 
@@ -136,15 +136,17 @@ class SourcedPools {
     routing_.store(static_cast<int>(routes_.size()), std::memory_order_release);
   }
 
-  // The allocator of the latest route that takes an allocation on `stream`; NULL (at the cost of one
-  // atomic load) when no pool of this kind is being allocated to.
-  gm_allocator *route(c10::DeviceIndex device, cudaStream_t stream) {
+  // The allocator of the latest route that takes an allocation on `stream`, and when that route was
+  // begun into *begun; NULL (at the cost of one atomic load) when no pool of this kind is allocated to.
+  gm_allocator *route(c10::DeviceIndex device, cudaStream_t stream, uint64_t *begun) {
     if (!routing_.load(std::memory_order_acquire))
       return nullptr;
     std::lock_guard<std::mutex> guard(mutex_);
     for (auto route = routes_.rbegin(); route != routes_.rend(); ++route)
-      if (route->pool->device == device && (!route->filter || route->filter(stream)))
+      if (route->pool->device == device && (!route->filter || route->filter(stream))) {
+        *begun = route->begun;
         return route->pool->allocator;
+      }
     return nullptr;
   }
 
@@ -263,6 +265,7 @@ class SourcedPools {
   struct Route {
     SourcedPool *pool;
     Filter filter;
+    uint64_t begun;
   };
 
   // The pool's gm_allocator: on its own allocator's memory or the device's, its blocks split or not

@@ -11,7 +11,9 @@
  *
  * Routing: between gm_begin_allocate_to_pool and gm_end_allocate_to_pool, a request on a stream that
  * the pool's filter accepts goes to the pool's heap of that stream (PyTorch passes a filter that
- * accepts the streams of the capture under way, so other threads' work is not captured into it).
+ * accepts the streams of the capture under way, so other threads' work is not captured into it). Of
+ * several routes that accept a stream the last begun wins (a MemPool used inside another, a graph
+ * captured inside a MemPool's use), as in PyTorch's allocator.
  *
  * Lifetime: users are counted (graphs may share a pool; a MemPool retains it). At no users the pool's
  * free memory is ordinary cache again: other heaps may take it and empty_cache gives it back. Once
@@ -127,9 +129,12 @@ void gm_forget_gone_pools_locked(gm_allocator *allocator)
     }
 }
 
+/* The newest route whose filter accepts the stream wins, as in PyTorch's allocator (its captures
+ * underway searched last begun first): a use_mem_pool inside another, or a graph captured inside one,
+ * allocates to the inner pool. */
 gm_heap *gm_heap_for_request_locked(gm_allocator *allocator, gm_stream stream)
 {
-    for (size_t i = 0; i < allocator->pool_route_count; i++) {
+    for (size_t i = allocator->pool_route_count; i-- > 0;) {
         const gm_pool_route *route = &allocator->pool_routes[i];
         if (!route->filter || route->filter(stream, route->context))
             return gm_find_pool_heap(&allocator->arena, stream, route->pool);

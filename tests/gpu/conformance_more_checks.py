@@ -1,15 +1,15 @@
-"""More of test_torch_conformance.py's checks (each run under PyTorch's own allocator and under gpumem,
-in the same child process as the others, before the failed capture): settings changed at run time,
-storage resized as FSDP does, the memory fraction read back, the out-of-memory message's parts, the
-summary table and the old names of the statistics, a dumped snapshot drawn by torch.cuda._memory_viz,
-streams made and dropped, mixed precision with activation checkpointing, cuDNN's benchmark mode sizing its
-workspaces by the allocator's cacheInfo, tensors outliving the external stream they were made on, the
-profiler's memory timeline, tensors shared with CuPy through DLPack, the allocator's work under
+"""More of test_torch_conformance.py's checks (each run under PyTorch's own allocator and under gpumem, in
+the same child process as the others, before the failed capture): settings changed at run time, storage
+resized as FSDP does, the memory fraction read back, the out-of-memory message's parts, the summary table
+and the old names of the statistics, a dumped snapshot drawn by torch.cuda._memory_viz, streams made and
+dropped, mixed precision with activation checkpointing, cuDNN's benchmark mode sizing its workspaces by
+the allocator's cacheInfo, tensors outliving the external stream they were made on, the profiler's memory
+timeline, tensors shared with CuPy through DLPack, the allocator's work under
 torch.cuda.set_sync_debug_mode("error"), MemPools used again and destroyed, a memory fraction of nothing,
 raw allocations with caching off, the GPU trace that the CUDA sanitizer listens to, the history's
-out-of-memory entry, the history of a MemPool that does not split, empty_cache beside a MemPool in use, counts that outlive a MemPool, the stacks of frees and of
-blocks kept through a cleared history, and a process whose first allocation is in a MemPool with an
-allocator of its own."""
+out-of-memory entry, the history of a MemPool that does not split, empty_cache beside a MemPool in use,
+counts that outlive a MemPool, nested MemPools, the stacks of frees and of blocks kept through a cleared
+history, and a process whose first allocation is in a MemPool with an allocator of its own."""
 
 MIB = 1 << 20
 MORE_CHECKS = []
@@ -410,6 +410,34 @@ def counts_outlive_a_mem_pool(torch):
     torch.cuda.empty_cache()
     after = torch.cuda.memory_stats()["allocation.all.allocated"] - before
     return during, after, counted.counted_frees() == counted.counted_allocations()
+
+
+@check
+def nested_mem_pools_take_the_inner(torch):
+    """use_mem_pool inside another: the inner pool takes the allocations until it ends (PyTorch searches
+    the pools allocated to last begun first), whichever kind each pool is (a MemPool with an allocator of
+    its own inside a plain one, and the other way round)."""
+    def live_sizes(pool):
+        return sorted(block["requested_size"] for segment in pool.snapshot() for block in segment["blocks"]
+                      if block["state"] == "active_allocated")
+    outer, inner = torch.cuda.MemPool(), torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(outer):
+        with torch.cuda.use_mem_pool(inner):
+            first = torch.empty(3 * MIB + 4096, dtype=torch.uint8, device="cuda")
+        second = torch.empty(5 * MIB + 4096, dtype=torch.uint8, device="cuda")
+    plain_in_plain = live_sizes(inner), live_sizes(outer)
+    counted, allocator = counted_allocator(torch)
+    sourced, plain = torch.cuda.MemPool(allocator.allocator()), torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(sourced):
+        with torch.cuda.use_mem_pool(plain):
+            third = torch.empty(MIB, dtype=torch.uint8, device="cuda")
+    plain_in_sourced = counted.counted_allocations()
+    with torch.cuda.use_mem_pool(plain):
+        with torch.cuda.use_mem_pool(sourced):
+            fourth = torch.empty(MIB, dtype=torch.uint8, device="cuda")
+    sourced_in_plain = counted.counted_allocations() > plain_in_sourced
+    del first, second, third, fourth, outer, inner, sourced, plain
+    return plain_in_plain, plain_in_sourced, sourced_in_plain
 
 
 FIRST_IN_A_POOL_PROGRAM = r"""
