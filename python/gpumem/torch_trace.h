@@ -156,8 +156,8 @@ class History {
   // Before a recorded allocation or free: a new tag, and the Python stack for it when torch asked for
   // stacks of such calls. The stack is gathered outside the lock, as PyTorch's allocator does:
   // gathering may need the GIL, which another thread may hold while it waits for this lock.
-  // A free without a stack of its own (torch asked for stacks of allocations only) is shown with its
-  // allocation's, as native's.
+  // A free without a stack of its own (torch asked for stacks of allocations: context="alloc") is shown
+  // with its allocation's, as native's.
   void begin_call(bool allocating, void *freeing = nullptr) {
     CreateContextFn recorder = nullptr;
     {
@@ -167,7 +167,7 @@ class History {
     }
     std::shared_ptr<GatheredContext> stack = recorder ? recorder() : nullptr;
     std::lock_guard<std::mutex> guard(mutex_);
-    if (!stack && !allocating) {
+    if (!stack && !allocating && when_ == RecordContext::ALLOC) {
       auto live = live_.find(freeing);
       if (live != live_.end())
         stack = live->second;
