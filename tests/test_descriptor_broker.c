@@ -319,28 +319,27 @@ static int share_with_a_child_that_cannot_trace(bool again_in_a_child)
     return pattern_intact(block, 64 * MIB, 8) ? 0 : 14;
 }
 
-static void a_child_without_the_right_to_trace_maps_the_parents_block(void)
+/* share_with_a_child_that_cannot_trace in a sharer of its own, which must exit 0. */
+static void check_a_sharer(bool again_in_a_child)
 {
     pid_t sharer = fork_flushed();
     REQUIRE(sharer >= 0);
     if (sharer == 0)
-        _exit(share_with_a_child_that_cannot_trace(false));
+        _exit(share_with_a_child_that_cannot_trace(again_in_a_child));
     int status = 0;
     REQUIRE(waitpid(sharer, &status, 0) == sharer);
     CHECK(WIFEXITED(status));
     CHECK_EQ_INT(WEXITSTATUS(status), 0);
 }
 
+static void a_child_without_the_right_to_trace_maps_the_parents_block(void)
+{
+    check_a_sharer(false);
+}
+
 static void a_forked_child_serves_what_it_shares_again(void)
 {
-    pid_t sharer = fork_flushed();
-    REQUIRE(sharer >= 0);
-    if (sharer == 0)
-        _exit(share_with_a_child_that_cannot_trace(true));
-    int status = 0;
-    REQUIRE(waitpid(sharer, &status, 0) == sharer);
-    CHECK(WIFEXITED(status));
-    CHECK_EQ_INT(WEXITSTATUS(status), 0);
+    check_a_sharer(true);
 }
 
 RUN_TESTS(TEST_CASE(only_offered_descriptors_are_given), TEST_CASE(only_descendants_are_given),

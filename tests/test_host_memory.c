@@ -3,10 +3,9 @@
  * and memory pressure; a process with a child and a grandchild (counted in its tree) and an unrelated
  * process (not counted); a process whose smaps_rollup is missing (RSS from status, PSS unknown); a
  * zombie (nothing held, the sums still known); a machine without PSI; a root with no meminfo; a process
- * that is gone. The memory cgroup: v2 with
- * memory.max and memory.high, v2 with only memory.high, the v2 root cgroup (no limit), v1 with a limit
- * and without one (its huge number), a hybrid host, files that do not hold a number, a process whose
- * cgroup file is missing, and bad arguments.
+ * that is gone. The memory cgroup: v2 with memory.max and memory.high, v2 with only memory.high, the v2
+ * root cgroup (no limit), v1 with a limit and without one (its huge number), a hybrid host, files that
+ * do not hold a number, a process whose cgroup file is missing, and bad arguments.
  */
 #include "monitor/host_memory.h"
 

@@ -17,8 +17,9 @@
  * keep the broker waiting. The asker checks that the socket's owner is the process it asked for and of
  * its user, so that no other process can answer in its place, and waits at most 5 s to connect and 5 s
  * for the answer, with its signals held meanwhile. Any process may bind a name first (abstract names
- * have no owner): the sharer then serves nothing and askers refuse the squatter -- a denial, not a leak. A child made by fork keeps neither the socket nor the offers (it serves its own
- * exports on its own socket).
+ * have no owner): the sharer then serves nothing and askers refuse the squatter -- a denial, not a
+ * leak. A child made by fork keeps neither the socket nor the offers (it serves its own exports on its
+ * own socket).
  */
 #ifndef GM_DESCRIPTOR_BROKER_H
 #define GM_DESCRIPTOR_BROKER_H

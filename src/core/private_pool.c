@@ -129,9 +129,7 @@ void gm_forget_gone_pools_locked(gm_allocator *allocator)
     }
 }
 
-/* The newest route whose filter accepts the stream wins, as in PyTorch's allocator (its captures
- * underway searched last begun first): a use_mem_pool inside another, or a graph captured inside one,
- * allocates to the inner pool. */
+/* The routes searched last begun first ("Routing" above). */
 gm_heap *gm_heap_for_request_locked(gm_allocator *allocator, gm_stream stream)
 {
     for (size_t i = allocator->pool_route_count; i-- > 0;) {

@@ -42,13 +42,13 @@ class ChildEnvironment:
             os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
 
 
-def send_to_another_process(torch, native_child):
-    """A view of a CUDA tensor goes to another process (CUDA IPC), which reads it and writes into the
-    same memory on a side stream, recording that stream on it."""
+def _send_a_view(torch, target, native_child=False):
+    """A view of a CUDA tensor goes to a new process running `target`, which answers with the view's sum
+    and adds one to it: the whole tensor, the view's sum here and there, and whether the adds reached it."""
     import queue as queues
     context = torch.multiprocessing.get_context("spawn")
     tensors, answers = context.Queue(), context.Queue()
-    process = context.Process(target=add_one_in_another_process, args=(tensors, answers))
+    process = context.Process(target=target, args=(tensors, answers))
     with ChildEnvironment(native_child):
         process.start()
     try:
@@ -61,13 +61,21 @@ def send_to_another_process(torch, native_child):
         except queues.Empty:
             raise AssertionError("the other process never answered") from None
         assert status == "ok", value
-        assert value == expected, (value, expected)
         process.join(timeout=60)
-        assert torch.equal(view.cpu(), torch.arange(1000, 1 << 22, dtype=torch.float32) + 1)
-        assert tensor[999].item() == 999
+        added = torch.equal(view.cpu(), torch.arange(1000, 1 << 22, dtype=torch.float32) + 1)
+        return tensor, expected, value, added
     finally:
         if process.is_alive():
             process.kill()
+
+
+def send_to_another_process(torch, native_child):
+    """A view of a CUDA tensor goes to another process (CUDA IPC), which reads it and writes into the
+    same memory on a side stream, recording that stream on it."""
+    tensor, expected, value, added = _send_a_view(torch, add_one_in_another_process, native_child)
+    assert value == expected, (value, expected)
+    assert added
+    assert tensor[999].item() == 999
 
 
 def share_with_the_parent(tensors, answers):
@@ -161,26 +169,8 @@ def send_to_a_child_that_may_not_trace():
     """Run as a program of its own (it makes itself not dumpable): a view of a CUDA tensor goes to a
     child without the right to trace it, which adds one to it. Prints OK and the child's sum."""
     import ctypes
-    import queue as queues
     import torch
     if ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE 0
         raise OSError("prctl(PR_SET_DUMPABLE, 0) failed")
-    context = torch.multiprocessing.get_context("spawn")
-    tensors, answers = context.Queue(), context.Queue()
-    process = context.Process(target=add_one_without_the_right_to_trace, args=(tensors, answers))
-    process.start()
-    try:
-        tensor = torch.arange(1 << 22, dtype=torch.float32, device="cuda")
-        view = tensor[1000:]
-        tensors.put(view)
-        try:
-            status, value = answers.get(timeout=90)
-        except queues.Empty:
-            raise AssertionError("the child never answered") from None
-        assert status == "ok", value
-        process.join(timeout=60)
-        added = torch.equal(view.cpu(), torch.arange(1000, 1 << 22, dtype=torch.float32) + 1)
-        print("SHARED", value, added, flush=True)
-    finally:
-        if process.is_alive():
-            process.kill()
+    _, _, value, added = _send_a_view(torch, add_one_without_the_right_to_trace)
+    print("SHARED", value, added, flush=True)
