@@ -158,7 +158,9 @@ typedef struct progress_mark {
 #define MARKS 4 /* a heap's marks at most */
 /* A mark is recorded every this many frees of a heap's memory: one event per 256 frees costs the
  * free path nothing worth counting, and is fine enough that a chunk freed a step ago is covered. */
+#ifndef MARK_EVERY_FREES /* a build may set another, to measure what the marks cost */
 #define MARK_EVERY_FREES 256
+#endif
 
 /* The engine's state for one heap (heap->engine_data). A stream's heap watches for regrowths and,
  * once LANE_AFTER_REGROWTHS were seen, owns a lane: an engine-private heap of the same stream whose
