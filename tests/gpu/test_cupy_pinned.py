@@ -5,7 +5,6 @@ without a CUDA device every test skips, saying which; on the GPU machine, which 
 pass. tests/python/test_cupy_install.py checks the same logic without a GPU, against a stand-in cupy.
 """
 import numpy
-import pytest
 
 from cupy_on_gpu import cupy_with_gpumem
 
