@@ -11,6 +11,7 @@
 #include <c10/core/DeviceType.h>
 #include <c10/core/impl/GPUTrace.h>
 #include <c10/core/impl/PyInterpreter.h>
+#include <c10/macros/Macros.h>
 
 #include <cstdint>
 
