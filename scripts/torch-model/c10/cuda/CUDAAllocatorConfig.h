@@ -1,0 +1,2 @@
+#pragma once
+#include <c10/cuda/CUDACachingAllocator.h>
