@@ -1,5 +1,7 @@
 #pragma once
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <mutex>
+#include <unordered_map>
 namespace torch::cuda::CUDAPluggableAllocator {
 using streamType = cudaStream_t;
 struct CUDAPluggableAllocator : public c10::cuda::CUDACachingAllocator::CUDAAllocator {
@@ -25,6 +27,10 @@ struct CUDAPluggableAllocator : public c10::cuda::CUDACachingAllocator::CUDAAllo
   c10::cuda::CUDACachingAllocator::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex, std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState>) override;
   std::string name() override;
  protected:
+  std::function<void *(size_t, int, cudaStream_t)> alloc_fn_;
+  std::function<void(void *, size_t, int, cudaStream_t)> free_fn_;
+  std::mutex sizes_mutex_;
+  std::unordered_map<void *, size_t> sizes_;
   bool initialized_ = false;
 };
 void changeCurrentAllocator(const std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> &allocator);

@@ -1,0 +1,298 @@
+// test_torch_adapter.cpp -- the torch adapter's own logic, without PyTorch and without a GPU.
+//
+// python/gpumem/torch_adapter.cpp is compiled here against tests/torch/model (PyTorch's headers as the
+// adapter uses them) and model_runtime.cpp (their functions, as PyTorch behaves in these cases), and its
+// gpumem allocators run on the cuda backend over tests/fake_cuda.c. What is checked is what the adapter
+// itself decides, in the calls PyTorch makes: which allocator serves a request (a MemPool with an
+// allocator of its own, a private pool, the device), when a MemPool's memory goes back to its allocator,
+// which statistics the device reports, what the profiler, the GPU trace and the history are told, and
+// out of memory. Whether PyTorch makes those calls as modelled is for the conformance suite on the GPU
+// (tests/gpu/test_torch_conformance.py), which runs the same behaviours under native and under gpumem.
+#include "torch_adapter.cpp" // the adapter's class lives in that file's anonymous namespace
+
+#include "model_runtime.h"
+#include "test.h"
+
+#include <cstdlib>
+
+namespace {
+
+using c10::cuda::MempoolId_t;
+using torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
+
+GpumemAllocator &adapter() { return *installed; }
+
+int64_t live_allocations() { return adapter().getDeviceStats(0).allocation[0].current; }
+
+// A MemPool's allocator of its own (NCCL's ncclMemAlloc, say), as torch.cuda.memory.CUDAPluggableAllocator
+// makes one: host memory here, its segments remembered.
+struct Source {
+  std::map<char *, size_t> segments;
+  int given_back = 0;
+  std::shared_ptr<CUDAPluggableAllocator> allocator = std::make_shared<CUDAPluggableAllocator>(
+      [this](size_t size, int, cudaStream_t) {
+        char *segment = static_cast<char *>(std::aligned_alloc(512, (size + 511) / 512 * 512));
+        segments[segment] = size;
+        return static_cast<void *>(segment);
+      },
+      [this](void *segment, size_t, int, cudaStream_t) {
+        segments.erase(static_cast<char *>(segment));
+        given_back++;
+        std::free(segment);
+      });
+
+  bool holds(const void *pointer) const {
+    for (const auto &[segment, size] : segments)
+      if (pointer >= segment && static_cast<const char *>(pointer) < segment + size)
+        return true;
+    return false;
+  }
+};
+
+bool accept_every_stream(cudaStream_t) { return true; }
+
+// torch.cuda.use_mem_pool's calls around its block, in two halves.
+void begin_use(MempoolId_t id) { adapter().beginAllocateToPool(0, id, accept_every_stream); }
+void end_use(MempoolId_t id) {
+  adapter().endAllocateToPool(0, id);
+  adapter().releasePool(0, id);
+}
+
+// MemPool's destructor.
+void destroy_mem_pool(MempoolId_t id) {
+  adapter().releasePool(0, id);
+  adapter().emptyCache(id);
+}
+
+void allocations_through_data_pointers() {
+  int64_t before = live_allocations();
+  c10::DataPtr data = adapter().allocate(1000);
+  REQUIRE(data.get() != nullptr);
+  c10::CachingDeviceAllocator::DeviceStats stats = adapter().getDeviceStats(0);
+  CHECK_EQ_INT(stats.allocation[0].current, before + 1);
+  CHECK_EQ_INT(stats.requested_bytes[0].current, 1000);
+  CHECK(stats.allocated_bytes[0].current >= 1000);
+  CHECK(stats.reserved_bytes[0].current >= stats.allocated_bytes[0].current);
+  data.get_deleter()(data.get());
+  CHECK_EQ_INT(live_allocations(), before);
+  CHECK(adapter().allocate(0).get() == nullptr);
+}
+
+void a_mem_pool_with_an_allocator_of_its_own() {
+  Source source;
+  MempoolId_t id{0, 101};
+  adapter().createOrIncrefPool(0, id, source.allocator);
+  CHECK_EQ_INT(adapter().getPoolUseCount(0, id), 1);
+  int64_t counted_before = adapter().getDeviceStats(0).allocation[0].allocated;
+  begin_use(id);
+  void *inside = adapter().raw_alloc(4096);
+  end_use(id);
+  void *outside = adapter().raw_alloc(4096);
+  CHECK(source.holds(inside));
+  CHECK(!source.holds(outside));
+  CHECK_EQ_INT(source.segments.size(), 1);
+  CHECK_EQ_INT(adapter().getPoolUseCount(0, id), 1);
+  CHECK_EQ_INT(live_allocations(), 2); // the device's statistics include the pool's
+
+  adapter().emptyCache({0, 0}); // a pool in use keeps its segments (NCCL's registrations stay)
+  adapter().raw_delete(inside);
+  adapter().emptyCache({0, 0});
+  CHECK_EQ_INT(source.given_back, 0);
+
+  destroy_mem_pool(id); // released with nothing live: its memory goes back to its allocator
+  CHECK_EQ_INT(source.given_back, 1);
+  CHECK(source.segments.empty());
+  CHECK_EQ_INT(adapter().getPoolUseCount(0, id), 0);
+  adapter().raw_delete(outside);
+  // The pool's allocation still counts in the device's accumulated statistics.
+  CHECK_EQ_INT(adapter().getDeviceStats(0).allocation[0].allocated, counted_before + 2);
+}
+
+void a_released_mem_pool_goes_with_its_last_allocation() {
+  Source source;
+  MempoolId_t id{0, 102};
+  adapter().createOrIncrefPool(0, id, source.allocator);
+  begin_use(id);
+  void *kept = adapter().raw_alloc(1 << 20);
+  end_use(id);
+  destroy_mem_pool(id);
+  CHECK_EQ_INT(source.given_back, 0); // its allocation still lives in the segment
+  CHECK(source.holds(kept));
+  adapter().raw_delete(kept);
+  CHECK_EQ_INT(source.given_back, 1);
+}
+
+void the_last_route_begun_takes_the_allocation() {
+  Source source;
+  MempoolId_t sourced{0, 103}, graph_pool{0, 104};
+  adapter().createOrIncrefPool(0, sourced, source.allocator);
+  adapter().createOrIncrefPool(0, graph_pool, nullptr); // a private pool of gpumem's
+  begin_use(sourced);
+  begin_use(graph_pool);
+  void *inner = adapter().raw_alloc(4096); // the private pool, begun last
+  end_use(graph_pool);
+  void *outer = adapter().raw_alloc(4096); // back to the MemPool's allocator
+  end_use(sourced);
+  CHECK(!source.holds(inner));
+  CHECK(source.holds(outer));
+  CHECK_EQ_INT(adapter().pool_allocations(0, graph_pool).size(), 1);
+  begin_use(graph_pool);
+  begin_use(sourced);
+  void *inner_sourced = adapter().raw_alloc(4096); // now the MemPool's, begun last
+  end_use(sourced);
+  void *outer_private = adapter().raw_alloc(4096);
+  end_use(graph_pool);
+  CHECK(source.holds(inner_sourced));
+  CHECK(!source.holds(outer_private));
+  CHECK_EQ_INT(adapter().pool_allocations(0, graph_pool).size(), 2);
+  for (void *pointer : {inner, outer, inner_sourced, outer_private})
+    adapter().raw_delete(pointer);
+  destroy_mem_pool(sourced);
+  destroy_mem_pool(graph_pool);
+  CHECK_EQ_INT(source.given_back, 1);
+}
+
+void a_pool_that_does_not_split() {
+  MempoolId_t id{0, 105};
+  adapter().createOrIncrefPool(0, id, nullptr);
+  adapter().setNoSplit(0, id);
+  CHECK_EQ_INT(adapter().getPoolUseCount(0, id), 1); // the user moved to the pool of its own
+  begin_use(id);
+  void *pointer = adapter().raw_alloc(1024);
+  end_use(id);
+  c10::cuda::CUDACachingAllocator::SnapshotInfo snapshot = adapter().snapshot(id, false);
+  REQUIRE(snapshot.segments.size() == 1);
+  CHECK(snapshot.segments[0].owner_private_pool_id == id);
+  CHECK_EQ_INT(snapshot.segments[0].blocks.size(), 1); // one block: the segment was not split
+  CHECK(snapshot.segments[0].blocks[0].allocated);
+  adapter().raw_delete(pointer);
+  destroy_mem_pool(id);
+  CHECK(adapter().snapshot(id, false).segments.empty());
+}
+
+void resets_reach_pools_gone() {
+  Source source;
+  MempoolId_t id{0, 106};
+  adapter().createOrIncrefPool(0, id, source.allocator);
+  begin_use(id);
+  void *pointer = adapter().raw_alloc(8 << 20);
+  end_use(id);
+  adapter().raw_delete(pointer);
+  destroy_mem_pool(id);
+  c10::CachingDeviceAllocator::DeviceStats stats = adapter().getDeviceStats(0);
+  CHECK(stats.allocated_bytes[0].peak >= 8 << 20); // the pool's peak stays the device's
+  adapter().resetPeakStats(0);
+  adapter().resetAccumulatedStats(0);
+  stats = adapter().getDeviceStats(0);
+  CHECK_EQ_INT(stats.allocated_bytes[0].peak, stats.allocated_bytes[0].current);
+  CHECK_EQ_INT(stats.allocation[0].allocated, 0);
+  CHECK_EQ_INT(stats.allocation[0].freed, 0);
+}
+
+struct TraceListener final : c10::impl::PyInterpreterVTable {
+  mutable std::vector<uintptr_t> allocated, freed;
+  void trace_gpu_memory_allocation(c10::DeviceType, uintptr_t address) const override { allocated.push_back(address); }
+  void trace_gpu_memory_deallocation(c10::DeviceType, uintptr_t address) const override { freed.push_back(address); }
+};
+
+void the_gpu_trace_hears_every_allocation_and_free() {
+  TraceListener listener;
+  c10::impl::PyInterpreter interpreter{&listener};
+  torch_model::gpu_trace = &interpreter;
+  void *pointer = adapter().raw_alloc(512);
+  adapter().raw_delete(pointer);
+  torch_model::gpu_trace = nullptr;
+  REQUIRE(listener.allocated.size() == 1 && listener.freed.size() == 1);
+  CHECK(listener.allocated[0] == reinterpret_cast<uintptr_t>(pointer));
+  CHECK(listener.freed[0] == reinterpret_cast<uintptr_t>(pointer));
+}
+
+void the_profiler_is_told_sizes_and_totals() {
+  torch_model::profiling = true;
+  torch_model::profiler_events.clear();
+  void *pointer = adapter().raw_alloc(1000);
+  adapter().raw_delete(pointer);
+  torch_model::profiling = false;
+  REQUIRE(torch_model::profiler_events.size() == 2);
+  const torch_model::ProfilerEvent &allocation = torch_model::profiler_events[0], &free = torch_model::profiler_events[1];
+  CHECK(allocation.pointer == pointer && free.pointer == pointer);
+  CHECK(allocation.size >= 1000);
+  CHECK_EQ_INT(free.size, -allocation.size);
+  CHECK(allocation.allocated >= static_cast<size_t>(allocation.size));
+  CHECK_EQ_INT(free.allocated, allocation.allocated - static_cast<size_t>(allocation.size));
+  CHECK(allocation.reserved >= allocation.allocated);
+}
+
+void out_of_memory_raises_and_leaves_the_adapter_usable() {
+  int observed = 0;
+  adapter().attachOutOfMemoryObserver([&observed](int64_t, size_t, size_t, size_t) { observed++; });
+  int64_t ooms = adapter().getDeviceStats(0).num_ooms;
+  bool raised = false;
+  try {
+    adapter().raw_alloc(size_t(64) << 30);
+  } catch (const c10::OutOfMemoryError &error) {
+    raised = std::string(error.what()).find("out of memory") != std::string::npos;
+  }
+  CHECK(raised);
+  CHECK_EQ_INT(observed, 1);
+  CHECK_EQ_INT(adapter().getDeviceStats(0).num_ooms, ooms + 1);
+  void *pointer = adapter().raw_alloc(4096);
+  CHECK(pointer != nullptr);
+  adapter().raw_delete(pointer);
+}
+
+struct Stack final : c10::GatheredContext {};
+std::shared_ptr<c10::GatheredContext> gather_stack() { return std::make_shared<Stack>(); }
+
+void a_free_carries_its_allocations_stack_in_alloc_mode() {
+  using c10::CachingDeviceAllocator::RecordContext;
+  adapter().recordHistory(true, gather_stack, 1000, RecordContext::ALLOC, true, {});
+  void *pointer = adapter().raw_alloc(2048);
+  adapter().raw_delete(pointer);
+  c10::cuda::CUDACachingAllocator::SnapshotInfo snapshot = adapter().snapshot({0, 0}, true);
+  adapter().recordHistory(false, nullptr, 0, RecordContext::NEVER, true, {});
+  REQUIRE(!snapshot.device_traces.empty());
+  std::shared_ptr<c10::GatheredContext> allocated, freed;
+  for (const TraceEntry &entry : snapshot.device_traces[0]) {
+    if (entry.addr_ != reinterpret_cast<size_t>(pointer))
+      continue;
+    if (entry.action_ == TraceEntry::ALLOC)
+      allocated = entry.context_;
+    if (entry.action_ == TraceEntry::FREE_REQUESTED)
+      freed = entry.context_;
+  }
+  CHECK(allocated != nullptr);
+  CHECK(freed == allocated);
+}
+
+void caching_off_gives_each_allocation_its_own_cuda_malloc() {
+  adapter().enable(false);
+  void *pointer = adapter().raw_alloc(100);
+  CHECK_EQ_INT(torch_model::uncached_allocations, 1);
+  CHECK(adapter().raw_deleter() != &delete_pointer);
+  adapter().raw_delete(pointer);
+  CHECK_EQ_INT(torch_model::uncached_allocations, 0);
+  adapter().enable(true);
+  CHECK(adapter().raw_deleter() == &delete_pointer);
+}
+
+} // namespace
+
+int main() {
+  install("publish:false");
+  REQUIRE(torch_model::current_allocator.get() == installed.get());
+  static const test_case cases[] = {
+      TEST_CASE(allocations_through_data_pointers),
+      TEST_CASE(a_mem_pool_with_an_allocator_of_its_own),
+      TEST_CASE(a_released_mem_pool_goes_with_its_last_allocation),
+      TEST_CASE(the_last_route_begun_takes_the_allocation),
+      TEST_CASE(a_pool_that_does_not_split),
+      TEST_CASE(resets_reach_pools_gone),
+      TEST_CASE(the_gpu_trace_hears_every_allocation_and_free),
+      TEST_CASE(the_profiler_is_told_sizes_and_totals),
+      TEST_CASE(out_of_memory_raises_and_leaves_the_adapter_usable),
+      TEST_CASE(a_free_carries_its_allocations_stack_in_alloc_mode),
+      TEST_CASE(caching_off_gives_each_allocation_its_own_cuda_malloc),
+  };
+  return run_tests(cases, sizeof cases / sizeof cases[0]);
+}
