@@ -753,7 +753,7 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   std::mutex pool_mutex_;
   std::atomic<uint64_t> routes_begun_{0};
   std::vector<PoolFilter> pool_filters_;
-  gpumem_pools::SourcedPools sourced_; // MemPools with an allocator of their own (torch_pool_sources.h)
+  gpumem_pools::SourcedPools sourced_{config_}; // MemPools with allocators of their own (torch_pool_sources.h)
   c10::cuda::CUDACachingAllocator::CUDAAllocator *replaced_; // PyTorch's allocator, for its own IPC handles
   gpumem_ipc::OpenedHandles opened_;
 };

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <functional>
 #include <list>
 #include <map>
@@ -70,6 +71,9 @@ inline void give_back_to(void *context, void *address, uint64_t /*size*/) {
 
 class SourcedPools {
  public:
+  // `user_config`: install()'s configuration string, which the pools' allocators take too (make_allocator).
+  explicit SourcedPools(std::string user_config) : user_config_(std::move(user_config)) {}
+
   // A user of pool `id` (createOrIncrefPool with an allocator); its gm_allocator is made with the first.
   void add_user(c10::DeviceIndex device, c10::cuda::MempoolId_t id, std::shared_ptr<CUDAAllocator> source) {
     std::lock_guard<std::mutex> guard(mutex_);
@@ -269,9 +273,19 @@ class SourcedPools {
   };
 
   // The pool's gm_allocator: on its own allocator's memory or the device's, its blocks split or not
-  // (mutex_ held). On failure `undo` runs and the error is raised.
+  // (mutex_ held). Configured as the device's allocators are (GPUMEM_CONF, then the backend and device,
+  // then install()'s string), but for what is the device allocator's alone: publishing (a
+  // monitor lists the device's allocator, whose statistics the pools' join only in PyTorch's) and the
+  // memory limit (a fraction of the device, which the device's allocator keeps). On failure `undo` runs
+  // and the error is raised.
   template <typename Undo> void make_allocator(SourcedPool &pool, Undo undo) {
-    std::string config = "backend:cuda,publish:false,device:" + std::to_string(pool.device);
+    std::string config;
+    if (const char *environment = std::getenv("GPUMEM_CONF"); environment && *environment)
+      config = std::string(environment) + ",";
+    config += "backend:cuda,device:" + std::to_string(pool.device);
+    if (!user_config_.empty())
+      config += "," + user_config_;
+    config += ",publish:false,memory_limit:0";
     if (pool.unsplit)
       config += ",engine:segments,split_blocks:false";
     gm_segment_source from = {allocate_from, give_back_to, &pool};
@@ -354,6 +368,7 @@ class SourcedPools {
     }
   }
 
+  const std::string user_config_;
   std::mutex mutex_;
   std::list<SourcedPool> pools_; // a list: the allocators' sources point at their element
   std::vector<Route> routes_;

@@ -170,6 +170,26 @@ void a_pool_that_does_not_split() {
   CHECK(adapter().snapshot(id, false).segments.empty());
 }
 
+// The pools' allocators are configured as the device's: GPUMEM_CONF, then install()'s string (main).
+void mem_pools_take_the_configuration() {
+  Source source;
+  MempoolId_t id{0, 107};
+  adapter().createOrIncrefPool(0, id, source.allocator);
+  begin_use(id);
+  void *small = adapter().raw_alloc(1000), *large = adapter().raw_alloc(5 << 20);
+  end_use(id);
+  std::vector<size_t> sizes;
+  for (const auto &[segment, size] : source.segments)
+    sizes.push_back(size);
+  std::sort(sizes.begin(), sizes.end());
+  REQUIRE(sizes.size() == 2);
+  CHECK_EQ_INT(sizes[0], 4 << 20);  // small_segment_size:4MiB, from install()
+  CHECK_EQ_INT(sizes[1], 40 << 20); // large_segment_size:40MiB, from GPUMEM_CONF
+  adapter().raw_delete(small);
+  adapter().raw_delete(large);
+  destroy_mem_pool(id);
+}
+
 void resets_reach_pools_gone() {
   Source source;
   MempoolId_t id{0, 106};
@@ -279,7 +299,8 @@ void caching_off_gives_each_allocation_its_own_cuda_malloc() {
 } // namespace
 
 int main() {
-  install("publish:false");
+  setenv("GPUMEM_CONF", "large_segment_size:40MiB", 1);
+  install("publish:false,small_segment_size:4MiB");
   REQUIRE(torch_model::current_allocator.get() == installed.get());
   static const test_case cases[] = {
       TEST_CASE(allocations_through_data_pointers),
@@ -287,6 +308,7 @@ int main() {
       TEST_CASE(a_released_mem_pool_goes_with_its_last_allocation),
       TEST_CASE(the_last_route_begun_takes_the_allocation),
       TEST_CASE(a_pool_that_does_not_split),
+      TEST_CASE(mem_pools_take_the_configuration),
       TEST_CASE(resets_reach_pools_gone),
       TEST_CASE(the_gpu_trace_hears_every_allocation_and_free),
       TEST_CASE(the_profiler_is_told_sizes_and_totals),
