@@ -64,6 +64,35 @@ void destroy_mem_pool(MempoolId_t id) {
   adapter().emptyCache(id);
 }
 
+// Before the device's allocator exists (the first test): the fraction waits for it, as native's, which
+// makes no CUDA context for a fraction; once made, the allocator's limit is that fraction of the device.
+void a_fraction_set_before_the_first_allocation() {
+  REQUIRE(adapter().existing(0) == nullptr);
+  adapter().setMemoryFraction(0.25, 0);
+  CHECK(adapter().existing(0) == nullptr);
+  CHECK(adapter().getMemoryFraction(0) == 0.25);
+  bool raised = false;
+  try {
+    adapter().raw_alloc(size_t(300) << 20); // more than a quarter of the fake device's 1 GiB
+  } catch (const c10::OutOfMemoryError &) {
+    raised = true;
+  }
+  CHECK(raised);
+  CHECK(adapter().existing(0) != nullptr);
+  CHECK(adapter().getMemoryFraction(0) > 0.24 && adapter().getMemoryFraction(0) <= 0.25);
+  adapter().setMemoryFraction(1.0, 0);
+  void *pointer = adapter().raw_alloc(size_t(300) << 20);
+  CHECK(pointer != nullptr);
+  adapter().raw_delete(pointer);
+  bool refused = false;
+  try {
+    adapter().setMemoryFraction(1.5, 0);
+  } catch (const c10::Error &) {
+    refused = true;
+  }
+  CHECK(refused);
+}
+
 void allocations_through_data_pointers() {
   int64_t before = live_allocations();
   c10::DataPtr data = adapter().allocate(1000);
@@ -261,6 +290,98 @@ void out_of_memory_raises_and_leaves_the_adapter_usable() {
   adapter().raw_delete(pointer);
 }
 
+// NCCL's registration hook: segments mapped and unmapped (pages engine) reach the trackers, with the
+// device and, for a MemPool's allocator, its pool.
+std::vector<TraceEntry> &tracked() {
+  static std::vector<TraceEntry> entries;
+  return entries;
+}
+
+void trace_trackers_see_segments() {
+  adapter().attachAllocatorTraceTracker([](const TraceEntry &entry) { tracked().push_back(entry); });
+  adapter().emptyCache({0, 0});
+  tracked().clear();
+  void *pointer = adapter().raw_alloc(size_t(64) << 20);
+  adapter().raw_delete(pointer);
+  adapter().emptyCache({0, 0});
+  int maps = 0, unmaps = 0, allocations = 0;
+  for (const TraceEntry &entry : tracked()) {
+    CHECK_EQ_INT(entry.device_, 0);
+    maps += entry.action_ == TraceEntry::SEGMENT_MAP;
+    unmaps += entry.action_ == TraceEntry::SEGMENT_UNMAP;
+    allocations += entry.action_ == TraceEntry::ALLOC && entry.addr_ == reinterpret_cast<size_t>(pointer);
+  }
+  CHECK(maps >= 1);
+  CHECK(unmaps >= 1);
+  CHECK_EQ_INT(allocations, 1);
+  Source source; // a MemPool's segments are named with its pool
+  MempoolId_t id{0, 108};
+  adapter().createOrIncrefPool(0, id, source.allocator);
+  tracked().clear();
+  begin_use(id);
+  void *in_pool = adapter().raw_alloc(4096);
+  end_use(id);
+  bool named = false;
+  for (const TraceEntry &entry : tracked())
+    named = named || (entry.action_ == TraceEntry::SEGMENT_ALLOC && entry.mempool_ == id);
+  CHECK(named);
+  adapter().raw_delete(in_pool);
+  destroy_mem_pool(id);
+}
+
+// torch.compile's cudagraph trees: a graph pool put back to a checkpoint frees what came since and
+// makes again, at their addresses, the checkpoint's allocations freed since.
+void a_graph_pool_goes_back_to_its_checkpoint() {
+  MempoolId_t id{109, 0};
+  adapter().createOrIncrefPool(0, id, nullptr);
+  begin_use(id);
+  void *first = adapter().raw_alloc(1 << 20), *second = adapter().raw_alloc(1 << 20);
+  end_use(id);
+  auto checkpoint = adapter().getCheckpointState(0, id);
+  adapter().raw_delete(first);
+  begin_use(id);
+  void *third = adapter().raw_alloc(3 << 20);
+  end_use(id);
+  c10::cuda::CUDACachingAllocator::CheckpointDelta delta = adapter().setCheckpointPoolState(0, checkpoint);
+  std::set<void *> freed(delta.ptrs_freed.begin(), delta.ptrs_freed.end()), made;
+  for (const c10::DataPtr &data : delta.dataptrs_allocd)
+    made.insert(data.get());
+  CHECK(freed == (std::set<void *>{second, third}));
+  CHECK(made == (std::set<void *>{first, second}));
+  std::set<void *> now;
+  for (const gm_pool_allocation &allocation : adapter().pool_allocations(0, id))
+    now.insert(pointer_of(allocation.address));
+  CHECK(now == made);
+  for (const c10::DataPtr &data : delta.dataptrs_allocd)
+    data.get_deleter()(data.get());
+  CHECK(adapter().pool_allocations(0, id).empty());
+  destroy_mem_pool(id);
+}
+
+// record_stream: gpumem's own blocks only; a pointer it does not own is refused, without harm.
+void record_stream_and_pointers_that_are_not_gpumems() {
+  c10::DataPtr data = adapter().allocate(4096);
+  c10::cuda::CUDAStream side(reinterpret_cast<cudaStream_t>(0x1235), 0x1235);
+  adapter().recordStream(data, side);
+  int64_t live = live_allocations();
+  char foreign[64];
+  adapter().recordStream(c10::DataPtr(foreign, foreign, nullptr, c10::Device(c10::DeviceType::CUDA, 0)), side);
+  bool refused = false;
+  try {
+    adapter().recordStream(c10::DataPtr(foreign, foreign, &delete_pointer, c10::Device(c10::DeviceType::CUDA, 0)), side);
+  } catch (const c10::Error &) {
+    refused = true;
+  }
+  CHECK(refused);
+  adapter().raw_delete(foreign); // warned, nothing freed
+  CHECK_EQ_INT(live_allocations(), live);
+  size_t size = 0;
+  CHECK(adapter().getBaseAllocation(data.get(), &size) == data.get());
+  CHECK(size >= 4096);
+  data.get_deleter()(data.get());
+  CHECK_EQ_INT(live_allocations(), live - 1);
+}
+
 struct Stack final : c10::GatheredContext {};
 std::shared_ptr<c10::GatheredContext> gather_stack() { return std::make_shared<Stack>(); }
 
@@ -303,6 +424,7 @@ int main() {
   install("publish:false,small_segment_size:4MiB");
   REQUIRE(torch_model::current_allocator.get() == installed.get());
   static const test_case cases[] = {
+      TEST_CASE(a_fraction_set_before_the_first_allocation),
       TEST_CASE(allocations_through_data_pointers),
       TEST_CASE(a_mem_pool_with_an_allocator_of_its_own),
       TEST_CASE(a_released_mem_pool_goes_with_its_last_allocation),
@@ -315,6 +437,9 @@ int main() {
       TEST_CASE(out_of_memory_raises_and_leaves_the_adapter_usable),
       TEST_CASE(a_free_carries_its_allocations_stack_in_alloc_mode),
       TEST_CASE(caching_off_gives_each_allocation_its_own_cuda_malloc),
+      TEST_CASE(trace_trackers_see_segments),
+      TEST_CASE(a_graph_pool_goes_back_to_its_checkpoint),
+      TEST_CASE(record_stream_and_pointers_that_are_not_gpumems),
   };
   return run_tests(cases, sizeof cases / sizeof cases[0]);
 }
