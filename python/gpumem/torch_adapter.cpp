@@ -643,8 +643,7 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
       devices = index + 1;
       if (traces && allocator)
         history_.add_trace(allocator, device, trace);
-      std::stable_sort(trace.begin(), trace.end(),
-                       [](const TraceEntry &a, const TraceEntry &b) { return a.time_.t_ < b.time_.t_; });
+      history_.order(trace);
     }
     result.device_traces.resize(std::max<size_t>(devices, c10::cuda::device_count()));
     result.external_annotations = history_.annotations();

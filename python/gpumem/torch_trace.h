@@ -279,6 +279,15 @@ class History {
     gm_snapshot_free(snapshot);
   }
 
+  // A device's trace merged from its allocators' (the device's and its MemPools' of their own): in the
+  // order of time, and no longer than native's one ring per device, the newest kept.
+  void order(std::vector<TraceEntry> &trace) const {
+    std::stable_sort(trace.begin(), trace.end(),
+                     [](const TraceEntry &a, const TraceEntry &b) { return a.time_.t_ < b.time_.t_; });
+    if (trace.size() > capacity_)
+      trace.erase(trace.begin(), trace.end() - static_cast<std::ptrdiff_t>(capacity_));
+  }
+
   // The events since torch's recording began, as PyTorch's trace entries; `own_pool` names the pool of an
   // allocator that serves one MemPool.
   void add_trace(gm_allocator *allocator, c10::DeviceIndex device, std::vector<TraceEntry> &trace,

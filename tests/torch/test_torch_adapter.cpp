@@ -406,6 +406,34 @@ void a_free_carries_its_allocations_stack_in_alloc_mode() {
   CHECK(freed == allocated);
 }
 
+// A device's trace joins its MemPools' events to its own, in time order, and keeps at most as many as
+// torch asked for (native keeps one ring per device), the newest.
+void a_merged_trace_keeps_the_newest_entries() {
+  using c10::CachingDeviceAllocator::RecordContext;
+  adapter().recordHistory(true, gather_stack, 6, RecordContext::ALLOC, true, {});
+  Source source;
+  MempoolId_t id{0, 110};
+  adapter().createOrIncrefPool(0, id, source.allocator);
+  begin_use(id);
+  void *in_pool = adapter().raw_alloc(4096);
+  end_use(id);
+  void *last = nullptr;
+  for (int i = 0; i < 4; i++) {
+    last = adapter().raw_alloc(8192);
+    adapter().raw_delete(last);
+  }
+  c10::cuda::CUDACachingAllocator::SnapshotInfo snapshot = adapter().snapshot({0, 0}, true);
+  adapter().recordHistory(false, nullptr, 0, RecordContext::NEVER, true, {});
+  REQUIRE(!snapshot.device_traces.empty());
+  const std::vector<TraceEntry> &trace = snapshot.device_traces[0];
+  CHECK_EQ_INT(trace.size(), 6);
+  for (size_t i = 1; i < trace.size(); i++)
+    CHECK(trace[i - 1].time_.t_ <= trace[i].time_.t_);
+  CHECK(!trace.empty() && trace.back().addr_ == reinterpret_cast<size_t>(last));
+  adapter().raw_delete(in_pool);
+  destroy_mem_pool(id);
+}
+
 void caching_off_gives_each_allocation_its_own_cuda_malloc() {
   adapter().enable(false);
   void *pointer = adapter().raw_alloc(100);
@@ -436,6 +464,7 @@ int main() {
       TEST_CASE(the_profiler_is_told_sizes_and_totals),
       TEST_CASE(out_of_memory_raises_and_leaves_the_adapter_usable),
       TEST_CASE(a_free_carries_its_allocations_stack_in_alloc_mode),
+      TEST_CASE(a_merged_trace_keeps_the_newest_entries),
       TEST_CASE(caching_off_gives_each_allocation_its_own_cuda_malloc),
       TEST_CASE(trace_trackers_see_segments),
       TEST_CASE(a_graph_pool_goes_back_to_its_checkpoint),
