@@ -70,12 +70,7 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
  public:
   GpumemAllocator(std::string config, c10::cuda::CUDACachingAllocator::CUDAAllocator *replaced)
       : CUDAPluggableAllocator(unused_alloc, unused_free), config_(std::move(config)), replaced_(replaced) {
-    sourced_.on_made = [this](gm_allocator *pool, c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
-      observers_.watch(pool, device, id);
-      history_.adopt_pool(pool);
-    };
-    sourced_.on_destroying = [this](gm_allocator *pool) { observers_.retire(pool); };
-    sourced_.on_destroyed = [this](gm_allocator *pool) { observers_.forget(pool); };
+    connect_pools(sourced_, observers_, history_);
   }
 
   ~GpumemAllocator() override = default;
@@ -641,6 +636,8 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
       if (!any)
         continue;
       devices = index + 1;
+      if (traces)
+        history_.add_retired(device, trace);
       if (traces && allocator)
         history_.add_trace(allocator, device, trace);
       history_.order(trace);

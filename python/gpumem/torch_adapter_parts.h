@@ -2,7 +2,8 @@
 // array of one value per device, the stream filter of a pool being allocated to and the C callback that
 // asks it, pool ids as gpumem's, the unused functions CUDAPluggableAllocator is made with, a graph
 // pool's checkpoint, the current device, addresses as pointers, borrowed streams, a memory fraction as
-// a limit, statistics as torch's, and whether the configuration names publish. Included by
+// a limit, statistics as torch's, whether the configuration names publish, and the MemPools' allocators
+// connected to the trace trackers and the history. Included by
 // torch_adapter.cpp inside its anonymous namespace, after its includes and using-declarations: it is a
 // part of that file, not a header of its own.
 #pragma once
@@ -87,4 +88,17 @@ bool mentions_publish(const std::string &config) {
   const char *environment = std::getenv("GPUMEM_CONF");
   return config.find("publish:") != std::string::npos ||
          (environment && std::string(environment).find("publish:") != std::string::npos);
+}
+
+// The MemPools' allocators made and destroyed, told to the trace trackers and to the history.
+void connect_pools(gpumem_pools::SourcedPools &pools, gpumem_trace::Observers &observers, gpumem_trace::History &history) {
+  pools.on_made = [&observers, &history](gm_allocator *pool, c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
+    observers.watch(pool, device, id);
+    history.adopt_pool(pool);
+  };
+  pools.on_destroying = [&observers, &history](gm_allocator *pool, c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
+    observers.retire(pool);
+    history.retire_pool(pool, device, id);
+  };
+  pools.on_destroyed = [&observers](gm_allocator *pool) { observers.forget(pool); };
 }

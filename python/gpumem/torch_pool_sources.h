@@ -225,8 +225,8 @@ class SourcedPools {
 
   // Told of each pool allocator made and destroyed (the adapter's trace trackers watch them); set once,
   // before any pool is made, and called with this object's lock held.
-  std::function<void(gm_allocator *, c10::DeviceIndex, c10::cuda::MempoolId_t)> on_made;
-  std::function<void(gm_allocator *)> on_destroying, on_destroyed;
+  std::function<void(gm_allocator *, c10::DeviceIndex, c10::cuda::MempoolId_t)> on_made, on_destroying;
+  std::function<void(gm_allocator *)> on_destroyed;
 
   // The pools' statistics on `device` added to the device allocator's `stats`, with those of the pools
   // gone (their counts and peaks stay the device's, as in native's one set of statistics per device).
@@ -301,9 +301,12 @@ class SourcedPools {
       on_made(pool.allocator, pool.device, pool.id);
   }
 
+  // Its cached segments are given back first, as native's emptyCache(id) does when a MemPool goes: their
+  // segment_free events reach the trace trackers and the history before the allocator goes.
   void destroy_allocator(SourcedPool &pool) {
+    gm_empty_cache(pool.allocator);
     if (on_destroying)
-      on_destroying(pool.allocator);
+      on_destroying(pool.allocator, pool.device, pool.id);
     retire_statistics(pool);
     gm_destroy(pool.allocator, nullptr);
     if (on_destroyed)

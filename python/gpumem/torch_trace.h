@@ -120,6 +120,10 @@ class History {
     contexts_.assign(capacity, nullptr);
     metadata_of_tag_.assign(capacity, std::string());
     annotations_.clear();
+    {
+      std::lock_guard<std::mutex> guard(retired_mutex_);
+      retired_.clear();
+    }
     if (!enabled) // cleared or begun again, blocks allocated before keep their stacks, as native's
       live_.clear();
     capacity_ = capacity;
@@ -292,36 +296,87 @@ class History {
   // allocator that serves one MemPool.
   void add_trace(gm_allocator *allocator, c10::DeviceIndex device, std::vector<TraceEntry> &trace,
                  MempoolId_t own_pool = {0, 0}) {
-    size_t count = 0;
-    if (gm_history_read(allocator, nullptr, 0, &count, nullptr) != GM_OK)
-      return;
-    std::vector<gm_event> events(count);
-    gm_history_read(allocator, events.data(), events.size(), &count, nullptr);
+    std::vector<gm_event> events = events_of(allocator);
     size_t first = 0; // the allocator's own ring may hold older events, and more
-    while (first < count && events[first].time_ns < since_ns_)
+    while (first < events.size() && events[first].time_ns < since_ns_)
       first++;
-    first = std::max(first, count - std::min(count, capacity_));
+    first = std::max(first, events.size() - std::min(events.size(), capacity_));
     bool pages = is_pages_engine(allocator);
-    // gpumem's times are CLOCK_MONOTONIC; snapshots carry microseconds since the epoch.
-    timespec now_real, now_monotonic;
-    clock_gettime(CLOCK_REALTIME, &now_real);
-    clock_gettime(CLOCK_MONOTONIC, &now_monotonic);
-    int64_t offset_ns = (now_real.tv_sec - now_monotonic.tv_sec) * 1000000000LL + now_real.tv_nsec - now_monotonic.tv_nsec;
-    for (size_t i = first; i < count; i++) {
-      const gm_event &event = events[i];
-      TraceEntry::Action action;
-      if (!action_of(event.kind, pages, &action) ||
-          std::find(skip_actions_.begin(), skip_actions_.end(), action_name(action)) != skip_actions_.end())
-        continue;
-      TraceEntry entry(action, device, static_cast<size_t>(event.address), static_cast<size_t>(event.size),
-                       reinterpret_cast<void *>(event.stream), pool_named(own_pool, event.pool), c10::approx_time_t{0},
-                       stack_of_tag(event.tag), "", metadata_of_tag(event.tag));
-      entry.time_.t_ = static_cast<time_t>((static_cast<int64_t>(event.time_ns) + offset_ns) / 1000);
-      trace.push_back(std::move(entry));
-    }
+    int64_t offset_ns = realtime_offset_ns();
+    for (size_t i = first; i < events.size(); i++)
+      append(events[i], pages, device, own_pool, offset_ns, trace);
+  }
+
+  // A MemPool's allocator about to be destroyed: its events stay in its device's trace, as in native's one
+  // ring per device. Called under the pools' lock, which snapshot() takes inside this object's lock: so
+  // only retired_mutex_ (taken inside neither) here.
+  void retire_pool(gm_allocator *allocator, c10::DeviceIndex device, MempoolId_t own_pool) {
+    size_t ring = ring_of_new_pools_.load(std::memory_order_seq_cst);
+    if (!ring)
+      return;
+    std::vector<gm_event> events = events_of(allocator);
+    bool pages = is_pages_engine(allocator);
+    std::lock_guard<std::mutex> guard(retired_mutex_);
+    std::deque<Retired> &kept = retired_[device];
+    for (const gm_event &event : events)
+      kept.push_back(Retired{event, own_pool, pages});
+    while (kept.size() > ring)
+      kept.pop_front();
+  }
+
+  // The events of `device`'s MemPools destroyed since torch's recording began (mutex_ held).
+  void add_retired(c10::DeviceIndex device, std::vector<TraceEntry> &trace) {
+    std::lock_guard<std::mutex> guard(retired_mutex_);
+    auto kept = retired_.find(device);
+    if (kept == retired_.end())
+      return;
+    int64_t offset_ns = realtime_offset_ns();
+    for (const Retired &retired : kept->second)
+      if (retired.event.time_ns >= since_ns_)
+        append(retired.event, retired.pages, device, retired.own_pool, offset_ns, trace);
   }
 
  private:
+  struct Retired {
+    gm_event event;
+    MempoolId_t own_pool;
+    bool pages;
+  };
+
+  static std::vector<gm_event> events_of(gm_allocator *allocator) {
+    size_t count = 0;
+    if (gm_history_read(allocator, nullptr, 0, &count, nullptr) != GM_OK)
+      return {};
+    std::vector<gm_event> events(count);
+    if (gm_history_read(allocator, events.data(), events.size(), &count, nullptr) != GM_OK)
+      return {};
+    events.resize(std::min(count, events.size()));
+    return events;
+  }
+
+  // gpumem's times are CLOCK_MONOTONIC; snapshots carry microseconds since the epoch.
+  static int64_t realtime_offset_ns() {
+    timespec now_real, now_monotonic;
+    clock_gettime(CLOCK_REALTIME, &now_real);
+    clock_gettime(CLOCK_MONOTONIC, &now_monotonic);
+    return (now_real.tv_sec - now_monotonic.tv_sec) * 1000000000LL + now_real.tv_nsec - now_monotonic.tv_nsec;
+  }
+
+  // One gpumem event as PyTorch's trace entry, unless PyTorch has no such action or torch skips it
+  // (mutex_ held).
+  void append(const gm_event &event, bool pages, c10::DeviceIndex device, MempoolId_t own_pool, int64_t offset_ns,
+              std::vector<TraceEntry> &trace) {
+    TraceEntry::Action action;
+    if (!action_of(event.kind, pages, &action) ||
+        std::find(skip_actions_.begin(), skip_actions_.end(), action_name(action)) != skip_actions_.end())
+      return;
+    TraceEntry entry(action, device, static_cast<size_t>(event.address), static_cast<size_t>(event.size),
+                     reinterpret_cast<void *>(event.stream), pool_named(own_pool, event.pool), c10::approx_time_t{0},
+                     stack_of_tag(event.tag), "", metadata_of_tag(event.tag));
+    entry.time_.t_ = static_cast<time_t>((static_cast<int64_t>(event.time_ns) + offset_ns) / 1000);
+    trace.push_back(std::move(entry));
+  }
+
   // Rings of another size that keep the newest of what they held (mutex_ held).
   template <typename ForEach> void resize(size_t capacity, ForEach for_each_allocator) {
     if (capacity == capacity_)
@@ -394,6 +449,8 @@ class History {
   std::deque<c10::CachingDeviceAllocator::AnnotationEntry> annotations_;
   std::unordered_map<void *, std::shared_ptr<GatheredContext>> live_; // live allocation -> its stack
   std::vector<std::string> skip_actions_;
+  std::mutex retired_mutex_; // inside mutex_ or the pools' lock, never around either
+  std::unordered_map<c10::DeviceIndex, std::deque<Retired>> retired_; // destroyed MemPools' events, by device
 };
 
 class Observers {

@@ -434,6 +434,37 @@ void a_merged_trace_keeps_the_newest_entries() {
   destroy_mem_pool(id);
 }
 
+// A MemPool destroyed while torch records keeps its events in its device's trace, as native's.
+void a_destroyed_mem_pools_events_stay_in_the_trace() {
+  using c10::CachingDeviceAllocator::RecordContext;
+  adapter().recordHistory(true, gather_stack, 100, RecordContext::ALLOC, true, {});
+  Source source;
+  MempoolId_t id{0, 111};
+  adapter().createOrIncrefPool(0, id, source.allocator);
+  begin_use(id);
+  void *in_pool = adapter().raw_alloc(4096);
+  end_use(id);
+  adapter().raw_delete(in_pool);
+  destroy_mem_pool(id);
+  REQUIRE(source.given_back == 1);
+  c10::cuda::CUDACachingAllocator::SnapshotInfo snapshot = adapter().snapshot({0, 0}, true);
+  int allocations = 0, segments_freed = 0;
+  for (const TraceEntry &entry : snapshot.device_traces.at(0)) {
+    allocations += entry.action_ == TraceEntry::ALLOC && entry.addr_ == reinterpret_cast<size_t>(in_pool) &&
+                   entry.mempool_ == id && entry.context_ != nullptr;
+    segments_freed += entry.action_ == TraceEntry::SEGMENT_FREE && entry.mempool_ == id;
+  }
+  CHECK_EQ_INT(allocations, 1);
+  CHECK_EQ_INT(segments_freed, 1);
+  adapter().recordHistory(true, gather_stack, 100, RecordContext::ALLOC, true, {}); // begun anew: forgotten
+  bool forgotten = true;
+  snapshot = adapter().snapshot({0, 0}, true);
+  for (const TraceEntry &entry : snapshot.device_traces.at(0))
+    forgotten = forgotten && entry.mempool_ != id;
+  CHECK(forgotten);
+  adapter().recordHistory(false, nullptr, 0, RecordContext::NEVER, true, {});
+}
+
 void caching_off_gives_each_allocation_its_own_cuda_malloc() {
   adapter().enable(false);
   void *pointer = adapter().raw_alloc(100);
@@ -465,6 +496,7 @@ int main() {
       TEST_CASE(out_of_memory_raises_and_leaves_the_adapter_usable),
       TEST_CASE(a_free_carries_its_allocations_stack_in_alloc_mode),
       TEST_CASE(a_merged_trace_keeps_the_newest_entries),
+      TEST_CASE(a_destroyed_mem_pools_events_stay_in_the_trace),
       TEST_CASE(caching_off_gives_each_allocation_its_own_cuda_malloc),
       TEST_CASE(trace_trackers_see_segments),
       TEST_CASE(a_graph_pool_goes_back_to_its_checkpoint),
