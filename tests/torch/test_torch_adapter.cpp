@@ -14,6 +14,7 @@
 #include "test.h"
 
 #include <cstdlib>
+#include <cstring>
 
 namespace {
 
@@ -382,6 +383,35 @@ void record_stream_and_pointers_that_are_not_gpumems() {
   CHECK_EQ_INT(live_allocations(), live - 1);
 }
 
+// torch.multiprocessing's handle of a tensor, opened as a receiving process would (here by this same
+// process): the bytes written through the tensor are there through the mapping; one mapping per handle
+// while any tensor of it lives; a handle that is not gpumem's and no allocator to open it is refused.
+void a_shared_tensor_opens_on_its_bytes() {
+  void *pointer = adapter().raw_alloc(3 << 20);
+  std::memset(pointer, 0x5a, 3 << 20); // the fake device's memory is the host's
+  static_cast<unsigned char *>(pointer)[12345] = 0xc3;
+  c10::cuda::CUDACachingAllocator::ShareableHandle handle = adapter().shareIpcHandle(pointer);
+  CHECK(!handle.handle.empty());
+  {
+    std::shared_ptr<void> opened = adapter().getIpcDevPtr(handle.handle);
+    REQUIRE(opened != nullptr);
+    const unsigned char *bytes = static_cast<const unsigned char *>(opened.get()) + handle.offset;
+    CHECK(bytes != pointer); // a second mapping of the same memory
+    CHECK_EQ_INT(bytes[0], 0x5a);
+    CHECK_EQ_INT(bytes[12345], 0xc3);
+    CHECK_EQ_INT(bytes[(3 << 20) - 1], 0x5a);
+    CHECK(adapter().getIpcDevPtr(handle.handle) == opened); // mapped once while it lives
+  }
+  bool refused = false;
+  try {
+    adapter().getIpcDevPtr(std::string(1, 2) + "c, a handle of cudaMalloc's memory");
+  } catch (const c10::Error &error) {
+    refused = std::string(error.what()).find("cannot open this CUDA IPC handle") != std::string::npos;
+  }
+  CHECK(refused);
+  adapter().raw_delete(pointer);
+}
+
 struct Stack final : c10::GatheredContext {};
 std::shared_ptr<c10::GatheredContext> gather_stack() { return std::make_shared<Stack>(); }
 
@@ -480,6 +510,7 @@ void caching_off_gives_each_allocation_its_own_cuda_malloc() {
 
 int main() {
   setenv("GPUMEM_CONF", "large_segment_size:40MiB", 1);
+  setenv("GPUMEM_FAKE_CUDA_EXPORT", "1", 1); // chunks that can be shared with another process
   install("publish:false,small_segment_size:4MiB");
   REQUIRE(torch_model::current_allocator.get() == installed.get());
   static const test_case cases[] = {
@@ -501,6 +532,7 @@ int main() {
       TEST_CASE(trace_trackers_see_segments),
       TEST_CASE(a_graph_pool_goes_back_to_its_checkpoint),
       TEST_CASE(record_stream_and_pointers_that_are_not_gpumems),
+      TEST_CASE(a_shared_tensor_opens_on_its_bytes),
   };
   return run_tests(cases, sizeof cases / sizeof cases[0]);
 }
