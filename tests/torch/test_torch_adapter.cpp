@@ -106,6 +106,8 @@ void allocations_through_data_pointers() {
   data.get_deleter()(data.get());
   CHECK_EQ_INT(live_allocations(), before);
   CHECK(adapter().allocate(0).get() == nullptr);
+  adapter().emptyCache({0, 0}); // torch.cuda.empty_cache(): the memory goes back to the driver
+  CHECK_EQ_INT(adapter().getDeviceStats(0).reserved_bytes[0].current, 0);
 }
 
 void a_mem_pool_with_an_allocator_of_its_own() {
