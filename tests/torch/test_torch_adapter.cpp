@@ -13,8 +13,10 @@
 #include "model_runtime.h"
 #include "test.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 namespace {
 
@@ -508,6 +510,66 @@ void caching_off_gives_each_allocation_its_own_cuda_malloc() {
   CHECK(adapter().raw_deleter() == &delete_pointer);
 }
 
+// Python threads: each makes MemPools of its own (one with an allocator of its own, one of gpumem's
+// private pools), allocates into them through its thread's filter, as use_mem_pool does, and destroys
+// them, while the others allocate on the device and torch reads statistics, takes snapshots with history
+// recorded and a trace tracker attached, and empties the cache. Under ThreadSanitizer (ctest -L threads)
+// a data race fails the test; everywhere, every allocation must end where its route says.
+void threads_with_mem_pools_of_their_own() {
+  using c10::CachingDeviceAllocator::RecordContext;
+  adapter().recordHistory(true, gather_stack, 200, RecordContext::ALLOC, true, {});
+  std::atomic<int> misplaced{0}, failed{0};
+  auto worker = [&](int index) {
+    for (int round = 0; round < 50; round++) {
+      try {
+        Source source;
+        auto thread = std::this_thread::get_id();
+        auto this_thread = [thread](cudaStream_t) { return std::this_thread::get_id() == thread; };
+        MempoolId_t sourced{0, 1000 + static_cast<unsigned long long>(index * 100 + round)};
+        MempoolId_t graph_pool{2000 + static_cast<unsigned long long>(index * 100 + round), 0};
+        adapter().createOrIncrefPool(0, sourced, source.allocator);
+        adapter().createOrIncrefPool(0, graph_pool, nullptr);
+        adapter().beginAllocateToPool(0, sourced, this_thread);
+        void *in_sourced = adapter().raw_alloc(4096 * (1 + round % 3));
+        adapter().beginAllocateToPool(0, graph_pool, this_thread);
+        void *in_graph_pool = adapter().raw_alloc(1 << 20);
+        end_use(graph_pool);
+        end_use(sourced);
+        void *on_device = adapter().raw_alloc(1 << 16);
+        misplaced += !source.holds(in_sourced) + source.holds(in_graph_pool) + source.holds(on_device);
+        misplaced += adapter().pool_allocations(0, graph_pool).size() != 1;
+        for (void *pointer : {in_sourced, in_graph_pool, on_device})
+          adapter().raw_delete(pointer);
+        destroy_mem_pool(sourced);
+        destroy_mem_pool(graph_pool);
+        misplaced += source.given_back != 1;
+      } catch (const std::exception &error) {
+        std::fprintf(stderr, "thread %d: %s\n", index, error.what());
+        failed++;
+      }
+    }
+  };
+  std::atomic<bool> done{false};
+  std::thread reader([&] {
+    while (!done.load()) {
+      adapter().getDeviceStats(0);
+      adapter().snapshot({0, 0}, true);
+      adapter().emptyCache({0, 0});
+    }
+  });
+  std::vector<std::thread> workers;
+  for (int index = 0; index < 4; index++)
+    workers.emplace_back(worker, index);
+  for (std::thread &each : workers)
+    each.join();
+  done.store(true);
+  reader.join();
+  adapter().recordHistory(false, nullptr, 0, RecordContext::NEVER, true, {});
+  CHECK_EQ_INT(failed.load(), 0);
+  CHECK_EQ_INT(misplaced.load(), 0);
+  CHECK_EQ_INT(live_allocations(), 0);
+}
+
 } // namespace
 
 int main() {
@@ -535,6 +597,7 @@ int main() {
       TEST_CASE(a_graph_pool_goes_back_to_its_checkpoint),
       TEST_CASE(record_stream_and_pointers_that_are_not_gpumems),
       TEST_CASE(a_shared_tensor_opens_on_its_bytes),
+      TEST_CASE(threads_with_mem_pools_of_their_own),
   };
   return run_tests(cases, sizeof cases / sizeof cases[0]);
 }
