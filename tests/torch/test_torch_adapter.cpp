@@ -61,6 +61,14 @@ void end_use(MempoolId_t id) {
   adapter().releasePool(0, id);
 }
 
+// One allocation inside `with use_mem_pool(pool)`.
+void *allocate_in(MempoolId_t id, size_t size) {
+  begin_use(id);
+  void *pointer = adapter().raw_alloc(size);
+  end_use(id);
+  return pointer;
+}
+
 // MemPool's destructor.
 void destroy_mem_pool(MempoolId_t id) {
   adapter().releasePool(0, id);
@@ -118,9 +126,7 @@ void a_mem_pool_with_an_allocator_of_its_own() {
   adapter().createOrIncrefPool(0, id, source.allocator);
   CHECK_EQ_INT(adapter().getPoolUseCount(0, id), 1);
   int64_t counted_before = adapter().getDeviceStats(0).allocation[0].allocated;
-  begin_use(id);
-  void *inside = adapter().raw_alloc(4096);
-  end_use(id);
+  void *inside = allocate_in(id, 4096);
   void *outside = adapter().raw_alloc(4096);
   CHECK(source.holds(inside));
   CHECK(!source.holds(outside));
@@ -146,9 +152,7 @@ void a_released_mem_pool_goes_with_its_last_allocation() {
   Source source;
   MempoolId_t id{0, 102};
   adapter().createOrIncrefPool(0, id, source.allocator);
-  begin_use(id);
-  void *kept = adapter().raw_alloc(1 << 20);
-  end_use(id);
+  void *kept = allocate_in(id, 1 << 20);
   destroy_mem_pool(id);
   CHECK_EQ_INT(source.given_back, 0); // its allocation still lives in the segment
   CHECK(source.holds(kept));
@@ -191,9 +195,7 @@ void a_pool_that_does_not_split() {
   adapter().createOrIncrefPool(0, id, nullptr);
   adapter().setNoSplit(0, id);
   CHECK_EQ_INT(adapter().getPoolUseCount(0, id), 1); // the user moved to the pool of its own
-  begin_use(id);
-  void *pointer = adapter().raw_alloc(1024);
-  end_use(id);
+  void *pointer = allocate_in(id, 1024);
   c10::cuda::CUDACachingAllocator::SnapshotInfo snapshot = adapter().snapshot(id, false);
   REQUIRE(snapshot.segments.size() == 1);
   CHECK(snapshot.segments[0].owner_private_pool_id == id);
@@ -209,9 +211,7 @@ void mem_pools_take_the_configuration() {
   Source source;
   MempoolId_t id{0, 107};
   adapter().createOrIncrefPool(0, id, source.allocator);
-  begin_use(id);
-  void *small = adapter().raw_alloc(1000), *large = adapter().raw_alloc(5 << 20);
-  end_use(id);
+  void *small = allocate_in(id, 1000), *large = allocate_in(id, 5 << 20);
   std::vector<size_t> sizes;
   for (const auto &[segment, size] : source.segments)
     sizes.push_back(size);
@@ -228,9 +228,7 @@ void resets_reach_pools_gone() {
   Source source;
   MempoolId_t id{0, 106};
   adapter().createOrIncrefPool(0, id, source.allocator);
-  begin_use(id);
-  void *pointer = adapter().raw_alloc(8 << 20);
-  end_use(id);
+  void *pointer = allocate_in(id, 8 << 20);
   adapter().raw_delete(pointer);
   destroy_mem_pool(id);
   c10::CachingDeviceAllocator::DeviceStats stats = adapter().getDeviceStats(0);
@@ -323,9 +321,7 @@ void trace_trackers_see_segments() {
   MempoolId_t id{0, 108};
   adapter().createOrIncrefPool(0, id, source.allocator);
   tracked().clear();
-  begin_use(id);
-  void *in_pool = adapter().raw_alloc(4096);
-  end_use(id);
+  void *in_pool = allocate_in(id, 4096);
   bool named = false;
   for (const TraceEntry &entry : tracked())
     named = named || (entry.action_ == TraceEntry::SEGMENT_ALLOC && entry.mempool_ == id);
@@ -339,14 +335,10 @@ void trace_trackers_see_segments() {
 void a_graph_pool_goes_back_to_its_checkpoint() {
   MempoolId_t id{109, 0};
   adapter().createOrIncrefPool(0, id, nullptr);
-  begin_use(id);
-  void *first = adapter().raw_alloc(1 << 20), *second = adapter().raw_alloc(1 << 20);
-  end_use(id);
+  void *first = allocate_in(id, 1 << 20), *second = allocate_in(id, 1 << 20);
   auto checkpoint = adapter().getCheckpointState(0, id);
   adapter().raw_delete(first);
-  begin_use(id);
-  void *third = adapter().raw_alloc(3 << 20);
-  end_use(id);
+  void *third = allocate_in(id, 3 << 20);
   c10::cuda::CUDACachingAllocator::CheckpointDelta delta = adapter().setCheckpointPoolState(0, checkpoint);
   std::set<void *> freed(delta.ptrs_freed.begin(), delta.ptrs_freed.end()), made;
   for (const c10::DataPtr &data : delta.dataptrs_allocd)
@@ -448,9 +440,7 @@ void a_merged_trace_keeps_the_newest_entries() {
   Source source;
   MempoolId_t id{0, 110};
   adapter().createOrIncrefPool(0, id, source.allocator);
-  begin_use(id);
-  void *in_pool = adapter().raw_alloc(4096);
-  end_use(id);
+  void *in_pool = allocate_in(id, 4096);
   void *last = nullptr;
   for (int i = 0; i < 4; i++) {
     last = adapter().raw_alloc(8192);
@@ -475,9 +465,7 @@ void a_destroyed_mem_pools_events_stay_in_the_trace() {
   Source source;
   MempoolId_t id{0, 111};
   adapter().createOrIncrefPool(0, id, source.allocator);
-  begin_use(id);
-  void *in_pool = adapter().raw_alloc(4096);
-  end_use(id);
+  void *in_pool = allocate_in(id, 4096);
   adapter().raw_delete(in_pool);
   destroy_mem_pool(id);
   REQUIRE(source.given_back == 1);
