@@ -432,6 +432,42 @@ void a_free_carries_its_allocations_stack_in_alloc_mode() {
   CHECK(freed == allocated);
 }
 
+// Recording begun again (clear_history) keeps the stacks of blocks allocated before, in snapshots' blocks
+// and for their frees; stopping it forgets them, as native's.
+void blocks_keep_their_stacks_when_recording_begins_again() {
+  using c10::CachingDeviceAllocator::RecordContext;
+  adapter().recordHistory(true, gather_stack, 100, RecordContext::ALLOC, true, {});
+  void *kept = adapter().raw_alloc(2048);
+  adapter().recordHistory(true, gather_stack, 100, RecordContext::ALLOC, true, {});
+  auto stack_of_block = [](void *pointer) {
+    std::shared_ptr<c10::GatheredContext> stack;
+    for (const auto &segment : adapter().snapshot({0, 0}, false).segments) {
+      size_t address = segment.address;
+      for (const auto &block : segment.blocks) {
+        if (address == reinterpret_cast<size_t>(pointer))
+          stack = block.context_when_allocated;
+        address += block.size;
+      }
+    }
+    return stack;
+  };
+  std::shared_ptr<c10::GatheredContext> stack = stack_of_block(kept);
+  CHECK(stack != nullptr);
+  adapter().raw_delete(kept);
+  std::shared_ptr<c10::GatheredContext> freed;
+  c10::cuda::CUDACachingAllocator::SnapshotInfo snapshot = adapter().snapshot({0, 0}, true);
+  for (const TraceEntry &entry : snapshot.device_traces.at(0))
+    if (entry.action_ == TraceEntry::FREE_REQUESTED && entry.addr_ == reinterpret_cast<size_t>(kept))
+      freed = entry.context_;
+  CHECK(freed == stack);
+  void *forgotten = adapter().raw_alloc(2048);
+  adapter().recordHistory(false, nullptr, 0, RecordContext::NEVER, true, {});
+  adapter().recordHistory(true, gather_stack, 100, RecordContext::ALLOC, true, {});
+  CHECK(stack_of_block(forgotten) == nullptr);
+  adapter().raw_delete(forgotten);
+  adapter().recordHistory(false, nullptr, 0, RecordContext::NEVER, true, {});
+}
+
 // A device's trace joins its MemPools' events to its own, in time order, and keeps at most as many as
 // torch asked for (native keeps one ring per device), the newest.
 void a_merged_trace_keeps_the_newest_entries() {
@@ -578,6 +614,7 @@ int main() {
       TEST_CASE(the_profiler_is_told_sizes_and_totals),
       TEST_CASE(out_of_memory_raises_and_leaves_the_adapter_usable),
       TEST_CASE(a_free_carries_its_allocations_stack_in_alloc_mode),
+      TEST_CASE(blocks_keep_their_stacks_when_recording_begins_again),
       TEST_CASE(a_merged_trace_keeps_the_newest_entries),
       TEST_CASE(a_destroyed_mem_pools_events_stay_in_the_trace),
       TEST_CASE(caching_off_gives_each_allocation_its_own_cuda_malloc),
