@@ -39,7 +39,7 @@ struct BlockInfo { size_t size = 0, requested_size = 0; int32_t gc_counter = 0; 
 struct SegmentInfo {
   c10::DeviceIndex device = 0; size_t address = 0, total_size = 0, requested_size = 0, allocated_size = 0, active_size = 0;
   void *stream = nullptr; bool is_large = false, is_expandable = false; std::pair<unsigned long long, unsigned long long> owner_private_pool_id = {0, 0};
-  std::vector<BlockInfo> blocks; std::shared_ptr<GatheredContext> context_when_allocated; size_t registration_counter = 0;
+  std::vector<BlockInfo> blocks; std::shared_ptr<GatheredContext> context_when_allocated;
 };
 struct AnnotationEntry {
   AnnotationEntry(c10::DeviceIndex device, approx_time_t time) : device_(device) { time_.approx_t_ = time; }
