@@ -1,3 +1,4 @@
+// A model of PyTorch's <torch/extension.h>: only what the torch adapter uses (README.md here).
 #pragma once
 #include <c10/core/Allocator.h>
 #include <string>

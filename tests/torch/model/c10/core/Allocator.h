@@ -1,3 +1,4 @@
+// A model of PyTorch's <c10/core/Allocator.h>: only what the torch adapter uses (README.md here).
 #pragma once
 #include <c10/core/DeviceType.h>
 #include <c10/util/Exception.h>

@@ -1,3 +1,4 @@
+// A model of PyTorch's <c10/cuda/CUDACachingAllocator.h>: only what the torch adapter uses (README.md here).
 #pragma once
 #include <c10/core/Allocator.h>
 #include <c10/core/AllocatorConfig.h>

@@ -1,3 +1,4 @@
+// A model of PyTorch's <c10/cuda/CUDAStream.h>: only what the torch adapter uses (README.md here).
 #pragma once
 #include <c10/core/DeviceType.h>
 #include <cuda_runtime_api.h>

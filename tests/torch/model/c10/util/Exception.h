@@ -1,3 +1,4 @@
+// A model of PyTorch's <c10/util/Exception.h>: only what the torch adapter uses (README.md here).
 #pragma once
 #include <sstream>
 #include <stdexcept>

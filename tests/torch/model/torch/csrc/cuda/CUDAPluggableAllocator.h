@@ -1,3 +1,4 @@
+// A model of PyTorch's <torch/csrc/cuda/CUDAPluggableAllocator.h>: only what the torch adapter uses (README.md here).
 #pragma once
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <mutex>
