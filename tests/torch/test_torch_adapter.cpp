@@ -206,6 +206,21 @@ void a_pool_that_does_not_split() {
   CHECK(adapter().snapshot(id, false).segments.empty());
 }
 
+// A MemPool of gpumem's own private pools that goes (released, nothing live) gives its memory back to the
+// device, as native's MemPool destructor does (releasePool, then emptyCache of that pool).
+void a_private_pool_gives_its_memory_back_when_gone() {
+  adapter().emptyCache({0, 0});
+  int64_t reserved = adapter().getDeviceStats(0).reserved_bytes[0].current;
+  MempoolId_t id{0, 112};
+  adapter().createOrIncrefPool(0, id, nullptr);
+  void *pointer = allocate_in(id, 24 << 20);
+  CHECK(adapter().getDeviceStats(0).reserved_bytes[0].current >= reserved + (24 << 20));
+  adapter().raw_delete(pointer);
+  CHECK(adapter().getDeviceStats(0).reserved_bytes[0].current >= reserved + (24 << 20)); // the pool's still
+  destroy_mem_pool(id);
+  CHECK_EQ_INT(adapter().getDeviceStats(0).reserved_bytes[0].current, reserved);
+}
+
 // The pools' allocators are configured as the device's: GPUMEM_CONF, then install()'s string (main).
 void mem_pools_take_the_configuration() {
   Source source;
@@ -608,6 +623,7 @@ int main() {
       TEST_CASE(a_released_mem_pool_goes_with_its_last_allocation),
       TEST_CASE(the_last_route_begun_takes_the_allocation),
       TEST_CASE(a_pool_that_does_not_split),
+      TEST_CASE(a_private_pool_gives_its_memory_back_when_gone),
       TEST_CASE(mem_pools_take_the_configuration),
       TEST_CASE(resets_reach_pools_gone),
       TEST_CASE(the_gpu_trace_hears_every_allocation_and_free),
