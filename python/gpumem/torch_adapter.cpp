@@ -318,7 +318,7 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   // a released MemPool with an allocator of its own gives its cached segments back to that allocator.
   void emptyCache(c10::cuda::MempoolId_t mempool_id) override {
     if (mempool_id.first != 0 || mempool_id.second != 0)
-      return sourced_.empty_cache_of(mempool_id);
+      return sourced_.empty_cache(&mempool_id);
     for (auto &slot : allocators_)
       if (gm_allocator *allocator = slot.load(std::memory_order_acquire))
         gm_empty_cache(allocator);

@@ -173,23 +173,15 @@ class SourcedPools {
     sweep();
   }
 
-  // empty_cache: as native's, only pools PyTorch released (their last allocations still live) give their
-  // cached segments back to their allocators; pools in use keep them (NCCL's registered segments stay).
-  void empty_cache() {
-    std::lock_guard<std::mutex> guard(mutex_);
-    for (SourcedPool &pool : pools_)
-      if (pool.users <= 0)
-        gm_empty_cache(pool.allocator);
-    sweep();
-  }
-
-  // emptyCache(id) (a MemPool's destructor, after releasePool): that pool's cached segments, if released.
-  void empty_cache_of(c10::cuda::MempoolId_t id) {
+  // empty_cache (all pools, `only` NULL) or emptyCache(id) (a MemPool's destructor, after releasePool: pool
+  // *only): as native's, only pools PyTorch released (their last allocations still live) give their cached
+  // segments back to their allocators; pools in use keep them (NCCL's registered segments stay).
+  void empty_cache(const c10::cuda::MempoolId_t *only = nullptr) {
     if (!count_.load(std::memory_order_seq_cst))
       return;
     std::lock_guard<std::mutex> guard(mutex_);
     for (SourcedPool &pool : pools_)
-      if (pool.id == id && pool.users <= 0)
+      if ((!only || pool.id == *only) && pool.users <= 0)
         gm_empty_cache(pool.allocator);
     sweep();
   }
