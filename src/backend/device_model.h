@@ -78,6 +78,17 @@ gm_status gm_model_synchronize(gm_backend *backend);
  * names it fails (or reads as busy, never captured) and is counted in calls_on_destroyed_streams. */
 gm_status gm_model_stream_destroy(gm_backend *backend, gm_stream stream);
 
+/* The operations a model backend takes from the model as they are (events, streams, the device-wide
+ * wait) and its host memory, ordinary memory: in a gm_backend_operations initializer. */
+#define GM_MODEL_OPERATIONS                                                                               \
+    .event_create = gm_model_event_create, .event_destroy = gm_model_event_destroy,                      \
+    .event_record = gm_model_event_record, .event_query = gm_model_event_query,                          \
+    .event_synchronize = gm_model_event_synchronize, .synchronize = gm_model_synchronize,                \
+    .stream_enqueue = gm_model_stream_enqueue, .stream_complete = gm_model_stream_complete,              \
+    .stream_is_capturing = gm_model_stream_is_capturing, .stream_is_busy = gm_model_stream_is_busy,      \
+    .stream_set_capturing = gm_model_stream_set_capturing, .host_allocate = gm_plain_host_allocate,      \
+    .host_free = gm_plain_host_free
+
 /* What a sim or host backend holds now (only those: their state is a model), for tests and the soak
  * benchmark, which check that it stays bounded. */
 typedef struct gm_model_footprint {
