@@ -71,6 +71,7 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   GpumemAllocator(std::string config, c10::cuda::CUDACachingAllocator::CUDAAllocator *replaced)
       : CUDAPluggableAllocator(unused_alloc, unused_free), config_(std::move(config)), replaced_(replaced) {
     connect_pools(sourced_, observers_, history_);
+    sourced_.device_allocator_of = [this](c10::DeviceIndex device) { return existing(device); };
   }
 
   ~GpumemAllocator() override = default;
@@ -483,13 +484,13 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   // are never split takes the pool over (torch_pool_sources.h).
   void setNoSplit(c10::DeviceIndex device, c10::cuda::MempoolId_t id) override {
     if (sourced_.has(device, id))
-      return sourced_.make_unsplit(device, id, 0);
+      return sourced_.make_unsplit(device, id, 0, existing(device));
     gm_allocator *allocator = of(device);
     gm_pool_info info;
     TORCH_CHECK(gm_get_pool_info(allocator, pool_of(id), &info) == GM_OK, "gpumem: ", gm_last_error());
     TORCH_CHECK(info.live_allocations == 0, "gpumem: no_split must be set before the memory pool is used");
     try {
-      sourced_.make_unsplit(device, id, static_cast<int>(info.users));
+      sourced_.make_unsplit(device, id, static_cast<int>(info.users), allocator);
     } catch (...) { // the MemPool is not made, so nothing would release its users
       for (uint32_t user = 0; user < info.users; user++)
         gm_release_pool(allocator, pool_of(id));
@@ -508,13 +509,12 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   }
 
   // MemPool(use_on_oom=True): allocations elsewhere that would fail may take the pool's free memory
-  // (gm_set_pool_use_on_oom). Not for a pool with an allocator of its own, whose memory is that
-  // allocator's. Called from destructors too (clearing the flag of a pool perhaps gone): never throws.
+  // (gm_set_pool_use_on_oom; a MemPool with an allocator of its own: SourcedPools::set_use_on_oom).
+  // Called from destructors too (clearing the flag of a pool perhaps gone): never throws.
   void setUseOnOOM(c10::DeviceIndex device, c10::cuda::MempoolId_t id, bool use_on_oom) override {
-    if (sourced_.has(device, id)) {
-      if (use_on_oom)
-        TORCH_WARN_ONCE("gpumem: use_on_oom is not supported for a MemPool with an allocator of its own");
-    } else if (gm_set_pool_use_on_oom(of(device), pool_of(id), use_on_oom ? 1 : 0) != GM_OK && use_on_oom) {
+    sourced_.set_use_on_oom(device, id, use_on_oom, use_on_oom ? of(device) : nullptr);
+    if (!sourced_.has(device, id) && gm_set_pool_use_on_oom(of(device), pool_of(id), use_on_oom ? 1 : 0) != GM_OK &&
+        use_on_oom) {
       TORCH_WARN("gpumem: ", gm_last_error());
     }
   }

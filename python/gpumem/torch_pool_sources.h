@@ -9,6 +9,8 @@
 // segments engine): its allocations are routed here before the device's allocator is asked, its
 // statistics and segments are added to the device's, empty_cache gives its cached segments back to
 // that allocator, and once PyTorch releases the pool and no allocation of it is left, it is destroyed.
+// Marked use_on_oom, it gives its cached segments back when an allocation of the device would otherwise
+// run out of memory (set_use_on_oom).
 //
 // A MemPool(no_split=True) (symmetric memory, registered with NCCL segment by segment) is served the
 // same way, by a gm_allocator of its own whose blocks are never split (the segments engine with
@@ -26,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -43,6 +46,7 @@ struct SourcedPool {
   gm_allocator *allocator = nullptr;
   int users = 0;
   bool unsplit = false;
+  class SourcedPools *owner = nullptr;
 };
 
 // The pool's allocator hands out a segment, on the pool's device. Called with gpumem's lock held.
@@ -89,8 +93,10 @@ class SourcedPools {
   // MemPool(no_split=True), told after the pool was made and before it is used: a pool of this kind
   // gets an allocator that does not split anew; a pool of gpumem's own private pools (with `users`,
   // given up there by the caller) becomes one of this kind, on the device's memory.
-  void make_unsplit(c10::DeviceIndex device, c10::cuda::MempoolId_t id, int users) {
+  void make_unsplit(c10::DeviceIndex device, c10::cuda::MempoolId_t id, int users, gm_allocator *device_allocator) {
     std::lock_guard<std::mutex> guard(mutex_);
+    if (marked_.count({device, id})) // use_on_oom is set before no_split
+      lend_for(device, device_allocator);
     SourcedPool *pool = find(device, id);
     if (!pool) {
       pools_.push_back(SourcedPool{device, id, nullptr, nullptr, users, true});
@@ -152,6 +158,25 @@ class SourcedPools {
         return route->pool->allocator;
       }
     return nullptr;
+  }
+
+  // MemPool(use_on_oom=...) (setUseOnOOM, which its destructor calls with false), for a pool of any kind:
+  // one of gpumem's private pools may become one of these later (no_split, set after use_on_oom). Native
+  // lets an allocation that would fail take such a pool's free blocks; as gpumem's private pools lend
+  // theirs (gm_set_pool_use_on_oom), a pool of this kind gives its cached segments back to its allocator
+  // instead (ncclMemAlloc's, vLLM's: memory of the device) and the device's allocator tries again. That
+  // runs in a pressure callback on `device_allocator` (registered once: lend_for), which the allocator
+  // calls with level CRITICAL, no lock held, when an allocation would fail after its own retries, and
+  // then tries the allocation once more.
+  void set_use_on_oom(c10::DeviceIndex device, c10::cuda::MempoolId_t id, bool use_on_oom, gm_allocator *device_allocator) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    if (!use_on_oom) {
+      marked_.erase({device, id});
+      return;
+    }
+    marked_.insert({device, id});
+    if (find(device, id))
+      lend_for(device, device_allocator);
   }
 
   // The pool allocator that owns `pointer`; NULL when there is none.
@@ -219,6 +244,8 @@ class SourcedPools {
   // before any pool is made, and called with this object's lock held.
   std::function<void(gm_allocator *, c10::DeviceIndex, c10::cuda::MempoolId_t)> on_made, on_destroying;
   std::function<void(gm_allocator *)> on_destroyed;
+  // The device's allocator, NULL while it does not exist (release_device_cache); set once, before any pool.
+  std::function<gm_allocator *(c10::DeviceIndex)> device_allocator_of;
 
   // The pools' statistics on `device` added to the device allocator's `stats`, with those of the pools
   // gone (their counts and peaks stay the device's, as in native's one set of statistics per device).
@@ -288,6 +315,9 @@ class SourcedPools {
       undo();
       TORCH_CHECK(false, "gpumem: cannot make the allocator of the memory pool: ", reason);
     }
+    pool.owner = this;
+    if (gm_on_pressure(pool.allocator, release_device_cache, &pool) != GM_OK)
+      TORCH_WARN("gpumem: ", gm_last_error());
     count_.fetch_add(1, std::memory_order_seq_cst);
     if (on_made)
       on_made(pool.allocator, pool.device, pool.id);
@@ -320,6 +350,41 @@ class SourcedPools {
 #define GPUMEM_ADD_COUNTER(field, label, origin) stats.field += more.field;
     GM_COUNTERS(GPUMEM_ADD_COUNTER)
 #undef GPUMEM_ADD_COUNTER
+  }
+
+  static void lend_on_out_of_memory(gm_allocator *device_allocator, gm_pressure_level level,
+                                    const gm_pressure_readings *, void *context) {
+    if (level != GM_PRESSURE_CRITICAL)
+      return;
+    auto *pools = static_cast<SourcedPools *>(context);
+    std::lock_guard<std::mutex> guard(pools->mutex_);
+    auto lending = pools->lending_devices_.find(device_allocator); // no exception crosses gpumem's C frames
+    for (SourcedPool &pool : pools->pools_)
+      if (lending != pools->lending_devices_.end() && pool.device == lending->second &&
+          pools->marked_.count({pool.device, pool.id}))
+        gm_empty_cache(pool.allocator);
+  }
+
+  // A pool's allocation would fail after its allocator released its own cache: as native's one allocator
+  // per device releases the device's cached blocks too before it gives up, the device's allocator empties
+  // its cache, and the pool's allocator tries once more (a pressure callback, as lend_on_out_of_memory).
+  static void release_device_cache(gm_allocator *, gm_pressure_level level, const gm_pressure_readings *,
+                                   void *context) {
+    auto *pool = static_cast<SourcedPool *>(context);
+    try { // no exception crosses gpumem's C frames
+      gm_allocator *device_allocator = pool->owner->device_allocator_of(pool->device);
+      if (level == GM_PRESSURE_CRITICAL && device_allocator)
+        gm_empty_cache(device_allocator);
+    } catch (...) {
+    }
+  }
+
+  // The device's allocator calls lend_on_out_of_memory from now on (mutex_ held).
+  void lend_for(c10::DeviceIndex device, gm_allocator *device_allocator) {
+    if (!device_allocator || lending_devices_.count(device_allocator))
+      return;
+    TORCH_CHECK(gm_on_pressure(device_allocator, lend_on_out_of_memory, this) == GM_OK, "gpumem: ", gm_last_error());
+    lending_devices_[device_allocator] = device;
   }
 
   // A pool about to go (mutex_ held): its counts and peaks are kept for its device, what it holds now
@@ -370,6 +435,8 @@ class SourcedPools {
   std::atomic<int> routing_{0};
   std::atomic<int> count_{0};
   std::map<c10::DeviceIndex, gm_stats> retired_; // the statistics of pools gone, by device (value-initialized)
+  std::map<gm_allocator *, c10::DeviceIndex> lending_devices_; // device allocators with lend_on_out_of_memory
+  std::set<std::pair<c10::DeviceIndex, c10::cuda::MempoolId_t>> marked_; // pools with use_on_oom, of any kind
 };
 
 } // namespace gpumem_pools

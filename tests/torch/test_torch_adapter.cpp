@@ -221,6 +221,40 @@ void a_private_pool_gives_its_memory_back_when_gone() {
   CHECK_EQ_INT(adapter().getDeviceStats(0).reserved_bytes[0].current, reserved);
 }
 
+// MemPool(use_on_oom=True) with a pool of its own (no_split here, on the device's memory): an allocation
+// that would fail takes the pool's cached memory (given back, then made again by the device's allocator)
+// and is no out of memory; without the mark it is. And the other way, as under native's one allocator: a
+// pool's allocation that would fail takes the device's cached memory.
+bool raises_out_of_memory(size_t size, MempoolId_t pool = {0, 0}) {
+  try {
+    adapter().raw_delete(pool == MempoolId_t{0, 0} ? adapter().raw_alloc(size) : allocate_in(pool, size));
+  } catch (const c10::OutOfMemoryError &) {
+    return true;
+  }
+  return false;
+}
+
+void a_mem_pool_marked_use_on_oom_lends_its_free_memory() {
+  const size_t size = size_t(600) << 20; // two of them do not fit the fake device's 1 GiB
+  adapter().emptyCache({0, 0});
+  MempoolId_t id{0, 113};
+  adapter().createOrIncrefPool(0, id, nullptr); // MemPool(use_on_oom=True, no_split=True), in native's order
+  adapter().setUseOnOOM(0, id, true);
+  adapter().setNoSplit(0, id);
+  adapter().raw_delete(allocate_in(id, size)); // cached by the pool, which is in use
+  REQUIRE(adapter().snapshot(id, false).segments.size() == 1);
+  int64_t ooms = adapter().getDeviceStats(0).num_ooms;
+  CHECK(!raises_out_of_memory(size));
+  CHECK_EQ_INT(adapter().getDeviceStats(0).num_ooms, ooms); // not counted: it did not fail
+  CHECK(adapter().snapshot(id, false).segments.empty());   // lent, no longer the pool's
+  CHECK(!raises_out_of_memory(size, id)); // the device's cache given back for the pool, which goes on
+  adapter().setUseOnOOM(0, id, false); // the pool holds its 600 MiB again
+  CHECK(raises_out_of_memory(size));
+  CHECK_EQ_INT(adapter().getDeviceStats(0).num_ooms, ooms + 1);
+  CHECK_EQ_INT(adapter().snapshot(id, false).segments.size(), 1); // the pool kept its memory
+  destroy_mem_pool(id);
+}
+
 // The pools' allocators are configured as the device's: GPUMEM_CONF, then install()'s string (main).
 void mem_pools_take_the_configuration() {
   Source source;
@@ -291,8 +325,8 @@ void the_profiler_is_told_sizes_and_totals() {
 }
 
 void out_of_memory_raises_and_leaves_the_adapter_usable() {
-  int observed = 0;
-  adapter().attachOutOfMemoryObserver([&observed](int64_t, size_t, size_t, size_t) { observed++; });
+  static int observed = 0; // the observer stays attached after this test
+  adapter().attachOutOfMemoryObserver([](int64_t, size_t, size_t, size_t) { observed++; });
   int64_t ooms = adapter().getDeviceStats(0).num_ooms;
   bool raised = false;
   try {
@@ -624,6 +658,7 @@ int main() {
       TEST_CASE(the_last_route_begun_takes_the_allocation),
       TEST_CASE(a_pool_that_does_not_split),
       TEST_CASE(a_private_pool_gives_its_memory_back_when_gone),
+      TEST_CASE(a_mem_pool_marked_use_on_oom_lends_its_free_memory),
       TEST_CASE(mem_pools_take_the_configuration),
       TEST_CASE(resets_reach_pools_gone),
       TEST_CASE(the_gpu_trace_hears_every_allocation_and_free),
