@@ -9,7 +9,8 @@ torch.cuda.set_sync_debug_mode("error"), MemPools used again and destroyed, a me
 raw allocations with caching off, the GPU trace that the CUDA sanitizer listens to, the history's
 out-of-memory entry, the history of a MemPool that does not split, empty_cache beside a MemPool in use,
 counts that outlive a MemPool, nested MemPools, the stacks of frees and of blocks kept through a cleared
-history, and a process whose first allocation is in a MemPool with an allocator of its own."""
+history, a process whose first allocation is in a MemPool with an allocator of its own, and a nearly full
+device on which a MemPool(use_on_oom=True, no_split=True) and the device lend each other cached memory."""
 
 MIB = 1 << 20
 MORE_CHECKS = []
@@ -655,3 +656,33 @@ def history_of_a_pool_that_does_not_split(torch):
     allocations = [entry["size"] for entry in trace if entry["action"] == "alloc" and entry["size"] in sizes]
     freed = [entry["size"] for entry in trace if entry["action"] == "free_requested" and entry["size"] in sizes]
     return allocations, freed
+
+
+@check
+def a_full_device_and_a_pool_lend_cached_memory(torch):
+    """With the device nearly full: an allocation outside a MemPool(use_on_oom=True, no_split=True) that
+    only fits with the pool's cached memory succeeds, and so does one inside the pool that only fits with
+    the memory cached outside it, neither counted as out of memory (native: one allocator, which lends a
+    use_on_oom pool's free blocks and releases its cache before it gives up)."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    ooms = torch.cuda.memory_stats().get("num_ooms", 0)
+    free, _ = torch.cuda.mem_get_info()
+    filler = torch.empty(free - 1536 * MIB, dtype=torch.uint8, device="cuda")
+    try:
+        pool = torch.cuda.MemPool(use_on_oom=True, no_split=True)
+        with torch.cuda.use_mem_pool(pool):
+            inside = torch.empty(1024 * MIB, dtype=torch.uint8, device="cuda")
+        del inside  # cached by the pool: about 512 MiB of the device left
+        outside = torch.ones(1024 * MIB, dtype=torch.uint8, device="cuda")
+        lent = int(outside[-1].item())
+        del outside
+        with torch.cuda.use_mem_pool(pool):
+            again = torch.full((1024 * MIB,), 2, dtype=torch.uint8, device="cuda")
+        borrowed = int(again[-1].item())
+        del again, pool
+    finally:
+        del filler
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    return lent, borrowed, torch.cuda.memory_stats().get("num_ooms", 0) - ooms
