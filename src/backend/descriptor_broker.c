@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -155,9 +156,17 @@ static void answer(int connection)
     pthread_mutex_unlock(&broker.mutex);
 }
 
-static void *serve(void *listening)
+/* What start_serving hands its thread: the socket, and a semaphore the thread posts once it runs. */
+typedef struct serving_start {
+    int listening;
+    sem_t running;
+} serving_start;
+
+static void *serve(void *argument)
 {
-    int socket_descriptor = (int)(intptr_t)listening;
+    serving_start *start = argument;
+    int socket_descriptor = start->listening;
+    sem_post(&start->running); /* `start` is gone once start_serving returns */
     for (;;) {
         int connection = accept4(socket_descriptor, NULL, NULL, SOCK_CLOEXEC);
         if (connection < 0) {
@@ -184,7 +193,11 @@ static void *serve(void *listening)
 }
 
 /* This process's socket and thread (mutex held); false when either cannot be had (tried again at the
- * next offer). The thread blocks every signal, which stay the application's. */
+ * next offer). The thread blocks every signal, which stay the application's. It returns once the thread
+ * runs: a thread still starting allocates (its stack's attributes, a sanitizer's records), and a fork
+ * made then by the application (a DataLoader worker) would copy an allocator lock held by a thread the
+ * child does not have, where the allocator does not guard fork itself (AddressSanitizer's does not): the
+ * child's first allocation of that size would wait forever. */
 static bool start_serving(void)
 {
     int listening = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -201,14 +214,22 @@ static bool start_serving(void)
     pthread_attr_t attributes;
     pthread_attr_init(&attributes);
     pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
+    serving_start start = {.listening = listening};
+    bool started = sem_init(&start.running, 0, 0) == 0;
     pthread_t thread;
-    bool started = pthread_create(&thread, &attributes, serve, (void *)(intptr_t)listening) == 0;
+    if (started && pthread_create(&thread, &attributes, serve, &start) != 0) {
+        sem_destroy(&start.running);
+        started = false;
+    }
     pthread_attr_destroy(&attributes);
     pthread_sigmask(SIG_SETMASK, &before, NULL);
     if (!started) {
         close(listening);
         return false;
     }
+    while (sem_wait(&start.running) != 0 && errno == EINTR)
+        ;
+    sem_destroy(&start.running);
     broker.listening = listening;
     broker.serving = getpid();
     return true;
