@@ -404,6 +404,54 @@ void a_graph_pool_goes_back_to_its_checkpoint() {
   destroy_mem_pool(id);
 }
 
+// torch.compile's cudagraph trees ask whether a graph pool holds exactly the tensors they know to be alive.
+void a_graph_pools_live_allocations_are_checked() {
+  MempoolId_t id{114, 0};
+  adapter().createOrIncrefPool(0, id, nullptr);
+  void *first = allocate_in(id, 1 << 20), *second = allocate_in(id, 2 << 20);
+  void *outside = adapter().raw_alloc(1 << 20);
+  CHECK(adapter().checkPoolLiveAllocations(0, id, {first, second}));
+  CHECK(!adapter().checkPoolLiveAllocations(0, id, {first}));
+  CHECK(!adapter().checkPoolLiveAllocations(0, id, {first, outside}));
+  adapter().raw_delete(second);
+  CHECK(adapter().checkPoolLiveAllocations(0, id, {first}));
+  adapter().raw_delete(first);
+  adapter().raw_delete(outside);
+  CHECK(adapter().checkPoolLiveAllocations(0, id, {}));
+  destroy_mem_pool(id);
+}
+
+// cuDNN sizes its workspaces by cacheInfo: the largest allocation that can be had now, within the
+// memory fraction.
+void cache_info_answers_what_can_be_had() {
+  size_t largest = 0;
+  adapter().cacheInfo(0, &largest);
+  CHECK(largest >= (size_t(256) << 20)); // most of the fake device's 1 GiB is free
+  adapter().setMemoryFraction(0.125, 0);
+  adapter().cacheInfo(0, &largest);
+  CHECK(largest > 0 && largest <= (size_t(128) << 20));
+  adapter().setMemoryFraction(1.0, 0);
+}
+
+// caching_allocator_alloc(size, stream) on a stream that is not the current one: the block is that
+// stream's (as native's), and freeing it needs no stream of the caller's.
+void caching_allocator_alloc_on_another_stream() {
+  auto stream = reinterpret_cast<cudaStream_t>(0x1237);
+  int64_t live = live_allocations();
+  void *pointer = adapter().raw_alloc_with_stream(5 << 20, stream);
+  REQUIRE(pointer != nullptr);
+  CHECK_EQ_INT(live_allocations(), live + 1);
+  bool found = false;
+  for (const auto &segment : adapter().snapshot({0, 0}, false).segments)
+    for (const auto &block : segment.blocks)
+      if (block.allocated && segment.address <= reinterpret_cast<size_t>(pointer) &&
+          reinterpret_cast<size_t>(pointer) < segment.address + segment.total_size)
+        found = found || segment.stream == static_cast<void *>(stream);
+  CHECK(found);
+  adapter().raw_delete(pointer);
+  CHECK_EQ_INT(live_allocations(), live);
+}
+
 // record_stream: gpumem's own blocks only; a pointer it does not own is refused, without harm.
 void record_stream_and_pointers_that_are_not_gpumems() {
   c10::DataPtr data = adapter().allocate(4096);
@@ -671,6 +719,9 @@ int main() {
       TEST_CASE(caching_off_gives_each_allocation_its_own_cuda_malloc),
       TEST_CASE(trace_trackers_see_segments),
       TEST_CASE(a_graph_pool_goes_back_to_its_checkpoint),
+      TEST_CASE(a_graph_pools_live_allocations_are_checked),
+      TEST_CASE(cache_info_answers_what_can_be_had),
+      TEST_CASE(caching_allocator_alloc_on_another_stream),
       TEST_CASE(record_stream_and_pointers_that_are_not_gpumems),
       TEST_CASE(a_shared_tensor_opens_on_its_bytes),
       TEST_CASE(threads_with_mem_pools_of_their_own),
