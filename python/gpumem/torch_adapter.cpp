@@ -512,9 +512,8 @@ class GpumemAllocator final : public CUDAPluggableAllocator {
   // (gm_set_pool_use_on_oom; a MemPool with an allocator of its own: SourcedPools::set_use_on_oom).
   // Called from destructors too (clearing the flag of a pool perhaps gone): never throws.
   void setUseOnOOM(c10::DeviceIndex device, c10::cuda::MempoolId_t id, bool use_on_oom) override {
-    sourced_.set_use_on_oom(device, id, use_on_oom, use_on_oom ? of(device) : nullptr);
-    if (!sourced_.has(device, id) && gm_set_pool_use_on_oom(of(device), pool_of(id), use_on_oom ? 1 : 0) != GM_OK &&
-        use_on_oom) {
+    bool sourced = sourced_.set_use_on_oom(device, id, use_on_oom, use_on_oom ? of(device) : nullptr);
+    if (!sourced && gm_set_pool_use_on_oom(of(device), pool_of(id), use_on_oom ? 1 : 0) != GM_OK && use_on_oom) {
       TORCH_WARN("gpumem: ", gm_last_error());
     }
   }

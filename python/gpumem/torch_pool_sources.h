@@ -167,16 +167,18 @@ class SourcedPools {
   // instead (ncclMemAlloc's, vLLM's: memory of the device) and the device's allocator tries again. That
   // runs in a pressure callback on `device_allocator` (registered once: lend_for), which the allocator
   // calls with level CRITICAL, no lock held, when an allocation would fail after its own retries, and
-  // then tries the allocation once more.
-  void set_use_on_oom(c10::DeviceIndex device, c10::cuda::MempoolId_t id, bool use_on_oom, gm_allocator *device_allocator) {
+  // then tries the allocation once more. Whether the pool is one of these (else gpumem's private pools
+  // keep the mark too: gm_set_pool_use_on_oom).
+  bool set_use_on_oom(c10::DeviceIndex device, c10::cuda::MempoolId_t id, bool use_on_oom, gm_allocator *device_allocator) {
     std::lock_guard<std::mutex> guard(mutex_);
-    if (!use_on_oom) {
+    bool ours = find(device, id) != nullptr;
+    if (!use_on_oom)
       marked_.erase({device, id});
-      return;
-    }
-    marked_.insert({device, id});
-    if (find(device, id))
+    else
+      marked_.insert({device, id});
+    if (use_on_oom && ours)
       lend_for(device, device_allocator);
+    return ours;
   }
 
   // The pool allocator that owns `pointer`; NULL when there is none.
@@ -359,9 +361,10 @@ class SourcedPools {
     auto *pools = static_cast<SourcedPools *>(context);
     std::lock_guard<std::mutex> guard(pools->mutex_);
     auto lending = pools->lending_devices_.find(device_allocator); // no exception crosses gpumem's C frames
+    if (lending == pools->lending_devices_.end())
+      return;
     for (SourcedPool &pool : pools->pools_)
-      if (lending != pools->lending_devices_.end() && pool.device == lending->second &&
-          pools->marked_.count({pool.device, pool.id}))
+      if (pool.device == lending->second && pools->marked_.count({pool.device, pool.id}))
         gm_empty_cache(pool.allocator);
   }
 

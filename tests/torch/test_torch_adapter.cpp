@@ -443,10 +443,9 @@ void caching_allocator_alloc_on_another_stream() {
   CHECK_EQ_INT(live_allocations(), live + 1);
   bool found = false;
   for (const auto &segment : adapter().snapshot({0, 0}, false).segments)
-    for (const auto &block : segment.blocks)
-      if (block.allocated && segment.address <= reinterpret_cast<size_t>(pointer) &&
-          reinterpret_cast<size_t>(pointer) < segment.address + segment.total_size)
-        found = found || segment.stream == static_cast<void *>(stream);
+    if (segment.address <= reinterpret_cast<size_t>(pointer) &&
+        reinterpret_cast<size_t>(pointer) < segment.address + segment.total_size)
+      found = segment.stream == static_cast<void *>(stream);
   CHECK(found);
   adapter().raw_delete(pointer);
   CHECK_EQ_INT(live_allocations(), live);
